@@ -1,0 +1,449 @@
+"""``buckets.toml``: the build matrix, parsed into frozen, strict pydantic models.
+
+Every fault is reported once, with the file, the TOML path (``models.minilm.buckets.seq[2]``), what is
+wrong and what is allowed; unknown keys get a "did you mean" hint. Checks that need the file system
+(the factory module exists and defines the function, declared weight files exist) are done here too,
+statically: loading a config never imports torch or the model's code.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.util
+import re
+import sys
+import typing
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import (BaseModel, ConfigDict, Field, PositiveInt, StrictBool, StrictStr, ValidationError,
+                      field_validator, model_validator)
+
+from .compiler_args import normalize_compiler_args
+from .errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_CONFIG = "buckets.toml"
+
+Dtype = Literal["fp32", "bf16", "fp16"]
+InputDtype = Literal["int64", "int32", "int16", "int8", "uint8", "bool", "fp32", "bf16", "fp16"]
+INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
+Backend = Literal["auto", "neuron", "inductor", "torchscript"]
+NeuronTarget = Literal["trn1", "trn1n", "trn2", "inf2"]
+Device = Literal["cpu", "cuda"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_DIM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BuildSettings(_Frozen):
+    """``[build]``: where artifacts go and which compiler runs.
+
+    ``target`` is the Neuron hardware target passed as ``--target`` to neuronx-cc [doc]; ``device`` is
+    where the inductor and torchscript backends compile for. ``timeout_s`` bounds one compile, in seconds;
+    ``transient_retries`` is how often a compile that exits with the transient status 70 is retried within
+    a build; ``heartbeat_s`` is the interval, in seconds, of the "still compiling" progress events.
+    """
+
+    store: StrictStr = "artifacts"
+    backend: Backend = "auto"
+    target: NeuronTarget = "trn1"
+    device: Device = "cpu"
+    timeout_s: float = Field(default=3600.0, gt=0, strict=False)
+    transient_retries: int = Field(default=2, ge=0, le=10, strict=True)
+    heartbeat_s: float = Field(default=15.0, gt=0, strict=False)
+    state_dir: StrictStr = ".neuron-build"
+
+
+class Profile(_Frozen):
+    """``[profiles.NAME]``: compiler args and options.
+
+    ``compiler_args`` are stored normalised (see :func:`neuron_build.compiler_args.normalize_compiler_args`).
+    ``tp_degree`` is the tensor-parallel degree (NeuronCores per model replica).
+    """
+
+    compiler_args: tuple[str, ...] = ()
+    inline_weights_to_neff: StrictBool = True
+    tp_degree: PositiveInt = Field(default=1, strict=True)
+
+    @field_validator("compiler_args", mode="before")
+    @classmethod
+    def _normalise(cls, v: Any) -> tuple[str, ...]:
+        if not isinstance(v, (str, list, tuple)):
+            raise ValueError("must be a list of strings such as [\"--optlevel=2\"]")
+        return normalize_compiler_args(v)
+
+
+class InputSpec(_Frozen):
+    """One model input: its name, symbolic shape, dtype and value range.
+
+    ``shape`` holds positive ints and bucket dim names (``["batch", "seq", 1024]``). ``dtype`` defaults to
+    the target's dtype (float inputs). ``range`` is ``[low, high)`` for integer inputs (required), and
+    optional for float inputs (default: standard normal values).
+    """
+
+    name: StrictStr
+    shape: tuple[Any, ...]
+    dtype: Optional[InputDtype] = None
+    range: Optional[tuple[float, float]] = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v.isidentifier():
+            raise ValueError(f"{v!r} is not a valid input name; use a Python identifier such as 'input_ids'")
+        return v
+
+    @field_validator("shape", mode="before")
+    @classmethod
+    def _shape(cls, v: Any) -> tuple[Any, ...]:
+        if not isinstance(v, (list, tuple)) or not v:
+            raise ValueError("must be a non-empty list of dims, each a positive int or a bucket dim name")
+        for i, d in enumerate(v):
+            if isinstance(d, bool) or not isinstance(d, (int, str)):
+                raise ValueError(f"dim {i} is {d!r}; each dim is a positive int or a bucket dim name")
+            if isinstance(d, int) and d <= 0:
+                raise ValueError(f"dim {i} is {d}; sizes must be positive")
+            if isinstance(d, str) and not _DIM.match(d):
+                raise ValueError(f"dim {i} is {d!r}; a bucket dim name is an identifier such as 'seq'")
+        return tuple(v)
+
+    @field_validator("range", mode="before")
+    @classmethod
+    def _range(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if (not isinstance(v, (list, tuple)) or len(v) != 2
+                or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in v)):
+            raise ValueError("must be [low, high], two numbers")
+        if not v[0] < v[1]:
+            raise ValueError(f"low {v[0]} must be below high {v[1]} (the range is [low, high))")
+        return tuple(v)
+
+    @model_validator(mode="after")
+    def _integer_range(self) -> "InputSpec":
+        if self.dtype in INTEGER_DTYPES and self.dtype != "bool" and self.range is None:
+            raise ValueError(f"integer input {self.name!r} needs range = [low, high), e.g. [0, 30522] for token ids")
+        return self
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """The bucket dim names this input's shape uses."""
+        return tuple(d for d in self.shape if isinstance(d, str))
+
+
+class ModelSpec(_Frozen):
+    """``[models.NAME]``: a factory, its inputs, its buckets and what it is built for.
+
+    ``factory`` is ``module.path:function`` relative to the folder of ``buckets.toml``. ``buckets`` maps
+    each bucket dim to its values; a model's buckets are their product. ``weights`` are extra files
+    (relative paths) whose content is part of the key; ``packages`` are installed distributions whose
+    versions, and whose shipped weight files, are part of the key. ``tolerance`` is the relative L2 error
+    allowed against the fp32 CPU reference, per dtype.
+    """
+
+    factory: StrictStr
+    kwargs: dict[str, Any] = {}
+    dtypes: tuple[Dtype, ...] = Field(min_length=1)
+    profiles: tuple[StrictStr, ...] = Field(min_length=1)
+    inputs: tuple[InputSpec, ...] = Field(min_length=1)
+    buckets: dict[str, tuple[PositiveInt, ...]] = {}
+    weights: tuple[StrictStr, ...] = ()
+    packages: tuple[StrictStr, ...] = ()
+    tolerance: dict[Dtype, float] = {}
+
+    @field_validator("factory")
+    @classmethod
+    def _factory(cls, v: str) -> str:
+        mod, sep, fn = v.partition(":")
+        if not sep or not fn.isidentifier() or not all(p.isidentifier() for p in mod.split(".")):
+            raise ValueError(f"{v!r} is not 'module.path:function' (e.g. 'models.minilm:build')")
+        return v
+
+    @field_validator("buckets", mode="before")
+    @classmethod
+    def _buckets(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            raise ValueError("must be a table of dim = [sizes], e.g. { batch = [1, 8], seq = [128, 512] }")
+        return v
+
+    @field_validator("buckets")
+    @classmethod
+    def _bucket_values(cls, v: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        for dim, sizes in v.items():
+            if not _DIM.match(dim):
+                raise ValueError(f"dim name {dim!r} is not an identifier such as 'seq'")
+            if not sizes:
+                raise ValueError(f"dim {dim!r} has no sizes; give at least one")
+            if len(set(sizes)) != len(sizes):
+                raise ValueError(f"dim {dim!r} lists a size twice: {list(sizes)}")
+        return v
+
+    @field_validator("dtypes", "profiles")
+    @classmethod
+    def _unique(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        dup = sorted({x for x in v if v.count(x) > 1})
+        if dup:
+            raise ValueError(f"lists {', '.join(dup)} more than once")
+        return v
+
+    @field_validator("tolerance")
+    @classmethod
+    def _tol(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, x in v.items():
+            if not 0 < x < 1:
+                raise ValueError(f"{k} = {x}: a relative L2 tolerance is between 0 and 1 (e.g. 2e-2)")
+        return v
+
+    @property
+    def module(self) -> str:
+        return self.factory.partition(":")[0]
+
+    @property
+    def function(self) -> str:
+        return self.factory.partition(":")[2]
+
+
+class ConfigFile(_Frozen):
+    """The whole ``buckets.toml``."""
+
+    build: BuildSettings = BuildSettings()
+    profiles: dict[str, Profile] = Field(min_length=1)
+    models: dict[str, ModelSpec] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class Project:
+    """A loaded ``buckets.toml`` and the folder it lives in (against which relative paths resolve)."""
+
+    path: Path
+    config: ConfigFile
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+    @cached_property
+    def state_dir(self) -> Path:
+        """Folder for the build log and digest cache (``.neuron-build`` beside the config)."""
+        return self.root / self.config.build.state_dir
+
+    def store_url(self) -> str:
+        """The store location: an fsspec URL as given, or a local path resolved against the config's folder."""
+        s = self.config.build.store
+        return s if "://" in s else str((self.root / s).resolve())
+
+    def factory_file(self, model: str) -> Path:
+        """The source file of a model's factory module (``models.minilm`` -> ``<root>/models/minilm.py``)."""
+        mod = self.config.models[model].module
+        base = self.root.joinpath(*mod.split("."))
+        pkg = base / "__init__.py"
+        return pkg if pkg.exists() else base.with_suffix(".py")
+
+
+# --------------------------------------------------------------------------------------------------
+# error reporting
+
+def toml_path(loc: tuple[Any, ...]) -> str:
+    """Format a pydantic error location as a TOML path: ``("models", "m", "buckets", "seq", 2)`` ->
+    ``models.m.buckets.seq[2]``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            s = str(part)
+            s = s if re.match(r"^[A-Za-z0-9_-]+$", s) else f'"{s}"'
+            out += ("." if out else "") + s
+    return out or "(top level)"
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """The field names allowed in the table at ``loc`` (for "did you mean")."""
+    tp: Any = ConfigFile
+    parts = list(loc)
+    while parts:
+        origin = typing.get_origin(tp)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            name = parts.pop(0)
+            if name not in tp.model_fields:
+                return []
+            tp = tp.model_fields[name].annotation
+        elif origin in (dict,):
+            parts.pop(0)
+            tp = typing.get_args(tp)[1]
+        elif origin in (tuple, list):
+            parts.pop(0)
+            tp = typing.get_args(tp)[0]
+        elif origin is typing.Union:
+            tp = [a for a in typing.get_args(tp) if a is not type(None)][0]
+        else:
+            return []
+    while typing.get_origin(tp) is typing.Union:
+        tp = [a for a in typing.get_args(tp) if a is not type(None)][0]
+    return list(tp.model_fields) if isinstance(tp, type) and issubclass(tp, BaseModel) else []
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = tuple(p for p in err["loc"] if p != "[key]")
+    typ, msg = err["type"], err["msg"]
+    if typ == "extra_forbidden":
+        key = str(loc[-1])
+        allowed = _fields_at(loc[:-1])
+        close = difflib.get_close_matches(key, allowed, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        return f"{toml_path(loc)}: unknown key '{key}'; {hint}allowed keys: {', '.join(allowed)}"
+    if typ == "missing":
+        return f"{toml_path(loc)}: required key is missing; add it"
+    if typ == "literal_error":
+        expected = err.get("ctx", {}).get("expected", "")
+        allowed = re.findall(r"'([^']*)'", expected)
+        got = str(err.get("input"))
+        close = difflib.get_close_matches(got, allowed, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        return f"{toml_path(loc)}: {got!r} is not allowed; allowed: {', '.join(allowed)}{hint}"
+    if typ in ("greater_than", "greater_than_equal"):
+        return f"{toml_path(loc)}: {err.get('input')!r} is not allowed; it must be {msg.removeprefix('Input should be ')}"
+    if typ == "value_error":
+        return f"{toml_path(loc)}: {msg.removeprefix('Value error, ')}"
+    return f"{toml_path(loc)}: {msg} (got {err.get('input')!r})"
+
+
+def _validation_faults(exc: ValidationError) -> list[str]:
+    errors = exc.errors(include_url=False)
+    locs = [tuple(e["loc"]) for e in errors]
+    faults: list[str] = []
+    for e in errors:
+        loc = tuple(e["loc"])
+        # a list left short because one of its items failed is the same fault, reported once
+        if e["type"] == "too_short" and any(len(o) > len(loc) and o[:len(loc)] == loc for o in locs):
+            continue
+        line = _describe(e)
+        if line not in faults:
+            faults.append(line)
+    return faults
+
+
+# --------------------------------------------------------------------------------------------------
+# checks across tables and against the file system
+
+def _cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
+    faults: list[str] = []
+    profiles = list(cfg.profiles)
+    for name in [*cfg.profiles, *cfg.models]:
+        if not _NAME.match(name):
+            faults.append(f"{toml_path((name,))}: name {name!r} may hold only letters, digits, '_', '.', '-'")
+    for mname, m in cfg.models.items():
+        at = ("models", mname)
+        for i, p in enumerate(m.profiles):
+            if p not in cfg.profiles:
+                close = difflib.get_close_matches(p, profiles, n=1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                faults.append(f"{toml_path(at + ('profiles', i))}: unknown profile '{p}'; {hint}"
+                              f"defined profiles: {', '.join(profiles)}")
+        used: list[str] = []
+        for i, inp in enumerate(m.inputs):
+            for d in inp.dims:
+                if d not in m.buckets:
+                    faults.append(f"{toml_path(at + ('inputs', i, 'shape'))}: dim '{d}' has no sizes; "
+                                  f"add it to {toml_path(at + ('buckets',))} (e.g. {d} = [128])")
+                used.append(d)
+        names = [inp.name for inp in m.inputs]
+        for n in sorted({n for n in names if names.count(n) > 1}):
+            faults.append(f"{toml_path(at + ('inputs',))}: input name '{n}' is used twice")
+        for d in m.buckets:
+            if d not in used:
+                faults.append(f"{toml_path(at + ('buckets', d))}: no input uses dim '{d}'; "
+                              f"remove it or use it in an input's shape")
+        for i, w in enumerate(m.weights):
+            if not (root / w).is_file():
+                faults.append(f"{toml_path(at + ('weights', i))}: file '{w}' not found (relative to {root})")
+        for i, pkg in enumerate(m.packages):
+            try:
+                import importlib.metadata as md
+                md.distribution(pkg)
+            except Exception:
+                faults.append(f"{toml_path(at + ('packages', i))}: package '{pkg}' is not installed; "
+                              f"install it (pip install {pkg}) or remove it")
+        faults.extend(_check_factory(m, root, at))
+    return faults
+
+
+def _check_factory(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
+    """Statically check that a factory will import: the module file exists under ``root``, parses, defines
+    the function, and every module it imports is findable. Nothing is imported or executed."""
+    where = toml_path(at + ("factory",))
+    base = root.joinpath(*m.module.split("."))
+    path = base / "__init__.py" if (base / "__init__.py").exists() else base.with_suffix(".py")
+    if not path.is_file():
+        return [f"{where}: module '{m.module}' not found: expected {path.relative_to(root)} "
+                f"beside {DEFAULT_CONFIG} (factory paths are relative to its folder)"]
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as e:
+        return [f"{where}: {path.relative_to(root)} does not import: syntax error at line {e.lineno}: {e.msg}"]
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    faults = []
+    if m.function not in defined:
+        faults.append(f"{where}: {path.relative_to(root)} defines no '{m.function}'; "
+                      f"defined: {', '.join(sorted(defined)) or 'nothing'}")
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        for name in names:
+            top = name.split(".")[0]
+            if (root / top).exists() or (root / f"{top}.py").exists():
+                continue
+            if importlib.util.find_spec(top) is None:
+                faults.append(f"{where}: {path.relative_to(root)} does not import: module '{top}' "
+                              f"(line {node.lineno}) is not installed")
+    return faults
+
+
+def load_project(path: str | Path | None = None) -> Project:
+    """Load and check a ``buckets.toml``.
+
+    Args:
+        path: the config file; default ``buckets.toml`` in the current folder.
+
+    Returns:
+        The :class:`Project`.
+
+    Raises:
+        ConfigError: the file is missing, is not valid TOML, or breaks the schema; one line per fault,
+            each naming the TOML path, what is wrong and what is allowed.
+    """
+    p = Path(path) if path is not None else Path(DEFAULT_CONFIG)
+    shown = str(p)
+    if not p.is_file():
+        raise ConfigError(shown, [f"file not found; create it or pass -c PATH (looked in {p.resolve().parent})"])
+    try:
+        data = tomllib.loads(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(shown, [f"not UTF-8 text: {e}"]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(shown, [f"not valid TOML: {e}"]) from None
+    try:
+        cfg = ConfigFile.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(shown, _validation_faults(e)) from None
+    root = p.resolve().parent
+    faults = _cross_checks(cfg, root)
+    if faults:
+        raise ConfigError(shown, faults)
+    return Project(path=p.resolve(), config=cfg)

@@ -1,0 +1,106 @@
+"""Expansion of the matrix into targets: models x buckets x dtypes x profiles.
+
+A target id reads ``<model>/<bucket id>/<dtype>/<profile>`` (``minilm/b8-s128/bf16/o2``). The backend and
+hardware target are build-wide settings: they are part of every key, not of the id, so switching backend
+keeps the ids and changes the keys.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+from dataclasses import dataclass
+from typing import Iterable
+
+from .config import INTEGER_DTYPES, ModelSpec, Project
+from .errors import UserError
+
+
+@dataclass(frozen=True)
+class ConcreteInput:
+    """An input with its shape made concrete for one bucket.
+
+    ``shape`` is a tuple of positive ints; ``dtype`` one of the input dtypes of
+    :mod:`neuron_build.config`; ``range`` is ``[low, high)`` or None (float inputs: standard normal).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    range: tuple[float, float] | None
+
+    @property
+    def is_integer(self) -> bool:
+        return self.dtype in INTEGER_DTYPES
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
+                "range": list(self.range) if self.range is not None else None}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One unit of build: (model, bucket, dtype, profile); backend and hardware target come from [build]."""
+
+    model: str
+    bucket: tuple[tuple[str, int], ...]
+    dtype: str
+    profile: str
+
+    @property
+    def bucket_id(self) -> str:
+        return bucket_id(self.bucket)
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}/{self.bucket_id}/{self.dtype}/{self.profile}"
+
+    def inputs(self, spec: ModelSpec) -> tuple[ConcreteInput, ...]:
+        """The model's inputs with this bucket's sizes and this target's dtype filled in."""
+        sizes = dict(self.bucket)
+        return tuple(
+            ConcreteInput(name=i.name, shape=tuple(sizes[d] if isinstance(d, str) else d for d in i.shape),
+                          dtype=i.dtype or self.dtype, range=i.range)
+            for i in spec.inputs)
+
+
+def bucket_id(bucket: Iterable[tuple[str, int]]) -> str:
+    """``(("batch", 8), ("seq", 512))`` -> ``b8-s512``: each dim's first letter, or its whole name when
+    two dims of the model share a first letter; ``static`` for a model without bucket dims."""
+    bucket = tuple(bucket)
+    if not bucket:
+        return "static"
+    firsts = [d[0] for d, _ in bucket]
+    return "-".join(f"{d[0] if firsts.count(d[0]) == 1 else d}{v}" for d, v in bucket)
+
+
+def expand(project: Project) -> list[Target]:
+    """All targets of the matrix, in config order (model, dtype, profile, then buckets in value order)."""
+    out: list[Target] = []
+    for name, m in project.config.models.items():
+        dims = list(m.buckets)
+        combos = list(itertools.product(*(m.buckets[d] for d in dims)))
+        for dtype in m.dtypes:
+            for profile in m.profiles:
+                for values in combos:
+                    out.append(Target(name, tuple(zip(dims, values)), dtype, profile))
+    return out
+
+
+def select(targets: list[Target], patterns: Iterable[str]) -> list[Target]:
+    """Targets whose id matches any of the glob patterns (``minilm/*``, ``*/bf16/*``) or equals a model name.
+
+    Raises:
+        UserError: a pattern matches nothing; the message lists some target ids.
+    """
+    patterns = list(patterns)
+    if not patterns:
+        return targets
+    chosen: list[Target] = []
+    for p in patterns:
+        hit = [t for t in targets if fnmatch.fnmatchcase(t.id, p) or t.model == p or t.id.startswith(p.rstrip("/") + "/")]
+        if not hit:
+            some = ", ".join(t.id for t in targets[:5])
+            raise UserError(f"no target matches '{p}'; targets look like: {some} (see `neuron-build plan`)")
+        chosen.extend(t for t in hit if t not in chosen)
+    return chosen

@@ -1,0 +1,121 @@
+"""Shared fixtures: small projects written into tmp folders, and the CLI run in-process or as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+TINY_MODEL = '''
+"""A tiny model for fast compiles in tests."""
+import torch
+from torch import nn
+from tinylib.act import scale
+
+
+class Tiny(nn.Module):
+    def __init__(self, width: int = 16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(width, width)
+
+    def forward(self, x):
+        return scale(torch.relu(self.lin(x)))
+
+
+def build(width: int = 16):
+    return Tiny(width)
+
+
+def broken():
+    raise RuntimeError("factory exploded on purpose")
+
+
+def slow():
+    import time
+    time.sleep(60)
+    return Tiny()
+
+
+def hog():
+    import os, signal
+    block = bytearray(64 * 2**20)  # touch 64 MiB so a peak is visible
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+TINY_CONFIG = '''
+[build]
+backend = "torchscript"
+timeout_s = {timeout}
+heartbeat_s = 1
+
+[profiles.p1]
+compiler_args = ["--optlevel=1"]
+
+[profiles.p2]
+compiler_args = ["-O2", "--model-type", "transformer"]
+
+[models.tiny]
+factory = "tinylib.tiny:build"
+kwargs = {{ width = 16 }}
+dtypes = ["fp32", "bf16"]
+profiles = ["p1", "p2"]
+inputs = [{{ name = "x", shape = ["batch", 16] }}]
+buckets = {{ batch = [1, 4] }}
+
+[models.other]
+factory = "tinylib.other:build"
+dtypes = ["fp32"]
+profiles = ["p1"]
+inputs = [{{ name = "x", shape = [2, 16] }}]
+'''
+
+
+def write_tiny_project(root: Path, timeout: float = 120, extra: str = "") -> Path:
+    """A project with two models (``tiny``: 2 buckets x 2 dtypes x 2 profiles; ``other``: 1 target) built
+    with the torchscript backend. Returns the config path."""
+    (root / "tinylib").mkdir(parents=True, exist_ok=True)
+    (root / "tinylib" / "__init__.py").write_text("")
+    (root / "tinylib" / "act.py").write_text("def scale(x):\n    return x * 2\n")
+    (root / "tinylib" / "tiny.py").write_text(TINY_MODEL)
+    (root / "tinylib" / "other.py").write_text(
+        "import torch\n\ndef build():\n    torch.manual_seed(1)\n    return torch.nn.Linear(16, 3)\n")
+    cfg = root / "buckets.toml"
+    cfg.write_text(TINY_CONFIG.format(timeout=timeout) + textwrap.dedent(extra))
+    return cfg
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    """Config path of a fresh tiny project."""
+    return write_tiny_project(tmp_path / "proj")
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600):
+    """Run ``neuron-build`` as a user would, in a subprocess. Returns CompletedProcess (text)."""
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "neuron_build.cli", *args], cwd=cwd, env=e, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def compiles_in_log(state_dir: Path) -> list[str]:
+    """Target ids of every compile started, read from the project's build log."""
+    log = state_dir / "build.log"
+    if not log.exists():
+        return []
+    out = []
+    for line in log.read_text().splitlines():
+        ev = json.loads(line)
+        if ev.get("event") == "compiling":
+            out.append(ev["target"])
+    return out
