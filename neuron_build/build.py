@@ -1,0 +1,319 @@
+"""One target: key -> lookup -> compile (subprocess) -> publish.
+
+Domain code: no doit here (see :mod:`neuron_build.tasks`) and no torch (the compile runs in
+``python -m neuron_build.worker``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime as _dt
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .compilers.base import CompileRequest
+from .config import Project
+from .keys import COMPONENTS, KeyInfo, KeyMaker, diff_components, file_sha256
+from .log import get_logger
+from .manifest import MANIFEST, STATUSES, Manifest, Metrics
+from .matrix import Target, expand
+from .store import Store
+
+PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+TRANSIENT_EXIT = 70  # [seen] neuronx-cc exits 70 on transient tool failures
+
+
+@dataclass
+class Outcome:
+    """The result of building one target.
+
+    ``status`` is ``cached`` (nothing compiled) or a manifest status (``PASS``, ``ERROR``, ``KILLED``,
+    ``TIMEOUT``, ``TRANSIENT``, ``TOOLCHAIN_MISSING``); ``reason`` is one line for the CLI.
+    """
+
+    target: str
+    key: str
+    status: str
+    reason: str = ""
+    compiled: bool = False
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("cached", "PASS")
+
+
+@dataclass
+class _Run:
+    exit_code: int | None
+    wall_s: float
+    peak_rss: int
+    timed_out: bool
+    log: bytes
+
+
+def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
+    """Ask Linux to SIGKILL the worker when the build process dies, so no orphan compile goes on."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of a process and its descendants, 0 when it is gone."""
+    try:
+        import psutil
+        p = psutil.Process(pid)
+        procs = [p, *p.children(recursive=True)]
+    except Exception:
+        return 0
+    total = 0
+    for q in procs:
+        try:
+            total += q.memory_info().rss
+        except Exception:
+            pass
+    return total
+
+
+class Builder:
+    """Builds targets of one project into its store.
+
+    Args:
+        project: the loaded config.
+        backend: override ``[build] backend`` (tests, CLI).
+    """
+
+    def __init__(self, project: Project, backend: str | None = None):
+        self.project = project
+        self.store = Store(project.store_url())
+        self.keys = KeyMaker(project, backend=backend)
+        self.targets = expand(project)
+        self.by_id = {t.id: t for t in self.targets}
+        self._keyinfo: dict[str, KeyInfo] = {}
+
+    # -- planning ----------------------------------------------------------------------------
+    def key(self, target: Target) -> KeyInfo:
+        ki = self._keyinfo.get(target.id)
+        if ki is None:
+            ki = self._keyinfo[target.id] = self.keys.key(target)
+        return ki
+
+    def state(self, target: Target) -> str:
+        """``cached`` (a complete artifact for the current key), ``failed`` (the last compile of the current
+        key failed; it will be retried) or ``missing``."""
+        key = self.key(target).key
+        if self.store.is_complete(key):
+            return "cached"
+        fail = self.store.failure(target.id)
+        return "failed" if fail and fail.get("key") == key else "missing"
+
+    def changed(self, target: Target) -> tuple[list[str], str | None]:
+        """What changed since the target was last built: (components with sub-keys, compared-with id).
+
+        For a target never built (e.g. a new bucket value), the comparison is with the most similar
+        recorded target of the same model, dtype and profile that is no longer in the matrix.
+        """
+        ki = self.key(target)
+        rec = self.store.target_record(target.id)
+        if rec and "details" in rec:
+            return ([] if rec.get("key") == ki.key else diff_components(rec["details"], ki.details)), target.id
+        best: tuple[int, list[str], str] | None = None
+        for tid, r in self.store.target_records(target.model):
+            if tid in self.by_id or "details" not in r:
+                continue
+            parts = tid.split("/")
+            if len(parts) != 4 or parts[2] != target.dtype or parts[3] != target.profile:
+                continue
+            diff = diff_components(r["details"], ki.details)
+            if best is None or len(diff) < best[0]:
+                best = (len(diff), diff, tid)
+        if best is None:
+            return ["new target"], None
+        return best[1], best[2]
+
+    # -- building ----------------------------------------------------------------------------
+    def build(self, target: Target) -> Outcome:
+        """Build one target unless the store already holds its artifact.
+
+        Never raises for a compile failure: the failure is recorded under the target and returned.
+        Transient failures (exit status 70) are retried up to ``[build] transient_retries`` times.
+        """
+        ki = self.key(target)
+        log = get_logger(target=target.id, key=ki.key[:12])
+        if self.store.is_complete(ki.key):
+            self._remember(target, ki, "PASS")
+            log.debug("cached")
+            return Outcome(target.id, ki.key, "cached")
+        retries = self.project.config.build.transient_retries
+        attempt = 0
+        while True:
+            attempt += 1
+            out = self._compile(target, ki, attempt, log)
+            if out.status != "TRANSIENT" or attempt > retries:
+                return out
+            log.warning("transient compiler failure, retrying", attempt=attempt, retries=retries)
+
+    def _remember(self, target: Target, ki: KeyInfo, status: str) -> None:
+        rec = self.store.target_record(target.id)
+        if rec and rec.get("key") == ki.key and rec.get("status") == status:
+            return
+        self.store.record_target(target.id, {"target": target.id, "key": ki.key, "status": status,
+                                             "details": ki.details, "hashes": ki.hashes, "time": _now()})
+
+    def request(self, target: Target, ki: KeyInfo, out_dir: Path, work_dir: Path) -> CompileRequest:
+        """The worker request for a target."""
+        cfg = self.project.config
+        m, prof = cfg.models[target.model], cfg.profiles[target.profile]
+        return CompileRequest(
+            target=target.id, key=ki.key, root=str(self.project.root), factory=m.factory, kwargs=dict(m.kwargs),
+            dtype=target.dtype, inputs=ki.details["inputs"]["inputs"], backend=self.keys.backend,
+            hardware_target=self.keys.hardware_target, compiler_args=list(prof.compiler_args),
+            inline_weights_to_neff=prof.inline_weights_to_neff, tp_degree=prof.tp_degree,
+            out_dir=str(out_dir), work_dir=str(work_dir), seed=int(ki.key[:8], 16))
+
+    def _compile(self, target: Target, ki: KeyInfo, attempt: int, log) -> Outcome:
+        staging = self.store.staging_dir(ki.key)
+        obj, work = staging / "object", staging / "work"
+        obj.mkdir()
+        work.mkdir()
+        try:
+            req = self.request(target, ki, obj, work)
+            (work / "request.json").write_text(json.dumps(req.to_json(), indent=2))
+            log.info("compiling", backend=req.backend, hardware_target=req.hardware_target, attempt=attempt)
+            run = self._run_worker(work, log)
+            outcome = self._finish(target, ki, req, run, obj, work, attempt, log)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return outcome
+
+    def _run_worker(self, work: Path, log) -> _Run:
+        cfg = self.project.config.build
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        logf = open(work / "compile.log", "wb")
+        t0 = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-m", "neuron_build.worker", str(work / "request.json")],
+                                stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(work),
+                                env=env, start_new_session=True, preexec_fn=_set_pdeathsig)
+        peak, timed_out, next_beat = 0, False, t0 + cfg.heartbeat_s
+        status = None
+        try:
+            while True:
+                pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    peak = max(peak, ru.ru_maxrss * 1024)
+                    break
+                peak = max(peak, _tree_rss(proc.pid))
+                now = time.monotonic()
+                if now - t0 > cfg.timeout_s:
+                    timed_out = True
+                    _kill_group(proc.pid)
+                    _, status, ru = os.wait4(proc.pid, 0)
+                    break
+                if now >= next_beat:
+                    log.info("still compiling", elapsed_s=round(now - t0), peak_rss_mb=round(peak / 2**20))
+                    next_beat = now + cfg.heartbeat_s
+                time.sleep(0.2)
+        except BaseException:
+            _kill_group(proc.pid)
+            raise
+        finally:
+            logf.close()
+        proc.returncode = os.waitstatus_to_exitcode(status) if status is not None else None
+        _kill_group(proc.pid)  # stray grandchildren
+        wall = time.monotonic() - t0
+        return _Run(proc.returncode, wall, peak, timed_out, (work / "compile.log").read_bytes())
+
+    def _finish(self, target: Target, ki: KeyInfo, req: CompileRequest, run: _Run, obj: Path, work: Path,
+                attempt: int, log) -> Outcome:
+        result = _read(work / "result.json")
+        error = _read(work / "error.json") or {}
+        if run.timed_out:
+            status, reason = "TIMEOUT", (f"stopped after {self.project.config.build.timeout_s:g} s "
+                                         f"(timeout_s under [build])")
+        elif run.exit_code == 0 and result is not None:
+            status, reason = "PASS", ""
+        elif run.exit_code is not None and run.exit_code < 0:
+            sig = signal.Signals(-run.exit_code).name
+            status = "KILLED"
+            reason = (f"killed by {sig}" + (" (usually the kernel's out-of-memory killer)" if sig == "SIGKILL" else "")
+                      + f"; peak memory {run.peak_rss / 2**30:.2f} GiB")
+        elif error.get("status"):
+            status, reason = error["status"], error.get("reason", "")
+        elif run.exit_code == TRANSIENT_EXIT:
+            status, reason = "TRANSIENT", "exit status 70: transient tool failure"
+        else:
+            status, reason = "ERROR", f"worker exited with status {run.exit_code}: {_last_line(run.log)}"
+        metrics = {"status": status, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss,
+                   "exit_code": run.exit_code, "attempts": attempt}
+        if status != "PASS":
+            metrics["reason"] = reason
+            self.store.record_failure(target.id, {"target": target.id, "key": ki.key, **metrics,
+                                                  "details": error.get("details", {}), "time": _now()}, run.log)
+            self._remember(target, ki, status)
+            log.error("compile failed", status=status, reason=reason, compile_time_s=metrics["compile_time_s"])
+            return Outcome(target.id, ki.key, status, reason, compiled=True, metrics=metrics)
+
+        (obj / "compile.log").write_bytes(run.log)
+        files = {}
+        for f in sorted(p for p in obj.rglob("*") if p.is_file()):
+            files[f.relative_to(obj).as_posix()] = {"sha256": file_sha256(f), "size": f.stat().st_size}
+        details = result.get("details", {})
+        metrics.update(op_count=result.get("op_count"), op_count_source=result.get("op_count_source"),
+                       artifact_bytes=sum(v["size"] for v in files.values()),
+                       compiler_compile_time_s=details.get("compiler_compile_time_s"))
+        manifest = Manifest(
+            key=ki.key, target=target.id, model=target.model, bucket=dict(target.bucket), dtype=target.dtype,
+            profile=target.profile, backend=req.backend, hardware_target=req.hardware_target,
+            key_details=ki.details, component_hashes=ki.hashes, files=files, metrics=Metrics(**metrics),
+            toolchain=ki.details["toolchain"], compiler=details, created=_now(), host=socket.gethostname())
+        mf = obj / MANIFEST
+        with open(mf, "w") as f:
+            f.write(manifest.to_json_text())
+            f.flush()
+            os.fsync(f.fileno())
+        self.store.publish(obj, ki.key)
+        self.store.clear_failure(target.id)
+        self._remember(target, ki, "PASS")
+        log.info("built", compile_time_s=metrics["compile_time_s"], op_count=metrics["op_count"],
+                 artifact_mb=round(metrics["artifact_bytes"] / 2**20, 2),
+                 peak_rss_mb=round(run.peak_rss / 2**20))
+        return Outcome(target.id, ki.key, "PASS", compiled=True, metrics=metrics)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _last_line(log: bytes) -> str:
+    lines = [ln for ln in log.decode("utf-8", "replace").splitlines() if ln.strip()]
+    return lines[-1].strip()[:300] if lines else "(empty log)"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+__all__ = ["Builder", "Outcome", "STATUSES", "COMPONENTS"]

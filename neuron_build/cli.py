@@ -1,0 +1,263 @@
+"""The ``neuron-build`` command.
+
+User errors print one message and exit 2; build failures exit 1; no traceback unless ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import BuildFailed, UserError
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+
+def command(name: str):
+    def deco(fn):
+        COMMANDS[name] = fn
+        return fn
+    return deco
+
+
+def _builder(args):
+    from .build import Builder
+    from .config import load_project
+    from .log import configure
+
+    project = load_project(args.config)
+    configure(project.state_dir / "build.log", quiet=getattr(args, "json", False))
+    return Builder(project)
+
+
+def _print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+# ---------------------------------------------------------------------------------------------------
+@command("build")
+def cmd_build(args) -> int:
+    """Compile the targets matching PATTERNs (default: all) through doit."""
+    from doit.cmd_base import ModuleTaskLoader
+    from doit.doit_cmd import DoitMain
+
+    from . import tasks
+    from .matrix import select
+
+    b = _builder(args)
+    chosen = select(b.targets, args.patterns)
+    before = {t.id: b.state(t) for t in chosen}
+    b.keys.save()
+    os.environ["NEURON_BUILD_CONFIG"] = str(b.project.path)
+    tasks._builder = b
+    doit_args = ["run", "--db-file", str(b.project.state_dir / "doit.db"), "-n", str(args.jobs)]
+    if args.jobs > 1:
+        doit_args += ["-P", "thread"]
+    doit_args += [f"build:{t.id}" for t in chosen] if args.patterns else ["build"]
+    b.project.state_dir.mkdir(parents=True, exist_ok=True)
+    rc = DoitMain(ModuleTaskLoader(tasks)).run(doit_args)
+    after = {t.id: b.state(t) for t in chosen}
+    built = [t for t in chosen if after[t.id] == "cached" and before[t.id] != "cached"]
+    failed = [t for t in chosen if after[t.id] != "cached"]
+    print(f"\n{len(chosen)} targets: {len(built)} built, {len(chosen) - len(built) - len(failed)} cached, "
+          f"{len(failed)} failed")
+    for t in failed:
+        f = b.store.failure(t.id) or {}
+        print(f"  FAILED {t.id}: {f.get('status', 'not built')}: {f.get('reason', '')}")
+    if failed or rc not in (0,):
+        raise BuildFailed(f"{len(failed)} target(s) failed")
+    return 0
+
+
+@command("plan")
+def cmd_plan(args) -> int:
+    """Every target with its key, state and what changed since its last build."""
+    b = _builder(args)
+    rows = []
+    for t in b.targets:
+        ki = b.key(t)
+        state = b.state(t)
+        changed, since = b.changed(t)
+        row = {"target": t.id, "key": ki.key, "state": state,
+               "changed": [c.split(":")[0] for c in changed], "changed_detail": changed}
+        if since and since != t.id:
+            row["compared_with"] = since
+        rows.append(row)
+    b.keys.save()
+    if args.json:
+        _print_json(rows)
+        return 0
+    if b.keys.backend_note:
+        print(f"note: {b.keys.backend_note}")
+    width = max(len(r["target"]) for r in rows)
+    for r in rows:
+        why = "; ".join(r["changed_detail"]) if r["state"] != "cached" else ""
+        if r.get("compared_with"):
+            why += f" (vs {r['compared_with']})"
+        print(f"{r['state']:8} {r['target']:{width}}  {r['key'][:12]}  {why}".rstrip())
+    counts = {s: sum(r["state"] == s for r in rows) for s in ("cached", "missing", "failed")}
+    print(f"{len(rows)} targets: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    return 0
+
+
+@command("explain")
+def cmd_explain(args) -> int:
+    """The key components of a target and which changed since it was last built."""
+    from .keys import COMPONENTS
+
+    b = _builder(args)
+    t = b.by_id.get(args.target)
+    if t is None:
+        raise UserError(f"unknown target '{args.target}'; see `neuron-build plan` for target ids")
+    ki = b.key(t)
+    rec = b.store.target_record(t.id)
+    changed, since = b.changed(t)
+    b.keys.save()
+    print(f"target  {t.id}\nkey     {ki.key}\nstate   {b.state(t)}")
+    if rec:
+        print(f"last    {rec.get('key')} ({rec.get('status')}, {rec.get('time')})")
+    elif since:
+        print(f"last    never built; compared with {since}")
+    else:
+        print("last    never built")
+    old = (rec or {}).get("hashes") or {}
+    for c in COMPONENTS:
+        mark = "changed" if any(x.split(":")[0] == c for x in changed) else ""
+        prev = f"  (was {old[c][:12]})" if mark and old.get(c) else ""
+        print(f"  {c:10} {ki.hashes[c][:12]}  {mark}{prev}")
+    for c in changed:
+        print(f"  - {c}")
+    return 0
+
+
+@command("ls")
+def cmd_ls(args) -> int:
+    """The artifacts in the store."""
+    b = _builder(args)
+    rows = [{"target": m.target, "key": m.key, "status": m.metrics.status, "backend": m.backend,
+             "compile_time_s": m.metrics.compile_time_s, "op_count": m.metrics.op_count,
+             "artifact_bytes": m.metrics.artifact_bytes, "created": m.created} for m in b.store.iter_manifests()]
+    if args.json:
+        _print_json(rows)
+        return 0
+    for r in rows:
+        print(f"{r['key'][:12]}  {r['target']:36} {r['backend']:11} {r['compile_time_s']:8.1f} s "
+              f"{r['op_count'] or 0:6} ops {r['artifact_bytes'] / 2**20:9.1f} MiB  {r['created']}")
+    print(f"{len(rows)} artifacts in {b.store.root}")
+    return 0
+
+
+@command("show")
+def cmd_show(args) -> int:
+    """The manifest of an artifact (by key, key prefix or target id), or the target's last failure."""
+    b = _builder(args)
+    ref = args.ref
+    key, failure = None, None
+    if ref in b.by_id:
+        t = b.by_id[ref]
+        key = b.key(t).key
+        if not b.store.is_complete(key):
+            failure = b.store.failure(ref)
+            if failure is None or failure.get("key") != key:
+                raise UserError(f"{ref} is not built for its current key {key[:12]}; run `neuron-build build {ref}`")
+    else:
+        if len(ref) < 6 or any(c not in "0123456789abcdef" for c in ref):
+            raise UserError(f"'{ref}' is neither a target id nor a key (64 hex chars, or a prefix of 6 or more)")
+        base = b.store.root / "objects" / ref[:2]
+        hits = sorted(p.name for p in base.glob(ref + "*")) if base.is_dir() else []
+        if not hits:
+            raise UserError(f"no artifact with key {ref} in {b.store.root}")
+        if len(hits) > 1:
+            raise UserError(f"key prefix {ref} is ambiguous: {', '.join(h[:16] for h in hits)}")
+        key = hits[0]
+    if failure is not None:
+        if args.json:
+            _print_json(failure)
+        else:
+            print(f"{failure['target']}: {failure['status']}: {failure.get('reason', '')}\n"
+                  f"log: {b.store.target_dir(failure['target']) / 'failure.log'}")
+        return 0
+    m = b.store.manifest(key)
+    if m is None:
+        raise UserError(f"artifact {key[:12]} is incomplete or failed; `neuron-build build` rebuilds it")
+    if args.json:
+        _print_json(m.model_dump(mode="json"))
+        return 0
+    mt = m.metrics
+    print(f"target   {m.target}\nkey      {m.key}\nbackend  {m.backend} ({m.hardware_target})\n"
+          f"status   {mt.status}\ncompile  {mt.compile_time_s:.1f} s, peak {(mt.peak_rss_bytes or 0) / 2**20:.0f} MiB\n"
+          f"ops      {mt.op_count} ({mt.op_count_source})\nbytes    {mt.artifact_bytes}\n"
+          f"created  {m.created} on {m.host}")
+    for name, f in m.files.items():
+        print(f"  {name:20} {f.size:>12}  {f.sha256[:16]}")
+    return 0
+
+
+@command("parse-log")
+def cmd_parse_log(args) -> int:
+    """What neuron-build reads from a neuronx-cc log."""
+    from .cli_parse_log import parse_log_main
+
+    p = Path(args.file)
+    if not p.is_file():
+        raise UserError(f"{args.file}: no such file; pass the path of a neuronx-cc log")
+    return parse_log_main(str(p), args.json)
+
+
+# ---------------------------------------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-c", "--config", default=argparse.SUPPRESS, help="path of buckets.toml")
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    p = argparse.ArgumentParser(prog="neuron-build", parents=[common],
+                                description="Compile-artifact build system for AWS Neuron.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help: str):
+        return sub.add_parser(name, parents=[common], help=help, description=help)
+
+    s = add("build", "compile the targets that are not in the store")
+    s.add_argument("-n", "--jobs", type=int, default=1, help="compiles to run at once")
+    s.add_argument("patterns", nargs="*", metavar="PATTERN", help="target id globs or model names")
+    s = add("plan", "list every target, its key and state, and what changed")
+    s.add_argument("--json", action="store_true")
+    s = add("explain", "show a target's key components and which changed since its last build")
+    s.add_argument("target", metavar="TARGET")
+    s = add("ls", "list the artifacts in the store")
+    s.add_argument("--json", action="store_true")
+    s = add("show", "show an artifact's manifest")
+    s.add_argument("ref", metavar="KEY|TARGET")
+    s.add_argument("--json", action="store_true")
+    s = add("parse-log", "print what neuron-build extracts from a neuronx-cc log")
+    s.add_argument("file", metavar="FILE")
+    s.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    args.config = getattr(args, "config", None)
+    args.debug = getattr(args, "debug", False)
+    try:
+        return COMMANDS[args.command](args)
+    except UserError as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except BuildFailed as e:
+        if args.debug:
+            raise
+        print(f"build failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

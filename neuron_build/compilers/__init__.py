@@ -1,0 +1,1 @@
+"""Compiler backends. Each runs inside the worker subprocess; see :mod:`neuron_build.compilers.base`."""

@@ -1,0 +1,106 @@
+"""The seam between the build and a compiler backend.
+
+A backend is a class with a ``name`` and a ``compile(model, example_inputs, request)`` method, run inside
+the worker subprocess (``python -m neuron_build.worker``). It writes the artifact's files into
+``request.out_dir`` and returns a :class:`CompileResult`. Failures are raised as :class:`CompileFailed`
+with a manifest status (see :data:`neuron_build.manifest.STATUSES`) and a one-line reason.
+
+Backends are looked up by name in :data:`BACKENDS` and imported lazily, so the build process never imports
+torch or a compiler.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+#: backend name -> "module:class"
+BACKENDS = {
+    "inductor": "neuron_build.compilers.inductor:InductorCompiler",
+    "torchscript": "neuron_build.compilers.torchscript:TorchScriptCompiler",
+    "neuron": "neuron_build.compilers.neuron:NeuronCompiler",
+}
+
+#: worker exit status for a missing toolchain (the compiler's own statuses pass through).
+EXIT_TOOLCHAIN_MISSING = 3
+
+
+@dataclass
+class CompileRequest:
+    """Everything the worker needs to compile one target; written to ``request.json``.
+
+    ``inputs`` are concrete input specs (``name``, ``shape``, ``dtype``, ``range``). ``out_dir`` receives
+    the artifact's files; ``work_dir`` is the compiler workdir (absolute). ``seed`` makes the example inputs.
+    """
+
+    target: str
+    key: str
+    root: str
+    factory: str
+    kwargs: dict[str, Any]
+    dtype: str
+    inputs: list[dict[str, Any]]
+    backend: str
+    hardware_target: str
+    compiler_args: list[str]
+    inline_weights_to_neff: bool
+    tp_degree: int
+    out_dir: str
+    work_dir: str
+    seed: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class CompileResult:
+    """What a backend reports: the op count (kernels the artifact launches), how it was counted, and any
+    backend details for the manifest's ``compiler`` section."""
+
+    op_count: int | None
+    op_count_source: str | None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class CompileFailed(Exception):
+    """A compile that failed in a known way.
+
+    Args:
+        status: a manifest status (``ERROR``, ``TRANSIENT``, ``TOOLCHAIN_MISSING``, ...).
+        reason: one line for the CLI.
+        exit_code: the worker's exit status.
+        details: extra fields for the failure record (diagnostics, ...).
+    """
+
+    def __init__(self, status: str, reason: str, exit_code: int = 1, details: dict[str, Any] | None = None):
+        super().__init__(reason)
+        self.status, self.reason, self.exit_code = status, reason, exit_code
+        self.details = details or {}
+
+
+class Compiler(Protocol):
+    """A compiler backend (runs in the worker)."""
+
+    name: str
+
+    def compile(self, model: Any, example_inputs: tuple, request: CompileRequest) -> CompileResult:
+        """Compile ``model`` for ``example_inputs`` (a tuple of tensors with the bucket's shapes and
+        dtypes) and write the artifact files into ``request.out_dir``.
+
+        Raises:
+            CompileFailed: with the manifest status and a one-line reason.
+        """
+        ...
+
+
+def load_compiler(name: str) -> Compiler:
+    """Instantiate the backend called ``name``.
+
+    Raises:
+        KeyError: no such backend.
+    """
+    mod, _, cls = BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(mod), cls)()

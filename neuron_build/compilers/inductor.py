@@ -1,0 +1,91 @@
+"""The inductor backend: ``torch.export`` then AOTInductor packaging to ``model.pt2``.
+
+Op count: the kernels the compiled artifact launches, read from the generated C++ wrapper inside the
+package: call sites, in the wrapper's ``run_impl``, of fused kernels (``cpp_fused_*`` on CPU, Triton
+launches on CUDA) plus extern calls into ATen (``aoti_torch_cpu_*``/``aoti_torch_cuda_*`` ops and the
+``aoti_torch_*_out`` fallbacks such as ``aoti_torch_cpu_addmm_out``). Allocations and views
+(``aoti_torch_empty_strided``, ``reinterpret_tensor``) are not kernels and are not counted.
+"""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from collections import Counter
+from pathlib import Path
+
+from .base import CompileFailed, CompileRequest, CompileResult
+
+OP_COUNT_SOURCE = "aoti-wrapper: fused kernel + extern kernel call sites in run_impl"
+_FUSED = re.compile(r"\b(cpp_fused_\w+|triton_\w+)\s*\(")
+_TRITON_LAUNCH = re.compile(r"\b(launchKernel|call_triton_\w+)\s*\(")
+_EXTERN = re.compile(r"\b(aoti_torch_(?:cpu|cuda)_\w+|aoti_torch_\w+_out|aoti_torch_proxy_executor_call_function)\s*\(")
+_NOT_KERNELS = ("aoti_torch_empty_strided", "aoti_torch_cpu_empty_strided", "aoti_torch_cuda_empty_strided")
+
+
+def count_wrapper_kernels(wrapper_cpp: str) -> tuple[int, dict[str, int]]:
+    """Count kernel launches in an AOTInductor C++ wrapper.
+
+    Args:
+        wrapper_cpp: the text of ``*.wrapper.cpp``.
+
+    Returns:
+        (total, {"fused": n, "extern": m, "per_kernel": {...}}).
+    """
+    start = wrapper_cpp.find("::run_impl(")
+    body = wrapper_cpp[start:] if start >= 0 else wrapper_cpp
+    fused = Counter(m.group(1) for m in _FUSED.finditer(body))
+    fused.update(m.group(1) for m in _TRITON_LAUNCH.finditer(body))
+    extern = Counter(m.group(1) for m in _EXTERN.finditer(body) if m.group(1) not in _NOT_KERNELS)
+    n_fused, n_extern = sum(fused.values()), sum(extern.values())
+    return n_fused + n_extern, {"fused": n_fused, "extern": n_extern,
+                                "distinct_fused": len(fused), "extern_ops": dict(sorted(extern.items()))}
+
+
+def count_package_kernels(package: Path) -> tuple[int, dict]:
+    """Op count of a ``.pt2`` AOTInductor package (see :func:`count_wrapper_kernels`).
+
+    Raises:
+        CompileFailed: the package holds no wrapper source.
+    """
+    with zipfile.ZipFile(package) as z:
+        names = [n for n in z.namelist() if n.endswith(".wrapper.cpp") or n.endswith("wrapper.cpp")]
+        if not names:
+            raise CompileFailed("ERROR", f"{package.name} holds no generated wrapper source to count kernels in")
+        total, breakdown = 0, {"fused": 0, "extern": 0, "distinct_fused": 0, "extern_ops": {}}
+        for n in names:
+            t, b = count_wrapper_kernels(z.read(n).decode("utf-8", "replace"))
+            total += t
+            for k in ("fused", "extern", "distinct_fused"):
+                breakdown[k] += b[k]
+            for op, c in b["extern_ops"].items():
+                breakdown["extern_ops"][op] = breakdown["extern_ops"].get(op, 0) + c
+    return total, breakdown
+
+
+class InductorCompiler:
+    """``torch.export.export`` + ``torch._inductor.aoti_compile_and_package`` -> ``model.pt2``."""
+
+    name = "inductor"
+
+    def compile(self, model, example_inputs, request: CompileRequest) -> CompileResult:
+        import torch
+
+        device = request.hardware_target
+        if device == "cuda" and not torch.cuda.is_available():
+            raise CompileFailed("TOOLCHAIN_MISSING", "device = \"cuda\" but this host has no CUDA device; "
+                                "set device = \"cpu\" under [build]", exit_code=3)
+        model = model.to(device)
+        example_inputs = tuple(t.to(device) for t in example_inputs)
+        print(f"torch.export.export: {len(example_inputs)} inputs "
+              f"{[tuple(t.shape) for t in example_inputs]}", flush=True)
+        with torch.no_grad():
+            ep = torch.export.export(model, example_inputs, strict=False)
+        print(f"exported graph: {len(ep.graph.nodes)} nodes; AOTInductor compile for {device}", flush=True)
+        out = Path(request.out_dir) / "model.pt2"
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(out))
+        ops, breakdown = count_package_kernels(out)
+        print(f"op count {ops} ({breakdown['fused']} fused, {breakdown['extern']} extern)", flush=True)
+        return CompileResult(op_count=ops, op_count_source=OP_COUNT_SOURCE,
+                             details={"artifact": "model.pt2", "loader": "torch._inductor.aoti_load_package",
+                                      "exported_nodes": len(ep.graph.nodes), "op_breakdown": breakdown})

@@ -1,0 +1,88 @@
+"""Building a model from its factory and making example inputs: the torch side of a target.
+
+Imported only in worker and validation subprocesses, never on the no-op build path; torch is imported
+inside the functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int64": "int64", "int32": "int32",
+                "int16": "int16", "int8": "int8", "uint8": "uint8", "bool": "bool"}
+
+
+def torch_dtype(name: str):
+    """``"bf16"`` -> ``torch.bfloat16`` (and the other names of :data:`TORCH_DTYPES`)."""
+    import torch
+    return getattr(torch, TORCH_DTYPES[name])
+
+
+def load_factory(root: str | Path, factory: str):
+    """Import ``module.path:function`` with ``root`` (the folder of buckets.toml) first on ``sys.path``.
+
+    Raises:
+        ImportError: the module does not import or has no such function.
+    """
+    root = str(root)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    mod_name, _, fn = factory.partition(":")
+    mod = importlib.import_module(mod_name)
+    try:
+        return getattr(mod, fn)
+    except AttributeError:
+        raise ImportError(f"{mod_name} has no attribute {fn!r}") from None
+
+
+def build_model(root: str | Path, factory: str, kwargs: dict[str, Any], dtype: str):
+    """Call the factory and return the module in eval mode, float weights cast to ``dtype``
+    (``fp32``/``bf16``/``fp16``), gradients off.
+
+    Raises:
+        TypeError: the factory did not return a ``torch.nn.Module``.
+    """
+    import torch
+    model = load_factory(root, factory)(**kwargs)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"factory {factory} returned {type(model).__name__}, not a torch.nn.Module")
+    model = model.to(torch_dtype(dtype)).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def make_inputs(inputs: Sequence[dict[str, Any]], seed: int, device: str = "cpu") -> tuple:
+    """Deterministic example inputs from concrete input specs.
+
+    Args:
+        inputs: dicts with ``name``, ``shape`` (ints), ``dtype`` (a :data:`TORCH_DTYPES` name) and
+            ``range`` (``[low, high)`` or None).
+        seed: seeds a private ``torch.Generator``; the same seed gives the same tensors.
+        device: where the tensors are placed.
+
+    Returns:
+        A tuple of tensors in spec order. Integer inputs are uniform in ``[low, high)``; bool inputs are
+        random bits; float inputs are standard normal (or uniform in ``range`` when given), made in fp32
+        and cast to their dtype.
+    """
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for spec in inputs:
+        shape, dt, rng = tuple(spec["shape"]), spec["dtype"], spec.get("range")
+        if dt == "bool":
+            t = torch.randint(0, 2, shape, generator=g).bool()
+        elif dt in ("int64", "int32", "int16", "int8", "uint8"):
+            lo, hi = int(rng[0]), int(rng[1])
+            t = torch.randint(lo, hi, shape, generator=g, dtype=torch_dtype(dt))
+        else:
+            t = torch.randn(shape, generator=g)
+            if rng is not None:
+                t = torch.rand(shape, generator=g) * (rng[1] - rng[0]) + rng[0]
+            t = t.to(torch_dtype(dt))
+        out.append(t.to(device))
+    return tuple(out)

@@ -1,0 +1,64 @@
+"""structlog set-up: human-readable on a terminal, JSON lines otherwise, and always JSON lines appended
+to the project's build log (``<state_dir>/build.log``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+_log_file: Path | None = None
+
+
+def _tee(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """Append the event as one JSON line to the build log (O_APPEND: safe across processes)."""
+    if _log_file is not None:
+        line = json.dumps({k: v for k, v in event.items()}, default=str) + "\n"
+        try:
+            fd = os.open(_log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+    return event
+
+
+def configure(log_file: Path | None = None, json_lines: bool | None = None, quiet: bool = False) -> None:
+    """Configure structlog for this process.
+
+    Args:
+        log_file: the build log to append every event to (its folder is created), or None.
+        json_lines: force JSON (True) or console (False) rendering on stderr; default: console on a TTY.
+        quiet: render only warnings and errors on stderr (the build log still gets everything).
+    """
+    global _log_file
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+    _log_file = log_file
+    if json_lines is None:
+        json_lines = not sys.stderr.isatty()
+    renderer = structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer(
+        colors=sys.stderr.isatty())
+
+    def _filter(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        if quiet and method in ("debug", "info"):
+            raise structlog.DropEvent
+        return event
+
+    structlog.configure(
+        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper(fmt="iso", utc=True), _tee, _filter, renderer],
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get_logger(**bound: Any):
+    """A structlog logger with ``bound`` context (e.g. ``target=..., key=...``)."""
+    return structlog.get_logger("neuron_build").bind(**bound)

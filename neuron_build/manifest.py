@@ -1,0 +1,81 @@
+"""``manifest.json``: what an artifact is, how it was built and what it measured.
+
+Written last into the staging folder, so an object whose manifest is missing or does not match its
+files is incomplete by definition. ``created`` and ``host`` are informational and never part of the key.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+
+#: Manifest statuses. Only PASS is ever served from the store.
+STATUSES = {
+    "PASS": "compiled",
+    "ERROR": "the compiler reported an error",
+    "KILLED": "the compile was killed by a signal (SIGKILL is usually the kernel's out-of-memory killer)",
+    "TIMEOUT": "the compile ran past timeout_s and was stopped",
+    "TRANSIENT": "the compiler exited with status 70 (a transient tool failure)",
+    "TOOLCHAIN_MISSING": "the backend's toolchain is not installed",
+}
+
+
+class FileEntry(BaseModel):
+    """One file of an artifact: its sha256 (64 hex chars) and size in bytes."""
+
+    model_config = ConfigDict(extra="forbid")
+    sha256: str
+    size: int
+
+
+class Metrics(BaseModel):
+    """What a compile measured.
+
+    ``compile_time_s``: wall time of the compile subprocess, seconds. ``op_count``: kernels the compiled
+    artifact launches, counted as ``op_count_source`` says. ``artifact_bytes``: total bytes of the
+    artifact's files. ``peak_rss_bytes``: peak resident memory of the compile's process tree, bytes.
+    ``compiler_compile_time_s``: the compiler's own figure when its log reports one.
+    """
+
+    model_config = ConfigDict(extra="allow")
+    status: str
+    compile_time_s: float
+    op_count: Optional[int] = None
+    op_count_source: Optional[str] = None
+    artifact_bytes: int = 0
+    peak_rss_bytes: Optional[int] = None
+    exit_code: Optional[int] = None
+    attempts: int = 1
+    compiler_compile_time_s: Optional[float] = None
+    reason: Optional[str] = None
+
+
+class Manifest(BaseModel):
+    """The manifest of one artifact (one key)."""
+
+    model_config = ConfigDict(extra="allow")
+    format: int = MANIFEST_FORMAT
+    key: str
+    target: str
+    model: str
+    bucket: dict[str, int]
+    dtype: str
+    profile: str
+    backend: str
+    hardware_target: str
+    key_details: dict[str, Any]
+    component_hashes: dict[str, str]
+    files: dict[str, FileEntry]
+    metrics: Metrics
+    toolchain: dict[str, Optional[str]]
+    compiler: dict[str, Any] = {}
+    created: str
+    host: str
+
+    def to_json_text(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"

@@ -1,0 +1,72 @@
+"""The compile subprocess: ``python -m neuron_build.worker REQUEST.json``.
+
+Reads a :class:`~neuron_build.compilers.base.CompileRequest`, builds the model from its factory, makes the
+example inputs, runs the backend, and writes ``result.json`` (op count, its source, backend details) into
+the request's work_dir. On failure it writes ``error.json`` (status, reason, details) there and exits with
+the failure's exit status: 1 for a compiler error, 3 for a missing toolchain, or the compiler's own
+status (70 for a transient tool failure). Everything it prints goes to the compile log.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def _write(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    tmp.replace(path)
+
+
+def run(request_path: str) -> int:
+    """Run one compile request; returns the process exit status."""
+    from .compilers.base import CompileFailed, CompileRequest, load_compiler
+
+    req = CompileRequest(**json.loads(Path(request_path).read_text()))
+    work = Path(req.work_dir)
+    t0 = time.monotonic()
+    print(f"neuron-build worker: target {req.target} key {req.key[:12]} backend {req.backend} "
+          f"({req.hardware_target}) dtype {req.dtype}", flush=True)
+    try:
+        try:
+            from .examples import build_model, make_inputs
+            compiler = load_compiler(req.backend)
+            model = build_model(req.root, req.factory, req.kwargs, req.dtype)
+        except CompileFailed:
+            raise
+        except ImportError as e:
+            raise CompileFailed("ERROR", f"factory {req.factory} does not import: {e}") from e
+        inputs = make_inputs(req.inputs, req.seed)
+        print(f"model built in {time.monotonic() - t0:.1f} s", flush=True)
+        result = compiler.compile(model, inputs, req)
+    except CompileFailed as e:
+        print(f"compile failed: {e.status}: {e.reason}", flush=True)
+        _write(work / "error.json", {"status": e.status, "reason": e.reason, "details": e.details})
+        return e.exit_code
+    except Exception as e:  # an unexpected failure in the compiler or the model: a compile error
+        traceback.print_exc()
+        sys.stdout.flush()
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        _write(work / "error.json", {"status": "ERROR", "reason": f"{type(e).__name__}: {first}"[:500],
+                                     "details": {}})
+        return 1
+    _write(work / "result.json", {"op_count": result.op_count, "op_count_source": result.op_count_source,
+                                  "details": result.details})
+    print(f"compile done in {time.monotonic() - t0:.1f} s", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m neuron_build.worker REQUEST.json", file=sys.stderr)
+        return 2
+    return run(argv[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
