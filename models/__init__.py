@@ -1,0 +1,1 @@
+"""Example models of the shipped matrix (``buckets.toml``)."""
