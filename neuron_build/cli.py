@@ -209,6 +209,11 @@ def cmd_parse_log(args) -> int:
     return parse_log_main(str(p), args.json)
 
 
+#: Modules that add commands: each defines ``register(add)``, where ``add(name, help)`` returns an
+#: argparse sub-parser, and decorates its handlers with :func:`command`. Keep them free of torch imports.
+PLUGINS: tuple[str, ...] = ()
+
+
 # ---------------------------------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -236,6 +241,9 @@ def parser() -> argparse.ArgumentParser:
     s = add("parse-log", "print what neuron-build extracts from a neuronx-cc log")
     s.add_argument("file", metavar="FILE")
     s.add_argument("--json", action="store_true")
+    import importlib
+    for mod in PLUGINS:
+        importlib.import_module(mod).register(add)
     return p
 
 

@@ -5,6 +5,8 @@ Layout (``shared/DESIGN.md``)::
     <store>/objects/<key[:2]>/<key>/     model.pt | model.pt2, model.neff, compile.log, manifest.json
     <store>/targets/<target id>/last.json     the last key built for the target, with its key details
     <store>/targets/<target id>/failure.json  the last failed compile of the target (and failure.log)
+    <store>/results/<key>/<kind>/<name>.json  validation and benchmark results of an artifact, per
+                                         device kind: outside the immutable object, never in the key
     <store>/staging/                     artifacts being written (never read as objects)
 
 An artifact is written into a staging folder, its ``manifest.json`` last, and published with one atomic
@@ -157,6 +159,25 @@ class Store:
                 m = self.manifest(d.name)
                 if m is not None:
                     yield m
+
+    # -- results beside an artifact ------------------------------------------------------------
+    def record_result(self, key: str, kind: str, name: str, result: dict[str, Any]) -> Path:
+        """Store a result about an artifact (``kind`` e.g. ``validation`` or ``bench``; ``name`` e.g. the
+        device kind ``cpu`` or ``neuron``). Results never change the object or its key."""
+        path = self.root / "results" / key / kind / f"{name}.json"
+        write_json_atomic(path, result)
+        return path
+
+    def result(self, key: str, kind: str, name: str) -> dict[str, Any] | None:
+        """A stored result, or None."""
+        return read_json(self.root / "results" / key / kind / f"{name}.json")
+
+    def results(self, key: str, kind: str) -> dict[str, dict[str, Any]]:
+        """All results of one kind for an artifact: {name: result}."""
+        base = self.root / "results" / key / kind
+        if not base.is_dir():
+            return {}
+        return {p.stem: r for p in sorted(base.glob("*.json")) if (r := read_json(p)) is not None}
 
     # -- targets ------------------------------------------------------------------------------
     def target_dir(self, target_id: str) -> Path:
