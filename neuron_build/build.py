@@ -23,10 +23,11 @@ from typing import Any
 from .compilers.base import CompileRequest
 from .config import Project
 from .keys import COMPONENTS, KeyInfo, KeyMaker, diff_components, file_sha256
+from .locks import GB, KeyLock, MemoryBudget, expected_peak
 from .log import get_logger
-from .manifest import MANIFEST, STATUSES, Manifest, Metrics
+from .manifest import STATUSES, Manifest, Metrics
 from .matrix import Target, expand
-from .store import Store
+from .store import Store, is_disk_full
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 TRANSIENT_EXIT = 70  # [seen] neuronx-cc exits 70 on transient tool failures
@@ -36,8 +37,11 @@ TRANSIENT_EXIT = 70  # [seen] neuronx-cc exits 70 on transient tool failures
 class Outcome:
     """The result of building one target.
 
-    ``status`` is ``cached`` (nothing compiled) or a manifest status (``PASS``, ``ERROR``, ``KILLED``,
-    ``TIMEOUT``, ``TRANSIENT``, ``TOOLCHAIN_MISSING``); ``reason`` is one line for the CLI.
+    ``status`` is ``cached`` (nothing compiled; ``reason`` starts with ``reused:`` when another builder
+    compiled it while this one waited for the key's lock) or a manifest status (``PASS``, ``ERROR``,
+    ``KILLED``, ``TIMEOUT``, ``TRANSIENT``, ``TOOLCHAIN_MISSING``); ``reason`` is one line for the CLI.
+    A target skipped by ``retry_failed=False`` keeps its recorded failure status, with ``compiled`` False
+    and a reason starting ``not retried``.
     """
 
     target: str
@@ -101,6 +105,9 @@ class Builder:
         self.targets = expand(project)
         self.by_id = {t.id: t for t in self.targets}
         self._keyinfo: dict[str, KeyInfo] = {}
+        mem = project.config.build.max_host_memory_gb
+        self.memory = MemoryBudget(self.store.root, int(mem * GB) if mem is not None else None,
+                                   heartbeat_s=project.config.build.heartbeat_s)
 
     # -- planning ----------------------------------------------------------------------------
     def key(self, target: Target) -> KeyInfo:
@@ -143,11 +150,17 @@ class Builder:
         return best[1], best[2]
 
     # -- building ----------------------------------------------------------------------------
-    def build(self, target: Target) -> Outcome:
+    def build(self, target: Target, retry_failed: bool = True) -> Outcome:
         """Build one target unless the store already holds its artifact.
 
-        Never raises for a compile failure: the failure is recorded under the target and returned.
-        Transient failures (exit status 70) are retried up to ``[build] transient_retries`` times.
+        The compile runs under the key's cross-process lock (:class:`~neuron_build.locks.KeyLock`): a
+        second builder of the same key waits, then reuses the first one's artifact. Before it starts, the
+        compile reserves its expected peak memory in the host's budget (``[build] max_host_memory_gb``).
+
+        Never raises for a compile failure (a full disk included): the failure is recorded under the
+        target and returned. Transient failures (exit status 70) are retried up to ``[build]
+        transient_retries`` times. With ``retry_failed`` False, a target whose current key failed last
+        time is not compiled again (its recorded failure is returned).
         """
         ki = self.key(target)
         log = get_logger(target=target.id, key=ki.key[:12])
@@ -155,6 +168,26 @@ class Builder:
             self._remember(target, ki, "PASS")
             log.debug("cached")
             return Outcome(target.id, ki.key, "cached")
+        if not retry_failed:
+            fail = self.store.failure(target.id)
+            if fail and fail.get("key") == ki.key:
+                log.info("not retried: failed last time", status=fail.get("status"))
+                return Outcome(target.id, ki.key, fail.get("status", "ERROR"),
+                               f"not retried (--no-retry-failed); failed last time: {fail.get('reason', '')}")
+        cfg = self.project.config.build
+        with KeyLock(self.store.root, ki.key, target=target.id, heartbeat_s=cfg.heartbeat_s) as lock:
+            if self.store.is_complete(ki.key):
+                self._remember(target, ki, "PASS")
+                who = lock.waited_for or {}
+                by = f"pid {who['pid']} on {who.get('host')}" if who.get("pid") else "another builder"
+                log.info("reused", built_by=by, waited_s=round(lock.waited_s, 1))
+                return Outcome(target.id, ki.key, "cached",
+                               f"reused: built by {by} while this builder waited {lock.waited_s:.1f} s")
+            peak = expected_peak(self.store, target.model, target.bucket_id, int(cfg.default_compile_memory_gb * GB))
+            with self.memory.reserve(peak.bytes, target.id, log, peak.source):
+                return self._build_locked(target, ki, log)
+
+    def _build_locked(self, target: Target, ki: KeyInfo, log) -> Outcome:
         retries = self.project.config.build.transient_retries
         attempt = 0
         while True:
@@ -168,8 +201,13 @@ class Builder:
         rec = self.store.target_record(target.id)
         if rec and rec.get("key") == ki.key and rec.get("status") == status:
             return
-        self.store.record_target(target.id, {"target": target.id, "key": ki.key, "status": status,
-                                             "details": ki.details, "hashes": ki.hashes, "time": _now()})
+        try:
+            self.store.record_target(target.id, {"target": target.id, "key": ki.key, "status": status,
+                                                 "details": ki.details, "hashes": ki.hashes, "time": _now()})
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            get_logger(target=target.id).warning("could not record the target (disk full)", error=str(e))
 
     def request(self, target: Target, ki: KeyInfo, out_dir: Path, work_dir: Path) -> CompileRequest:
         """The worker request for a target."""
@@ -183,18 +221,28 @@ class Builder:
             out_dir=str(out_dir), work_dir=str(work_dir), seed=int(ki.key[:8], 16))
 
     def _compile(self, target: Target, ki: KeyInfo, attempt: int, log) -> Outcome:
-        staging = self.store.staging_dir(ki.key)
-        obj, work = staging / "object", staging / "work"
-        obj.mkdir()
-        work.mkdir()
+        staging = None
         try:
+            staging = self.store.staging_dir(ki.key)
+            obj, work = staging / "object", staging / "work"
+            obj.mkdir()
+            work.mkdir()
             req = self.request(target, ki, obj, work)
             (work / "request.json").write_text(json.dumps(req.to_json(), indent=2))
             log.info("compiling", backend=req.backend, hardware_target=req.hardware_target, attempt=attempt)
             run = self._run_worker(work, log)
             outcome = self._finish(target, ki, req, run, obj, work, attempt, log)
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            # no room even to start the compile (staging folder, request, log)
+            where = e.filename or (staging or self.store.root / "staging")
+            reason = f"no space left on device while preparing the compile ({where}); free space and build again"
+            run = _Run(None, 0.0, 0, False, b"")
+            outcome = self._fail(target, ki, attempt, log, "ERROR", reason, run, {})
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
         return outcome
 
     def _run_worker(self, work: Path, log) -> _Run:
@@ -256,17 +304,66 @@ class Builder:
             status, reason = "TRANSIENT", "exit status 70: transient tool failure"
         else:
             status, reason = "ERROR", f"worker exited with status {run.exit_code}: {_last_line(run.log)}"
-        metrics = {"status": status, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss,
-                   "exit_code": run.exit_code, "attempts": attempt}
-        if status != "PASS":
-            metrics["reason"] = reason
-            self.store.record_failure(target.id, {"target": target.id, "key": ki.key, **metrics,
-                                                  "details": error.get("details", {}), "time": _now()}, run.log)
-            self._remember(target, ki, status)
-            log.error("compile failed", status=status, reason=reason, compile_time_s=metrics["compile_time_s"])
-            return Outcome(target.id, ki.key, status, reason, compiled=True, metrics=metrics)
+        if status not in ("PASS", "TIMEOUT", "KILLED"):
+            full = _disk_full_in(obj, run.log)
+            if full:
+                reason = f"{full} while compiling; free space and build again ({reason})"
+        if status == "PASS":
+            try:
+                return self._publish(target, ki, req, run, result, obj, attempt, log)
+            except _DiskFull as e:
+                status, reason = "ERROR", str(e)
+        return self._fail(target, ki, attempt, log, status, reason, run, error.get("details", {}))
 
-        (obj / "compile.log").write_bytes(run.log)
+    def _fail(self, target: Target, ki: KeyInfo, attempt: int, log, status: str, reason: str, run: _Run,
+              details: dict) -> Outcome:
+        """Record a failed compile under its target (best effort on a full disk) and return its outcome."""
+        metrics = {"status": status, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss,
+                   "exit_code": run.exit_code, "attempts": attempt, "reason": reason}
+        prev = self.store.failure(target.id) or {}
+        total = 1 + (int(prev.get("attempts_total", prev.get("attempts", 0))) if prev.get("key") == ki.key else 0)
+        try:
+            self.store.record_failure(target.id, {"target": target.id, "key": ki.key, **metrics,
+                                                  "attempts_total": total, "details": details, "time": _now()},
+                                      run.log)
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            log.warning("could not record the failure (disk full)", error=str(e))
+        self._remember(target, ki, status)
+        log.error("compile failed", status=status, reason=reason, compile_time_s=metrics["compile_time_s"])
+        return Outcome(target.id, ki.key, status, reason, compiled=True, metrics=metrics)
+
+    def _publish(self, target: Target, ki: KeyInfo, req: CompileRequest, run: _Run, result: dict, obj: Path,
+                 attempt: int, log) -> Outcome:
+        """Write the compile log and the manifest (last, fsynced) into the staging object and publish it.
+
+        Raises:
+            _DiskFull: the file system filled up; nothing was published.
+        """
+        metrics = {"status": "PASS", "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss,
+                   "exit_code": run.exit_code, "attempts": attempt}
+        stage = "writing the artifact"
+        try:
+            (obj / "compile.log").write_bytes(run.log)
+            stage = "writing the manifest"
+            self._seal(target, ki, req, run, result, obj, metrics)
+            stage = "publishing"
+            self.store.publish(obj, ki.key)
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            raise _DiskFull(f"no space left on device while {stage} ({e.filename or obj}); "
+                            f"free space and build again") from e
+        self.store.clear_failure(target.id)
+        self._remember(target, ki, "PASS")
+        log.info("built", compile_time_s=metrics["compile_time_s"], op_count=metrics["op_count"],
+                 artifact_mb=round(metrics["artifact_bytes"] / 2**20, 2),
+                 peak_rss_mb=round(run.peak_rss / 2**20))
+        return Outcome(target.id, ki.key, "PASS", compiled=True, metrics=metrics)
+
+    def _seal(self, target: Target, ki: KeyInfo, req: CompileRequest, run: _Run, result: dict, obj: Path,
+              metrics: dict) -> None:
         files = {}
         for f in sorted(p for p in obj.rglob("*") if p.is_file()):
             files[f.relative_to(obj).as_posix()] = {"sha256": file_sha256(f), "size": f.stat().st_size}
@@ -279,18 +376,25 @@ class Builder:
             profile=target.profile, backend=req.backend, hardware_target=req.hardware_target,
             key_details=ki.details, component_hashes=ki.hashes, files=files, metrics=Metrics(**metrics),
             toolchain=ki.details["toolchain"], compiler=details, created=_now(), host=socket.gethostname())
-        mf = obj / MANIFEST
-        with open(mf, "w") as f:
-            f.write(manifest.to_json_text())
-            f.flush()
-            os.fsync(f.fileno())
-        self.store.publish(obj, ki.key)
-        self.store.clear_failure(target.id)
-        self._remember(target, ki, "PASS")
-        log.info("built", compile_time_s=metrics["compile_time_s"], op_count=metrics["op_count"],
-                 artifact_mb=round(metrics["artifact_bytes"] / 2**20, 2),
-                 peak_rss_mb=round(run.peak_rss / 2**20))
-        return Outcome(target.id, ki.key, "PASS", compiled=True, metrics=metrics)
+        self.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last
+
+
+class _DiskFull(Exception):
+    """The file system filled up while an artifact was written or published (the message says where)."""
+
+
+def _disk_full_in(path: Path, log: bytes) -> str | None:
+    """"no space left on device ..." when a failed compile ran out of disk: the log says so, or the file
+    system holding ``path`` has less than 1 MiB free. None otherwise."""
+    try:
+        st = os.statvfs(path)
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        free = None
+    said = b"No space left on device" in log or b"ENOSPC" in log
+    if said or (free is not None and free < 2**20):
+        return f"no space left on device in {path.parent}" + (f" ({free} bytes free)" if free is not None else "")
+    return None
 
 
 def _kill_group(pid: int) -> None:

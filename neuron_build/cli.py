@@ -55,10 +55,12 @@ def cmd_build(args) -> int:
     b.keys.save()
     os.environ["NEURON_BUILD_CONFIG"] = str(b.project.path)
     tasks._builder = b
-    doit_args = ["run", "--db-file", str(b.project.state_dir / "doit.db"), "-n", str(args.jobs)]
+    doit_args = ["run", "--db-file", ":memory:", "-n", str(args.jobs)]  # see tasks.py: one db per process
     if args.jobs > 1:
         doit_args += ["-P", "thread"]
     doit_args += [f"build:{t.id}" for t in chosen] if args.patterns else ["build"]
+    if args.no_retry_failed:
+        doit_args.append("retry_failed=0")
     b.project.state_dir.mkdir(parents=True, exist_ok=True)
     rc = DoitMain(ModuleTaskLoader(tasks)).run(doit_args)
     after = {t.id: b.state(t) for t in chosen}
@@ -87,6 +89,9 @@ def cmd_plan(args) -> int:
                "changed": [c.split(":")[0] for c in changed], "changed_detail": changed}
         if since and since != t.id:
             row["compared_with"] = since
+        if state == "failed":
+            f = b.store.failure(t.id) or {}
+            row["failure"] = {k: f.get(k) for k in ("status", "reason", "attempts_total", "exit_code", "time")}
         rows.append(row)
     b.keys.save()
     if args.json:
@@ -97,6 +102,9 @@ def cmd_plan(args) -> int:
     width = max(len(r["target"]) for r in rows)
     for r in rows:
         why = "; ".join(r["changed_detail"]) if r["state"] != "cached" else ""
+        if r.get("failure"):
+            f = r["failure"]
+            why = f"{f['status']}: {f['reason']} (failed {f.get('attempts_total') or 1}x, {f.get('time')}; retried by the next build)"
         if r.get("compared_with"):
             why += f" (vs {r['compared_with']})"
         print(f"{r['state']:8} {r['target']:{width}}  {r['key'][:12]}  {why}".rstrip())
@@ -211,7 +219,7 @@ def cmd_parse_log(args) -> int:
 
 #: Modules that add commands: each defines ``register(add)``, where ``add(name, help)`` returns an
 #: argparse sub-parser, and decorates its handlers with :func:`command`. Keep them free of torch imports.
-PLUGINS: tuple[str, ...] = ()
+PLUGINS: tuple[str, ...] = ("neuron_build.cli_store",)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -228,6 +236,8 @@ def parser() -> argparse.ArgumentParser:
 
     s = add("build", "compile the targets that are not in the store")
     s.add_argument("-n", "--jobs", type=int, default=1, help="compiles to run at once")
+    s.add_argument("--no-retry-failed", action="store_true",
+                   help="skip targets whose current key failed last time (default: retry them)")
     s.add_argument("patterns", nargs="*", metavar="PATTERN", help="target id globs or model names")
     s = add("plan", "list every target, its key and state, and what changed")
     s.add_argument("--json", action="store_true")
@@ -268,4 +278,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m neuron_build.cli` runs this file as __main__; plugins register their commands in the
+    # importable neuron_build.cli module, so run that module's main.
+    from neuron_build.cli import main as _main
+    sys.exit(_main())

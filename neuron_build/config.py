@@ -54,6 +54,12 @@ class BuildSettings(_Frozen):
     where the inductor and torchscript backends compile for. ``timeout_s`` bounds one compile, in seconds;
     ``transient_retries`` is how often a compile that exits with the transient status 70 is retried within
     a build; ``heartbeat_s`` is the interval, in seconds, of the "still compiling" progress events.
+
+    ``max_host_memory_gb`` (GB = 1e9 bytes, optional) bounds the summed expected peak resident memory of
+    the compiles running at once on this host, across ``-n`` workers and separate builder processes
+    sharing the store; a compile's expected peak is the last recorded ``peak_rss_bytes`` of its model and
+    bucket, else ``default_compile_memory_gb``. A compile waits while it would exceed the bound, and
+    always runs when nothing else is running.
     """
 
     store: StrictStr = "artifacts"
@@ -64,6 +70,8 @@ class BuildSettings(_Frozen):
     transient_retries: int = Field(default=2, ge=0, le=10, strict=True)
     heartbeat_s: float = Field(default=15.0, gt=0, strict=False)
     state_dir: StrictStr = ".neuron-build"
+    max_host_memory_gb: Optional[float] = Field(default=None, gt=0, strict=False)
+    default_compile_memory_gb: float = Field(default=4.0, gt=0, strict=False)
 
 
 class Profile(_Frozen):

@@ -1,11 +1,16 @@
 """The doit glue, nothing else: one ``build:<target id>`` task per target.
 
 ``dodo.py`` is ``from neuron_build.tasks import *``. A task is up to date exactly when the store holds a
-complete artifact for the target's current key; the doit database is only an optimisation (delete it
-and nothing is rebuilt, because the action itself looks in the store first).
+complete artifact for the target's current key, so doit's database holds nothing a build needs: it is
+kept in memory, one per process (``dep_file = ":memory:"``). A database file shared by two ``doit build``
+processes is not safe: doit's sqlite3 backend keeps a write transaction open from a task's first failure
+until the end of the run, and a second process that finishes meanwhile dies with "database is locked"
+(seen with doit 0.37; tests/faults/test_concurrency.py runs both). Without a file, ``doit forget`` and
+``doit ignore`` have nothing to remember; every other command works as before.
 
 The config is ``buckets.toml`` beside ``dodo.py``, or ``doit build config=PATH``, or the
-``NEURON_BUILD_CONFIG`` environment variable.
+``NEURON_BUILD_CONFIG`` environment variable. ``doit build retry_failed=0`` skips targets whose current
+key failed last time (``neuron-build build --no-retry-failed``); by default every build retries them.
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ from .log import configure
 DOIT_CONFIG = {
     "default_tasks": ["build"],
     "continue": True,          # one failed target never stops the others
-    "backend": "sqlite3",      # transactional, and a second process is not locked out
-    "dep_file": ".doit.db",
+    "backend": "sqlite3",
+    "dep_file": ":memory:",    # per process: concurrent builds never share (or lock) a database
     "verbosity": 2,
 }
 
@@ -57,9 +62,14 @@ def _is_built(key: str) -> bool:
     return builder().store.is_complete(key)
 
 
+def _retry_failed() -> bool:
+    v = get_var("retry_failed", "1")
+    return v is None or str(v).strip().lower() not in ("0", "false", "no", "off")
+
+
 def _build(target_id: str):
     b = builder()
-    out = b.build(b.by_id[target_id])
+    out = b.build(b.by_id[target_id], retry_failed=_retry_failed())
     if not out.ok:
         return TaskFailed(f"{target_id}: {out.status}: {out.reason}")
     return {"key": out.key, "status": out.status}

@@ -1,0 +1,367 @@
+"""Store upkeep: ``verify`` (every object against its manifest, corrupt ones quarantined) and ``gc``
+(unreferenced objects and old leftovers removed).
+
+What references an object (``gc`` never removes it): the current key of any target record
+(``targets/**/last.json``), any release (``releases/<model>/<release id>.json``, its ``artifacts[].key``;
+channels point at releases, so every key a channel can reach is a release's key), and the keys of the
+current matrix passed in by the caller.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+import secrets
+import shutil
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import UserError
+from .store import Store, _alive, read_json
+
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+DAY_S = 86400.0
+#: Temporary files (``.<name>.<pid>.<token>.tmp``) live milliseconds; ones older than this were left by a
+#: killed process.
+TMP_MAX_AGE_S = 3600.0
+
+
+def tree_bytes(path: Path) -> int:
+    """Total size in bytes of the files under ``path`` (a file's own size for a file); 0 when absent."""
+    try:
+        if path.is_file() or path.is_symlink():
+            return path.lstat().st_size
+        return sum(p.lstat().st_size for p in path.rglob("*") if not p.is_dir())
+    except OSError:
+        return 0
+
+
+# ------------------------------------------------------------------------------------------------------
+# verify
+
+@dataclass
+class BadObject:
+    """An object that failed verification: its key (or folder name), target, reason, and where it went."""
+
+    key: str
+    target: str | None
+    reason: str
+    moved_to: str | None
+
+
+@dataclass
+class VerifyReport:
+    """What ``verify`` found. ``problems`` are reference faults: a release naming a key that is not a
+    complete object, a channel naming a release that does not exist or does not parse."""
+
+    deep: bool
+    checked: int = 0
+    ok: int = 0
+    bad: list[BadObject] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.bad and not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {"deep": self.deep, "checked": self.checked, "ok": self.ok, "clean": self.clean,
+                "bad": [asdict(b) for b in self.bad], "problems": self.problems}
+
+
+def verify_store(store: Store, deep: bool = False) -> VerifyReport:
+    """Check every object in ``objects/``; move each bad one to ``quarantine/`` with its reason.
+
+    Cheap checks (manifest parses and matches its own sha256, PASS, exactly the listed files with the
+    listed sizes) always; ``deep`` also compares every file's sha256. Anything under ``objects/`` that is
+    not a key's folder in its prefix folder is quarantined too. Then every release's keys and every
+    channel's release are checked to exist.
+    """
+    rep = VerifyReport(deep=deep)
+    base = store.root / "objects"
+    for sub in sorted(base.iterdir()) if base.is_dir() else []:
+        entries = sorted(sub.iterdir()) if sub.is_dir() else [sub]
+        for d in entries:
+            rep.checked += 1
+            name = d.name
+            if not (sub.is_dir() and d.is_dir() and _KEY.match(name) and name[:2] == sub.name):
+                where = d.relative_to(store.root).as_posix()
+                moved = store.quarantine_path(d, f"{where} is not an object folder (objects/<key[:2]>/<key>/)")
+                rep.bad.append(BadObject(name, None, f"{where} is not an object folder", _rel(store, moved)))
+                continue
+            reason = store.check(name, deep=deep)
+            if reason is None:
+                rep.ok += 1
+                continue
+            man = read_json(d / "manifest.json")
+            target = man.get("target") if isinstance(man, dict) and isinstance(man.get("target"), str) else None
+            moved = store.quarantine(name, reason + (" (found by verify --deep)" if deep else " (found by verify)"))
+            rep.bad.append(BadObject(name, target, reason, _rel(store, moved)))
+    for path, rel in _release_files(store):
+        keys = _release_keys(rel)
+        if keys is None:
+            rep.problems.append(f"{path.relative_to(store.root)}: not a readable release (JSON with artifacts)")
+            continue
+        for tid, key in keys:
+            if not store.is_complete(key):
+                rep.problems.append(f"{path.relative_to(store.root)}: artifact {tid} key {key[:12]} is not in the store")
+    for path, ch in _channel_files(store):
+        rid = ch.get("release") if isinstance(ch, dict) else None
+        if not isinstance(rid, str):
+            rep.problems.append(f"{path.relative_to(store.root)}: not a readable channel (JSON with release)")
+            continue
+        rel_path = store.root / "releases" / path.parent.name / f"{rid}.json"
+        if _release_keys(read_json(rel_path)) is None:
+            rep.problems.append(f"{path.relative_to(store.root)}: points at release {rid}, "
+                                f"but {rel_path.relative_to(store.root)} is missing or unreadable")
+    return rep
+
+
+def _rel(store: Store, p: Path | None) -> str | None:
+    return p.relative_to(store.root).as_posix() if p is not None else None
+
+
+def _release_files(store: Store) -> Iterable[tuple[Path, Any]]:
+    base = store.root / "releases"
+    for p in sorted(base.rglob("*.json")) if base.is_dir() else []:
+        if not p.name.startswith("."):
+            yield p, read_json(p)
+
+
+def _channel_files(store: Store) -> Iterable[tuple[Path, Any]]:
+    base = store.root / "channels"
+    for p in sorted(base.glob("*/*.json")) if base.is_dir() else []:
+        if not p.name.startswith("."):
+            yield p, read_json(p)
+
+
+def _release_keys(rel: Any) -> list[tuple[str, str]] | None:
+    """[(target, key)] of a release record, or None when it is not one."""
+    if not isinstance(rel, dict) or not isinstance(rel.get("artifacts"), list):
+        return None
+    out = []
+    for a in rel["artifacts"]:
+        if not isinstance(a, dict) or not isinstance(a.get("key"), str):
+            return None
+        out.append((str(a.get("target")), a["key"]))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------
+# gc
+
+@dataclass
+class Removal:
+    """One thing ``gc`` removes (or would remove, on a dry run): ``kind`` is ``object``, ``staging``,
+    ``quarantine``, ``lock`` or ``temp``; ``bytes`` its size; ``why`` one line."""
+
+    kind: str
+    path: str
+    bytes: int
+    why: str
+    key: str | None = None
+    target: str | None = None
+
+
+@dataclass
+class GcReport:
+    """What ``gc`` removed (or would remove): ``referenced`` is the number of keys it kept as referenced."""
+
+    dry_run: bool
+    keep_days: float
+    referenced: int = 0
+    kept_young: int = 0
+    removed: list[Removal] = field(default_factory=list)
+
+    @property
+    def bytes_freed(self) -> int:
+        return sum(r.bytes for r in self.removed)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dry_run": self.dry_run, "keep_days": self.keep_days, "referenced": self.referenced,
+                "kept_young": self.kept_young, "bytes_freed": self.bytes_freed,
+                "removed": [asdict(r) for r in self.removed]}
+
+
+def referenced_keys(store: Store, extra: Iterable[str] = ()) -> set[str]:
+    """Keys that ``gc`` must keep: ``extra`` (e.g. the current matrix), every target record's key, every
+    release's keys.
+
+    Raises:
+        UserError: a release file is unreadable (its keys cannot be protected); the message names it.
+    """
+    keys = set(extra)
+    tbase = store.root / "targets"
+    for f in tbase.rglob("last.json") if tbase.is_dir() else []:
+        rec = read_json(f)
+        if isinstance(rec, dict) and isinstance(rec.get("key"), str):
+            keys.add(rec["key"])
+    for path, rel in _release_files(store):
+        rk = _release_keys(rel)
+        if rk is None:
+            raise UserError(f"{path}: release file is unreadable or has no artifacts list; gc cannot tell which "
+                            f"artifacts it keeps. Fix or remove it, then run gc again")
+        keys.update(k for _, k in rk)
+    return keys
+
+
+def collect_garbage(store: Store, keep_keys: Iterable[str] = (), keep_days: float = 7.0, dry_run: bool = False,
+                    now: float | None = None) -> GcReport:
+    """Remove what nothing needs.
+
+    - objects whose key is not referenced (see :func:`referenced_keys`) and that are older than
+      ``keep_days`` (age from the manifest's ``created``, else the folder's mtime), with their
+      ``results/<key>/`` and lock files;
+    - staging folders of builders that are no longer running on this host (any age), or from other hosts
+      and older than ``keep_days``;
+    - quarantined objects older than ``keep_days``; lock files moved aside when a stale lock was broken;
+      temporary files older than an hour (left by killed writers).
+
+    Objects are first renamed into ``<store>/trash/`` (so readers see them whole or not at all), then
+    deleted. ``dry_run`` removes nothing and reports the same list.
+
+    Raises:
+        UserError: ``keep_days`` is negative, or a release file is unreadable.
+    """
+    if keep_days < 0:
+        raise UserError(f"--keep-days {keep_days:g} is negative; give 0 or more days")
+    now = time.time() if now is None else now
+    horizon = keep_days * DAY_S
+    rep = GcReport(dry_run=dry_run, keep_days=keep_days)
+    refs = referenced_keys(store, keep_keys)
+    trash = store.root / "trash"
+
+    def drop(path: Path, item: Removal, atomic: bool = False) -> None:
+        rep.removed.append(item)
+        if dry_run:
+            return
+        if atomic:
+            trash.mkdir(parents=True, exist_ok=True)
+            dest = trash / f"{path.name}.{secrets.token_hex(4)}"
+            try:
+                os.rename(path, dest)
+            except FileNotFoundError:
+                return
+            path = dest
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+
+    # objects
+    for key in store.object_keys():
+        d = store.object_dir(key)
+        if key in refs:
+            rep.referenced += 1
+            continue
+        if not d.is_dir():
+            continue  # a stray entry: verify quarantines those
+        man = read_json(d / "manifest.json")
+        age = now - _created(man, d)
+        if age < horizon:
+            rep.kept_young += 1
+            continue
+        target = man.get("target") if isinstance(man, dict) else None
+        results = store.root / "results" / key
+        size = tree_bytes(d) + tree_bytes(results)
+        drop(d, Removal("object", d.relative_to(store.root).as_posix(), size,
+                        f"referenced by no target record, release or channel; {age / DAY_S:.1f} days old",
+                        key=key, target=target), atomic=True)
+        if not dry_run:
+            shutil.rmtree(results, ignore_errors=True)
+            _drop_lock_files(store, key)
+
+    # staging leftovers
+    host = socket.gethostname()
+    sbase = store.root / "staging"
+    for d in sorted(sbase.iterdir()) if sbase.is_dir() else []:
+        parts = d.name.split(".")
+        age = now - _mtime(d)
+        why = None
+        if len(parts) >= 4 and parts[-3] == host and parts[-2].isdigit():
+            pid = int(parts[-2])
+            if pid != os.getpid() and not _alive(pid):
+                why = f"left by pid {pid}, which is no longer running"
+        elif age >= horizon:
+            why = f"left by another host or an unknown writer; {age / DAY_S:.1f} days old"
+        if why:
+            drop(d, Removal("staging", d.relative_to(store.root).as_posix(), tree_bytes(d), why))
+
+    # quarantine
+    qbase = store.root / "quarantine"
+    for d in sorted(qbase.iterdir()) if qbase.is_dir() else []:
+        age = now - _mtime(d)
+        if age >= horizon:
+            reason = ""
+            try:
+                reason = (d / "reason.txt").read_text().strip()
+            except OSError:
+                pass
+            drop(d, Removal("quarantine", d.relative_to(store.root).as_posix(), tree_bytes(d),
+                            f"quarantined {age / DAY_S:.1f} days ago" + (f": {reason}" if reason else ""),
+                            key=d.name.split(".")[0]))
+
+    # lock files moved aside, temporary files of killed writers, an interrupted gc's trash
+    lbase = store.root / "locks"
+    for p in sorted(lbase.glob("*.lock.stale-*")) if lbase.is_dir() else []:
+        drop(p, Removal("lock", p.relative_to(store.root).as_posix(), tree_bytes(p), "stale lock file moved aside"))
+    for area in ("targets", "results", "locks", "releases", "channels"):
+        abase = store.root / area
+        for p in sorted(abase.rglob(".*.tmp")) if abase.is_dir() else []:
+            if now - _mtime(p) >= TMP_MAX_AGE_S:
+                drop(p, Removal("temp", p.relative_to(store.root).as_posix(), tree_bytes(p),
+                                "temporary file left by a killed writer"))
+    if not dry_run and trash.is_dir():
+        for p in trash.iterdir():
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    return rep
+
+
+def _drop_lock_files(store: Store, key: str) -> None:
+    """Remove a removed key's lock file, only while holding it (a builder that opened it meanwhile sees
+    the file gone and locks a new one)."""
+    from filelock import FileLock, Timeout
+
+    path = store.root / "locks" / f"{key}.lock"
+    if not path.exists():
+        return
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return
+    try:
+        path.unlink(missing_ok=True)
+        (store.root / "locks" / f"{key}.owner.json").unlink(missing_ok=True)
+    finally:
+        lock.release()
+
+
+def _created(man: Any, d: Path) -> float:
+    if isinstance(man, dict) and isinstance(man.get("created"), str):
+        try:
+            t = _dt.datetime.fromisoformat(man["created"])
+            if t.tzinfo is None:
+                t = t.replace(tzinfo=_dt.timezone.utc)
+            return t.timestamp()
+        except ValueError:
+            pass
+    return _mtime(d)
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.lstat().st_mtime
+    except OSError:
+        return time.time()
+
+
+__all__ = ["verify_store", "VerifyReport", "BadObject", "collect_garbage", "GcReport", "Removal",
+           "referenced_keys", "tree_bytes"]
