@@ -55,22 +55,30 @@ def cmd_build(args) -> int:
     b.keys.save()
     os.environ["NEURON_BUILD_CONFIG"] = str(b.project.path)
     tasks._builder = b
-    doit_args = ["run", "--db-file", ":memory:", "-n", str(args.jobs)]  # see tasks.py: one db per process
+    doit_args = ["run", "--db-file", ":memory:"]  # see tasks.py: one db per process
     if args.jobs > 1:
-        doit_args += ["-P", "thread"]
+        doit_args += ["-n", str(args.jobs), "-P", "thread"]  # (-n 1 would fork one runner process)
     doit_args += [f"build:{t.id}" for t in chosen] if args.patterns else ["build"]
     if args.no_retry_failed:
         doit_args.append("retry_failed=0")
     b.project.state_dir.mkdir(parents=True, exist_ok=True)
+    tasks.OUTCOMES.clear()
     rc = DoitMain(ModuleTaskLoader(tasks)).run(doit_args)
     after = {t.id: b.state(t) for t in chosen}
-    built = [t for t in chosen if after[t.id] == "cached" and before[t.id] != "cached"]
+    outs = tasks.OUTCOMES
+    built = [t for t in chosen if after[t.id] == "cached" and before[t.id] != "cached"
+             and (t.id not in outs or outs[t.id].compiled)]
+    reused = [t for t in chosen if t.id in outs and outs[t.id].reason.startswith("reused")]
     failed = [t for t in chosen if after[t.id] != "cached"]
-    print(f"\n{len(chosen)} targets: {len(built)} built, {len(chosen) - len(built) - len(failed)} cached, "
-          f"{len(failed)} failed")
+    print(f"\n{len(chosen)} targets: {len(built)} built, {len(chosen) - len(built) - len(failed)} cached"
+          + (f" ({len(reused)} built by another builder meanwhile)" if reused else "") + f", {len(failed)} failed")
     for t in failed:
         f = b.store.failure(t.id) or {}
-        print(f"  FAILED {t.id}: {f.get('status', 'not built')}: {f.get('reason', '')}")
+        o = outs.get(t.id)
+        if o is not None and not o.compiled and o.reason.startswith("not retried"):
+            print(f"  FAILED {t.id}: {o.status}: {o.reason}")
+        else:
+            print(f"  FAILED {t.id}: {f.get('status', 'not built')}: {f.get('reason', '')}")
     if failed or rc not in (0,):
         raise BuildFailed(f"{len(failed)} target(s) failed")
     return 0

@@ -35,6 +35,8 @@ DOIT_CONFIG = {
 }
 
 _builder: Builder | None = None
+#: target id -> the Outcome of its build in this process (read by ``neuron-build build`` for its summary)
+OUTCOMES: dict = {}
 
 
 def builder() -> Builder:
@@ -62,6 +64,21 @@ def _is_built(key: str) -> bool:
     return builder().store.is_complete(key)
 
 
+_MAIN_PID = os.getpid()
+_pdeathsig_set = False
+
+
+def _die_with_parent() -> None:
+    """In a runner process forked by ``doit -P process``, ask Linux to SIGKILL it when doit dies, so a
+    killed build leaves no orphan builder behind (its compile workers die with it the same way)."""
+    global _pdeathsig_set
+    if _pdeathsig_set or os.getpid() == _MAIN_PID:
+        return
+    from .build import _set_pdeathsig
+    _set_pdeathsig()
+    _pdeathsig_set = True
+
+
 def _retry_failed() -> bool:
     v = get_var("retry_failed", "1")
     return v is None or str(v).strip().lower() not in ("0", "false", "no", "off")
@@ -69,7 +86,9 @@ def _retry_failed() -> bool:
 
 def _build(target_id: str):
     b = builder()
+    _die_with_parent()
     out = b.build(b.by_id[target_id], retry_failed=_retry_failed())
+    OUTCOMES[target_id] = out
     if not out.ok:
         return TaskFailed(f"{target_id}: {out.status}: {out.reason}")
     return {"key": out.key, "status": out.status}

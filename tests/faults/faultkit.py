@@ -51,6 +51,17 @@ def slow(seconds: float = 5.0, width: int = 8):
     return Quick(width)
 
 
+def gate(path: str, width: int = 8):
+    """Blocks while the file ``path`` exists (a test holds a compile open as long as it needs)."""
+    while os.path.exists(path):
+        time.sleep(0.05)
+    return Quick(width)
+
+
+def broken():
+    raise RuntimeError("factory exploded on purpose")
+
+
 def flaky():
     os._exit(70)  # the transient exit status
 
