@@ -243,6 +243,15 @@ class Builder:
         finally:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
+        pending = getattr(outcome, "_unrecorded", None)
+        if pending is not None:  # the disk was full: try again now that the staging files are gone
+            try:
+                self.store.record_failure(target.id, *pending)
+                self._remember(target, ki, outcome.status)
+            except OSError as e:
+                if not is_disk_full(e):
+                    raise
+                log.warning("could not record the failure (disk full)", error=str(e))
         return outcome
 
     def _run_worker(self, work: Path, log) -> _Run:
@@ -304,10 +313,10 @@ class Builder:
             status, reason = "TRANSIENT", "exit status 70: transient tool failure"
         else:
             status, reason = "ERROR", f"worker exited with status {run.exit_code}: {_last_line(run.log)}"
-        if status not in ("PASS", "TIMEOUT", "KILLED"):
+        if status not in ("PASS", "TIMEOUT"):
             full = _disk_full_in(obj, run.log)
-            if full:
-                reason = f"{full} while compiling; free space and build again ({reason})"
+            if full:  # (torch aborts with SIGABRT when a save hits a full disk)
+                status, reason = "ERROR", f"{full} while compiling; free space and build again ({reason})"
         if status == "PASS":
             try:
                 return self._publish(target, ki, req, run, result, obj, attempt, log)
@@ -322,17 +331,18 @@ class Builder:
                    "exit_code": run.exit_code, "attempts": attempt, "reason": reason}
         prev = self.store.failure(target.id) or {}
         total = 1 + (int(prev.get("attempts_total", prev.get("attempts", 0))) if prev.get("key") == ki.key else 0)
+        record = {"target": target.id, "key": ki.key, **metrics, "attempts_total": total, "details": details,
+                  "time": _now()}
+        out = Outcome(target.id, ki.key, status, reason, compiled=True, metrics=metrics)
         try:
-            self.store.record_failure(target.id, {"target": target.id, "key": ki.key, **metrics,
-                                                  "attempts_total": total, "details": details, "time": _now()},
-                                      run.log)
+            self.store.record_failure(target.id, record, run.log)
+            self._remember(target, ki, status)
         except OSError as e:
             if not is_disk_full(e):
                 raise
-            log.warning("could not record the failure (disk full)", error=str(e))
-        self._remember(target, ki, status)
+            out._unrecorded = (record, run.log)  # recorded by _compile once the staging files are gone
         log.error("compile failed", status=status, reason=reason, compile_time_s=metrics["compile_time_s"])
-        return Outcome(target.id, ki.key, status, reason, compiled=True, metrics=metrics)
+        return out
 
     def _publish(self, target: Target, ki: KeyInfo, req: CompileRequest, run: _Run, result: dict, obj: Path,
                  attempt: int, log) -> Outcome:

@@ -75,7 +75,7 @@ def cmd_build(args) -> int:
     for t in failed:
         f = b.store.failure(t.id) or {}
         o = outs.get(t.id)
-        if o is not None and not o.compiled and o.reason.startswith("not retried"):
+        if o is not None and not o.ok:
             print(f"  FAILED {t.id}: {o.status}: {o.reason}")
         else:
             print(f"  FAILED {t.id}: {f.get('status', 'not built')}: {f.get('reason', '')}")

@@ -35,11 +35,14 @@ class Quick(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.lin = nn.Linear(width, width)
-        # a constant buffer makes the saved artifact extra_mb MiB larger
-        self.register_buffer("pad", torch.zeros(extra_mb * 2**18))
+        # an extra layer makes the saved artifact about extra_mb MiB larger
+        self.big = nn.Linear(width, extra_mb * 2**18 // width) if extra_mb else None
 
     def forward(self, x):
-        return torch.relu(self.lin(x)) + self.pad.sum()
+        y = torch.relu(self.lin(x))
+        if self.big is not None:
+            y = y + self.big(y).sum(-1, keepdim=True)
+        return y
 
 
 def build(width: int = 8, extra_mb: int = 0):
