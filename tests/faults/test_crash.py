@@ -49,9 +49,19 @@ def test_sigkill_at_each_store_write_leaves_objects_complete_or_absent(tmp_path)
     assert r.returncode == 0, r.stderr
     writes = json.loads(r.stdout.splitlines()[-1])["writes"]
     assert any(w.startswith("os.rename object") for w in writes)  # the publish
-    # one crash point per distinct step: the first of each run of folder creations
-    points = [i + 1 for i, w in enumerate(writes)
-              if not (w.startswith("os.mkdir") and i > 0 and writes[i - 1].startswith("os.mkdir"))]
+    # one crash point per distinct step: the first of each run of folder creations, and of the removals
+    # inside the staging folder's rmtree only the rmtree itself
+    points, in_rmtree = [], False
+    for i, w in enumerate(writes):
+        if w.startswith("shutil.rmtree"):
+            in_rmtree = True
+            points.append(i + 1)
+            continue
+        if in_rmtree and w.startswith(("os.remove", "os.rmdir")):
+            continue
+        in_rmtree = False
+        if not (w.startswith("os.mkdir") and i > 0 and writes[i - 1].startswith("os.mkdir")):
+            points.append(i + 1)
     assert len(points) >= 12
     outcomes = []
     for k in points:
@@ -94,11 +104,12 @@ def test_sigkill_at_random_moments_then_the_next_build_finishes(tmp_path):
     for rnd in range(4):
         src.write_text(src.read_text() + f"\n# round {rnd}\n")
         p = start_build(cfg, tmp_path / f"r{rnd}.out", "-n", "2")
-        delay = rng.uniform(0.3, 8.0)
+        delay = rng.uniform(0.3, 5.0)
         time.sleep(delay)
         finished = p.poll() is not None
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait()
+        if not finished:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
         wait_for(lambda: not workers_alive(str(store)), timeout=30, what="orphaned workers to die")
         built_at_kill = sum(s == "cached" for s in plan_states(cfg).values())
         rc, rep = verify(cfg)
