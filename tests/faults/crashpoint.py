@@ -1,18 +1,25 @@
 """Build one target and SIGKILL this process at its K-th file-system write after the compile worker
-has exited (``python crashpoint.py CONFIG TARGET K``; K = 0 never kills and lists the writes).
+has exited: ``python crashpoint.py CONFIG TARGET K REPLAY_DIR``.
+
+K = 0 never kills: it runs the real compile worker, saves the worker's outputs (the staging ``object/``
+and ``work/`` folders as they were when the worker exited) into REPLAY_DIR, and prints the list of
+writes. K > 0 replays those outputs instead of starting a worker (the compile is not what is under test
+here; everything after it is), then kills itself at write K.
 
 The writes are seen through Python's audit hooks: opening a file for writing, rename/replace, mkdir,
 remove, rmdir, rmtree, in this (the builder's) process, from the moment ``Builder._finish`` starts
-(artifact, manifest, publish, records, staging clean-up, lock release). Writes to the build log are not
-counted. Prints a JSON line ``{"status": ..., "writes": [...]}`` when it is not killed.
+(artifact, manifest, publish, records, staging clean-up, memory ledger, lock release). Writes to the
+build log are not counted. Prints a JSON line ``{"status": ..., "writes": [...]}`` when not killed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
+from pathlib import Path
 
 from neuron_build.build import Builder
 from neuron_build.config import load_project
@@ -24,7 +31,7 @@ MUTATIONS = {"os.rename", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree", 
 
 
 def main() -> None:
-    cfg, target, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    cfg, target, k, replay = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
     project = load_project(cfg)
     configure(project.state_dir / "build.log", json_lines=True, quiet=True)
     b = Builder(project)
@@ -44,13 +51,29 @@ def main() -> None:
         if len(writes) == k:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    finish = Builder._finish
+    finish, run_worker = Builder._finish, Builder._run_worker
 
-    def armed_finish(self, *a, **kw):
+    def armed_finish(self, target, ki, req, run, obj, work, *a, **kw):
+        if k == 0:
+            for name, src in (("object", obj), ("work", work)):
+                shutil.copytree(src, replay / name, dirs_exist_ok=True)
+            (replay / "run.json").write_text(json.dumps({"exit_code": run.exit_code, "wall_s": run.wall_s,
+                                                         "peak_rss": run.peak_rss}))
         armed[0] = True
-        return finish(self, *a, **kw)
+        return finish(self, target, ki, req, run, obj, work, *a, **kw)
+
+    def replay_worker(self, work: Path, log):
+        from neuron_build.build import _Run
+        shutil.copytree(replay / "object", work.parent / "object", dirs_exist_ok=True)
+        for f in (replay / "work").iterdir():
+            if f.name != "request.json":
+                shutil.copy(f, work / f.name)
+        r = json.loads((replay / "run.json").read_text())
+        return _Run(r["exit_code"], r["wall_s"], r["peak_rss"], False, (work / "compile.log").read_bytes())
 
     Builder._finish = armed_finish
+    if k > 0:
+        Builder._run_worker = replay_worker
     sys.addaudithook(hook)
     out = b.build(b.by_id[target])
     armed[0] = False

@@ -24,15 +24,15 @@ from neuron_build.store import Store
 STAGES = ("preparing the compile", "while compiling", "writing the artifact", "writing the manifest", "publishing")
 
 
-def crash_at(cfg: Path, target: str, k: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(HERE / "crashpoint.py"), str(cfg), target, str(k)], env=cli_env(),
-                          capture_output=True, text=True, timeout=300)
+def crash_at(cfg: Path, target: str, k: int, replay: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(HERE / "crashpoint.py"), str(cfg), target, str(k), str(replay)],
+                          env=cli_env(), capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow
 def test_sigkill_at_each_store_write_leaves_objects_complete_or_absent(tmp_path):
     """Fault: the builder process SIGKILLs itself at a chosen file-system write after its compile worker
-    exited: writing the compile log into the object, the manifest's temporary file and its rename,
+    exited (the worker's outputs are those of one real compile, replayed so each point costs no compile): writing the compile log into the object, the manifest's temporary file and its rename,
     creating the object's prefix folder, the publishing rename, clearing the failure record, writing the
     target record, the host-memory ledger, removing the staging folder and the lock's owner record (one
     point per distinct step, each in a fresh copy of the store). After each: verify --deep is clean, the
@@ -43,9 +43,10 @@ def test_sigkill_at_each_store_write_leaves_objects_complete_or_absent(tmp_path)
     t_old, t_new = quick_ids(2)[1], quick_ids(2)[0]
     r = run_cli("build", "-c", str(cfg0), t_old)
     assert r.returncode == 0, r.stdout + r.stderr
-    probe = tmp_path / "probe"
+    probe, replay = tmp_path / "probe", tmp_path / "replay"
     shutil.copytree(template, probe)
-    r = crash_at(probe / "buckets.toml", t_new, 0)
+    replay.mkdir()
+    r = crash_at(probe / "buckets.toml", t_new, 0, replay)  # a real compile; its worker outputs are kept
     assert r.returncode == 0, r.stderr
     writes = json.loads(r.stdout.splitlines()[-1])["writes"]
     assert any(w.startswith("os.rename object") for w in writes)  # the publish
@@ -70,7 +71,7 @@ def test_sigkill_at_each_store_write_leaves_objects_complete_or_absent(tmp_path)
         cfg = root / "buckets.toml"
         store = Store(root / "artifacts")
         before = object_digests(store.root)
-        r = crash_at(cfg, t_new, k)
+        r = crash_at(cfg, t_new, k, replay)
         assert r.returncode == -signal.SIGKILL, (k, writes[k - 1], r.stdout, r.stderr)
         rep = verify_store(store, deep=True)
         assert rep.clean, (k, writes[k - 1], rep.to_json())

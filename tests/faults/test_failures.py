@@ -57,7 +57,7 @@ def test_failed_compiles_are_reported_remembered_retried_or_skipped(tmp_path):
     failure is reported with its status, the exit status is 1, nothing failed is stored as an artifact,
     and `plan` shows the failures with status, reason and attempts. The next build retries them by
     default; --no-retry-failed (and doit's retry_failed=0) skips them without compiling, still failing."""
-    cfg = write_quick_project(tmp_path / "p", n=2, timeout=20, retries=1, models_extra=BAD_MODELS)
+    cfg = write_quick_project(tmp_path / "p", n=2, timeout=12, retries=1, models_extra=BAD_MODELS)
     state = cfg.parent / ".neuron-build"
     r = run_cli("build", "-n", "2", "-c", str(cfg))
     assert r.returncode == 1, r.stdout + r.stderr
@@ -65,7 +65,7 @@ def test_failed_compiles_are_reported_remembered_retried_or_skipped(tmp_path):
     lines = failed_lines(r.stdout)
     assert {t: v.split(":")[0] for t, v in lines.items()} == FAILING
     assert lines["hog/static/fp32/p"].startswith("KILLED: killed by SIGKILL (usually the kernel's out-of-memory killer)")
-    assert lines["sleepy/static/fp32/p"] == "TIMEOUT: stopped after 20 s (timeout_s under [build])"
+    assert lines["sleepy/static/fp32/p"] == "TIMEOUT: stopped after 12 s (timeout_s under [build])"
     assert lines["flaky/static/fp32/p"] == "TRANSIENT: exit status 70: transient tool failure"
     assert lines["bad/static/fp32/p"] == "ERROR: RuntimeError: factory exploded on purpose"
     counts = compile_counts(state)
