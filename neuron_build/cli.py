@@ -64,7 +64,7 @@ def cmd_build(args) -> int:
     after = {t.id: b.state(t) for t in chosen}
     built = [t for t in chosen if after[t.id] == "cached" and before[t.id] != "cached"]
     failed = [t for t in chosen if after[t.id] != "cached"]
-    print(f"\n{len(chosen)} targets: {len(built)} built, {len(chosen) - len(built) - len(failed)} cached, "
+    print(f"\n{len(chosen)} target{'s' if len(chosen) != 1 else ''}: {len(built)} built, {len(chosen) - len(built) - len(failed)} cached, "
           f"{len(failed)} failed")
     for t in failed:
         f = b.store.failure(t.id) or {}
