@@ -204,7 +204,10 @@ def cmd_parse_log(args) -> int:
     p = Path(args.file)
     if not p.is_file():
         raise UserError(f"{args.file}: no such file; pass the path of a neuronx-cc log")
-    return parse_log_main(str(p), args.json)
+    try:
+        return parse_log_main(str(p), args.json)
+    except OSError as e:  # unreadable: parse_log_main's message names the file
+        raise UserError(str(e)) from None
 
 
 #: Modules that add commands: each defines ``register(add)``, where ``add(name, help)`` returns an

@@ -246,3 +246,15 @@ def test_preflight_refusals(sdk, tmp_path):
                                      "toolchain from AWS's Neuron package index (pip install --extra-index-url "
                                      "https://pip.repos.neuron.amazonaws.com neuronx-cc==2.* torch-neuronx "
                                      "neuronx-distributed;")
+
+
+def test_compile_with_a_non_utf8_log_and_old_format(sdk, tmp_path):
+    import torch
+    sdk(fail="nonutf8", log_format="old")
+    req = request(tmp_path)
+    result = NeuronCompiler().compile(linear(), (torch.randn(2, 4),), req)
+    log = result.details["logs"]["compile.log"]
+    assert log["status"] == "PASS" and log["replaced_bytes"] == 3
+    assert log["unparsed"][0].startswith("3 non-UTF-8 byte(s) replaced with U+FFFD (first on line 10)")
+    assert len(log["pass_times"]) == 7 and "job.OperatorFusion" in log["pass_times"]
+    assert b"tmp\xff\xfe\xc3(.bin" in (Path(req.out_dir) / "compile.log").read_bytes()  # stored as written
