@@ -3,9 +3,7 @@ double's real compiler output, and compiles through the double's torch_neuronx."
 
 from __future__ import annotations
 
-import json
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
