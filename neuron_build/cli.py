@@ -92,8 +92,6 @@ def cmd_plan(args) -> int:
     if args.json:
         _print_json(rows)
         return 0
-    if b.keys.backend_note:
-        print(f"note: {b.keys.backend_note}")
     width = max(len(r["target"]) for r in rows)
     for r in rows:
         why = "; ".join(r["changed_detail"]) if r["state"] != "cached" else ""
@@ -206,12 +204,15 @@ def cmd_parse_log(args) -> int:
     p = Path(args.file)
     if not p.is_file():
         raise UserError(f"{args.file}: no such file; pass the path of a neuronx-cc log")
-    return parse_log_main(str(p), args.json)
+    try:
+        return parse_log_main(str(p), args.json)
+    except OSError as e:  # unreadable: parse_log_main's message names the file
+        raise UserError(str(e)) from None
 
 
 #: Modules that add commands: each defines ``register(add)``, where ``add(name, help)`` returns an
 #: argparse sub-parser, and decorates its handlers with :func:`command`. Keep them free of torch imports.
-PLUGINS: tuple[str, ...] = ()
+PLUGINS: tuple[str, ...] = ("neuron_build.cli_doctor",)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -268,4 +269,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the importable module's main(): plugins register their commands on `neuron_build.cli`, which
+    # under `python -m` is a different module object than this `__main__`.
+    from neuron_build import cli as _cli
+    sys.exit(_cli.main())
