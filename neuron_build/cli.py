@@ -211,7 +211,9 @@ def cmd_parse_log(args) -> int:
 
 #: Modules that add commands: each defines ``register(add)``, where ``add(name, help)`` returns an
 #: argparse sub-parser, and decorates its handlers with :func:`command`. Keep them free of torch imports.
-PLUGINS: tuple[str, ...] = ()
+PLUGINS: tuple[str, ...] = (
+    "neuron_build.cli_release",
+)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -268,4 +270,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as `python -m neuron_build.cli`, this file is `__main__`; plugins register their commands in the
+    # `neuron_build.cli` module they import, so dispatch through that one.
+    from neuron_build.cli import main as _main
+    sys.exit(_main())
