@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -79,7 +80,9 @@ def _load_artifact(bucket: Bucket, backend: str):
         except ImportError as e:
             raise UserError(f"{bucket.artifact} was compiled for Neuron; loading it needs torch-neuronx on a "
                             f"Neuron host ({e})") from None
-    return torch.jit.load(str(bucket.artifact))
+    with warnings.catch_warnings():  # torch 2.9+ flags torch.jit.load as deprecated; Neuron artifacts need it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.load(str(bucket.artifact))
 
 
 class BucketedModel:
