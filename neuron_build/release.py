@@ -136,18 +136,22 @@ ID_FIELDS = ("format", "model", "dtype", "profile", "backend", "hardware_target"
 # store paths
 
 def releases_dir(store: Store, model: str) -> Path:
+    """Folder of a model's release records."""
     return store.root / "releases" / model
 
 
 def channel_dir(store: Store, model: str) -> Path:
+    """Folder of a model's channel pointers, locks and histories."""
     return store.root / "channels" / model
 
 
 def pointer_path(store: Store, model: str, channel: str) -> Path:
+    """``<store>/channels/<model>/<channel>.json``."""
     return channel_dir(store, model) / f"{channel}.json"
 
 
 def history_path(store: Store, model: str, channel: str) -> Path:
+    """``<store>/channels/<model>/<channel>.history.jsonl``."""
     return channel_dir(store, model) / f"{channel}.history.jsonl"
 
 
@@ -591,6 +595,10 @@ def promote(store: Store, settings: ReleaseSettings, model: str, to: str, *, rel
     if rel.get("model") != model:
         raise UserError(f"release {rel['id']} is of model '{rel.get('model')}', not '{model}'")
     kind = device_kind or settings.device_kind(to)
+    gone = [a["target"] for a in rel["artifacts"] if not store.is_complete(a["key"])]
+    if gone:
+        raise UserError(f"release {rel['id']} cannot be promoted: artifacts missing from the store: "
+                        f"{', '.join(gone)}; rebuild them (`neuron-build build {model}`)")
 
     seen = channel_pointer(store, model, to)
     seen_version = int(seen.get("version", 0)) if seen else 0
@@ -620,6 +628,9 @@ def promote(store: Store, settings: ReleaseSettings, model: str, to: str, *, rel
             if failed:
                 why = (f"promotion of {rel['id']} into {model}/{to} refused by {len(failed)} gate(s):\n"
                        + format_gates(gates))
+                if any(g.name == "validated" for g in failed):
+                    why += (f"\nvalidate on {kind} with `neuron-build validate {model}`, or pass "
+                            f"--allow-unvalidated (recorded in the history)")
                 _refuse(store, model, to, entry, why, seen_version)
             entry["version"] = seen_version + 1
             _write_pointer(store, model, to, {

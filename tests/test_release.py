@@ -168,6 +168,8 @@ def test_release_needs_dtype_and_profile_choice(proj):
     assert "choose with --dtype (fp32, bf16) and --profile (p1, p2)" in r.stderr
     r = run_cli("release", "tiny", "--dtype", "fp16", "--profile", "p1", "-c", str(proj))
     assert r.returncode == 2 and "not built for dtype 'fp16'; its dtypes in buckets.toml: fp32, bf16" in r.stderr
+    r = run_cli("release", "tiny", "--dtype", "fp32", "--profile", "p1", "--backend", "inductor", "-c", str(proj))
+    assert r.returncode == 2 and "cannot release tiny fp32/p1 (inductor): 2 of 2 bucket(s) missing" in r.stderr
     r = run_cli("release", "nope", "-c", str(proj))
     assert r.returncode == 2 and "unknown model 'nope'" in r.stderr
     r = run_cli("release", "other", "-q", "-c", str(proj))  # one dtype, one profile: no choice needed
@@ -487,6 +489,9 @@ def test_rollback_refuses_when_artifacts_are_gone(proj):
                                         f"store: tiny/b1/fp32/p1"):
         rollback(store, settings, "tiny", "dev")
     assert channel_pointer(store, "tiny", "dev")["release"] == r2["id"]
+    with pytest.raises(UserError, match=f"release {r1['id']} cannot be promoted: artifacts missing from the "
+                                        f"store: tiny/b1/fp32/p1"):
+        promote(store, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -574,6 +579,7 @@ def test_cli_release_flow_and_history(proj, tmp_path):
 
     r = run_cli("promote", "tiny", r1, "--to", "dev", *c)
     assert r.returncode == 2 and "FAIL validated: not validated on cpu" in r.stderr and "Traceback" not in r.stderr
+    assert "validate on cpu with `neuron-build validate tiny`, or pass --allow-unvalidated" in r.stderr
     store = Store(load_project(proj).store_url())
     for rid in (r1, r2):
         validate_all(store, load_release(store, "tiny", rid))
