@@ -212,7 +212,10 @@ def cmd_parse_log(args) -> int:
 
 #: Modules that add commands: each defines ``register(add)``, where ``add(name, help)`` returns an
 #: argparse sub-parser, and decorates its handlers with :func:`command`. Keep them free of torch imports.
-PLUGINS: tuple[str, ...] = ("neuron_build.cli_doctor",)
+PLUGINS: tuple[str, ...] = (
+    "neuron_build.cli_doctor",
+    "neuron_build.cli_release",
+)
 
 
 # ---------------------------------------------------------------------------------------------------
