@@ -28,9 +28,12 @@ from .log import get_logger
 from .manifest import STATUSES, Manifest, Metrics
 from .matrix import Target, expand
 from .store import Store, is_disk_full
+from .toolchain import announce_backend, neuron_status
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 TRANSIENT_EXIT = 70  # [seen] neuronx-cc exits 70 on transient tool failures
+#: The worker's stdout/stderr in an artifact. ``compile.log`` is the compiler's own log (neuronx-cc's).
+WORKER_LOG = "worker.log"
 
 
 @dataclass
@@ -108,6 +111,8 @@ class Builder:
         mem = project.config.build.max_host_memory_gb
         self.memory = MemoryBudget(self.store.root, int(mem * GB) if mem is not None else None,
                                    heartbeat_s=project.config.build.heartbeat_s)
+        self._toolchain_problem: str | None | bool = False  # False: not checked yet
+        announce_backend(self.keys.backend_note)  # "backend auto: using inductor because ...", once per process
 
     # -- planning ----------------------------------------------------------------------------
     def key(self, target: Target) -> KeyInfo:
@@ -220,7 +225,31 @@ class Builder:
             inline_weights_to_neff=prof.inline_weights_to_neff, tp_degree=prof.tp_degree,
             out_dir=str(out_dir), work_dir=str(work_dir), seed=int(ki.key[:8], 16))
 
+    def toolchain_problem(self) -> str | None:
+        """For the neuron backend: the one-sentence reason the toolchain is unusable (from package
+        metadata, checked once per Builder), else None. Such targets fail as TOOLCHAIN_MISSING without
+        starting a worker."""
+        if self._toolchain_problem is False:
+            self._toolchain_problem = None
+            if self.keys.backend == "neuron":
+                st = neuron_status()
+                self._toolchain_problem = None if st.usable else st.problem
+        return self._toolchain_problem  # type: ignore[return-value]
+
+    def _missing_toolchain(self, target: Target, ki: KeyInfo, reason: str, attempt: int, log) -> Outcome:
+        metrics = {"status": "TOOLCHAIN_MISSING", "compile_time_s": 0.0, "peak_rss_bytes": 0, "exit_code": None,
+                   "attempts": attempt, "reason": reason}
+        self.store.record_failure(target.id, {"target": target.id, "key": ki.key, **metrics,
+                                              "details": {"backend": self.keys.backend}, "time": _now()},
+                                  (reason + "\n").encode())
+        self._remember(target, ki, "TOOLCHAIN_MISSING")
+        log.error("compile failed", status="TOOLCHAIN_MISSING", reason=reason)
+        return Outcome(target.id, ki.key, "TOOLCHAIN_MISSING", reason, compiled=False, metrics=metrics)
+
     def _compile(self, target: Target, ki: KeyInfo, attempt: int, log) -> Outcome:
+        problem = self.toolchain_problem()
+        if problem:
+            return self._missing_toolchain(target, ki, problem, attempt, log)
         staging = None
         try:
             staging = self.store.staging_dir(ki.key)
@@ -259,7 +288,7 @@ class Builder:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
-        logf = open(work / "compile.log", "wb")
+        logf = open(work / WORKER_LOG, "wb")
         t0 = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "neuron_build.worker", str(work / "request.json")],
                                 stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(work),
@@ -291,7 +320,7 @@ class Builder:
         proc.returncode = os.waitstatus_to_exitcode(status) if status is not None else None
         _kill_group(proc.pid)  # stray grandchildren
         wall = time.monotonic() - t0
-        return _Run(proc.returncode, wall, peak, timed_out, (work / "compile.log").read_bytes())
+        return _Run(proc.returncode, wall, peak, timed_out, (work / WORKER_LOG).read_bytes())
 
     def _finish(self, target: Target, ki: KeyInfo, req: CompileRequest, run: _Run, obj: Path, work: Path,
                 attempt: int, log) -> Outcome:
@@ -309,6 +338,11 @@ class Builder:
                       + f"; peak memory {run.peak_rss / 2**30:.2f} GiB")
         elif error.get("status"):
             status, reason = error["status"], error.get("reason", "")
+            if status == "KILLED":  # the compiler (a grandchild) was killed; the worker reported it
+                reason += f"; peak memory {run.peak_rss / 2**30:.2f} GiB"
+                cc_peak = (error.get("details") or {}).get("compiler_peak_rss_bytes")
+                if cc_peak:
+                    reason += f" (neuronx-cc {cc_peak / 2**30:.2f} GiB)"
         elif run.exit_code == TRANSIENT_EXIT:
             status, reason = "TRANSIENT", "exit status 70: transient tool failure"
         else:
@@ -322,11 +356,14 @@ class Builder:
                 return self._publish(target, ki, req, run, result, obj, attempt, log)
             except _DiskFull as e:
                 status, reason = "ERROR", str(e)
-        return self._fail(target, ki, attempt, log, status, reason, run, error.get("details", {}))
+        details = error.get("details") or {}
+        return self._fail(target, ki, attempt, log, status, reason, run, details,
+                          run.log + _compiler_log(work, details.get("compiler_log")))
 
     def _fail(self, target: Target, ki: KeyInfo, attempt: int, log, status: str, reason: str, run: _Run,
-              details: dict) -> Outcome:
-        """Record a failed compile under its target (best effort on a full disk) and return its outcome."""
+              details: dict, log_bytes: bytes | None = None) -> Outcome:
+        """Record a failed compile under its target (best effort on a full disk) and return its outcome.
+        ``log_bytes`` is the failure log (default: the worker's log)."""
         metrics = {"status": status, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss,
                    "exit_code": run.exit_code, "attempts": attempt, "reason": reason}
         prev = self.store.failure(target.id) or {}
@@ -334,13 +371,14 @@ class Builder:
         record = {"target": target.id, "key": ki.key, **metrics, "attempts_total": total, "details": details,
                   "time": _now()}
         out = Outcome(target.id, ki.key, status, reason, compiled=True, metrics=metrics)
+        log_bytes = run.log if log_bytes is None else log_bytes
         try:
-            self.store.record_failure(target.id, record, run.log)
+            self.store.record_failure(target.id, record, log_bytes)
             self._remember(target, ki, status)
         except OSError as e:
             if not is_disk_full(e):
                 raise
-            out._unrecorded = (record, run.log)  # recorded by _compile once the staging files are gone
+            out._unrecorded = (record, log_bytes)  # recorded by _compile once the staging files are gone
         log.error("compile failed", status=status, reason=reason, compile_time_s=metrics["compile_time_s"])
         return out
 
@@ -355,7 +393,7 @@ class Builder:
                    "exit_code": run.exit_code, "attempts": attempt}
         stage = "writing the artifact"
         try:
-            (obj / "compile.log").write_bytes(run.log)
+            (obj / WORKER_LOG).write_bytes(run.log)
             stage = "writing the manifest"
             self._seal(target, ki, req, run, result, obj, metrics)
             stage = "publishing"
@@ -377,15 +415,20 @@ class Builder:
         files = {}
         for f in sorted(p for p in obj.rglob("*") if p.is_file()):
             files[f.relative_to(obj).as_posix()] = {"sha256": file_sha256(f), "size": f.stat().st_size}
-        details = result.get("details", {})
+        details = dict(result.get("details", {}))
+        extra_metrics = details.pop("metrics", None) or {}   # backend metrics (neuron: compiler status, ...)
+        extra_toolchain = details.pop("toolchain", None) or {}  # versions only the worker can see
+        metrics.update(extra_metrics)
         metrics.update(op_count=result.get("op_count"), op_count_source=result.get("op_count_source"),
                        artifact_bytes=sum(v["size"] for v in files.values()),
-                       compiler_compile_time_s=details.get("compiler_compile_time_s"))
+                       compiler_compile_time_s=extra_metrics.get("compiler_compile_time_s",
+                                                                 details.get("compiler_compile_time_s")))
         manifest = Manifest(
             key=ki.key, target=target.id, model=target.model, bucket=dict(target.bucket), dtype=target.dtype,
             profile=target.profile, backend=req.backend, hardware_target=req.hardware_target,
             key_details=ki.details, component_hashes=ki.hashes, files=files, metrics=Metrics(**metrics),
-            toolchain=ki.details["toolchain"], compiler=details, created=_now(), host=socket.gethostname())
+            toolchain={**ki.details["toolchain"], **extra_toolchain}, compiler=details, created=_now(),
+            host=socket.gethostname())
         self.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last
 
 
@@ -419,6 +462,19 @@ def _read(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def _compiler_log(work: Path, rel: str | None) -> bytes:
+    """The compiler's own log (``rel``, relative to the work folder), framed for appending to the worker
+    log of a failure record; empty when there is none."""
+    if not rel:
+        return b""
+    path = work / rel
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return b""
+    return f"\n===== compiler log ({rel}) =====\n".encode() + data
 
 
 def _last_line(log: bytes) -> str:

@@ -70,7 +70,8 @@ def cmd_build(args) -> int:
              and (t.id not in outs or outs[t.id].compiled)]
     reused = [t for t in chosen if t.id in outs and outs[t.id].reason.startswith("reused")]
     failed = [t for t in chosen if after[t.id] != "cached"]
-    print(f"\n{len(chosen)} targets: {len(built)} built, {len(chosen) - len(built) - len(failed)} cached"
+    n = len(chosen)
+    print(f"\n{n} target{'s' if n != 1 else ''}: {len(built)} built, {n - len(built) - len(failed)} cached"
           + (f" ({len(reused)} built by another builder meanwhile)" if reused else "") + f", {len(failed)} failed")
     for t in failed:
         f = b.store.failure(t.id) or {}
@@ -105,8 +106,6 @@ def cmd_plan(args) -> int:
     if args.json:
         _print_json(rows)
         return 0
-    if b.keys.backend_note:
-        print(f"note: {b.keys.backend_note}")
     width = max(len(r["target"]) for r in rows)
     for r in rows:
         why = "; ".join(r["changed_detail"]) if r["state"] != "cached" else ""
@@ -222,12 +221,19 @@ def cmd_parse_log(args) -> int:
     p = Path(args.file)
     if not p.is_file():
         raise UserError(f"{args.file}: no such file; pass the path of a neuronx-cc log")
-    return parse_log_main(str(p), args.json)
+    try:
+        return parse_log_main(str(p), args.json)
+    except OSError as e:  # unreadable: parse_log_main's message names the file
+        raise UserError(str(e)) from None
 
 
 #: Modules that add commands: each defines ``register(add)``, where ``add(name, help)`` returns an
 #: argparse sub-parser, and decorates its handlers with :func:`command`. Keep them free of torch imports.
-PLUGINS: tuple[str, ...] = ("neuron_build.cli_store",)
+PLUGINS: tuple[str, ...] = (
+    "neuron_build.cli_doctor",
+    "neuron_build.cli_release",
+    "neuron_build.cli_store",
+)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -286,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # `python -m neuron_build.cli` runs this file as __main__; plugins register their commands in the
-    # importable neuron_build.cli module, so run that module's main.
-    from neuron_build.cli import main as _main
-    sys.exit(_main())
+    # Run the importable module's main(): plugins register their commands on `neuron_build.cli`, which
+    # under `python -m` is a different module object than this `__main__`.
+    from neuron_build import cli as _cli
+    sys.exit(_cli.main())

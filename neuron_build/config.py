@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import (BaseModel, ConfigDict, Field, PositiveInt, StrictBool, StrictStr, ValidationError,
-                      field_validator, model_validator)
+                      ValidationInfo, field_validator, model_validator)
 
 from .compiler_args import normalize_compiler_args
 from .errors import ConfigError
@@ -38,6 +38,8 @@ INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
 Backend = Literal["auto", "neuron", "inductor", "torchscript"]
 NeuronTarget = Literal["trn1", "trn1n", "trn2", "inf2"]
 Device = Literal["cpu", "cuda"]
+#: Where an artifact is validated, benchmarked and served (see :mod:`neuron_build.gates`).
+DeviceKind = Literal["cpu", "cuda", "neuron"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _DIM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -98,13 +100,24 @@ class InputSpec(_Frozen):
 
     ``shape`` holds positive ints and bucket dim names (``["batch", "seq", 1024]``). ``dtype`` defaults to
     the target's dtype (float inputs). ``range`` is ``[low, high)`` for integer inputs (required), and
-    optional for float inputs (default: standard normal values).
+    optional for float inputs (default: standard normal values). ``pad`` is the value the runtime fills
+    padded positions with when it routes a smaller input to a bigger bucket (default 0: the pad token id
+    of BERT-style vocabularies and "masked out" for attention masks); it is a serving setting, not part
+    of the key.
     """
 
     name: StrictStr
     shape: tuple[Any, ...]
     dtype: Optional[InputDtype] = None
     range: Optional[tuple[float, float]] = None
+    pad: Optional[float] = None
+
+    @field_validator("pad", mode="before")
+    @classmethod
+    def _pad(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, (bool, int, float)):
+            raise ValueError(f"pad is {v!r}; it must be a number, the value padded positions get (e.g. 0)")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -143,7 +156,21 @@ class InputSpec(_Frozen):
     def _integer_range(self) -> "InputSpec":
         if self.dtype in INTEGER_DTYPES and self.dtype != "bool" and self.range is None:
             raise ValueError(f"integer input {self.name!r} needs range = [low, high), e.g. [0, 30522] for token ids")
+        if self.pad is not None and self.dtype in INTEGER_DTYPES and float(self.pad) != int(self.pad):
+            raise ValueError(f"input {self.name!r} is {self.dtype} but pad = {self.pad}; give a whole number")
+        if self.pad is not None and self.dtype == "bool" and self.pad not in (0, 1):
+            raise ValueError(f"input {self.name!r} is bool but pad = {self.pad}; give 0 or 1")
         return self
+
+    @property
+    def pad_value(self) -> float | int | bool:
+        """The pad value with the input's kind: an int for integer inputs, a bool for bool, else a float."""
+        v = 0 if self.pad is None else self.pad
+        if self.dtype == "bool":
+            return bool(v)
+        if self.dtype in INTEGER_DTYPES:
+            return int(v)
+        return float(v)
 
     @property
     def dims(self) -> tuple[str, ...]:
@@ -159,6 +186,12 @@ class ModelSpec(_Frozen):
     (relative paths) whose content is part of the key; ``packages`` are installed distributions whose
     versions, and whose shipped weight files, are part of the key. ``tolerance`` is the relative L2 error
     allowed against the fp32 CPU reference, per dtype.
+
+    Serving options, read by :class:`neuron_build.runtime.BucketedModel` and recorded in each release
+    (never part of the key): ``truncate`` lets an input longer than the largest bucket be cut to it
+    (default: a clear error); ``convert_dtypes`` lets an input of another dtype than the artifact's be
+    converted (default: a clear error, because a bf16 artifact silently fed fp32 is a classic slow or
+    wrong path).
     """
 
     factory: StrictStr
@@ -170,6 +203,8 @@ class ModelSpec(_Frozen):
     weights: tuple[StrictStr, ...] = ()
     packages: tuple[StrictStr, ...] = ()
     tolerance: dict[Dtype, float] = {}
+    truncate: StrictBool = False
+    convert_dtypes: StrictBool = False
 
     @field_validator("factory")
     @classmethod
@@ -223,10 +258,58 @@ class ModelSpec(_Frozen):
         return self.factory.partition(":")[2]
 
 
+class ReleaseSettings(_Frozen):
+    """``[release]``: channels and the gates a promotion must pass (:mod:`neuron_build.release`).
+
+    ``channels`` are in promotion order: a release enters the first from a release id, and channel ``i``
+    only from channel ``i - 1`` unless ``allow_skip``. Gates: at most ``max_artifacts_per_model`` artifacts
+    in a release (load time and device memory grow with every bucket); each bucket's op count at most
+    ``max_op_count_regression`` (a fraction: 0.10 = 10 %) above the same bucket's in the channel's current
+    release; each bucket's p99 latency at most ``max_p99_ratio`` times the current release's; the p95 of the
+    release's compile times at most ``max_compile_time_p95_s`` seconds; every artifact validated on the
+    device kind that serves the channel: ``serving_device_kind`` for every channel, unless
+    ``channel_device_kind`` names another for a channel (``{ prod = "neuron" }``).
+    """
+
+    channels: tuple[StrictStr, ...] = Field(default=("dev", "staging", "prod"), min_length=1)
+    allow_skip: StrictBool = False
+    max_artifacts_per_model: int = Field(default=3, ge=1, strict=True)
+    max_op_count_regression: float = Field(default=0.10, ge=0, strict=False)
+    max_p99_ratio: float = Field(default=1.3, gt=0, strict=False)
+    max_compile_time_p95_s: float = Field(default=400.0, gt=0, strict=False)
+    serving_device_kind: DeviceKind = "cpu"
+    channel_device_kind: dict[str, DeviceKind] = {}
+
+    @field_validator("channels")
+    @classmethod
+    def _channels(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for c in v:
+            if not _NAME.match(c):
+                raise ValueError(f"channel name {c!r} may hold only letters, digits, '_', '.', '-'")
+        dup = sorted({c for c in v if v.count(c) > 1})
+        if dup:
+            raise ValueError(f"lists {', '.join(dup)} more than once")
+        return v
+
+    @field_validator("channel_device_kind")
+    @classmethod
+    def _known_channels(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        channels = info.data.get("channels")
+        for c in v:
+            if channels is not None and c not in channels:
+                raise ValueError(f"names channel '{c}', which is not in channels ({', '.join(channels)})")
+        return v
+
+    def device_kind(self, channel: str) -> str:
+        """The device kind that serves ``channel`` (where its artifacts must have been validated)."""
+        return self.channel_device_kind.get(channel, self.serving_device_kind)
+
+
 class ConfigFile(_Frozen):
     """The whole ``buckets.toml``."""
 
     build: BuildSettings = BuildSettings()
+    release: ReleaseSettings = ReleaseSettings()
     profiles: dict[str, Profile] = Field(min_length=1)
     models: dict[str, ModelSpec] = Field(min_length=1)
 

@@ -2,7 +2,7 @@
 
 Layout (``shared/DESIGN.md``)::
 
-    <store>/objects/<key[:2]>/<key>/     model.pt | model.pt2, model.neff, compile.log, manifest.json
+    <store>/objects/<key[:2]>/<key>/     model.pt | model.pt2, model.neff, compile.log, worker.log, manifest.json
     <store>/targets/<target id>/last.json     the last key built for the target, with its key details
     <store>/targets/<target id>/failure.json  the last failed compile of the target (and failure.log)
     <store>/results/<key>/<kind>/<name>.json  validation and benchmark results of an artifact, per

@@ -53,10 +53,7 @@ def builder() -> Builder:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         configure(project.state_dir / "build.log")
-        _builder = Builder(project)
-        if _builder.keys.backend_note:
-            from .log import get_logger
-            get_logger().info(_builder.keys.backend_note)
+        _builder = Builder(project)  # logs the `auto` fallback note, once per process
     return _builder
 
 

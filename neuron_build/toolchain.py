@@ -1,19 +1,45 @@
 """Which compilers this host has, found without importing them (no torch import on the no-op path).
 
-Versions come from installed package metadata (``importlib.metadata``). The Neuron toolchain is
-recognised as the real one only when ``torch-neuronx`` is installed and is not PyPI's placeholder: the
-placeholders are version 1.0 / 1.0.post1 packages whose module has no ``trace`` [doc: toolchain notes].
+Versions come from installed package metadata (``importlib.metadata``): reading it costs a few file
+reads, never an import. What the Neuron toolchain looks like, with the source of each fact:
+
+- The real ``torch-neuronx``, ``neuronx-cc``, ``neuronx-distributed`` and ``libneuronxla`` are published
+  only on AWS's Neuron package index, https://pip.repos.neuron.amazonaws.com [doc: Neuron setup guides].
+- PyPI carries placeholder packages of the same names, version 1.0 / 1.0.post1, whose module has no
+  ``trace`` [doc: toolchain notes].
+- ``torch-neuronx`` is built for one torch minor release and says so in its metadata, e.g.
+  ``Requires-Dist: torch==2.1.*`` [guess: the pin style; the version numbering ``2.1.2.2.x`` = torch
+  2.1.2 + SDK 2.x is [seen]].
+- The compiler's import name is ``neuronxcc`` (distribution ``neuronx-cc``), and it installs a
+  ``neuronx-cc`` executable whose ``--version`` prints ``NeuronX Compiler version <version>`` [seen].
+- Neuron devices appear as ``/dev/neuron0``, ``/dev/neuron1``, ... (one per Neuron device, each holding
+  several NeuronCores) [doc: the Neuron container guides pass them as ``--device=/dev/neuron0``].
+
+:func:`neuron_status` is the metadata-only verdict (safe on the no-op path); :func:`compiler_executable`
+runs ``neuronx-cc --version`` and is only called by ``neuron-build doctor`` and the worker.
 """
 
 from __future__ import annotations
 
+import glob
 import importlib.metadata as md
 import importlib.util
-from dataclasses import dataclass
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
 from functools import lru_cache
 
-NEURON_INSTALL_HINT = ("install the real toolchain from AWS's Neuron package index (see \"On a Neuron host\" "
-                       "in README.md)")
+#: AWS's Neuron pip repository [doc: Neuron setup guides, "--extra-index-url=https://pip.repos.neuron.amazonaws.com"].
+NEURON_INDEX_URL = "https://pip.repos.neuron.amazonaws.com"
+NEURON_INSTALL_COMMAND = (f"pip install --extra-index-url {NEURON_INDEX_URL} "
+                          "neuronx-cc==2.* torch-neuronx neuronx-distributed")
+NEURON_INSTALL_HINT = (f"install the real toolchain from AWS's Neuron package index ({NEURON_INSTALL_COMMAND}; "
+                       "see \"On a Neuron host\" in README.md)")
+#: The Neuron distributions, in the order they are reported.
+NEURON_DISTS = ("torch-neuronx", "neuronx-cc", "neuronx-distributed", "libneuronxla")
+#: ``neuronx-cc --version`` output [seen]: ``NeuronX Compiler version 2.14.227.0+2d4f85be``.
+_CC_VERSION_RE = re.compile(r"NeuronX Compiler version\s+(\S+)")
 
 
 @lru_cache(maxsize=None)
@@ -25,34 +51,147 @@ def version(dist: str) -> str | None:
         return None
 
 
+@lru_cache(maxsize=None)
+def _requires(dist: str) -> tuple[str, ...]:
+    try:
+        return tuple(md.requires(dist) or ())
+    except md.PackageNotFoundError:
+        return ()
+
+
+def clear_caches() -> None:
+    """Forget cached metadata (tests that switch the installed toolchain within one process)."""
+    version.cache_clear()
+    _requires.cache_clear()
+
+
+def torch_requirement(dist: str = "torch-neuronx") -> str | None:
+    """The ``torch`` version specifier that ``dist`` declares (``"==2.1.*"``), or None when it declares
+    none (or is not installed). Environment markers are honoured."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for line in _requires(dist):
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if req.name.lower().replace("_", "-") != "torch":
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        return str(req.specifier) or None
+    return None
+
+
+def torch_matches(spec: str, torch_version: str) -> bool:
+    """Whether ``torch_version`` (e.g. ``"2.13.0+cpu"``) satisfies ``spec`` (e.g. ``"==2.13.*"``); the
+    local label (``+cpu``) is ignored, as PEP 440 says for ``==`` prefix matches. An unparsable version
+    counts as matching (nothing is reported that cannot be shown)."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return SpecifierSet(spec).contains(Version(torch_version), prereleases=True)
+    except (InvalidSpecifier, InvalidVersion):
+        return True
+
+
+def neuron_devices() -> list[str]:
+    """The Neuron device files of this host (``/dev/neuron0``, ...), sorted; empty without Neuron
+    hardware [doc: containers get them with ``--device=/dev/neuronN``]."""
+    found = [p for p in glob.glob("/dev/neuron*") if re.fullmatch(r"/dev/neuron\d+", p)]
+    return sorted(found, key=lambda p: int(p[len("/dev/neuron"):]))
+
+
 @dataclass(frozen=True)
 class NeuronStatus:
-    """What was found of the Neuron toolchain.
+    """What was found of the Neuron toolchain, from package metadata only.
 
-    ``usable`` is True only for a real, importable torch-neuronx; ``problem`` is one sentence saying why
-    not, including how to install the real toolchain.
+    ``kind`` is ``ok``, ``missing`` (no torch-neuronx), ``placeholder`` (PyPI's placeholder packages),
+    ``torch_mismatch`` (torch-neuronx built for another torch) or ``incomplete`` (torch-neuronx without
+    the neuronx-cc compiler). ``usable`` is True only for ``ok``. ``problem`` is one sentence saying
+    what is wrong and how to install the real toolchain (None when usable). ``versions`` maps each of
+    :data:`NEURON_DISTS` to its installed version or None; ``torch`` is the installed torch version and
+    ``torch_requirement`` the torch specifier torch-neuronx declares.
     """
 
     usable: bool
     problem: str | None
     versions: dict[str, str | None]
+    kind: str = "ok"
+    torch: str | None = None
+    torch_requirement: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        """One sentence: the problem, or what was found when the toolchain is usable."""
+        if self.problem:
+            return self.problem
+        return (f"The Neuron toolchain is installed: torch-neuronx {self.versions['torch-neuronx']} with "
+                f"neuronx-cc {self.versions['neuronx-cc']} for torch {self.torch}.")
 
 
 def neuron_status() -> NeuronStatus:
     """Detect torch-neuronx, neuronx-cc, neuronx-distributed and libneuronxla from package metadata.
 
-    Never imports them; the worker imports torch_neuronx and reports a placeholder module without
-    ``trace`` in detail.
+    Never imports them (nor torch). The worker imports ``torch_neuronx`` and reports a module without
+    ``trace`` (the placeholder, whatever its version says) in the same words.
     """
-    versions = {d: version(d) for d in ("torch-neuronx", "neuronx-cc", "neuronx-distributed", "libneuronxla")}
-    tnx = versions["torch-neuronx"]
+    versions = {d: version(d) for d in NEURON_DISTS}
+    torch_v = version("torch")
+    tnx, ncc = versions["torch-neuronx"], versions["neuronx-cc"]
+
+    def status(kind: str, problem: str | None, req: str | None = None) -> NeuronStatus:
+        return NeuronStatus(problem is None, problem, versions, kind, torch_v, req)
+
     if tnx is None or importlib.util.find_spec("torch_neuronx") is None:
-        return NeuronStatus(False, f"the Neuron toolchain is not installed (no torch-neuronx); {NEURON_INSTALL_HINT}",
-                            versions)
-    if tnx.startswith("1.0") or (versions["neuronx-cc"] or "").startswith("1.0"):
-        return NeuronStatus(False, "the Neuron toolchain is not installed (found the PyPI placeholder "
-                                   f"torch-neuronx {tnx}); {NEURON_INSTALL_HINT}", versions)
-    return NeuronStatus(True, None, versions)
+        return status("missing", "The Neuron toolchain is not installed (no torch-neuronx package); "
+                                 f"{NEURON_INSTALL_HINT}.")
+    if tnx.startswith("1.0") or (ncc or "").startswith("1.0"):
+        found = f"torch-neuronx {tnx}" + (f", neuronx-cc {ncc}" if ncc else "")
+        return status("placeholder", f"The Neuron toolchain is not installed (found the PyPI placeholder: {found}); "
+                                     f"uninstall them and {NEURON_INSTALL_HINT}.")
+    req = torch_requirement("torch-neuronx")
+    if req and torch_v and not torch_matches(req, torch_v):
+        return status("torch_mismatch", f"The installed torch-neuronx {tnx} is built for torch{req} but torch "
+                                        f"{torch_v} is installed; install the torch-neuronx release for torch "
+                                        f"{torch_v} (or the torch it requires) from AWS's Neuron package index "
+                                        f"({NEURON_INDEX_URL}; see \"On a Neuron host\" in README.md).", req)
+    if ncc is None:
+        return status("incomplete", f"The Neuron toolchain is incomplete: torch-neuronx {tnx} is installed but the "
+                                    f"neuronx-cc compiler is not; {NEURON_INSTALL_HINT}.", req)
+    return status("ok", None, req)
+
+
+@dataclass(frozen=True)
+class CompilerExecutable:
+    """The ``neuronx-cc`` executable on PATH: its path (None when absent), the version its ``--version``
+    prints (None when it could not be run or read) and, when that failed, why (``error``)."""
+
+    path: str | None
+    version: str | None = None
+    error: str | None = None
+    output: str = field(default="", repr=False)
+
+
+def compiler_executable(timeout_s: float = 60.0) -> CompilerExecutable:
+    """Find ``neuronx-cc`` on PATH and run ``neuronx-cc --version`` (not on the no-op path: it starts
+    a Python interpreter). Never raises."""
+    path = shutil.which("neuronx-cc")
+    if path is None:
+        return CompilerExecutable(None, error="neuronx-cc is not on PATH")
+    try:
+        proc = subprocess.run([path, "--version"], capture_output=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return CompilerExecutable(path, error=f"`neuronx-cc --version` failed: {e}")
+    out = (proc.stdout + proc.stderr).decode("utf-8", "replace")
+    m = _CC_VERSION_RE.search(out)
+    if proc.returncode != 0 or not m:
+        first = next((ln.strip() for ln in out.splitlines() if ln.strip()), "no output")
+        return CompilerExecutable(path, error=f"`neuronx-cc --version` exited with {proc.returncode}: {first[:200]}",
+                                  output=out)
+    return CompilerExecutable(path, m.group(1), output=out)
 
 
 def resolve_backend(requested: str) -> tuple[str, str | None]:
@@ -66,12 +205,28 @@ def resolve_backend(requested: str) -> tuple[str, str | None]:
     st = neuron_status()
     if st.usable:
         return "neuron", None
-    return "inductor", f"backend auto: using inductor because {st.problem}"
+    reason = st.problem[0].lower() + st.problem[1:] if st.problem else ""
+    return "inductor", f"backend auto: using inductor because {reason}"
+
+
+_announced: set[str] = set()
+
+
+def announce_backend(note: str | None) -> bool:
+    """Log ``note`` (the ``auto`` fallback) once per process; returns True when it was logged now."""
+    if not note or note in _announced:
+        return False
+    _announced.add(note)
+    from .log import get_logger
+    get_logger().info(note)
+    return True
 
 
 def toolchain_versions(backend: str) -> dict[str, str | None]:
-    """The compiler versions that are part of the key and the manifest for ``backend``."""
+    """The compiler versions that are part of the key and the manifest for ``backend``: torch, and for
+    neuron the versions of :data:`NEURON_DISTS` from package metadata."""
     out: dict[str, str | None] = {"torch": version("torch")}
     if backend == "neuron":
         out.update(neuron_status().versions)
     return out
+

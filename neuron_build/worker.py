@@ -3,8 +3,12 @@
 Reads a :class:`~neuron_build.compilers.base.CompileRequest`, builds the model from its factory, makes the
 example inputs, runs the backend, and writes ``result.json`` (op count, its source, backend details) into
 the request's work_dir. On failure it writes ``error.json`` (status, reason, details) there and exits with
-the failure's exit status: 1 for a compiler error, 3 for a missing toolchain, or the compiler's own
-status (70 for a transient tool failure). Everything it prints goes to the compile log.
+the failure's exit status: 1 for a compiler error, 3 for a missing toolchain, 70 for a transient tool
+failure, 137 for a compiler killed by SIGKILL. Everything it prints goes to the worker log
+(``worker.log`` in the artifact, ``failure.log`` beside a failure record).
+
+A backend may define ``preflight(request)``; it runs before the model is built, so a missing toolchain
+fails in a second instead of after loading the model's weights.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ def run(request_path: str) -> int:
         try:
             from .examples import build_model, make_inputs
             compiler = load_compiler(req.backend)
+            preflight = getattr(compiler, "preflight", None)
+            if preflight is not None:  # toolchain checks before the (possibly slow) model build
+                preflight(req)
             model = build_model(req.root, req.factory, req.kwargs, req.dtype)
         except CompileFailed:
             raise

@@ -45,7 +45,7 @@ def test_build_then_noop_then_incremental(tiny):
     assert m["metrics"]["op_count_source"].startswith("torchscript-frozen-graph")
     assert m["metrics"]["peak_rss_bytes"] > 50 * 2**20
     assert m["metrics"]["artifact_bytes"] == sum(f["size"] for f in m["files"].values())
-    assert set(m["files"]) == {"model.pt", "compile.log"}
+    assert set(m["files"]) == {"model.pt", "worker.log"}
     assert m["key_details"]["inputs"] == {"dtype": "bf16", "inputs": [
         {"name": "x", "shape": [1, 16], "dtype": "bf16", "range": None}]}
     assert m["toolchain"]["torch"].startswith("2.")

@@ -63,13 +63,13 @@ def main() -> None:
         return finish(self, target, ki, req, run, obj, work, *a, **kw)
 
     def replay_worker(self, work: Path, log):
-        from neuron_build.build import _Run
+        from neuron_build.build import WORKER_LOG, _Run
         shutil.copytree(replay / "object", work.parent / "object", dirs_exist_ok=True)
         for f in (replay / "work").iterdir():
             if f.name != "request.json":
                 shutil.copy(f, work / f.name)
         r = json.loads((replay / "run.json").read_text())
-        return _Run(r["exit_code"], r["wall_s"], r["peak_rss"], False, (work / "compile.log").read_bytes())
+        return _Run(r["exit_code"], r["wall_s"], r["peak_rss"], False, (work / WORKER_LOG).read_bytes())
 
     Builder._finish = armed_finish
     if k > 0:

@@ -42,7 +42,7 @@ def keys_of(cfg: Path) -> dict[str, str]:
 
 def test_corrupt_bytes_are_found_quarantined_never_served_and_rebuilt(built, tmp_path):
     """Fault: four real objects are damaged on disk: a flipped byte inside model.pt (same size), a
-    truncated compile.log, a manifest overwritten with garbage, and a manifest whose op count was edited
+    truncated worker.log, a manifest overwritten with garbage, and a manifest whose op count was edited
     (still valid JSON). Nothing corrupt may be served: the cheap check (sizes, manifest digest) catches
     three on lookup, only ``verify --deep`` catches the flipped byte; each is quarantined with its reason,
     and the next build compiles exactly the four again."""
@@ -56,7 +56,7 @@ def test_corrupt_bytes_are_found_quarantined_never_served_and_rebuilt(built, tmp
     data = bytearray(flip.read_bytes())
     data[len(data) // 2] ^= 0xFF
     flip.write_bytes(bytes(data))
-    log = store.object_dir(keys[t2]) / "compile.log"
+    log = store.object_dir(keys[t2]) / "worker.log"
     log_size = log.stat().st_size
     log.write_bytes(log.read_bytes()[:10])
     (store.object_dir(keys[t3]) / "manifest.json").write_text('{"key": "garb')
@@ -85,7 +85,7 @@ def test_corrupt_bytes_are_found_quarantined_never_served_and_rebuilt(built, tmp
     for d in (store.root / "quarantine").iterdir():
         reasons[d.name.split(".")[0]] = (d / "reason.txt").read_text().strip()
     assert set(reasons) == {keys[t] for t in (t1, t2, t3, t4)}
-    assert reasons[keys[t2]] == f"compile.log is 10 bytes, manifest.json says {log_size}"
+    assert reasons[keys[t2]] == f"worker.log is 10 bytes, manifest.json says {log_size}"
     assert reasons[keys[t3]].startswith("manifest.json is not valid JSON")
     assert reasons[keys[t4]] == "manifest.json does not match its own sha256 (edited or corrupt)"
     assert "(found by verify --deep)" in reasons[keys[t1]]

@@ -1,0 +1,208 @@
+"""Release commands: ``release``, ``promote``, ``rollback``, ``channels``, ``history``, ``pull``.
+
+No torch here; the domain logic is in :mod:`neuron_build.release`.
+"""
+
+from __future__ import annotations
+
+from .cli import _print_json, command
+from .errors import UserError
+
+BACKENDS = ("auto", "neuron", "inductor", "torchscript")
+DEVICE_KINDS = ("cpu", "cuda", "neuron")
+
+
+def register(add) -> None:
+    s = add("release", "record an immutable release of a model's buckets for one dtype and profile")
+    s.add_argument("model", metavar="MODEL")
+    s.add_argument("--dtype", help="required when the model has several dtypes")
+    s.add_argument("--profile", help="required when the model has several profiles")
+    s.add_argument("--backend", choices=BACKENDS, help="release the keys of this backend (default: [build])")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--json", action="store_true", help="print the release record")
+    g.add_argument("-q", "--quiet", action="store_true", help="print only the release id")
+
+    s = add("promote", "check the gates and move a channel to a release (compare-and-swap)")
+    s.add_argument("model", metavar="MODEL")
+    s.add_argument("release", metavar="RELEASE", nargs="?", help="release id (or a unique prefix)")
+    s.add_argument("--from", dest="from_channel", metavar="CHANNEL", help="promote the release this channel holds")
+    s.add_argument("--to", required=True, metavar="CHANNEL")
+    s.add_argument("--reason", default="", help="recorded in the channel's history")
+    s.add_argument("--allow-unvalidated", action="store_true",
+                   help="let the validation gate pass without validation results (recorded)")
+    s.add_argument("--device-kind", choices=DEVICE_KINDS,
+                   help="serving device kind for the gates (default: [release] in buckets.toml)")
+    s.add_argument("--json", action="store_true")
+
+    s = add("rollback", "move a channel back to the release it held before the current one")
+    s.add_argument("model", metavar="MODEL")
+    s.add_argument("--channel", required=True, metavar="CHANNEL")
+    s.add_argument("--reason", default="")
+    s.add_argument("--json", action="store_true")
+
+    s = add("channels", "show each channel's release and age")
+    s.add_argument("model", metavar="MODEL", nargs="?")
+    s.add_argument("--json", action="store_true")
+
+    s = add("history", "show a channel's promotions, refusals and rollbacks")
+    s.add_argument("model", metavar="MODEL")
+    s.add_argument("--channel", required=True, metavar="CHANNEL")
+    s.add_argument("--json", action="store_true")
+
+    s = add("pull", "write the release a channel holds into a folder, checksums verified")
+    s.add_argument("model", metavar="MODEL")
+    s.add_argument("--channel", required=True, metavar="CHANNEL")
+    s.add_argument("--dest", required=True, metavar="DIR")
+    s.add_argument("--json", action="store_true", help="print release.json")
+
+
+def _project_store(args):
+    from .config import load_project
+    from .store import Store
+
+    project = load_project(args.config)
+    return project, Store(project.store_url())
+
+
+def _model(project, model: str) -> None:
+    if model not in project.config.models:
+        raise UserError(f"unknown model '{model}' in {project.path}; models: {', '.join(project.config.models)}")
+
+
+@command("release")
+def cmd_release(args) -> int:
+    """Record a release and print its id (``--json``: the record)."""
+    from .build import Builder
+    from .config import load_project
+    from .log import configure
+    from .release import create_release
+
+    project = load_project(args.config)
+    configure(project.state_dir / "build.log", quiet=True)
+    b = Builder(project, backend=args.backend)
+    rec = create_release(b, args.model, args.dtype, args.profile)
+    b.keys.save()
+    if args.json:
+        _print_json(rec)
+    elif args.quiet:
+        print(rec["id"])
+    else:
+        m = rec["metrics"]
+        print(f"release {rec['id']}: {rec['model']} {rec['dtype']}/{rec['profile']} ({rec['backend']}, "
+              f"{rec['hardware_target']}), {len(rec['artifacts'])} bucket(s), created {rec['created']} by "
+              f"{rec['creator']}" + (f", git {rec['git_commit'][:12]}" if rec.get("git_commit") else ""))
+        for a in rec["artifacts"]:
+            am = m["artifacts"][a["target"]]
+            val = ", ".join(f"{k} {v}" for k, v in am["validation"].items()) or "not validated"
+            print(f"  {a['target']:32} {a['key'][:12]}  {am['op_count'] or 0:5} ops "
+                  f"{am['compile_time_s']:7.1f} s  {val}")
+    return 0
+
+
+@command("promote")
+def cmd_promote(args) -> int:
+    """Promote a release into a channel; a refusal exits 2 with every gate's figures."""
+    from .release import format_gates, promote
+
+    project, store = _project_store(args)
+    _model(project, args.model)
+    entry = promote(store, project.config.release, args.model, args.to, release=args.release,
+                    from_channel=args.from_channel, reason=args.reason, allow_unvalidated=args.allow_unvalidated,
+                    device_kind=args.device_kind)
+    if args.json:
+        _print_json(entry)
+        return 0
+    print(f"promoted {entry['to']} into {args.model}/{args.to} (version {entry['version']}; "
+          f"was {entry['from'] or 'empty'})")
+    print(format_gates(entry["gates"]))
+    return 0
+
+
+@command("rollback")
+def cmd_rollback(args) -> int:
+    """Roll a channel back to its previous release."""
+    from .release import rollback
+
+    project, store = _project_store(args)
+    _model(project, args.model)
+    entry = rollback(store, project.config.release, args.model, args.channel, reason=args.reason)
+    if args.json:
+        _print_json(entry)
+        return 0
+    print(f"rolled {args.model}/{args.channel} back from {entry['from']} to {entry['to']} "
+          f"(version {entry['version']})")
+    return 0
+
+
+@command("channels")
+def cmd_channels(args) -> int:
+    """Each channel's release, version and age."""
+    from .release import channel_rows
+
+    project, store = _project_store(args)
+    if args.model:
+        _model(project, args.model)
+        models = [args.model]
+    else:
+        models = list(project.config.models)
+    rows = channel_rows(store, project.config.release, models)
+    if args.json:
+        _print_json(rows)
+        return 0
+    for r in rows:
+        if not args.model and r["release"] is None:
+            continue
+        what = (f"{r['release']}  v{r['version']}  {r['dtype']}/{r['profile']}  {r['age']} ago  "
+                f"{r['action']} by {r['who']}" if r["release"] else "-")
+        print(f"{r['model']:16} {r['channel']:10} {what}")
+    if not args.model and all(r["release"] is None for r in rows):
+        print("no channel holds a release yet")
+    return 0
+
+
+@command("history")
+def cmd_history(args) -> int:
+    """A channel's history, oldest first."""
+    from .release import _check_channel, channel_history
+
+    project, store = _project_store(args)
+    _model(project, args.model)
+    _check_channel(project.config.release, args.channel, "--channel")
+    hist = channel_history(store, args.model, args.channel)
+    if args.json:
+        _print_json(hist)
+        return 0
+    for e in hist:
+        line = (f"{e.get('time')}  {e.get('action'):8} {e.get('from') or '-'} -> {e.get('to')}  "
+                f"v{e.get('version')}  {e.get('who')}")
+        if e.get("reason"):
+            line += f"  \"{e['reason']}\""
+        if e.get("allow_unvalidated"):
+            line += "  [--allow-unvalidated]"
+        print(line)
+        if e.get("action") == "refuse":
+            print("    " + e.get("refused", "").splitlines()[0])
+            for g in e.get("gates", []):
+                if not g["passed"]:
+                    print(f"    FAIL {g['name']}: {g['message']}")
+    if not hist:
+        print(f"{args.model}/{args.channel} has no history yet")
+    return 0
+
+
+@command("pull")
+def cmd_pull(args) -> int:
+    """Materialise a channel's release in a folder for a serving host."""
+    from .release import pull
+
+    project, store = _project_store(args)
+    _model(project, args.model)
+    doc = pull(store, args.model, args.channel, args.dest, project.config.release)
+    if args.json:
+        _print_json(doc)
+        return 0
+    nfiles = sum(len(b["files"]) for b in doc["buckets"])
+    size = sum(f["size"] for b in doc["buckets"] for f in b["files"].values())
+    print(f"pulled {doc['release']} ({args.model}/{args.channel} v{doc['channel_version']}) into {args.dest}: "
+          f"{len(doc['buckets'])} bucket(s), {nfiles} files, {size / 2**20:.1f} MiB, sha256 verified")
+    return 0

@@ -1,0 +1,3 @@
+"""Test double of libneuronxla (version only)."""
+
+__version__ = "2.3.4217.0"

@@ -1,0 +1,65 @@
+"""The no-op path never imports torch; doit works in parallel; plans name what changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, compiles_in_log, run_cli
+from test_config import edit
+
+PROBE = r'''
+import sys
+from doit.doit_cmd import DoitMain
+from doit.cmd_base import DodoTaskLoader
+rc = DoitMain(DodoTaskLoader()).run(sys.argv[1:])
+print("TORCH", "torch" in sys.modules, rc, file=sys.stderr)
+'''
+
+
+def probe(cwd: Path, *args: str) -> tuple[bool, int, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=cwd, env=env, capture_output=True, text=True)
+    line = [ln for ln in p.stderr.splitlines() if ln.startswith("TORCH")][-1].split()
+    return line[1] == "True", int(line[2]), p.stdout
+
+
+def test_import_does_not_import_torch():
+    code = "import sys, neuron_build, neuron_build.tasks, neuron_build.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_doit_list_and_noop_build_do_not_import_torch(tiny):
+    (tiny.parent / "dodo.py").write_text("from neuron_build.tasks import *\n")
+    torch_loaded, rc, out = probe(tiny.parent, "list")
+    assert (torch_loaded, rc) == (False, 0)
+    assert [ln.split()[0] for ln in out.splitlines()] == ["build"]
+    torch_loaded, rc, out = probe(tiny.parent, "list", "--all")
+    assert "build:tiny/b1/fp32/p1" in out and "build:other/static/fp32/p1" in out
+
+    r = subprocess.run([sys.executable, "-m", "doit", "-n", "2", "build"], cwd=tiny.parent,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count(".  build:") == 9
+    assert len(compiles_in_log(tiny.parent / ".neuron-build")) == 9
+    torch_loaded, rc, out = probe(tiny.parent, "build")
+    assert (torch_loaded, rc) == (False, 0)
+    assert out.count("-- build:") == 9 and ".  build:" not in out
+
+
+def test_changed_bucket_named_in_plan(tiny):
+    r = run_cli("build", "-c", str(tiny), "tiny/*/fp32/p1")
+    assert r.returncode == 0, r.stderr
+    edit(tiny, "buckets = { batch = [1, 4] }", "buckets = { batch = [1, 5] }")
+    plan = {row["target"]: row for row in json.loads(run_cli("plan", "--json", "-c", str(tiny)).stdout)}
+    row = plan["tiny/b5/fp32/p1"]
+    assert row["state"] == "missing"
+    assert row["changed"] == ["inputs"]
+    assert row["changed_detail"] == ["inputs: inputs"]
+    assert row["compared_with"] == "tiny/b4/fp32/p1"
+    assert plan["tiny/b1/fp32/p1"]["state"] == "cached"
+    assert plan["tiny/b1/fp32/p1"]["changed"] == []
