@@ -173,3 +173,71 @@ def test_disk_full_fails_the_target_cleanly_and_loses_nothing(tmp_path):
         assert rc == 0 and rep["ok"] == 2
         assert {k: v for k, v in object_digests(store.root).items() if k in before} == before
         print(stages)
+
+
+def crash_cli(k: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(HERE / "crashcli.py"), str(k), *args], env=cli_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_sigkill_during_release_and_promotion_leaves_channels_consistent(tmp_path):
+    """Fault: `neuron-build release` and `neuron-build promote` are SIGKILLed at each of their file-system
+    writes (release record, channel lock, pointer, history). After each kill, verify --deep is clean
+    (every channel points at a release whose artifacts are all complete), the channel holds the old
+    release or the new one, never anything else, and running the command again finishes the job."""
+    template = tmp_path / "template"
+    cfg0 = write_quick_project(template, n=2, build_extra="") 
+    cfg0.write_text(cfg0.read_text() + '\n[release]\nchannels = ["dev", "prod"]\n')
+    assert run_cli("build", "-n", "2", "-c", str(cfg0)).returncode == 0
+    r = run_cli("release", "quick", "-q", "-c", str(cfg0))
+    assert r.returncode == 0, r.stderr
+    r1 = r.stdout.strip()
+    r = run_cli("promote", "quick", r1, "--to", "dev", "--allow-unvalidated", "-c", str(cfg0))
+    assert r.returncode == 0, r.stdout + r.stderr
+    src = template / "quicklib" / "quick.py"
+    src.write_text(src.read_text() + "\n# v2\n")
+    assert run_cli("build", "-n", "2", "-c", str(cfg0)).returncode == 0
+
+    def pointer(root: Path) -> str | None:
+        p = root / "artifacts" / "channels" / "quick" / "dev.json"
+        return json.loads(p.read_text())["release"] if p.exists() else None
+
+    # the release command, then the promotion of its release, each killed at every write
+    probe = tmp_path / "probe"
+    shutil.copytree(template, probe)
+    r = crash_cli(0, "release", "quick", "-q", "-c", str(probe / "buckets.toml"))
+    assert r.returncode == 0, r.stderr
+    r2 = r.stdout.strip()
+    rel_writes = json.loads(r.stderr.splitlines()[-1])["writes"]
+    shutil.copytree(probe, tmp_path / "probe2")
+    promote = ["promote", "quick", r2, "--to", "dev", "--allow-unvalidated", "--reason", "crash test"]
+    r = crash_cli(0, *promote, "-c", str(tmp_path / "probe2" / "buckets.toml"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    pro_writes = json.loads(r.stderr.splitlines()[-1])["writes"]
+    assert pointer(tmp_path / "probe2") == r2
+    assert any("dev.json" in w for w in pro_writes) and any(r2 in w for w in rel_writes), (rel_writes, pro_writes)
+
+    seen = set()
+    for cmd, n, base in (("release", len(rel_writes), template), ("promote", len(pro_writes), probe)):
+        for k in range(1, n + 1):
+            root = tmp_path / f"{cmd}{k}"
+            shutil.copytree(base, root)
+            cfg = root / "buckets.toml"
+            args = ["release", "quick", "-q"] if cmd == "release" else promote
+            r = crash_cli(k, *args, "-c", str(cfg))
+            assert r.returncode == -signal.SIGKILL, (cmd, k, r.stdout, r.stderr)
+            rc, rep = verify(cfg)
+            assert rc == 0, (cmd, k, rep)
+            assert pointer(root) in (r1, r2)
+            seen.add((cmd, pointer(root)))
+            again = run_cli(*args, "-c", str(cfg))
+            if cmd == "promote" and pointer(root) == r2 and again.returncode != 0:
+                assert r2 in again.stdout + again.stderr  # already promoted: refused, naming the release
+            else:
+                assert again.returncode == 0, (cmd, k, again.stdout, again.stderr)
+            if cmd == "release":
+                assert again.stdout.strip() == r2
+            else:
+                assert pointer(root) == r2
+            assert verify(cfg)[0] == 0
+    assert ("promote", r1) in seen and ("promote", r2) in seen  # kills before and after the swap
