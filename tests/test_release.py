@@ -508,8 +508,8 @@ def test_pull_verifies_and_refuses_tampered_object(proj, tmp_path):
     dest = tmp_path / "serve" / "tiny"
     doc = pull(store, "tiny", "dev", dest, settings)
     assert doc["release"] == r1["id"] and doc["channel_version"] == 1
-    assert sorted(tree(dest)) == ["b1/compile.log", "b1/manifest.json", "b1/model.pt", "b4/compile.log",
-                                  "b4/manifest.json", "b4/model.pt", "release.json"]
+    assert sorted(tree(dest)) == ["b1/manifest.json", "b1/model.pt", "b1/worker.log",
+                                  "b4/manifest.json", "b4/model.pt", "b4/worker.log", "release.json"]
     assert json.loads((dest / "release.json").read_text()) == doc
     assert doc["inputs"] == [{"name": "x", "shape": ["batch", 16], "dtype": "fp32", "pad": 0.0}]
     assert [(b["id"], b["sizes"], b["inputs"], b["artifact"], b["loader"]) for b in doc["buckets"]] == [
