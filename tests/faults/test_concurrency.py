@@ -88,7 +88,7 @@ def test_second_builder_waits_for_the_lock_then_reuses(tmp_path):
     (reused,) = events(state, "reused")
     assert reused["built_by"] == f"pid {a.pid} on {HOST}"
     assert compile_counts(state) == {"quick/n1/fp32/p": 1}
-    assert "1 targets: 0 built, 1 cached (1 built by another builder meanwhile), 0 failed" in (tmp_path / "b.out").read_text()
+    assert "1 target: 0 built, 1 cached (1 built by another builder meanwhile), 0 failed" in (tmp_path / "b.out").read_text()
     assert verify(cfg)[0] == 0
 
 
