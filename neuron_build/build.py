@@ -180,7 +180,16 @@ class Builder:
                 return Outcome(target.id, ki.key, fail.get("status", "ERROR"),
                                f"not retried (--no-retry-failed); failed last time: {fail.get('reason', '')}")
         cfg = self.project.config.build
-        with KeyLock(self.store.root, ki.key, target=target.id, heartbeat_s=cfg.heartbeat_s) as lock:
+        lock = KeyLock(self.store.root, ki.key, target=target.id, heartbeat_s=cfg.heartbeat_s)
+        try:
+            lock.acquire()
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            reason = f"no space left on device while taking the key's lock ({lock.path}); free space and build again"
+            log.error("compile failed", status="ERROR", reason=reason)
+            return Outcome(target.id, ki.key, "ERROR", reason)
+        with lock:
             if self.store.is_complete(ki.key):
                 self._remember(target, ki, "PASS")
                 who = lock.waited_for or {}

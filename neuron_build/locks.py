@@ -178,7 +178,7 @@ class KeyLock:
         self._lock = None
 
     def __enter__(self) -> "KeyLock":
-        return self.acquire()
+        return self if self._lock is not None else self.acquire()  # (already acquired: just release on exit)
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
@@ -351,30 +351,23 @@ class MemoryBudget:
             t0 = time.monotonic()
             next_beat = None
             while registered:
-                with self._ledger() as led:
-                    mine = [r for r in led["reservations"] if r.get("host") == host]
-                    running = [r for r in mine if r.get("state") == "running"]
-                    waiting = sorted((r for r in mine if r.get("state") == "waiting"),
-                                     key=lambda r: (r.get("seq", 0), r.get("id", "")))
-                    in_use = sum(int(r.get("bytes", 0)) for r in running)
-                    first = bool(waiting) and waiting[0].get("id") == rid
-                    if not any(r.get("id") == rid for r in mine):  # dropped (e.g. ledger reset): re-register
-                        led["reservations"].append(entry)
-                    elif first and (not running or in_use + nbytes <= self.max_bytes):
-                        for r in led["reservations"]:
-                            if r.get("id") == rid:
-                                r["state"] = "running"
-                                r["since"] = _now()
-                        info["in_use_bytes"] = in_use
-                        break
+                try:
+                    admitted = self._try_admit(rid, host, entry, nbytes, info)
+                except OSError as e:
+                    if not is_disk_full(e):
+                        raise
+                    log.warning("host-memory ledger not writable (disk full); compiling without waiting",
+                                error=str(e))
+                    break
+                if admitted:
+                    break
+                running, in_use, queued = info.pop("_running"), info.pop("_in_use"), info.pop("_queued")
                 now = time.monotonic()
                 if next_beat is None or now >= next_beat:
                     log.info("waiting for host memory" if next_beat is None else "still waiting for host memory",
                              need_gb=round(nbytes / GB, 3), in_use_gb=round(in_use / GB, 3),
-                             max_host_memory_gb=round(self.max_bytes / GB, 3), running=len(running),
-                             queued_before=sum(1 for r in waiting if r.get("id") != rid
-                                               and (r.get("seq", 0), r.get("id", "")) < (entry["seq"], rid)),
-                             estimate=source or None)
+                             max_host_memory_gb=round(self.max_bytes / GB, 3), running=running,
+                             queued_before=queued, estimate=source or None)
                     next_beat = now + self.heartbeat_s
                 time.sleep(self.poll_s)
             info["waited_s"] = round(time.monotonic() - t0, 3)
@@ -386,6 +379,29 @@ class MemoryBudget:
                         led["reservations"] = [r for r in led["reservations"] if r.get("id") != rid]
                 except OSError as e:  # a full disk: the entry is dropped once this process has exited
                     log.warning("could not release the host-memory reservation", error=str(e))
+
+    def _try_admit(self, rid: str, host: str, entry: dict[str, Any], nbytes: int, info: dict[str, Any]) -> bool:
+        """One admission attempt under the ledger lock; True when admitted (the entry is then running)."""
+        with self._ledger() as led:
+            mine = [r for r in led["reservations"] if r.get("host") == host]
+            running = [r for r in mine if r.get("state") == "running"]
+            waiting = sorted((r for r in mine if r.get("state") == "waiting"),
+                             key=lambda r: (r.get("seq", 0), r.get("id", "")))
+            in_use = sum(int(r.get("bytes", 0)) for r in running)
+            info["_running"], info["_in_use"] = len(running), in_use
+            info["_queued"] = sum(1 for r in waiting if (r.get("seq", 0), r.get("id", "")) < (entry["seq"], rid))
+            if not any(r.get("id") == rid for r in mine):  # dropped (e.g. the ledger was reset): queue again
+                led["reservations"].append(entry)
+            elif waiting and waiting[0].get("id") == rid and (not running or in_use + nbytes <= self.max_bytes):
+                for r in led["reservations"]:
+                    if r.get("id") == rid:
+                        r["state"] = "running"
+                        r["since"] = _now()
+                info["in_use_bytes"] = in_use
+                for k in ("_running", "_in_use", "_queued"):
+                    info.pop(k)
+                return True
+            return False
 
 
 __all__ = ["KeyLock", "MemoryBudget", "PeakEstimate", "expected_peak", "owner_alive", "GB"]
