@@ -180,6 +180,7 @@ def crash_cli(k: int, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_sigkill_during_release_and_promotion_leaves_channels_consistent(tmp_path):
     """Fault: `neuron-build release` and `neuron-build promote` are SIGKILLed at each of their file-system
     writes (release record, channel lock, pointer, history). After each kill, verify --deep is clean

@@ -40,6 +40,7 @@ def keys_of(cfg: Path) -> dict[str, str]:
     return {t.id: b.key(t).key for t in b.targets}
 
 
+@pytest.mark.slow
 def test_corrupt_bytes_are_found_quarantined_never_served_and_rebuilt(built, tmp_path):
     """Fault: four real objects are damaged on disk: a flipped byte inside model.pt (same size), a
     truncated worker.log, a manifest overwritten with garbage, and a manifest whose op count was edited
@@ -101,6 +102,7 @@ def test_corrupt_bytes_are_found_quarantined_never_served_and_rebuilt(built, tmp
     assert set(object_digests(store.root)) == set(before)
 
 
+@pytest.mark.slow
 def test_partial_and_stray_objects_are_quarantined_by_lookup(built, tmp_path):
     """Fault: an object folder with files but no manifest (what a writer without staging would leave),
     an object with an extra file not in its manifest, and a stray file under objects/. A build's lookup
@@ -138,6 +140,7 @@ def _age(path: Path, days: float) -> None:
     os.utime(path, (t, t))
 
 
+@pytest.mark.slow
 def test_gc_keeps_referenced_removes_the_rest(built, tmp_path):
     """Fault-free upkeep with leftovers of faults: objects whose targets moved to new keys, one of them
     named by a release (and a channel), a staging folder of a dead builder, an old quarantined object
