@@ -211,7 +211,7 @@ def cmd_parse_log(args) -> int:
 
 #: Modules that add commands: each defines ``register(add)``, where ``add(name, help)`` returns an
 #: argparse sub-parser, and decorates its handlers with :func:`command`. Keep them free of torch imports.
-PLUGINS: tuple[str, ...] = ()
+PLUGINS: tuple[str, ...] = ("neuron_build.cli_validate", "neuron_build.cli_bench")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -268,4 +268,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the importable module, not this __main__ copy, so that plugins register into the same COMMANDS
+    from neuron_build.cli import main as _main
+    sys.exit(_main())

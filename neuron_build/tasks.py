@@ -1,8 +1,13 @@
-"""The doit glue, nothing else: one ``build:<target id>`` task per target.
+"""The doit glue, nothing else: one ``build:<target id>`` and one ``validate:<target id>`` task per target.
 
 ``dodo.py`` is ``from neuron_build.tasks import *``. A task is up to date exactly when the store holds a
 complete artifact for the target's current key; the doit database is only an optimisation (delete it
 and nothing is rebuilt, because the action itself looks in the store first).
+
+``validate:<target id>`` depends on ``build:<target id>`` and is up to date when the store holds a
+validation of the current key on the device kind the artifact runs on that need not be repeated (a pass,
+or "not validated" on a host that still cannot run it; a failure is never up to date). Validation imports
+torch inside its action only, so ``doit list`` and a no-op ``doit build`` stay torch-free.
 
 The config is ``buckets.toml`` beside ``dodo.py``, or ``doit build config=PATH``, or the
 ``NEURON_BUILD_CONFIG`` environment variable.
@@ -20,6 +25,7 @@ from .build import Builder
 from .config import load_project
 from .errors import ConfigError
 from .log import configure
+from .validate import artifact_device_kind, is_validated
 
 DOIT_CONFIG = {
     "default_tasks": ["build"],
@@ -78,3 +84,41 @@ def task_build():
             "uptodate": [(_is_built, [key])],
         }
     b.keys.save()
+
+
+def _is_validated(key: str, device_kind: str) -> bool:
+    return is_validated(builder().store, key, device_kind)
+
+
+def _validate(target_id: str):
+    from .errors import UserError
+    from .validate import summary_line, validate_target
+
+    b = builder()
+    t = b.by_id[target_id]
+    try:
+        rec = validate_target(b.project, b.store, t, b.key(t).key)
+    except UserError as e:
+        return TaskFailed(str(e))
+    print(summary_line(rec))
+    for note in rec.get("diagnosis", []):
+        print(f"    {note}")
+    if rec["verdict"] == "fail":
+        return TaskFailed(rec["reason"])
+    return {"key": rec["key"], "verdict": rec["verdict"]}
+
+
+def task_validate():
+    """Check every target's artifact against the eager fp32 CPU reference (builds it first)."""
+    b = builder()
+    kind = artifact_device_kind(b.keys.backend, b.keys.hardware_target)
+    for t in b.targets:
+        key = b.key(t).key
+        yield {
+            "name": t.id,
+            "doc": f"validate {t.id} on {kind} against the fp32 CPU reference",
+            "actions": [(_validate, [t.id])],
+            "task_dep": [f"build:{t.id}"],
+            "uptodate": [(_is_validated, [key, kind])],
+            "verbosity": 2,
+        }
