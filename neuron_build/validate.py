@@ -331,6 +331,19 @@ def _max_rel(out, ref) -> float:
     return max(r["rel_l2_error"] for r in rows)
 
 
+def _factory_defaults(root, factory: str) -> dict[str, Any]:
+    """The keyword defaults of a factory function ({} when it cannot be inspected)."""
+    import inspect
+
+    from .examples import load_factory
+
+    try:
+        sig = inspect.signature(load_factory(root, factory))
+    except (ImportError, TypeError, ValueError):
+        return {}
+    return {n: prm.default for n, prm in sig.parameters.items() if prm.default is not inspect.Parameter.empty}
+
+
 def diagnose(p: Prepared, ref_out, tolerance: float) -> tuple[list[str], dict[str, Any]]:
     """Why a validation failed, by running eager models against the same reference output.
 
@@ -357,8 +370,17 @@ def diagnose(p: Prepared, ref_out, tolerance: float) -> tuple[list[str], dict[st
             diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k, "<unset>") != theirs.get(k, "<unset>"))
             notes.append(f"the eager fp32 model {p.target.model} already differs from its reference {ref_name} "
                          f"(rel L2 error {e32:.1e}): the two models disagree, not the compiler")
+            my_defaults = _factory_defaults(p.project.root, p.factory)
+            ref_defaults = _factory_defaults(p.project.root, ref_spec.factory)
+
+            def show(d: dict[str, Any], k: str) -> str:
+                if k in d:
+                    return repr(d[k])
+                dflt = (my_defaults if d is mine else ref_defaults).get(k, "<none>")
+                return f"unset (the factory's default {dflt!r})" if dflt != "<none>" else "unset"
+
             if diff:
-                shown = ", ".join(f"{k}={mine.get(k, '<unset>')!r} here vs {theirs.get(k, '<unset>')!r}" for k in diff)
+                shown = ", ".join(f"{k}={show(mine, k)} here vs {show(theirs, k)}" for k in diff)
                 notes.append(f"the factory kwargs differ from {ref_name}'s {'only ' if len(diff) == 1 else ''}"
                              f"in: {shown}")
             swaps: dict[str, float] = {}
@@ -374,9 +396,9 @@ def diagnose(p: Prepared, ref_out, tolerance: float) -> tuple[list[str], dict[st
                     continue
                 swaps[k] = err
                 if err <= tolerance:
-                    note = (f"cause: {k}: with {k}={theirs.get(k, '<unset>')!r} as in {ref_name} the error drops "
+                    note = (f"cause: {k}: with {k}={show(theirs, k)} as in {ref_name} the error drops "
                             f"to {err:.1e}")
-                    if k == "eps" and mine.get(k) is None:
+                    if k == "eps" and mine.get(k, my_defaults.get(k, 0.0)) is None:
                         note += ("; eps=None leaves the kernel at its default, torch.finfo(dtype).eps of the dtype "
                                  f"it computes in (1.19e-07 for fp32), not {theirs.get(k)!r}")
                     notes.append(note)
