@@ -117,7 +117,7 @@ def time_calls(fn: Callable, inputs: tuple, warmup: int, iters: int, sync: Calla
     return out
 
 
-def _round(d: dict[str, float], n: int = 4) -> dict[str, float]:
+def _round(d: dict[str, float], n: int = 6) -> dict[str, float]:
     return {k: round(v, n) for k, v in d.items()}
 
 
@@ -144,7 +144,9 @@ def bench_target(project, store: Store, target, key: str, warmup: int = DEFAULT_
         ``warmup``, ``batch``, ``sync``, ``latency_ms`` (p50/p90/p99/mean/min/max/std, ms),
         ``throughput_per_s`` (samples/s), ``eager`` (``latency_ms``, ``throughput_per_s``) and
         ``speedup_vs_eager`` (eager p50 / compiled p50) when ``eager``, ``op_count``,
-        ``compile_time_s``, ``torch``, ``threads``.
+        ``compile_time_s``, ``torch``, ``threads`` (torch intra-op threads), ``cpu_count`` and
+        ``load_avg_1m`` (the host's 1-minute load average when the run started: a busy host makes noisy
+        figures).
 
     Raises:
         UserError: the target is not built, or this host cannot run its artifact; bad warmup/iters.
@@ -153,6 +155,7 @@ def bench_target(project, store: Store, target, key: str, warmup: int = DEFAULT_
 
     if iters < 1 or warmup < 0:
         raise UserError(f"--iters must be >= 1 and --warmup >= 0 (got iters {iters}, warmup {warmup})")
+    load0 = os.getloadavg()[0]
     p = prepare(project, store, target, key)
     _check_runnable(p)
     sync, sync_name = device_sync(p.device_kind)
@@ -174,9 +177,10 @@ def bench_target(project, store: Store, target, key: str, warmup: int = DEFAULT_
         "target": target.id, "key": key, "model": target.model, "dtype": target.dtype, "backend": m.backend,
         "device_kind": p.device_kind, "device": p.device, "host": socket.gethostname(), "time": _now(),
         "iters": iters, "warmup": warmup, "batch": p.batch, "seed": p.seed, "sync": sync_name,
-        "latency_ms": _round(stats), "throughput_per_s": round(p.batch * 1000.0 / stats["mean"], 3),
+        "latency_ms": _round(stats), "throughput_per_s": round(p.batch * 1000.0 / stats["mean"], 6),
         "op_count": m.metrics.op_count, "compile_time_s": m.metrics.compile_time_s,
-        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+        "load_avg_1m": round(load0, 2),
     }
     if eager:
         model = p.eager(target.dtype, device=p.device)
@@ -187,9 +191,9 @@ def bench_target(project, store: Store, target, key: str, warmup: int = DEFAULT_
             if b is not None:
                 b.close()
         es = latency_stats(eager_ms)
-        rec["eager"] = {"latency_ms": _round(es), "throughput_per_s": round(p.batch * 1000.0 / es["mean"], 3),
+        rec["eager"] = {"latency_ms": _round(es), "throughput_per_s": round(p.batch * 1000.0 / es["mean"], 6),
                         "device": p.device, "dtype": target.dtype}
-        rec["speedup_vs_eager"] = round(es["p50"] / stats["p50"], 4)
+        rec["speedup_vs_eager"] = round(es["p50"] / stats["p50"], 6)
     if record:
         store.record_result(key, "bench", f"{p.device_kind}--{rec['host']}", rec)
     return rec
