@@ -5,8 +5,9 @@ complete artifact for the target's current key; the doit database is only an opt
 and nothing is rebuilt, because the action itself looks in the store first).
 
 ``validate:<target id>`` depends on ``build:<target id>`` and is up to date when the store holds a
-validation of the current key on the device kind the artifact runs on that need not be repeated (a pass,
-or "not validated" on a host that still cannot run it; a failure is never up to date). Validation imports
+validation of the current key on the device kind the artifact runs on, made with the current tolerance
+and reference model, that need not be repeated (a pass, or "not validated" on a host that still cannot
+run it; a failure is never up to date). Validation imports
 torch inside its action only, so ``doit list`` and a no-op ``doit build`` stay torch-free.
 
 The config is ``buckets.toml`` beside ``dodo.py``, or ``doit build config=PATH``, or the
@@ -25,7 +26,7 @@ from .build import Builder
 from .config import load_project
 from .errors import ConfigError
 from .log import configure
-from .validate import artifact_device_kind, is_validated
+from .validate import artifact_device_kind, is_validated, tolerance_for
 
 DOIT_CONFIG = {
     "default_tasks": ["build"],
@@ -86,8 +87,8 @@ def task_build():
     b.keys.save()
 
 
-def _is_validated(key: str, device_kind: str) -> bool:
-    return is_validated(builder().store, key, device_kind)
+def _is_validated(key: str, device_kind: str, tolerance: float, reference: str) -> bool:
+    return is_validated(builder().store, key, device_kind, tolerance, reference)
 
 
 def _validate(target_id: str):
@@ -114,11 +115,13 @@ def task_validate():
     kind = artifact_device_kind(b.keys.backend, b.keys.hardware_target)
     for t in b.targets:
         key = b.key(t).key
+        spec = b.project.config.models[t.model]
+        tol, _ = tolerance_for(spec, t.model, t.dtype)
         yield {
             "name": t.id,
             "doc": f"validate {t.id} on {kind} against the fp32 CPU reference",
             "actions": [(_validate, [t.id])],
             "task_dep": [f"build:{t.id}"],
-            "uptodate": [(_is_validated, [key, kind])],
+            "uptodate": [(_is_validated, [key, kind, tol, spec.reference or t.model])],
             "verbosity": 2,
         }

@@ -85,12 +85,18 @@ def can_run_here(device_kind: str) -> tuple[bool, str | None]:
     return True, None
 
 
-def is_validated(store: Store, key: str, device_kind: str) -> bool:
+def is_validated(store: Store, key: str, device_kind: str, tolerance: float | None = None,
+                 reference: str | None = None) -> bool:
     """True when the store holds a validation of ``key`` on ``device_kind`` that need not be repeated on
     this host: a pass, or ``not_validated`` where this host still cannot run the artifact. A failed
-    verdict is never up to date (validation runs again). Torch-free."""
+    verdict is never up to date (validation runs again), nor is one made with another ``tolerance`` or
+    ``reference`` model than given (both live in buckets.toml, outside the key). Torch-free."""
     r = store.result(key, "validation", device_kind)
     if r is None:
+        return False
+    if tolerance is not None and r.get("tolerance") != tolerance:
+        return False
+    if reference is not None and (r.get("reference") or {}).get("model") != reference:
         return False
     if r.get("verdict") == "pass":
         return True

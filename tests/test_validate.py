@@ -297,7 +297,10 @@ def test_tolerance_override_and_stored_record(tmp_path):
     # results never change the key, nor the object
     assert b.store.is_complete(key) and not (b.store.object_dir(key) / "validation").exists()
     assert Builder(load_project(cfg)).key(t).key == key
-    assert is_validated(b.store, key, "cpu")
+    assert is_validated(b.store, key, "cpu") and is_validated(b.store, key, "cpu", 0.5, "naive")
+    # a pass made with another tolerance or reference than buckets.toml's now is not up to date
+    assert not is_validated(b.store, key, "cpu", 1e-4, "naive")
+    assert not is_validated(b.store, key, "cpu", 0.5, "eps_big")
 
 
 def test_not_built_is_reported(tmp_path):
@@ -455,3 +458,49 @@ def test_doit_validate_failure_exits_1(rms):
     assert r.returncode == 1
     assert "eps_big/static/fp32/p1: output0 rel L2 error" in r.stdout + r.stderr
     assert "cause: eps" in r.stdout
+
+
+def test_integer_inputs_stay_in_range_and_pass(tmp_path):
+    """Token ids and a mask: int64 inputs within their ranges, the same tensors on both sides."""
+    import torch
+
+    from neuron_build.validate import prepare
+    cfg = write_tiny_project(tmp_path / "p", extra='''
+        [models.emb]
+        factory = "tinylib.emb:build"
+        dtypes = ["bf16"]
+        profiles = ["p1"]
+        inputs = [
+          { name = "ids", shape = [3, 5], dtype = "int64", range = [7, 11] },
+          { name = "mask", shape = [3, 5], dtype = "int64", range = [0, 2] },
+        ]
+    ''')
+    (cfg.parent / "tinylib" / "emb.py").write_text(textwrap.dedent('''
+        import torch
+
+        class Emb(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                torch.manual_seed(3)
+                self.e = torch.nn.Embedding(11, 8)
+
+            def forward(self, ids, mask):
+                return self.e(ids) * mask.unsqueeze(-1).to(self.e.weight.dtype), ids
+
+        def build():
+            return Emb()
+    '''))
+    assert run_cli("build", "-c", str(cfg), "emb").returncode == 0
+    b = Builder(load_project(cfg))
+    t = b.by_id["emb/static/bf16/p1"]
+    key = b.key(t).key
+    p = prepare(b.project, b.store, t, key)
+    ids, mask = p.inputs
+    assert ids.dtype == torch.int64 and int(ids.min()) >= 7 and int(ids.max()) <= 10
+    assert set(mask.unique().tolist()) <= {0, 1}
+    assert p.reference_inputs()[0] is ids  # integer inputs are passed to the reference unchanged
+    rec = validate_target(b.project, b.store, t, key)
+    assert rec["verdict"] == "pass", rec["reason"]
+    assert [o["name"] for o in rec["outputs"]] == ["output0", "output1"]
+    assert rec["outputs"][1]["rel_l2_error"] == 0.0 and rec["outputs"][1]["dtype"] == "int64"
+    assert 0 < rec["outputs"][0]["rel_l2_error"] < 2e-2  # bf16 weights against the fp32 reference
