@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 
 from .cli import _builder, _print_json, command
-from .errors import UserError
 
 
 def register(add) -> None:
@@ -41,7 +40,7 @@ def cmd_bench(args) -> int:
     """Benchmark the targets matching PATTERNs and --compare (default: all targets)."""
     from .bench import bench_target, format_compare_table, format_row_table, profile_target
     from .matrix import select
-    from .validate import validate_target
+    from .validate import artifact_device_kind, can_run_here, validate_target
 
     b = _builder(args)
     patterns = list(args.patterns) + list(args.compare)
@@ -54,17 +53,16 @@ def cmd_bench(args) -> int:
             not_built.append(t.id)
             print(f"NOT BUILT  {t.id}: run `neuron-build build {t.id}`", file=sys.stderr, flush=True)
             continue
+        m = b.store.manifest(key)
+        runnable, why = can_run_here(artifact_device_kind(m.backend, m.hardware_target))
+        if not runnable:
+            skipped.append(t.id)
+            print(f"SKIPPED  {t.id}: {why}", file=sys.stderr, flush=True)
+            continue
         print(f"[{i}/{len(chosen)}] {t.id}: warm-up {args.warmup}, {args.iters} timed calls"
               + ("" if args.no_eager else ", then eager"), file=sys.stderr, flush=True)
-        try:
-            rec = bench_target(b.project, b.store, t, key, warmup=args.warmup, iters=args.iters,
-                               eager=not args.no_eager, progress_factory=progress)
-        except UserError as e:
-            if "cannot benchmark" not in str(e):
-                raise
-            skipped.append(t.id)
-            print(f"SKIPPED  {e}", file=sys.stderr, flush=True)
-            continue
+        rec = bench_target(b.project, b.store, t, key, warmup=args.warmup, iters=args.iters,
+                           eager=not args.no_eager, progress_factory=progress)
         if args.compare:
             rec["validation"] = validate_target(b.project, b.store, t, key)
         if args.profile:

@@ -179,3 +179,59 @@ def test_latency_stats_invariants():
     assert s["mean"] == pytest.approx(sum(xs) / len(xs))
     assert latency_stats([2.0]) == {"p50": 2.0, "p90": 2.0, "p99": 2.0, "mean": 2.0, "min": 2.0, "max": 2.0,
                                     "std": 0.0}
+
+
+def test_neuron_artifact_is_skipped_without_a_neuroncore(tmp_path):
+    from neuron_build.validate import neuron_devices
+    if neuron_devices():
+        pytest.skip("this host has a NeuronCore")
+    cfg = write_tiny_project(tmp_path / "p")
+    assert run_cli("build", "-c", str(cfg), "other").returncode == 0
+    b = Builder(load_project(cfg))
+    key = b.key(b.by_id["other/static/fp32/p1"]).key
+    mf = b.store.object_dir(key) / "manifest.json"
+    m = json.loads(mf.read_text())
+    m["backend"], m["hardware_target"] = "neuron", "trn1"
+    mf.write_text(json.dumps(m))
+    r = run_cli("bench", "-c", str(cfg), "--iters", "3", "other")
+    assert r.returncode == 0
+    assert "SKIPPED  other/static/fp32/p1: no NeuronCore here" in r.stderr
+    assert "1 skipped (this host cannot run them): other/static/fp32/p1" in r.stderr
+    assert b.store.results(key, "bench") == {}
+
+
+@pytest.mark.slow
+def test_inductor_rmsnorm_pair_validate_compare_profile(tmp_path):
+    """The shipped RMSNorm pair compiled with AOTInductor (two real compiles): validation against the
+    written-out reference, the side-by-side table and a profiler trace of a .pt2 artifact."""
+    import shutil
+
+    from conftest import REPO
+    root = tmp_path / "p"
+    (root / "models").mkdir(parents=True)
+    (root / "models" / "__init__.py").write_text("")
+    shutil.copy(REPO / "models" / "rmsnorm.py", root / "models" / "rmsnorm.py")
+    text = (REPO / "buckets.toml").read_text()
+    text = text.replace('backend = "auto"', 'backend = "inductor"')
+    text = text[:text.index("[models.ffn]")] + text[text.index("[models.rmsnorm_naive]"):text.index("[models.minilm]")]
+    cfg = root / "buckets.toml"
+    cfg.write_text(text)
+    r = run_cli("build", "-c", str(cfg), "-n", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    v = run_cli("validate", "--json", "-c", str(cfg))
+    assert v.returncode == 0, v.stdout + v.stderr
+    recs = {x["target"]: x for x in json.loads(v.stdout)}
+    fused = recs["rmsnorm_fused/static/bf16/o1"]
+    assert fused["backend"] == "inductor" and fused["reference"]["model"] == "rmsnorm_naive"
+    assert 1e-4 < fused["outputs"][0]["rel_l2_error"] < 2e-2  # bf16 output rounding
+    c = run_cli("bench", "-c", str(cfg), "--iters", "20", "--warmup", "2", "--profile", str(tmp_path / "prof"),
+                "--compare", "rmsnorm_naive", "rmsnorm_fused")
+    assert c.returncode == 0, c.stderr
+    assert c.stdout.splitlines()[0].split() == ["rmsnorm_naive/static/bf16/o1", "rmsnorm_fused/static/bf16/o1"]
+    assert "verdict" in c.stdout and "op count" in c.stdout
+    b = Builder(load_project(cfg))
+    t = b.by_id["rmsnorm_fused/static/bf16/o1"]
+    run_dir = tmp_path / "prof" / run_dir_name(t.id, b.key(t).key)
+    trace = json.loads((run_dir / "trace.json").read_text())
+    assert f"artifact {t.id}" in {e.get("name") for e in trace["traceEvents"]}
+    assert json.loads((run_dir / "run.json").read_text())["key"] == b.key(t).key
