@@ -1,10 +1,11 @@
 """Latency benchmarks and profiler traces of compiled artifacts, with the eager model as the baseline.
 
-One benchmark of one target: load the artifact onto its device, make the target's deterministic inputs
-(the validation inputs, :func:`neuron_build.validate.validation_seed`), run ``warmup`` untimed calls,
-then ``iters`` timed calls, each ended by the device's synchronise (:func:`device_sync`) and timed with
-``time.perf_counter_ns``. Then the eager model in the target dtype, on the same device and the same
-inputs, the same way, in the same process. Reported: p50, p90, p99 and mean latency in milliseconds
+One benchmark of one target: load the artifact onto its device, build the eager model in the target
+dtype on the same device, make the target's deterministic inputs (the validation inputs,
+:func:`neuron_build.validate.validation_seed`), run ``warmup`` untimed calls of each, then ``iters``
+timed calls of each, alternating artifact and eager call by call (:func:`time_interleaved`, so that the
+load of a shared host hits both alike), each call ended by the device's synchronise
+(:func:`device_sync`) and timed with ``time.perf_counter_ns``. Reported: p50, p90, p99 and mean latency in milliseconds
 (percentiles by linear interpolation between order statistics), throughput in samples per second
 (batch / mean latency; the batch is the first dim of the first input), and the speedup over eager
 (eager p50 / compiled p50). Stored as ``results/<key>/bench/<device kind>--<host>.json`` (schema in
@@ -117,6 +118,41 @@ def time_calls(fn: Callable, inputs: tuple, warmup: int, iters: int, sync: Calla
     return out
 
 
+def time_interleaved(fns: Sequence[Callable], inputs: tuple, warmup: int, iters: int, sync: Callable[[], None],
+                     progress: Any = None) -> list[list[float]]:
+    """Latencies in ms of several callables on the same inputs, timed call by call in alternation.
+
+    After ``warmup`` untimed rounds (each callable once per round), ``iters`` timed rounds: each callable
+    is called once per round, the order reversed every other round (A B, B A, A B, ...), each call ended
+    by ``sync()`` and timed on its own. A change of load on the host during the run then hits every
+    callable alike, so their ratio stays meaningful on a busy machine. ``progress`` advances once per
+    round, warm-up included.
+
+    Returns:
+        One list of ``iters`` latencies per callable, in the order of ``fns``.
+    """
+    import torch
+
+    out: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
+    with torch.inference_mode():
+        for _ in range(warmup):
+            for fn in fns:
+                fn(*inputs)
+                sync()
+            if progress is not None:
+                progress.update(1)
+        for it in range(iters):
+            for i in (order if it % 2 == 0 else order[::-1]):
+                t0 = time.perf_counter_ns()
+                fns[i](*inputs)
+                sync()
+                out[i].append((time.perf_counter_ns() - t0) / 1e6)
+            if progress is not None:
+                progress.update(1)
+    return out
+
+
 def _round(d: dict[str, float], n: int = 6) -> dict[str, float]:
     return {k: round(v, n) for k, v in d.items()}
 
@@ -135,13 +171,14 @@ def bench_target(project, store: Store, target, key: str, warmup: int = DEFAULT_
     Args:
         warmup: untimed calls before the timed ones (>= 0).
         iters: timed calls (>= 1).
-        eager: also time the eager model in the target dtype on the same device and inputs.
+        eager: also time the eager model in the target dtype on the same device and inputs, interleaved
+            with the artifact's calls (else the artifact alone, :func:`time_calls`).
         progress_factory: ``f(total, desc)`` returning a progress bar (tqdm-like) or None.
         record: store the result under ``results/<key>/bench/<device kind>--<host>.json``.
 
     Returns:
         The record: ``target``, ``key``, ``device_kind``, ``device``, ``host``, ``time``, ``iters``,
-        ``warmup``, ``batch``, ``sync``, ``latency_ms`` (p50/p90/p99/mean/min/max/std, ms),
+        ``warmup``, ``batch``, ``sync``, ``timing``, ``latency_ms`` (p50/p90/p99/mean/min/max/std, ms),
         ``throughput_per_s`` (samples/s), ``eager`` (``latency_ms``, ``throughput_per_s``) and
         ``speedup_vs_eager`` (eager p50 / compiled p50) when ``eager``, ``op_count``,
         ``compile_time_s``, ``torch``, ``threads`` (torch intra-op threads), ``cpu_count`` and
@@ -165,9 +202,13 @@ def bench_target(project, store: Store, target, key: str, warmup: int = DEFAULT_
         return progress_factory(warmup + iters, desc) if progress_factory else None
 
     fn = p.load_artifact()
-    b = bar(f"{target.id} compiled")
+    model = p.eager(target.dtype, device=p.device) if eager else None
+    b = bar(f"{target.id} compiled" + (" + eager" if eager else ""))
     try:
-        compiled_ms = time_calls(fn, inputs, warmup, iters, sync, b)
+        if eager:
+            compiled_ms, eager_ms = time_interleaved([fn, model], inputs, warmup, iters, sync, b)
+        else:
+            compiled_ms = time_calls(fn, inputs, warmup, iters, sync, b)
     finally:
         if b is not None:
             b.close()
@@ -177,19 +218,13 @@ def bench_target(project, store: Store, target, key: str, warmup: int = DEFAULT_
         "target": target.id, "key": key, "model": target.model, "dtype": target.dtype, "backend": m.backend,
         "device_kind": p.device_kind, "device": p.device, "host": socket.gethostname(), "time": _now(),
         "iters": iters, "warmup": warmup, "batch": p.batch, "seed": p.seed, "sync": sync_name,
+        "timing": "interleaved with eager" if eager else "compiled only",
         "latency_ms": _round(stats), "throughput_per_s": round(p.batch * 1000.0 / stats["mean"], 6),
         "op_count": m.metrics.op_count, "compile_time_s": m.metrics.compile_time_s,
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "load_avg_1m": round(load0, 2),
     }
     if eager:
-        model = p.eager(target.dtype, device=p.device)
-        b = bar(f"{target.id} eager")
-        try:
-            eager_ms = time_calls(model, inputs, warmup, iters, sync, b)
-        finally:
-            if b is not None:
-                b.close()
         es = latency_stats(eager_ms)
         rec["eager"] = {"latency_ms": _round(es), "throughput_per_s": round(p.batch * 1000.0 / es["mean"], 6),
                         "device": p.device, "dtype": target.dtype}
@@ -362,4 +397,4 @@ def format_compare_table(recs: Sequence[dict[str, Any]], validations: dict[str, 
 
 
 __all__ = ["SCHEDULE", "bench_target", "device_sync", "format_compare_table", "format_row_table", "latency_stats",
-           "percentile", "profile_target", "run_dir_name", "time_calls"]
+           "percentile", "profile_target", "run_dir_name", "time_calls", "time_interleaved"]

@@ -60,7 +60,7 @@ def cmd_bench(args) -> int:
             print(f"SKIPPED  {t.id}: {why}", file=sys.stderr, flush=True)
             continue
         print(f"[{i}/{len(chosen)}] {t.id}: warm-up {args.warmup}, {args.iters} timed calls"
-              + ("" if args.no_eager else ", then eager"), file=sys.stderr, flush=True)
+              + ("" if args.no_eager else " each, interleaved with eager"), file=sys.stderr, flush=True)
         rec = bench_target(b.project, b.store, t, key, warmup=args.warmup, iters=args.iters,
                            eager=not args.no_eager, progress_factory=progress)
         if args.compare:
@@ -81,8 +81,8 @@ def cmd_bench(args) -> int:
             print(format_row_table(recs))
         r0 = recs[0]
         print(f"\n{r0['device_kind']} on {r0['host']}, {r0['threads']} threads, sync: {r0['sync']}; "
-              f"latency over {r0['iters']} calls after {r0['warmup']} warm-up calls; throughput = batch / mean; "
-              f"speedup = eager p50 / compiled p50")
+              f"latency over {r0['iters']} calls after {r0['warmup']} warm-up calls ({r0['timing']}); "
+              f"throughput = batch / mean; speedup = eager p50 / compiled p50")
     if skipped:
         print(f"{len(skipped)} skipped (this host cannot run them): {', '.join(skipped)}", file=sys.stderr)
     if not_built:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_build.bench import SCHEDULE, latency_stats, percentile, run_dir_name, time_calls
+from neuron_build.bench import SCHEDULE, latency_stats, percentile, run_dir_name, time_calls, time_interleaved
 from neuron_build.build import Builder
 from neuron_build.config import load_project
 from neuron_build.gates import bench_result
@@ -44,6 +44,7 @@ def test_bench_json_structure_and_invariants(built):
         assert rec["key"] == keys[tid]
         assert rec["iters"] == 30 and rec["warmup"] == 3
         assert rec["device_kind"] == "cpu" and rec["host"] == socket.gethostname() and rec["sync"] == "none (cpu)"
+        assert rec["timing"] == "interleaved with eager"
         for lat in (rec["latency_ms"], rec["eager"]["latency_ms"]):
             assert 0 < lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
             assert lat["min"] <= lat["mean"] <= lat["max"]
@@ -63,7 +64,7 @@ def test_bench_json_structure_and_invariants(built):
 def test_progress_and_table_output(built):
     r = run_cli("bench", "-c", str(built), "--iters", "5", "--warmup", "1", "tiny/b4/fp32/p1")
     assert r.returncode == 0, r.stderr
-    assert "[1/1] tiny/b4/fp32/p1: warm-up 1, 5 timed calls, then eager" in r.stderr
+    assert "[1/1] tiny/b4/fp32/p1: warm-up 1, 5 timed calls each, interleaved with eager" in r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["target", "p50", "ms", "p90", "ms", "p99", "ms", "mean", "ms", "samples/s",
                                 "eager", "p50", "speedup"]
@@ -235,3 +236,20 @@ def test_inductor_rmsnorm_pair_validate_compare_profile(tmp_path):
     trace = json.loads((run_dir / "trace.json").read_text())
     assert f"artifact {t.id}" in {e.get("name") for e in trace["traceEvents"]}
     assert json.loads((run_dir / "run.json").read_text())["key"] == b.key(t).key
+
+
+def test_time_interleaved_alternates_and_counts():
+    seq, syncs = [], []
+
+    class Bar:
+        n = 0
+
+        def update(self, k):
+            self.n += k
+
+    bar = Bar()
+    a, b = (lambda *x: seq.append("a")), (lambda *x: seq.append("b"))
+    ta, tb = time_interleaved([a, b], (), warmup=2, iters=4, sync=lambda: syncs.append(1), progress=bar)
+    assert len(ta) == len(tb) == 4
+    assert "".join(seq) == "abab" + "ab" + "ba" + "ab" + "ba"  # warm-up rounds, then the order alternates
+    assert len(syncs) == 12 and bar.n == 6
