@@ -4,7 +4,7 @@
         [--out benchmarks/results] [PATTERN...]
 
 For every built target matching the patterns (default: all): the artifact and the eager model in the
-target dtype, on the same inputs, in one process (:func:`neuron_build.bench.bench_target`; the result is
+target dtype, on the same inputs, timed call by call in alternation in one process (:func:`neuron_build.bench.bench_target`; the result is
 also stored beside the artifact for the release gates). Writes ``<out>/compiled_vs_eager.json`` (the
 records) and ``<out>/compiled_vs_eager.md`` (the table). Speedup = eager p50 / compiled p50. The figures
 depend on the host: the table's header names it, its thread count and load average.
@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     r0 = recs[0]
     head = (f"host {socket.gethostname()} ({platform.machine()}, {os.cpu_count()} CPUs), torch {r0['torch']}, "
             f"{r0['threads']} threads, backend {r0['backend']}, device {r0['device_kind']}; {args.iters} timed "
-            f"calls after {args.warmup} warm-up calls per side; load average at start "
+            f"calls per side after {args.warmup} warm-up calls, artifact and eager interleaved call by call; "
+            f"load average at start "
             f"{min(r['load_avg_1m'] for r in recs):.2f}-{max(r['load_avg_1m'] for r in recs):.2f}; {r0['time']}")
     lines = [f"# Compiled vs eager\n\n{head}\n",
              "| target | batch | compiled p50 ms | p90 | p99 | eager p50 ms | p90 | p99 | speedup (p50) | "

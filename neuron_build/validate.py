@@ -457,6 +457,10 @@ def validate_target(project: Project, store: Store, target: Target, key: str, re
         "tolerance": tol, "tolerance_source": tol_src, "outputs": [], "diagnosis": [],
     }
     ok, why = can_run_here(kind)
+    if ok and kind == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            ok, why = False, "no CUDA device here (this torch build sees none)"
     if not ok:
         rec.update(verdict="not_validated", reason=why, device=None, elapsed_s=round(time.monotonic() - t0, 3))
         if record:
