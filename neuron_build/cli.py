@@ -231,6 +231,8 @@ def cmd_parse_log(args) -> int:
 #: argparse sub-parser, and decorates its handlers with :func:`command`. Keep them free of torch imports.
 PLUGINS: tuple[str, ...] = (
     "neuron_build.cli_doctor",
+    "neuron_build.cli_validate",
+    "neuron_build.cli_bench",
     "neuron_build.cli_release",
     "neuron_build.cli_store",
 )

@@ -185,7 +185,10 @@ class ModelSpec(_Frozen):
     each bucket dim to its values; a model's buckets are their product. ``weights`` are extra files
     (relative paths) whose content is part of the key; ``packages`` are installed distributions whose
     versions, and whose shipped weight files, are part of the key. ``tolerance`` is the relative L2 error
-    allowed against the fp32 CPU reference, per dtype.
+    allowed against the fp32 CPU reference, per dtype (defaults: fp32 1e-4, bf16 and fp16 2e-2; see
+    :mod:`neuron_build.validate`). ``reference`` names another model whose eager fp32 CPU outputs this
+    model is validated against (e.g. a fused variant against its written-out version); it must take the
+    same inputs (names, shapes, dtypes, ranges). Neither is part of the key.
 
     Serving options, read by :class:`neuron_build.runtime.BucketedModel` and recorded in each release
     (never part of the key): ``truncate`` lets an input longer than the largest bucket be cut to it
@@ -205,6 +208,7 @@ class ModelSpec(_Frozen):
     tolerance: dict[Dtype, float] = {}
     truncate: StrictBool = False
     convert_dtypes: StrictBool = False
+    reference: Optional[StrictStr] = None
 
     @field_validator("factory")
     @classmethod
@@ -467,8 +471,35 @@ def _cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
             except Exception:
                 faults.append(f"{toml_path(at + ('packages', i))}: package '{pkg}' is not installed; "
                               f"install it (pip install {pkg}) or remove it")
+        faults.extend(_check_reference(cfg, mname, m, at))
         faults.extend(_check_factory(m, root, at))
     return faults
+
+
+def _check_reference(cfg: ConfigFile, mname: str, m: ModelSpec, at: tuple[Any, ...]) -> list[str]:
+    """A declared ``reference`` names another model that takes the same inputs (name, symbolic shape,
+    dtype, range, in order). Its buckets do not matter: the reference runs eagerly on this model's inputs."""
+    if m.reference is None:
+        return []
+    where = toml_path(at + ("reference",))
+    ref = cfg.models.get(m.reference)
+    if ref is None:
+        others = [n for n in cfg.models if n != mname]
+        close = difflib.get_close_matches(m.reference, others, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        return [f"{where}: unknown model '{m.reference}'; {hint}defined models: {', '.join(others) or 'none'}"]
+    if m.reference == mname:
+        return [f"{where}: a model is its own reference by default; remove the line or name another model"]
+
+    def sig(spec: ModelSpec) -> list[str]:
+        return [f"{i.name}{list(i.shape)}" + (f" {i.dtype}" if i.dtype else "")
+                + (f" range {list(i.range)}" if i.range else "") for i in spec.inputs]
+
+    if sig(m) != sig(ref):
+        return [f"{where}: model '{m.reference}' takes other inputs ({'; '.join(sig(ref))}) than "
+                f"'{mname}' ({'; '.join(sig(m))}); a reference must take the same input names, shapes, "
+                f"dtypes and ranges"]
+    return []
 
 
 def _check_factory(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:

@@ -1,4 +1,4 @@
-"""The doit glue, nothing else: one ``build:<target id>`` task per target.
+"""The doit glue, nothing else: one ``build:<target id>`` and one ``validate:<target id>`` task per target.
 
 ``dodo.py`` is ``from neuron_build.tasks import *``. A task is up to date exactly when the store holds a
 complete artifact for the target's current key, so doit's database holds nothing a build needs: it is
@@ -7,6 +7,12 @@ processes is not safe: doit's sqlite3 backend keeps a write transaction open fro
 until the end of the run, and a second process that finishes meanwhile dies with "database is locked"
 (seen with doit 0.37; tests/faults/test_concurrency.py runs both). Without a file, ``doit forget`` and
 ``doit ignore`` have nothing to remember; every other command works as before.
+
+``validate:<target id>`` depends on ``build:<target id>`` and is up to date when the store holds a
+validation of the current key on the device kind the artifact runs on, made with the current tolerance
+and reference model, that need not be repeated (a pass, or "not validated" on a host that still cannot
+run it; a failure is never up to date). Validation imports
+torch inside its action only, so ``doit list`` and a no-op ``doit build`` stay torch-free.
 
 The config is ``buckets.toml`` beside ``dodo.py``, or ``doit build config=PATH``, or the
 ``NEURON_BUILD_CONFIG`` environment variable. ``doit build retry_failed=0`` skips targets whose current
@@ -25,6 +31,7 @@ from .build import Builder
 from .config import load_project
 from .errors import ConfigError
 from .log import configure
+from .validate import artifact_device_kind, is_validated, tolerance_for
 
 DOIT_CONFIG = {
     "default_tasks": ["build"],
@@ -104,3 +111,43 @@ def task_build():
             "uptodate": [(_is_built, [key])],
         }
     b.keys.save()
+
+
+def _is_validated(key: str, device_kind: str, tolerance: float, reference: str) -> bool:
+    return is_validated(builder().store, key, device_kind, tolerance, reference)
+
+
+def _validate(target_id: str):
+    from .errors import UserError
+    from .validate import summary_line, validate_target
+
+    b = builder()
+    t = b.by_id[target_id]
+    try:
+        rec = validate_target(b.project, b.store, t, b.key(t).key)
+    except UserError as e:
+        return TaskFailed(str(e))
+    print(summary_line(rec))
+    for note in rec.get("diagnosis", []):
+        print(f"    {note}")
+    if rec["verdict"] == "fail":
+        return TaskFailed(rec["reason"])
+    return {"key": rec["key"], "verdict": rec["verdict"]}
+
+
+def task_validate():
+    """Check every target's artifact against the eager fp32 CPU reference (builds it first)."""
+    b = builder()
+    kind = artifact_device_kind(b.keys.backend, b.keys.hardware_target)
+    for t in b.targets:
+        key = b.key(t).key
+        spec = b.project.config.models[t.model]
+        tol, _ = tolerance_for(spec, t.model, t.dtype)
+        yield {
+            "name": t.id,
+            "doc": f"validate {t.id} on {kind} against the fp32 CPU reference",
+            "actions": [(_validate, [t.id])],
+            "task_dep": [f"build:{t.id}"],
+            "uptodate": [(_is_validated, [key, kind, tol, spec.reference or t.model])],
+            "verbosity": 2,
+        }

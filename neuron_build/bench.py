@@ -1,0 +1,400 @@
+"""Latency benchmarks and profiler traces of compiled artifacts, with the eager model as the baseline.
+
+One benchmark of one target: load the artifact onto its device, build the eager model in the target
+dtype on the same device, make the target's deterministic inputs (the validation inputs,
+:func:`neuron_build.validate.validation_seed`), run ``warmup`` untimed calls of each, then ``iters``
+timed calls of each, alternating artifact and eager call by call (:func:`time_interleaved`, so that the
+load of a shared host hits both alike), each call ended by the device's synchronise
+(:func:`device_sync`) and timed with ``time.perf_counter_ns``. Reported: p50, p90, p99 and mean latency in milliseconds
+(percentiles by linear interpolation between order statistics), throughput in samples per second
+(batch / mean latency; the batch is the first dim of the first input), and the speedup over eager
+(eager p50 / compiled p50). Stored as ``results/<key>/bench/<device kind>--<host>.json`` (schema in
+:mod:`neuron_build.gates`).
+
+A profiler run (:func:`profile_target`) is separate from the timed run, so profiler overhead never enters
+the figures. Torch is imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .errors import UserError
+from .store import Store
+from .validate import Prepared, can_run_here, neuron_devices, prepare
+
+#: torch.profiler schedule of ``bench --profile``: steps skipped, warmed up, recorded.
+SCHEDULE = {"wait": 2, "warmup": 1, "active": 1}
+DEFAULT_WARMUP = 10
+DEFAULT_ITERS = 100
+#: Operators printed (and written to top_ops.txt) by a profiler run.
+TOP_OPS = 15
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0 <= q <= 100) of ascending values, interpolating linearly between order
+    statistics (numpy's default method).
+
+    Raises:
+        ValueError: no values, or q outside [0, 100].
+    """
+    if not sorted_values:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} is outside [0, 100]")
+    pos = (len(sorted_values) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def latency_stats(samples_ms: Sequence[float]) -> dict[str, float]:
+    """``p50``, ``p90``, ``p99``, ``mean``, ``min``, ``max``, ``std`` (population) of latencies in ms.
+
+    Raises:
+        ValueError: no samples.
+    """
+    s = sorted(samples_ms)
+    if not s:
+        raise ValueError("no latency samples")
+    mean = sum(s) / len(s)
+    std = (sum((x - mean) ** 2 for x in s) / len(s)) ** 0.5
+    return {"p50": percentile(s, 50), "p90": percentile(s, 90), "p99": percentile(s, 99), "mean": mean,
+            "min": s[0], "max": s[-1], "std": std}
+
+
+def device_sync(device_kind: str) -> tuple[Callable[[], None], str]:
+    """The call that waits for the device's queued work, and its name.
+
+    - ``cuda``: ``torch.cuda.synchronize`` (kernels launch asynchronously) [doc].
+    - ``neuron``: ``torch_xla.core.xla_model.wait_device_ops`` when torch-xla is importable; otherwise
+      none, because a ``torch_neuronx.trace`` model is called with CPU tensors and returns CPU tensors,
+      so its work has finished when the call returns [guess: verify on a Neuron host].
+    - ``cpu``: none (CPU ops run synchronously).
+    """
+    if device_kind == "cuda":
+        import torch
+        return torch.cuda.synchronize, "torch.cuda.synchronize"
+    if device_kind == "neuron":
+        try:
+            import torch_xla.core.xla_model as xm  # type: ignore[import-not-found]
+            return xm.wait_device_ops, "torch_xla.core.xla_model.wait_device_ops [guess]"
+        except Exception:
+            return (lambda: None), "none: the traced model returns host tensors [guess]"
+    return (lambda: None), "none (cpu)"
+
+
+def time_calls(fn: Callable, inputs: tuple, warmup: int, iters: int, sync: Callable[[], None],
+               progress: Any = None) -> list[float]:
+    """Latencies in ms of ``iters`` calls ``fn(*inputs)``, each ended by ``sync()``, after ``warmup``
+    untimed calls. ``progress`` (a tqdm bar or None) is advanced once per call, warm-up included."""
+    import torch
+
+    out: list[float] = []
+    with torch.inference_mode():
+        for _ in range(warmup):
+            fn(*inputs)
+            sync()
+            if progress is not None:
+                progress.update(1)
+        for _ in range(iters):
+            t0 = time.perf_counter_ns()
+            fn(*inputs)
+            sync()
+            out.append((time.perf_counter_ns() - t0) / 1e6)
+            if progress is not None:
+                progress.update(1)
+    return out
+
+
+def time_interleaved(fns: Sequence[Callable], inputs: tuple, warmup: int, iters: int, sync: Callable[[], None],
+                     progress: Any = None) -> list[list[float]]:
+    """Latencies in ms of several callables on the same inputs, timed call by call in alternation.
+
+    After ``warmup`` untimed rounds (each callable once per round), ``iters`` timed rounds: each callable
+    is called once per round, the order reversed every other round (A B, B A, A B, ...), each call ended
+    by ``sync()`` and timed on its own. A change of load on the host during the run then hits every
+    callable alike, so their ratio stays meaningful on a busy machine. ``progress`` advances once per
+    round, warm-up included.
+
+    Returns:
+        One list of ``iters`` latencies per callable, in the order of ``fns``.
+    """
+    import torch
+
+    out: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
+    with torch.inference_mode():
+        for _ in range(warmup):
+            for fn in fns:
+                fn(*inputs)
+                sync()
+            if progress is not None:
+                progress.update(1)
+        for it in range(iters):
+            for i in (order if it % 2 == 0 else order[::-1]):
+                t0 = time.perf_counter_ns()
+                fns[i](*inputs)
+                sync()
+                out[i].append((time.perf_counter_ns() - t0) / 1e6)
+            if progress is not None:
+                progress.update(1)
+    return out
+
+
+def _round(d: dict[str, float], n: int = 6) -> dict[str, float]:
+    return {k: round(v, n) for k, v in d.items()}
+
+
+def _check_runnable(p: Prepared) -> None:
+    ok, why = can_run_here(p.device_kind)
+    if not ok:
+        raise UserError(f"{p.target.id}: cannot benchmark a {p.device_kind} artifact here: {why}")
+
+
+def bench_target(project, store: Store, target, key: str, warmup: int = DEFAULT_WARMUP,
+                 iters: int = DEFAULT_ITERS, eager: bool = True, progress_factory: Callable | None = None,
+                 record: bool = True) -> dict[str, Any]:
+    """Benchmark one target's artifact (and the eager model) and store the result.
+
+    Args:
+        warmup: untimed calls before the timed ones (>= 0).
+        iters: timed calls (>= 1).
+        eager: also time the eager model in the target dtype on the same device and inputs, interleaved
+            with the artifact's calls (else the artifact alone, :func:`time_calls`).
+        progress_factory: ``f(total, desc)`` returning a progress bar (tqdm-like) or None.
+        record: store the result under ``results/<key>/bench/<device kind>--<host>.json``.
+
+    Returns:
+        The record: ``target``, ``key``, ``device_kind``, ``device``, ``host``, ``time``, ``iters``,
+        ``warmup``, ``batch``, ``sync``, ``timing``, ``latency_ms`` (p50/p90/p99/mean/min/max/std, ms),
+        ``throughput_per_s`` (samples/s), ``eager`` (``latency_ms``, ``throughput_per_s``) and
+        ``speedup_vs_eager`` (eager p50 / compiled p50) when ``eager``, ``op_count``,
+        ``compile_time_s``, ``torch``, ``threads`` (torch intra-op threads), ``cpu_count`` and
+        ``load_avg_1m`` (the host's 1-minute load average when the run started: a busy host makes noisy
+        figures).
+
+    Raises:
+        UserError: the target is not built, or this host cannot run its artifact; bad warmup/iters.
+    """
+    import torch
+
+    if iters < 1 or warmup < 0:
+        raise UserError(f"--iters must be >= 1 and --warmup >= 0 (got iters {iters}, warmup {warmup})")
+    load0 = os.getloadavg()[0]
+    p = prepare(project, store, target, key)
+    _check_runnable(p)
+    sync, sync_name = device_sync(p.device_kind)
+    inputs = p.device_inputs()
+
+    def bar(desc: str):
+        return progress_factory(warmup + iters, desc) if progress_factory else None
+
+    fn = p.load_artifact()
+    model = p.eager(target.dtype, device=p.device) if eager else None
+    b = bar(f"{target.id} compiled" + (" + eager" if eager else ""))
+    try:
+        if eager:
+            compiled_ms, eager_ms = time_interleaved([fn, model], inputs, warmup, iters, sync, b)
+        else:
+            compiled_ms = time_calls(fn, inputs, warmup, iters, sync, b)
+    finally:
+        if b is not None:
+            b.close()
+    stats = latency_stats(compiled_ms)
+    m = p.manifest
+    rec: dict[str, Any] = {
+        "target": target.id, "key": key, "model": target.model, "dtype": target.dtype, "backend": m.backend,
+        "device_kind": p.device_kind, "device": p.device, "host": socket.gethostname(), "time": _now(),
+        "iters": iters, "warmup": warmup, "batch": p.batch, "seed": p.seed, "sync": sync_name,
+        "timing": "interleaved with eager" if eager else "compiled only",
+        "latency_ms": _round(stats), "throughput_per_s": round(p.batch * 1000.0 / stats["mean"], 6),
+        "op_count": m.metrics.op_count, "compile_time_s": m.metrics.compile_time_s,
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+        "load_avg_1m": round(load0, 2),
+    }
+    if eager:
+        es = latency_stats(eager_ms)
+        rec["eager"] = {"latency_ms": _round(es), "throughput_per_s": round(p.batch * 1000.0 / es["mean"], 6),
+                        "device": p.device, "dtype": target.dtype}
+        rec["speedup_vs_eager"] = round(es["p50"] / stats["p50"], 6)
+    if record:
+        store.record_result(key, "bench", f"{p.device_kind}--{rec['host']}", rec)
+    return rec
+
+
+def run_dir_name(target_id: str, key: str) -> str:
+    """The folder of one target's profiler run: ``<target id with / as _>-<key[:12]>``."""
+    return f"{target_id.replace('/', '_')}-{key[:12]}"
+
+
+def profile_target(project, store: Store, target, key: str, out_dir: str | Path, top: int = TOP_OPS,
+                   iters: int | None = None, warmup: int | None = None) -> dict[str, Any]:
+    """One ``torch.profiler`` run of a target's artifact, written to ``out_dir/<run dir name>/``.
+
+    The schedule is :data:`SCHEDULE` (wait 2, warm-up 1, active 1: four calls, the fourth recorded), with
+    the device's synchronise before each ``step()``. Activities: CPU, CUDA on a CUDA artifact, and
+    ``PrivateUse1`` (the NeuronCore's profiler activity [guess]) when the host has a NeuronCore. Files,
+    written into a temporary folder and renamed into place together, so a trace is never paired with
+    another run's files (a previous run of the same target and key is replaced whole):
+
+    - ``trace.json``: the Chrome trace (chrome://tracing, Perfetto);
+    - ``top_ops.txt``: the profiler's table of the top operators by self device time (self CPU time on
+      the CPU);
+    - ``run.json``: ``key``, ``target``, ``iters``, ``warmup`` (the benchmark's settings of this run, or
+      None), ``schedule``, ``device``, ``device_kind``, ``host``, ``time``, ``torch``, ``activities``,
+      ``sort_by`` and ``top_ops`` (name, calls, self CPU and self device time in microseconds).
+
+    On the CPU, an AOTInductor artifact's kernels run inside its shared library without profiler
+    ranges [seen, torch 2.13]: its trace shows the call (an ``artifact <target>`` range) and the ATen ops it
+    calls through the dispatcher only; a TorchScript artifact's trace shows every operator.
+
+    Returns:
+        The ``run.json`` content plus ``dir`` (the run folder) and ``table`` (the printed table).
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    p = prepare(project, store, target, key)
+    _check_runnable(p)
+    sync, _ = device_sync(p.device_kind)
+    fn = p.load_artifact()
+    inputs = p.device_inputs()
+    activities = [ProfilerActivity.CPU]
+    if p.device_kind == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    if neuron_devices() and hasattr(ProfilerActivity, "PrivateUse1"):
+        activities.append(ProfilerActivity.PrivateUse1)
+    on_device = p.device_kind != "cpu"
+    sort_by = "self_device_time_total" if on_device else "self_cpu_time_total"
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = run_dir_name(target.id, key)
+    tmp = out_dir / f".{name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        traces: list[str] = []
+
+        def ready(prof) -> None:
+            path = tmp / "trace.json"
+            prof.export_chrome_trace(str(path))
+            traces.append(str(path))
+
+        steps = SCHEDULE["wait"] + SCHEDULE["warmup"] + SCHEDULE["active"]
+        with torch.inference_mode(), profile(activities=activities, schedule=schedule(**SCHEDULE),
+                                             on_trace_ready=ready, record_shapes=True) as prof:
+            for _ in range(steps):
+                with record_function(f"artifact {target.id}"):
+                    fn(*inputs)
+                sync()
+                prof.step()
+        if not traces:
+            raise RuntimeError("the profiler wrote no trace")
+        events = prof.key_averages()
+        table = events.table(sort_by=sort_by, row_limit=top)
+
+        def dev_time(e) -> float:
+            return float(getattr(e, "self_device_time_total", 0.0) or 0.0)
+
+        ranked = sorted(events, key=(dev_time if on_device else (lambda e: e.self_cpu_time_total)), reverse=True)
+        top_ops = [{"name": e.key, "calls": e.count, "self_cpu_time_us": round(e.self_cpu_time_total, 3),
+                    "self_device_time_us": round(dev_time(e), 3)} for e in ranked[:top]]
+        run = {"key": key, "target": target.id, "iters": iters, "warmup": warmup, "schedule": dict(SCHEDULE),
+               "device": p.device, "device_kind": p.device_kind, "host": socket.gethostname(), "time": _now(),
+               "torch": torch.__version__, "activities": [str(a).split(".")[-1] for a in activities],
+               "sort_by": sort_by, "top_ops": top_ops}
+        (tmp / "top_ops.txt").write_text(table + "\n")
+        (tmp / "run.json").write_text(json.dumps(run, indent=2) + "\n")
+        dest = out_dir / name
+        if dest.exists():
+            old = out_dir / f".{name}.{os.getpid()}.old"
+            os.rename(dest, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.rename(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {**run, "dir": str(dest), "table": table}
+
+
+# --------------------------------------------------------------------------------------------------
+# formatting
+
+def format_row_table(recs: Sequence[dict[str, Any]]) -> str:
+    """One row per benchmarked target: latency percentiles (ms), throughput, eager p50 and speedup."""
+    w = max([len(r["target"]) for r in recs] + [6])
+    head = (f"{'target':{w}}  {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'mean ms':>9} {'samples/s':>11} "
+            f"{'eager p50':>10} {'speedup':>8}")
+    lines = [head, "-" * len(head)]
+    for r in recs:
+        lt = r["latency_ms"]
+        e = r.get("eager")
+        lines.append(f"{r['target']:{w}}  {lt['p50']:9.3f} {lt['p90']:9.3f} {lt['p99']:9.3f} {lt['mean']:9.3f} "
+                     f"{r['throughput_per_s']:11.1f} "
+                     + (f"{e['latency_ms']['p50']:10.3f} {r['speedup_vs_eager']:7.2f}x" if e else f"{'-':>10} {'-':>8}"))
+    return "\n".join(lines)
+
+
+def format_compare_table(recs: Sequence[dict[str, Any]], validations: dict[str, dict[str, Any] | None]) -> str:
+    """Targets side by side (one column each): latency percentiles, throughput, eager p50 and speedup,
+    op count, compile time, and the error against the reference from ``validations`` (target -> record)."""
+    cols = [r["target"] for r in recs]
+    w = max([len(c) for c in cols] + [12])
+
+    def fmt(v: Any, spec: str) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, str):
+            return v
+        return format(v, spec)
+
+    rows: list[tuple[str, list[str]]] = []
+    for label, get, spec in [
+        ("p50 ms", lambda r: r["latency_ms"]["p50"], ".3f"),
+        ("p90 ms", lambda r: r["latency_ms"]["p90"], ".3f"),
+        ("p99 ms", lambda r: r["latency_ms"]["p99"], ".3f"),
+        ("mean ms", lambda r: r["latency_ms"]["mean"], ".3f"),
+        ("samples/s", lambda r: r["throughput_per_s"], ".1f"),
+        ("eager p50 ms", lambda r: (r.get("eager") or {}).get("latency_ms", {}).get("p50"), ".3f"),
+        ("speedup vs eager", lambda r: r.get("speedup_vs_eager"), ".2f"),
+        ("op count", lambda r: r.get("op_count"), "d"),
+        ("compile s", lambda r: r.get("compile_time_s"), ".1f"),
+    ]:
+        rows.append((label, [fmt(get(r), spec) for r in recs]))
+
+    def worst(v: dict[str, Any] | None, field: str) -> Any:
+        if not v or not v.get("outputs"):
+            return None
+        vals = [o[field] for o in v["outputs"] if isinstance(o[field], (int, float))]
+        if not vals:
+            return None
+        return min(vals) if field == "cosine_similarity" else max(vals)
+
+    vals = [validations.get(c) for c in cols]
+    rows.append(("reference", [(v or {}).get("reference", {}).get("model") or "-" for v in vals]))
+    rows.append(("rel L2 error", [fmt(worst(v, "rel_l2_error"), ".1e") for v in vals]))
+    rows.append(("max abs error", [fmt(worst(v, "max_abs_error"), ".1e") for v in vals]))
+    rows.append(("cosine", [fmt(worst(v, "cosine_similarity"), ".6f") for v in vals]))
+    rows.append(("tolerance", [fmt((v or {}).get("tolerance"), ".1e") for v in vals]))
+    rows.append(("verdict", [(v or {}).get("verdict", "-") for v in vals]))
+    lw = max(len(lbl) for lbl, _ in rows)
+    lines = [f"{'':{lw}}  " + "  ".join(f"{c:>{w}}" for c in cols)]
+    lines.append("-" * len(lines[0]))
+    lines += [f"{lbl:{lw}}  " + "  ".join(f"{x:>{w}}" for x in xs) for lbl, xs in rows]
+    return "\n".join(lines)
+
+
+__all__ = ["SCHEDULE", "bench_target", "device_sync", "format_compare_table", "format_row_table", "latency_stats",
+           "percentile", "profile_target", "run_dir_name", "time_calls", "time_interleaved"]

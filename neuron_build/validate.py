@@ -1,0 +1,529 @@
+"""Numeric validation of a compiled artifact against the eager fp32 CPU reference.
+
+For one target: deterministic inputs made from its concrete input specs, the reference model (the
+target's own model, or the model its ``reference`` names in ``buckets.toml``) run eagerly in fp32 on the
+CPU, and the artifact run on the device it was compiled for. Per output it records the max absolute
+error, the relative L2 error ``||a - r|| / ||r||``, the cosine similarity, the tolerance applied and the
+verdict, in ``results/<key>/validation/<device kind>.json`` (schema in :mod:`neuron_build.gates`). The
+key never changes.
+
+- **Inputs**: :func:`neuron_build.examples.make_inputs` with the seed :func:`validation_seed` (bytes 8-15
+  of the key, so not the compile's example inputs, which use the first 8 hex digits: a traced artifact is
+  checked on values it was not traced with). Float inputs are made in the target dtype and cast exactly
+  to fp32 for the reference, so both sides see the same values; integer inputs stay within their range.
+- **Tolerance** on the relative L2 error: ``tolerance`` of the model in ``buckets.toml`` for the dtype,
+  else :data:`DEFAULT_TOLERANCE` (fp32 1e-4, bf16 and fp16 2e-2).
+- **Device kind**: where the artifact runs: ``neuron`` for the neuron backend, else the ``[build] device``
+  it was compiled for (``cpu`` or ``cuda``). On a host that cannot run it (no NeuronCore, no CUDA device)
+  the verdict is ``not_validated`` with the reason, never ``pass``.
+- **Diagnosis** (on a failure): the eager model is run too, to tell a model that disagrees with its
+  reference (and which factory kwarg, e.g. ``eps``, is the cause), dtype precision, and a wrong artifact
+  apart.
+
+This module imports torch only inside the functions that run models; :func:`is_validated` and
+:func:`target_device_kind` are torch-free (doit uses them to decide what is up to date).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import glob
+import math
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .config import ModelSpec, Project
+from .errors import UserError
+from .manifest import Manifest
+from .matrix import Target
+from .store import Store
+
+#: Relative L2 error allowed against the fp32 CPU reference, per target dtype, unless the model's
+#: ``tolerance`` table in buckets.toml says otherwise. bf16 errors around 1e-2 are normal; above 5e-2
+#: something is wrong.
+DEFAULT_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2}
+VERDICTS = ("pass", "fail", "not_validated")
+DEVICE_KINDS = ("cpu", "cuda", "neuron")
+
+
+# --------------------------------------------------------------------------------------------------
+# torch-free helpers
+
+def validation_seed(key: str) -> int:
+    """The seed of a target's validation (and benchmark) inputs: hex digits 8-15 of its key, an int in
+    [0, 2**32). The compile's example inputs use digits 0-7, so validation runs on other values."""
+    return int(key[8:16], 16)
+
+
+def neuron_devices() -> list[str]:
+    """The NeuronCore device nodes of this host (``/dev/neuron0``, ...). [guess: the Neuron driver creates
+    one ``/dev/neuron<N>`` per Neuron device; not in the toolchain notes, verify on a Neuron host]"""
+    return sorted(glob.glob("/dev/neuron[0-9]*"))
+
+
+def _cuda_devices() -> list[str]:
+    return sorted(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def artifact_device_kind(backend: str, hardware_target: str) -> str:
+    """The device kind an artifact runs on: ``neuron`` for the neuron backend, else ``cuda`` or ``cpu``
+    (the ``[build] device`` the inductor or torchscript backend compiled for)."""
+    if backend == "neuron":
+        return "neuron"
+    return "cuda" if hardware_target == "cuda" else "cpu"
+
+
+def can_run_here(device_kind: str) -> tuple[bool, str | None]:
+    """Whether this host can run artifacts of ``device_kind``; when not, the reason
+    (``"no NeuronCore here"``, ``"no CUDA device here"``). Torch-free: looks for device nodes."""
+    if device_kind == "neuron":
+        return (True, None) if neuron_devices() else (False, "no NeuronCore here")
+    if device_kind == "cuda":
+        return (True, None) if _cuda_devices() else (False, "no CUDA device here")
+    return True, None
+
+
+def is_validated(store: Store, key: str, device_kind: str, tolerance: float | None = None,
+                 reference: str | None = None) -> bool:
+    """True when the store holds a validation of ``key`` on ``device_kind`` that need not be repeated on
+    this host: a pass, or ``not_validated`` where this host still cannot run the artifact. A failed
+    verdict is never up to date (validation runs again), nor is one made with another ``tolerance`` or
+    ``reference`` model than given (both live in buckets.toml, outside the key). Torch-free."""
+    r = store.result(key, "validation", device_kind)
+    if r is None:
+        return False
+    if tolerance is not None and r.get("tolerance") != tolerance:
+        return False
+    if reference is not None and (r.get("reference") or {}).get("model") != reference:
+        return False
+    if r.get("verdict") == "pass":
+        return True
+    return r.get("verdict") == "not_validated" and not can_run_here(device_kind)[0]
+
+
+def tolerance_for(spec: ModelSpec, model: str, dtype: str) -> tuple[float, str]:
+    """(relative L2 tolerance, where it comes from) for a model's dtype."""
+    if dtype in spec.tolerance:
+        return spec.tolerance[dtype], f"buckets.toml models.{model}.tolerance.{dtype}"
+    return DEFAULT_TOLERANCE[dtype], f"default for {dtype}"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# --------------------------------------------------------------------------------------------------
+# metrics
+
+def flatten_outputs(out: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Name the tensors of a model output: a tensor is ``output0``; the items of a tuple or list are
+    ``output0``, ``output1``, ...; the items of a dict (or a transformers ``ModelOutput``) are named by
+    key; nested containers join names with ``.`` (``output1.0``). Non-tensor leaves (None, ints) are
+    dropped."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [(prefix or "output0", out)]
+    items: list[tuple[str, Any]]
+    if isinstance(out, dict):
+        items = [(str(k), v) for k, v in out.items()]
+    elif isinstance(out, (list, tuple)):
+        items = [(f"output{i}" if not prefix else str(i), v) for i, v in enumerate(out)]
+    else:
+        return []
+    flat: list[tuple[str, Any]] = []
+    for name, v in items:
+        flat.extend(flatten_outputs(v, f"{prefix}.{name}" if prefix else name))
+    return flat
+
+
+def compare_tensors(actual, reference) -> dict[str, float]:
+    """Error figures of ``actual`` against ``reference`` (same shape), computed in float64 on the CPU.
+
+    Returns:
+        ``max_abs_error`` (in the output's units), ``rel_l2_error`` = ||a - r||_2 / ||r||_2 (0 when both
+        are zero, inf when only r is), ``cosine_similarity`` (1.0 when both are zero, 0.0 when only one is;
+        nan when a holds non-finite values), and ``ref_l2_norm``.
+    """
+    import torch
+
+    a = actual.detach().to("cpu", torch.float64).reshape(-1)
+    r = reference.detach().to("cpu", torch.float64).reshape(-1)
+    if a.numel() == 0:
+        return {"max_abs_error": 0.0, "rel_l2_error": 0.0, "cosine_similarity": 1.0, "ref_l2_norm": 0.0}
+    d = a - r
+    dn, rn, an = float(d.norm()), float(r.norm()), float(a.norm())
+    if not math.isfinite(dn):
+        rel = math.inf
+    elif rn == 0:
+        rel = 0.0 if dn == 0 else math.inf
+    else:
+        rel = dn / rn
+    if not (math.isfinite(an) and math.isfinite(rn)):
+        cos = math.nan
+    elif an == 0 and rn == 0:
+        cos = 1.0
+    elif an == 0 or rn == 0:
+        cos = 0.0
+    else:
+        cos = float(torch.dot(a, r)) / (an * rn)
+    mx = float(d.abs().max())
+    return {"max_abs_error": mx if math.isfinite(mx) else math.inf, "rel_l2_error": rel,
+            "cosine_similarity": cos, "ref_l2_norm": rn}
+
+
+def compare_outputs(actual: Any, reference: Any, tolerance: float) -> tuple[list[dict[str, Any]], str | None]:
+    """Compare two model outputs output by output (see :func:`flatten_outputs` for names).
+
+    Returns:
+        (rows, structure problem): one row per reference output with ``name``, ``shape``,
+        ``max_abs_error``, ``rel_l2_error``, ``cosine_similarity``, ``tolerance`` and ``pass``
+        (relative L2 error <= tolerance, finite); the problem is a one-line message when the outputs do
+        not match in names or shapes (rows then cover only the outputs that do).
+    """
+    fa, fr = dict(flatten_outputs(actual)), flatten_outputs(reference)
+    rows, problems = [], []
+    if [n for n, _ in fr] != list(fa):
+        problems.append(f"the artifact returns outputs {list(fa) or 'none'}, the reference {[n for n, _ in fr]}")
+    for name, r in fr:
+        a = fa.get(name)
+        if a is None:
+            continue
+        if tuple(a.shape) != tuple(r.shape):
+            problems.append(f"{name} has shape {list(a.shape)}, the reference {list(r.shape)}")
+            continue
+        m = compare_tensors(a, r)
+        ok = math.isfinite(m["rel_l2_error"]) and m["rel_l2_error"] <= tolerance
+        rows.append({"name": name, "shape": list(r.shape), "dtype": str(a.dtype).removeprefix("torch."),
+                     "max_abs_error": m["max_abs_error"], "rel_l2_error": m["rel_l2_error"],
+                     "cosine_similarity": m["cosine_similarity"], "ref_l2_norm": m["ref_l2_norm"],
+                     "tolerance": tolerance, "pass": ok})
+    return rows, ("; ".join(problems) or None)
+
+
+def failure_message(target_id: str, rows: Sequence[dict[str, Any]]) -> str:
+    """One line naming every failing output, its error and the tolerance, e.g.
+    ``rmsnorm_fused/static/fp32/o1: output0 rel L2 error 3.1e-03 > tolerance 1.0e-04 (max abs error
+    2.0e-02, cosine 0.999995)``."""
+    parts = [f"{r['name']} rel L2 error {r['rel_l2_error']:.1e} > tolerance {r['tolerance']:.1e} "
+             f"(max abs error {r['max_abs_error']:.1e}, cosine {r['cosine_similarity']:.6f})"
+             for r in rows if not r["pass"]]
+    return f"{target_id}: " + "; ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------------
+# loading and running
+
+@dataclass
+class Prepared:
+    """Everything needed to run one target's artifact and its models on the same inputs.
+
+    ``inputs`` are the deterministic inputs (target dtype, CPU); ``device`` is where the artifact runs
+    (``cpu``, ``cuda``; ``cpu`` for neuron, whose traced models take CPU tensors [doc: torch_neuronx.trace
+    returns a ScriptModule called with CPU tensors]).
+    """
+
+    project: Project
+    store: Store
+    target: Target
+    key: str
+    manifest: Manifest
+    device_kind: str
+    device: str
+    seed: int
+    inputs: tuple
+    reference_model: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        return self.project.config.models[self.target.model]
+
+    @property
+    def factory(self) -> str:
+        """The artifact's factory, as recorded in its key (what was compiled)."""
+        return self.manifest.key_details["model"]["factory"]
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.manifest.key_details["model"]["kwargs"])
+
+    @property
+    def batch(self) -> int:
+        """Samples per call: the first dim of the first input (1 for a 0-d input)."""
+        shape = self.manifest.key_details["inputs"]["inputs"][0]["shape"]
+        return int(shape[0]) if shape else 1
+
+    def device_inputs(self) -> tuple:
+        return tuple(t.to(self.device) for t in self.inputs)
+
+    def reference_inputs(self) -> tuple:
+        """The inputs for the fp32 CPU reference: float inputs cast (exactly) to fp32."""
+        return tuple(t.float() if t.is_floating_point() else t for t in self.inputs)
+
+    def eager(self, dtype: str, kwargs: dict[str, Any] | None = None, model: str | None = None,
+              device: str = "cpu"):
+        """The eager model (this target's, or ``model``'s from buckets.toml) in ``dtype`` on ``device``."""
+        from .examples import build_model
+
+        if model is None:
+            factory, kw = self.factory, (self.kwargs if kwargs is None else kwargs)
+        else:
+            spec = self.project.config.models[model]
+            factory, kw = spec.factory, (dict(spec.kwargs) if kwargs is None else kwargs)
+        return build_model(self.project.root, factory, kw, dtype).to(device)
+
+    def load_artifact(self):
+        """Load the artifact onto its device and return a callable.
+
+        Backends: ``inductor`` -> ``torch._inductor.aoti_load_package``; ``torchscript`` -> ``torch.jit.load``;
+        ``neuron`` -> ``import torch_neuronx`` (registers the Neuron ops) then ``torch.jit.load``, which
+        places the NEFF on a NeuronCore [doc].
+
+        Raises:
+            UserError: unknown backend or no artifact file.
+        """
+        import torch
+
+        m = self.manifest
+        name = m.compiler.get("artifact") or ("model.pt2" if m.backend == "inductor" else "model.pt")
+        path = self.store.object_dir(self.key) / name
+        if not path.is_file():
+            raise UserError(f"{self.target.id}: artifact {self.key[:12]} has no {name}; "
+                            f"rebuild it (neuron-build build {self.target.id})")
+        if m.backend == "inductor":
+            return torch._inductor.aoti_load_package(str(path))
+        if m.backend == "torchscript":
+            return torch.jit.load(str(path), map_location=self.device)
+        if m.backend == "neuron":
+            import torch_neuronx  # noqa: F401  (registers torch.classes.neuron)
+            return torch.jit.load(str(path))
+        raise UserError(f"{self.target.id}: cannot load an artifact of backend {m.backend!r}")
+
+
+def prepare(project: Project, store: Store, target: Target, key: str) -> Prepared:
+    """Read the artifact's manifest and make the target's inputs (imports torch).
+
+    Raises:
+        UserError: the store holds no complete artifact for ``key``.
+    """
+    from .examples import make_inputs
+
+    m = store.manifest(key)
+    if m is None:
+        raise UserError(f"{target.id} is not built for its current key {key[:12]}; "
+                        f"run `neuron-build build {target.id}` (or `doit validate`, which builds first)")
+    kind = artifact_device_kind(m.backend, m.hardware_target)
+    device = "cuda" if kind == "cuda" else "cpu"
+    seed = validation_seed(key)
+    inputs = make_inputs(m.key_details["inputs"]["inputs"], seed)
+    spec = project.config.models[target.model]
+    return Prepared(project, store, target, key, m, kind, device, seed, inputs, spec.reference or target.model)
+
+
+def _run(fn, inputs: tuple):
+    import torch
+
+    with torch.inference_mode():
+        return fn(*inputs)
+
+
+def _max_rel(out, ref) -> float:
+    rows, problem = compare_outputs(out, ref, math.inf)
+    if problem or not rows:
+        return math.inf
+    return max(r["rel_l2_error"] for r in rows)
+
+
+def _factory_defaults(root, factory: str) -> dict[str, Any]:
+    """The keyword defaults of a factory function ({} when it cannot be inspected)."""
+    import inspect
+
+    from .examples import load_factory
+
+    try:
+        sig = inspect.signature(load_factory(root, factory))
+    except (ImportError, TypeError, ValueError):
+        return {}
+    return {n: prm.default for n, prm in sig.parameters.items() if prm.default is not inspect.Parameter.empty}
+
+
+def diagnose(p: Prepared, ref_out, tolerance: float) -> tuple[list[str], dict[str, Any]]:
+    """Why a validation failed, by running eager models against the same reference output.
+
+    1. When the reference is another model: the eager fp32 model against it. If that already fails, the
+       model definitions disagree (not the compiler); each factory kwarg that differs from the
+       reference's is swapped in turn, and a swap that brings the error within tolerance is named as the
+       cause (``eps=None`` leaves a fused kernel at ``torch.finfo(dtype).eps``).
+    2. Else the eager model in the target dtype on the CPU: if it fails too, the error comes from the
+       dtype's precision; if it passes, the artifact itself is wrong.
+
+    Returns:
+        (lines of explanation, figures: ``eager_fp32_rel_l2``, ``eager_<dtype>_rel_l2``, ``kwarg_swaps``).
+    """
+    notes: list[str] = []
+    figs: dict[str, Any] = {}
+    dtype, ref_name = p.target.dtype, p.reference_model
+    ref_inputs = p.reference_inputs()
+    if ref_name != p.target.model:
+        e32 = _max_rel(_run(p.eager("fp32"), ref_inputs), ref_out)
+        figs["eager_fp32_rel_l2"] = e32
+        if e32 > tolerance:
+            ref_spec = p.project.config.models[ref_name]
+            mine, theirs = p.kwargs, dict(ref_spec.kwargs)
+            diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k, "<unset>") != theirs.get(k, "<unset>"))
+            notes.append(f"the eager fp32 model {p.target.model} already differs from its reference {ref_name} "
+                         f"(rel L2 error {e32:.1e}): the two models disagree, not the compiler")
+            my_defaults = _factory_defaults(p.project.root, p.factory)
+            ref_defaults = _factory_defaults(p.project.root, ref_spec.factory)
+
+            def show(d: dict[str, Any], k: str) -> str:
+                if k in d:
+                    return repr(d[k])
+                dflt = (my_defaults if d is mine else ref_defaults).get(k, "<none>")
+                return f"unset (the factory's default {dflt!r})" if dflt != "<none>" else "unset"
+
+            if diff:
+                shown = ", ".join(f"{k}={show(mine, k)} here vs {show(theirs, k)}" for k in diff)
+                notes.append(f"the factory kwargs differ from {ref_name}'s {'only ' if len(diff) == 1 else ''}"
+                             f"in: {shown}")
+            swaps: dict[str, float] = {}
+            for k in diff:
+                kw = dict(mine)
+                if k in theirs:
+                    kw[k] = theirs[k]
+                else:
+                    kw.pop(k, None)
+                try:
+                    err = _max_rel(_run(p.eager("fp32", kwargs=kw), ref_inputs), ref_out)
+                except Exception:  # the factory does not take the reference's value
+                    continue
+                swaps[k] = err
+                if err <= tolerance:
+                    note = (f"cause: {k}: with {k}={show(theirs, k)} as in {ref_name} the error drops "
+                            f"to {err:.1e}")
+                    if k == "eps" and mine.get(k, my_defaults.get(k, 0.0)) is None:
+                        note += ("; eps=None leaves the kernel at its default, torch.finfo(dtype).eps of the dtype "
+                                 f"it computes in (1.19e-07 for fp32), not {theirs.get(k)!r}")
+                    notes.append(note)
+            figs["kwarg_swaps"] = swaps
+            return notes, figs
+    if dtype != "fp32":
+        ed = _max_rel(_run(p.eager(dtype), p.inputs), ref_out)
+        figs[f"eager_{dtype}_rel_l2"] = ed
+        if ed > tolerance:
+            notes.append(f"the eager {dtype} model on the CPU has rel L2 error {ed:.1e} too: the error comes from "
+                         f"{dtype} precision, not the compiler; raise tolerance.{dtype} only if that is acceptable")
+            return notes, figs
+        notes.append(f"the eager {dtype} model on the CPU is within tolerance (rel L2 error {ed:.1e}): "
+                     f"the compiled artifact is wrong (compiler, artifact file or loader)")
+        return notes, figs
+    e32 = figs.get("eager_fp32_rel_l2", 0.0)  # 0: the model is its own reference
+    notes.append(f"the eager fp32 model matches the reference (rel L2 error {e32:.1e}): the compiled artifact "
+                 "is wrong (compiler, artifact file or loader)")
+    return notes, figs
+
+
+def validate_target(project: Project, store: Store, target: Target, key: str, record: bool = True) -> dict[str, Any]:
+    """Validate one target's artifact and (with ``record``) store the result.
+
+    Returns:
+        The result record: ``verdict`` (``pass``/``fail``/``not_validated``), ``reason`` (None on a pass;
+        on a fail the line of :func:`failure_message`), ``device_kind``, ``device``, ``host``, ``time``,
+        ``target``, ``key``, ``dtype``, ``backend``, ``seed``, ``reference`` (model, factory, kwargs,
+        fp32 on cpu), ``tolerance`` and ``tolerance_source``, ``outputs`` (rows of
+        :func:`compare_outputs`), ``diagnosis`` (lines) and ``diagnosis_figures``, ``elapsed_s``.
+
+    Raises:
+        UserError: the target is not built.
+    """
+    t0 = time.monotonic()
+    m = store.manifest(key)
+    if m is None:
+        raise UserError(f"{target.id} is not built for its current key {key[:12]}; "
+                        f"run `neuron-build build {target.id}` (or `doit validate`, which builds first)")
+    spec = project.config.models[target.model]
+    kind = artifact_device_kind(m.backend, m.hardware_target)
+    tol, tol_src = tolerance_for(spec, target.model, target.dtype)
+    ref_name = spec.reference or target.model
+    ref_spec = project.config.models[ref_name]
+    rec: dict[str, Any] = {
+        "target": target.id, "key": key, "model": target.model, "dtype": target.dtype, "backend": m.backend,
+        "device_kind": kind, "host": socket.gethostname(), "time": _now(), "seed": validation_seed(key),
+        "reference": {"model": ref_name, "factory": ref_spec.factory, "kwargs": dict(ref_spec.kwargs),
+                      "dtype": "fp32", "device": "cpu"},
+        "tolerance": tol, "tolerance_source": tol_src, "outputs": [], "diagnosis": [],
+    }
+    ok, why = can_run_here(kind)
+    if ok and kind == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            ok, why = False, "no CUDA device here (this torch build sees none)"
+    if not ok:
+        rec.update(verdict="not_validated", reason=why, device=None, elapsed_s=round(time.monotonic() - t0, 3))
+        if record:
+            store.record_result(key, "validation", kind, rec)
+        return rec
+
+    import torch
+
+    p = prepare(project, store, target, key)
+    rec["device"] = p.device if p.device != "cuda" else f"cuda:{torch.cuda.current_device()}"
+    rec["torch"] = torch.__version__
+    ref_out = _run(p.eager("fp32", model=ref_name), p.reference_inputs())
+    try:
+        out = _run(p.load_artifact(), p.device_inputs())
+    except UserError:
+        raise
+    except Exception as e:  # an artifact that does not load or run has failed validation
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        out, problem = None, f"the artifact did not load or run: {type(e).__name__}: {first}"
+    rows, problem = compare_outputs(out, ref_out, tol) if out is not None else ([], problem)
+    rec["outputs"] = rows
+    if out is None:
+        rec.update(verdict="fail", reason=f"{target.id}: {problem}")
+    elif problem:
+        rec.update(verdict="fail", reason=f"{target.id}: output structure differs: {problem}")
+    elif all(r["pass"] for r in rows):
+        rec.update(verdict="pass", reason=None)
+    else:
+        rec.update(verdict="fail", reason=failure_message(target.id, rows))
+        notes, figs = diagnose(p, ref_out, tol)
+        rec["diagnosis"], rec["diagnosis_figures"] = notes, figs
+    rec["elapsed_s"] = round(time.monotonic() - t0, 3)
+    if record:
+        store.record_result(key, "validation", kind, _json_safe(rec))
+    return rec
+
+
+def _json_safe(obj: Any) -> Any:
+    """Replace non-finite floats by strings ("inf", "nan"): the store writes strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def summary_line(rec: dict[str, Any]) -> str:
+    """One line for the CLI: verdict, target, worst output error and tolerance (or the reason)."""
+    v = rec["verdict"]
+    if v == "not_validated":
+        return f"NOT VALIDATED  {rec['target']}: {rec['reason']}"
+    if v == "fail":
+        return f"FAIL  {rec['reason']}"
+    worst = max(rec["outputs"], key=lambda r: r["rel_l2_error"])
+    n = len(rec["outputs"])
+    what = worst["name"] if n == 1 else f"{n} outputs, worst {worst['name']}"
+    return (f"pass  {rec['target']}: {what} rel L2 error "
+            f"{worst['rel_l2_error']:.1e} <= {worst['tolerance']:.1e}, max abs error {worst['max_abs_error']:.1e}, "
+            f"cosine {worst['cosine_similarity']:.6f} ({rec['device_kind']}, vs {rec['reference']['model']} fp32)")
+
+
+__all__ = ["DEFAULT_TOLERANCE", "VERDICTS", "Prepared", "artifact_device_kind", "can_run_here", "compare_outputs",
+           "compare_tensors", "diagnose", "failure_message", "flatten_outputs", "is_validated", "neuron_devices",
+           "prepare", "summary_line", "tolerance_for", "validate_target", "validation_seed"]
