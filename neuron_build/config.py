@@ -335,9 +335,9 @@ class Project:
         return self.root / self.config.build.state_dir
 
     def store_url(self) -> str:
-        """The store location: an fsspec URL as given, or a local path resolved against the config's folder."""
-        s = self.config.build.store
-        return s if "://" in s else str((self.root / s).resolve())
+        """The store folder: a local path (or ``file://`` URL) resolved against the config's folder."""
+        s = self.config.build.store.removeprefix("file://")
+        return str((self.root / s).resolve())
 
     def factory_file(self, model: str) -> Path:
         """The source file of a model's factory module (``models.minilm`` -> ``<root>/models/minilm.py``)."""
@@ -436,6 +436,9 @@ def _validation_faults(exc: ValidationError) -> list[str]:
 def _cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
     faults: list[str] = []
     profiles = list(cfg.profiles)
+    if "://" in cfg.build.store and not cfg.build.store.startswith("file://"):
+        faults.append(f"build.store: {cfg.build.store!r}: remote (fsspec) stores are not supported yet; "
+                      f"use a local folder such as \"artifacts\" (a shared file system mount works)")
     for name in [*cfg.profiles, *cfg.models]:
         if not _NAME.match(name):
             faults.append(f"{toml_path((name,))}: name {name!r} may hold only letters, digits, '_', '.', '-'")

@@ -151,3 +151,9 @@ def test_doit_config_error_exits_2(tiny):
     assert "models.tiny.buckets.batch[1]: 0 is not allowed" in r.stderr
     assert "Traceback" not in r.stderr
     assert not (tiny.parent / "artifacts").exists()
+
+
+def test_remote_store_is_refused_clearly(tiny):
+    edit(tiny, 'backend = "torchscript"', 'backend = "torchscript"\nstore = "s3://bucket/prefix"')
+    assert faults_of(tiny) == ["build.store: 's3://bucket/prefix': remote (fsspec) stores are not supported "
+                               "yet; use a local folder such as \"artifacts\" (a shared file system mount works)"]
