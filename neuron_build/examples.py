@@ -27,15 +27,28 @@ def load_factory(root: str | Path, factory: str):
     Raises:
         ImportError: the module does not import or has no such function.
     """
-    root = str(root)
+    root = str(Path(root).resolve())
     if root not in sys.path:
         sys.path.insert(0, root)
     mod_name, _, fn = factory.partition(":")
+    _forget_foreign(mod_name.split(".")[0], root)
     mod = importlib.import_module(mod_name)
     try:
         return getattr(mod, fn)
     except AttributeError:
         raise ImportError(f"{mod_name} has no attribute {fn!r}") from None
+
+
+def _forget_foreign(top: str, root: str) -> None:
+    """Drop an already imported package ``top`` (and its submodules) that was loaded from another
+    project's folder, so that one process can load the models of several projects (validation, tests)."""
+    mod = sys.modules.get(top)
+    where = getattr(mod, "__file__", None) or next(iter(getattr(mod, "__path__", []) or []), None)
+    if mod is None or where is None or Path(where).resolve().is_relative_to(root):
+        return
+    for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
 
 
 def build_model(root: str | Path, factory: str, kwargs: dict[str, Any], dtype: str):

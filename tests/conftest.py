@@ -119,3 +119,17 @@ def compiles_in_log(state_dir: Path) -> list[str]:
         if ev.get("event") == "compiling":
             out.append(ev["target"])
     return out
+
+
+def rewrite_manifest(path: Path, change) -> dict:
+    """Edit a stored manifest the way a deliberate test fixture must: apply ``change(dict)`` and re-seal it
+    with its own sha256, so the store still sees a complete object (an edit without resealing is caught
+    as corruption and quarantined)."""
+    from neuron_build.store import SELF_DIGEST, manifest_digest
+
+    m = json.loads(path.read_text())
+    change(m)
+    m.pop(SELF_DIGEST, None)
+    m[SELF_DIGEST] = manifest_digest(m)
+    path.write_text(json.dumps(m, indent=2) + "\n")
+    return m

@@ -15,7 +15,7 @@ from neuron_build.build import Builder
 from neuron_build.config import load_project
 from neuron_build.gates import bench_result
 
-from conftest import run_cli, write_tiny_project
+from conftest import rewrite_manifest, run_cli, write_tiny_project
 
 TARGETS = ("tiny/b4/fp32/p1", "other/static/fp32/p1")
 
@@ -191,9 +191,7 @@ def test_neuron_artifact_is_skipped_without_a_neuroncore(tmp_path):
     b = Builder(load_project(cfg))
     key = b.key(b.by_id["other/static/fp32/p1"]).key
     mf = b.store.object_dir(key) / "manifest.json"
-    m = json.loads(mf.read_text())
-    m["backend"], m["hardware_target"] = "neuron", "trn1"
-    mf.write_text(json.dumps(m))
+    rewrite_manifest(mf, lambda m: m.update(backend="neuron", hardware_target="trn1"))
     r = run_cli("bench", "-c", str(cfg), "--iters", "3", "other")
     assert r.returncode == 0
     assert "SKIPPED  other/static/fp32/p1: no NeuronCore here" in r.stderr

@@ -37,7 +37,7 @@ def test_doit_list_and_noop_build_do_not_import_torch(tiny):
     (tiny.parent / "dodo.py").write_text("from neuron_build.tasks import *\n")
     torch_loaded, rc, out = probe(tiny.parent, "list")
     assert (torch_loaded, rc) == (False, 0)
-    assert [ln.split()[0] for ln in out.splitlines()] == ["build"]
+    assert [ln.split()[0] for ln in out.splitlines()] == ["build", "validate"]
     torch_loaded, rc, out = probe(tiny.parent, "list", "--all")
     assert "build:tiny/b1/fp32/p1" in out and "build:other/static/fp32/p1" in out
 

@@ -24,7 +24,7 @@ from neuron_build.gates import validation_gate
 from neuron_build.validate import (DEFAULT_TOLERANCE, compare_outputs, compare_tensors, flatten_outputs,
                                    is_validated, validate_target, validation_seed)
 
-from conftest import REPO, run_cli, write_tiny_project
+from conftest import rewrite_manifest, REPO, run_cli, write_tiny_project
 from test_config import edit
 
 DIM = 64
@@ -254,9 +254,9 @@ def test_tampered_artifact_fails_and_is_blamed_on_the_artifact(tmp_path):
 
     # rewrite the saved module with its output scaled by 1.01: a 1e-2 relative error
     torch.jit.trace(Scaled(mod), (torch.randn(4, DIM),), check_trace=False).save(str(obj / "model.pt"))
-    mf = json.loads((obj / "manifest.json").read_text())
-    mf["files"]["model.pt"]["size"] = (obj / "model.pt").stat().st_size
-    (obj / "manifest.json").write_text(json.dumps(mf))
+    from neuron_build.keys import file_sha256
+    rewrite_manifest(obj / "manifest.json", lambda m: m["files"].update(
+        {"model.pt": {"size": (obj / "model.pt").stat().st_size, "sha256": file_sha256(obj / "model.pt")}}))
     assert b.store.is_complete(key)
 
     rec = validate_target(b.project, b.store, t, key)
@@ -322,9 +322,7 @@ def test_neuron_artifact_without_neuroncore_is_not_validated(tmp_path, monkeypat
     t = b.by_id["naive/static/fp32/p1"]
     key = b.key(t).key
     mf_path = b.store.object_dir(key) / "manifest.json"
-    mf = json.loads(mf_path.read_text())
-    mf["backend"], mf["hardware_target"] = "neuron", "trn1"
-    mf_path.write_text(json.dumps(mf))
+    rewrite_manifest(mf_path, lambda m: m.update(backend="neuron", hardware_target="trn1"))
     monkeypatch.setattr(v, "neuron_devices", lambda: [])
     rec = validate_target(b.project, b.store, t, key)
     assert rec["verdict"] == "not_validated" and rec["reason"] == "no NeuronCore here"
