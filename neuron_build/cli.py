@@ -219,8 +219,18 @@ def cmd_parse_log(args) -> int:
     from .cli_parse_log import parse_log_main
 
     p = Path(args.file)
+    if p.is_dir():
+        raise UserError(f"{args.file} is a folder; pass the path of a neuronx-cc log file")
     if not p.is_file():
         raise UserError(f"{args.file}: no such file; pass the path of a neuronx-cc log")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(8192)
+    except OSError as e:
+        raise UserError(f"{args.file}: cannot read it ({e.strerror})") from None
+    bad = len(head) - len(head.decode("utf-8", "ignore").encode()) if head else 0
+    if b"\0" in head or (head and bad > len(head) // 4):
+        raise UserError(f"{args.file} is binary data, not a neuronx-cc log (a text file, e.g. log-neuron-cc.txt)")
     try:
         return parse_log_main(str(p), args.json)
     except OSError as e:  # unreadable: parse_log_main's message names the file
@@ -239,6 +249,16 @@ PLUGINS: tuple[str, ...] = (
 
 
 # ---------------------------------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not allowed; give 1 or more")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-c", "--config", default=argparse.SUPPRESS, help="path of buckets.toml")
@@ -251,7 +271,7 @@ def parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], help=help, description=help)
 
     s = add("build", "compile the targets that are not in the store")
-    s.add_argument("-n", "--jobs", type=int, default=1, help="compiles to run at once")
+    s.add_argument("-n", "--jobs", type=_positive_int, default=1, help="compiles to run at once")
     s.add_argument("--no-retry-failed", action="store_true",
                    help="skip targets whose current key failed last time (default: retry them)")
     s.add_argument("patterns", nargs="*", metavar="PATTERN", help="target id globs or model names")
@@ -275,7 +295,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    args.config = getattr(args, "config", None)
+    args.config = getattr(args, "config", None) or os.environ.get("NEURON_BUILD_CONFIG") or None
     args.debug = getattr(args, "debug", False)
     try:
         return COMMANDS[args.command](args)

@@ -9,14 +9,17 @@ Exit status: 0 when every selected target was benchmarked (or skipped because th
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from .cli import _builder, _print_json, command
+from .errors import UserError
 
 
 def register(add) -> None:
     s = add("bench", "benchmark built artifacts against the eager model; compare targets; profile")
     s.add_argument("patterns", nargs="*", metavar="PATTERN", help="target id globs or model names")
-    s.add_argument("--warmup", type=int, default=10, help="untimed calls before timing (default 10)")
+    s.add_argument("--warmup", type=int, default=50, help="untimed calls before timing (default 50: the first tens of calls "
+                   "of an AOTInductor artifact on CPU are slower)")
     s.add_argument("--iters", type=int, default=100, help="timed calls (default 100)")
     s.add_argument("--compare", nargs="+", metavar="PATTERN", default=[],
                    help="print these targets side by side (latency, op count, compile time, error)")
@@ -42,6 +45,11 @@ def cmd_bench(args) -> int:
     from .matrix import select
     from .validate import artifact_device_kind, can_run_here, validate_target
 
+    if args.profile:
+        prof_dir = Path(args.profile)
+        blocker = next((p for p in (prof_dir, *prof_dir.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise UserError(f"--profile {args.profile}: {blocker} is a file; give a folder for the traces")
     b = _builder(args)
     patterns = list(args.patterns) + list(args.compare)
     chosen = select(b.targets, patterns)

@@ -408,6 +408,14 @@ def _describe(err: dict[str, Any]) -> str:
         close = difflib.get_close_matches(got, allowed, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         return f"{toml_path(loc)}: {got!r} is not allowed; allowed: {', '.join(allowed)}{hint}"
+    if typ == "too_short":
+        n = err.get("ctx", {}).get("min_length", 1)
+        return f"{toml_path(loc)}: is empty; give at least {n} item{'s' if n != 1 else ''}"
+    if typ in ("int_type", "int_parsing", "bool_type", "bool_parsing", "string_type", "float_type",
+               "float_parsing", "list_type", "tuple_type", "dict_type", "model_type"):
+        want = {"int": "a whole number", "bool": "true or false", "string": "a string", "float": "a number",
+                "list": "a list", "tuple": "a list", "dict": "a table", "model": "a table"}[typ.split("_")[0]]
+        return f"{toml_path(loc)}: {err.get('input')!r} is not allowed; it must be {want}"
     if typ in ("greater_than", "greater_than_equal"):
         return f"{toml_path(loc)}: {err.get('input')!r} is not allowed; it must be {msg.removeprefix('Input should be ')}"
     if typ == "value_error":
@@ -419,8 +427,18 @@ def _validation_faults(exc: ValidationError) -> list[str]:
     errors = exc.errors(include_url=False)
     locs = [tuple(e["loc"]) for e in errors]
     faults: list[str] = []
+    # an unknown key whose "did you mean" is a missing required key is one fault (a typo), not two
+    typo_of = {}
+    for e in errors:
+        if e["type"] == "extra_forbidden":
+            parent = tuple(e["loc"][:-1])
+            close = difflib.get_close_matches(str(e["loc"][-1]), _fields_at(parent), n=1)
+            if close:
+                typo_of[parent + (close[0],)] = e["loc"][-1]
     for e in errors:
         loc = tuple(e["loc"])
+        if e["type"] == "missing" and loc in typo_of:
+            continue
         # a list left short because one of its items failed is the same fault, reported once
         if e["type"] == "too_short" and any(len(o) > len(loc) and o[:len(loc)] == loc for o in locs):
             continue
@@ -524,18 +542,49 @@ def _check_factory(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
     if m.function not in defined:
         faults.append(f"{where}: {path.relative_to(root)} defines no '{m.function}'; "
                       f"defined: {', '.join(sorted(defined)) or 'nothing'}")
+    faults.extend(_missing_imports(tree, path, root, where))
+    # modules under the models folder that the factory imports must import too
+    from .keys import local_imports
+
+    top_dir = root / m.module.split(".")[0]
+    for dep in local_imports(path, top_dir if top_dir.is_dir() else path.parent):
+        if dep == path:
+            continue
+        try:
+            dep_tree = ast.parse(dep.read_bytes(), filename=str(dep))
+        except SyntaxError as e:
+            faults.append(f"{where}: {dep.relative_to(root)} (imported by {path.relative_to(root)}) does not "
+                          f"import: syntax error at line {e.lineno}: {e.msg}")
+            continue
+        faults.extend(_missing_imports(dep_tree, dep, root, where, via=path))
+    return faults
+
+
+def _missing_imports(tree: ast.AST, path: Path, root: Path, where: str, via: Path | None = None) -> list[str]:
+    """Faults for absolute imports in ``tree`` that resolve neither under ``root`` nor to an installed
+    module (found with ``importlib.util.find_spec``; nothing is imported)."""
+    faults = []
+    shown = f"{path.relative_to(root)}" + (f" (imported by {via.relative_to(root)})" if via else "")
     for node in ast.walk(tree):
         names = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
+            local = root.joinpath(*node.module.split("."))
+            if local.is_dir():
+                for a in node.names:
+                    if a.name != "*" and not (local / f"{a.name}.py").exists() and not (local / a.name).is_dir():
+                        init = local / "__init__.py"
+                        if not init.exists() or a.name not in init.read_text(errors="replace"):
+                            faults.append(f"{where}: {shown} does not import: '{node.module}.{a.name}' "
+                                          f"(line {node.lineno}) not found under {local.relative_to(root)}/")
         for name in names:
             top = name.split(".")[0]
             if (root / top).exists() or (root / f"{top}.py").exists():
                 continue
             if importlib.util.find_spec(top) is None:
-                faults.append(f"{where}: {path.relative_to(root)} does not import: module '{top}' "
+                faults.append(f"{where}: {shown} does not import: module '{top}' "
                               f"(line {node.lineno}) is not installed")
     return faults
 
@@ -555,6 +604,8 @@ def load_project(path: str | Path | None = None) -> Project:
     """
     p = Path(path) if path is not None else Path(DEFAULT_CONFIG)
     shown = str(p)
+    if p.is_dir():
+        raise ConfigError(shown, [f"is a folder; pass the config file itself (e.g. -c {p / DEFAULT_CONFIG})"])
     if not p.is_file():
         raise ConfigError(shown, [f"file not found; create it or pass -c PATH (looked in {p.resolve().parent})"])
     try:
@@ -563,6 +614,9 @@ def load_project(path: str | Path | None = None) -> Project:
         raise ConfigError(shown, [f"not UTF-8 text: {e}"]) from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(shown, [f"not valid TOML: {e}"]) from None
+    if not data:
+        raise ConfigError(shown, ["the file is empty; it needs at least one [profiles.NAME] and one "
+                                  "[models.NAME] table (see buckets.toml in the neuron-build repository)"])
     try:
         cfg = ConfigFile.model_validate(data)
     except ValidationError as e:

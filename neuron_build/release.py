@@ -763,9 +763,17 @@ def pull(store: Store, model: str, channel: str, dest: str | Path, settings: Rel
     if not ptr:
         raise UserError(f"channel {model}/{channel} holds no release; promote one into it first")
     rel = load_release(store, model, ptr["release"])
+    if not str(dest).strip():
+        raise UserError("--dest is empty; give the folder to pull into (e.g. --dest serve/minilm)")
     dest = Path(dest).absolute()
     if dest.exists() and not dest.is_dir():
         raise UserError(f"--dest {dest} exists and is not a folder")
+    if dest.is_dir() and any(dest.iterdir()) and not (dest / "release.json").is_file():
+        raise UserError(f"--dest {dest} is a folder with other content (no release.json from an earlier "
+                        f"pull); pull into a new or empty folder, or into one an earlier pull wrote")
+    blocker = next((p for p in dest.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise UserError(f"--dest {dest}: {blocker} is a file, not a folder")
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = dest.parent / f".{dest.name}.pull.{os.getpid()}.{secrets.token_hex(4)}"
     staging.mkdir()

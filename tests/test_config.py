@@ -157,3 +157,32 @@ def test_remote_store_is_refused_clearly(tiny):
     edit(tiny, 'backend = "torchscript"', 'backend = "torchscript"\nstore = "s3://bucket/prefix"')
     assert faults_of(tiny) == ["build.store: 's3://bucket/prefix': remote (fsspec) stores are not supported "
                                "yet; use a local folder such as \"artifacts\" (a shared file system mount works)"]
+
+
+def test_typo_of_a_required_key_is_one_fault(tiny):
+    edit(tiny, 'dtypes = ["fp32", "bf16"]', 'dtype = ["fp32", "bf16"]')
+    f = faults_of(tiny)
+    assert len(f) == 1 and f[0].startswith("models.tiny.dtype: unknown key 'dtype'; did you mean 'dtypes'?")
+
+
+def test_empty_file_folder_and_wrong_types(tiny, tmp_path):
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    assert faults_of(empty)[0].startswith("the file is empty")
+    with pytest.raises(ConfigError) as ei:
+        load_project(tiny.parent)
+    assert ei.value.faults == [f"is a folder; pass the config file itself (e.g. -c {tiny.parent / 'buckets.toml'})"]
+    edit(tiny, 'profiles = ["p1", "p2"]', 'profiles = []')
+    edit(tiny, "timeout_s = 120", 'timeout_s = 120\ntransient_retries = "two"')
+    assert faults_of(tiny) == ["build.transient_retries: 'two' is not allowed; it must be a whole number",
+                               "models.tiny.profiles: is empty; give at least 1 item"]
+
+
+def test_modules_the_factory_imports_must_import_too(tiny):
+    (tiny.parent / "tinylib" / "act.py").write_text("import not_installed_abc\n\ndef scale(x):\n    return x\n")
+    with open(tiny.parent / "tinylib" / "tiny.py", "a") as f:
+        f.write("\nfrom tinylib import gone\n")
+    assert faults_of(tiny) == [
+        "models.tiny.factory: tinylib/tiny.py does not import: 'tinylib.gone' (line 39) not found under tinylib/",
+        "models.tiny.factory: tinylib/act.py (imported by tinylib/tiny.py) does not import: module "
+        "'not_installed_abc' (line 1) is not installed"]

@@ -517,3 +517,15 @@ def test_cli_missing_and_directory(tmp_path: Path):
         parse_log_main(str(missing), as_json=False)
     with pytest.raises(IsADirectoryError, match="is a directory"):
         parse_log_main(str(tmp_path), as_json=True)
+
+
+def test_cli_refuses_binary_files_and_folders(tmp_path):
+    from conftest import run_cli
+    blob = tmp_path / "model.neff"
+    blob.write_bytes(bytes(range(256)) * 16)
+    r = run_cli("parse-log", str(blob))
+    assert r.returncode == 2 and f"{blob} is binary data, not a neuronx-cc log" in r.stderr
+    r = run_cli("parse-log", str(tmp_path))
+    assert r.returncode == 2 and "is a folder" in r.stderr
+    r = run_cli("parse-log", str(FIXTURES / "mixed_encoding.log"), "--json")
+    assert r.returncode == 0 and '"status"' in r.stdout

@@ -620,3 +620,23 @@ def test_cli_release_flow_and_history(proj, tmp_path):
 
     r = run_cli("rollback", "tiny", "--channel", "nope", *c)
     assert r.returncode == 2 and "unknown channel 'nope' (--channel)" in r.stderr
+
+
+def test_pull_never_replaces_a_folder_it_did_not_write(proj, tmp_path):
+    _, _, store, settings = ctx(proj)
+    r1 = make(proj)
+    promote(store, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True)
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("important")
+    with pytest.raises(UserError, match="is a folder with other content"):
+        pull(store, "tiny", "dev", keep, settings)
+    assert (keep / "notes.txt").read_text() == "important" and sorted(os.listdir(keep)) == ["notes.txt"]
+    with pytest.raises(UserError, match="--dest is empty"):
+        pull(store, "tiny", "dev", "", settings)
+    with pytest.raises(UserError, match="notes.txt is a file, not a folder"):
+        pull(store, "tiny", "dev", keep / "notes.txt" / "sub", settings)
+    # an earlier pull's folder is replaced by the new pull
+    dest = tmp_path / "serve"
+    pull(store, "tiny", "dev", dest, settings)
+    assert pull(store, "tiny", "dev", dest, settings)["release"] == r1["id"]
