@@ -128,6 +128,9 @@ def cmd_explain(args) -> int:
     b = _builder(args)
     t = b.by_id.get(args.target)
     if t is None:
+        ids = [x.id for x in b.targets if x.model == args.target]
+        if ids:
+            raise UserError(f"'{args.target}' is a model; explain one of its targets: {', '.join(ids)}")
         raise UserError(f"unknown target '{args.target}'; see `neuron-build plan` for target ids")
     ki = b.key(t)
     rec = b.store.target_record(t.id)

@@ -7,6 +7,7 @@ keeps the ids and changes the keys.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import itertools
 from dataclasses import dataclass
@@ -100,7 +101,10 @@ def select(targets: list[Target], patterns: Iterable[str]) -> list[Target]:
     for p in patterns:
         hit = [t for t in targets if fnmatch.fnmatchcase(t.id, p) or t.model == p or t.id.startswith(p.rstrip("/") + "/")]
         if not hit:
-            some = ", ".join(t.id for t in targets[:5])
-            raise UserError(f"no target matches '{p}'; targets look like: {some} (see `neuron-build plan`)")
+            names = sorted({t.model for t in targets}) + [t.id for t in targets]
+            close = difflib.get_close_matches(p, names, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            some = ", ".join(t.id for t in targets[:3])
+            raise UserError(f"no target matches '{p}'; {hint}targets look like: {some} (see `neuron-build plan`)")
         chosen.extend(t for t in hit if t not in chosen)
     return chosen
