@@ -17,7 +17,6 @@ the figures. Torch is imported inside the functions only.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .errors import UserError
-from .store import Store
+from .store import Store, utc_now
 from .validate import Prepared, can_run_here, neuron_devices, prepare
 
 #: torch.profiler schedule of ``bench --profile``: steps skipped, warmed up, recorded.
@@ -38,8 +37,6 @@ DEFAULT_ITERS = 100
 TOP_OPS = 15
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -216,7 +213,7 @@ def bench_target(project, store: Store, target, key: str, warmup: int = DEFAULT_
     m = p.manifest
     rec: dict[str, Any] = {
         "target": target.id, "key": key, "model": target.model, "dtype": target.dtype, "backend": m.backend,
-        "device_kind": p.device_kind, "device": p.device, "host": socket.gethostname(), "time": _now(),
+        "device_kind": p.device_kind, "device": p.device, "host": socket.gethostname(), "time": utc_now(),
         "iters": iters, "warmup": warmup, "batch": p.batch, "seed": p.seed, "sync": sync_name,
         "timing": "interleaved with eager" if eager else "compiled only",
         "latency_ms": _round(stats), "throughput_per_s": round(p.batch * 1000.0 / stats["mean"], 6),
@@ -313,7 +310,7 @@ def profile_target(project, store: Store, target, key: str, out_dir: str | Path,
         top_ops = [{"name": e.key, "calls": e.count, "self_cpu_time_us": round(e.self_cpu_time_total, 3),
                     "self_device_time_us": round(dev_time(e), 3)} for e in ranked[:top]]
         run = {"key": key, "target": target.id, "iters": iters, "warmup": warmup, "schedule": dict(SCHEDULE),
-               "device": p.device, "device_kind": p.device_kind, "host": socket.gethostname(), "time": _now(),
+               "device": p.device, "device_kind": p.device_kind, "host": socket.gethostname(), "time": utc_now(),
                "torch": torch.__version__, "activities": [str(a).split(".")[-1] for a in activities],
                "sort_by": sort_by, "top_ops": top_ops}
         (tmp / "top_ops.txt").write_text(table + "\n")

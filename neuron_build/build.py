@@ -7,7 +7,6 @@ Domain code: no doit here (see :mod:`neuron_build.tasks`) and no torch (the comp
 from __future__ import annotations
 
 import ctypes
-import datetime as _dt
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ from .locks import GB, KeyLock, MemoryBudget, expected_peak
 from .log import get_logger
 from .manifest import STATUSES, Manifest, Metrics
 from .matrix import Target, expand
-from .store import Store, is_disk_full
+from .store import Store, is_disk_full, read_json, utc_now
 from .toolchain import announce_backend, neuron_status
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
@@ -217,7 +216,7 @@ class Builder:
             return
         try:
             self.store.record_target(target.id, {"target": target.id, "key": ki.key, "status": status,
-                                                 "details": ki.details, "hashes": ki.hashes, "time": _now()})
+                                                 "details": ki.details, "hashes": ki.hashes, "time": utc_now()})
         except OSError as e:
             if not is_disk_full(e):
                 raise
@@ -249,7 +248,7 @@ class Builder:
         metrics = {"status": "TOOLCHAIN_MISSING", "compile_time_s": 0.0, "peak_rss_bytes": 0, "exit_code": None,
                    "attempts": attempt, "reason": reason}
         self.store.record_failure(target.id, {"target": target.id, "key": ki.key, **metrics,
-                                              "details": {"backend": self.keys.backend}, "time": _now()},
+                                              "details": {"backend": self.keys.backend}, "time": utc_now()},
                                   (reason + "\n").encode())
         self._remember(target, ki, "TOOLCHAIN_MISSING")
         log.error("compile failed", status="TOOLCHAIN_MISSING", reason=reason)
@@ -333,8 +332,8 @@ class Builder:
 
     def _finish(self, target: Target, ki: KeyInfo, req: CompileRequest, run: _Run, obj: Path, work: Path,
                 attempt: int, log) -> Outcome:
-        result = _read(work / "result.json")
-        error = _read(work / "error.json") or {}
+        result = read_json(work / "result.json")
+        error = read_json(work / "error.json") or {}
         if run.timed_out:
             status, reason = "TIMEOUT", (f"stopped after {self.project.config.build.timeout_s:g} s "
                                          f"(timeout_s under [build])")
@@ -378,7 +377,7 @@ class Builder:
         prev = self.store.failure(target.id) or {}
         total = 1 + (int(prev.get("attempts_total", prev.get("attempts", 0))) if prev.get("key") == ki.key else 0)
         record = {"target": target.id, "key": ki.key, **metrics, "attempts_total": total, "details": details,
-                  "time": _now()}
+                  "time": utc_now()}
         out = Outcome(target.id, ki.key, status, reason, compiled=True, metrics=metrics)
         log_bytes = run.log if log_bytes is None else log_bytes
         try:
@@ -436,7 +435,7 @@ class Builder:
             key=ki.key, target=target.id, model=target.model, bucket=dict(target.bucket), dtype=target.dtype,
             profile=target.profile, backend=req.backend, hardware_target=req.hardware_target,
             key_details=ki.details, component_hashes=ki.hashes, files=files, metrics=Metrics(**metrics),
-            toolchain={**ki.details["toolchain"], **extra_toolchain}, compiler=details, created=_now(),
+            toolchain={**ki.details["toolchain"], **extra_toolchain}, compiler=details, created=utc_now(),
             host=socket.gethostname())
         self.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last
 
@@ -466,13 +465,6 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _read(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _compiler_log(work: Path, rel: str | None) -> bytes:
     """The compiler's own log (``rel``, relative to the work folder), framed for appending to the worker
     log of a failure record; empty when there is none."""
@@ -491,8 +483,6 @@ def _last_line(log: bytes) -> str:
     return lines[-1].strip()[:300] if lines else "(empty log)"
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 __all__ = ["Builder", "Outcome", "STATUSES", "COMPONENTS"]

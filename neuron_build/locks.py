@@ -18,7 +18,6 @@ waited for.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import secrets
@@ -32,13 +31,11 @@ from typing import Any, Iterator
 from filelock import FileLock, Timeout
 
 from .log import get_logger
-from .store import Store, is_disk_full, read_json, write_json_atomic
+from .store import Store, is_disk_full, read_json, write_json_atomic, utc_now
 
 GB = 10**9
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def _proc_start(pid: int) -> float | None:
@@ -73,7 +70,7 @@ def owner_alive(owner: dict[str, Any]) -> bool | None:
 def _me(**extra: Any) -> dict[str, Any]:
     pid = os.getpid()
     return {"pid": pid, "host": socket.gethostname(),
-            "proc_start": _MY_START if pid == _MY_PID else _proc_start(pid), "since": _now(), **extra}
+            "proc_start": _MY_START if pid == _MY_PID else _proc_start(pid), "since": utc_now(), **extra}
 
 
 _MY_PID = os.getpid()
@@ -396,7 +393,7 @@ class MemoryBudget:
                 for r in led["reservations"]:
                     if r.get("id") == rid:
                         r["state"] = "running"
-                        r["since"] = _now()
+                        r["since"] = utc_now()
                 info["in_use_bytes"] = in_use
                 for k in ("_running", "_in_use", "_queued"):
                     info.pop(k)

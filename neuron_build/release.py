@@ -43,7 +43,7 @@ from .errors import UserError
 from .gates import GateCheck, latency_gate, validation_gate
 from .keys import canonical_json, diff_components, sha256_hex
 from .manifest import MANIFEST
-from .store import Store, read_json
+from .store import Store, read_json, utc_now
 
 RELEASE_FORMAT = 1
 PULL_FORMAT = 1
@@ -105,8 +105,6 @@ def percentile(values: Iterable[float], q: float) -> float:
     return vs[rank - 1]
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def age(iso: str | None, now: _dt.datetime | None = None) -> str:
@@ -370,7 +368,7 @@ def create_release(builder, model: str, dtype: str | None = None, profile: str |
                           "compile_time_p95_s": percentile(times, 95), "compile_time_max_s": max(times),
                           "artifact_bytes_total": sum(v["artifact_bytes"] for v in metrics.values()),
                           "artifacts": metrics},
-              "git_commit": commit, "git_dirty": dirty, "created": _now(), "creator": creator or actor()}
+              "git_commit": commit, "git_dirty": dirty, "created": utc_now(), "creator": creator or actor()}
     _write_once(path, record)
     return read_json(path) or record
 
@@ -607,7 +605,7 @@ def promote(store: Store, settings: ReleaseSettings, model: str, to: str, *, rel
     if before_swap is not None:
         before_swap()
 
-    entry = {"time": _now(), "who": actor(), "action": "promote", "model": model, "channel": to,
+    entry = {"time": utc_now(), "who": actor(), "action": "promote", "model": model, "channel": to,
              "from": seen.get("release") if seen else None, "to": rel["id"], "source": source,
              "reason": reason, "device_kind": kind, "allow_unvalidated": allow_unvalidated,
              "gates": [g.to_json() for g in gates]}
@@ -693,7 +691,7 @@ def rollback(store: Store, settings: ReleaseSettings, model: str, channel: str, 
                 raise UserError(f"cannot roll {model}/{channel} back to {target['id']}: artifacts missing from the "
                                 f"store: {', '.join(gone)}; rebuild them or promote another release")
             version = int(ptr.get("version", 0)) + 1
-            entry = {"time": _now(), "who": actor(), "action": "rollback", "model": model, "channel": channel,
+            entry = {"time": utc_now(), "who": actor(), "action": "rollback", "model": model, "channel": channel,
                      "from": ptr["release"], "to": target["id"], "reason": reason, "version": version}
             _write_pointer(store, model, channel, {
                 "model": model, "channel": channel, "release": target["id"], "version": version,
@@ -806,7 +804,7 @@ def pull(store: Store, model: str, channel: str, dest: str | Path, settings: Rel
                "channel_version": ptr.get("version"), "dtype": rel["dtype"], "profile": rel["profile"],
                "backend": rel["backend"], "hardware_target": rel["hardware_target"], "dims": rt["dims"],
                "inputs": rt["inputs"], "truncate": rt["truncate"], "convert_dtypes": rt["convert_dtypes"],
-               "buckets": buckets, "toolchain": rel["toolchain"], "pulled": _now(), "pulled_by": actor()}
+               "buckets": buckets, "toolchain": rel["toolchain"], "pulled": utc_now(), "pulled_by": actor()}
         (staging / "release.json").write_text(json.dumps(doc, indent=2) + "\n")
         _swap_in(staging, dest)
     except BaseException:

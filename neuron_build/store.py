@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import datetime as _dt
 import json
 import os
 import secrets
@@ -61,6 +62,12 @@ def manifest_digest(raw: dict[str, Any]) -> str:
     body = {k: v for k, v in raw.items() if k != SELF_DIGEST}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"),
                                      ensure_ascii=False).encode()).hexdigest()
+
+
+def utc_now() -> str:
+    """The current UTC time as ISO 8601 text to the second (``2026-11-29T11:12:33+00:00``), for the
+    informational times of records; never part of a key."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

@@ -26,7 +26,6 @@ This module imports torch only inside the functions that run models; :func:`is_v
 
 from __future__ import annotations
 
-import datetime as _dt
 import glob
 import math
 import socket
@@ -38,7 +37,7 @@ from .config import ModelSpec, Project
 from .errors import UserError
 from .manifest import Manifest
 from .matrix import Target
-from .store import Store
+from .store import Store, utc_now
 
 #: Relative L2 error allowed against the fp32 CPU reference, per target dtype, unless the model's
 #: ``tolerance`` table in buckets.toml says otherwise. bf16 errors around 1e-2 are normal; above 5e-2
@@ -110,8 +109,6 @@ def tolerance_for(spec: ModelSpec, model: str, dtype: str) -> tuple[float, str]:
     return DEFAULT_TOLERANCE[dtype], f"default for {dtype}"
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -451,7 +448,7 @@ def validate_target(project: Project, store: Store, target: Target, key: str, re
     ref_spec = project.config.models[ref_name]
     rec: dict[str, Any] = {
         "target": target.id, "key": key, "model": target.model, "dtype": target.dtype, "backend": m.backend,
-        "device_kind": kind, "host": socket.gethostname(), "time": _now(), "seed": validation_seed(key),
+        "device_kind": kind, "host": socket.gethostname(), "time": utc_now(), "seed": validation_seed(key),
         "reference": {"model": ref_name, "factory": ref_spec.factory, "kwargs": dict(ref_spec.kwargs),
                       "dtype": "fp32", "device": "cpu"},
         "tolerance": tol, "tolerance_source": tol_src, "outputs": [], "diagnosis": [],
