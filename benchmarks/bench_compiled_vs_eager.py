@@ -4,7 +4,7 @@
         [--out benchmarks/results] [PATTERN...]
 
 For every built target matching the patterns (default: all): the artifact and the eager model in the
-target dtype, on the same inputs, timed call by call in alternation in one process (:func:`neuron_build.bench.bench_target`; the result is
+target dtype, on the same inputs, timed call by call in alternation in one process (:func:`neuron_build.evaluate.bench.bench_target`; the result is
 also stored beside the artifact for the release gates). Writes ``<out>/compiled_vs_eager.json`` (the
 records) and ``<out>/compiled_vs_eager.md`` (the table). Speedup = eager p50 / compiled p50. The figures
 depend on the host: the table's header names it, its thread count and load average.
@@ -32,10 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("patterns", nargs="*")
     args = ap.parse_args(argv)
 
-    from neuron_build.bench import bench_target
-    from neuron_build.build import Builder
-    from neuron_build.config import load_project
-    from neuron_build.matrix import select
+    from neuron_build.evaluate.bench import bench_target
+    from neuron_build.build.builder import Builder
+    from neuron_build.project.config import load_project
+    from neuron_build.project.matrix import select
 
     b = Builder(load_project(args.config))
     recs = []

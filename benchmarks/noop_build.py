@@ -55,10 +55,10 @@ print("RESULT", rc, "torch" in sys.modules, file=sys.stderr)
 def populate(cfg: Path) -> int:
     """Write a complete PASS artifact for every target of ``cfg`` into its store; returns the count."""
     import socket
-    from neuron_build.build import Builder
-    from neuron_build.config import load_project
-    from neuron_build.keys import file_sha256
-    from neuron_build.manifest import Manifest, Metrics
+    from neuron_build.build.builder import Builder
+    from neuron_build.project.config import load_project
+    from neuron_build.project.keys import file_sha256
+    from neuron_build.store.manifest import Manifest, Metrics
 
     b = Builder(load_project(cfg))
     for t in b.targets:

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .errors import UserError
-from .examples import torch_dtype
+from neuron_build.errors import UserError
+from neuron_build.examples import torch_dtype
 
 
 class BucketError(UserError):

@@ -27,11 +27,11 @@ import sys
 from doit import get_var
 from doit.exceptions import TaskFailed
 
-from .build import Builder
-from .config import load_project
-from .errors import ConfigError
-from .log import configure
-from .validate import artifact_device_kind, is_validated, tolerance_for
+from neuron_build.build.builder import Builder
+from neuron_build.project.config import load_project
+from neuron_build.errors import ConfigError
+from neuron_build.log import configure
+from neuron_build.evaluate.validate import artifact_device_kind, is_validated, tolerance_for
 
 DOIT_CONFIG = {
     "default_tasks": ["build"],
@@ -78,7 +78,7 @@ def _die_with_parent() -> None:
     global _pdeathsig_set
     if _pdeathsig_set or os.getpid() == _MAIN_PID:
         return
-    from .build import _set_pdeathsig
+    from neuron_build.build.builder import _set_pdeathsig
     _set_pdeathsig()
     _pdeathsig_set = True
 
@@ -118,8 +118,8 @@ def _is_validated(key: str, device_kind: str, tolerance: float, reference: str) 
 
 
 def _validate(target_id: str):
-    from .errors import UserError
-    from .validate import summary_line, validate_target
+    from neuron_build.errors import UserError
+    from neuron_build.evaluate.validate import summary_line, validate_target
 
     b = builder()
     t = b.by_id[target_id]

@@ -28,7 +28,7 @@ def _write(path: Path, obj: dict) -> None:
 
 def run(request_path: str) -> int:
     """Run one compile request; returns the process exit status."""
-    from .compilers.base import CompileFailed, CompileRequest, load_compiler
+    from neuron_build.compilers.base import CompileFailed, CompileRequest, load_compiler
 
     req = CompileRequest(**json.loads(Path(request_path).read_text()))
     work = Path(req.work_dir)
@@ -37,7 +37,7 @@ def run(request_path: str) -> int:
           f"({req.hardware_target}) dtype {req.dtype}", flush=True)
     try:
         try:
-            from .examples import build_model, make_inputs
+            from neuron_build.examples import build_model, make_inputs
             compiler = load_compiler(req.backend)
             preflight = getattr(compiler, "preflight", None)
             if preflight is not None:  # toolchain checks before the (possibly slow) model build

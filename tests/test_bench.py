@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from neuron_build.bench import SCHEDULE, latency_stats, percentile, run_dir_name, time_calls, time_interleaved
-from neuron_build.build import Builder
-from neuron_build.config import load_project
-from neuron_build.gates import bench_result
+from neuron_build.evaluate.bench import SCHEDULE, latency_stats, percentile, run_dir_name, time_calls, time_interleaved
+from neuron_build.build.builder import Builder
+from neuron_build.project.config import load_project
+from neuron_build.release.gates import bench_result
 
 from conftest import rewrite_manifest, run_cli, write_tiny_project
 
@@ -183,7 +183,7 @@ def test_latency_stats_invariants():
 
 
 def test_neuron_artifact_is_skipped_without_a_neuroncore(tmp_path):
-    from neuron_build.validate import neuron_devices
+    from neuron_build.evaluate.validate import neuron_devices
     if neuron_devices():
         pytest.skip("this host has a NeuronCore")
     cfg = write_tiny_project(tmp_path / "p")

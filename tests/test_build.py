@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from neuron_build.build import Builder
-from neuron_build.config import load_project
+from neuron_build.build.builder import Builder
+from neuron_build.project.config import load_project
 
 from conftest import REPO, compiles_in_log, run_cli, write_tiny_project
 from test_config import edit

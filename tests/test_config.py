@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_build.config import load_project
+from neuron_build.project.config import load_project
 from neuron_build.errors import ConfigError
 
 from conftest import run_cli, write_tiny_project

@@ -1,4 +1,4 @@
-"""The release gates (neuron_build.gates) fed with real validation and benchmark results that
+"""The release gates (neuron_build.release.gates) fed with real validation and benchmark results that
 ``neuron-build validate`` and ``neuron-build bench`` stored (tiny torchscript project)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from neuron_build.build import Builder
-from neuron_build.config import load_project
-from neuron_build.gates import bench_result, latency_gate, validation_gate
+from neuron_build.build.builder import Builder
+from neuron_build.project.config import load_project
+from neuron_build.release.gates import bench_result, latency_gate, validation_gate
 
 from conftest import run_cli, write_tiny_project
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from neuron_build.hlo import (count_hlo_instructions, count_proto_instructions, count_text_instructions,
+from neuron_build.compilers.neuron.hlo import (count_hlo_instructions, count_proto_instructions, count_text_instructions,
                               find_hlo)
 
 

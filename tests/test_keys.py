@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from neuron_build.build import Builder
-from neuron_build.config import load_project
-from neuron_build.keys import COMPONENTS, DigestCache, KeyMaker, diff_components, local_imports
-from neuron_build.matrix import bucket_id, expand
+from neuron_build.build.builder import Builder
+from neuron_build.project.config import load_project
+from neuron_build.project.keys import COMPONENTS, DigestCache, KeyMaker, diff_components, local_imports
+from neuron_build.project.matrix import bucket_id, expand
 
 from test_config import edit
 
@@ -105,7 +105,7 @@ def test_diff_names_component_and_subkey(tiny):
 
 
 def test_weight_digest_cached_by_stat(tmp_path, monkeypatch):
-    import neuron_build.keys as keys
+    import neuron_build.project.keys as keys
     w = tmp_path / "w.bin"
     w.write_bytes(b"x" * 1000)
     calls = []

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from neuron_build import neff
-from neuron_build.neff import NeffError, payload_kind, read_neff_header
+from neuron_build.compilers.neuron import neff
+from neuron_build.compilers.neuron.neff import NeffError, payload_kind, read_neff_header
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from neff_util import build_neff, neff_header, tar_bytes, tar_gz_bytes, write_neff  # noqa: E402

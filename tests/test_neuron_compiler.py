@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_build import toolchain
+from neuron_build.project import toolchain
 from neuron_build.compilers import neuron as neuron_mod
 from neuron_build.compilers.base import CompileFailed, CompileRequest
 from neuron_build.compilers.neuron import (NeuronCompiler, classify_failure, graph_env, plan_trace_kwargs,

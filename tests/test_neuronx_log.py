@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from neuron_build.cli_parse_log import format_summary, parse_log_main
-from neuron_build.neuronx_log import (
+from neuron_build.cli.parse_log import format_summary, parse_log_main
+from neuron_build.compilers.neuron.neuronx_log import (
     CacheEvent,
     Diagnostic,
     InternalError,

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from neuron_build.build import Builder
-from neuron_build.config import load_project
+from neuron_build.build.builder import Builder
+from neuron_build.project.config import load_project
 from neuron_build.errors import UserError
 from neuron_build.release import (PromotionRefused, channel_history, channel_pointer, create_release, history_path,
                                   load_release, percentile, pointer_path, promote, pull, rollback)
-from neuron_build.store import Store
+from neuron_build.store.local import Store
 
 from conftest import run_cli, write_tiny_project
 
@@ -206,7 +206,7 @@ def test_release_refuses_mixed_toolchains(proj, monkeypatch):
     b = Builder(project)
     assert b.build(b.by_id["tiny/b1/fp32/p2"]).status == "PASS"
     # b4 built by a host with another torch: its key differs from this checkout's only in the toolchain
-    monkeypatch.setattr("neuron_build.keys.toolchain_versions", lambda backend: {"torch": "9.9.9"})
+    monkeypatch.setattr("neuron_build.project.keys.toolchain_versions", lambda backend: {"torch": "9.9.9"})
     other = Builder(project)
     assert other.build(other.by_id["tiny/b4/fp32/p2"]).status == "PASS"
     monkeypatch.undo()
@@ -220,7 +220,7 @@ def test_release_refuses_mixed_toolchains(proj, monkeypatch):
     assert "tiny/b4/fp32/p2: built with a different toolchain than the others: torch=9.9.9" in msg
 
     # once every bucket is from the other toolchain, the release is made from those artifacts
-    monkeypatch.setattr("neuron_build.keys.toolchain_versions", lambda backend: {"torch": "9.9.9"})
+    monkeypatch.setattr("neuron_build.project.keys.toolchain_versions", lambda backend: {"torch": "9.9.9"})
     other = Builder(project)
     assert other.build(other.by_id["tiny/b1/fp32/p2"]).status == "PASS"
     monkeypatch.undo()

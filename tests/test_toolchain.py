@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from neuron_build import toolchain
-from neuron_build.toolchain import (compiler_executable, neuron_status, resolve_backend, torch_matches,
+from neuron_build.project import toolchain
+from neuron_build.project.toolchain import (compiler_executable, neuron_status, resolve_backend, torch_matches,
                                     torch_requirement)
 
 from conftest import REPO, run_cli, write_tiny_project
@@ -80,7 +80,7 @@ def test_compiler_executable(variant, monkeypatch):
 
 
 def test_neuron_status_never_imports(variant):
-    code = ("import sys, neuron_build.toolchain as t; st = t.neuron_status(); "
+    code = ("import sys, neuron_build.project.toolchain as t; st = t.neuron_status(); "
             "print(st.kind, any(m in sys.modules for m in ('torch', 'torch_neuronx', 'neuronxcc')))")
     out = subprocess.run([sys.executable, "-c", code], env=neuron_env("neuron_sdk"), capture_output=True, text=True,
                          cwd=REPO)

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from neuron_build.build import Builder
-from neuron_build.config import load_project
+from neuron_build.build.builder import Builder
+from neuron_build.project.config import load_project
 from neuron_build.errors import ConfigError
-from neuron_build.gates import validation_gate
-from neuron_build.validate import (DEFAULT_TOLERANCE, compare_outputs, compare_tensors, flatten_outputs,
+from neuron_build.release.gates import validation_gate
+from neuron_build.evaluate.validate import (DEFAULT_TOLERANCE, compare_outputs, compare_tensors, flatten_outputs,
                                    is_validated, validate_target, validation_seed)
 
 from conftest import rewrite_manifest, REPO, run_cli, write_tiny_project
@@ -254,7 +254,7 @@ def test_tampered_artifact_fails_and_is_blamed_on_the_artifact(tmp_path):
 
     # rewrite the saved module with its output scaled by 1.01: a 1e-2 relative error
     torch.jit.trace(Scaled(mod), (torch.randn(4, DIM),), check_trace=False).save(str(obj / "model.pt"))
-    from neuron_build.keys import file_sha256
+    from neuron_build.project.keys import file_sha256
     rewrite_manifest(obj / "manifest.json", lambda m: m["files"].update(
         {"model.pt": {"size": (obj / "model.pt").stat().st_size, "sha256": file_sha256(obj / "model.pt")}}))
     assert b.store.is_complete(key)
@@ -315,7 +315,7 @@ def test_not_built_is_reported(tmp_path):
 def test_neuron_artifact_without_neuroncore_is_not_validated(tmp_path, monkeypatch):
     """A neuron-backend artifact on a host without a NeuronCore: recorded as not validated, never a pass,
     and the validation gate on neuron refuses it."""
-    import neuron_build.validate as v
+    import neuron_build.evaluate.validate as v
     cfg = write_rms_project(tmp_path / "p")
     assert run_cli("build", "-c", str(cfg), "naive").returncode == 0
     b = Builder(load_project(cfg))
@@ -462,7 +462,7 @@ def test_integer_inputs_stay_in_range_and_pass(tmp_path):
     """Token ids and a mask: int64 inputs within their ranges, the same tensors on both sides."""
     import torch
 
-    from neuron_build.validate import prepare
+    from neuron_build.evaluate.validate import prepare
     cfg = write_tiny_project(tmp_path / "p", extra='''
         [models.emb]
         factory = "tinylib.emb:build"

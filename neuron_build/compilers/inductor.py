@@ -14,7 +14,7 @@ import zipfile
 from collections import Counter
 from pathlib import Path
 
-from .base import CompileFailed, CompileRequest, CompileResult
+from neuron_build.compilers.base import CompileFailed, CompileRequest, CompileResult
 
 OP_COUNT_SOURCE = "aoti-wrapper: fused kernel + extern kernel call sites in run_impl"
 _FUSED = re.compile(r"\b(cpp_fused_\w+|triton_\w+)\s*\(")

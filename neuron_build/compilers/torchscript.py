@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from .base import CompileRequest, CompileResult
+from neuron_build.compilers.base import CompileRequest, CompileResult
 
 OP_COUNT_SOURCE = "torchscript-frozen-graph: non-prim operator nodes"
 

@@ -21,8 +21,8 @@ import signal
 import sys
 from pathlib import Path
 
-from neuron_build.build import Builder
-from neuron_build.config import load_project
+from neuron_build.build.builder import Builder
+from neuron_build.project.config import load_project
 from neuron_build.log import configure
 
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -63,7 +63,7 @@ def main() -> None:
         return finish(self, target, ki, req, run, obj, work, *a, **kw)
 
     def replay_worker(self, work: Path, log):
-        from neuron_build.build import WORKER_LOG, _Run
+        from neuron_build.build.builder import WORKER_LOG, _Run
         shutil.copytree(replay / "object", work.parent / "object", dirs_exist_ok=True)
         for f in (replay / "work").iterdir():
             if f.name != "request.json":

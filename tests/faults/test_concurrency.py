@@ -18,9 +18,9 @@ import pytest
 
 from faultkit import (REPO, cli_env, compile_counts, events, kill_group, quick_ids, start, start_build, verify,
                       wait_for, workers_alive, write_quick_project)
-from neuron_build.build import Builder
-from neuron_build.config import load_project
-from neuron_build.locks import GB, KeyLock, MemoryBudget
+from neuron_build.build.builder import Builder
+from neuron_build.project.config import load_project
+from neuron_build.store.locks import GB, KeyLock, MemoryBudget
 
 HOST = socket.gethostname()
 
@@ -123,7 +123,7 @@ def test_stale_lock_of_a_sigkilled_builder_is_replaced(tmp_path):
 
 HOLD_AND_DIE = r'''
 import os, signal, subprocess, sys
-from neuron_build.locks import KeyLock
+from neuron_build.store.locks import KeyLock
 lock = KeyLock(sys.argv[1], sys.argv[2], target="quick/n1/fp32/p").acquire()
 fd = lock._lock._context.lock_file_fd
 # a tool started without closing descriptors keeps the lock's open file (and so its flock) alive
@@ -228,7 +228,7 @@ def test_memory_budget_queues_compiles_across_processes(tmp_path):
 
 HOLD_MEMORY = r'''
 import sys
-from neuron_build.locks import MemoryBudget, GB
+from neuron_build.store.locks import MemoryBudget, GB
 with MemoryBudget(sys.argv[1], int(1 * GB), poll_s=0.05).reserve(int(float(sys.argv[2]) * GB), "holder"):
     print("held", flush=True)
     sys.stdin.read()   # until the test closes stdin (or kills this process)

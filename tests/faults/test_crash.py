@@ -17,8 +17,8 @@ import pytest
 
 from faultkit import (HERE, cli_env, fill, free_bytes, object_digests, plan_states, quick_ids, run_cli, start_build,
                       tmpfs, verify, wait_for, workers_alive, write_quick_project)
-from neuron_build.maintenance import verify_store
-from neuron_build.store import Store
+from neuron_build.store.maintenance import verify_store
+from neuron_build.store.local import Store
 
 
 STAGES = ("preparing the compile", "while compiling", "writing the artifact", "writing the manifest", "publishing")

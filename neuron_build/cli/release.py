@@ -5,8 +5,8 @@ No torch here; the domain logic is in :mod:`neuron_build.release`.
 
 from __future__ import annotations
 
-from .cli import _print_json, command
-from .errors import UserError
+from neuron_build.cli import _print_json, command
+from neuron_build.errors import UserError
 
 BACKENDS = ("auto", "neuron", "inductor", "torchscript")
 DEVICE_KINDS = ("cpu", "cuda", "neuron")
@@ -57,8 +57,8 @@ def register(add) -> None:
 
 
 def _project_store(args):
-    from .config import load_project
-    from .store import Store
+    from neuron_build.project.config import load_project
+    from neuron_build.store.local import Store
 
     project = load_project(args.config)
     return project, Store(project.store_url())
@@ -72,10 +72,10 @@ def _model(project, model: str) -> None:
 @command("release")
 def cmd_release(args) -> int:
     """Record a release and print its id (``--json``: the record)."""
-    from .build import Builder
-    from .config import load_project
-    from .log import configure
-    from .release import create_release
+    from neuron_build.build.builder import Builder
+    from neuron_build.project.config import load_project
+    from neuron_build.log import configure
+    from neuron_build.release import create_release
 
     project = load_project(args.config)
     configure(project.state_dir / "build.log", quiet=True)
@@ -102,7 +102,7 @@ def cmd_release(args) -> int:
 @command("promote")
 def cmd_promote(args) -> int:
     """Promote a release into a channel; a refusal exits 2 with every gate's figures."""
-    from .release import format_gates, promote
+    from neuron_build.release import format_gates, promote
 
     project, store = _project_store(args)
     _model(project, args.model)
@@ -121,7 +121,7 @@ def cmd_promote(args) -> int:
 @command("rollback")
 def cmd_rollback(args) -> int:
     """Roll a channel back to its previous release."""
-    from .release import rollback
+    from neuron_build.release import rollback
 
     project, store = _project_store(args)
     _model(project, args.model)
@@ -137,7 +137,7 @@ def cmd_rollback(args) -> int:
 @command("channels")
 def cmd_channels(args) -> int:
     """Each channel's release, version and age."""
-    from .release import channel_rows
+    from neuron_build.release import channel_rows
 
     project, store = _project_store(args)
     if args.model:
@@ -163,7 +163,7 @@ def cmd_channels(args) -> int:
 @command("history")
 def cmd_history(args) -> int:
     """A channel's history, oldest first."""
-    from .release import _check_channel, channel_history
+    from neuron_build.release import _check_channel, channel_history
 
     project, store = _project_store(args)
     _model(project, args.model)
@@ -193,7 +193,7 @@ def cmd_history(args) -> int:
 @command("pull")
 def cmd_pull(args) -> int:
     """Materialise a channel's release in a folder for a serving host."""
-    from .release import pull
+    from neuron_build.release import pull
 
     project, store = _project_store(args)
     _model(project, args.model)

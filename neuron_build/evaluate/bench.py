@@ -2,14 +2,14 @@
 
 One benchmark of one target: load the artifact onto its device, build the eager model in the target
 dtype on the same device, make the target's deterministic inputs (the validation inputs,
-:func:`neuron_build.validate.validation_seed`), run ``warmup`` untimed calls of each, then ``iters``
+:func:`neuron_build.evaluate.validate.validation_seed`), run ``warmup`` untimed calls of each, then ``iters``
 timed calls of each, alternating artifact and eager call by call (:func:`time_interleaved`, so that the
 load of a shared host hits both alike), each call ended by the device's synchronise
 (:func:`device_sync`) and timed with ``time.perf_counter_ns``. Reported: p50, p90, p99 and mean latency in milliseconds
 (percentiles by linear interpolation between order statistics), throughput in samples per second
 (batch / mean latency; the batch is the first dim of the first input), and the speedup over eager
 (eager p50 / compiled p50). Stored as ``results/<key>/bench/<device kind>--<host>.json`` (schema in
-:mod:`neuron_build.gates`).
+:mod:`neuron_build.release.gates`).
 
 A profiler run (:func:`profile_target`) is separate from the timed run, so profiler overhead never enters
 the figures. Torch is imported inside the functions only.
@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .errors import UserError
-from .store import Store, utc_now
-from .validate import Prepared, can_run_here, neuron_devices, prepare
+from neuron_build.errors import UserError
+from neuron_build.store.local import Store, utc_now
+from neuron_build.evaluate.validate import Prepared, can_run_here, neuron_devices, prepare
 
 #: torch.profiler schedule of ``bench --profile``: steps skipped, warmed up, recorded.
 SCHEDULE = {"wait": 2, "warmup": 1, "active": 1}

@@ -1,5 +1,5 @@
 """``neuron-build validate [PATTERN...] [--json]``: check built artifacts against the eager fp32 CPU
-reference and record the results beside them (see :mod:`neuron_build.validate`).
+reference and record the results beside them (see :mod:`neuron_build.evaluate.validate`).
 
 Exit status: 0 when every selected target passed (or is recorded as not validated because this host
 cannot run it), 1 when one failed or is not built, 2 for a user error (bad config, unknown pattern).
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from .cli import _builder, _print_json, command
+from neuron_build.cli import _builder, _print_json, command
 
 
 def register(add) -> None:
@@ -21,8 +21,8 @@ def register(add) -> None:
 @command("validate")
 def cmd_validate(args) -> int:
     """Validate the selected targets' artifacts; a target that is not built is reported, not compiled."""
-    from .matrix import select
-    from .validate import summary_line, validate_target
+    from neuron_build.project.matrix import select
+    from neuron_build.evaluate.validate import summary_line, validate_target
 
     b = _builder(args)
     chosen = select(b.targets, args.patterns)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .cli import _print_json, command
-from .toolchain import NEURON_DISTS, compiler_executable, neuron_devices, neuron_status, resolve_backend
+from neuron_build.cli import _print_json, command
+from neuron_build.project.toolchain import NEURON_DISTS, compiler_executable, neuron_devices, neuron_status, resolve_backend
 
 
 def register(add) -> None:
@@ -26,7 +26,7 @@ def doctor_report() -> dict[str, Any]:
     Returns:
         ``{"torch", "packages": {dist: version|None}, "torch_neuronx_requires_torch", "neuronx_cc_executable":
         {"path", "version", "error"}, "neuron_devices": [paths], "auto_backend", "usable", "kind",
-        "verdict"}``; ``kind`` as in :class:`neuron_build.toolchain.NeuronStatus`, ``verdict`` one sentence.
+        "verdict"}``; ``kind`` as in :class:`neuron_build.project.toolchain.NeuronStatus`, ``verdict`` one sentence.
     """
     st = neuron_status()
     exe = compiler_executable()

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .errors import UserError
-from .store import Store, _alive, read_json
+from neuron_build.errors import UserError
+from neuron_build.store.local import Store, _alive, read_json
 
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 DAY_S = 86400.0

@@ -7,7 +7,7 @@ import re
 import sys
 from typing import TextIO
 
-from .neuronx_log import LogSummary, failure_reason, parse_log
+from neuron_build.compilers.neuron.neuronx_log import LogSummary, failure_reason, parse_log
 
 __all__ = ["format_summary", "parse_log_main"]
 

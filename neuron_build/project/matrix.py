@@ -13,8 +13,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Iterable
 
-from .config import INTEGER_DTYPES, ModelSpec, Project
-from .errors import UserError
+from neuron_build.project.config import INTEGER_DTYPES, ModelSpec, Project
+from neuron_build.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class ConcreteInput:
     """An input with its shape made concrete for one bucket.
 
     ``shape`` is a tuple of positive ints; ``dtype`` one of the input dtypes of
-    :mod:`neuron_build.config`; ``range`` is ``[low, high)`` or None (float inputs: standard normal).
+    :mod:`neuron_build.project.config`; ``range`` is ``[low, high)`` or None (float inputs: standard normal).
     """
 
     name: str

@@ -22,8 +22,8 @@ from typing import Any, Literal, Optional
 from pydantic import (BaseModel, ConfigDict, Field, PositiveInt, StrictBool, StrictStr, ValidationError,
                       ValidationInfo, field_validator, model_validator)
 
-from .compiler_args import normalize_compiler_args
-from .errors import ConfigError
+from neuron_build.project.compiler_args import normalize_compiler_args
+from neuron_build.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,7 +38,7 @@ INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
 Backend = Literal["auto", "neuron", "inductor", "torchscript"]
 NeuronTarget = Literal["trn1", "trn1n", "trn2", "inf2"]
 Device = Literal["cpu", "cuda"]
-#: Where an artifact is validated, benchmarked and served (see :mod:`neuron_build.gates`).
+#: Where an artifact is validated, benchmarked and served (see :mod:`neuron_build.release.gates`).
 DeviceKind = Literal["cpu", "cuda", "neuron"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -79,7 +79,7 @@ class BuildSettings(_Frozen):
 class Profile(_Frozen):
     """``[profiles.NAME]``: compiler args and options.
 
-    ``compiler_args`` are stored normalised (see :func:`neuron_build.compiler_args.normalize_compiler_args`).
+    ``compiler_args`` are stored normalised (see :func:`neuron_build.project.compiler_args.normalize_compiler_args`).
     ``tp_degree`` is the tensor-parallel degree (NeuronCores per model replica).
     """
 
@@ -186,7 +186,7 @@ class ModelSpec(_Frozen):
     (relative paths) whose content is part of the key; ``packages`` are installed distributions whose
     versions, and whose shipped weight files, are part of the key. ``tolerance`` is the relative L2 error
     allowed against the fp32 CPU reference, per dtype (defaults: fp32 1e-4, bf16 and fp16 2e-2; see
-    :mod:`neuron_build.validate`). ``reference`` names another model whose eager fp32 CPU outputs this
+    :mod:`neuron_build.evaluate.validate`). ``reference`` names another model whose eager fp32 CPU outputs this
     model is validated against (e.g. a fused variant against its written-out version); it must take the
     same inputs (names, shapes, dtypes, ranges). Neither is part of the key.
 
@@ -544,7 +544,7 @@ def _check_factory(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
                       f"defined: {', '.join(sorted(defined)) or 'nothing'}")
     faults.extend(_missing_imports(tree, path, root, where))
     # modules under the models folder that the factory imports must import too
-    from .keys import local_imports
+    from neuron_build.project.keys import local_imports
 
     top_dir = root / m.module.split(".")[0]
     for dep in local_imports(path, top_dir if top_dir.is_dir() else path.parent):

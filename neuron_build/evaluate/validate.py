@@ -4,7 +4,7 @@ For one target: deterministic inputs made from its concrete input specs, the ref
 target's own model, or the model its ``reference`` names in ``buckets.toml``) run eagerly in fp32 on the
 CPU, and the artifact run on the device it was compiled for. Per output it records the max absolute
 error, the relative L2 error ``||a - r|| / ||r||``, the cosine similarity, the tolerance applied and the
-verdict, in ``results/<key>/validation/<device kind>.json`` (schema in :mod:`neuron_build.gates`). The
+verdict, in ``results/<key>/validation/<device kind>.json`` (schema in :mod:`neuron_build.release.gates`). The
 key never changes.
 
 - **Inputs**: :func:`neuron_build.examples.make_inputs` with the seed :func:`validation_seed` (bytes 8-15
@@ -33,11 +33,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .config import ModelSpec, Project
-from .errors import UserError
-from .manifest import Manifest
-from .matrix import Target
-from .store import Store, utc_now
+from neuron_build.project.config import ModelSpec, Project
+from neuron_build.errors import UserError
+from neuron_build.store.manifest import Manifest
+from neuron_build.project.matrix import Target
+from neuron_build.store.local import Store, utc_now
 
 #: Relative L2 error allowed against the fp32 CPU reference, per target dtype, unless the model's
 #: ``tolerance`` table in buckets.toml says otherwise. bf16 errors around 1e-2 are normal; above 5e-2
@@ -263,7 +263,7 @@ class Prepared:
     def eager(self, dtype: str, kwargs: dict[str, Any] | None = None, model: str | None = None,
               device: str = "cpu"):
         """The eager model (this target's, or ``model``'s from buckets.toml) in ``dtype`` on ``device``."""
-        from .examples import build_model
+        from neuron_build.examples import build_model
 
         if model is None:
             factory, kw = self.factory, (self.kwargs if kwargs is None else kwargs)
@@ -306,7 +306,7 @@ def prepare(project: Project, store: Store, target: Target, key: str) -> Prepare
     Raises:
         UserError: the store holds no complete artifact for ``key``.
     """
-    from .examples import make_inputs
+    from neuron_build.examples import make_inputs
 
     m = store.manifest(key)
     if m is None:
@@ -338,7 +338,7 @@ def _factory_defaults(root, factory: str) -> dict[str, Any]:
     """The keyword defaults of a factory function ({} when it cannot be inspected)."""
     import inspect
 
-    from .examples import load_factory
+    from neuron_build.examples import load_factory
 
     try:
         sig = inspect.signature(load_factory(root, factory))

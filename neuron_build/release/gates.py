@@ -1,6 +1,6 @@
 """Release gates over stored validation and benchmark results: the hook the release pipeline calls.
 
-Result records live beside artifacts (:meth:`neuron_build.store.Store.record_result`), never in the key:
+Result records live beside artifacts (:meth:`neuron_build.store.local.Store.record_result`), never in the key:
 
 - ``results/<key>/validation/<device kind>.json``: ``{"verdict": "pass" | "fail" | "not_validated",
   "reason": str | None, "device_kind": str, "outputs": [{"name", "max_abs_error", "rel_l2_error",
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .store import Store
+from neuron_build.store.local import Store
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ from typing import Any, Iterator
 
 from filelock import FileLock, Timeout
 
-from .log import get_logger
-from .store import Store, is_disk_full, read_json, write_json_atomic, utc_now
+from neuron_build.log import get_logger
+from neuron_build.store.local import Store, is_disk_full, read_json, write_json_atomic, utc_now
 
 GB = 10**9
 

@@ -38,12 +38,12 @@ from typing import Any, Callable, Iterable
 
 from filelock import FileLock, Timeout
 
-from .config import Project, ReleaseSettings
-from .errors import UserError
-from .gates import GateCheck, latency_gate, validation_gate
-from .keys import canonical_json, diff_components, sha256_hex
-from .manifest import MANIFEST
-from .store import Store, read_json, utc_now
+from neuron_build.project.config import Project, ReleaseSettings
+from neuron_build.errors import UserError
+from neuron_build.release.gates import GateCheck, latency_gate, validation_gate
+from neuron_build.project.keys import canonical_json, diff_components, sha256_hex
+from neuron_build.store.manifest import MANIFEST
+from neuron_build.store.local import Store, read_json, utc_now
 
 RELEASE_FORMAT = 1
 PULL_FORMAT = 1
@@ -190,7 +190,7 @@ def _append_history(store: Store, model: str, channel: str, entry: dict[str, Any
 
 
 def _write_pointer(store: Store, model: str, channel: str, pointer: dict[str, Any]) -> None:
-    from .store import write_json_atomic
+    from neuron_build.store.local import write_json_atomic
     write_json_atomic(pointer_path(store, model, channel), pointer)
 
 
@@ -283,7 +283,7 @@ def create_release(builder, model: str, dtype: str | None = None, profile: str |
     builder's backend), or return the existing record with the same content.
 
     Args:
-        builder: a :class:`neuron_build.build.Builder` (its backend decides which keys are released).
+        builder: a :class:`neuron_build.build.builder.Builder` (its backend decides which keys are released).
         dtype, profile: required when the model has several.
         creator: recorded as who made it; default :func:`actor`.
 

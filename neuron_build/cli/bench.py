@@ -1,6 +1,6 @@
 """``neuron-build bench [PATTERN...] [--warmup N] [--iters M] [--compare A B ...] [--profile DIR] [--json]``:
 latency of built artifacts against the eager model, side-by-side comparisons and profiler traces (see
-:mod:`neuron_build.bench`).
+:mod:`neuron_build.evaluate.bench`).
 
 Exit status: 0 when every selected target was benchmarked (or skipped because this host cannot run it),
 1 when one is not built, 2 for a user error.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .cli import _builder, _print_json, command
-from .errors import UserError
+from neuron_build.cli import _builder, _print_json, command
+from neuron_build.errors import UserError
 
 
 def register(add) -> None:
@@ -41,9 +41,9 @@ def _progress_factory():
 @command("bench")
 def cmd_bench(args) -> int:
     """Benchmark the targets matching PATTERNs and --compare (default: all targets)."""
-    from .bench import bench_target, format_compare_table, format_row_table, profile_target
-    from .matrix import select
-    from .validate import artifact_device_kind, can_run_here, validate_target
+    from neuron_build.evaluate.bench import bench_target, format_compare_table, format_row_table, profile_target
+    from neuron_build.project.matrix import select
+    from neuron_build.evaluate.validate import artifact_device_kind, can_run_here, validate_target
 
     if args.profile:
         prof_dir = Path(args.profile)

@@ -217,7 +217,7 @@ def announce_backend(note: str | None) -> bool:
     if not note or note in _announced:
         return False
     _announced.add(note)
-    from .log import get_logger
+    from neuron_build.log import get_logger
     get_logger().info(note)
     return True
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import BuildFailed, UserError
+from neuron_build.errors import BuildFailed, UserError
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -25,9 +25,9 @@ def command(name: str):
 
 
 def _builder(args):
-    from .build import Builder
-    from .config import load_project
-    from .log import configure
+    from neuron_build.build.builder import Builder
+    from neuron_build.project.config import load_project
+    from neuron_build.log import configure
 
     project = load_project(args.config)
     configure(project.state_dir / "build.log", quiet=getattr(args, "json", False))
@@ -46,8 +46,8 @@ def cmd_build(args) -> int:
     from doit.cmd_base import ModuleTaskLoader
     from doit.doit_cmd import DoitMain
 
-    from . import tasks
-    from .matrix import select
+    from neuron_build import tasks
+    from neuron_build.project.matrix import select
 
     b = _builder(args)
     chosen = select(b.targets, args.patterns)
@@ -123,7 +123,7 @@ def cmd_plan(args) -> int:
 @command("explain")
 def cmd_explain(args) -> int:
     """The key components of a target and which changed since it was last built."""
-    from .keys import COMPONENTS
+    from neuron_build.project.keys import COMPONENTS
 
     b = _builder(args)
     t = b.by_id.get(args.target)
@@ -219,7 +219,7 @@ def cmd_show(args) -> int:
 @command("parse-log")
 def cmd_parse_log(args) -> int:
     """What neuron-build reads from a neuronx-cc log."""
-    from .cli_parse_log import parse_log_main
+    from neuron_build.cli.parse_log import parse_log_main
 
     p = Path(args.file)
     if p.is_dir():
@@ -243,11 +243,11 @@ def cmd_parse_log(args) -> int:
 #: Modules that add commands: each defines ``register(add)``, where ``add(name, help)`` returns an
 #: argparse sub-parser, and decorates its handlers with :func:`command`. Keep them free of torch imports.
 PLUGINS: tuple[str, ...] = (
-    "neuron_build.cli_doctor",
-    "neuron_build.cli_validate",
-    "neuron_build.cli_bench",
-    "neuron_build.cli_release",
-    "neuron_build.cli_store",
+    "neuron_build.cli.doctor",
+    "neuron_build.cli.validate",
+    "neuron_build.cli.bench",
+    "neuron_build.cli.release",
+    "neuron_build.cli.store",
 )
 
 
@@ -315,9 +315,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-
-if __name__ == "__main__":
-    # Run the importable module's main(): plugins register their commands on `neuron_build.cli`, which
-    # under `python -m` is a different module object than this `__main__`.
-    from neuron_build import cli as _cli
-    sys.exit(_cli.main())

@@ -19,17 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .compilers.base import CompileRequest
-from .config import Project
-from .keys import COMPONENTS, KeyInfo, KeyMaker, diff_components, file_sha256
-from .locks import GB, KeyLock, MemoryBudget, expected_peak
-from .log import get_logger
-from .manifest import STATUSES, Manifest, Metrics
-from .matrix import Target, expand
-from .store import Store, is_disk_full, read_json, utc_now
-from .toolchain import announce_backend, neuron_status
+from neuron_build.compilers.base import CompileRequest
+from neuron_build.project.config import Project
+from neuron_build.project.keys import COMPONENTS, KeyInfo, KeyMaker, diff_components, file_sha256
+from neuron_build.store.locks import GB, KeyLock, MemoryBudget, expected_peak
+from neuron_build.log import get_logger
+from neuron_build.store.manifest import STATUSES, Manifest, Metrics
+from neuron_build.project.matrix import Target, expand
+from neuron_build.store.local import Store, is_disk_full, read_json, utc_now
+from neuron_build.project.toolchain import announce_backend, neuron_status
 
-PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 TRANSIENT_EXIT = 70  # [seen] neuronx-cc exits 70 on transient tool failures
 #: The worker's stdout/stderr in an artifact. ``compile.log`` is the compiler's own log (neuronx-cc's).
 WORKER_LOG = "worker.log"
@@ -157,7 +157,7 @@ class Builder:
     def build(self, target: Target, retry_failed: bool = True) -> Outcome:
         """Build one target unless the store already holds its artifact.
 
-        The compile runs under the key's cross-process lock (:class:`~neuron_build.locks.KeyLock`): a
+        The compile runs under the key's cross-process lock (:class:`~neuron_build.store.locks.KeyLock`): a
         second builder of the same key waits, then reuses the first one's artifact. Before it starts, the
         compile reserves its expected peak memory in the host's budget (``[build] max_host_memory_gb``).
 

@@ -35,7 +35,7 @@ from typing import Any, Iterator
 
 from pydantic import ValidationError
 
-from .manifest import MANIFEST, Manifest
+from neuron_build.store.manifest import MANIFEST, Manifest
 
 #: The manifest field holding the sha256 of the manifest's own canonical JSON (without this field).
 SELF_DIGEST = "manifest_sha256"
@@ -189,7 +189,7 @@ class Store:
             if size != ent.size:
                 return None, f"{name} is {size} bytes, manifest.json says {ent.size}"
         if deep:
-            from .keys import file_sha256
+            from neuron_build.project.keys import file_sha256
             for name, ent in man.files.items():
                 try:
                     digest = file_sha256(d / name)
@@ -291,7 +291,7 @@ class Store:
             (dest / "reason.txt").write_text(reason + "\n")
         except OSError:
             pass  # e.g. a full disk: the object is out of objects/ all the same
-        from .log import get_logger
+        from neuron_build.log import get_logger
         get_logger(key=(key or src.name)[:12]).warning("object quarantined", reason=reason, moved_to=str(dest))
         return dest
 

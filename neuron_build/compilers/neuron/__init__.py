@@ -47,10 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ..neuronx_log import LogSummary, failure_reason, parse_log
-from ..toolchain import (NEURON_INDEX_URL, NEURON_INSTALL_HINT, CompilerExecutable, compiler_executable,
+from neuron_build.compilers.neuron.neuronx_log import LogSummary, failure_reason, parse_log
+from neuron_build.project.toolchain import (NEURON_INDEX_URL, NEURON_INSTALL_HINT, CompilerExecutable, compiler_executable,
                          neuron_devices, neuron_status, version)
-from .base import EXIT_TOOLCHAIN_MISSING, CompileFailed, CompileRequest, CompileResult
+from neuron_build.compilers.base import EXIT_TOOLCHAIN_MISSING, CompileFailed, CompileRequest, CompileResult
 
 #: The compiler log's name in the workdir (neuronx-cc's default name) [doc].
 LOG_NAME = "log-neuron-cc.txt"
@@ -138,7 +138,7 @@ def signature_params(fn: Any) -> list[str]:
 
 def graph_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment variables that change a Neuron compile (as the key counts them), sorted."""
-    from ..keys import ENV_IGNORED_PREFIXES, ENV_PREFIXES
+    from neuron_build.project.keys import ENV_IGNORED_PREFIXES, ENV_PREFIXES
     return {k: v for k, v in sorted(environ.items())
             if k.startswith(ENV_PREFIXES["neuron"]) and not k.startswith(ENV_IGNORED_PREFIXES)}
 
@@ -212,7 +212,7 @@ class RankModelFactory:
     dtype: str
 
     def __call__(self):
-        from ..examples import build_model
+        from neuron_build.examples import build_model
         return build_model(self.root, self.factory, self.kwargs, self.dtype), {}
 
 
@@ -425,7 +425,7 @@ class NeuronCompiler:
         """(op count, source, per-rank counts or None, extra details). Rank 0's count for TP models
         (every rank runs the same program on its shard [guess]); the log first, then the HLO in the
         workdir, then torch_neuronx.analyze."""
-        from ..hlo import count_hlo_instructions, find_hlo
+        from neuron_build.compilers.neuron.hlo import count_hlo_instructions, find_hlo
 
         per_rank: list[int | None] = [s.op_count if s is not None else None for s in summaries]
         if per_rank[0] is not None:
@@ -525,7 +525,7 @@ def classify_failure(exc: BaseException, logs: list[Path], work: Path, *, has_ne
 
 # -- helpers ------------------------------------------------------------------------------------------
 def _copy_neff(src: Path, dst: Path) -> dict[str, Any]:
-    from ..neff import NeffError, read_neff_header
+    from neuron_build.compilers.neuron.neff import NeffError, read_neff_header
 
     if not src.is_file():
         where = f"{src.parent.name}/{src.name}" if src.parent.name.startswith("_tp") else src.name

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .compiler_args import key_args
-from .config import Project
-from .matrix import Target
-from .toolchain import resolve_backend, toolchain_versions, version
+from neuron_build.project.compiler_args import key_args
+from neuron_build.project.config import Project
+from neuron_build.project.matrix import Target
+from neuron_build.project.toolchain import resolve_backend, toolchain_versions, version
 
 KEY_FORMAT = 1
 COMPONENTS = ("format", "model", "inputs", "compiler", "env", "toolchain")

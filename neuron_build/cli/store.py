@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .cli import _builder, _print_json, command
+from neuron_build.cli import _builder, _print_json, command
 
 
 def register(add) -> None:
@@ -23,7 +23,7 @@ def _mib(n: int) -> str:
 @command("verify")
 def cmd_verify(args) -> int:
     """Verify every object; exit 1 when any was bad (each is quarantined and reported with its reason)."""
-    from .maintenance import verify_store
+    from neuron_build.store.maintenance import verify_store
 
     b = _builder(args)
     rep = verify_store(b.store, deep=args.deep)
@@ -45,7 +45,7 @@ def cmd_verify(args) -> int:
 @command("gc")
 def cmd_gc(args) -> int:
     """Remove unreferenced artifacts older than the keep window, and leftovers."""
-    from .maintenance import collect_garbage
+    from neuron_build.store.maintenance import collect_garbage
 
     b = _builder(args)
     current = {b.key(t).key for t in b.targets}
