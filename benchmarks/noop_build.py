@@ -57,7 +57,7 @@ def populate(cfg: Path) -> int:
     import socket
     from neuron_build.build.builder import Builder
     from neuron_build.project.config import load_project
-    from neuron_build.project.keys import file_sha256
+    from neuron_build.util import file_sha256
     from neuron_build.store.manifest import Manifest, Metrics
 
     b = Builder(load_project(cfg))
@@ -65,7 +65,7 @@ def populate(cfg: Path) -> int:
         ki = b.key(t)
         if b.store.is_complete(ki.key):
             continue
-        st = b.store.staging_dir(ki.key)
+        st = b.store.new_staging(ki.key)
         obj = st / "object"
         obj.mkdir()
         (obj / "model.pt").write_bytes(b"placeholder artifact for the no-op benchmark " + ki.key.encode())

@@ -1,14 +1,42 @@
-"""Exceptions that the CLI maps to exit codes.
+"""The exception root and the one exit-code table.
 
-``UserError`` and its subclasses are mistakes the user can fix (bad config, unknown target): exit 2,
-one message, no traceback. ``BuildFailed`` means at least one target did not build: exit 1.
+Every error the tool raises on purpose derives from :class:`NeuronBuildError`; :func:`exit_code` maps
+an exception to the process exit status (``neuron-build`` and ``doit build`` alike):
+
+=====  =====================================================================
+code   meaning
+=====  =====================================================================
+0      ok
+1      a build or a check failed (:class:`BuildFailed`, a failed verify)
+2      usage or configuration error, or a refused promotion (:class:`UserError`)
+130    interrupted (Ctrl-C)
+=====  =====================================================================
 """
 
 from __future__ import annotations
 
+from enum import IntEnum
 
-class UserError(Exception):
-    """A mistake in the user's input. The message names the file, the key and the fix."""
+
+class ExitCode(IntEnum):
+    """Process exit statuses (the table above)."""
+
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    INTERRUPTED = 130
+
+
+class NeuronBuildError(Exception):
+    """Root of the errors neuron-build raises on purpose. ``exit_code`` is the process exit status."""
+
+    exit_code: ExitCode = ExitCode.FAILED
+
+
+class UserError(NeuronBuildError):
+    """A mistake in the user's input. The message names the file, the key and the fix (exit 2)."""
+
+    exit_code = ExitCode.USAGE
 
 
 class ConfigError(UserError):
@@ -26,5 +54,16 @@ class ConfigError(UserError):
         super().__init__(head + "\n" + "\n".join(f"  {f}" for f in faults))
 
 
-class BuildFailed(Exception):
+class BuildFailed(NeuronBuildError):
     """One or more targets failed to build (exit status 1)."""
+
+    exit_code = ExitCode.FAILED
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit status for an exception that reached the top of a command (the module table)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return int(ExitCode.INTERRUPTED)
+    if isinstance(exc, NeuronBuildError):
+        return int(exc.exit_code)
+    return int(ExitCode.FAILED)

@@ -19,11 +19,7 @@ import time
 import traceback
 from pathlib import Path
 
-
-def _write(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    tmp.replace(path)
+from neuron_build.util import write_json_atomic
 
 
 def run(request_path: str) -> int:
@@ -52,16 +48,16 @@ def run(request_path: str) -> int:
         result = compiler.compile(model, inputs, req)
     except CompileFailed as e:
         print(f"compile failed: {e.status}: {e.reason}", flush=True)
-        _write(work / "error.json", {"status": e.status, "reason": e.reason, "details": e.details})
+        write_json_atomic(work / "error.json", {"status": e.status, "reason": e.reason, "details": e.details})
         return e.exit_code
     except Exception as e:  # an unexpected failure in the compiler or the model: a compile error
         traceback.print_exc()
         sys.stdout.flush()
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        _write(work / "error.json", {"status": "ERROR", "reason": f"{type(e).__name__}: {first}"[:500],
+        write_json_atomic(work / "error.json", {"status": "ERROR", "reason": f"{type(e).__name__}: {first}"[:500],
                                      "details": {}})
         return 1
-    _write(work / "result.json", {"op_count": result.op_count, "op_count_source": result.op_count_source,
+    write_json_atomic(work / "result.json", {"op_count": result.op_count, "op_count_source": result.op_count_source,
                                   "details": result.details})
     print(f"compile done in {time.monotonic() - t0:.1f} s", flush=True)
     return 0

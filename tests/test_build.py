@@ -91,8 +91,8 @@ def test_failed_compile_is_recorded_not_served_and_retried(tiny):
     assert b.state(t) == "failed"
     assert not b.store.object_dir(b.key(t).key).exists()
     fail = b.store.failure(t.id)
-    assert fail["status"] == "ERROR" and fail["exit_code"] == 1
-    assert b"factory exploded on purpose" in (b.store.target_dir(t.id) / "failure.log").read_bytes()
+    assert fail.status == "ERROR" and fail.exit_code == 1
+    assert b"factory exploded on purpose" in b.store.failure_log(t.id).read_bytes()
     assert not list((b.store.root / "staging").iterdir())
     # show prints the failure, plan says failed
     assert plan(tiny)["other/static/fp32/p1"]["state"] == "failed"

@@ -9,6 +9,7 @@ from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
 from neuron_build.project.keys import COMPONENTS, DigestCache, KeyMaker, diff_components, local_imports
 from neuron_build.project.matrix import bucket_id, expand
+from neuron_build.store.records import TargetRecord
 
 from test_config import edit
 
@@ -139,7 +140,7 @@ def test_plan_changed_names_component_first(tiny):
     b = Builder(load_project(tiny))
     t = b.by_id["tiny/b1/fp32/p1"]
     ki = b.key(t)
-    b.store.record_target(t.id, {"key": ki.key, "details": ki.details, "hashes": ki.hashes, "status": "PASS"})
+    b.store.put_target(TargetRecord(target=t.id, key=ki.key, status="PASS", details=ki.details, hashes=ki.hashes))
     edit(tiny, 'compiler_args = ["--optlevel=1"]', 'compiler_args = ["--optlevel=3"]')
     b2 = Builder(load_project(tiny))
     assert b2.changed(b2.by_id[t.id]) == (["compiler: compiler_args"], t.id)

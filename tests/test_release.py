@@ -15,9 +15,10 @@ import pytest
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
 from neuron_build.errors import UserError
-from neuron_build.release import (PromotionRefused, channel_history, channel_pointer, create_release, history_path,
-                                  load_release, percentile, pointer_path, promote, pull, rollback)
-from neuron_build.store.local import Store
+from neuron_build.release import (PromotionRefused, channel_history, channel_pointer, create_release, load_release,
+                                  promote, pull, rollback)
+from neuron_build.util import percentile
+from neuron_build.store.local import LocalStore
 
 from conftest import run_cli, write_tiny_project
 
@@ -89,13 +90,13 @@ def make(cfg: Path, dtype: str = "fp32", profile: str = "p1") -> dict:
 
 def validate_all(store: Store, rel: dict, kind: str = "cpu", verdict: str = "pass") -> None:
     for a in rel["artifacts"]:
-        store.record_result(a["key"], "validation", kind, {"verdict": verdict, "reason": None,
+        store.put_result(a["key"], "validation", kind, {"verdict": verdict, "reason": None,
                                                            "device_kind": kind, "outputs": []})
 
 
 def bench_all(store: Store, rel: dict, p99_ms: float, kind: str = "cpu") -> None:
     for a in rel["artifacts"]:
-        store.record_result(a["key"], "bench", f"{kind}--hostA", {
+        store.put_result(a["key"], "bench", f"{kind}--hostA", {
             "device_kind": kind, "host": "hostA", "latency_ms": {"p50": p99_ms / 2, "p90": p99_ms * 0.9,
                                                                  "p99": p99_ms, "mean": p99_ms / 2},
             "throughput_per_s": 1000 / p99_ms, "iters": 100, "time": "2026-01-01T00:00:00+00:00"})
@@ -198,7 +199,7 @@ def test_release_refuses_missing_and_failed_buckets(proj):
     assert r.returncode == 2
     assert "tiny/b1/fp32/p1: missing: not built for this checkout (changed since its last build: model: " \
            "sources.tinylib/act.py" in r.stderr
-    assert not (Store(load_project(proj).store_url()).root / "releases").exists()
+    assert not (LocalStore(load_project(proj).store_url()).root / "releases").exists()
 
 
 def test_release_refuses_mixed_toolchains(proj, monkeypatch):
@@ -229,9 +230,9 @@ def test_release_refuses_mixed_toolchains(proj, monkeypatch):
 
 
 def test_percentile_nearest_rank():
-    assert percentile([3.0, 1.0, 2.0], 95) == 3.0
-    assert percentile(range(1, 101), 95) == 95
-    assert percentile(range(1, 21), 95) == 19
+    assert percentile([3.0, 1.0, 2.0], 95, method="nearest-rank") == 3.0
+    assert percentile(range(1, 101), 95, method="nearest-rank") == 95
+    assert percentile(range(1, 21), 95, method="nearest-rank") == 19
     assert percentile([5.0], 50) == 5.0
 
 
@@ -277,7 +278,7 @@ def test_gate_validated(proj):
 
     validate_all(store, r1)
     b4 = next(a for a in r1["artifacts"] if a["bucket_id"] == "b4")
-    store.record_result(b4["key"], "validation", "cpu", {"verdict": "fail", "reason": "rel_l2 0.2 > 0.05",
+    store.put_result(b4["key"], "validation", "cpu", {"verdict": "fail", "reason": "rel_l2 0.2 > 0.05",
                                                          "device_kind": "cpu", "outputs": []})
     g = gate(refused(store, settings, "dev", release=r1["id"]), "validated")
     assert g["figures"] == {"passed": 1, "failed": 1, "not_validated": 0, "device_kind": "cpu"}
@@ -401,7 +402,7 @@ def test_unknown_channel_and_source(proj):
         promote(store, settings, "tiny", "dev", release="r-0000000000000000")
     with pytest.raises(UserError, match="either a RELEASE id or --from CHANNEL"):
         promote(store, settings, "tiny", "dev")
-    assert not history_path(store, "tiny", "qa").exists()
+    assert store.history("tiny", "qa") == []
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -410,7 +411,7 @@ def test_unknown_channel_and_source(proj):
 def _race(cfg: str, release: str, barrier, queue) -> None:
     os.environ["NEURON_BUILD_ACTOR"] = f"racer-{release}"
     project = load_project(cfg)
-    store = Store(project.store_url())
+    store = LocalStore(project.store_url())
     try:
         e = promote(store, project.config.release, "tiny", "dev", release=release, allow_unvalidated=True,
                     reason=f"race {release}", before_swap=lambda: barrier.wait(timeout=120))
@@ -580,7 +581,7 @@ def test_cli_release_flow_and_history(proj, tmp_path):
     r = run_cli("promote", "tiny", r1, "--to", "dev", *c)
     assert r.returncode == 2 and "FAIL validated: not validated on cpu" in r.stderr and "Traceback" not in r.stderr
     assert "validate on cpu with `neuron-build validate tiny`, or pass --allow-unvalidated" in r.stderr
-    store = Store(load_project(proj).store_url())
+    store = LocalStore(load_project(proj).store_url())
     for rid in (r1, r2):
         validate_all(store, load_release(store, "tiny", rid))
     r = run_cli("promote", "tiny", r1, "--to", "dev", "--reason", "first cut", *c)
@@ -616,7 +617,7 @@ def test_cli_release_flow_and_history(proj, tmp_path):
     assert dev[1]["reason"] == "first cut" and dev[0]["gates"][1]["passed"] is False
     text = run_cli("history", "tiny", "--channel", "dev", *c).stdout
     assert "refuse   - -> " + r1 in text and "FAIL validated: not validated on cpu" in text
-    assert json.loads(pointer_path(store, "tiny", "prod").read_text())["release"] == r1
+    assert store.channel("tiny", "prod")["release"] == r1
 
     r = run_cli("rollback", "tiny", "--channel", "nope", *c)
     assert r.returncode == 2 and "unknown channel 'nope' (--channel)" in r.stderr

@@ -254,7 +254,7 @@ def test_tampered_artifact_fails_and_is_blamed_on_the_artifact(tmp_path):
 
     # rewrite the saved module with its output scaled by 1.01: a 1e-2 relative error
     torch.jit.trace(Scaled(mod), (torch.randn(4, DIM),), check_trace=False).save(str(obj / "model.pt"))
-    from neuron_build.project.keys import file_sha256
+    from neuron_build.util import file_sha256
     rewrite_manifest(obj / "manifest.json", lambda m: m["files"].update(
         {"model.pt": {"size": (obj / "model.pt").stat().st_size, "sha256": file_sha256(obj / "model.pt")}}))
     assert b.store.is_complete(key)
@@ -439,7 +439,7 @@ def test_doit_validate_and_torch_free_paths(tmp_path):
     assert "-- validate:other/static/fp32/p1" in r.stdout  # up to date: skipped
 
     # a failed verdict is not up to date: doit validates again (and the artifact passes)
-    b.store.record_result(key, "validation", "cpu", {"verdict": "fail", "reason": "x", "outputs": []})
+    b.store.put_result(key, "validation", "cpu", {"verdict": "fail", "reason": "x", "outputs": []})
     assert not is_validated(b.store, key, "cpu")
     r = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "--dir", str(cfg.parent),
                         "validate:other/static/fp32/p1", f"config={env_cfg}"], capture_output=True, text=True,

@@ -21,12 +21,16 @@ from typing import Any
 
 from neuron_build.compilers.base import CompileRequest
 from neuron_build.project.config import Project
-from neuron_build.project.keys import COMPONENTS, KeyInfo, KeyMaker, diff_components, file_sha256
-from neuron_build.store.locks import GB, KeyLock, MemoryBudget, expected_peak
+from neuron_build.project.keys import COMPONENTS, KeyInfo, KeyMaker, diff_components
+from neuron_build.store.locks import GB
 from neuron_build.log import get_logger
-from neuron_build.store.manifest import STATUSES, Manifest, Metrics
+from neuron_build.store.manifest import Manifest, Metrics
 from neuron_build.project.matrix import Target, expand
-from neuron_build.store.local import Store, is_disk_full, read_json, utc_now
+from neuron_build.store import open_store
+from neuron_build.store.records import FailureRecord, TargetRecord
+from neuron_build.build.peaks import expected_peak
+from neuron_build.status import STATUSES, Status, TargetState
+from neuron_build.util import file_sha256, is_disk_full, read_json, utc_now
 from neuron_build.project.toolchain import announce_backend, neuron_status
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
@@ -102,14 +106,14 @@ class Builder:
 
     def __init__(self, project: Project, backend: str | None = None):
         self.project = project
-        self.store = Store(project.store_url())
+        self.store = open_store(project.store_url())
         self.keys = KeyMaker(project, backend=backend)
         self.targets = expand(project)
         self.by_id = {t.id: t for t in self.targets}
         self._keyinfo: dict[str, KeyInfo] = {}
         mem = project.config.build.max_host_memory_gb
-        self.memory = MemoryBudget(self.store.root, int(mem * GB) if mem is not None else None,
-                                   heartbeat_s=project.config.build.heartbeat_s)
+        self.memory = self.store.memory_budget(int(mem * GB) if mem is not None else None,
+                                               heartbeat_s=project.config.build.heartbeat_s)
         self._toolchain_problem: str | None | bool = False  # False: not checked yet
         announce_backend(self.keys.backend_note)  # "backend auto: using inductor because ...", once per process
 
@@ -124,10 +128,10 @@ class Builder:
         """``cached`` (a complete artifact for the current key), ``failed`` (the last compile of the current
         key failed; it will be retried) or ``missing``."""
         key = self.key(target).key
-        if self.store.is_complete(key):
-            return "cached"
+        if self.store.repair(key).hit:
+            return TargetState.CACHED
         fail = self.store.failure(target.id)
-        return "failed" if fail and fail.get("key") == key else "missing"
+        return TargetState.FAILED if fail and fail.key == key else TargetState.MISSING
 
     def changed(self, target: Target) -> tuple[list[str], str | None]:
         """What changed since the target was last built: (components with sub-keys, compared-with id).
@@ -136,17 +140,18 @@ class Builder:
         recorded target of the same model, dtype and profile that is no longer in the matrix.
         """
         ki = self.key(target)
-        rec = self.store.target_record(target.id)
-        if rec and "details" in rec:
-            return ([] if rec.get("key") == ki.key else diff_components(rec["details"], ki.details)), target.id
+        rec = self.store.target(target.id)
+        if rec and rec.details is not None:
+            return ([] if rec.key == ki.key else diff_components(rec.details, ki.details)), target.id
         best: tuple[int, list[str], str] | None = None
-        for tid, r in self.store.target_records(target.model):
-            if tid in self.by_id or "details" not in r:
+        for r in self.store.targets(target.model):
+            tid = r.target
+            if tid in self.by_id or r.details is None:
                 continue
             parts = tid.split("/")
             if len(parts) != 4 or parts[2] != target.dtype or parts[3] != target.profile:
                 continue
-            diff = diff_components(r["details"], ki.details)
+            diff = diff_components(r.details, ki.details)
             if best is None or len(diff) < best[0]:
                 best = (len(diff), diff, tid)
         if best is None:
@@ -168,18 +173,18 @@ class Builder:
         """
         ki = self.key(target)
         log = get_logger(target=target.id, key=ki.key[:12])
-        if self.store.is_complete(ki.key):
-            self._remember(target, ki, "PASS")
+        if self.store.repair(ki.key).hit:
+            self._remember(target, ki, Status.PASS)
             log.debug("cached")
             return Outcome(target.id, ki.key, "cached")
         if not retry_failed:
             fail = self.store.failure(target.id)
-            if fail and fail.get("key") == ki.key:
-                log.info("not retried: failed last time", status=fail.get("status"))
-                return Outcome(target.id, ki.key, fail.get("status", "ERROR"),
-                               f"not retried (--no-retry-failed); failed last time: {fail.get('reason', '')}")
+            if fail and fail.key == ki.key:
+                log.info("not retried: failed last time", status=fail.status)
+                return Outcome(target.id, ki.key, fail.status,
+                               f"not retried (--no-retry-failed); failed last time: {fail.reason}")
         cfg = self.project.config.build
-        lock = KeyLock(self.store.root, ki.key, target=target.id, heartbeat_s=cfg.heartbeat_s)
+        lock = self.store.key_lock(ki.key, target=target.id, heartbeat_s=cfg.heartbeat_s)
         try:
             lock.acquire()
         except OSError as e:
@@ -189,8 +194,8 @@ class Builder:
             log.error("compile failed", status="ERROR", reason=reason)
             return Outcome(target.id, ki.key, "ERROR", reason)
         with lock:
-            if self.store.is_complete(ki.key):
-                self._remember(target, ki, "PASS")
+            if self.store.repair(ki.key).hit:
+                self._remember(target, ki, Status.PASS)
                 who = lock.waited_for or {}
                 by = f"pid {who['pid']} on {who.get('host')}" if who.get("pid") else "another builder"
                 log.info("reused", built_by=by, waited_s=round(lock.waited_s, 1))
@@ -211,12 +216,12 @@ class Builder:
             log.warning("transient compiler failure, retrying", attempt=attempt, retries=retries)
 
     def _remember(self, target: Target, ki: KeyInfo, status: str) -> None:
-        rec = self.store.target_record(target.id)
-        if rec and rec.get("key") == ki.key and rec.get("status") == status:
+        rec = self.store.target(target.id)
+        if rec and rec.key == ki.key and rec.status == status:
             return
         try:
-            self.store.record_target(target.id, {"target": target.id, "key": ki.key, "status": status,
-                                                 "details": ki.details, "hashes": ki.hashes, "time": utc_now()})
+            self.store.put_target(TargetRecord(target=target.id, key=ki.key, status=status, details=ki.details,
+                                               hashes=ki.hashes, time=utc_now()))
         except OSError as e:
             if not is_disk_full(e):
                 raise
@@ -247,9 +252,9 @@ class Builder:
     def _missing_toolchain(self, target: Target, ki: KeyInfo, reason: str, attempt: int, log) -> Outcome:
         metrics = {"status": "TOOLCHAIN_MISSING", "compile_time_s": 0.0, "peak_rss_bytes": 0, "exit_code": None,
                    "attempts": attempt, "reason": reason}
-        self.store.record_failure(target.id, {"target": target.id, "key": ki.key, **metrics,
-                                              "details": {"backend": self.keys.backend}, "time": utc_now()},
-                                  (reason + "\n").encode())
+        self.store.put_failure(FailureRecord(target=target.id, key=ki.key, status=Status.TOOLCHAIN_MISSING,
+                                             reason=reason, attempts=attempt, details={"backend": self.keys.backend},
+                                             time=utc_now()), (reason + "\n").encode())
         self._remember(target, ki, "TOOLCHAIN_MISSING")
         log.error("compile failed", status="TOOLCHAIN_MISSING", reason=reason)
         return Outcome(target.id, ki.key, "TOOLCHAIN_MISSING", reason, compiled=False, metrics=metrics)
@@ -260,7 +265,7 @@ class Builder:
             return self._missing_toolchain(target, ki, problem, attempt, log)
         staging = None
         try:
-            staging = self.store.staging_dir(ki.key)
+            staging = self.store.new_staging(ki.key)
             obj, work = staging / "object", staging / "work"
             obj.mkdir()
             work.mkdir()
@@ -273,7 +278,7 @@ class Builder:
             if not is_disk_full(e):
                 raise
             # no room even to start the compile (staging folder, request, log)
-            where = e.filename or (staging or self.store.root / "staging")
+            where = e.filename or staging or self.store.location
             reason = f"no space left on device while preparing the compile ({where}); free space and build again"
             run = _Run(None, 0.0, 0, False, b"")
             outcome = self._fail(target, ki, attempt, log, "ERROR", reason, run, {})
@@ -283,7 +288,7 @@ class Builder:
         pending = getattr(outcome, "_unrecorded", None)
         if pending is not None:  # the disk was full: try again now that the staging files are gone
             try:
-                self.store.record_failure(target.id, *pending)
+                self.store.put_failure(*pending)
                 self._remember(target, ki, outcome.status)
             except OSError as e:
                 if not is_disk_full(e):
@@ -374,14 +379,16 @@ class Builder:
         ``log_bytes`` is the failure log (default: the worker's log)."""
         metrics = {"status": status, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss,
                    "exit_code": run.exit_code, "attempts": attempt, "reason": reason}
-        prev = self.store.failure(target.id) or {}
-        total = 1 + (int(prev.get("attempts_total", prev.get("attempts", 0))) if prev.get("key") == ki.key else 0)
-        record = {"target": target.id, "key": ki.key, **metrics, "attempts_total": total, "details": details,
-                  "time": utc_now()}
+        prev = self.store.failure(target.id)
+        total = 1 + ((prev.attempts_total or prev.attempts) if prev and prev.key == ki.key else 0)
+        record = FailureRecord(target=target.id, key=ki.key, status=status, reason=reason,
+                               compile_time_s=metrics["compile_time_s"], peak_rss_bytes=run.peak_rss,
+                               exit_code=run.exit_code, attempts=attempt, attempts_total=total, details=details,
+                               time=utc_now())
         out = Outcome(target.id, ki.key, status, reason, compiled=True, metrics=metrics)
         log_bytes = run.log if log_bytes is None else log_bytes
         try:
-            self.store.record_failure(target.id, record, log_bytes)
+            self.store.put_failure(record, log_bytes)
             self._remember(target, ki, status)
         except OSError as e:
             if not is_disk_full(e):

@@ -74,12 +74,12 @@ def cmd_build(args) -> int:
     print(f"\n{n} target{'s' if n != 1 else ''}: {len(built)} built, {n - len(built) - len(failed)} cached"
           + (f" ({len(reused)} built by another builder meanwhile)" if reused else "") + f", {len(failed)} failed")
     for t in failed:
-        f = b.store.failure(t.id) or {}
+        f = b.store.failure(t.id)
         o = outs.get(t.id)
         if o is not None and not o.ok:
             print(f"  FAILED {t.id}: {o.status}: {o.reason}")
         else:
-            print(f"  FAILED {t.id}: {f.get('status', 'not built')}: {f.get('reason', '')}")
+            print(f"  FAILED {t.id}: {f.status if f else 'not built'}: {f.reason if f else ''}")
     if failed or rc not in (0,):
         raise BuildFailed(f"{len(failed)} target(s) failed")
     return 0
@@ -99,8 +99,8 @@ def cmd_plan(args) -> int:
         if since and since != t.id:
             row["compared_with"] = since
         if state == "failed":
-            f = b.store.failure(t.id) or {}
-            row["failure"] = {k: f.get(k) for k in ("status", "reason", "attempts_total", "exit_code", "time")}
+            f = b.store.failure(t.id)
+            row["failure"] = {k: getattr(f, k, None) for k in ("status", "reason", "attempts_total", "exit_code", "time")}
         rows.append(row)
     b.keys.save()
     if args.json:
@@ -133,17 +133,17 @@ def cmd_explain(args) -> int:
             raise UserError(f"'{args.target}' is a model; explain one of its targets: {', '.join(ids)}")
         raise UserError(f"unknown target '{args.target}'; see `neuron-build plan` for target ids")
     ki = b.key(t)
-    rec = b.store.target_record(t.id)
+    rec = b.store.target(t.id)
     changed, since = b.changed(t)
     b.keys.save()
     print(f"target  {t.id}\nkey     {ki.key}\nstate   {b.state(t)}")
     if rec:
-        print(f"last    {rec.get('key')} ({rec.get('status')}, {rec.get('time')})")
+        print(f"last    {rec.key} ({rec.status}, {rec.time})")
     elif since:
         print(f"last    never built; compared with {since}")
     else:
         print("last    never built")
-    old = (rec or {}).get("hashes") or {}
+    old = rec.hashes if rec else {}
     for c in COMPONENTS:
         mark = "changed" if any(x.split(":")[0] == c for x in changed) else ""
         prev = f"  (was {old[c][:12]})" if mark and old.get(c) else ""
@@ -159,14 +159,14 @@ def cmd_ls(args) -> int:
     b = _builder(args)
     rows = [{"target": m.target, "key": m.key, "status": m.metrics.status, "backend": m.backend,
              "compile_time_s": m.metrics.compile_time_s, "op_count": m.metrics.op_count,
-             "artifact_bytes": m.metrics.artifact_bytes, "created": m.created} for m in b.store.iter_manifests()]
+             "artifact_bytes": m.metrics.artifact_bytes, "created": m.created} for m in b.store.manifests()]
     if args.json:
         _print_json(rows)
         return 0
     for r in rows:
         print(f"{r['key'][:12]}  {r['target']:36} {r['backend']:11} {r['compile_time_s']:8.1f} s "
               f"{r['op_count'] or 0:6} ops {r['artifact_bytes'] / 2**20:9.1f} MiB  {r['created']}")
-    print(f"{len(rows)} artifacts in {b.store.root}")
+    print(f"{len(rows)} artifacts in {b.store.location}")
     return 0
 
 
@@ -179,28 +179,27 @@ def cmd_show(args) -> int:
     if ref in b.by_id:
         t = b.by_id[ref]
         key = b.key(t).key
-        if not b.store.is_complete(key):
+        if not b.store.repair(key).hit:
             failure = b.store.failure(ref)
-            if failure is None or failure.get("key") != key:
+            if failure is None or failure.key != key:
                 raise UserError(f"{ref} is not built for its current key {key[:12]}; run `neuron-build build {ref}`")
     else:
         if len(ref) < 6 or any(c not in "0123456789abcdef" for c in ref):
             raise UserError(f"'{ref}' is neither a target id nor a key (64 hex chars, or a prefix of 6 or more)")
-        base = b.store.root / "objects" / ref[:2]
-        hits = sorted(p.name for p in base.glob(ref + "*")) if base.is_dir() else []
+        hits = b.store.find_keys(ref)
         if not hits:
-            raise UserError(f"no artifact with key {ref} in {b.store.root}")
+            raise UserError(f"no artifact with key {ref} in {b.store.location}")
         if len(hits) > 1:
             raise UserError(f"key prefix {ref} is ambiguous: {', '.join(h[:16] for h in hits)}")
         key = hits[0]
     if failure is not None:
         if args.json:
-            _print_json(failure)
+            _print_json(failure.to_json())
         else:
-            print(f"{failure['target']}: {failure['status']}: {failure.get('reason', '')}\n"
-                  f"log: {b.store.target_dir(failure['target']) / 'failure.log'}")
+            print(f"{failure.target}: {failure.status}: {failure.reason}\n"
+                  f"log: {b.store.failure_log(failure.target)}")
         return 0
-    m = b.store.manifest(key)
+    m = b.store.repair(key).manifest
     if m is None:
         raise UserError(f"artifact {key[:12]} is incomplete or failed; `neuron-build build` rebuilds it")
     if args.json:

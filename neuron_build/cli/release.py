@@ -58,10 +58,10 @@ def register(add) -> None:
 
 def _project_store(args):
     from neuron_build.project.config import load_project
-    from neuron_build.store.local import Store
+    from neuron_build.store import open_store
 
     project = load_project(args.config)
-    return project, Store(project.store_url())
+    return project, open_store(project.store_url())
 
 
 def _model(project, model: str) -> None:

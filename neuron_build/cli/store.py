@@ -36,7 +36,7 @@ def cmd_verify(args) -> int:
     for p in rep.problems:
         print(f"REF  {p}")
     how = "sizes and sha256 of every file" if args.deep else "sizes; --deep also checks every sha256"
-    print(f"verified {rep.checked} objects in {b.store.root} ({how}): {rep.ok} ok, {len(rep.bad)} bad"
+    print(f"verified {rep.checked} objects in {b.store.location} ({how}): {rep.ok} ok, {len(rep.bad)} bad"
           + (" (moved to quarantine/; the next build compiles them again)" if rep.bad else "")
           + (f", {len(rep.problems)} reference problems" if rep.problems else ""))
     return 0 if rep.clean else 1

@@ -3,7 +3,7 @@
 A backend is a class with a ``name`` and a ``compile(model, example_inputs, request)`` method, run inside
 the worker subprocess (``python -m neuron_build.worker``). It writes the artifact's files into
 ``request.out_dir`` and returns a :class:`CompileResult`. Failures are raised as :class:`CompileFailed`
-with a manifest status (see :data:`neuron_build.store.manifest.STATUSES`) and a one-line reason.
+with a manifest status (see :class:`neuron_build.status.Status`) and a one-line reason.
 
 Backends are looked up by name in :data:`BACKENDS` and imported lazily, so the build process never imports
 torch or a compiler.

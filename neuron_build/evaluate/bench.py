@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from neuron_build.errors import UserError
-from neuron_build.store.local import Store, utc_now
+from neuron_build.store.contract import ArtifactStore
+from neuron_build.util import percentile, swap_in_folder, utc_now
 from neuron_build.evaluate.validate import Prepared, can_run_here, neuron_devices, prepare
 
 #: torch.profiler schedule of ``bench --profile``: steps skipped, warmed up, recorded.
@@ -37,23 +38,6 @@ DEFAULT_ITERS = 100
 TOP_OPS = 15
 
 
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0 <= q <= 100) of ascending values, interpolating linearly between order
-    statistics (numpy's default method).
-
-    Raises:
-        ValueError: no values, or q outside [0, 100].
-    """
-    if not sorted_values:
-        raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile {q} is outside [0, 100]")
-    pos = (len(sorted_values) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 def latency_stats(samples_ms: Sequence[float]) -> dict[str, float]:
@@ -160,7 +144,7 @@ def _check_runnable(p: Prepared) -> None:
         raise UserError(f"{p.target.id}: cannot benchmark a {p.device_kind} artifact here: {why}")
 
 
-def bench_target(project, store: Store, target, key: str, warmup: int = DEFAULT_WARMUP,
+def bench_target(project, store: ArtifactStore, target, key: str, warmup: int = DEFAULT_WARMUP,
                  iters: int = DEFAULT_ITERS, eager: bool = True, progress_factory: Callable | None = None,
                  record: bool = True) -> dict[str, Any]:
     """Benchmark one target's artifact (and the eager model) and store the result.
@@ -227,7 +211,7 @@ def bench_target(project, store: Store, target, key: str, warmup: int = DEFAULT_
                         "device": p.device, "dtype": target.dtype}
         rec["speedup_vs_eager"] = round(es["p50"] / stats["p50"], 6)
     if record:
-        store.record_result(key, "bench", f"{p.device_kind}--{rec['host']}", rec)
+        store.put_result(key, "bench", f"{p.device_kind}--{rec['host']}", rec)
     return rec
 
 
@@ -236,7 +220,7 @@ def run_dir_name(target_id: str, key: str) -> str:
     return f"{target_id.replace('/', '_')}-{key[:12]}"
 
 
-def profile_target(project, store: Store, target, key: str, out_dir: str | Path, top: int = TOP_OPS,
+def profile_target(project, store: ArtifactStore, target, key: str, out_dir: str | Path, top: int = TOP_OPS,
                    iters: int | None = None, warmup: int | None = None) -> dict[str, Any]:
     """One ``torch.profiler`` run of a target's artifact, written to ``out_dir/<run dir name>/``.
 
@@ -316,11 +300,7 @@ def profile_target(project, store: Store, target, key: str, out_dir: str | Path,
         (tmp / "top_ops.txt").write_text(table + "\n")
         (tmp / "run.json").write_text(json.dumps(run, indent=2) + "\n")
         dest = out_dir / name
-        if dest.exists():
-            old = out_dir / f".{name}.{os.getpid()}.old"
-            os.rename(dest, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.rename(tmp, dest)
+        swap_in_folder(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {**run, "dir": str(dest), "table": table}

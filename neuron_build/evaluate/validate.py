@@ -37,7 +37,8 @@ from neuron_build.project.config import ModelSpec, Project
 from neuron_build.errors import UserError
 from neuron_build.store.manifest import Manifest
 from neuron_build.project.matrix import Target
-from neuron_build.store.local import Store, utc_now
+from neuron_build.store.contract import ArtifactStore
+from neuron_build.util import utc_now
 
 #: Relative L2 error allowed against the fp32 CPU reference, per target dtype, unless the model's
 #: ``tolerance`` table in buckets.toml says otherwise. bf16 errors around 1e-2 are normal; above 5e-2
@@ -84,7 +85,7 @@ def can_run_here(device_kind: str) -> tuple[bool, str | None]:
     return True, None
 
 
-def is_validated(store: Store, key: str, device_kind: str, tolerance: float | None = None,
+def is_validated(store: ArtifactStore, key: str, device_kind: str, tolerance: float | None = None,
                  reference: str | None = None) -> bool:
     """True when the store holds a validation of ``key`` on ``device_kind`` that need not be repeated on
     this host: a pass, or ``not_validated`` where this host still cannot run the artifact. A failed
@@ -223,7 +224,7 @@ class Prepared:
     """
 
     project: Project
-    store: Store
+    store: ArtifactStore
     target: Target
     key: str
     manifest: Manifest
@@ -286,7 +287,7 @@ class Prepared:
 
         m = self.manifest
         name = m.compiler.get("artifact") or ("model.pt2" if m.backend == "inductor" else "model.pt")
-        path = self.store.object_dir(self.key) / name
+        path = self.store.artifact_dir(self.key) / name
         if not path.is_file():
             raise UserError(f"{self.target.id}: artifact {self.key[:12]} has no {name}; "
                             f"rebuild it (neuron-build build {self.target.id})")
@@ -300,7 +301,7 @@ class Prepared:
         raise UserError(f"{self.target.id}: cannot load an artifact of backend {m.backend!r}")
 
 
-def prepare(project: Project, store: Store, target: Target, key: str) -> Prepared:
+def prepare(project: Project, store: ArtifactStore, target: Target, key: str) -> Prepared:
     """Read the artifact's manifest and make the target's inputs (imports torch).
 
     Raises:
@@ -423,7 +424,7 @@ def diagnose(p: Prepared, ref_out, tolerance: float) -> tuple[list[str], dict[st
     return notes, figs
 
 
-def validate_target(project: Project, store: Store, target: Target, key: str, record: bool = True) -> dict[str, Any]:
+def validate_target(project: Project, store: ArtifactStore, target: Target, key: str, record: bool = True) -> dict[str, Any]:
     """Validate one target's artifact and (with ``record``) store the result.
 
     Returns:
@@ -461,7 +462,7 @@ def validate_target(project: Project, store: Store, target: Target, key: str, re
     if not ok:
         rec.update(verdict="not_validated", reason=why, device=None, elapsed_s=round(time.monotonic() - t0, 3))
         if record:
-            store.record_result(key, "validation", kind, rec)
+            store.put_result(key, "validation", kind, rec)
         return rec
 
     import torch
@@ -491,7 +492,7 @@ def validate_target(project: Project, store: Store, target: Target, key: str, re
         rec["diagnosis"], rec["diagnosis_figures"] = notes, figs
     rec["elapsed_s"] = round(time.monotonic() - t0, 3)
     if record:
-        store.record_result(key, "validation", kind, _json_safe(rec))
+        store.put_result(key, "validation", kind, _json_safe(rec))
     return rec
 
 

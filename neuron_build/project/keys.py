@@ -20,7 +20,6 @@ the key are relative to the folder of ``buckets.toml``, so a moved checkout comp
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib.metadata as md
 import json
 import os
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.project.compiler_args import key_args
+from neuron_build.util import canonical_json, file_sha256, sha256_hex, write_atomic
 from neuron_build.project.config import Project
 from neuron_build.project.matrix import Target
 from neuron_build.project.toolchain import resolve_backend, toolchain_versions, version
@@ -46,24 +46,6 @@ ENV_PREFIXES = {
 ENV_IGNORED_PREFIXES = ("NEURON_RT_", "NEURON_COMPILE_CACHE_URL", "TORCHINDUCTOR_CACHE_DIR",
                         "TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE",
                         "NEURON_BUILD_")
-
-
-def canonical_json(obj: Any) -> bytes:
-    """Sorted keys, no whitespace, UTF-8: the bytes that are hashed."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    """sha256 of a file's bytes, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
 
 
 class DigestCache:
@@ -97,10 +79,7 @@ class DigestCache:
     def save(self) -> None:
         if not self._dirty or self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self._data))
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(self._data).encode())
         self._dirty = False
 
 

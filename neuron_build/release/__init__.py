@@ -27,7 +27,6 @@ import datetime as _dt
 import getpass
 import hashlib
 import json
-import math
 import os
 import secrets
 import shutil
@@ -36,14 +35,16 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from filelock import FileLock, Timeout
+from filelock import Timeout
 
 from neuron_build.project.config import Project, ReleaseSettings
 from neuron_build.errors import UserError
 from neuron_build.release.gates import GateCheck, latency_gate, validation_gate
 from neuron_build.project.keys import canonical_json, diff_components, sha256_hex
 from neuron_build.store.manifest import MANIFEST
-from neuron_build.store.local import Store, read_json, utc_now
+from neuron_build.status import Status
+from neuron_build.store.contract import ArtifactStore
+from neuron_build.util import age, percentile, read_json, swap_in_folder, utc_now
 
 RELEASE_FORMAT = 1
 PULL_FORMAT = 1
@@ -95,31 +96,6 @@ def git_state(folder: Path) -> tuple[str | None, bool | None]:
         return None, None
 
 
-def percentile(values: Iterable[float], q: float) -> float:
-    """Nearest-rank percentile: the smallest value with at least ``q`` % of the values at or below it
-    (for 20 values or fewer, p95 is the maximum). Raises ValueError on no values."""
-    vs = sorted(values)
-    if not vs:
-        raise ValueError("percentile of no values")
-    rank = max(1, math.ceil(q / 100 * len(vs)))
-    return vs[rank - 1]
-
-
-
-
-def age(iso: str | None, now: _dt.datetime | None = None) -> str:
-    """``"2024-05-01T10:00:00+00:00"`` -> ``"3h"`` style age (s, m, h, d); ``"?"`` when unparsable."""
-    try:
-        t = _dt.datetime.fromisoformat(iso or "")
-    except ValueError:
-        return "?"
-    s = ((now or _dt.datetime.now(_dt.timezone.utc)) - t).total_seconds()
-    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= n:
-            return f"{int(s // n)}{unit}"
-    return f"{max(0, int(s))}s"
-
-
 def release_id(content: dict[str, Any]) -> str:
     """``r-`` + the first 16 hex digits of the sha256 over the canonical JSON of ``content``."""
     return "r-" + sha256_hex(canonical_json(content))[:16]
@@ -130,68 +106,15 @@ ID_FIELDS = ("format", "model", "dtype", "profile", "backend", "hardware_target"
              "runtime")
 
 
-# --------------------------------------------------------------------------------------------------
-# store paths
-
-def releases_dir(store: Store, model: str) -> Path:
-    """Folder of a model's release records."""
-    return store.root / "releases" / model
-
-
-def channel_dir(store: Store, model: str) -> Path:
-    """Folder of a model's channel pointers, locks and histories."""
-    return store.root / "channels" / model
-
-
-def pointer_path(store: Store, model: str, channel: str) -> Path:
-    """``<store>/channels/<model>/<channel>.json``."""
-    return channel_dir(store, model) / f"{channel}.json"
-
-
-def history_path(store: Store, model: str, channel: str) -> Path:
-    """``<store>/channels/<model>/<channel>.history.jsonl``."""
-    return channel_dir(store, model) / f"{channel}.history.jsonl"
-
-
-def _lock(store: Store, model: str, channel: str) -> FileLock:
-    d = channel_dir(store, model)
-    d.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(d / f"{channel}.lock"), timeout=LOCK_TIMEOUT_S)
-
-
-def channel_pointer(store: Store, model: str, channel: str) -> dict[str, Any] | None:
+def channel_pointer(store: ArtifactStore, model: str, channel: str) -> dict[str, Any] | None:
     """The pointer of a channel (``{"release", "version", "time", "who", ...}``), or None when the channel
     has never held a release."""
-    return read_json(pointer_path(store, model, channel))
+    return store.channel(model, channel)
 
 
-def channel_history(store: Store, model: str, channel: str) -> list[dict[str, Any]]:
+def channel_history(store: ArtifactStore, model: str, channel: str) -> list[dict[str, Any]]:
     """Every history line of a channel, oldest first (unparsable lines are skipped)."""
-    p = history_path(store, model, channel)
-    if not p.is_file():
-        return []
-    out = []
-    for line in p.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
-
-
-def _append_history(store: Store, model: str, channel: str, entry: dict[str, Any]) -> None:
-    """Append one JSON line (call with the channel lock held)."""
-    p = history_path(store, model, channel)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "a") as f:
-        f.write(json.dumps(entry, sort_keys=False, default=str) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _write_pointer(store: Store, model: str, channel: str, pointer: dict[str, Any]) -> None:
-    from neuron_build.store.local import write_json_atomic
-    write_json_atomic(pointer_path(store, model, channel), pointer)
+    return store.history(model, channel)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -220,25 +143,25 @@ def _candidates(builder, target) -> tuple[dict[str, str], str | None]:
     built with when that build passed and differs from this checkout only in the toolchain (a store filled
     by another host's toolchain). With neither, the bucket is missing or failed.
     """
-    store: Store = builder.store
+    store: ArtifactStore = builder.store
     ki = builder.key(target)
     out: dict[str, str] = {}
     if store.is_complete(ki.key):
         out[canonical_json(ki.details["toolchain"]).decode()] = ki.key
-    rec = store.target_record(target.id)
+    rec = store.target(target.id)
     stale: list[str] = []
-    if rec and rec.get("status") == "PASS" and rec.get("key") != ki.key and "details" in rec \
-            and store.is_complete(rec.get("key", "")):
-        changed = diff_components(rec["details"], ki.details)
+    if rec and rec.status == Status.PASS and rec.key != ki.key and rec.details is not None \
+            and store.is_complete(rec.key):
+        changed = diff_components(rec.details, ki.details)
         if all(c.split(":")[0] == "toolchain" for c in changed):
-            out.setdefault(canonical_json(rec["details"]["toolchain"]).decode(), rec["key"])
+            out.setdefault(canonical_json(rec.details["toolchain"]).decode(), rec.key)
         else:
             stale = changed
     if out:
         return out, None
     fail = store.failure(target.id)
-    if fail and fail.get("key") == ki.key:
-        return {}, f"failed: {fail.get('status', 'ERROR')}: {fail.get('reason', '')}".rstrip(": ")
+    if fail and fail.key == ki.key:
+        return {}, f"failed: {fail.status}: {fail.reason}".rstrip(": ")
     if stale:
         return {}, (f"missing: not built for this checkout (changed since its last build: {'; '.join(stale)}); "
                     f"run `neuron-build build {target.id}`")
@@ -249,7 +172,7 @@ def _toolchain_text(tc_json: str) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(json.loads(tc_json).items()))
 
 
-def _summary(store: Store, key: str, manifest) -> dict[str, Any]:
+def _summary(store: ArtifactStore, key: str, manifest) -> dict[str, Any]:
     validation = {kind: r.get("verdict") for kind, r in store.results(key, "validation").items()}
     bench = {}
     for name, r in store.results(key, "bench").items():
@@ -296,7 +219,7 @@ def create_release(builder, model: str, dtype: str | None = None, profile: str |
             different toolchain than the others (every offending target is named).
     """
     project: Project = builder.project
-    store: Store = builder.store
+    store: ArtifactStore = builder.store
     _known_model(project, model)
     spec = project.config.models[model]
     unchosen = [f"{flag} ({', '.join(allowed)})" for given, allowed, flag in
@@ -357,64 +280,44 @@ def create_release(builder, model: str, dtype: str | None = None, profile: str |
                "backend": first.backend, "hardware_target": first.hardware_target, "artifacts": artifacts,
                "toolchain": first.toolchain, "runtime": runtime}
     rid = release_id(content)
-    path = releases_dir(store, model) / f"{rid}.json"
-    existing = read_json(path)
+    existing = store.release(model, rid)
     if existing is not None:
         return existing
     commit, dirty = git_state(project.root)
     ops = [v["op_count"] for v in metrics.values() if v["op_count"] is not None]
     record = {"id": rid, **content,
               "metrics": {"op_count_total": sum(ops) if ops else None,
-                          "compile_time_p95_s": percentile(times, 95), "compile_time_max_s": max(times),
+                          "compile_time_p95_s": percentile(times, 95, method="nearest-rank"),
+                          "compile_time_max_s": max(times),
                           "artifact_bytes_total": sum(v["artifact_bytes"] for v in metrics.values()),
                           "artifacts": metrics},
               "git_commit": commit, "git_dirty": dirty, "created": utc_now(), "creator": creator or actor()}
-    _write_once(path, record)
-    return read_json(path) or record
+    store.put_release(model, rid, record)
+    return store.release(model, rid) or record
 
 
-def _write_once(path: Path, obj: Any) -> None:
-    """Write JSON to ``path`` only if it does not exist: temp file, fsync, then a hard link (which fails
-    when the name exists), so a record is never replaced or seen half-written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink()
-
-
-def list_releases(store: Store, model: str) -> list[dict[str, Any]]:
+def list_releases(store: ArtifactStore, model: str) -> list[dict[str, Any]]:
     """Every release record of ``model``, oldest first (by created time)."""
-    d = releases_dir(store, model)
-    recs = [r for p in sorted(d.glob("r-*.json")) if (r := read_json(p)) is not None] if d.is_dir() else []
+    recs = [r for _, rid, r in store.releases(model) if rid.startswith("r-") and r is not None]
     return sorted(recs, key=lambda r: r.get("created", ""))
 
 
-def load_release(store: Store, model: str, ref: str) -> dict[str, Any]:
+def load_release(store: ArtifactStore, model: str, ref: str) -> dict[str, Any]:
     """A release of ``model`` by id or unique id prefix (``r-1a2b3c``, at least 6 hex digits).
 
     Raises:
         UserError: no such release, or the prefix is ambiguous.
     """
-    d = releases_dir(store, model)
-    rec = read_json(d / f"{ref}.json")
+    rec = store.release(model, ref)
     if rec is not None:
         return rec
-    hits = sorted(p.stem for p in d.glob(f"{ref}*.json")) if d.is_dir() and len(ref) >= 8 else []
+    hits = store.release_ids(model, ref) if len(ref) >= 8 else []
     if len(hits) == 1:
-        return read_json(d / f"{hits[0]}.json")
+        return store.release(model, hits[0])
     if len(hits) > 1:
         raise UserError(f"release prefix '{ref}' of model '{model}' is ambiguous: {', '.join(hits)}")
     known = [r["id"] for r in list_releases(store, model)][-5:]
-    raise UserError(f"no release '{ref}' of model '{model}' in {store.root}; "
+    raise UserError(f"no release '{ref}' of model '{model}' in {store.location}; "
                     + (f"recent releases: {', '.join(known)}" if known else
                        f"make one with `neuron-build release {model}`"))
 
@@ -428,7 +331,7 @@ def _check_channel(settings: ReleaseSettings, channel: str, flag: str) -> None:
                         f"{', '.join(settings.channels)}")
 
 
-def order_gate(settings: ReleaseSettings, store: Store, model: str, to: str, from_channel: str | None,
+def order_gate(settings: ReleaseSettings, store: ArtifactStore, model: str, to: str, from_channel: str | None,
                release: str) -> GateCheck:
     """Is the promotion in channel order? Into the first channel: from a release id. Into channel ``i``:
     ``--from`` channel ``i - 1``, or the release id that channel ``i - 1`` holds now. ``allow_skip``
@@ -501,7 +404,7 @@ def op_count_gate(release: dict[str, Any], baseline: dict[str, Any] | None, max_
 def compile_time_gate(release: dict[str, Any], max_p95_s: float) -> GateCheck:
     """Is the nearest-rank p95 of the release's compile times (seconds) at most ``max_p95_s``?"""
     times = {t: m["compile_time_s"] for t, m in release["metrics"]["artifacts"].items()}
-    p95 = percentile(times.values(), 95)
+    p95 = percentile(times.values(), 95, method="nearest-rank")
     figures = {"p95_s": p95, "max_p95_s": max_p95_s, "compile_times_s": times}
     if p95 > max_p95_s:
         return GateCheck("compile_time_p95", False, f"compile-time p95 {p95:.1f} s is above "
@@ -509,7 +412,7 @@ def compile_time_gate(release: dict[str, Any], max_p95_s: float) -> GateCheck:
     return GateCheck("compile_time_p95", True, f"compile-time p95 {p95:.1f} s, at most {max_p95_s:g} s", figures)
 
 
-def evaluate_gates(store: Store, settings: ReleaseSettings, release: dict[str, Any], to: str,
+def evaluate_gates(store: ArtifactStore, settings: ReleaseSettings, release: dict[str, Any], to: str,
                    from_channel: str | None, baseline: dict[str, Any] | None, device_kind: str,
                    allow_unvalidated: bool = False) -> list[GateCheck]:
     """Every gate of a promotion of ``release`` into ``to``, in :data:`GATES` order.
@@ -551,7 +454,7 @@ def format_gates(gates: Iterable[GateCheck | dict[str, Any]]) -> str:
 # --------------------------------------------------------------------------------------------------
 # promotion and rollback
 
-def promote(store: Store, settings: ReleaseSettings, model: str, to: str, *, release: str | None = None,
+def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str, *, release: str | None = None,
             from_channel: str | None = None, reason: str = "", allow_unvalidated: bool = False,
             device_kind: str | None = None, before_swap: Callable[[], None] | None = None) -> dict[str, Any]:
     """Promote a release (by id) or the release another channel holds into channel ``to``.
@@ -610,7 +513,7 @@ def promote(store: Store, settings: ReleaseSettings, model: str, to: str, *, rel
              "reason": reason, "device_kind": kind, "allow_unvalidated": allow_unvalidated,
              "gates": [g.to_json() for g in gates]}
     try:
-        with _lock(store, model, to):
+        with store.channel_lock(model, to, LOCK_TIMEOUT_S):
             now = channel_pointer(store, model, to)
             now_version = int(now.get("version", 0)) if now else 0
             if now_version != seen_version:
@@ -631,20 +534,20 @@ def promote(store: Store, settings: ReleaseSettings, model: str, to: str, *, rel
                             f"--allow-unvalidated (recorded in the history)")
                 _refuse(store, model, to, entry, why, seen_version)
             entry["version"] = seen_version + 1
-            _write_pointer(store, model, to, {
+            store.set_channel(model, to, {
                 "model": model, "channel": to, "release": rel["id"], "version": seen_version + 1,
                 "previous": entry["from"], "action": "promote", "time": entry["time"], "who": entry["who"],
                 "reason": reason})
-            _append_history(store, model, to, entry)
+            store.append_history(model, to, entry)
     except Timeout:
         raise UserError(f"channel {model}/{to} is locked by another promotion for over {LOCK_TIMEOUT_S:g} s; "
-                        f"if none is running, remove {channel_dir(store, model) / (to + '.lock')}") from None
+                        f"if none is running, remove {store.channel_lock_path(model, to)}") from None
     return entry
 
 
-def _refuse(store: Store, model: str, channel: str, entry: dict[str, Any], why: str, version: int) -> None:
+def _refuse(store: ArtifactStore, model: str, channel: str, entry: dict[str, Any], why: str, version: int) -> None:
     entry.update(action="refuse", refused=why, version=version)
-    _append_history(store, model, channel, entry)
+    store.append_history(model, channel, entry)
     raise PromotionRefused(why, entry)
 
 
@@ -660,7 +563,7 @@ def release_stack(history: list[dict[str, Any]]) -> list[str]:
     return stack
 
 
-def rollback(store: Store, settings: ReleaseSettings, model: str, channel: str, *, reason: str = "") -> dict[str, Any]:
+def rollback(store: ArtifactStore, settings: ReleaseSettings, model: str, channel: str, *, reason: str = "") -> dict[str, Any]:
     """Move ``channel`` back to the release it held before the current one (by its history: promotions
     push, rollbacks pop, so repeated rollbacks walk further back). No gates: that release was promoted
     before. Recorded in the history.
@@ -674,13 +577,13 @@ def rollback(store: Store, settings: ReleaseSettings, model: str, channel: str, 
     """
     _check_channel(settings, channel, "--channel")
     try:
-        with _lock(store, model, channel):
+        with store.channel_lock(model, channel, LOCK_TIMEOUT_S):
             ptr = channel_pointer(store, model, channel)
             if not ptr:
                 raise UserError(f"channel {model}/{channel} holds no release; nothing to roll back")
             stack = release_stack(channel_history(store, model, channel))
             if not stack or stack[-1] != ptr["release"]:
-                raise UserError(f"the history of {model}/{channel} ({history_path(store, model, channel)}) does not "
+                raise UserError(f"the history of {model}/{channel} does not "
                                 f"end at the channel's release {ptr['release']}; promote a release explicitly")
             if len(stack) < 2:
                 raise UserError(f"{model}/{channel} has held only {ptr['release']}; there is no earlier release "
@@ -693,24 +596,24 @@ def rollback(store: Store, settings: ReleaseSettings, model: str, channel: str, 
             version = int(ptr.get("version", 0)) + 1
             entry = {"time": utc_now(), "who": actor(), "action": "rollback", "model": model, "channel": channel,
                      "from": ptr["release"], "to": target["id"], "reason": reason, "version": version}
-            _write_pointer(store, model, channel, {
+            store.set_channel(model, channel, {
                 "model": model, "channel": channel, "release": target["id"], "version": version,
                 "previous": ptr["release"], "action": "rollback", "time": entry["time"], "who": entry["who"],
                 "reason": reason})
-            _append_history(store, model, channel, entry)
+            store.append_history(model, channel, entry)
     except Timeout:
         raise UserError(f"channel {model}/{channel} is locked for over {LOCK_TIMEOUT_S:g} s") from None
     return entry
 
 
-def channel_rows(store: Store, settings: ReleaseSettings, models: Iterable[str]) -> list[dict[str, Any]]:
+def channel_rows(store: ArtifactStore, settings: ReleaseSettings, models: Iterable[str]) -> list[dict[str, Any]]:
     """One row per (model, declared channel): release, version, when, who, age, dtype."""
     now = _dt.datetime.now(_dt.timezone.utc)
     rows = []
     for m in models:
         for c in settings.channels:
             p = channel_pointer(store, m, c)
-            rel = read_json(releases_dir(store, m) / f"{p['release']}.json") if p else None
+            rel = store.release(m, p["release"]) if p else None
             rows.append({"model": m, "channel": c, "release": p.get("release") if p else None,
                          "version": p.get("version") if p else 0, "time": p.get("time") if p else None,
                          "age": age(p.get("time"), now) if p else None, "who": p.get("who") if p else None,
@@ -740,7 +643,7 @@ def _copy_verified(src: Path, dst: Path, sha256: str, size: int, what: str) -> N
                         f"move {src.parent} aside and rebuild the target")
 
 
-def pull(store: Store, model: str, channel: str, dest: str | Path, settings: ReleaseSettings | None = None) -> dict[str, Any]:
+def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path, settings: ReleaseSettings | None = None) -> dict[str, Any]:
     """Write the release a channel holds into ``dest``: ``<bucket id>/<files>`` and ``release.json``.
 
     Every file is copied while its sha256 and size are checked against the artifact's manifest, and the
@@ -779,7 +682,7 @@ def pull(store: Store, model: str, channel: str, dest: str | Path, settings: Rel
         buckets = []
         for a in rel["artifacts"]:
             what = f"{a['target']} (key {a['key'][:12]})"
-            obj = store.object_dir(a["key"])
+            obj = store.artifact_dir(a["key"])
             mf = read_json(obj / MANIFEST)
             if not isinstance(mf, dict) or mf.get("key") != a["key"]:
                 raise UserError(f"{what}: object {obj} is missing from the store or has no valid {MANIFEST}; "
@@ -806,26 +709,11 @@ def pull(store: Store, model: str, channel: str, dest: str | Path, settings: Rel
                "inputs": rt["inputs"], "truncate": rt["truncate"], "convert_dtypes": rt["convert_dtypes"],
                "buckets": buckets, "toolchain": rel["toolchain"], "pulled": utc_now(), "pulled_by": actor()}
         (staging / "release.json").write_text(json.dumps(doc, indent=2) + "\n")
-        _swap_in(staging, dest)
+        swap_in_folder(staging, dest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return doc
-
-
-def _swap_in(staging: Path, dest: Path) -> None:
-    """Replace ``dest`` by ``staging`` with renames; on failure ``dest`` is restored."""
-    if not dest.exists():
-        os.rename(staging, dest)
-        return
-    old = dest.parent / f".{dest.name}.old.{os.getpid()}.{secrets.token_hex(4)}"
-    os.rename(dest, old)
-    try:
-        os.rename(staging, dest)
-    except BaseException:
-        os.rename(old, dest)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 __all__ = ["PromotionRefused", "create_release", "load_release", "list_releases", "promote", "rollback",

@@ -1,6 +1,6 @@
 """Release gates over stored validation and benchmark results: the hook the release pipeline calls.
 
-Result records live beside artifacts (:meth:`neuron_build.store.local.Store.record_result`), never in the key:
+Result records live beside artifacts (:meth:`neuron_build.store.contract.ArtifactStore.put_result`), never in the key:
 
 - ``results/<key>/validation/<device kind>.json``: ``{"verdict": "pass" | "fail" | "not_validated",
   "reason": str | None, "device_kind": str, "outputs": [{"name", "max_abs_error", "rel_l2_error",
@@ -14,9 +14,9 @@ Device kinds: ``cpu``, ``cuda``, ``neuron``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
-from neuron_build.store.local import Store
+from neuron_build.store.contract import ArtifactStore
 
 
 @dataclass(frozen=True)
@@ -32,13 +32,13 @@ class GateCheck:
         return {"name": self.name, "passed": self.passed, "message": self.message, "figures": self.figures}
 
 
-def bench_result(store: Store, key: str, device_kind: str) -> dict[str, Any] | None:
+def bench_result(store: ArtifactStore, key: str, device_kind: str) -> dict[str, Any] | None:
     """The newest benchmark of ``key`` on ``device_kind`` (any host), or None."""
     rows = [r for name, r in store.results(key, "bench").items() if name.split("--")[0] == device_kind]
     return max(rows, key=lambda r: r.get("time", "")) if rows else None
 
 
-def validation_gate(store: Store, keys: dict[str, str], device_kind: str) -> GateCheck:
+def validation_gate(store: ArtifactStore, keys: dict[str, str], device_kind: str) -> GateCheck:
     """Did every artifact pass validation on the device kind that will serve it?
 
     Args:
@@ -63,7 +63,7 @@ def validation_gate(store: Store, keys: dict[str, str], device_kind: str) -> Gat
                      {"passed": len(ok)})
 
 
-def latency_gate(store: Store, keys: dict[str, str], baseline: dict[str, str] | None, device_kind: str,
+def latency_gate(store: ArtifactStore, keys: dict[str, str], baseline: dict[str, str] | None, device_kind: str,
                  max_ratio: float = 1.3) -> GateCheck:
     """Is each artifact's p99 latency within ``max_ratio`` times the baseline's for the same target?
 

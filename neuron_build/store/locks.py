@@ -24,14 +24,13 @@ import secrets
 import socket
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 from filelock import FileLock, Timeout
 
 from neuron_build.log import get_logger
-from neuron_build.store.local import Store, is_disk_full, read_json, write_json_atomic, utc_now
+from neuron_build.util import is_disk_full, read_json, utc_now, write_json_atomic
 
 GB = 10**9
 
@@ -235,48 +234,6 @@ def _who(owner: dict[str, Any] | None) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------------
 # host memory
 
-@dataclass(frozen=True)
-class PeakEstimate:
-    """The expected peak resident memory of a compile, in bytes, and where the figure comes from."""
-
-    bytes: int
-    source: str
-
-
-def expected_peak(store: Store, model: str, bucket_id: str, default_bytes: int) -> PeakEstimate:
-    """The last recorded peak memory of a compile of ``model`` at ``bucket_id`` (any dtype and profile),
-    else ``default_bytes``.
-
-    Looks at ``targets/<model>/<bucket id>/*/*/``: ``last.json`` (its key's manifest
-    ``metrics.peak_rss_bytes``) and ``failure.json`` (``peak_rss_bytes``); the most recent one wins.
-    """
-    base = store.root / "targets" / model / bucket_id
-    best: tuple[str, int, str] | None = None
-    if base.is_dir():
-        for rec_path in base.glob("*/*/last.json"):
-            rec = read_json(rec_path)
-            if not isinstance(rec, dict) or not isinstance(rec.get("key"), str):
-                continue
-            man = read_json(store.object_dir(rec["key"]) / "manifest.json")
-            if not isinstance(man, dict):
-                continue
-            peak = (man.get("metrics") or {}).get("peak_rss_bytes")
-            if isinstance(peak, int) and peak > 0:
-                cand = (str(man.get("created", "")), peak, f"peak of {man.get('target')} ({rec['key'][:12]})")
-                best = cand if best is None or cand[0] > best[0] else best
-        for rec_path in base.glob("*/*/failure.json"):
-            rec = read_json(rec_path)
-            if not isinstance(rec, dict):
-                continue
-            peak = rec.get("peak_rss_bytes")
-            if isinstance(peak, int) and peak > 0:
-                cand = (str(rec.get("time", "")), peak, f"peak of the failed compile of {rec.get('target')}")
-                best = cand if best is None or cand[0] > best[0] else best
-    if best is None:
-        return PeakEstimate(int(default_bytes), "default_compile_memory_gb")
-    return PeakEstimate(best[1], best[2])
-
-
 class MemoryBudget:
     """A cross-process bound on the summed expected peak memory of the compiles running on this host.
 
@@ -401,4 +358,4 @@ class MemoryBudget:
             return False
 
 
-__all__ = ["KeyLock", "MemoryBudget", "PeakEstimate", "expected_peak", "owner_alive", "GB"]
+__all__ = ["KeyLock", "MemoryBudget", "owner_alive", "GB"]

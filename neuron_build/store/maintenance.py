@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import re
 import secrets
 import shutil
 import socket
@@ -21,9 +20,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from neuron_build.errors import UserError
-from neuron_build.store.local import Store, _alive, read_json
+from neuron_build.store.local import LocalStore, is_key, pid_alive
+from neuron_build.util import read_json
 
-_KEY = re.compile(r"^[0-9a-f]{64}$")
 DAY_S = 86400.0
 #: Temporary files (``.<name>.<pid>.<token>.tmp``) live milliseconds; ones older than this were left by a
 #: killed process.
@@ -73,7 +72,7 @@ class VerifyReport:
                 "bad": [asdict(b) for b in self.bad], "problems": self.problems}
 
 
-def verify_store(store: Store, deep: bool = False) -> VerifyReport:
+def verify_store(store: LocalStore, deep: bool = False) -> VerifyReport:
     """Check every object in ``objects/``; move each bad one to ``quarantine/`` with its reason.
 
     Cheap checks (manifest parses and matches its own sha256, PASS, exactly the listed files with the
@@ -82,16 +81,16 @@ def verify_store(store: Store, deep: bool = False) -> VerifyReport:
     channel's release are checked to exist.
     """
     rep = VerifyReport(deep=deep)
-    base = store.root / "objects"
+    base = store.area("objects")
     for sub in sorted(base.iterdir()) if base.is_dir() else []:
         entries = sorted(sub.iterdir()) if sub.is_dir() else [sub]
         for d in entries:
             rep.checked += 1
             name = d.name
-            if not (sub.is_dir() and d.is_dir() and _KEY.match(name) and name[:2] == sub.name):
-                where = d.relative_to(store.root).as_posix()
+            if not (sub.is_dir() and d.is_dir() and is_key(name) and name[:2] == sub.name):
+                where = store.relative(d)
                 moved = store.quarantine_path(d, f"{where} is not an object folder (objects/<key[:2]>/<key>/)")
-                rep.bad.append(BadObject(name, None, f"{where} is not an object folder", _rel(store, moved)))
+                rep.bad.append(BadObject(name, None, f"{where} is not an object folder", store.relative(moved)))
                 continue
             reason = store.check(name, deep=deep)
             if reason is None:
@@ -100,43 +99,26 @@ def verify_store(store: Store, deep: bool = False) -> VerifyReport:
             man = read_json(d / "manifest.json")
             target = man.get("target") if isinstance(man, dict) and isinstance(man.get("target"), str) else None
             moved = store.quarantine(name, reason + (" (found by verify --deep)" if deep else " (found by verify)"))
-            rep.bad.append(BadObject(name, target, reason, _rel(store, moved)))
-    for path, rel in _release_files(store):
+            rep.bad.append(BadObject(name, target, reason, moved))
+    for model, rid, rel in store.releases():
+        where = f"releases/{model}/{rid}.json"
         keys = _release_keys(rel)
         if keys is None:
-            rep.problems.append(f"{path.relative_to(store.root)}: not a readable release (JSON with artifacts)")
+            rep.problems.append(f"{where}: not a readable release (JSON with artifacts)")
             continue
         for tid, key in keys:
             if not store.is_complete(key):
-                rep.problems.append(f"{path.relative_to(store.root)}: artifact {tid} key {key[:12]} is not in the store")
-    for path, ch in _channel_files(store):
+                rep.problems.append(f"{where}: artifact {tid} key {key[:12]} is not in the store")
+    for model, channel, ch in store.channels():
+        where = f"channels/{model}/{channel}.json"
         rid = ch.get("release") if isinstance(ch, dict) else None
         if not isinstance(rid, str):
-            rep.problems.append(f"{path.relative_to(store.root)}: not a readable channel (JSON with release)")
+            rep.problems.append(f"{where}: not a readable channel (JSON with release)")
             continue
-        rel_path = store.root / "releases" / path.parent.name / f"{rid}.json"
-        if _release_keys(read_json(rel_path)) is None:
-            rep.problems.append(f"{path.relative_to(store.root)}: points at release {rid}, "
-                                f"but {rel_path.relative_to(store.root)} is missing or unreadable")
+        if _release_keys(store.release(model, rid)) is None:
+            rep.problems.append(f"{where}: points at release {rid}, "
+                                f"but releases/{model}/{rid}.json is missing or unreadable")
     return rep
-
-
-def _rel(store: Store, p: Path | None) -> str | None:
-    return p.relative_to(store.root).as_posix() if p is not None else None
-
-
-def _release_files(store: Store) -> Iterable[tuple[Path, Any]]:
-    base = store.root / "releases"
-    for p in sorted(base.rglob("*.json")) if base.is_dir() else []:
-        if not p.name.startswith("."):
-            yield p, read_json(p)
-
-
-def _channel_files(store: Store) -> Iterable[tuple[Path, Any]]:
-    base = store.root / "channels"
-    for p in sorted(base.glob("*/*.json")) if base.is_dir() else []:
-        if not p.name.startswith("."):
-            yield p, read_json(p)
 
 
 def _release_keys(rel: Any) -> list[tuple[str, str]] | None:
@@ -187,7 +169,7 @@ class GcReport:
                 "removed": [asdict(r) for r in self.removed]}
 
 
-def referenced_keys(store: Store, extra: Iterable[str] = ()) -> set[str]:
+def referenced_keys(store: LocalStore, extra: Iterable[str] = ()) -> set[str]:
     """Keys that ``gc`` must keep: ``extra`` (e.g. the current matrix), every target record's key, every
     release's keys.
 
@@ -195,21 +177,17 @@ def referenced_keys(store: Store, extra: Iterable[str] = ()) -> set[str]:
         UserError: a release file is unreadable (its keys cannot be protected); the message names it.
     """
     keys = set(extra)
-    tbase = store.root / "targets"
-    for f in tbase.rglob("last.json") if tbase.is_dir() else []:
-        rec = read_json(f)
-        if isinstance(rec, dict) and isinstance(rec.get("key"), str):
-            keys.add(rec["key"])
-    for path, rel in _release_files(store):
+    keys.update(rec.key for rec in store.all_targets())
+    for model, rid, rel in store.releases():
         rk = _release_keys(rel)
         if rk is None:
-            raise UserError(f"{path}: release file is unreadable or has no artifacts list; gc cannot tell which "
+            raise UserError(f"{store.area('releases') / model / (rid + '.json')}: release file is unreadable or has no artifacts list; gc cannot tell which "
                             f"artifacts it keeps. Fix or remove it, then run gc again")
         keys.update(k for _, k in rk)
     return keys
 
 
-def collect_garbage(store: Store, keep_keys: Iterable[str] = (), keep_days: float = 7.0, dry_run: bool = False,
+def collect_garbage(store: LocalStore, keep_keys: Iterable[str] = (), keep_days: float = 7.0, dry_run: bool = False,
                     now: float | None = None) -> GcReport:
     """Remove what nothing needs.
 
@@ -233,7 +211,7 @@ def collect_garbage(store: Store, keep_keys: Iterable[str] = (), keep_days: floa
     horizon = keep_days * DAY_S
     rep = GcReport(dry_run=dry_run, keep_days=keep_days)
     refs = referenced_keys(store, keep_keys)
-    trash = store.root / "trash"
+    trash = store.area("trash")
 
     def drop(path: Path, item: Removal, atomic: bool = False) -> None:
         rep.removed.append(item)
@@ -256,7 +234,7 @@ def collect_garbage(store: Store, keep_keys: Iterable[str] = (), keep_days: floa
                 pass
 
     # objects
-    for key in store.object_keys():
+    for key in store.keys():
         d = store.object_dir(key)
         if key in refs:
             rep.referenced += 1
@@ -269,9 +247,9 @@ def collect_garbage(store: Store, keep_keys: Iterable[str] = (), keep_days: floa
             rep.kept_young += 1
             continue
         target = man.get("target") if isinstance(man, dict) else None
-        results = store.root / "results" / key
+        results = store.area("results") / key
         size = tree_bytes(d) + tree_bytes(results)
-        drop(d, Removal("object", d.relative_to(store.root).as_posix(), size,
+        drop(d, Removal("object", store.relative(d), size,
                         f"referenced by no target record, release or channel; {age / DAY_S:.1f} days old",
                         key=key, target=target), atomic=True)
         if not dry_run:
@@ -280,22 +258,22 @@ def collect_garbage(store: Store, keep_keys: Iterable[str] = (), keep_days: floa
 
     # staging leftovers
     host = socket.gethostname()
-    sbase = store.root / "staging"
+    sbase = store.area("staging")
     for d in sorted(sbase.iterdir()) if sbase.is_dir() else []:
-        parts = d.name.split(".")
+        owner = store.staging_owner(d)
         age = now - _mtime(d)
         why = None
-        if len(parts) >= 4 and parts[-3] == host and parts[-2].isdigit():
-            pid = int(parts[-2])
-            if pid != os.getpid() and not _alive(pid):
+        if owner is not None and owner[0] == host:
+            pid = owner[1]
+            if pid != os.getpid() and not pid_alive(pid):
                 why = f"left by pid {pid}, which is no longer running"
         elif age >= horizon:
             why = f"left by another host or an unknown writer; {age / DAY_S:.1f} days old"
         if why:
-            drop(d, Removal("staging", d.relative_to(store.root).as_posix(), tree_bytes(d), why))
+            drop(d, Removal("staging", store.relative(d), tree_bytes(d), why))
 
     # quarantine
-    qbase = store.root / "quarantine"
+    qbase = store.area("quarantine")
     for d in sorted(qbase.iterdir()) if qbase.is_dir() else []:
         age = now - _mtime(d)
         if age >= horizon:
@@ -304,19 +282,19 @@ def collect_garbage(store: Store, keep_keys: Iterable[str] = (), keep_days: floa
                 reason = (d / "reason.txt").read_text().strip()
             except OSError:
                 pass
-            drop(d, Removal("quarantine", d.relative_to(store.root).as_posix(), tree_bytes(d),
+            drop(d, Removal("quarantine", store.relative(d), tree_bytes(d),
                             f"quarantined {age / DAY_S:.1f} days ago" + (f": {reason}" if reason else ""),
                             key=d.name.split(".")[0]))
 
     # lock files moved aside, temporary files of killed writers, an interrupted gc's trash
-    lbase = store.root / "locks"
+    lbase = store.area("locks")
     for p in sorted(lbase.glob("*.lock.stale-*")) if lbase.is_dir() else []:
-        drop(p, Removal("lock", p.relative_to(store.root).as_posix(), tree_bytes(p), "stale lock file moved aside"))
+        drop(p, Removal("lock", store.relative(p), tree_bytes(p), "stale lock file moved aside"))
     for area in ("targets", "results", "locks", "releases", "channels"):
-        abase = store.root / area
+        abase = store.area(area)
         for p in sorted(abase.rglob(".*.tmp")) if abase.is_dir() else []:
             if now - _mtime(p) >= TMP_MAX_AGE_S:
-                drop(p, Removal("temp", p.relative_to(store.root).as_posix(), tree_bytes(p),
+                drop(p, Removal("temp", store.relative(p), tree_bytes(p),
                                 "temporary file left by a killed writer"))
     if not dry_run and trash.is_dir():
         for p in trash.iterdir():
@@ -324,12 +302,12 @@ def collect_garbage(store: Store, keep_keys: Iterable[str] = (), keep_days: floa
     return rep
 
 
-def _drop_lock_files(store: Store, key: str) -> None:
+def _drop_lock_files(store: LocalStore, key: str) -> None:
     """Remove a removed key's lock file, only while holding it (a builder that opened it meanwhile sees
     the file gone and locks a new one)."""
     from filelock import FileLock, Timeout
 
-    path = store.root / "locks" / f"{key}.lock"
+    path = store.area("locks") / f"{key}.lock"
     if not path.exists():
         return
     lock = FileLock(str(path))
@@ -339,7 +317,7 @@ def _drop_lock_files(store: Store, key: str) -> None:
         return
     try:
         path.unlink(missing_ok=True)
-        (store.root / "locks" / f"{key}.owner.json").unlink(missing_ok=True)
+        (store.area("locks") / f"{key}.owner.json").unlink(missing_ok=True)
     finally:
         lock.release()
 

@@ -11,19 +11,9 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict
 
+
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
-
-#: Manifest statuses. Only PASS is ever served from the store.
-STATUSES = {
-    "PASS": "compiled",
-    "ERROR": "the compiler reported an error",
-    "KILLED": "the compile was killed by a signal (SIGKILL is usually the kernel's out-of-memory killer)",
-    "TIMEOUT": "the compile ran past timeout_s and was stopped",
-    "TRANSIENT": "the compiler exited with status 70 (a transient tool failure)",
-    "TOOLCHAIN_MISSING": "the backend's toolchain is not installed",
-}
-
 
 class FileEntry(BaseModel):
     """One file of an artifact: its sha256 (64 hex chars) and size in bytes."""

@@ -18,7 +18,7 @@ import pytest
 from faultkit import (HERE, cli_env, fill, free_bytes, object_digests, plan_states, quick_ids, run_cli, start_build,
                       tmpfs, verify, wait_for, workers_alive, write_quick_project)
 from neuron_build.store.maintenance import verify_store
-from neuron_build.store.local import Store
+from neuron_build.store.local import LocalStore
 
 
 STAGES = ("preparing the compile", "while compiling", "writing the artifact", "writing the manifest", "publishing")
@@ -69,7 +69,7 @@ def test_sigkill_at_each_store_write_leaves_objects_complete_or_absent(tmp_path)
         root = tmp_path / f"k{k}"
         shutil.copytree(template, root)
         cfg = root / "buckets.toml"
-        store = Store(root / "artifacts")
+        store = LocalStore(root / "artifacts")
         before = object_digests(store.root)
         r = crash_at(cfg, t_new, k, replay)
         assert r.returncode == -signal.SIGKILL, (k, writes[k - 1], r.stdout, r.stderr)
@@ -142,8 +142,8 @@ def test_disk_full_fails_the_target_cleanly_and_loses_nothing(tmp_path):
         first, second = quick_ids(2)
         r = run_cli("build", "-c", str(cfg), first)
         assert r.returncode == 0, r.stdout + r.stderr
-        store = Store(fs / "artifacts")
-        (man,) = [m for m in store.iter_manifests()]
+        store = LocalStore(fs / "artifacts")
+        (man,) = [m for m in store.manifests()]
         size = man.files["model.pt"].size
         before = object_digests(store.root)
         page = 4096

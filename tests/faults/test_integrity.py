@@ -17,7 +17,7 @@ import pytest
 from faultkit import compile_counts, object_digests, plan_states, quick_ids, run_cli, verify, write_quick_project
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
-from neuron_build.store.local import Store
+from neuron_build.store.local import LocalStore
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_corrupt_bytes_are_found_quarantined_never_served_and_rebuilt(built, tmp
     three on lookup, only ``verify --deep`` catches the flipped byte; each is quarantined with its reason,
     and the next build compiles exactly the four again."""
     cfg = copy_project(built, tmp_path / "p")
-    store = Store(cfg.parent / "artifacts")
+    store = LocalStore(cfg.parent / "artifacts")
     keys = keys_of(cfg)
     t1, t2, t3, t4 = quick_ids(4)
     before = object_digests(store.root)
@@ -108,7 +108,7 @@ def test_partial_and_stray_objects_are_quarantined_by_lookup(built, tmp_path):
     an object with an extra file not in its manifest, and a stray file under objects/. A build's lookup
     quarantines the first two and rebuilds them; verify quarantines the stray file."""
     cfg = copy_project(built, tmp_path / "p")
-    store = Store(cfg.parent / "artifacts")
+    store = LocalStore(cfg.parent / "artifacts")
     keys = keys_of(cfg)
     t1, t2, t3, _ = quick_ids(4)
     (store.object_dir(keys[t1]) / "manifest.json").unlink()
@@ -147,7 +147,7 @@ def test_gc_keeps_referenced_removes_the_rest(built, tmp_path):
     and a lock file broken aside. gc --dry-run lists and removes nothing; gc removes exactly the
     unreferenced old objects and leftovers, reports the bytes, and never the released key."""
     cfg = copy_project(built, tmp_path / "p")
-    store = Store(cfg.parent / "artifacts")
+    store = LocalStore(cfg.parent / "artifacts")
     old = keys_of(cfg)
     t1, t2, t3, t4 = quick_ids(4)
     # a release of two artifacts, and a channel pointing at it

@@ -1,0 +1,247 @@
+"""The store contract: what every store implementation promises, method by method.
+
+The shape is Bazel's remote cache (``remote_execution.proto``): an **action cache** that maps a target
+key to its manifest, and the artifact's files, which the manifest lists by sha256 and size. Beside them
+sit the small records a build keeps (target records, failure records, results), the release records,
+the channel pointers with their history, and the coordination of builders (key locks, the host-memory
+budget). Nothing outside ``neuron_build.store`` computes a path inside a store: callers use these
+methods, and ``tests/store/test_contract.py`` runs one suite against every implementation.
+
+Invariants that hold for every method:
+
+- **A reader trusts only a complete artifact.** An artifact is complete when its manifest parses,
+  matches its own sha256, names the key it is stored under, says PASS, and the files it lists are exactly
+  the files present, with the listed sizes (and, on a deep check, the listed sha256). Anything else is
+  *damaged* and is never served.
+- **Publishing is atomic.** A reader sees a complete artifact or none; a writer killed at any moment
+  leaves no artifact that passes the check above.
+- **Records are whole.** Every record is replaced atomically (old or new content, never torn);
+  release records are written once and never replaced.
+- **Reads do not write.** Only :meth:`ArtifactStore.repair`, :meth:`ArtifactStore.quarantine`,
+  publishing and the record writers change the store.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
+
+from neuron_build.store.records import FailureRecord, TargetRecord
+
+if TYPE_CHECKING:  # pydantic stays off the import path of the contract
+    from neuron_build.store.manifest import Manifest
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """The answer of :meth:`ArtifactStore.lookup`: a hit (``manifest`` set), an absent key (both None),
+    or a damaged object (``damage`` says why; ``manifest`` None). A typed miss, never an exception."""
+
+    key: str
+    manifest: "Manifest | None" = None
+    damage: str | None = None
+
+    @property
+    def hit(self) -> bool:
+        """True when the store holds a complete artifact for the key."""
+        return self.manifest is not None
+
+
+@runtime_checkable
+class ArtifactStore(Protocol):
+    """A content-addressed artifact store (see the module docstring for the invariants of every call)."""
+
+    #: Where the store is, for messages (a folder path or a URL). Never part of a key.
+    location: str
+
+    # -- action cache: key -> manifest -> files ----------------------------------------------------
+    def lookup(self, key: str, deep: bool = False) -> Lookup:
+        """Is there a complete artifact for ``key``? Reads only: a damaged object stays where it is.
+
+        Cheap by default (the manifest, a listing and one size per file); ``deep`` also compares every
+        file's sha256.
+        """
+        ...
+
+    def repair(self, key: str, deep: bool = False) -> Lookup:
+        """:meth:`lookup`, and move a damaged object out of the way (quarantine, with its reason), so the
+        next build compiles the key again. The lookup of commands that write (build, show)."""
+        ...
+
+    def is_complete(self, key: str, deep: bool = False) -> bool:
+        """``lookup(key, deep).hit``."""
+        ...
+
+    def manifest(self, key: str) -> "Manifest | None":
+        """The manifest of a complete artifact, else None (reads only)."""
+        ...
+
+    def artifact_dir(self, key: str) -> Path:
+        """A local folder holding the artifact's files under the names its manifest lists, for loading.
+        Call after a hit; the folder's files are not verified again."""
+        ...
+
+    def keys(self) -> list[str]:
+        """Every key the action cache has an entry for (complete or not), sorted."""
+        ...
+
+    def find_keys(self, prefix: str) -> list[str]:
+        """The keys that start with ``prefix`` (at least 2 hex chars), sorted."""
+        ...
+
+    def manifests(self) -> Iterator["Manifest"]:
+        """The manifest of every complete artifact, in key order."""
+        ...
+
+    def new_staging(self, key: str) -> Path:
+        """A fresh, private local folder to write an artifact of ``key`` into, on the store's side of any
+        rename. Nothing reads it as an artifact."""
+        ...
+
+    def seal(self, folder: Path, manifest: "Manifest") -> dict[str, Any]:
+        """Make ``folder`` durable and write its ``manifest.json`` last (with the manifest's own sha256).
+
+        Returns:
+            The manifest as written.
+
+        Raises:
+            OSError: e.g. ENOSPC; nothing is published.
+        """
+        ...
+
+    def publish(self, folder: Path, key: str) -> Path:
+        """Make a sealed folder the artifact of ``key``, atomically. When a complete artifact already
+        exists (another builder won), the folder is discarded and the existing one kept; a damaged object
+        in the way is quarantined first.
+
+        Returns:
+            The artifact's folder (:meth:`artifact_dir`).
+        """
+        ...
+
+    def quarantine(self, key: str, reason: str) -> str | None:
+        """Move the object of ``key`` out of the action cache with ``reason``; it is never served again.
+
+        Returns:
+            Where it went (relative to the store), or None when there was nothing to move.
+        """
+        ...
+
+    def clean_staging(self) -> int:
+        """Remove staging folders of builders that are no longer running on this host; how many."""
+        ...
+
+    # -- records beside the artifacts ----------------------------------------------------------------
+    def put_target(self, record: TargetRecord) -> None:
+        """Remember the key a target was last built with (replaces the previous record)."""
+        ...
+
+    def target(self, target_id: str) -> TargetRecord | None:
+        """The target's record, or None."""
+        ...
+
+    def targets(self, model: str, bucket_id: str | None = None) -> Iterator[TargetRecord]:
+        """The records of ``model``'s targets (of one bucket when ``bucket_id`` is given), by target id."""
+        ...
+
+    def all_targets(self) -> Iterator[TargetRecord]:
+        """Every target record in the store."""
+        ...
+
+    def put_failure(self, record: FailureRecord, log: bytes) -> None:
+        """Record a failed compile of ``record.target`` and its log (replaces the previous failure)."""
+        ...
+
+    def failure(self, target_id: str) -> FailureRecord | None:
+        """The target's last recorded failure, or None."""
+        ...
+
+    def failures(self, model: str, bucket_id: str | None = None) -> Iterator[FailureRecord]:
+        """The failure records of ``model``'s targets (of one bucket when given)."""
+        ...
+
+    def failure_log(self, target_id: str) -> Path:
+        """Where the log of the target's last failure is (for ``show`` to print)."""
+        ...
+
+    def clear_failure(self, target_id: str) -> None:
+        """Forget the target's failure (after it passed)."""
+        ...
+
+    def put_result(self, key: str, kind: str, name: str, result: dict[str, Any]) -> None:
+        """Store a result about an artifact (``kind`` ``validation`` or ``bench``; ``name`` e.g. the
+        device kind). Results never change the artifact or its key; a new one replaces the old."""
+        ...
+
+    def result(self, key: str, kind: str, name: str) -> dict[str, Any] | None:
+        """A stored result, or None."""
+        ...
+
+    def results(self, key: str, kind: str) -> dict[str, dict[str, Any]]:
+        """Every result of one kind for an artifact: {name: result}, by name."""
+        ...
+
+    # -- releases and channels -------------------------------------------------------------------------
+    def put_release(self, model: str, release_id: str, record: dict[str, Any]) -> bool:
+        """Write a release record once. Returns False (and changes nothing) when it already exists."""
+        ...
+
+    def release(self, model: str, release_id: str) -> dict[str, Any] | None:
+        """A release record by its exact id, or None."""
+        ...
+
+    def release_ids(self, model: str, prefix: str = "") -> list[str]:
+        """The ids of ``model``'s releases that start with ``prefix``, sorted."""
+        ...
+
+    def releases(self, model: str | None = None) -> Iterator[tuple[str, str, Any]]:
+        """(model, release id, record or None when unreadable) for every release (of one model)."""
+        ...
+
+    def channel(self, model: str, channel: str) -> dict[str, Any] | None:
+        """The pointer of a channel (``release``, ``version``, ...), or None when it never held one."""
+        ...
+
+    def channels(self) -> Iterator[tuple[str, str, Any]]:
+        """(model, channel, pointer or None when unreadable) for every channel pointer in the store."""
+        ...
+
+    def channel_lock(self, model: str, channel: str, timeout_s: float) -> AbstractContextManager[Any]:
+        """Hold the channel's lock: pointer swaps and history appends happen inside it.
+
+        Raises:
+            filelock.Timeout: another holder kept it for ``timeout_s`` seconds.
+        """
+        ...
+
+    def channel_lock_path(self, model: str, channel: str) -> Any:
+        """Where the channel's lock is, for the message of a lock held too long."""
+        ...
+
+    def set_channel(self, model: str, channel: str, pointer: dict[str, Any]) -> None:
+        """Replace the channel's pointer (call with :meth:`channel_lock` held)."""
+        ...
+
+    def append_history(self, model: str, channel: str, entry: dict[str, Any]) -> None:
+        """Add one entry to the channel's history (call with :meth:`channel_lock` held)."""
+        ...
+
+    def history(self, model: str, channel: str) -> list[dict[str, Any]]:
+        """The channel's history, oldest first (unreadable entries skipped)."""
+        ...
+
+    # -- builders that share the store ----------------------------------------------------------------
+    def key_lock(self, key: str, target: str = "", heartbeat_s: float = 15.0) -> Any:
+        """The exclusive compile lock of ``key`` (a :class:`~neuron_build.store.locks.KeyLock`): one
+        builder compiles, the others wait and reuse."""
+        ...
+
+    def memory_budget(self, max_bytes: int | None, heartbeat_s: float = 15.0) -> Any:
+        """The host-memory ledger of the compiles running on this host (a
+        :class:`~neuron_build.store.locks.MemoryBudget`)."""
+        ...
+
+
+__all__ = ["ArtifactStore", "Lookup"]

@@ -1,0 +1,190 @@
+"""Small helpers every layer shares: atomic files, digests, canonical JSON, times and percentiles.
+
+The one place that writes a file "temporary name, fsync, rename" (:func:`write_atomic`), so a reader sees
+the old content or the new, never a torn file; the one percentile (:func:`percentile`).
+No torch, no pydantic: this module is on the no-op build's path.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import errno
+import hashlib
+import json
+import math
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Iterable, Literal, Sequence
+
+#: errno values that mean the file system is full (ENOSPC) or the user's quota is used up (EDQUOT).
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True for an ``OSError`` that says the file system (or quota) is full."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+
+
+# -- files -------------------------------------------------------------------------------------------
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder (so a rename or a new entry in it survives a power loss)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temp_name(path: Path) -> Path:
+    """A private temporary name beside ``path``: ``.<name>.<pid>.<token>.tmp`` (``gc`` removes ones
+    older than an hour: they were left by a killed writer)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def write_atomic(path: Path, data: bytes, *, create_only: bool = False) -> bool:
+    """Write ``data`` to ``path`` through a temporary file in the same folder, fsynced, then renamed.
+
+    Args:
+        create_only: never replace an existing ``path``: the temporary file is hard-linked to ``path``
+            (which fails when the name exists), so a record written once is never replaced.
+
+    Returns:
+        True when ``path`` now holds ``data``; False only with ``create_only`` when ``path`` existed.
+
+    Raises:
+        OSError: e.g. ENOSPC; no temporary file is left behind.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if not create_only:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def json_bytes(obj: Any) -> bytes:
+    """The project's JSON file form: indented by 2, one trailing newline."""
+    return (json.dumps(obj, indent=2, default=str) + "\n").encode()
+
+
+def write_json_atomic(path: Path, obj: Any, *, create_only: bool = False) -> bool:
+    """:func:`write_atomic` of ``obj`` as indented JSON; same arguments and result."""
+    return write_atomic(path, json_bytes(obj), create_only=create_only)
+
+
+def read_json(path: Path) -> Any | None:
+    """JSON content of ``path``, or None when it is missing or unreadable."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line to ``path`` and fsync it (callers hold the file's lock)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(line.rstrip("\n") + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# -- digests -----------------------------------------------------------------------------------------
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted keys, no whitespace, UTF-8: the bytes that are hashed."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sha256_hex(data: bytes) -> str:
+    """sha256 of ``data`` as 64 hex chars."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    """sha256 (64 hex chars) of a file's bytes, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
+
+
+# -- times -------------------------------------------------------------------------------------------
+
+def utc_now() -> str:
+    """The current UTC time as ISO 8601 text to the second (``2026-11-29T11:12:33+00:00``), for the
+    informational times of records; never part of a key."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def age(iso: str | None, now: _dt.datetime | None = None) -> str:
+    """``"2024-05-01T10:00:00+00:00"`` -> ``"3h"`` style age (s, m, h, d); ``"?"`` when unparsable."""
+    try:
+        t = _dt.datetime.fromisoformat(iso or "")
+    except ValueError:
+        return "?"
+    s = ((now or _dt.datetime.now(_dt.timezone.utc)) - t).total_seconds()
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= n:
+            return f"{int(s // n)}{unit}"
+    return f"{max(0, int(s))}s"
+
+
+# -- statistics --------------------------------------------------------------------------------------
+
+def percentile(values: Iterable[float], q: float,
+               method: Literal["linear", "nearest-rank"] = "linear") -> float:
+    """The ``q``-th percentile (0 <= q <= 100) of ``values`` (any order).
+
+    Args:
+        method: ``linear`` interpolates between order statistics (numpy's default; latency figures);
+            ``nearest-rank`` is the smallest value with at least ``q`` % of the values at or below it
+            (for 20 values or fewer, p95 is the maximum; the release gates' compile-time p95).
+
+    Raises:
+        ValueError: no values, or ``q`` outside [0, 100].
+    """
+    vs: Sequence[float] = sorted(values)
+    if not vs:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} is outside [0, 100]")
+    if method == "nearest-rank":
+        return vs[max(1, math.ceil(q / 100 * len(vs))) - 1]
+    pos = (len(vs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(vs) - 1)
+    return vs[lo] + (vs[hi] - vs[lo]) * (pos - lo)
+
+
+def swap_in_folder(staging: Path, dest: Path) -> None:
+    """Replace the folder ``dest`` by the fully written folder ``staging`` with renames (``dest`` may be
+    absent). If the final rename fails, the old ``dest`` is put back; the old content is deleted after."""
+    import shutil
+
+    if not dest.exists():
+        os.rename(staging, dest)
+        return
+    old = dest.parent / f".{dest.name}.old.{os.getpid()}.{secrets.token_hex(4)}"
+    os.rename(dest, old)
+    try:
+        os.rename(staging, dest)
+    except BaseException:
+        os.rename(old, dest)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
