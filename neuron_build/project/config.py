@@ -544,7 +544,7 @@ def _check_factory(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
                       f"defined: {', '.join(sorted(defined)) or 'nothing'}")
     faults.extend(_missing_imports(tree, path, root, where))
     # modules under the models folder that the factory imports must import too
-    from neuron_build.project.keys import local_imports
+    from neuron_build.project.sources import local_imports
 
     top_dir = root / m.module.split(".")[0]
     for dep in local_imports(path, top_dir if top_dir.is_dir() else path.parent):

@@ -19,7 +19,6 @@ the key are relative to the folder of ``buckets.toml``, so a moved checkout comp
 
 from __future__ import annotations
 
-import ast
 import importlib.metadata as md
 import json
 import os
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.project.compiler_args import key_args
+from neuron_build.project.sources import local_imports
 from neuron_build.util import canonical_json, file_sha256, sha256_hex, write_atomic
 from neuron_build.project.config import Project
 from neuron_build.project.matrix import Target
@@ -81,50 +81,6 @@ class DigestCache:
             return
         write_atomic(self.path, json.dumps(self._data).encode())
         self._dirty = False
-
-
-def local_imports(entry: Path, top: Path) -> list[Path]:
-    """The module files under ``top`` that ``entry`` imports, directly or transitively (static, via ast).
-
-    Args:
-        entry: the factory module file.
-        top: the models folder (the factory's top-level package folder).
-
-    Returns:
-        Sorted paths, ``entry`` included.
-    """
-    root = top.parent
-    seen: set[Path] = set()
-    todo = [entry]
-    while todo:
-        f = todo.pop()
-        if f in seen or not f.is_file():
-            continue
-        seen.add(f)
-        try:
-            tree = ast.parse(f.read_bytes())
-        except SyntaxError:
-            continue
-        pkg_parts = list(f.relative_to(root).with_suffix("").parts)
-        if pkg_parts[-1] == "__init__":
-            pkg_parts = pkg_parts[:-1]
-        else:
-            pkg_parts = pkg_parts[:-1]
-        for node in ast.walk(tree):
-            mods: list[list[str]] = []
-            if isinstance(node, ast.Import):
-                mods = [a.name.split(".") for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = (pkg_parts[: len(pkg_parts) - node.level + 1] if node.level else [])
-                mod = base + (node.module.split(".") if node.module else [])
-                mods = [mod] + [mod + [a.name] for a in node.names]
-            for parts in mods:
-                for n in range(1, len(parts) + 1):
-                    cand = root.joinpath(*parts[:n])
-                    for c in (cand.with_suffix(".py"), cand / "__init__.py"):
-                        if c.is_file() and top in c.parents:
-                            todo.append(c)
-    return sorted(seen)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,161 @@
+"""The layering rules, enforced: which layer may import which, no import cycles (deferred imports
+included), and the torch-free paths stay torch-free.
+
+Layers, lowest first (``shared/DESIGN.md``): core (errors, status, util, log, the package) <- project
+(config, compiler args, matrix, keys) <- store <- compilers (and the worker, the example inputs, the
+artifact loader) <- build | evaluate <- release <- runtime | tasks <- cli. A module may import its own
+layer and the layers its row allows below.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+PKG = REPO / "neuron_build"
+
+#: layer -> module-name prefixes (longest match wins)
+LAYERS = {
+    "core": ["neuron_build", "neuron_build.errors", "neuron_build.status", "neuron_build.util", "neuron_build.log"],
+    "project": ["neuron_build.project"],
+    "store": ["neuron_build.store"],
+    "compilers": ["neuron_build.compilers", "neuron_build.worker", "neuron_build.examples", "neuron_build.artifact"],
+    "build": ["neuron_build.build"],
+    "evaluate": ["neuron_build.evaluate"],
+    "release": ["neuron_build.release"],
+    "runtime": ["neuron_build.runtime"],
+    "tasks": ["neuron_build.tasks"],
+    "cli": ["neuron_build.cli"],
+}
+#: layer -> the other layers it may import
+ALLOWED = {
+    "core": set(),
+    "project": {"core"},
+    "store": {"core"},
+    "compilers": {"core", "project"},
+    "build": {"core", "project", "store", "compilers"},
+    "evaluate": {"core", "project", "store", "compilers"},
+    "release": {"core", "project", "store", "compilers", "evaluate"},
+    "runtime": {"core", "compilers"},
+    "tasks": {"core", "project", "store", "compilers", "build", "evaluate"},
+    "cli": {"core", "project", "store", "compilers", "build", "evaluate", "release", "runtime", "tasks"},
+}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PKG.rglob("*.py")):
+        parts = list(p.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def layer_of(mod: str) -> str:
+    best = max(((pre, name) for name, pres in LAYERS.items() for pre in pres
+                if mod == pre or mod.startswith(pre + ".")), key=lambda x: len(x[0]))
+    return best[1]
+
+
+def imports_of(mod: str, path: Path, known: set[str]) -> set[str]:
+    """Every neuron_build module ``mod`` imports, anywhere in its body (deferred imports included)."""
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_bytes())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                src = ".".join(base + ([node.module] if node.module else []))
+            else:
+                src = node.module or ""
+            names = [f"{src}.{a.name}" if f"{src}.{a.name}" in known else src for a in node.names]
+        else:
+            continue
+        out.update(n for n in names if n == "neuron_build" or n.startswith("neuron_build."))
+    return {n for n in out if n in known} - {mod}
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {m: imports_of(m, p, set(mods)) for m, p in mods.items()}
+
+
+def test_every_module_has_a_layer():
+    for m in modules():
+        assert layer_of(m) in ALLOWED, m
+
+
+def test_layers_import_only_downwards():
+    bad = []
+    for m, deps in graph().items():
+        lm = layer_of(m)
+        for d in sorted(deps):
+            ld = layer_of(d)
+            if ld != lm and ld not in ALLOWED[lm]:
+                bad.append(f"{m} ({lm}) imports {d} ({ld})")
+    assert bad == []
+
+
+def test_no_import_cycles():
+    g = graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_the_layer_rules_can_fail():
+    """The checker sees a deferred import: a function-level import of the CLI from the store is caught."""
+    src = "def f():\n    from neuron_build.cli import main\n"
+    tmp = PKG / "store" / "_layer_probe.py"
+    tmp.write_text(src)
+    try:
+        deps = imports_of("neuron_build.store._layer_probe", tmp, set(modules()))
+    finally:
+        tmp.unlink()
+    assert deps == {"neuron_build.cli"}
+    assert "cli" not in ALLOWED[layer_of("neuron_build.store._layer_probe")]
+
+
+def test_torch_free_imports():
+    """``import neuron_build`` and every module the no-op path loads import neither torch nor a compiler."""
+    code = ("import sys, neuron_build, neuron_build.tasks, neuron_build.cli, neuron_build.store, "
+            "neuron_build.release, neuron_build.build.builder; "
+            "print(sorted(m for m in ('torch', 'neuronx_cc', 'torch_neuronx') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.stdout.strip() == "[]", out.stderr
