@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 
 from neuron_build.util import write_json_atomic
+from neuron_build.status import Status
 
 
 def run(request_path: str) -> int:
@@ -42,7 +43,7 @@ def run(request_path: str) -> int:
         except CompileFailed:
             raise
         except ImportError as e:
-            raise CompileFailed("ERROR", f"factory {req.factory} does not import: {e}") from e
+            raise CompileFailed(Status.ERROR, f"factory {req.factory} does not import: {e}") from e
         inputs = make_inputs(req.inputs, req.seed)
         print(f"model built in {time.monotonic() - t0:.1f} s", flush=True)
         result = compiler.compile(model, inputs, req)
@@ -54,7 +55,7 @@ def run(request_path: str) -> int:
         traceback.print_exc()
         sys.stdout.flush()
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        write_json_atomic(work / "error.json", {"status": "ERROR", "reason": f"{type(e).__name__}: {first}"[:500],
+        write_json_atomic(work / "error.json", {"status": Status.ERROR, "reason": f"{type(e).__name__}: {first}"[:500],
                                      "details": {}})
         return 1
     write_json_atomic(work / "result.json", {"op_count": result.op_count, "op_count_source": result.op_count_source,

@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from neuron_build.compilers.base import CompileFailed, CompileRequest, CompileResult
+from neuron_build.status import Status
 
 OP_COUNT_SOURCE = "aoti-wrapper: fused kernel + extern kernel call sites in run_impl"
 _FUSED = re.compile(r"\b(cpp_fused_\w+|triton_\w+)\s*\(")
@@ -51,7 +52,7 @@ def count_package_kernels(package: Path) -> tuple[int, dict]:
     with zipfile.ZipFile(package) as z:
         names = [n for n in z.namelist() if n.endswith(".wrapper.cpp") or n.endswith("wrapper.cpp")]
         if not names:
-            raise CompileFailed("ERROR", f"{package.name} holds no generated wrapper source to count kernels in")
+            raise CompileFailed(Status.ERROR, f"{package.name} holds no generated wrapper source to count kernels in")
         total, breakdown = 0, {"fused": 0, "extern": 0, "distinct_fused": 0, "extern_ops": {}}
         for n in names:
             t, b = count_wrapper_kernels(z.read(n).decode("utf-8", "replace"))
@@ -73,7 +74,7 @@ class InductorCompiler:
 
         device = request.hardware_target
         if device == "cuda" and not torch.cuda.is_available():
-            raise CompileFailed("TOOLCHAIN_MISSING", "device = \"cuda\" but this host has no CUDA device; "
+            raise CompileFailed(Status.TOOLCHAIN_MISSING, "device = \"cuda\" but this host has no CUDA device; "
                                 "set device = \"cpu\" under [build]", exit_code=3)
         model = model.to(device)
         example_inputs = tuple(t.to(device) for t in example_inputs)

@@ -51,6 +51,7 @@ from neuron_build.compilers.neuron.neuronx_log import LogSummary, failure_reason
 from neuron_build.project.toolchain import (NEURON_INDEX_URL, NEURON_INSTALL_HINT, CompilerExecutable, compiler_executable,
                          neuron_devices, neuron_status, version)
 from neuron_build.compilers.base import EXIT_TOOLCHAIN_MISSING, CompileFailed, CompileRequest, CompileResult
+from neuron_build.status import Status
 
 #: The compiler log's name in the workdir (neuronx-cc's default name) [doc].
 LOG_NAME = "log-neuron-cc.txt"
@@ -103,21 +104,21 @@ def plan_trace_kwargs(params: Iterable[str], *, profile: str, workdir: str, comp
     have = f"the installed torch-neuronx {tnx_version or '(unknown version)'}"
     for needed in ("compiler_workdir", "compiler_args"):
         if needed not in names:
-            raise CompileFailed("TOOLCHAIN_MISSING", f"{api}() of {have} has no {needed} parameter, which "
+            raise CompileFailed(Status.TOOLCHAIN_MISSING, f"{api}() of {have} has no {needed} parameter, which "
                                 f"neuron-build needs; {_install_newer(needed)}", EXIT_TOOLCHAIN_MISSING)
     kwargs: dict[str, Any] = {"compiler_workdir": workdir, "compiler_args": list(compiler_args)}
     if "inline_weights_to_neff" in names:
         kwargs["inline_weights_to_neff"] = bool(inline_weights_to_neff)
     elif not inline_weights_to_neff:
         raise CompileFailed(
-            "TOOLCHAIN_MISSING",
+            Status.TOOLCHAIN_MISSING,
             f"profile {profile} sets inline_weights_to_neff = false, but {api}() of {have} has no "
             f"inline_weights_to_neff parameter (added in SDK {ADDED_IN['inline_weights_to_neff']}); "
             f"{_install_newer('it')}, or set inline_weights_to_neff = true", EXIT_TOOLCHAIN_MISSING)
     if api == "torch_neuronx.trace" and not has_neuron_device:
         if "cpu_backend" not in names:
             raise CompileFailed(
-                "TOOLCHAIN_MISSING",
+                Status.TOOLCHAIN_MISSING,
                 f"this host has no Neuron device (/dev/neuron* not found) and {api}() of {have} has no "
                 f"cpu_backend parameter (added in SDK {ADDED_IN['cpu_backend']}) to compile without one; "
                 f"compile on a Trainium/Inferentia host or {_install_newer('cpu_backend')}",
@@ -241,11 +242,11 @@ class NeuronCompiler:
             return
         st = neuron_status()
         if not st.usable:
-            raise CompileFailed("TOOLCHAIN_MISSING", st.problem or "the Neuron toolchain is not usable",
+            raise CompileFailed(Status.TOOLCHAIN_MISSING, st.problem or "the Neuron toolchain is not usable",
                                 EXIT_TOOLCHAIN_MISSING, {"toolchain": st.versions, "kind": st.kind})
         exe = compiler_executable()
         if exe.path is None:
-            raise CompileFailed("TOOLCHAIN_MISSING", f"The neuronx-cc compiler executable is not on PATH although "
+            raise CompileFailed(Status.TOOLCHAIN_MISSING, f"The neuronx-cc compiler executable is not on PATH although "
                                 f"neuronx-cc {st.versions['neuronx-cc']} is installed; activate the environment "
                                 f"it was installed into or {NEURON_INSTALL_HINT}.", EXIT_TOOLCHAIN_MISSING)
         self.executable = exe
@@ -257,17 +258,17 @@ class NeuronCompiler:
         try:
             import torch_neuronx
         except Exception as e:  # ImportError, or a broken build raising anything at import
-            raise CompileFailed("TOOLCHAIN_MISSING", f"torch_neuronx does not import ({type(e).__name__}: "
+            raise CompileFailed(Status.TOOLCHAIN_MISSING, f"torch_neuronx does not import ({type(e).__name__}: "
                                 f"{_first_line(e)}); {NEURON_INSTALL_HINT}.", EXIT_TOOLCHAIN_MISSING) from e
         if not callable(getattr(torch_neuronx, "trace", None)):
-            raise CompileFailed("TOOLCHAIN_MISSING", "The Neuron toolchain is not installed (found the PyPI "
+            raise CompileFailed(Status.TOOLCHAIN_MISSING, "The Neuron toolchain is not installed (found the PyPI "
                                 "placeholder: torch_neuronx has no trace); uninstall it and "
                                 f"{NEURON_INSTALL_HINT}.", EXIT_TOOLCHAIN_MISSING)
         if request.tp_degree > 1:
             try:
                 import neuronx_distributed.trace  # noqa: F401
             except Exception as e:
-                raise CompileFailed("TOOLCHAIN_MISSING", f"profile {_profile(request)} sets tp_degree = "
+                raise CompileFailed(Status.TOOLCHAIN_MISSING, f"profile {_profile(request)} sets tp_degree = "
                                     f"{request.tp_degree}, which needs neuronx-distributed, and it does not import "
                                     f"({type(e).__name__}: {_first_line(e)}); {NEURON_INSTALL_HINT}.",
                                     EXIT_TOOLCHAIN_MISSING) from e
@@ -294,7 +295,7 @@ class NeuronCompiler:
                                    api=api)
         if request.tp_degree > 1:
             if "tp_degree" not in signature_params(fn):
-                raise CompileFailed("TOOLCHAIN_MISSING", f"{api}() of the installed neuronx-distributed "
+                raise CompileFailed(Status.TOOLCHAIN_MISSING, f"{api}() of the installed neuronx-distributed "
                                     f"{version('neuronx-distributed')} has no tp_degree parameter; "
                                     f"{NEURON_INSTALL_HINT}.", EXIT_TOOLCHAIN_MISSING)
             kwargs["tp_degree"] = request.tp_degree
@@ -360,7 +361,7 @@ class NeuronCompiler:
         for stem, rank_dir in ranks:
             pt = f"{stem}.pt"
             if not (out / pt).is_file():
-                raise CompileFailed("ERROR", f"{api} returned but {pt} was not written")
+                raise CompileFailed(Status.ERROR, f"{api} returned but {pt} was not written")
             neff_name = f"{stem}.neff"
             neffs[neff_name] = _copy_neff(rank_dir / "graph.neff", out / neff_name)
             log_name = "compile.log" if stem == "model" else f"{stem}.compile.log"
@@ -385,7 +386,7 @@ class NeuronCompiler:
         compiler_time = max(times) if times else None
         diagnostics = [d for s in summaries if s is not None for d in (x.to_json() for x in s.diagnostics)]
         log_status = first.status if first is not None else None
-        if log_status == "ERROR":
+        if log_status == Status.ERROR:
             self.warnings.append("neuronx-cc exited with status 0 but its log says ERROR; the exit status wins")
         peak = monitor.peak
         exe = self.executable
@@ -500,12 +501,12 @@ def classify_failure(exc: BaseException, logs: list[Path], work: Path, *, has_ne
         if not has_neuron_device and tp_degree > 1:
             reason += (" (this host has no Neuron device, /dev/neuron* not found; tensor-parallel tracing with "
                        "neuronx-distributed needs one)")
-        return CompileFailed("ERROR", reason[:500], 1, details)
+        return CompileFailed(Status.ERROR, reason[:500], 1, details)
     code = int(m.group(1))
     details["compiler_exit_code"] = code
     if code == EXIT_TRANSIENT:
         reason = "neuronx-cc exited with status 70 (a transient tool failure)" + (f": {found}" if found else "")
-        return CompileFailed("TRANSIENT", reason[:500], EXIT_TRANSIENT, details)
+        return CompileFailed(Status.TRANSIENT, reason[:500], EXIT_TRANSIENT, details)
     if code < 0:
         try:
             sig = signal.Signals(-code).name
@@ -514,13 +515,13 @@ def classify_failure(exc: BaseException, logs: list[Path], work: Path, *, has_ne
         reason = f"neuronx-cc was killed by {sig}"
         if sig == "SIGKILL":
             reason += " (usually the kernel's out-of-memory killer)"
-        return CompileFailed("KILLED", reason, EXIT_KILLED if sig == "SIGKILL" else 128 - code, details)
+        return CompileFailed(Status.KILLED, reason, EXIT_KILLED if sig == "SIGKILL" else 128 - code, details)
     if found:
         reason = found
     else:
         last = _last_log_line(log_path)
         reason = f"neuronx-cc failed with status {code}" + (f": {last}" if last else " (no compiler log)")
-    return CompileFailed("ERROR", reason[:500], 1, details)
+    return CompileFailed(Status.ERROR, reason[:500], 1, details)
 
 
 # -- helpers ------------------------------------------------------------------------------------------
@@ -529,12 +530,12 @@ def _copy_neff(src: Path, dst: Path) -> dict[str, Any]:
 
     if not src.is_file():
         where = f"{src.parent.name}/{src.name}" if src.parent.name.startswith("_tp") else src.name
-        raise CompileFailed("ERROR", f"the compile succeeded but left no {where} in the compiler workdir")
+        raise CompileFailed(Status.ERROR, f"the compile succeeded but left no {where} in the compiler workdir")
     shutil.copyfile(src, dst)
     try:
         return read_neff_header(dst).to_json()
     except NeffError as e:
-        raise CompileFailed("ERROR", f"the compiled {dst.name} is not a valid NEFF: {e}") from e
+        raise CompileFailed(Status.ERROR, f"the compiled {dst.name} is not a valid NEFF: {e}") from e
 
 
 def _find_log(rank_dir: Path, tp_degree: int = 1) -> Path | None:
