@@ -64,7 +64,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def inspect_object(folder: Path, key: str, deep: bool) -> tuple[dict | None, str | None]:
+def inspect_object(folder: Path, key: str, deep: bool) -> tuple[Manifest | None, str | None]:
     """Check an artifact folder: (manifest, None) when complete, (None, None) when absent, (None, reason)
     when damaged. Reasons name the fault: an unreadable or invalid manifest, a manifest for another key, a
     non-PASS status, a missing, unlisted or wrongly sized file, or (``deep``) a differing sha256."""
@@ -121,7 +121,7 @@ def inspect_object(folder: Path, key: str, deep: bool) -> tuple[dict | None, str
                 return None, f"{name} is unreadable: {e.strerror or e}"
             if digest != ent.sha256:
                 return None, f"{name} sha256 is {digest[:16]}..., manifest.json says {ent.sha256[:16]}..."
-    return raw, None
+    return man, None
 
 
 class LocalStore:
@@ -164,8 +164,8 @@ class LocalStore:
 
     # -- action cache -------------------------------------------------------------------------------
     def lookup(self, key: str, deep: bool = False) -> Lookup:
-        raw, damage = inspect_object(self.object_dir(key), key, deep)
-        return Lookup(key, Manifest.model_validate(raw) if raw is not None else None, damage)
+        man, damage = inspect_object(self.object_dir(key), key, deep)
+        return Lookup(key, man, damage)
 
     def repair(self, key: str, deep: bool = False) -> Lookup:
         found = self.lookup(key, deep)
