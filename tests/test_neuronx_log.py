@@ -316,6 +316,75 @@ def test_not_codes():
     assert s.diagnostics == ()
 
 
+def test_first_code_on_a_line_wins_and_level_word_sets_severity():
+    assert parse_log("[XCG815] see NCC_EOOM001\n").diagnostics == (Diagnostic("XCG815", "see NCC_EOOM001", 1),)
+    assert parse_log("NCC_EOOM001 see [XCG815]\n").diagnostics == (Diagnostic("NCC_EOOM001", "see [XCG815]", 1),)
+    assert parse_log("INFO [TEN404] x\n").diagnostics == (Diagnostic("TEN404", "x", 1, "info"),)
+    assert parse_log("WARN [TEN404]: y\n").diagnostics == (Diagnostic("TEN404", "y", 1, "warning"),)
+
+
+# --- state carried between lines ------------------------------------------------------------------
+
+
+def test_traceback_state_transitions():
+    log = (
+        "Traceback (most recent call last):\n"  # 1: OUTSIDE -> FRAMES
+        '  File "a.py", line 1, in <module>\n'
+        "\n"  # 3: a blank line between frames does not end them
+        '  File "b.py", line 2, in f\n'
+        "OSError: disk full\n"  # 5: the exception line: FRAMES -> AFTER_EXCEPTION
+        "\n"
+        "\n"  # 6-7: blank lines after the exception are skipped
+        "The above exception was the direct cause of the following exception:\n"  # 8: -> AFTER_CHAIN
+        "\n"
+        "Traceback (most recent call last):\n"  # 10: -> FRAMES again
+        '  File "c.py", line 3, in g\n'
+        "2026-01-05T16:25:37Z ERROR 7 [neuronx-cc]: Error message: gave up\n"  # 12: ends the traceback
+        "    indented after the error line\n"  # 13-14: no longer a traceback, not kept
+        "RuntimeError: retry failed\n"
+    )
+    s = parse_log(log)
+    assert s.internal_errors == (
+        InternalError("traceback", "Traceback (most recent call last):", 1),
+        InternalError("traceback", '  File "a.py", line 1, in <module>', 2),
+        InternalError("traceback", '  File "b.py", line 2, in f', 4),
+        InternalError("traceback", "OSError: disk full", 5),
+        InternalError("traceback", "The above exception was the direct cause of the following exception:", 8),
+        InternalError("traceback", "Traceback (most recent call last):", 10),
+        InternalError("traceback", '  File "c.py", line 3, in g', 11),
+        InternalError("error", "Error message: gave up", 12),
+    )
+    assert s.status == "ERROR"
+    assert failure_reason(s) == "gave up"
+
+
+def test_nested_time_regions_close_innermost_first():
+    s = parse_log(
+        "Enter time region\n[x/A]: Enter time region\n[x/B]: Enter time region\n"
+        + "".join(f"Exit time region: delta={n}s\n" for n in (1, 2, 3, 4))
+    )
+    # B and A name the untagged exits; the untagged Enter and the extra Exit get region_<n>.
+    assert s.pass_times == {"B": 1.0, "A": 2.0, "region_1": 3.0, "region_2": 4.0}
+    assert s.unparsed == ()
+
+
+def test_running_pass_names_only_the_next_unnamed_finished_line():
+    s = parse_log(
+        "Running A\n"
+        "B finished after 1s\n"  # another pass's name: A stays the running pass
+        "finished after 2s\n"  # -> A, which is then done
+        "finished after 3s\n"
+        "Running C\n"
+        "C finished after 4s\n"  # C is done
+        "finished after 5s\n"
+        "xRunning D\n"  # not a "Running" line
+        "unfinished after 6s\n"  # not a "finished after" line
+        "finished after 7s\n"
+    )
+    assert s.pass_times == {"B": 1.0, "A": 2.0, "C": 4.0}
+    assert s.unparsed == tuple(f"line {n}: 'finished after' line without a pass name" for n in (4, 7, 10))
+
+
 # --- robustness -----------------------------------------------------------------------------------
 
 

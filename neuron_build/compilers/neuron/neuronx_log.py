@@ -58,10 +58,12 @@ were capped, and "no known compiler output" when nothing at all was recognised. 
 
 from __future__ import annotations
 
+import enum
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "CacheEvent",
@@ -222,7 +224,7 @@ def failure_reason(summary: LogSummary) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Patterns. Each is guarded by a cheap substring test in the loop, so most lines cost a few `in`s.
+# Patterns. Each is guarded by a cheap substring test in its recogniser, so most lines cost a few `in`s.
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 _SECONDS_RE = re.compile(r"\s*(" + _NUM + r")\s*([A-Za-z]*)")
@@ -332,24 +334,6 @@ def _decode(data: bytes | bytearray | memoryview) -> tuple[str, int, int | None]
     return text, count, first_line
 
 
-class _Notes:
-    def __init__(self) -> None:
-        self.items: list[str] = []
-        self.dropped = 0
-
-    def add(self, note: str) -> None:
-        if len(self.items) < MAX_NOTES:
-            self.items.append(note)
-        else:
-            self.dropped += 1
-
-    def result(self) -> list[str]:
-        out = list(self.items)
-        if self.dropped:
-            out.append(f"... and {self.dropped} more notes")
-        return out
-
-
 def parse_log(data: bytes | bytearray | memoryview | str) -> LogSummary:
     """Parse the log of a neuronx-cc compile (bytes as written, or already-decoded text).
 
@@ -367,7 +351,7 @@ def parse_log(data: bytes | bytearray | memoryview | str) -> LogSummary:
         raise TypeError(f"parse_log() needs bytes or str, not {type(data).__name__}")
     try:
         return _parse_text(text, replaced, first_bad_line)
-    except Exception as exc:  # pragma: no cover - safety net, see docstring
+    except Exception as exc:  # noqa: BLE001  # pragma: no cover - safety net, see docstring
         n = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
         return LogSummary(
             lines=n,
@@ -376,13 +360,271 @@ def parse_log(data: bytes | bytearray | memoryview | str) -> LogSummary:
         )
 
 
-def _region_tag(line: str, end: int) -> str:
-    """The last ``/`` component of a ``[logger/name]`` tag just before ``line[end:]``, or ""."""
-    head = line[:end].rstrip(" \t:")
-    if not head.endswith("]"):
-        return ""
-    tag = head[head.rfind("[") + 1 : -1]
-    return tag.rsplit("/", 1)[-1].strip()
+# --------------------------------------------------------------------------------------------------
+# The parser: an accumulator, a traceback state machine, one recogniser per kind of line, one loop.
+#
+# _parse_text() feeds each line first to the traceback state machine, which may claim it (a claimed
+# line is looked at by nothing else), and then to every recogniser in _RECOGNISERS, in table order.
+# Recognisers are independent of each other: several may find something on the same line (an
+# ``ERROR [neuronx-cc]: [NCC_EVRF007] ... too many instructions (N)`` line is an internal error, a
+# diagnostic and an instruction count).  Each one tests a cheap substring before any regex, so most
+# lines cost a few `in`s; and a recogniser none of whose key texts occurs anywhere in the log is left
+# out for the whole log (one fast scan of the text each), which keeps huge verbose logs fast.
+
+#: Most open ``Enter time region`` names remembered (an unbalanced log must not grow without bound).
+_MAX_OPEN_REGIONS = 1000
+
+
+class _Capped:
+    """The first ``limit`` items added, in order, and the number dropped after that."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.items: list[Any] = []
+        self.dropped = 0
+
+    def add(self, item: Any) -> None:
+        if len(self.items) < self.limit:
+            self.items.append(item)
+        else:
+            self.dropped += 1
+
+
+class _Traceback(enum.Enum):
+    """Where the current line stands relative to a Python traceback (see :func:`_traceback_line`)."""
+
+    #: Not in a traceback; a ``Traceback (most recent call last):`` line starts one.
+    OUTSIDE = "outside"
+    #: After the ``Traceback`` line: indented frame lines (blank lines allowed) until the exception line.
+    FRAMES = "frames"
+    #: After the exception line: blank lines are skipped, a chain line may follow.
+    AFTER_EXCEPTION = "after exception"
+    #: After a "During handling ..." / "The above exception ..." line: blank lines are skipped until
+    #: the next ``Traceback`` line.  Read exactly like AFTER_EXCEPTION.
+    AFTER_CHAIN = "after chain"
+
+
+@dataclass
+class _Accumulator:
+    """What the recognisers have found so far, and the state they carry from one line to the next."""
+
+    status: str | None = None
+    op_count: int | None = None
+    compile_time_s: float | None = None
+    instruction_count: int | None = None
+    pass_times: dict[str, float] = field(default_factory=dict)
+    diagnostics: _Capped = field(default_factory=lambda: _Capped(MAX_ITEMS))
+    internal_errors: _Capped = field(default_factory=lambda: _Capped(MAX_ITEMS))
+    cache_events: _Capped = field(default_factory=lambda: _Capped(MAX_ITEMS))
+    compiler_command: str | None = None
+    notes: _Capped = field(default_factory=lambda: _Capped(MAX_NOTES))
+    #: Seen an error diagnostic, an internal-error line, a traceback or a wrapper "Compilation failed".
+    error_signal: bool = False
+    # State carried between lines.
+    traceback: _Traceback = _Traceback.OUTSIDE
+    last_running: str | None = None  # the pass of the last ``Running <pass>`` line not yet finished
+    open_regions: list[str] = field(default_factory=list)  # tags of the open ``Enter time region`` lines
+    unnamed_regions: int = 0
+
+    def note(self, lineno: int, text: str) -> None:
+        """Note something on line ``lineno`` that could not be understood."""
+        self.notes.add(f"line {lineno}: {text}")
+
+    def add_time(self, name: str, seconds: float) -> None:
+        """Add ``seconds`` to pass ``name`` (repeats are summed, rounded to 6 decimals)."""
+        self.pass_times[name] = round(self.pass_times.get(name, 0.0) + seconds, 6)
+
+    def keep_traceback(self, text: str, lineno: int) -> None:
+        """Keep one traceback line."""
+        self.internal_errors.add(InternalError("traceback", text, lineno))
+
+    def summary(self, head: list[str], lines: int, replaced: int, text: str) -> LogSummary:
+        """The :class:`LogSummary` of the whole log; ``head`` holds the whole-log notes found so far."""
+        status = self.status
+        if status is None and self.error_signal:
+            status = "ERROR"
+        head = list(head)
+        for kind, capped in (("diagnostics", self.diagnostics), ("internal_errors", self.internal_errors),
+                             ("cache_events", self.cache_events)):
+            if capped.dropped:
+                head.append(f"{capped.dropped} more {kind} entries not kept (limit {MAX_ITEMS})")
+        recognised = (status is not None or self.op_count is not None or self.compile_time_s is not None
+                      or self.instruction_count is not None or self.pass_times or self.diagnostics.items
+                      or self.internal_errors.items or self.cache_events.items or self.notes.items)
+        if text.strip() and not recognised:
+            head.append(f"no known compiler output found in {lines} line(s)")
+        notes = list(self.notes.items)
+        if self.notes.dropped:
+            notes.append(f"... and {self.notes.dropped} more notes")
+        return LogSummary(
+            status=status,
+            op_count=self.op_count,
+            compile_time_s=self.compile_time_s,
+            instruction_count=self.instruction_count,
+            pass_times=self.pass_times,
+            diagnostics=tuple(self.diagnostics.items),
+            internal_errors=tuple(self.internal_errors.items),
+            cache_events=tuple(self.cache_events.items),
+            compiler_command=self.compiler_command,
+            unparsed=tuple(head + notes),
+            lines=lines,
+            replaced_bytes=replaced,
+        )
+
+
+def _split_lines(text: str) -> list[str]:
+    """The lines of ``text`` without their ``\\n`` and trailing ``\\r``s (a last line without a
+    newline counts; an empty text has none)."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    if "\r" in text:
+        lines = [line.rstrip("\r") for line in lines]
+    return lines
+
+
+def _whole_log_notes(text: str, replaced: int, first_bad_line: int | None, lines: int) -> list[str]:
+    """The notes about the log as a whole, listed before the per-line notes."""
+    notes = []
+    if not text.strip():
+        notes.append("log is empty" if not text else "log is empty (whitespace only)")
+    if replaced:
+        notes.append(f"{replaced} non-UTF-8 byte(s) replaced with U+FFFD (first on line {first_bad_line})")
+    if text and not text.endswith("\n"):
+        notes.append(f"log ends mid-line (no newline after line {lines})")
+    return notes
+
+
+# --- the traceback state machine ------------------------------------------------------------------
+
+
+def _traceback_line(acc: _Accumulator, line: str, lineno: int) -> bool:
+    """Feed one line to the traceback state machine; True if the line belongs to a traceback (then no
+    recogniser looks at it).  Traceback lines are kept as kind "traceback" [seen]."""
+    state = acc.traceback
+    if state is _Traceback.FRAMES:
+        if not line.strip():
+            pass  # a blank line between frames: the traceback goes on
+        elif line[:1] in (" ", "\t"):  # a frame line
+            acc.keep_traceback(_clip(line, keep_indent=True), lineno)
+            return True
+        elif _TB_START in line or "[neuron" in line:
+            acc.traceback = _Traceback.OUTSIDE  # a new traceback, or back to compiler error lines
+        else:  # the exception line ends the frames
+            acc.keep_traceback(_clip(line, keep_indent=True), lineno)
+            acc.traceback = _Traceback.AFTER_EXCEPTION
+            return True
+    elif state is not _Traceback.OUTSIDE:  # AFTER_EXCEPTION or AFTER_CHAIN
+        stripped = line.strip()
+        if not stripped:
+            return True
+        if _TB_CHAIN_RE.match(stripped):
+            acc.keep_traceback(_clip(stripped), lineno)
+            acc.traceback = _Traceback.AFTER_CHAIN
+            return True
+        acc.traceback = _Traceback.OUTSIDE
+    if _TB_START in line and "[neuron" not in line:
+        acc.keep_traceback(_clip(line, keep_indent=True), lineno)
+        acc.error_signal = True
+        acc.traceback = _Traceback.FRAMES
+        return True
+    return False
+
+
+# --- recognisers: one per kind of line, each ``(acc, line, lineno) -> None`` ----------------------
+
+
+def _status_line(acc: _Accumulator, line: str, lineno: int) -> None:
+    """``Compiler status PASS`` [seen] / ``Compiler status: FAILED`` [guess]: the last one wins."""
+    if "Compiler status" not in line:
+        return
+    m = _STATUS_RE.search(line)
+    if not m:
+        return
+    word = m.group(1)
+    mapped = _STATUS_WORDS.get(word.upper())
+    if mapped:
+        acc.status = mapped
+    elif word:
+        acc.note(lineno, f"unknown compiler status {_short(word)!r}")
+    else:
+        acc.note(lineno, "compiler status line without a status word")
+
+
+def _op_count_line(acc: _Accumulator, line: str, lineno: int) -> None:
+    """``NEFF op count: 41`` [guess: project requirement]: the last one wins."""
+    if "op count" not in line:
+        return
+    m = _OP_COUNT_RE.search(line)
+    if not m:
+        return
+    value = _parse_int(m.group(1))
+    if value is None:
+        acc.note(lineno, f"NEFF op count {_short(m.group(1))!r} is not an integer")
+    else:
+        acc.op_count = value
+
+
+def _compile_time_line(acc: _Accumulator, line: str, lineno: int) -> None:
+    """``Compile time: 214.6 sec`` [guess: project requirement], in seconds: the last one wins."""
+    if "Compile time" not in line:
+        return
+    m = _COMPILE_TIME_RE.search(line)
+    if not m:
+        return
+    seconds = _parse_seconds(m.group(1))
+    if seconds is None:
+        acc.note(lineno, f"compile time {_short(m.group(1))!r} is not a time")
+    else:
+        acc.compile_time_s = seconds
+
+
+def _instruction_count_line(acc: _Accumulator, line: str, lineno: int) -> None:
+    """``Compiler generated too many instructions (6888787)`` [seen]: the last one wins."""
+    if "instructions" not in line:
+        return
+    m = _INSTR_RE.search(line)
+    if m:
+        value = _parse_int(m.group(1))
+        if value is not None:
+            acc.instruction_count = value
+
+
+def _pass_line(acc: _Accumulator, line: str, lineno: int) -> None:
+    """``<pass> finished after 0.163 seconds``, else ``Running <pass>`` [seen]."""
+    idx = line.find(_FINISHED)
+    if idx >= 0:
+        _pass_finished(acc, line, lineno, idx)
+    elif _RUNNING in line:
+        _pass_running(acc, line)
+
+
+def _pass_finished(acc: _Accumulator, line: str, lineno: int, idx: int) -> None:
+    """A "finished after" line (at ``idx``): add its time to the pass named before it, or else to the
+    last ``Running <pass>``."""
+    written = _name_before(line, idx)
+    if written == "":
+        return  # e.g. "unfinished after": not a pass line
+    name = written or acc.last_running
+    rest = line[idx + len(_FINISHED):]
+    seconds = _parse_seconds(rest)
+    if seconds is None:
+        acc.note(lineno, f"pass time {_short(rest)!r} is not a time")
+    elif not name:
+        acc.note(lineno, "'finished after' line without a pass name")
+    else:
+        acc.add_time(name, seconds)
+    if written is None or written == acc.last_running:
+        acc.last_running = None
+
+
+def _pass_running(acc: _Accumulator, line: str) -> None:
+    """A ``Running <pass>`` line: remember the pass for an unnamed "finished after" line."""
+    idx = line.rfind(_RUNNING)
+    if idx == 0 or not line[idx - 1].isalnum():
+        name = line[idx + len(_RUNNING):].strip()
+        if _PASS_NAME_RE.fullmatch(name):
+            acc.last_running = name
 
 
 def _name_before(line: str, end: int) -> str | None:
@@ -397,260 +639,147 @@ def _name_before(line: str, end: int) -> str | None:
     return token if _PASS_NAME_RE.fullmatch(token) else None
 
 
+def _time_region_line(acc: _Accumulator, line: str, lineno: int) -> None:
+    """Older releases [seen]: ``... Enter time region`` opens a region, ``[sg00/Tensorizer/LoopFusion]:
+    Exit time region: delta=2.437s`` closes the innermost one and adds its time (in seconds)."""
+    if "time region" not in line:
+        return
+    idx = line.find(_EXIT_REGION)
+    if idx < 0:
+        idx = line.find(_ENTER_REGION)
+        if idx >= 0:
+            acc.open_regions.append(_region_tag(line, idx))
+            if len(acc.open_regions) > _MAX_OPEN_REGIONS:
+                del acc.open_regions[0]
+        return
+    m = _DELTA_RE.match(line, idx + len(_EXIT_REGION))
+    if not m:
+        return
+    # Named by its own tag, else by the tag of the innermost open region, else region_<n>.
+    name = _region_tag(line, idx)
+    enter_name = acc.open_regions.pop() if acc.open_regions else ""
+    if not name:
+        name = enter_name
+    if not name:
+        acc.unnamed_regions += 1
+        name = f"region_{acc.unnamed_regions}"
+    seconds = _parse_seconds(m.group(1))
+    if seconds is None:
+        acc.note(lineno, f"region time {_short(m.group(1))!r} is not a time")
+    else:
+        acc.add_time(name, seconds)
+
+
+def _region_tag(line: str, end: int) -> str:
+    """The last ``/`` component of a ``[logger/name]`` tag just before ``line[end:]``, or ""."""
+    head = line[:end].rstrip(" \t:")
+    if not head.endswith("]"):
+        return ""
+    tag = head[head.rfind("[") + 1 : -1]
+    return tag.rsplit("/", 1)[-1].strip()
+
+
+def _diagnostic_line(acc: _Accumulator, line: str, lineno: int) -> None:
+    """The first coded diagnostic on the line [doc, seen]: ``[XCG815] ...`` or ``NCC_EOOM001 ...``."""
+    m = _OLD_CODE_RE.search(line) if "[" in line else None
+    if "NCC_" in line:
+        m_ncc = _NCC_CODE_RE.search(line)
+        if m_ncc and (m is None or m_ncc.start() < m.start()):
+            m = m_ncc
+    if not m:
+        return
+    code = m.group(1)
+    severity = _severity(code, line[: m.start()])
+    if severity == "error":
+        acc.error_signal = True
+    message = line[m.end():].lstrip(" \t:-]")
+    acc.diagnostics.add(Diagnostic(code, _clip(message), lineno, severity))
+
+
+def _severity(code: str, before: str) -> str:
+    """``NCC_W*`` warning, ``NCC_I*`` info, other ``NCC_*`` error; a bracketed code is an error unless
+    a WARN/WARNING/INFO level word is ``before`` it on the line [guess]."""
+    if code.startswith("NCC_"):
+        return {"W": "warning", "I": "info"}.get(code[4:5], "error")
+    if _LEVEL_WARN_RE.search(before):
+        return "warning"
+    if _LEVEL_INFO_RE.search(before):
+        return "info"
+    return "error"
+
+
+def _internal_error_line(acc: _Accumulator, line: str, lineno: int) -> None:
+    """``<timestamp> ERROR <pid> [neuronx-cc]: text`` [seen]: an error signal; the text is kept unless
+    it is empty or only decoration."""
+    if "cc]" not in line:
+        return
+    m = _INTERNAL_RE.search(line)
+    if not m:
+        return
+    acc.error_signal = True
+    body = m.group(1).rstrip()
+    if not _DECORATION_RE.fullmatch(body):
+        acc.internal_errors.add(InternalError("error", _clip(body), lineno))
+
+
+#: libneuronxla wrapper lines [doc, seen]: (key text, pattern, CacheEvent kind).  Only the first entry
+#: whose key text is on the line is tried.
+_WRAPPER_LINES = (
+    ("compiler with cmd", _CMD_RE, "compile_cmd"),
+    ("cached neff", _CACHE_HIT_RE, "cache_hit"),
+    ("cached failed neff", _CACHE_FAILED_RE, "cache_failed"),
+    ("Compilation failed", _COMPILE_FAILED_RE, "compile_failed"),
+)
+
+
+def _wrapper_line(acc: _Accumulator, line: str, lineno: int) -> None:
+    """A libneuronxla wrapper line -> a :class:`CacheEvent`; "compile_cmd" also sets the compiler
+    command, "compile_failed" is an error signal."""
+    for key, pattern, kind in _WRAPPER_LINES:
+        if key in line:
+            m = pattern.search(line)
+            if m:
+                detail = _clip(m.group(1))
+                if kind == "compile_cmd":
+                    acc.compiler_command = detail
+                elif kind == "compile_failed":
+                    acc.error_signal = True
+                acc.cache_events.add(CacheEvent(kind, detail, lineno))
+            return
+
+
+class _Recogniser(NamedTuple):
+    """A recogniser, and the texts one of which must occur in a log for it to find anything there."""
+
+    keys: tuple[str, ...]
+    handle: Callable[[_Accumulator, str, int], None]
+
+
+#: Every recogniser, in the order they look at a line.
+_RECOGNISERS = (
+    _Recogniser(("Compiler status",), _status_line),
+    _Recogniser(("op count",), _op_count_line),
+    _Recogniser(("Compile time",), _compile_time_line),
+    _Recogniser(("instructions",), _instruction_count_line),
+    # Without a "finished after" line, "Running <pass>" lines have nothing to name.
+    _Recogniser((_FINISHED,), _pass_line),
+    _Recogniser(("time region",), _time_region_line),
+    _Recogniser(("[", "NCC_"), _diagnostic_line),
+    _Recogniser(("cc]",), _internal_error_line),
+    _Recogniser(tuple(key for key, _, _ in _WRAPPER_LINES), _wrapper_line),
+)
+
+
 def _parse_text(text: str, replaced: int, first_bad_line: int | None) -> LogSummary:
-    notes = _Notes()
-    head: list[str] = []  # whole-log notes, listed before per-line notes
-
-    if not text.strip():
-        head.append("log is empty" if not text else "log is empty (whitespace only)")
-    if replaced:
-        head.append(f"{replaced} non-UTF-8 byte(s) replaced with U+FFFD (first on line {first_bad_line})")
-
-    raw_lines = text.split("\n")
-    if raw_lines and raw_lines[-1] == "":
-        raw_lines.pop()
-    n_lines = len(raw_lines)
-    if text and not text.endswith("\n"):
-        head.append(f"log ends mid-line (no newline after line {n_lines})")
-
-    # Each kind of line is looked for only if its key text occurs somewhere in the log: one fast
-    # scan of the whole text each, which keeps the per-line cost low on huge verbose logs.
-    want_cr = "\r" in text
-    want_status = "Compiler status" in text
-    want_ops = "op count" in text
-    want_time = "Compile time" in text
-    want_instr = "instructions" in text
-    want_finished = _FINISHED in text
-    want_running = want_finished and _RUNNING in text
-    want_region = "time region" in text
-    want_brackets = "[" in text
-    want_ncc = "NCC_" in text
-    want_internal = "cc]" in text
-    want_cmd = "compiler with cmd" in text
-    want_hit = "cached neff" in text
-    want_failed = "cached failed neff" in text
-    want_wrapper_fail = "Compilation failed" in text
-    want_tb = _TB_START in text
-
-    status: str | None = None
-    op_count: int | None = None
-    compile_time: float | None = None
-    instr: int | None = None
-    pass_times: dict[str, float] = {}
-    diagnostics: list[Diagnostic] = []
-    internal: list[InternalError] = []
-    events: list[CacheEvent] = []
-    command: str | None = None
-    error_signal = False
-    dropped = {"diagnostics": 0, "internal_errors": 0, "cache_events": 0}
-
-    last_running: str | None = None
-    region_stack: list[str] = []
-    unnamed_regions = 0
-    # Traceback state: 0 none, 1 inside (indented frame lines), 2 after the exception line,
-    # 3 after a "During handling ..." line (waiting for the next Traceback).
-    tb_state = 0
-
-    def add_time(name: str, seconds: float) -> None:
-        pass_times[name] = round(pass_times.get(name, 0.0) + seconds, 6)
-
-    def keep(target: list, item: Any, kind: str) -> None:
-        if len(target) < MAX_ITEMS:
-            target.append(item)
-        else:
-            dropped[kind] += 1
-
-    for lineno, line in enumerate(raw_lines, 1):
-        if want_cr and line.endswith("\r"):
-            line = line.rstrip("\r")
-
-        # --- Python tracebacks (state machine) ---------------------------------------------------
-        if tb_state:
-            stripped = line.strip()
-            if tb_state == 1:
-                if not stripped:
-                    pass
-                elif line[:1] in (" ", "\t"):
-                    keep(internal, InternalError("traceback", _clip(line, keep_indent=True), lineno), "internal_errors")
-                    continue
-                elif _TB_START in line or "[neuron" in line:
-                    tb_state = 0  # a new traceback, or back to compiler error lines
-                else:  # the exception line ends the traceback
-                    keep(internal, InternalError("traceback", _clip(line, keep_indent=True), lineno), "internal_errors")
-                    tb_state = 2
-                    continue
-            else:
-                if not stripped:
-                    continue
-                if _TB_CHAIN_RE.match(stripped):
-                    keep(internal, InternalError("traceback", _clip(stripped), lineno), "internal_errors")
-                    tb_state = 3
-                    continue
-                tb_state = 0
-        if want_tb and _TB_START in line and "[neuron" not in line:
-            keep(internal, InternalError("traceback", _clip(line, keep_indent=True), lineno), "internal_errors")
-            error_signal = True
-            tb_state = 1
+    """Parse decoded ``text`` in one pass over its lines (see the section comment above)."""
+    lines = _split_lines(text)
+    head = _whole_log_notes(text, replaced, first_bad_line, len(lines))
+    handlers = [r.handle for r in _RECOGNISERS if any(key in text for key in r.keys)]
+    tracebacks = _TB_START in text  # otherwise the state machine never leaves OUTSIDE
+    acc = _Accumulator()
+    for lineno, line in enumerate(lines, 1):
+        if tracebacks and _traceback_line(acc, line, lineno):
             continue
-
-        # --- status and summary lines ------------------------------------------------------------
-        if want_status and "Compiler status" in line:
-            m = _STATUS_RE.search(line)
-            if m:
-                word = m.group(1)
-                mapped = _STATUS_WORDS.get(word.upper())
-                if mapped:
-                    status = mapped
-                elif word:
-                    notes.add(f"line {lineno}: unknown compiler status {_short(word)!r}")
-                else:
-                    notes.add(f"line {lineno}: compiler status line without a status word")
-        if want_ops and "op count" in line:
-            m = _OP_COUNT_RE.search(line)
-            if m:
-                value = _parse_int(m.group(1))
-                if value is None:
-                    notes.add(f"line {lineno}: NEFF op count {_short(m.group(1))!r} is not an integer")
-                else:
-                    op_count = value
-        if want_time and "Compile time" in line:
-            m = _COMPILE_TIME_RE.search(line)
-            if m:
-                seconds = _parse_seconds(m.group(1))
-                if seconds is None:
-                    notes.add(f"line {lineno}: compile time {_short(m.group(1))!r} is not a time")
-                else:
-                    compile_time = seconds
-        if want_instr and "instructions" in line:
-            m = _INSTR_RE.search(line)
-            if m:
-                value = _parse_int(m.group(1))
-                if value is not None:
-                    instr = value
-
-        # --- pass timings ------------------------------------------------------------------------
-        if want_finished and _FINISHED in line:
-            idx = line.find(_FINISHED)
-            written = _name_before(line, idx)
-            if written != "":
-                name = written or last_running
-                rest = line[idx + len(_FINISHED):]
-                seconds = _parse_seconds(rest)
-                if seconds is None:
-                    notes.add(f"line {lineno}: pass time {_short(rest)!r} is not a time")
-                elif not name:
-                    notes.add(f"line {lineno}: 'finished after' line without a pass name")
-                else:
-                    add_time(name, seconds)
-                if written is None or written == last_running:
-                    last_running = None
-        elif want_running and _RUNNING in line:
-            idx = line.rfind(_RUNNING)
-            if idx == 0 or not line[idx - 1].isalnum():
-                name = line[idx + len(_RUNNING):].strip()
-                if _PASS_NAME_RE.fullmatch(name):
-                    last_running = name
-        if want_region and "time region" in line:
-            idx = line.find(_EXIT_REGION)
-            if idx >= 0:
-                m = _DELTA_RE.match(line, idx + len(_EXIT_REGION))
-                if m:
-                    name = _region_tag(line, idx)
-                    enter_name = region_stack.pop() if region_stack else ""
-                    if not name:
-                        name = enter_name
-                    if not name:
-                        unnamed_regions += 1
-                        name = f"region_{unnamed_regions}"
-                    seconds = _parse_seconds(m.group(1))
-                    if seconds is None:
-                        notes.add(f"line {lineno}: region time {_short(m.group(1))!r} is not a time")
-                    else:
-                        add_time(name, seconds)
-            else:
-                idx = line.find(_ENTER_REGION)
-                if idx >= 0:
-                    region_stack.append(_region_tag(line, idx))
-                    if len(region_stack) > 1000:  # unbalanced log: don't grow without bound
-                        del region_stack[0]
-
-        # --- coded diagnostics -------------------------------------------------------------------
-        has_bracket = want_brackets and "[" in line
-        has_ncc = want_ncc and "NCC_" in line
-        if has_bracket or has_ncc:
-            m = _OLD_CODE_RE.search(line) if has_bracket else None
-            if has_ncc:
-                m2 = _NCC_CODE_RE.search(line)
-                if m2 and (m is None or m2.start() < m.start()):
-                    m = m2
-            if m:
-                code = m.group(1)
-                message = line[m.end():].lstrip(" \t:-]")
-                if code.startswith("NCC_"):
-                    severity = {"W": "warning", "I": "info"}.get(code[4:5], "error")
-                else:
-                    prefix = line[: m.start()]
-                    if _LEVEL_WARN_RE.search(prefix):
-                        severity = "warning"
-                    elif _LEVEL_INFO_RE.search(prefix):
-                        severity = "info"
-                    else:
-                        severity = "error"
-                if severity == "error":
-                    error_signal = True
-                keep(diagnostics, Diagnostic(code, _clip(message), lineno, severity), "diagnostics")
-            # --- internal errors -----------------------------------------------------------------
-            if want_internal and has_bracket and "cc]" in line:
-                m = _INTERNAL_RE.search(line)
-                if m:
-                    error_signal = True
-                    body = m.group(1).rstrip()
-                    if not _DECORATION_RE.fullmatch(body):
-                        keep(internal, InternalError("error", _clip(body), lineno), "internal_errors")
-
-        # --- wrapper lines -----------------------------------------------------------------------
-        if want_cmd and "compiler with cmd" in line:
-            m = _CMD_RE.search(line)
-            if m:
-                command = _clip(m.group(1))
-                keep(events, CacheEvent("compile_cmd", command, lineno), "cache_events")
-        elif want_hit and "cached neff" in line:
-            m = _CACHE_HIT_RE.search(line)
-            if m:
-                keep(events, CacheEvent("cache_hit", _clip(m.group(1)), lineno), "cache_events")
-        elif want_failed and "cached failed neff" in line:
-            m = _CACHE_FAILED_RE.search(line)
-            if m:
-                keep(events, CacheEvent("cache_failed", _clip(m.group(1)), lineno), "cache_events")
-        elif want_wrapper_fail and "Compilation failed" in line:
-            m = _COMPILE_FAILED_RE.search(line)
-            if m:
-                error_signal = True
-                keep(events, CacheEvent("compile_failed", _clip(m.group(1)), lineno), "cache_events")
-
-    if status is None and error_signal:
-        status = "ERROR"
-
-    for kind, count in dropped.items():
-        if count:
-            head.append(f"{count} more {kind} entries not kept (limit {MAX_ITEMS})")
-    recognised = (status is not None or op_count is not None or compile_time is not None
-                  or instr is not None or pass_times or diagnostics or internal or events
-                  or notes.items)
-    if text.strip() and not recognised:
-        head.append(f"no known compiler output found in {n_lines} line(s)")
-
-    return LogSummary(
-        status=status,
-        op_count=op_count,
-        compile_time_s=compile_time,
-        instruction_count=instr,
-        pass_times=pass_times,
-        diagnostics=tuple(diagnostics),
-        internal_errors=tuple(internal),
-        cache_events=tuple(events),
-        compiler_command=command,
-        unparsed=tuple(head + notes.result()),
-        lines=n_lines,
-        replaced_bytes=replaced,
-    )
+        for handle in handlers:
+            handle(acc, line, lineno)
+    return acc.summary(head, len(lines), replaced, text)
