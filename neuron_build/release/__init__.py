@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable
 
 from filelock import Timeout
 
+from neuron_build.artifact import artifact_file
 from neuron_build.project.config import Project, ReleaseSettings
 from neuron_build.errors import UserError
 from neuron_build.release.gates import GateCheck, latency_gate, validation_gate
@@ -187,17 +188,12 @@ def _summary(store: ArtifactStore, key: str, manifest) -> dict[str, Any]:
 
 
 def _artifact_file(manifest) -> tuple[str, str]:
-    """(file name, loader) of the loadable model in an artifact."""
-    comp = manifest.compiler or {}
-    name, loader = comp.get("artifact"), comp.get("loader")
-    if not name or name not in manifest.files:
-        name = next((n for n in ("model.pt2", "model.pt") if n in manifest.files), None)
-    if name is None:
+    """(file name, loader) of the loadable model in an artifact (:func:`neuron_build.artifact.artifact_file`)."""
+    found = artifact_file(manifest.compiler, manifest.files)
+    if found is None:
         raise UserError(f"artifact {manifest.key[:12]} ({manifest.target}) holds no model.pt or model.pt2; "
                         f"files: {', '.join(manifest.files)}")
-    if not loader:
-        loader = "torch._inductor.aoti_load_package" if name.endswith(".pt2") else "torch.jit.load"
-    return name, loader
+    return found
 
 
 def create_release(builder, model: str, dtype: str | None = None, profile: str | None = None,
