@@ -1,9 +1,10 @@
 """Serving a pulled release: route each call to the smallest static-shape bucket that fits.
 
 ``BucketedModel.load(DIR)`` reads ``DIR/release.json`` (written by ``neuron-build pull``) and loads every
-bucket's artifact with its loader: ``torch.jit.load`` for ``.pt`` (TorchScript, and Neuron artifacts,
-which are TorchScript modules holding the NEFF and are placed on a NeuronCore when loaded [doc: toolchain
-notes]), ``torch._inductor.aoti_load_package`` for ``.pt2`` (AOTInductor).
+bucket's artifact with its loader (:func:`neuron_build.artifact.load_artifact`): ``torch.jit.load`` for
+``.pt`` (TorchScript, and Neuron artifacts, which are TorchScript modules holding the NEFF and are placed on
+a NeuronCore when loaded [doc: toolchain notes]), ``torch._inductor.aoti_load_package`` for ``.pt2``
+(AOTInductor).
 
 Routing rules, per call:
 
@@ -32,11 +33,12 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
+from neuron_build.artifact import load_artifact
 from neuron_build.errors import UserError
 from neuron_build.examples import torch_dtype
 
@@ -69,22 +71,6 @@ class Bucket:
         return f"{self.id} (" + ", ".join(f"{d}={n}" for d, n in self.sizes.items()) + ")"
 
 
-def _load_artifact(bucket: Bucket, backend: str):
-    import torch
-
-    if bucket.loader == "torch._inductor.aoti_load_package" or bucket.artifact.suffix == ".pt2":
-        return torch._inductor.aoti_load_package(str(bucket.artifact))
-    if backend == "neuron":
-        try:
-            import torch_neuronx  # noqa: F401  registers the Neuron TorchScript classes
-        except ImportError as e:
-            raise UserError(f"{bucket.artifact} was compiled for Neuron; loading it needs torch-neuronx on a "
-                            f"Neuron host ({e})") from None
-    with warnings.catch_warnings():  # torch 2.9+ flags torch.jit.load as deprecated; Neuron artifacts need it
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return torch.jit.load(str(bucket.artifact))
-
-
 class BucketedModel:
     """A pulled release, callable like the model: routes, pads, runs and slices (see the module
     docstring for the rules).
@@ -108,7 +94,7 @@ class BucketedModel:
         self._modules: dict[str, Any] = dict(modules or {})
 
     @classmethod
-    def load(cls, folder: str | Path) -> "BucketedModel":
+    def load(cls, folder: str | Path) -> BucketedModel:
         """Load a folder written by ``neuron-build pull``: ``release.json`` and every bucket's artifact.
 
         Raises:
@@ -127,7 +113,7 @@ class BucketedModel:
                     raise UserError(f"{p}: missing or not {ent['size']} bytes as release.json lists; pull again")
         model = cls(release, root)
         for b in model.buckets:
-            model._modules[b.id] = _load_artifact(b, release.get("backend", ""))
+            model._modules[b.id] = load_artifact(b.artifact, b.loader, release.get("backend", ""))
         return model
 
     # -- routing --------------------------------------------------------------------------------
@@ -245,4 +231,4 @@ class BucketedModel:
         return out[tuple(slice(0, sizes[d]) if isinstance(d, str) else slice(None) for d in best[1])]
 
 
-__all__ = ["BucketedModel", "Bucket", "BucketError"]
+__all__ = ["Bucket", "BucketError", "BucketedModel"]

@@ -15,8 +15,8 @@ import pytest
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
 from neuron_build.errors import UserError
-from neuron_build.release import (PromotionRefused, channel_history, channel_pointer, create_release, load_release,
-                                  promote, pull, rollback)
+from neuron_build.release import (ChannelPointer, HistoryEntry, PromotionRefused, Release, channel_history,
+                                  channel_pointer, create_release, load_release, promote, pull, rollback)
 from neuron_build.util import percentile
 from neuron_build.store.local import LocalStore
 
@@ -493,6 +493,32 @@ def test_rollback_refuses_when_artifacts_are_gone(proj):
     with pytest.raises(UserError, match=f"release {r1['id']} cannot be promoted: artifacts missing from the "
                                         f"store: tiny/b1/fp32/p1"):
         promote(store, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True)
+
+
+def test_typed_records_read_back_unchanged(proj):
+    """Release records, channel pointers and history lines as the store holds them read back through the
+    typed models field for field and in the same key order; records of another shape read as None."""
+    _, _, store, settings = ctx(proj)
+    r1, r2 = make(proj), make(proj, "bf16")
+    promote(store, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True)
+    with pytest.raises(PromotionRefused):
+        promote(store, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True)
+    promote(store, settings, "tiny", "dev", release=r2["id"], allow_unvalidated=True, reason="bf16")
+    rollback(store, settings, "tiny", "dev", reason="back")
+    raws = [r for _, _, r in store.releases("tiny")]
+    assert len(raws) == 2
+    for raw in raws:
+        back = Release.from_json(raw).to_json()
+        assert back == raw and list(back) == list(raw)
+    ptr = store.channel("tiny", "dev")
+    assert list(ChannelPointer.from_json(ptr).to_json().items()) == list(ptr.items())
+    hist = store.history("tiny", "dev")
+    assert [h["action"] for h in hist] == ["promote", "refuse", "promote", "rollback"]
+    for h in hist:
+        assert list(HistoryEntry.from_json(h).to_json().items()) == list(h.items())
+    for bad in (None, [], "r-1", {"id": 1}, {"id": "r-1", "model": "tiny", "artifacts": [{"key": "k"}]}):
+        assert Release.from_json(bad) is None
+    assert ChannelPointer.from_json({"version": 1}) is None and HistoryEntry.from_json({"to": "r-1"}) is None
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -30,14 +30,16 @@ import glob
 import math
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
-from neuron_build.project.config import ModelSpec, Project
+from neuron_build.artifact import artifact_file, load_artifact
 from neuron_build.errors import UserError
-from neuron_build.store.manifest import Manifest
+from neuron_build.project.config import ModelSpec, Project
 from neuron_build.project.matrix import Target
 from neuron_build.store.contract import ArtifactStore
+from neuron_build.store.manifest import Manifest
 from neuron_build.util import utc_now
 
 #: Relative L2 error allowed against the fp32 CPU reference, per target dtype, unless the model's
@@ -276,29 +278,26 @@ class Prepared:
     def load_artifact(self):
         """Load the artifact onto its device and return a callable.
 
-        Backends: ``inductor`` -> ``torch._inductor.aoti_load_package``; ``torchscript`` -> ``torch.jit.load``;
-        ``neuron`` -> ``import torch_neuronx`` (registers the Neuron ops) then ``torch.jit.load``, which
-        places the NEFF on a NeuronCore [doc].
+        The file and loader are :func:`neuron_build.artifact.artifact_file`'s; loading is
+        :func:`neuron_build.artifact.load_artifact`'s: ``inductor`` -> ``torch._inductor.aoti_load_package``;
+        ``torchscript`` -> ``torch.jit.load`` onto :attr:`device`; ``neuron`` -> ``import torch_neuronx``
+        (registers the Neuron ops; its ``ImportError`` propagates) then ``torch.jit.load``, which places the
+        NEFF on a NeuronCore [doc].
 
         Raises:
             UserError: unknown backend or no artifact file.
         """
-        import torch
-
         m = self.manifest
-        name = m.compiler.get("artifact") or ("model.pt2" if m.backend == "inductor" else "model.pt")
+        found = artifact_file(m.compiler, m.files)
+        name = found[0] if found else (m.compiler.get("artifact") or ("model.pt2" if m.backend == "inductor"
+                                                                       else "model.pt"))
         path = self.store.artifact_dir(self.key) / name
-        if not path.is_file():
+        if found is None or not path.is_file():
             raise UserError(f"{self.target.id}: artifact {self.key[:12]} has no {name}; "
                             f"rebuild it (neuron-build build {self.target.id})")
-        if m.backend == "inductor":
-            return torch._inductor.aoti_load_package(str(path))
-        if m.backend == "torchscript":
-            return torch.jit.load(str(path), map_location=self.device)
-        if m.backend == "neuron":
-            import torch_neuronx  # noqa: F401  (registers torch.classes.neuron)
-            return torch.jit.load(str(path))
-        raise UserError(f"{self.target.id}: cannot load an artifact of backend {m.backend!r}")
+        if m.backend not in ("inductor", "torchscript", "neuron"):
+            raise UserError(f"{self.target.id}: cannot load an artifact of backend {m.backend!r}")
+        return load_artifact(path, found[1], m.backend, self.device, explain_missing_neuronx=False)
 
 
 def prepare(project: Project, store: ArtifactStore, target: Target, key: str) -> Prepared:
@@ -396,7 +395,7 @@ def diagnose(p: Prepared, ref_out, tolerance: float) -> tuple[list[str], dict[st
                     kw.pop(k, None)
                 try:
                     err = _max_rel(_run(p.eager("fp32", kwargs=kw), ref_inputs), ref_out)
-                except Exception:  # the factory does not take the reference's value
+                except Exception:  # noqa: BLE001, S112  the factory does not take the reference's value
                     continue
                 swaps[k] = err
                 if err <= tolerance:
@@ -475,7 +474,7 @@ def validate_target(project: Project, store: ArtifactStore, target: Target, key:
         out = _run(p.load_artifact(), p.device_inputs())
     except UserError:
         raise
-    except Exception as e:  # an artifact that does not load or run has failed validation
+    except Exception as e:  # noqa: BLE001  an artifact that does not load or run has failed validation
         first = (str(e).strip().splitlines() or [""])[0][:300]
         out, problem = None, f"the artifact did not load or run: {type(e).__name__}: {first}"
     rows, problem = compare_outputs(out, ref_out, tol) if out is not None else ([], problem)

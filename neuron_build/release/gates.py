@@ -1,6 +1,8 @@
-"""Release gates over stored validation and benchmark results: the hook the release pipeline calls.
+"""The six promotion gates, evaluated in :data:`GATES` order: channel order, validation, artifact count, op
+count, p99 latency and compile-time p95.
 
-Result records live beside artifacts (:meth:`neuron_build.store.contract.ArtifactStore.put_result`), never in the key:
+The validation and latency gates read stored results; result records live beside artifacts
+(:meth:`neuron_build.store.contract.ArtifactStore.put_result`), never in the key:
 
 - ``results/<key>/validation/<device kind>.json``: ``{"verdict": "pass" | "fail" | "not_validated",
   "reason": str | None, "device_kind": str, "outputs": [{"name", "max_abs_error", "rel_l2_error",
@@ -13,10 +15,18 @@ Device kinds: ``cpu``, ``cuda``, ``neuron``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from neuron_build.project.config import ReleaseSettings
+from neuron_build.release.records import Release, get_pointer
+from neuron_build.status import Verdict
 from neuron_build.store.contract import ArtifactStore
+from neuron_build.util import percentile
+
+#: The order in which promotion gates are evaluated and reported.
+GATES = ("channel_order", "validated", "artifact_count", "op_count", "p99_latency", "compile_time_p95")
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,7 @@ class GateCheck:
     figures: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        """``{"name", "passed", "message", "figures"}``, as promotions record it in the history."""
         return {"name": self.name, "passed": self.passed, "message": self.message, "figures": self.figures}
 
 
@@ -48,9 +59,9 @@ def validation_gate(store: ArtifactStore, keys: dict[str, str], device_kind: str
     missing, failed, ok = [], [], []
     for tid, key in keys.items():
         r = store.result(key, "validation", device_kind)
-        if r is None or r.get("verdict") == "not_validated":
+        if r is None or r.get("verdict") == Verdict.NOT_VALIDATED:
             missing.append(tid)
-        elif r.get("verdict") != "pass":
+        elif r.get("verdict") != Verdict.PASS:
             failed.append(f"{tid} ({r.get('reason') or 'failed'})")
         else:
             ok.append(tid)
@@ -97,4 +108,135 @@ def latency_gate(store: ArtifactStore, keys: dict[str, str], baseline: dict[str,
     return GateCheck("p99_latency", True, msg, figures)
 
 
-__all__ = ["GateCheck", "validation_gate", "latency_gate", "bench_result"]
+def order_gate(settings: ReleaseSettings, store: ArtifactStore, model: str, to: str, from_channel: str | None,
+               release: str) -> GateCheck:
+    """Is the promotion in channel order? Into the first channel: from a release id. Into channel ``i``:
+    ``--from`` channel ``i - 1``, or the release id that channel ``i - 1`` holds now. ``allow_skip``
+    also allows any earlier channel, or any release id."""
+    chans = list(settings.channels)
+    i = chans.index(to)
+    required = chans[i - 1] if i > 0 else "a release id"
+    figures = {"to": to, "from": from_channel or release, "required_from": required,
+               "allow_skip": settings.allow_skip}
+    if from_channel is not None:
+        j = chans.index(from_channel)
+        ok = j == i - 1 or (settings.allow_skip and j < i)
+        if ok:
+            return GateCheck("channel_order", True, f"{from_channel} -> {to}", figures)
+        return GateCheck("channel_order", False, f"{to} takes releases from {required}, not from "
+                         f"{from_channel}" + ("" if settings.allow_skip else " (allow_skip = false)"), figures)
+    if i == 0 or settings.allow_skip:
+        return GateCheck("channel_order", True, f"release {release} -> {to}", figures)
+    prev = get_pointer(store, model, chans[i - 1])
+    if prev and prev.release == release:
+        return GateCheck("channel_order", True, f"release {release} is the one in {chans[i - 1]}", figures)
+    return GateCheck("channel_order", False, f"{to} takes releases from {required}; release {release} is not the "
+                     f"one {required} holds ({prev.release if prev else 'none'}); promote it with "
+                     f"--from {required}", figures)
+
+
+def artifact_count_gate(release: Release, max_artifacts: int) -> GateCheck:
+    """At most ``max_artifacts`` artifacts (buckets) in the release."""
+    n = len(release.artifacts)
+    figures = {"artifacts": n, "max": max_artifacts}
+    if n > max_artifacts:
+        return GateCheck("artifact_count", False, f"{n} artifacts, more than max_artifacts_per_model = "
+                         f"{max_artifacts}", figures)
+    return GateCheck("artifact_count", True, f"{n} artifact(s), at most {max_artifacts}", figures)
+
+
+def _by_bucket(release: Release | None) -> dict[str, dict[str, Any]]:
+    """Bucket id -> ``{"key", **the bucket's metrics}`` of a release ({} for None)."""
+    if not release:
+        return {}
+    metrics = release.metrics.get("artifacts", {})
+    return {a.bucket_id: {"key": a.key, **metrics.get(a.target, {})} for a in release.artifacts}
+
+
+def op_count_gate(release: Release, baseline: Release | None, max_regression: float) -> GateCheck:
+    """Is each bucket's op count at most ``max_regression`` (a fraction) above the same bucket's in the
+    baseline release? Buckets are matched by bucket id, so a new dtype is compared with the old one."""
+    if not baseline:
+        return GateCheck("op_count", True, "no baseline release to compare with", {"max_regression": max_regression})
+    cand, base = _by_bucket(release), _by_bucket(baseline)
+    rows: dict[str, dict[str, Any]] = {}
+    skipped = []
+    for b, c in cand.items():
+        old = base.get(b, {}).get("op_count")
+        new = c.get("op_count")
+        if not old or new is None:
+            skipped.append(b)
+            continue
+        rows[b] = {"baseline": old, "candidate": new, "change": round(new / old - 1, 4)}
+    figures = {"buckets": rows, "max_regression": max_regression, "not_compared": skipped}
+    worst = max(rows.items(), key=lambda kv: kv[1]["change"]) if rows else None
+    if worst and worst[1]["change"] > max_regression:
+        b, r = worst
+        return GateCheck("op_count", False, f"{b} op count {r['candidate']} is {r['change']:.1%} above the "
+                         f"baseline's {r['baseline']} (allowed {max_regression:.1%})", figures)
+    msg = (f"worst change {worst[1]['change']:+.1%} ({worst[0]}), allowed +{max_regression:.1%}" if worst
+           else "no op counts to compare")
+    return GateCheck("op_count", True, msg, figures)
+
+
+def compile_time_gate(release: Release, max_p95_s: float) -> GateCheck:
+    """Is the nearest-rank p95 of the release's compile times (seconds) at most ``max_p95_s``?"""
+    times = {t: m["compile_time_s"] for t, m in release.metrics["artifacts"].items()}
+    p95 = percentile(times.values(), 95, method="nearest-rank")
+    figures = {"p95_s": p95, "max_p95_s": max_p95_s, "compile_times_s": times}
+    if p95 > max_p95_s:
+        return GateCheck("compile_time_p95", False, f"compile-time p95 {p95:.1f} s is above "
+                         f"max_compile_time_p95_s = {max_p95_s:g} s", figures)
+    return GateCheck("compile_time_p95", True, f"compile-time p95 {p95:.1f} s, at most {max_p95_s:g} s", figures)
+
+
+def evaluate_gates(store: ArtifactStore, settings: ReleaseSettings, release: Release, to: str,
+                   from_channel: str | None, baseline: Release | None, device_kind: str,
+                   allow_unvalidated: bool = False) -> list[GateCheck]:
+    """Every gate of a promotion of ``release`` into ``to``, in :data:`GATES` order.
+
+    Args:
+        baseline: the release ``to`` holds now (None: the channel is empty).
+        device_kind: where ``to`` is served: validation and p99 results are read for it.
+        allow_unvalidated: a failed validation gate passes, marked ``overridden`` in its figures.
+    """
+    val = validation_gate(store, release.keys, device_kind)
+    if not val.passed and allow_unvalidated:
+        val = GateCheck("validated", True, f"overridden by --allow-unvalidated ({val.message})",
+                        {**val.figures, "overridden": True, "device_kind": device_kind})
+    else:
+        val = GateCheck(val.name, val.passed, val.message, {**val.figures, "device_kind": device_kind})
+    cand_b = {b: v["key"] for b, v in _by_bucket(release).items()}
+    base_b = {b: v["key"] for b, v in _by_bucket(baseline).items()} or None
+    return [
+        order_gate(settings, store, release.model, to, from_channel, release.id),
+    val,
+        artifact_count_gate(release, settings.max_artifacts_per_model),
+        op_count_gate(release, baseline, settings.max_op_count_regression),
+        latency_gate(store, cand_b, base_b, device_kind, settings.max_p99_ratio),
+        compile_time_gate(release, settings.max_compile_time_p95_s),
+    ]
+
+
+def format_gates(gates: Iterable[GateCheck | dict[str, Any]]) -> str:
+    """One line per gate: ``PASS name: message`` (or ``FAIL``); gates as :class:`GateCheck` or its JSON."""
+    lines = []
+    for g in gates:
+        d = g.to_json() if isinstance(g, GateCheck) else g
+        lines.append(f"  {'PASS' if d['passed'] else 'FAIL'} {d['name']}: {d['message']}")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "GATES",
+    "GateCheck",
+    "artifact_count_gate",
+    "bench_result",
+    "compile_time_gate",
+    "evaluate_gates",
+    "format_gates",
+    "latency_gate",
+    "op_count_gate",
+    "order_gate",
+    "validation_gate",
+]
