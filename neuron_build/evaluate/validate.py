@@ -36,6 +36,7 @@ from typing import Any
 
 from neuron_build.artifact import artifact_file, load_artifact
 from neuron_build.errors import UserError
+from neuron_build.status import Verdict
 from neuron_build.project.config import ModelSpec, Project
 from neuron_build.project.matrix import Target
 from neuron_build.store.contract import ArtifactStore
@@ -46,7 +47,7 @@ from neuron_build.util import utc_now
 #: ``tolerance`` table in buckets.toml says otherwise. bf16 errors around 1e-2 are normal; above 5e-2
 #: something is wrong.
 DEFAULT_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2}
-VERDICTS = ("pass", "fail", "not_validated")
+VERDICTS = tuple(v.value for v in Verdict)
 DEVICE_KINDS = ("cpu", "cuda", "neuron")
 
 
@@ -100,9 +101,9 @@ def is_validated(store: ArtifactStore, key: str, device_kind: str, tolerance: fl
         return False
     if reference is not None and (r.get("reference") or {}).get("model") != reference:
         return False
-    if r.get("verdict") == "pass":
+    if r.get("verdict") == Verdict.PASS:
         return True
-    return r.get("verdict") == "not_validated" and not can_run_here(device_kind)[0]
+    return r.get("verdict") == Verdict.NOT_VALIDATED and not can_run_here(device_kind)[0]
 
 
 def tolerance_for(spec: ModelSpec, model: str, dtype: str) -> tuple[float, str]:
@@ -459,7 +460,7 @@ def validate_target(project: Project, store: ArtifactStore, target: Target, key:
         if not torch.cuda.is_available():
             ok, why = False, "no CUDA device here (this torch build sees none)"
     if not ok:
-        rec.update(verdict="not_validated", reason=why, device=None, elapsed_s=round(time.monotonic() - t0, 3))
+        rec.update(verdict=Verdict.NOT_VALIDATED, reason=why, device=None, elapsed_s=round(time.monotonic() - t0, 3))
         if record:
             store.put_result(key, "validation", kind, rec)
         return rec
@@ -480,13 +481,13 @@ def validate_target(project: Project, store: ArtifactStore, target: Target, key:
     rows, problem = compare_outputs(out, ref_out, tol) if out is not None else ([], problem)
     rec["outputs"] = rows
     if out is None:
-        rec.update(verdict="fail", reason=f"{target.id}: {problem}")
+        rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: {problem}")
     elif problem:
-        rec.update(verdict="fail", reason=f"{target.id}: output structure differs: {problem}")
+        rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: output structure differs: {problem}")
     elif all(r["pass"] for r in rows):
-        rec.update(verdict="pass", reason=None)
+        rec.update(verdict=Verdict.PASS, reason=None)
     else:
-        rec.update(verdict="fail", reason=failure_message(target.id, rows))
+        rec.update(verdict=Verdict.FAIL, reason=failure_message(target.id, rows))
         notes, figs = diagnose(p, ref_out, tol)
         rec["diagnosis"], rec["diagnosis_figures"] = notes, figs
     rec["elapsed_s"] = round(time.monotonic() - t0, 3)
@@ -509,9 +510,9 @@ def _json_safe(obj: Any) -> Any:
 def summary_line(rec: dict[str, Any]) -> str:
     """One line for the CLI: verdict, target, worst output error and tolerance (or the reason)."""
     v = rec["verdict"]
-    if v == "not_validated":
+    if v == Verdict.NOT_VALIDATED:
         return f"NOT VALIDATED  {rec['target']}: {rec['reason']}"
-    if v == "fail":
+    if v == Verdict.FAIL:
         return f"FAIL  {rec['reason']}"
     worst = max(rec["outputs"], key=lambda r: r["rel_l2_error"])
     n = len(rec["outputs"])
