@@ -14,24 +14,40 @@ and reference model, that need not be repeated (a pass, or "not validated" on a 
 run it; a failure is never up to date). Validation imports
 torch inside its action only, so ``doit list`` and a no-op ``doit build`` stay torch-free.
 
-The config is ``buckets.toml`` beside ``dodo.py``, or ``doit build config=PATH``, or the
-``NEURON_BUILD_CONFIG`` environment variable. ``doit build retry_failed=0`` skips targets whose current
-key failed last time (``neuron-build build --no-retry-failed``); by default every build retries them.
+The tasks are made by a :class:`BuildSession`, a doit task loader that carries one :class:`Builder` and
+collects the :class:`Outcome` of every build it runs. ``neuron-build build`` makes one with its Builder and
+runs doit through it (:meth:`BuildSession.run`); the module-level ``task_build``/``task_validate`` that
+``dodo.py`` imports use one session per process, made on first use from the configured ``buckets.toml``:
+``buckets.toml`` beside ``dodo.py``, or ``doit build config=PATH``, or the ``NEURON_BUILD_CONFIG``
+environment variable. ``doit build retry_failed=0`` skips targets whose current key failed last time
+(``neuron-build build --no-retry-failed``); by default every build retries them.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from doit import get_var
+from doit.cmd_base import NamespaceTaskLoader
 from doit.exceptions import TaskFailed
 
-from neuron_build.build.builder import Builder
-from neuron_build.project.config import load_project
-from neuron_build.errors import ConfigError
+from neuron_build.build.builder import Builder, Outcome
+from neuron_build.errors import ConfigError, UserError, exit_code
+from neuron_build.evaluate.validate import (
+    artifact_device_kind,
+    is_validated,
+    summary_line,
+    tolerance_for,
+    validate_target,
+)
 from neuron_build.log import configure
-from neuron_build.evaluate.validate import artifact_device_kind, is_validated, tolerance_for
+from neuron_build.project.config import load_project
+from neuron_build.status import Verdict
+
+__all__ = ["DOIT_CONFIG", "BuildSession", "session", "task_build", "task_validate"]
 
 DOIT_CONFIG = {
     "default_tasks": ["build"],
@@ -40,32 +56,6 @@ DOIT_CONFIG = {
     "dep_file": ":memory:",    # per process: concurrent builds never share (or lock) a database
     "verbosity": 2,
 }
-
-_builder: Builder | None = None
-#: target id -> the Outcome of its build in this process (read by ``neuron-build build`` for its summary)
-OUTCOMES: dict = {}
-
-
-def builder() -> Builder:
-    """The process's :class:`Builder`, made on first use from the configured ``buckets.toml``.
-
-    A config error is printed as one message and exits with status 2.
-    """
-    global _builder
-    if _builder is None:
-        path = get_var("config", os.environ.get("NEURON_BUILD_CONFIG", "buckets.toml"))
-        try:
-            project = load_project(path)
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
-        configure(project.state_dir / "build.log")
-        _builder = Builder(project)  # logs the `auto` fallback note, once per process
-    return _builder
-
-
-def _is_built(key: str) -> bool:
-    return builder().store.is_complete(key)
 
 
 _MAIN_PID = os.getpid()
@@ -83,71 +73,161 @@ def _die_with_parent() -> None:
     _pdeathsig_set = True
 
 
-def _retry_failed() -> bool:
+def _retry_failed_var() -> bool:
+    """The ``retry_failed=`` doit variable (default: retry)."""
     v = get_var("retry_failed", "1")
     return v is None or str(v).strip().lower() not in ("0", "false", "no", "off")
 
 
-def _build(target_id: str):
-    b = builder()
-    _die_with_parent()
-    out = b.build(b.by_id[target_id], retry_failed=_retry_failed())
-    OUTCOMES[target_id] = out
-    if not out.ok:
-        return TaskFailed(f"{target_id}: {out.status}: {out.reason}")
-    return {"key": out.key, "status": out.status}
+def _load_builder() -> Builder:
+    """A :class:`Builder` for the configured ``buckets.toml`` (``config=`` doit variable, then
+    ``NEURON_BUILD_CONFIG``, then ``buckets.toml``). A config error prints one message and exits 2."""
+    path = get_var("config", os.environ.get("NEURON_BUILD_CONFIG", "buckets.toml"))
+    try:
+        project = load_project(path)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(exit_code(e))
+    configure(project.state_dir / "build.log")
+    return Builder(project)  # logs the `auto` fallback note, once per process
+
+
+class BuildSession(NamespaceTaskLoader):
+    """A doit task loader (doit's ``TaskLoader2`` API) over one :class:`Builder`.
+
+    Its namespace holds ``DOIT_CONFIG`` and its own ``task_build``/``task_validate``, so doit gets the
+    same tasks as from ``dodo.py``; every ``build:`` action it runs records its :class:`Outcome` in
+    :attr:`outcomes`.
+
+    Args:
+        builder: the Builder to use; None makes one on first use from the configured ``buckets.toml``
+            (as ``dodo.py`` does; a config error then exits 2).
+        retry_failed: whether a target whose current key failed last time is compiled again; None reads
+            doit's ``retry_failed=`` variable (default: retry).
+
+    Attributes:
+        outcomes: target id -> the Outcome of its build in this session (threads of one process only:
+            a ``doit -P process`` runner records into its own copy).
+    """
+
+    def __init__(self, builder: Builder | None = None, retry_failed: bool | None = None):
+        super().__init__()
+        self._builder = builder
+        self.retry_failed = retry_failed
+        self.outcomes: dict[str, Outcome] = {}
+        self.namespace = {"DOIT_CONFIG": DOIT_CONFIG, "task_build": self.task_build,
+                          "task_validate": self.task_validate}
+
+    @property
+    def builder(self) -> Builder:
+        """The session's Builder (made on first use when none was given)."""
+        if self._builder is None:
+            self._builder = _load_builder()
+        return self._builder
+
+    def load_doit_config(self) -> dict[str, Any]:
+        """doit's configuration: :data:`DOIT_CONFIG`."""
+        return DOIT_CONFIG
+
+    def run(self, target_ids: Sequence[str] | None = None, jobs: int = 1) -> int:
+        """Run ``doit run`` over this session: the ``build:`` tasks of ``target_ids`` (None: every target),
+        ``jobs`` at once (threads of this process). Outcomes land in :attr:`outcomes` (cleared first).
+
+        Returns doit's exit status (0 ok, 1 a task failed, 2/3 doit errors).
+        """
+        from doit.doit_cmd import DoitMain
+
+        b = self.builder
+        os.environ["NEURON_BUILD_CONFIG"] = str(b.project.path)
+        doit_args = ["run", "--db-file", ":memory:"]  # see the module docstring: one db per process
+        if jobs > 1:
+            doit_args += ["-n", str(jobs), "-P", "thread"]  # (-n 1 would fork one runner process)
+        doit_args += [f"build:{t}" for t in target_ids] if target_ids is not None else ["build"]
+        b.project.state_dir.mkdir(parents=True, exist_ok=True)
+        self.outcomes.clear()
+        return DoitMain(self).run(doit_args)
+
+    # -- build ----------------------------------------------------------------------------------------
+    def task_build(self) -> Iterator[dict[str, Any]]:
+        """Compile every target of the matrix that the store does not hold yet."""
+        b = self.builder
+        b.store.clean_staging()
+        for t in b.targets:
+            key = b.key(t).key
+            yield {
+                "name": t.id,
+                "doc": f"compile {t.id} ({b.keys.backend}, {b.keys.hardware_target})",
+                "actions": [(self._build, [t.id])],
+                "uptodate": [(self._is_built, [key])],
+            }
+        b.keys.save()
+
+    def _is_built(self, key: str) -> bool:
+        return self.builder.store.is_complete(key)
+
+    def _build(self, target_id: str):
+        b = self.builder
+        _die_with_parent()
+        retry = self.retry_failed if self.retry_failed is not None else _retry_failed_var()
+        out = b.build(b.by_id[target_id], retry_failed=retry)
+        self.outcomes[target_id] = out
+        if not out.ok:
+            return TaskFailed(f"{target_id}: {out.status}: {out.reason}")
+        return {"key": out.key, "status": out.status}
+
+    # -- validate -------------------------------------------------------------------------------------
+    def task_validate(self) -> Iterator[dict[str, Any]]:
+        """Check every target's artifact against the eager fp32 CPU reference (builds it first)."""
+        b = self.builder
+        kind = artifact_device_kind(b.keys.backend, b.keys.hardware_target)
+        for t in b.targets:
+            key = b.key(t).key
+            spec = b.project.config.models[t.model]
+            tol, _ = tolerance_for(spec, t.model, t.dtype)
+            yield {
+                "name": t.id,
+                "doc": f"validate {t.id} on {kind} against the fp32 CPU reference",
+                "actions": [(self._validate, [t.id])],
+                "task_dep": [f"build:{t.id}"],
+                "uptodate": [(self._is_validated, [key, kind, tol, spec.reference or t.model])],
+                "verbosity": 2,
+            }
+
+    def _is_validated(self, key: str, device_kind: str, tolerance: float, reference: str) -> bool:
+        return is_validated(self.builder.store, key, device_kind, tolerance, reference)
+
+    def _validate(self, target_id: str):
+        b = self.builder
+        t = b.by_id[target_id]
+        try:
+            rec = validate_target(b.project, b.store, t, b.key(t).key)
+        except UserError as e:
+            return TaskFailed(str(e))
+        print(summary_line(rec))
+        for note in rec.get("diagnosis", []):
+            print(f"    {note}")
+        if rec["verdict"] == Verdict.FAIL:
+            return TaskFailed(rec["reason"])
+        return {"key": rec["key"], "verdict": rec["verdict"]}
+
+
+# -- dodo.py ----------------------------------------------------------------------------------------------
+_session: BuildSession | None = None
+
+
+def session() -> BuildSession:
+    """The process's :class:`BuildSession` for ``dodo.py``, made on first use (its Builder too)."""
+    global _session
+    if _session is None:
+        _session = BuildSession()
+    return _session
 
 
 def task_build():
     """Compile every target of the matrix that the store does not hold yet."""
-    b = builder()
-    b.store.clean_staging()
-    for t in b.targets:
-        key = b.key(t).key
-        yield {
-            "name": t.id,
-            "doc": f"compile {t.id} ({b.keys.backend}, {b.keys.hardware_target})",
-            "actions": [(_build, [t.id])],
-            "uptodate": [(_is_built, [key])],
-        }
-    b.keys.save()
-
-
-def _is_validated(key: str, device_kind: str, tolerance: float, reference: str) -> bool:
-    return is_validated(builder().store, key, device_kind, tolerance, reference)
-
-
-def _validate(target_id: str):
-    from neuron_build.errors import UserError
-    from neuron_build.evaluate.validate import summary_line, validate_target
-
-    b = builder()
-    t = b.by_id[target_id]
-    try:
-        rec = validate_target(b.project, b.store, t, b.key(t).key)
-    except UserError as e:
-        return TaskFailed(str(e))
-    print(summary_line(rec))
-    for note in rec.get("diagnosis", []):
-        print(f"    {note}")
-    if rec["verdict"] == "fail":
-        return TaskFailed(rec["reason"])
-    return {"key": rec["key"], "verdict": rec["verdict"]}
+    yield from session().task_build()
 
 
 def task_validate():
     """Check every target's artifact against the eager fp32 CPU reference (builds it first)."""
-    b = builder()
-    kind = artifact_device_kind(b.keys.backend, b.keys.hardware_target)
-    for t in b.targets:
-        key = b.key(t).key
-        spec = b.project.config.models[t.model]
-        tol, _ = tolerance_for(spec, t.model, t.dtype)
-        yield {
-            "name": t.id,
-            "doc": f"validate {t.id} on {kind} against the fp32 CPU reference",
-            "actions": [(_validate, [t.id])],
-            "task_dep": [f"build:{t.id}"],
-            "uptodate": [(_is_validated, [key, kind, tol, spec.reference or t.model])],
-            "verbosity": 2,
-        }
+    yield from session().task_validate()

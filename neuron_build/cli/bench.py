@@ -9,13 +9,17 @@ Exit status: 0 when every selected target was benchmarked (or skipped because th
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from neuron_build.cli import _builder, _print_json, command
-from neuron_build.errors import UserError
+from neuron_build.cli.app import command, display_note, open_builder, print_json
+from neuron_build.errors import ExitCode, UserError
 
 
 def register(add) -> None:
+    """Add the ``bench`` sub-command."""
     s = add("bench", "benchmark built artifacts against the eager model; compare targets; profile")
     s.add_argument("patterns", nargs="*", metavar="PATTERN", help="target id globs or model names")
     s.add_argument("--warmup", type=int, default=50, help="untimed calls before timing (default 50: the first tens of calls "
@@ -38,62 +42,107 @@ def _progress_factory():
     return make
 
 
-@command("bench")
-def cmd_bench(args) -> int:
-    """Benchmark the targets matching PATTERNs and --compare (default: all targets)."""
-    from neuron_build.evaluate.bench import bench_target, format_compare_table, format_row_table, profile_target
-    from neuron_build.project.matrix import select
-    from neuron_build.evaluate.validate import artifact_device_kind, can_run_here, validate_target
+def check_profile_dir(profile: str) -> None:
+    """Raise UserError when a file stands where the ``--profile`` folder (or one of its parents) would be."""
+    prof_dir = Path(profile)
+    blocker = next((p for p in (prof_dir, *prof_dir.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise UserError(f"--profile {profile}: {blocker} is a file; give a folder for the traces")
 
-    if args.profile:
-        prof_dir = Path(args.profile)
-        blocker = next((p for p in (prof_dir, *prof_dir.parents) if p.exists() and not p.is_dir()), None)
-        if blocker is not None:
-            raise UserError(f"--profile {args.profile}: {blocker} is a file; give a folder for the traces")
-    b = _builder(args)
-    patterns = list(args.patterns) + list(args.compare)
-    chosen = select(b.targets, patterns)
-    recs, not_built, skipped = [], [], []
+
+@dataclass
+class BenchRun:
+    """The benchmarks of one ``bench``: result records, and the chosen targets not built or not runnable."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    not_built: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def bench_selected(b, chosen, *, warmup: int, iters: int, eager: bool = True, compare: bool = False,
+                   profile: str | None = None,
+                   on_profile: Callable[[Any, dict[str, Any]], None] | None = None) -> BenchRun:
+    """Benchmark each chosen target whose current key is built and runs on this host (progress on stderr).
+
+    Args:
+        warmup, iters: untimed and timed calls per target.
+        eager: also time the eager model, interleaved.
+        compare: also validate each target (its record gets ``validation``).
+        profile: also write a ``torch.profiler`` trace per target under this folder (the record gets
+            ``profile``: dir and the top 5 ops); ``on_profile(target, profile)`` is called after each.
+    """
+    from neuron_build.evaluate.bench import bench_target, profile_target
+    from neuron_build.evaluate.validate import (
+        artifact_device_kind,
+        can_run_here,
+        validate_target,
+    )
+
+    run = BenchRun()
     progress = _progress_factory()
     for i, t in enumerate(chosen, 1):
         key = b.key(t).key
         if not b.store.is_complete(key):
-            not_built.append(t.id)
-            print(f"NOT BUILT  {t.id}: run `neuron-build build {t.id}`", file=sys.stderr, flush=True)
+            run.not_built.append(t.id)
+            display_note(f"NOT BUILT  {t.id}: run `neuron-build build {t.id}`")
             continue
         m = b.store.manifest(key)
         runnable, why = can_run_here(artifact_device_kind(m.backend, m.hardware_target))
         if not runnable:
-            skipped.append(t.id)
-            print(f"SKIPPED  {t.id}: {why}", file=sys.stderr, flush=True)
+            run.skipped.append(t.id)
+            display_note(f"SKIPPED  {t.id}: {why}")
             continue
-        print(f"[{i}/{len(chosen)}] {t.id}: warm-up {args.warmup}, {args.iters} timed calls"
-              + ("" if args.no_eager else " each, interleaved with eager"), file=sys.stderr, flush=True)
-        rec = bench_target(b.project, b.store, t, key, warmup=args.warmup, iters=args.iters,
-                           eager=not args.no_eager, progress_factory=progress)
-        if args.compare:
+        display_note(f"[{i}/{len(chosen)}] {t.id}: warm-up {warmup}, {iters} timed calls"
+                     + (" each, interleaved with eager" if eager else ""))
+        rec = bench_target(b.project, b.store, t, key, warmup=warmup, iters=iters, eager=eager,
+                           progress_factory=progress)
+        if compare:
             rec["validation"] = validate_target(b.project, b.store, t, key)
-        if args.profile:
-            prof = profile_target(b.project, b.store, t, key, args.profile, iters=args.iters, warmup=args.warmup)
+        if profile:
+            prof = profile_target(b.project, b.store, t, key, profile, iters=iters, warmup=warmup)
             rec["profile"] = {"dir": prof["dir"], "top_ops": prof["top_ops"][:5]}
-            if not args.json:
-                print(f"\nprofile of {t.id} ({prof['sort_by']}): {prof['dir']}/trace.json\n{prof['table']}")
-        recs.append(rec)
+            if on_profile:
+                on_profile(t, prof)
+        run.records.append(rec)
     b.keys.save()
+    return run
+
+
+def format_bench(recs: list[dict[str, Any]], compare: bool) -> str:
+    """The table of ``recs`` (side by side with ``compare``), then how they were measured."""
+    from neuron_build.evaluate.bench import format_compare_table, format_row_table
+
+    table = (format_compare_table(recs, {r["target"]: r.get("validation") for r in recs}) if compare
+             else format_row_table(recs))
+    r0 = recs[0]
+    return (f"{table}\n\n{r0['device_kind']} on {r0['host']}, {r0['threads']} threads, sync: {r0['sync']}; "
+            f"latency over {r0['iters']} calls after {r0['warmup']} warm-up calls ({r0['timing']}); "
+            f"throughput = batch / mean; speedup = eager p50 / compiled p50")
+
+
+def _print_profile(t, prof: dict[str, Any]) -> None:
+    print(f"\nprofile of {t.id} ({prof['sort_by']}): {prof['dir']}/trace.json\n{prof['table']}")
+
+
+@command("bench")
+def cmd_bench(args) -> int:
+    """Benchmark the targets matching PATTERNs and --compare (default: all targets)."""
+    from neuron_build.project.matrix import select
+
+    if args.profile:
+        check_profile_dir(args.profile)
+    b = open_builder(args)
+    chosen = select(b.targets, list(args.patterns) + list(args.compare))
+    run = bench_selected(b, chosen, warmup=args.warmup, iters=args.iters, eager=not args.no_eager,
+                         compare=bool(args.compare), profile=args.profile,
+                         on_profile=None if args.json else _print_profile)
     if args.json:
-        _print_json(recs)
-    elif recs:
-        if args.compare:
-            print(format_compare_table(recs, {r["target"]: r.get("validation") for r in recs}))
-        else:
-            print(format_row_table(recs))
-        r0 = recs[0]
-        print(f"\n{r0['device_kind']} on {r0['host']}, {r0['threads']} threads, sync: {r0['sync']}; "
-              f"latency over {r0['iters']} calls after {r0['warmup']} warm-up calls ({r0['timing']}); "
-              f"throughput = batch / mean; speedup = eager p50 / compiled p50")
-    if skipped:
-        print(f"{len(skipped)} skipped (this host cannot run them): {', '.join(skipped)}", file=sys.stderr)
-    if not_built:
-        print(f"{len(not_built)} not built: {', '.join(not_built)}", file=sys.stderr)
-        return 1
-    return 0
+        print_json(run.records)
+    elif run.records:
+        print(format_bench(run.records, compare=bool(args.compare)))
+    if run.skipped:
+        display_note(f"{len(run.skipped)} skipped (this host cannot run them): {', '.join(run.skipped)}")
+    if run.not_built:
+        display_note(f"{len(run.not_built)} not built: {', '.join(run.not_built)}")
+        return ExitCode.FAILED
+    return ExitCode.OK

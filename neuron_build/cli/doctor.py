@@ -9,8 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_build.cli import _print_json, command
-from neuron_build.project.toolchain import NEURON_DISTS, compiler_executable, neuron_devices, neuron_status, resolve_backend
+from neuron_build.cli.app import command, print_json
+from neuron_build.errors import ExitCode
+from neuron_build.project.toolchain import (
+    NEURON_DISTS,
+    compiler_executable,
+    neuron_devices,
+    neuron_status,
+    resolve_backend,
+)
 
 
 def register(add) -> None:
@@ -70,7 +77,7 @@ def cmd_doctor(args) -> int:
     """Print what was found of the Neuron toolchain and the one-sentence verdict."""
     report = doctor_report()
     if args.json:
-        _print_json(report)
+        print_json(report)
     else:
         print(format_report(report), end="")
-    return 0
+    return ExitCode.OK

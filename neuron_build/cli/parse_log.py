@@ -5,17 +5,32 @@ from __future__ import annotations
 import json
 import re
 import sys
+from pathlib import Path
 from typing import TextIO
 
-from neuron_build.compilers.neuron.neuronx_log import LogSummary, failure_reason, parse_log
+from neuron_build.cli.app import command
+from neuron_build.compilers.neuron.neuronx_log import (
+    LogSummary,
+    failure_reason,
+    parse_log,
+)
+from neuron_build.errors import ExitCode, UserError
+from neuron_build.status import Status
 
-__all__ = ["format_summary", "parse_log_main"]
+__all__ = ["check_log_file", "format_summary", "parse_log_main", "register"]
 
 #: Pass times shown in the human summary.
 TOP_PASSES = 10
 
 # C0 controls except tab, DEL, C1 controls and lone surrogates: never written raw to a terminal.
 _UNSAFE_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def register(add) -> None:
+    """Add the ``parse-log`` sub-command."""
+    s = add("parse-log", "print what neuron-build extracts from a neuronx-cc log")
+    s.add_argument("file", metavar="FILE")
+    s.add_argument("--json", action="store_true")
 
 
 def _safe(text: str) -> str:
@@ -27,7 +42,7 @@ def format_summary(summary: LogSummary, path: str) -> str:
     """Return the human-readable summary of a parsed log (times in seconds), ending with a newline."""
     out: list[str] = [f"log: {_safe(path)} ({summary.lines} lines)"]
     out.append(f"status: {summary.status or 'unknown (the log does not say)'}")
-    reason = failure_reason(summary) if summary.status == "ERROR" else None
+    reason = failure_reason(summary) if summary.status == Status.ERROR else None
     if reason:
         out.append(f"reason: {_safe(reason)}")
     if summary.op_count is not None:
@@ -83,4 +98,36 @@ def parse_log_main(path: str, as_json: bool, out: TextIO | None = None) -> int:
     except UnicodeEncodeError:
         stream.write(text.encode("ascii", "backslashreplace").decode("ascii"))
     stream.flush()
-    return 0
+    return ExitCode.OK
+
+
+def check_log_file(file: str) -> Path:
+    """The path of ``file`` when it is a readable file that looks like text (its first 8 KiB).
+
+    Raises:
+        UserError: a folder, a missing or unreadable file, or binary data.
+    """
+    p = Path(file)
+    if p.is_dir():
+        raise UserError(f"{file} is a folder; pass the path of a neuronx-cc log file")
+    if not p.is_file():
+        raise UserError(f"{file}: no such file; pass the path of a neuronx-cc log")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(8192)
+    except OSError as e:
+        raise UserError(f"{file}: cannot read it ({e.strerror})") from None
+    bad = len(head) - len(head.decode("utf-8", "ignore").encode()) if head else 0
+    if b"\0" in head or (head and bad > len(head) // 4):
+        raise UserError(f"{file} is binary data, not a neuronx-cc log (a text file, e.g. log-neuron-cc.txt)")
+    return p
+
+
+@command("parse-log")
+def cmd_parse_log(args) -> int:
+    """What neuron-build reads from a neuronx-cc log."""
+    p = check_log_file(args.file)
+    try:
+        return parse_log_main(str(p), args.json)
+    except OSError as e:  # unreadable: parse_log_main's message names the file
+        raise UserError(str(e)) from None

@@ -5,14 +5,21 @@ No torch here; the domain logic is in :mod:`neuron_build.release`.
 
 from __future__ import annotations
 
-from neuron_build.cli import _print_json, command
-from neuron_build.errors import UserError
+from neuron_build.cli.app import (
+    command,
+    mib,
+    open_builder,
+    open_project_store,
+    print_json,
+)
+from neuron_build.errors import ExitCode, UserError
 
 BACKENDS = ("auto", "neuron", "inductor", "torchscript")
 DEVICE_KINDS = ("cpu", "cuda", "neuron")
 
 
 def register(add) -> None:
+    """Add the ``release``, ``promote``, ``rollback``, ``channels``, ``history`` and ``pull`` sub-commands."""
     s = add("release", "record an immutable release of a model's buckets for one dtype and profile")
     s.add_argument("model", metavar="MODEL")
     s.add_argument("--dtype", help="required when the model has several dtypes")
@@ -56,34 +63,32 @@ def register(add) -> None:
     s.add_argument("--json", action="store_true", help="print release.json")
 
 
-def _project_store(args):
-    from neuron_build.project.config import load_project
-    from neuron_build.store import open_store
-
-    project = load_project(args.config)
-    return project, open_store(project.store_url())
-
-
-def _model(project, model: str) -> None:
+def require_model(project, model: str) -> None:
+    """Raise UserError unless ``model`` is a model of the project (the message lists them)."""
     if model not in project.config.models:
         raise UserError(f"unknown model '{model}' in {project.path}; models: {', '.join(project.config.models)}")
+
+
+def require_channel(settings, channel: str, flag: str) -> None:
+    """Raise UserError unless ``channel`` is one of the ``[release] channels`` (``flag`` names the option).
+
+    The same check and message as the release package's own (used by promote and rollback).
+    """
+    if channel not in settings.channels:
+        raise UserError(f"unknown channel '{channel}' ({flag}); channels under [release] in buckets.toml: "
+                        f"{', '.join(settings.channels)}")
 
 
 @command("release")
 def cmd_release(args) -> int:
     """Record a release and print its id (``--json``: the record)."""
-    from neuron_build.build.builder import Builder
-    from neuron_build.project.config import load_project
-    from neuron_build.log import configure
     from neuron_build.release import create_release
 
-    project = load_project(args.config)
-    configure(project.state_dir / "build.log", quiet=True)
-    b = Builder(project, backend=args.backend)
+    b = open_builder(args, backend=args.backend, quiet=True)
     rec = create_release(b, args.model, args.dtype, args.profile)
     b.keys.save()
     if args.json:
-        _print_json(rec)
+        print_json(rec)
     elif args.quiet:
         print(rec["id"])
     else:
@@ -96,7 +101,7 @@ def cmd_release(args) -> int:
             val = ", ".join(f"{k} {v}" for k, v in am["validation"].items()) or "not validated"
             print(f"  {a['target']:32} {a['key'][:12]}  {am['op_count'] or 0:5} ops "
                   f"{am['compile_time_s']:7.1f} s  {val}")
-    return 0
+    return ExitCode.OK
 
 
 @command("promote")
@@ -104,18 +109,18 @@ def cmd_promote(args) -> int:
     """Promote a release into a channel; a refusal exits 2 with every gate's figures."""
     from neuron_build.release import format_gates, promote
 
-    project, store = _project_store(args)
-    _model(project, args.model)
+    project, store = open_project_store(args)
+    require_model(project, args.model)
     entry = promote(store, project.config.release, args.model, args.to, release=args.release,
                     from_channel=args.from_channel, reason=args.reason, allow_unvalidated=args.allow_unvalidated,
                     device_kind=args.device_kind)
     if args.json:
-        _print_json(entry)
-        return 0
+        print_json(entry)
+        return ExitCode.OK
     print(f"promoted {entry['to']} into {args.model}/{args.to} (version {entry['version']}; "
           f"was {entry['from'] or 'empty'})")
     print(format_gates(entry["gates"]))
-    return 0
+    return ExitCode.OK
 
 
 @command("rollback")
@@ -123,15 +128,15 @@ def cmd_rollback(args) -> int:
     """Roll a channel back to its previous release."""
     from neuron_build.release import rollback
 
-    project, store = _project_store(args)
-    _model(project, args.model)
+    project, store = open_project_store(args)
+    require_model(project, args.model)
     entry = rollback(store, project.config.release, args.model, args.channel, reason=args.reason)
     if args.json:
-        _print_json(entry)
-        return 0
+        print_json(entry)
+        return ExitCode.OK
     print(f"rolled {args.model}/{args.channel} back from {entry['from']} to {entry['to']} "
           f"(version {entry['version']})")
-    return 0
+    return ExitCode.OK
 
 
 @command("channels")
@@ -139,16 +144,16 @@ def cmd_channels(args) -> int:
     """Each channel's release, version and age."""
     from neuron_build.release import channel_rows
 
-    project, store = _project_store(args)
+    project, store = open_project_store(args)
     if args.model:
-        _model(project, args.model)
+        require_model(project, args.model)
         models = [args.model]
     else:
         models = list(project.config.models)
     rows = channel_rows(store, project.config.release, models)
     if args.json:
-        _print_json(rows)
-        return 0
+        print_json(rows)
+        return ExitCode.OK
     for r in rows:
         if not args.model and r["release"] is None:
             continue
@@ -157,21 +162,21 @@ def cmd_channels(args) -> int:
         print(f"{r['model']:16} {r['channel']:10} {what}")
     if not args.model and all(r["release"] is None for r in rows):
         print("no channel holds a release yet")
-    return 0
+    return ExitCode.OK
 
 
 @command("history")
 def cmd_history(args) -> int:
     """A channel's history, oldest first."""
-    from neuron_build.release import _check_channel, channel_history
+    from neuron_build.release import channel_history
 
-    project, store = _project_store(args)
-    _model(project, args.model)
-    _check_channel(project.config.release, args.channel, "--channel")
+    project, store = open_project_store(args)
+    require_model(project, args.model)
+    require_channel(project.config.release, args.channel, "--channel")
     hist = channel_history(store, args.model, args.channel)
     if args.json:
-        _print_json(hist)
-        return 0
+        print_json(hist)
+        return ExitCode.OK
     for e in hist:
         line = (f"{e.get('time')}  {e.get('action'):8} {e.get('from') or '-'} -> {e.get('to')}  "
                 f"v{e.get('version')}  {e.get('who')}")
@@ -187,7 +192,7 @@ def cmd_history(args) -> int:
                     print(f"    FAIL {g['name']}: {g['message']}")
     if not hist:
         print(f"{args.model}/{args.channel} has no history yet")
-    return 0
+    return ExitCode.OK
 
 
 @command("pull")
@@ -195,14 +200,14 @@ def cmd_pull(args) -> int:
     """Materialise a channel's release in a folder for a serving host."""
     from neuron_build.release import pull
 
-    project, store = _project_store(args)
-    _model(project, args.model)
+    project, store = open_project_store(args)
+    require_model(project, args.model)
     doc = pull(store, args.model, args.channel, args.dest, project.config.release)
     if args.json:
-        _print_json(doc)
-        return 0
+        print_json(doc)
+        return ExitCode.OK
     nfiles = sum(len(b["files"]) for b in doc["buckets"])
     size = sum(f["size"] for b in doc["buckets"] for f in b["files"].values())
     print(f"pulled {doc['release']} ({args.model}/{args.channel} v{doc['channel_version']}) into {args.dest}: "
-          f"{len(doc['buckets'])} bucket(s), {nfiles} files, {size / 2**20:.1f} MiB, sha256 verified")
-    return 0
+          f"{len(doc['buckets'])} bucket(s), {nfiles} files, {mib(size)}, sha256 verified")
+    return ExitCode.OK

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from neuron_build.cli import _builder, _print_json, command
+from neuron_build.cli.app import command, mib, open_builder, print_json
+from neuron_build.errors import ExitCode
 
 
 def register(add) -> None:
+    """Add the ``verify`` and ``gc`` sub-commands."""
     s = add("verify", "check every artifact against its manifest; move corrupt ones to quarantine/")
     s.add_argument("--deep", action="store_true", help="also compare the sha256 of every file (reads every byte)")
     s.add_argument("--json", action="store_true")
@@ -16,20 +18,16 @@ def register(add) -> None:
     s.add_argument("--json", action="store_true")
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
-
-
 @command("verify")
 def cmd_verify(args) -> int:
     """Verify every object; exit 1 when any was bad (each is quarantined and reported with its reason)."""
     from neuron_build.store.maintenance import verify_store
 
-    b = _builder(args)
+    b = open_builder(args)
     rep = verify_store(b.store, deep=args.deep)
     if args.json:
-        _print_json(rep.to_json())
-        return 0 if rep.clean else 1
+        print_json(rep.to_json())
+        return ExitCode.OK if rep.clean else ExitCode.FAILED
     for bad in rep.bad:
         print(f"BAD  {bad.key[:12]}  {bad.target or '?'}: {bad.reason}"
               + (f" -> {bad.moved_to}" if bad.moved_to else ""))
@@ -39,7 +37,7 @@ def cmd_verify(args) -> int:
     print(f"verified {rep.checked} objects in {b.store.location} ({how}): {rep.ok} ok, {len(rep.bad)} bad"
           + (" (moved to quarantine/; the next build compiles them again)" if rep.bad else "")
           + (f", {len(rep.problems)} reference problems" if rep.problems else ""))
-    return 0 if rep.clean else 1
+    return ExitCode.OK if rep.clean else ExitCode.FAILED
 
 
 @command("gc")
@@ -47,23 +45,23 @@ def cmd_gc(args) -> int:
     """Remove unreferenced artifacts older than the keep window, and leftovers."""
     from neuron_build.store.maintenance import collect_garbage
 
-    b = _builder(args)
+    b = open_builder(args)
     current = {b.key(t).key for t in b.targets}
     b.keys.save()
     rep = collect_garbage(b.store, keep_keys=current, keep_days=args.keep_days, dry_run=args.dry_run)
     if args.json:
-        _print_json(rep.to_json())
-        return 0
+        print_json(rep.to_json())
+        return ExitCode.OK
     verb = "would remove" if args.dry_run else "removed"
     for r in rep.removed:
         what = f"{r.key[:12]}  {r.target or ''}".rstrip() if r.kind == "object" else r.path
-        print(f"{verb} {r.kind:10} {what}  {_mib(r.bytes)}  ({r.why})")
+        print(f"{verb} {r.kind:10} {what}  {mib(r.bytes)}  ({r.why})")
     counts = {}
     for r in rep.removed:
         counts[r.kind] = counts.get(r.kind, 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in counts.items()) or "nothing"
     print(f"gc{' (dry run)' if args.dry_run else ''}: {verb} {summary}; "
-          f"{'would free' if args.dry_run else 'freed'} {_mib(rep.bytes_freed)} ({rep.bytes_freed} bytes); "
+          f"{'would free' if args.dry_run else 'freed'} {mib(rep.bytes_freed)} ({rep.bytes_freed} bytes); "
           f"kept {rep.referenced} referenced and {rep.kept_young} unreferenced artifacts younger than "
           f"{args.keep_days:g} days")
-    return 0
+    return ExitCode.OK

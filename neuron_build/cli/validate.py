@@ -7,48 +7,87 @@ cannot run it), 1 when one failed or is not built, 2 for a user error (bad confi
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from neuron_build.cli import _builder, _print_json, command
+from neuron_build.cli.app import (
+    command,
+    display_line,
+    display_note,
+    open_builder,
+    print_json,
+)
+from neuron_build.errors import ExitCode
+from neuron_build.status import Verdict
 
 
 def register(add) -> None:
+    """Add the ``validate`` sub-command."""
     s = add("validate", "check built artifacts against the eager fp32 CPU reference")
     s.add_argument("patterns", nargs="*", metavar="PATTERN", help="target id globs or model names (default: all)")
     s.add_argument("--json", action="store_true", help="print the stored result records")
+
+
+@dataclass
+class ValidationRun:
+    """The validations of one ``validate``: the stored records, and the chosen targets not built."""
+
+    targets: list[str]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    not_built: list[str] = field(default_factory=list)
+
+    def count(self, verdict: Verdict) -> int:
+        """How many records have ``verdict``."""
+        return sum(r["verdict"] == verdict for r in self.records)
+
+    @property
+    def ok(self) -> bool:
+        """No target failed and every one was built."""
+        return not self.count(Verdict.FAIL) and not self.not_built
+
+    def summary(self) -> str:
+        """The last line ``validate`` prints."""
+        return (f"{len(self.targets)} targets: {self.count(Verdict.PASS)} passed, {self.count(Verdict.FAIL)} failed, "
+                f"{self.count(Verdict.NOT_VALIDATED)} not validated, {len(self.not_built)} not built")
+
+
+def validate_selected(b, chosen, progress: Callable[[str], None] | None = None) -> ValidationRun:
+    """Validate (and record) each chosen target whose current key is built; report the others.
+
+    ``progress`` gets one line per target as it finishes (and the diagnosis notes of a failure).
+    """
+    from neuron_build.evaluate.validate import summary_line, validate_target
+
+    run = ValidationRun([t.id for t in chosen])
+    for t in chosen:
+        key = b.key(t).key
+        if not b.store.is_complete(key):
+            run.not_built.append(t.id)
+            if progress:
+                progress(f"NOT BUILT  {t.id}: run `neuron-build build {t.id}` (or `doit validate:{t.id}`)")
+            continue
+        rec = validate_target(b.project, b.store, t, key)
+        run.records.append(rec)
+        if progress:
+            progress(summary_line(rec))
+            for note in rec.get("diagnosis", []):
+                progress(f"    {note}")
+    b.keys.save()
+    return run
 
 
 @command("validate")
 def cmd_validate(args) -> int:
     """Validate the selected targets' artifacts; a target that is not built is reported, not compiled."""
     from neuron_build.project.matrix import select
-    from neuron_build.evaluate.validate import summary_line, validate_target
 
-    b = _builder(args)
-    chosen = select(b.targets, args.patterns)
-    recs, not_built = [], []
-    for t in chosen:
-        key = b.key(t).key
-        if not b.store.is_complete(key):
-            not_built.append(t.id)
-            if not args.json:
-                print(f"NOT BUILT  {t.id}: run `neuron-build build {t.id}` (or `doit validate:{t.id}`)", flush=True)
-            continue
-        rec = validate_target(b.project, b.store, t, key)
-        recs.append(rec)
-        if not args.json:
-            print(summary_line(rec), flush=True)
-            for note in rec.get("diagnosis", []):
-                print(f"    {note}", flush=True)
-    b.keys.save()
-    counts = {v: sum(r["verdict"] == v for r in recs) for v in ("pass", "fail", "not_validated")}
+    b = open_builder(args)
+    run = validate_selected(b, select(b.targets, args.patterns), progress=None if args.json else display_line)
     if args.json:
-        _print_json(recs)
+        print_json(run.records)
+        if not run.ok:
+            display_note(f"{run.count(Verdict.FAIL)} failed, {len(run.not_built)} not built")
     else:
-        print(f"{len(chosen)} targets: {counts['pass']} passed, {counts['fail']} failed, "
-              f"{counts['not_validated']} not validated, {len(not_built)} not built")
-    if counts["fail"] or not_built:
-        if args.json:
-            print(f"{counts['fail']} failed, {len(not_built)} not built", file=sys.stderr)
-        return 1
-    return 0
+        print(run.summary())
+    return ExitCode.OK if run.ok else ExitCode.FAILED

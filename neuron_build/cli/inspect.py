@@ -1,0 +1,203 @@
+"""Read-only commands: ``plan``, ``explain``, ``ls``, ``show``. They compile nothing and always exit 0
+(2 for a user error: an unknown target, key or key prefix)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neuron_build.cli.app import command, open_builder, print_json
+from neuron_build.errors import ExitCode, UserError
+from neuron_build.status import TargetState
+
+
+def register(add) -> None:
+    """Add the ``plan``, ``explain``, ``ls`` and ``show`` sub-commands."""
+    s = add("plan", "list every target, its key and state, and what changed")
+    s.add_argument("--json", action="store_true")
+    s = add("explain", "show a target's key components and which changed since its last build")
+    s.add_argument("target", metavar="TARGET")
+    s = add("ls", "list the artifacts in the store")
+    s.add_argument("--json", action="store_true")
+    s = add("show", "show an artifact's manifest")
+    s.add_argument("ref", metavar="KEY|TARGET")
+    s.add_argument("--json", action="store_true")
+
+
+# -- plan -----------------------------------------------------------------------------------------------
+def plan_rows(b) -> list[dict[str, Any]]:
+    """One row per target: ``{"target", "key", "state", "changed": [component], "changed_detail": [line]}``,
+    plus ``compared_with`` (the target whose record the key was compared with, when not itself) and
+    ``failure`` (for a failed target: status, reason, attempts_total, exit_code, time)."""
+    rows = []
+    for t in b.targets:
+        ki = b.key(t)
+        state = b.state(t)
+        changed, since = b.changed(t)
+        row = {"target": t.id, "key": ki.key, "state": state,
+               "changed": [c.split(":")[0] for c in changed], "changed_detail": changed}
+        if since and since != t.id:
+            row["compared_with"] = since
+        if state == TargetState.FAILED:
+            f = b.store.failure(t.id)
+            row["failure"] = {k: getattr(f, k, None) for k in ("status", "reason", "attempts_total", "exit_code", "time")}
+        rows.append(row)
+    return rows
+
+
+def format_plan(rows: list[dict[str, Any]]) -> str:
+    """The human-readable plan: one line per target, then the counts per state."""
+    width = max(len(r["target"]) for r in rows)
+    out = []
+    for r in rows:
+        why = "; ".join(r["changed_detail"]) if r["state"] != TargetState.CACHED else ""
+        if r.get("failure"):
+            f = r["failure"]
+            why = f"{f['status']}: {f['reason']} (failed {f.get('attempts_total') or 1}x, {f.get('time')}; retried by the next build)"
+        if r.get("compared_with"):
+            why += f" (vs {r['compared_with']})"
+        out.append(f"{r['state']:8} {r['target']:{width}}  {r['key'][:12]}  {why}".rstrip())
+    counts = {s: sum(r["state"] == s for r in rows) for s in TargetState}
+    out.append(f"{len(rows)} targets: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    return "\n".join(out)
+
+
+@command("plan")
+def cmd_plan(args) -> int:
+    """Every target with its key, state and what changed since its last build."""
+    b = open_builder(args)
+    rows = plan_rows(b)
+    b.keys.save()
+    if args.json:
+        print_json(rows)
+    else:
+        print(format_plan(rows))
+    return ExitCode.OK
+
+
+# -- explain --------------------------------------------------------------------------------------------
+def find_target(b, ref: str):
+    """The target with id ``ref``. Raises UserError naming the model's targets, or pointing at ``plan``."""
+    t = b.by_id.get(ref)
+    if t is None:
+        ids = [x.id for x in b.targets if x.model == ref]
+        if ids:
+            raise UserError(f"'{ref}' is a model; explain one of its targets: {', '.join(ids)}")
+        raise UserError(f"unknown target '{ref}'; see `neuron-build plan` for target ids")
+    return t
+
+
+def format_explain(b, t) -> str:
+    """A target's id, key, state, last build, and each key component's hash (marking those that changed)."""
+    from neuron_build.project.keys import COMPONENTS
+
+    ki = b.key(t)
+    rec = b.store.target(t.id)
+    changed, since = b.changed(t)
+    out = [f"target  {t.id}\nkey     {ki.key}\nstate   {b.state(t)}"]
+    if rec:
+        out.append(f"last    {rec.key} ({rec.status}, {rec.time})")
+    elif since:
+        out.append(f"last    never built; compared with {since}")
+    else:
+        out.append("last    never built")
+    old = rec.hashes if rec else {}
+    for c in COMPONENTS:
+        mark = "changed" if any(x.split(":")[0] == c for x in changed) else ""
+        prev = f"  (was {old[c][:12]})" if mark and old.get(c) else ""
+        out.append(f"  {c:10} {ki.hashes[c][:12]}  {mark}{prev}")
+    out.extend(f"  - {c}" for c in changed)
+    return "\n".join(out)
+
+
+@command("explain")
+def cmd_explain(args) -> int:
+    """The key components of a target and which changed since it was last built."""
+    b = open_builder(args)
+    t = find_target(b, args.target)
+    text = format_explain(b, t)
+    b.keys.save()
+    print(text)
+    return ExitCode.OK
+
+
+# -- ls -------------------------------------------------------------------------------------------------
+def artifact_rows(store) -> list[dict[str, Any]]:
+    """One row per artifact in the store: target, key, status, backend, compile_time_s, op_count,
+    artifact_bytes, created."""
+    return [{"target": m.target, "key": m.key, "status": m.metrics.status, "backend": m.backend,
+             "compile_time_s": m.metrics.compile_time_s, "op_count": m.metrics.op_count,
+             "artifact_bytes": m.metrics.artifact_bytes, "created": m.created} for m in store.manifests()]
+
+
+@command("ls")
+def cmd_ls(args) -> int:
+    """The artifacts in the store."""
+    b = open_builder(args)
+    rows = artifact_rows(b.store)
+    if args.json:
+        print_json(rows)
+        return ExitCode.OK
+    for r in rows:
+        print(f"{r['key'][:12]}  {r['target']:36} {r['backend']:11} {r['compile_time_s']:8.1f} s "
+              f"{r['op_count'] or 0:6} ops {r['artifact_bytes'] / 2**20:9.1f} MiB  {r['created']}")
+    print(f"{len(rows)} artifacts in {b.store.location}")
+    return ExitCode.OK
+
+
+# -- show -----------------------------------------------------------------------------------------------
+def resolve_ref(b, ref: str):
+    """``(key, failure)`` for a target id, a key or a key prefix: the key to show, or the target's failure
+    record when its current key failed. Raises UserError for an unbuilt target, a malformed, unknown or
+    ambiguous key."""
+    if ref in b.by_id:
+        t = b.by_id[ref]
+        key = b.key(t).key
+        if not b.store.repair(key).hit:
+            failure = b.store.failure(ref)
+            if failure is None or failure.key != key:
+                raise UserError(f"{ref} is not built for its current key {key[:12]}; run `neuron-build build {ref}`")
+            return key, failure
+        return key, None
+    if len(ref) < 6 or any(c not in "0123456789abcdef" for c in ref):
+        raise UserError(f"'{ref}' is neither a target id nor a key (64 hex chars, or a prefix of 6 or more)")
+    hits = b.store.find_keys(ref)
+    if not hits:
+        raise UserError(f"no artifact with key {ref} in {b.store.location}")
+    if len(hits) > 1:
+        raise UserError(f"key prefix {ref} is ambiguous: {', '.join(h[:16] for h in hits)}")
+    return hits[0], None
+
+
+def format_manifest(m) -> str:
+    """The human-readable form of a manifest: target, key, backend, metrics, then one line per file."""
+    mt = m.metrics
+    head = (f"target   {m.target}\nkey      {m.key}\nbackend  {m.backend} ({m.hardware_target})\n"
+            f"status   {mt.status}\ncompile  {mt.compile_time_s:.1f} s, peak {(mt.peak_rss_bytes or 0) / 2**20:.0f} MiB\n"
+            f"ops      {mt.op_count} ({mt.op_count_source})\nbytes    {mt.artifact_bytes}\n"
+            f"created  {m.created} on {m.host}")
+    out = [head]
+    out.extend(f"  {name:20} {f.size:>12}  {f.sha256[:16]}" for name, f in m.files.items())
+    return "\n".join(out)
+
+
+@command("show")
+def cmd_show(args) -> int:
+    """The manifest of an artifact (by key, key prefix or target id), or the target's last failure."""
+    b = open_builder(args)
+    key, failure = resolve_ref(b, args.ref)
+    if failure is not None:
+        if args.json:
+            print_json(failure.to_json())
+        else:
+            print(f"{failure.target}: {failure.status}: {failure.reason}\n"
+                  f"log: {b.store.failure_log(failure.target)}")
+        return ExitCode.OK
+    m = b.store.repair(key).manifest
+    if m is None:
+        raise UserError(f"artifact {key[:12]} is incomplete or failed; `neuron-build build` rebuilds it")
+    if args.json:
+        print_json(m.model_dump(mode="json"))
+    else:
+        print(format_manifest(m))
+    return ExitCode.OK
+
