@@ -12,7 +12,7 @@ from neuron_build.cli.app import (
     open_project_store,
     print_json,
 )
-from neuron_build.errors import ExitCode, UserError
+from neuron_build.errors import ExitCode
 
 BACKENDS = ("auto", "neuron", "inductor", "torchscript")
 DEVICE_KINDS = ("cpu", "cuda", "neuron")
@@ -63,22 +63,6 @@ def register(add) -> None:
     s.add_argument("--json", action="store_true", help="print release.json")
 
 
-def require_model(project, model: str) -> None:
-    """Raise UserError unless ``model`` is a model of the project (the message lists them)."""
-    if model not in project.config.models:
-        raise UserError(f"unknown model '{model}' in {project.path}; models: {', '.join(project.config.models)}")
-
-
-def require_channel(settings, channel: str, flag: str) -> None:
-    """Raise UserError unless ``channel`` is one of the ``[release] channels`` (``flag`` names the option).
-
-    The same check and message as the release package's own (used by promote and rollback).
-    """
-    if channel not in settings.channels:
-        raise UserError(f"unknown channel '{channel}' ({flag}); channels under [release] in buckets.toml: "
-                        f"{', '.join(settings.channels)}")
-
-
 @command("release")
 def cmd_release(args) -> int:
     """Record a release and print its id (``--json``: the record)."""
@@ -107,7 +91,7 @@ def cmd_release(args) -> int:
 @command("promote")
 def cmd_promote(args) -> int:
     """Promote a release into a channel; a refusal exits 2 with every gate's figures."""
-    from neuron_build.release import format_gates, promote
+    from neuron_build.release import format_gates, promote, require_model
 
     project, store = open_project_store(args)
     require_model(project, args.model)
@@ -126,7 +110,7 @@ def cmd_promote(args) -> int:
 @command("rollback")
 def cmd_rollback(args) -> int:
     """Roll a channel back to its previous release."""
-    from neuron_build.release import rollback
+    from neuron_build.release import require_model, rollback
 
     project, store = open_project_store(args)
     require_model(project, args.model)
@@ -142,7 +126,7 @@ def cmd_rollback(args) -> int:
 @command("channels")
 def cmd_channels(args) -> int:
     """Each channel's release, version and age."""
-    from neuron_build.release import channel_rows
+    from neuron_build.release import channel_rows, require_model
 
     project, store = open_project_store(args)
     if args.model:
@@ -168,11 +152,11 @@ def cmd_channels(args) -> int:
 @command("history")
 def cmd_history(args) -> int:
     """A channel's history, oldest first."""
-    from neuron_build.release import channel_history
+    from neuron_build.release import channel_history, check_channel, require_model
 
     project, store = open_project_store(args)
     require_model(project, args.model)
-    require_channel(project.config.release, args.channel, "--channel")
+    check_channel(project.config.release, args.channel, "--channel")
     hist = channel_history(store, args.model, args.channel)
     if args.json:
         print_json(hist)
@@ -198,7 +182,7 @@ def cmd_history(args) -> int:
 @command("pull")
 def cmd_pull(args) -> int:
     """Materialise a channel's release in a folder for a serving host."""
-    from neuron_build.release import pull
+    from neuron_build.release import pull, require_model
 
     project, store = open_project_store(args)
     require_model(project, args.model)

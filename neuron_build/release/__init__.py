@@ -50,11 +50,8 @@ from neuron_build.release.records import (
     list_releases,
     load_release,
     release_id,
+    require_model,
 )
-from neuron_build.util import percentile
-
-#: The old private name of :func:`check_channel` (``neuron_build.cli.release`` imports it).
-_check_channel = check_channel
 
 __all__ = [
     "GATES",
@@ -83,10 +80,10 @@ __all__ = [
     "git_state",
     "list_releases",
     "load_release",
-    "percentile",
     "promote",
     "pull",
     "release_id",
     "release_stack",
+    "require_model",
     "rollback",
 ]

@@ -373,7 +373,8 @@ def _pick(what: str, given: str | None, allowed: tuple[str, ...], model: str, fl
     raise UserError(f"model '{model}' has several {what}s ({', '.join(allowed)}); choose one with {flag}")
 
 
-def _known_model(project: Project, model: str) -> None:
+def require_model(project: Project, model: str) -> None:
+    """Raise :class:`UserError` (listing the project's models) unless ``model`` is one of them."""
     if model not in project.config.models:
         raise UserError(f"unknown model '{model}' in {project.path}; models: {', '.join(project.config.models)}")
 
@@ -464,7 +465,7 @@ def create_release(builder, model: str, dtype: str | None = None, profile: str |
     """
     project: Project = builder.project
     store: ArtifactStore = builder.store
-    _known_model(project, model)
+    require_model(project, model)
     spec = project.config.models[model]
     unchosen = [f"{flag} ({', '.join(allowed)})" for given, allowed, flag in
                 ((dtype, spec.dtypes, "--dtype"), (profile, spec.profiles, "--profile"))
