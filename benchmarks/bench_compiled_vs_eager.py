@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("patterns", nargs="*")
     args = ap.parse_args(argv)
 
-    from neuron_build.evaluate.bench import bench_target
     from neuron_build.build.builder import Builder
+    from neuron_build.evaluate.bench import bench_target
     from neuron_build.project.config import load_project
     from neuron_build.project.matrix import select
 

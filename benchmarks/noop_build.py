@@ -39,8 +39,8 @@ factory = "genmodels.lin:build"
 dtypes = ["fp32"]
 profiles = ["p1"]
 inputs = [{ name = "x", shape = ["batch", "seq", 8] }]
-buckets = { batch = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], seq = [%s] }
-''' % ", ".join(str(i) for i in range(1, 101))
+buckets = { batch = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], seq = [SEQ] }
+'''.replace("SEQ", ", ".join(str(i) for i in range(1, 101)))
 
 # A doit run that reports whether torch got imported and how many tasks were up to date.
 PROBE = r'''
@@ -55,10 +55,11 @@ print("RESULT", rc, "torch" in sys.modules, file=sys.stderr)
 def populate(cfg: Path) -> int:
     """Write a complete PASS artifact for every target of ``cfg`` into its store; returns the count."""
     import socket
+
     from neuron_build.build.builder import Builder
     from neuron_build.project.config import load_project
-    from neuron_build.util import file_sha256
     from neuron_build.store.manifest import Manifest, Metrics
+    from neuron_build.util import file_sha256
 
     b = Builder(load_project(cfg))
     for t in b.targets:

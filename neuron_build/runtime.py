@@ -122,13 +122,13 @@ class BucketedModel:
             raise BucketError(f"{self.release['model']} takes {len(self.specs)} input(s) "
                               f"({', '.join(s['name'] for s in self.specs)}), got {len(shapes)}")
         sizes: dict[str, tuple[int, str]] = {}
-        for spec, shape in zip(self.specs, shapes):
+        for spec, shape in zip(self.specs, shapes, strict=True):
             shape = tuple(int(n) for n in shape)
             sym = spec["shape"]
             if len(shape) != len(sym):
                 raise BucketError(f"input '{spec['name']}' has shape {list(shape)}; expected {len(sym)} dims "
                                   f"{sym}")
-            for i, (d, n) in enumerate(zip(sym, shape)):
+            for i, (d, n) in enumerate(zip(sym, shape, strict=True)):
                 if isinstance(d, str):
                     if n < 1:
                         raise BucketError(f"input '{spec['name']}' dim {i} ({d}) is {n}; sizes must be positive")
@@ -192,7 +192,7 @@ class BucketedModel:
 
         bucket, sizes = self.route([tuple(t.shape) for t in inputs])
         padded = []
-        for spec, binp, t in zip(self.specs, bucket.inputs, inputs):
+        for spec, binp, t in zip(self.specs, bucket.inputs, inputs, strict=True):
             want = torch_dtype(binp["dtype"])
             if t.dtype != want:
                 if not self.convert_dtypes:
@@ -219,7 +219,7 @@ class BucketedModel:
         if not isinstance(out, torch.Tensor):
             return out
         best: tuple[int, list[Any]] | None = None
-        for spec, binp in zip(self.specs, bucket.inputs):
+        for spec, binp in zip(self.specs, bucket.inputs, strict=True):
             sym, shape = spec["shape"], binp["shape"]
             k = 0
             while k < min(out.dim(), len(shape)) and out.shape[k] == shape[k]:

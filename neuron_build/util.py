@@ -14,8 +14,9 @@ import json
 import math
 import os
 import secrets
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Literal
 
 #: errno values that mean the file system is full (ENOSPC) or the user's quota is used up (EDQUOT).
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})

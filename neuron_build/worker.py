@@ -19,8 +19,8 @@ import time
 import traceback
 from pathlib import Path
 
-from neuron_build.util import write_json_atomic
 from neuron_build.status import Status
+from neuron_build.util import write_json_atomic
 
 
 def run(request_path: str) -> int:

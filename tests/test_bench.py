@@ -9,13 +9,12 @@ import socket
 from pathlib import Path
 
 import pytest
+from conftest import rewrite_manifest, run_cli, write_tiny_project
 
-from neuron_build.evaluate.bench import SCHEDULE, latency_stats, percentile, run_dir_name, time_calls, time_interleaved
 from neuron_build.build.builder import Builder
+from neuron_build.evaluate.bench import SCHEDULE, latency_stats, percentile, run_dir_name, time_calls, time_interleaved
 from neuron_build.project.config import load_project
 from neuron_build.release.gates import bench_result
-
-from conftest import rewrite_manifest, run_cli, write_tiny_project
 
 TARGETS = ("tiny/b4/fp32/p1", "other/static/fp32/p1")
 

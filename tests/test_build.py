@@ -10,13 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
+from conftest import REPO, compiles_in_log, run_cli, write_tiny_project
+from test_config import edit
 
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
-
-from conftest import REPO, compiles_in_log, run_cli, write_tiny_project
-from test_config import edit
 
 
 def plan(cfg: Path) -> dict[str, dict]:

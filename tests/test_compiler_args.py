@@ -2,7 +2,8 @@
 
 import pytest
 
-from neuron_build.project.compiler_args import key_args, normalize_compiler_args as norm
+from neuron_build.project.compiler_args import key_args
+from neuron_build.project.compiler_args import normalize_compiler_args as norm
 
 
 @pytest.mark.parametrize("spelling", [["--optlevel", "2"], ["--optlevel=2"], ["-O2"], ["-O", "2"], ["--optlevel 2"],

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
-from neuron_build.project.config import load_project
 from neuron_build.errors import ConfigError
-
-from conftest import run_cli, write_tiny_project
+from neuron_build.project.config import load_project
 
 
 def faults_of(cfg: Path) -> list[str]:
@@ -143,7 +142,8 @@ def test_cli_config_error_exits_2_and_writes_nothing(tiny):
 
 
 def test_doit_config_error_exits_2(tiny):
-    import subprocess, sys
+    import subprocess
+    import sys
     edit(tiny, "buckets = { batch = [1, 4] }", "buckets = { batch = [1, 0] }")
     r = subprocess.run([sys.executable, "-m", "doit", "-f", str(Path(__file__).parent.parent / "dodo.py"),
                         "list", f"config={tiny}"], capture_output=True, text=True)

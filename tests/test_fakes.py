@@ -122,7 +122,7 @@ def test_cc_compile_success(hlo_dir, log_format):
     if log_format == "summary":
         assert lines[-3].endswith(" NEFF op count: 3")
         assert " Compile time: " in lines[-2] and lines[-2].endswith(" sec")
-        assert lines[-1].endswith(" INFO %s Compiler status: SUCCESS" % lines[-1].split()[2])
+        assert lines[-1].endswith(f" INFO {lines[-1].split()[2]} Compiler status: SUCCESS")
     else:
         assert lines[-1] == "Compiler status PASS"
     if log_format == "pass":

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import run_cli, write_tiny_project
 
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
 from neuron_build.release.gates import bench_result, latency_gate, validation_gate
-
-from conftest import run_cli, write_tiny_project
 
 GOOD, BAD = "tiny/b4/fp32/p1", "tiny/b4/bf16/p1"
 

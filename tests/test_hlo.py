@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from neuron_build.compilers.neuron.hlo import (count_hlo_instructions, count_proto_instructions, count_text_instructions,
-                              find_hlo)
+from neuron_build.compilers.neuron.hlo import (
+    count_hlo_instructions,
+    count_proto_instructions,
+    count_text_instructions,
+    find_hlo,
+)
 
 
 def _varint(n: int) -> bytes:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from test_config import edit
+
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
 from neuron_build.project.keys import COMPONENTS, DigestCache, KeyMaker, diff_components
-from neuron_build.project.sources import local_imports
 from neuron_build.project.matrix import bucket_id, expand
+from neuron_build.project.sources import local_imports
 from neuron_build.store.records import TargetRecord
-
-from test_config import edit
 
 
 def keys_of(cfg: Path, **kw) -> dict[str, str]:

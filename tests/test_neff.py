@@ -253,7 +253,7 @@ def test_random_content_only_raises_neff_error():
 
 
 def test_relative_paths(tmp_path: Path, monkeypatch):
-    p = write_neff(tmp_path / "graph.neff", tar_gz_bytes(FILES))
+    write_neff(tmp_path / "graph.neff", tar_gz_bytes(FILES))
     monkeypatch.chdir(tmp_path)
     assert read_neff_header("graph.neff").name == "graph"
     assert read_neff_header(Path("graph.neff")).payload_kind == "tar.gz"

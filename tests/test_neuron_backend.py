@@ -13,7 +13,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli, write_tiny_project
 from fakes.env import activate, neuron_env
 from test_config import edit

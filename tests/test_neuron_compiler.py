@@ -7,14 +7,18 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fakes.env import activate, neuron_env
 
-from neuron_build.project import toolchain
 from neuron_build.compilers import neuron as neuron_mod
 from neuron_build.compilers.base import CompileFailed, CompileRequest
-from neuron_build.compilers.neuron import (NeuronCompiler, classify_failure, graph_env, plan_trace_kwargs,
-                                           signature_params)
-
-from fakes.env import activate, neuron_env
+from neuron_build.compilers.neuron import (
+    NeuronCompiler,
+    classify_failure,
+    graph_env,
+    plan_trace_kwargs,
+    signature_params,
+)
+from neuron_build.project import toolchain
 
 CC_VERSION = "2.30.4217.0+5e1f0c2a"
 P_27 = ["func", "example_inputs", "compiler_workdir", "compiler_args"]

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, run_cli
 from fakes.env import neuron_env
 from test_config import edit

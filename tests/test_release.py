@@ -11,16 +11,26 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import run_cli, write_tiny_project
 
 from neuron_build.build.builder import Builder
-from neuron_build.project.config import load_project
 from neuron_build.errors import UserError
-from neuron_build.release import (ChannelPointer, HistoryEntry, PromotionRefused, Release, channel_history,
-                                  channel_pointer, create_release, load_release, promote, pull, rollback)
-from neuron_build.util import percentile
+from neuron_build.project.config import load_project
+from neuron_build.release import (
+    ChannelPointer,
+    HistoryEntry,
+    PromotionRefused,
+    Release,
+    channel_history,
+    channel_pointer,
+    create_release,
+    load_release,
+    promote,
+    pull,
+    rollback,
+)
 from neuron_build.store.local import LocalStore
-
-from conftest import run_cli, write_tiny_project
+from neuron_build.util import percentile
 
 ACTOR = "tester@ci"
 
@@ -88,13 +98,13 @@ def make(cfg: Path, dtype: str = "fp32", profile: str = "p1") -> dict:
     return create_release(b, "tiny", dtype, profile)
 
 
-def validate_all(store: Store, rel: dict, kind: str = "cpu", verdict: str = "pass") -> None:
+def validate_all(store: LocalStore, rel: dict, kind: str = "cpu", verdict: str = "pass") -> None:
     for a in rel["artifacts"]:
         store.put_result(a["key"], "validation", kind, {"verdict": verdict, "reason": None,
                                                            "device_kind": kind, "outputs": []})
 
 
-def bench_all(store: Store, rel: dict, p99_ms: float, kind: str = "cpu") -> None:
+def bench_all(store: LocalStore, rel: dict, p99_ms: float, kind: str = "cpu") -> None:
     for a in rel["artifacts"]:
         store.put_result(a["key"], "bench", f"{kind}--hostA", {
             "device_kind": kind, "host": "hostA", "latency_ms": {"p50": p99_ms / 2, "p90": p99_ms * 0.9,

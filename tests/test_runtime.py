@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, run_cli, write_tiny_project
 
 from neuron_build.errors import UserError
 from neuron_build.runtime import BucketedModel, BucketError
-
-from conftest import REPO, run_cli, write_tiny_project
-
 
 # ---------------------------------------------------------------------------------------------------
 # the rules, with plain callables standing in for compiled artifacts

@@ -7,14 +7,18 @@ import subprocess
 import sys
 
 import pytest
-
-from neuron_build.project import toolchain
-from neuron_build.project.toolchain import (compiler_executable, neuron_status, resolve_backend, torch_matches,
-                                    torch_requirement)
-
 from conftest import REPO, run_cli, write_tiny_project
 from fakes.env import FAKES_DIR, activate, neuron_env
 from test_config import edit
+
+from neuron_build.project import toolchain
+from neuron_build.project.toolchain import (
+    compiler_executable,
+    neuron_status,
+    resolve_backend,
+    torch_matches,
+    torch_requirement,
+)
 
 TORCH = toolchain.version("torch")
 CC_VERSION = "2.30.4217.0+5e1f0c2a"

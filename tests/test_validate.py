@@ -16,16 +16,22 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import REPO, rewrite_manifest, run_cli, write_tiny_project
+from test_config import edit
 
 from neuron_build.build.builder import Builder
-from neuron_build.project.config import load_project
 from neuron_build.errors import ConfigError
+from neuron_build.evaluate.validate import (
+    DEFAULT_TOLERANCE,
+    compare_outputs,
+    compare_tensors,
+    flatten_outputs,
+    is_validated,
+    validate_target,
+    validation_seed,
+)
+from neuron_build.project.config import load_project
 from neuron_build.release.gates import validation_gate
-from neuron_build.evaluate.validate import (DEFAULT_TOLERANCE, compare_outputs, compare_tensors, flatten_outputs,
-                                   is_validated, validate_target, validation_seed)
-
-from conftest import rewrite_manifest, REPO, run_cli, write_tiny_project
-from test_config import edit
 
 DIM = 64
 SMALL = "range = [-1e-3, 1e-3]"
@@ -203,7 +209,6 @@ def test_eps_trap_caught_on_small_inputs_and_named_as_cause(rms):
 
 
 def test_broken_artifacts_fail_with_numbers(rms):
-    import torch
     r, recs = _validate_json(rms, "eps_big", "wrong_weights", "naive")
     assert r.returncode == 1
 

@@ -22,13 +22,14 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from neuron_build.errors import UserError
+from neuron_build.evaluate.validate import Prepared, can_run_here, neuron_devices, prepare
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.util import percentile, swap_in_folder, utc_now
-from neuron_build.evaluate.validate import Prepared, can_run_here, neuron_devices, prepare
 
 #: torch.profiler schedule of ``bench --profile``: steps skipped, warmed up, recorded.
 SCHEDULE = {"wait": 2, "warmup": 1, "active": 1}

@@ -36,9 +36,9 @@ from typing import Any
 
 from neuron_build.artifact import artifact_file, load_artifact
 from neuron_build.errors import UserError
-from neuron_build.status import Verdict
 from neuron_build.project.config import ModelSpec, Project
 from neuron_build.project.matrix import Target
+from neuron_build.status import Verdict
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.manifest import Manifest
 from neuron_build.util import utc_now

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 import shlex
-from typing import Iterable
+from collections.abc import Iterable
 
 #: canonical flag -> allowed values (None: any value). [doc]
 ENUMERATED: dict[str, tuple[str, ...]] = {

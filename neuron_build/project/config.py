@@ -17,13 +17,23 @@ import typing
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, PositiveInt, StrictBool, StrictStr, ValidationError,
-                      ValidationInfo, field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from neuron_build.project.compiler_args import normalize_compiler_args
 from neuron_build.errors import ConfigError
+from neuron_build.project.compiler_args import normalize_compiler_args
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -72,7 +82,7 @@ class BuildSettings(_Frozen):
     transient_retries: int = Field(default=2, ge=0, le=10, strict=True)
     heartbeat_s: float = Field(default=15.0, gt=0, strict=False)
     state_dir: StrictStr = ".neuron-build"
-    max_host_memory_gb: Optional[float] = Field(default=None, gt=0, strict=False)
+    max_host_memory_gb: float | None = Field(default=None, gt=0, strict=False)
     default_compile_memory_gb: float = Field(default=4.0, gt=0, strict=False)
 
 
@@ -108,9 +118,9 @@ class InputSpec(_Frozen):
 
     name: StrictStr
     shape: tuple[Any, ...]
-    dtype: Optional[InputDtype] = None
-    range: Optional[tuple[float, float]] = None
-    pad: Optional[float] = None
+    dtype: InputDtype | None = None
+    range: tuple[float, float] | None = None
+    pad: float | None = None
 
     @field_validator("pad", mode="before")
     @classmethod
@@ -153,7 +163,7 @@ class InputSpec(_Frozen):
         return tuple(v)
 
     @model_validator(mode="after")
-    def _integer_range(self) -> "InputSpec":
+    def _integer_range(self) -> InputSpec:
         if self.dtype in INTEGER_DTYPES and self.dtype != "bool" and self.range is None:
             raise ValueError(f"integer input {self.name!r} needs range = [low, high), e.g. [0, 30522] for token ids")
         if self.pad is not None and self.dtype in INTEGER_DTYPES and float(self.pad) != int(self.pad):
@@ -208,7 +218,7 @@ class ModelSpec(_Frozen):
     tolerance: dict[Dtype, float] = {}
     truncate: StrictBool = False
     convert_dtypes: StrictBool = False
-    reference: Optional[StrictStr] = None
+    reference: StrictStr | None = None
 
     @field_validator("factory")
     @classmethod

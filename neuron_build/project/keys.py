@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.project.compiler_args import key_args
-from neuron_build.project.sources import local_imports
-from neuron_build.util import canonical_json, file_sha256, sha256_hex, write_atomic
 from neuron_build.project.config import Project
 from neuron_build.project.matrix import Target
+from neuron_build.project.sources import local_imports
 from neuron_build.project.toolchain import resolve_backend, toolchain_versions, version
+from neuron_build.util import canonical_json, file_sha256, sha256_hex, write_atomic
 
 KEY_FORMAT = 1
 COMPONENTS = ("format", "model", "inputs", "compiler", "env", "toolchain")

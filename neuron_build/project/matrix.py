@@ -10,11 +10,11 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
-from neuron_build.project.config import INTEGER_DTYPES, ModelSpec, Project
 from neuron_build.errors import UserError
+from neuron_build.project.config import INTEGER_DTYPES, ModelSpec, Project
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def expand(project: Project) -> list[Target]:
         for dtype in m.dtypes:
             for profile in m.profiles:
                 for values in combos:
-                    out.append(Target(name, tuple(zip(dims, values)), dtype, profile))
+                    out.append(Target(name, tuple(zip(dims, values, strict=True)), dtype, profile))
     return out
 
 

@@ -28,7 +28,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 #: AWS's Neuron pip repository [doc: Neuron setup guides, "--extra-index-url=https://pip.repos.neuron.amazonaws.com"].
 NEURON_INDEX_URL = "https://pip.repos.neuron.amazonaws.com"
@@ -42,7 +42,7 @@ NEURON_DISTS = ("torch-neuronx", "neuronx-cc", "neuronx-distributed", "libneuron
 _CC_VERSION_RE = re.compile(r"NeuronX Compiler version\s+(\S+)")
 
 
-@lru_cache(maxsize=None)
+@cache
 def version(dist: str) -> str | None:
     """Installed version of a distribution, or None when it is not installed. Cached per process."""
     try:
@@ -51,7 +51,7 @@ def version(dist: str) -> str | None:
         return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _requires(dist: str) -> tuple[str, ...]:
     try:
         return tuple(md.requires(dist) or ())

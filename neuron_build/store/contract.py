@@ -23,10 +23,11 @@ Invariants that hold for every method:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from neuron_build.store.records import FailureRecord, TargetRecord
 
@@ -40,7 +41,7 @@ class Lookup:
     or a damaged object (``damage`` says why; ``manifest`` None). A typed miss, never an exception."""
 
     key: str
-    manifest: "Manifest | None" = None
+    manifest: Manifest | None = None
     damage: str | None = None
 
     @property
@@ -74,7 +75,7 @@ class ArtifactStore(Protocol):
         """``lookup(key, deep).hit``."""
         ...
 
-    def manifest(self, key: str) -> "Manifest | None":
+    def manifest(self, key: str) -> Manifest | None:
         """The manifest of a complete artifact, else None (reads only)."""
         ...
 
@@ -91,7 +92,7 @@ class ArtifactStore(Protocol):
         """The keys that start with ``prefix`` (at least 2 hex chars), sorted."""
         ...
 
-    def manifests(self) -> Iterator["Manifest"]:
+    def manifests(self) -> Iterator[Manifest]:
         """The manifest of every complete artifact, in key order."""
         ...
 
@@ -100,7 +101,7 @@ class ArtifactStore(Protocol):
         rename. Nothing reads it as an artifact."""
         ...
 
-    def seal(self, folder: Path, manifest: "Manifest") -> dict[str, Any]:
+    def seal(self, folder: Path, manifest: Manifest) -> dict[str, Any]:
         """Make ``folder`` durable and write its ``manifest.json`` last (with the manifest's own sha256).
 
         Returns:

@@ -29,19 +29,28 @@ import re
 import secrets
 import shutil
 import socket
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from filelock import FileLock
 
+from neuron_build.status import Status
 from neuron_build.store.contract import Lookup
 from neuron_build.store.manifest import MANIFEST, Manifest
 from neuron_build.store.records import FailureRecord, TargetRecord
-from neuron_build.util import (append_line, file_sha256, fsync_path, read_json, sha256_hex, canonical_json,
-                               write_atomic, write_json_atomic)
-from neuron_build.status import Status
+from neuron_build.util import (
+    append_line,
+    canonical_json,
+    file_sha256,
+    fsync_path,
+    read_json,
+    sha256_hex,
+    write_atomic,
+    write_json_atomic,
+)
 
 #: The manifest field holding the sha256 of the manifest's own canonical JSON (without this field).
 SELF_DIGEST = "manifest_sha256"

@@ -23,9 +23,10 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from filelock import FileLock, Timeout
 
@@ -113,7 +114,7 @@ class KeyLock:
         self._log = get_logger(target=target or None, key=key[:12])
 
     # -- acquire / release -----------------------------------------------------------------------
-    def acquire(self) -> "KeyLock":
+    def acquire(self) -> KeyLock:
         self.dir.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         next_beat = None
@@ -173,7 +174,7 @@ class KeyLock:
         self._lock.release()
         self._lock = None
 
-    def __enter__(self) -> "KeyLock":
+    def __enter__(self) -> KeyLock:
         return self if self._lock is not None else self.acquire()  # (already acquired: just release on exit)
 
     def __exit__(self, *exc: Any) -> None:

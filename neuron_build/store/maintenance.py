@@ -15,9 +15,10 @@ import secrets
 import shutil
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from neuron_build.errors import UserError
 from neuron_build.store.local import LocalStore, is_key, pid_alive

@@ -7,10 +7,9 @@ files is incomplete by definition. ``created`` and ``host`` are informational an
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
@@ -35,14 +34,14 @@ class Metrics(BaseModel):
     model_config = ConfigDict(extra="allow")
     status: str
     compile_time_s: float
-    op_count: Optional[int] = None
-    op_count_source: Optional[str] = None
+    op_count: int | None = None
+    op_count_source: str | None = None
     artifact_bytes: int = 0
-    peak_rss_bytes: Optional[int] = None
-    exit_code: Optional[int] = None
+    peak_rss_bytes: int | None = None
+    exit_code: int | None = None
     attempts: int = 1
-    compiler_compile_time_s: Optional[float] = None
-    reason: Optional[str] = None
+    compiler_compile_time_s: float | None = None
+    reason: str | None = None
 
 
 class Manifest(BaseModel):
@@ -62,7 +61,7 @@ class Manifest(BaseModel):
     component_hashes: dict[str, str]
     files: dict[str, FileEntry]
     metrics: Metrics
-    toolchain: dict[str, Optional[str]]
+    toolchain: dict[str, str | None]
     compiler: dict[str, Any] = {}
     created: str
     host: str

@@ -37,7 +37,7 @@ class TargetRecord:
     time: str = ""
 
     @classmethod
-    def from_json(cls, raw: Any) -> "TargetRecord | None":
+    def from_json(cls, raw: Any) -> TargetRecord | None:
         """The record in ``raw``, or None when ``raw`` is not one (no string ``key``)."""
         if not _is(raw, key=str):
             return None
@@ -82,7 +82,7 @@ class FailureRecord:
     time: str = ""
 
     @classmethod
-    def from_json(cls, raw: Any) -> "FailureRecord | None":
+    def from_json(cls, raw: Any) -> FailureRecord | None:
         """The record in ``raw``, or None when ``raw`` is not one (no string ``key``)."""
         if not _is(raw, key=str):
             return None

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
 
 FAKES_DIR = Path(__file__).resolve().parent
 BIN_DIR = FAKES_DIR / "bin"
@@ -48,7 +48,7 @@ def _strip(value: str, remove: set) -> list:
     return [p for p in value.split(os.pathsep) if p and os.path.abspath(p) not in remove]
 
 
-def neuron_env(variant: Optional[str] = "neuron_sdk", *, base: Optional[Mapping[str, str]] = None,
+def neuron_env(variant: str | None = "neuron_sdk", *, base: Mapping[str, str] | None = None,
                **switches) -> dict:
     """A copy of `base` (default os.environ) set up for the test double.
 
@@ -86,7 +86,7 @@ def neuron_env(variant: Optional[str] = "neuron_sdk", *, base: Optional[Mapping[
 _MODULES = ("torch_neuronx", "neuronxcc", "neuronx_distributed", "libneuronxla")
 
 
-def activate(monkeypatch, variant: Optional[str] = "neuron_sdk", **switches) -> dict:
+def activate(monkeypatch, variant: str | None = "neuron_sdk", **switches) -> dict:
     """Apply neuron_env() to THIS process with pytest's monkeypatch (undone after the test).
 
     Sets the environment (so subprocesses such as neuronx-cc see it), prepends the variant root to

@@ -306,7 +306,6 @@ def choose_failure() -> str | None:
 
 def fail_lines(mode: str, log: Log, ops: list[str], target: str) -> int:
     """Writes the diagnostic lines of a compile failure; returns the exit status."""
-    pid = log.pid
     if mode == "xcg815":
         log.line(f"{_ts()} [XCG815]  Estimated peak HBM usage (22.84) exceeds 16GB. The graph does "
                  f"not fit one NeuronCore; use a smaller bucket or shard the model.")

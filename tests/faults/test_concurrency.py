@@ -15,9 +15,21 @@ import time
 from pathlib import Path
 
 import pytest
+from faultkit import (
+    REPO,
+    cli_env,
+    compile_counts,
+    events,
+    kill_group,
+    quick_ids,
+    start,
+    start_build,
+    verify,
+    wait_for,
+    workers_alive,
+    write_quick_project,
+)
 
-from faultkit import (REPO, cli_env, compile_counts, events, kill_group, quick_ids, start, start_build, verify,
-                      wait_for, workers_alive, write_quick_project)
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
 from neuron_build.store.locks import GB, KeyLock, MemoryBudget
@@ -219,7 +231,7 @@ def test_memory_budget_queues_compiles_across_processes(tmp_path):
     start_at = {e["target"]: ts(e) for e in events(state, "compiling")}
     end_at = {e["target"]: ts(e) for e in events(state, "built")}
     spans = sorted((start_at[t], end_at[t], t) for t in ids)
-    for (s0, e0, t0), (s1, e1, t1) in zip(spans, spans[1:]):
+    for (_, e0, t0), (s1, _, t1) in zip(spans, spans[1:], strict=False):
         assert s1 >= e0, f"{t1} started at {s1} while {t0} ran until {e0}"
     waits = events(state, "waiting for host memory")
     assert waits and all(w["max_host_memory_gb"] == 0.3 for w in waits)

@@ -14,12 +14,25 @@ import time
 from pathlib import Path
 
 import pytest
+from faultkit import (
+    HERE,
+    cli_env,
+    fill,
+    free_bytes,
+    object_digests,
+    plan_states,
+    quick_ids,
+    run_cli,
+    start_build,
+    tmpfs,
+    verify,
+    wait_for,
+    workers_alive,
+    write_quick_project,
+)
 
-from faultkit import (HERE, cli_env, fill, free_bytes, object_digests, plan_states, quick_ids, run_cli, start_build,
-                      tmpfs, verify, wait_for, workers_alive, write_quick_project)
-from neuron_build.store.maintenance import verify_store
 from neuron_build.store.local import LocalStore
-
+from neuron_build.store.maintenance import verify_store
 
 STAGES = ("preparing the compile", "while compiling", "writing the artifact", "writing the manifest", "publishing")
 
@@ -187,7 +200,7 @@ def test_sigkill_during_release_and_promotion_leaves_channels_consistent(tmp_pat
     (every channel points at a release whose artifacts are all complete), the channel holds the old
     release or the new one, never anything else, and running the command again finishes the job."""
     template = tmp_path / "template"
-    cfg0 = write_quick_project(template, n=2, build_extra="") 
+    cfg0 = write_quick_project(template, n=2, build_extra="")
     cfg0.write_text(cfg0.read_text() + '\n[release]\nchannels = ["dev", "prod"]\n')
     assert run_cli("build", "-n", "2", "-c", str(cfg0)).returncode == 0
     r = run_cli("release", "quick", "-q", "-c", str(cfg0))

@@ -4,10 +4,8 @@ remembered, retried by default and skipped on request, while the rest of the bui
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-
 from faultkit import REPO, compile_counts, quick_ids, run_cli, start, verify, write_quick_project
 
 BAD_MODELS = '''

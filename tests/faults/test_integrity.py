@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from faultkit import compile_counts, object_digests, plan_states, quick_ids, run_cli, verify, write_quick_project
+
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
 from neuron_build.store.local import LocalStore

@@ -43,14 +43,22 @@ import shutil
 import signal
 import time
 import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
-from neuron_build.compilers.neuron.neuronx_log import LogSummary, failure_reason, parse_log
-from neuron_build.project.toolchain import (NEURON_INDEX_URL, NEURON_INSTALL_HINT, CompilerExecutable, compiler_executable,
-                         neuron_devices, neuron_status, version)
 from neuron_build.compilers.base import EXIT_TOOLCHAIN_MISSING, CompileFailed, CompileRequest, CompileResult
+from neuron_build.compilers.neuron.neuronx_log import LogSummary, failure_reason, parse_log
+from neuron_build.project.toolchain import (
+    NEURON_INDEX_URL,
+    NEURON_INSTALL_HINT,
+    CompilerExecutable,
+    compiler_executable,
+    neuron_devices,
+    neuron_status,
+    version,
+)
 from neuron_build.status import Status
 
 #: The compiler log's name in the workdir (neuronx-cc's default name) [doc].
@@ -168,7 +176,7 @@ class ChildPeakMonitor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="child-peak-rss", daemon=True)
 
-    def __enter__(self) -> "ChildPeakMonitor":
+    def __enter__(self) -> ChildPeakMonitor:
         self._thread.start()
         return self
 
