@@ -7,7 +7,7 @@ writes. K > 0 replays those outputs instead of starting a worker (the compile is
 here; everything after it is), then kills itself at write K.
 
 The writes are seen through Python's audit hooks: opening a file for writing, rename/replace, mkdir,
-remove, rmdir, rmtree, in this (the builder's) process, from the moment ``Builder._finish`` starts
+remove, rmdir, rmtree, in this (the builder's) process, from the moment the executor's ``run`` returns
 (artifact, manifest, publish, records, staging clean-up, memory ledger, lock release). Writes to the
 build log are not counted. Prints a JSON line ``{"status": ..., "writes": [...]}`` when not killed.
 """
@@ -22,8 +22,10 @@ import sys
 from pathlib import Path
 
 from neuron_build.build.builder import Builder
-from neuron_build.project.config import load_project
+from neuron_build.build.executor import WORKER_LOG, CompileRun
 from neuron_build.log import configure
+from neuron_build.project.config import load_project
+from neuron_build.util import read_json
 
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 MUTATIONS = {"os.rename", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree", "os.truncate", "os.link",
@@ -51,29 +53,32 @@ def main() -> None:
         if len(writes) == k:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    finish, run_worker = Builder._finish, Builder._run_worker
+    real = b.executor
 
-    def armed_finish(self, target, ki, req, run, obj, work, *a, **kw):
-        if k == 0:
-            for name, src in (("object", obj), ("work", work)):
-                shutil.copytree(src, replay / name, dirs_exist_ok=True)
-            (replay / "run.json").write_text(json.dumps({"exit_code": run.exit_code, "wall_s": run.wall_s,
-                                                         "peak_rss": run.peak_rss}))
-        armed[0] = True
-        return finish(self, target, ki, req, run, obj, work, *a, **kw)
+    class Replay:
+        """K = 0: the real executor, its outputs saved into REPLAY_DIR; K > 0: those outputs, no worker."""
 
-    def replay_worker(self, work: Path, log):
-        from neuron_build.build.builder import WORKER_LOG, _Run
-        shutil.copytree(replay / "object", work.parent / "object", dirs_exist_ok=True)
-        for f in (replay / "work").iterdir():
-            if f.name != "request.json":
-                shutil.copy(f, work / f.name)
-        r = json.loads((replay / "run.json").read_text())
-        return _Run(r["exit_code"], r["wall_s"], r["peak_rss"], False, (work / WORKER_LOG).read_bytes())
+        def run(self, request, work_dir: Path, log) -> CompileRun:
+            obj = Path(request.out_dir)
+            if k == 0:
+                run = real.run(request, work_dir, log)
+                for name, src in (("object", obj), ("work", work_dir)):
+                    shutil.copytree(src, replay / name, dirs_exist_ok=True)
+                (replay / "run.json").write_text(json.dumps({"exit_code": run.exit_code, "wall_s": run.wall_s,
+                                                             "peak_rss": run.peak_rss_bytes}))
+            else:  # the same files as a real run leaves (the staging clean-up removes as many)
+                (work_dir / "request.json").write_text(json.dumps(request.to_json(), indent=2))
+                shutil.copytree(replay / "object", obj, dirs_exist_ok=True)
+                for f in (replay / "work").iterdir():
+                    if f.name != "request.json":
+                        shutil.copy(f, work_dir / f.name)
+                r = json.loads((replay / "run.json").read_text())
+                run = CompileRun(r["exit_code"], r["wall_s"], r["peak_rss"], False,
+                                 (work_dir / WORKER_LOG).read_bytes(), result=read_json(work_dir / "result.json"), error=read_json(work_dir / "error.json"))
+            armed[0] = True
+            return run
 
-    Builder._finish = armed_finish
-    if k > 0:
-        Builder._run_worker = replay_worker
+    b.executor = Replay()
     sys.addaudithook(hook)
     out = b.build(b.by_id[target])
     armed[0] = False

@@ -1,0 +1,144 @@
+"""The local executor: the compile of one target as a supervised ``python -m neuron_build.worker`` subprocess.
+
+The worker runs in its own session (so its whole process group can be killed) and is SIGKILLed by Linux
+when the build process dies (``PR_SET_PDEATHSIG``), so no orphan compile goes on. The peak memory is the
+maximum of ``wait4``'s ``ru_maxrss`` and the resident memory of the process tree sampled every 0.2 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from neuron_build.build.executor import WORKER_LOG, CompileRun
+from neuron_build.compilers.base import CompileRequest
+from neuron_build.util import read_json
+
+#: The folder holding the ``neuron_build`` package, put first on the worker's PYTHONPATH.
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+#: How often the worker's process tree is polled, seconds.
+POLL_S = 0.2
+
+
+class LocalExecutor:
+    """Runs the worker as a subprocess of this process and supervises it.
+
+    Args:
+        timeout_s: wall-time limit of one compile, seconds; past it the worker's process group is
+            SIGKILLed and the run comes back with ``timed_out`` True.
+        heartbeat_s: how often a ``still compiling`` event (elapsed seconds, peak MiB) is logged, seconds.
+    """
+
+    def __init__(self, timeout_s: float, heartbeat_s: float):
+        self.timeout_s = timeout_s
+        self.heartbeat_s = heartbeat_s
+
+    def run(self, request: CompileRequest, work_dir: Path, log: Any) -> CompileRun:
+        """Write ``request.json`` into ``work_dir``, run the worker on it with its output in ``worker.log``
+        there, wait for it (killing its process group on a timeout, or when this process is interrupted),
+        and read back what it reported (``result.json``, ``error.json``, the compiler log it names).
+
+        The worker writes the artifact's files into ``request.out_dir`` itself (a local folder).
+
+        Raises:
+            OSError: writing the request or the log failed, or the worker could not be started.
+        """
+        (work_dir / "request.json").write_text(json.dumps(request.to_json(), indent=2))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(work_dir / WORKER_LOG, "wb") as logf:
+            t0 = time.monotonic()
+            # preexec_fn: PR_SET_PDEATHSIG can only be set in the child process (as it always was)
+            proc = subprocess.Popen([sys.executable, "-m", "neuron_build.worker", str(work_dir / "request.json")],
+                                    stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    cwd=str(work_dir), env=env, start_new_session=True,
+                                    preexec_fn=_set_pdeathsig)  # noqa: PLW1509
+            peak, timed_out, next_beat = 0, False, t0 + self.heartbeat_s
+            status = None
+            try:
+                while True:
+                    pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+                    if pid:
+                        peak = max(peak, ru.ru_maxrss * 1024)
+                        break
+                    peak = max(peak, _tree_rss(proc.pid))
+                    now = time.monotonic()
+                    if now - t0 > self.timeout_s:
+                        timed_out = True
+                        _kill_group(proc.pid)
+                        _, status, ru = os.wait4(proc.pid, 0)
+                        break
+                    if now >= next_beat:
+                        log.info("still compiling", elapsed_s=round(now - t0), peak_rss_mb=round(peak / 2**20))
+                        next_beat = now + self.heartbeat_s
+                    time.sleep(POLL_S)
+            except BaseException:
+                _kill_group(proc.pid)
+                raise
+        proc.returncode = os.waitstatus_to_exitcode(status) if status is not None else None
+        _kill_group(proc.pid)  # stray grandchildren
+        wall = time.monotonic() - t0
+        worker_log = (work_dir / WORKER_LOG).read_bytes()
+        result = read_json(work_dir / "result.json")
+        error = read_json(work_dir / "error.json")
+        named = ((error or {}).get("details") or {}).get("compiler_log")
+        return CompileRun(exit_code=proc.returncode, wall_s=wall, peak_rss_bytes=peak, timed_out=timed_out,
+                          log=worker_log, result=result, error=error, compiler_log=_compiler_log(work_dir, named))
+
+
+def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
+    """Ask Linux to SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``), so no orphan compile
+    goes on. A no-op where ``prctl`` is unavailable."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of a process and its descendants, 0 when it is gone."""
+    try:
+        import psutil
+    except ImportError:
+        return 0
+    try:
+        p = psutil.Process(pid)
+        procs = [p, *p.children(recursive=True)]
+    except (psutil.Error, OSError):
+        return 0
+    total = 0
+    for q in procs:
+        with contextlib.suppress(psutil.Error, OSError):  # a process that exited meanwhile
+            total += q.memory_info().rss
+    return total
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL the process group led by ``pid`` (the worker's session); quiet when it is gone."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _compiler_log(work_dir: Path, rel: str | None) -> bytes | None:
+    """The compiler's own log (``rel``, relative to the work folder), or None when the worker named none or
+    it cannot be read."""
+    if not rel:
+        return None
+    try:
+        return (work_dir / rel).read_bytes()
+    except OSError:
+        return None
+
+
+__all__ = ["PACKAGE_PARENT", "LocalExecutor"]
