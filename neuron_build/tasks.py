@@ -68,8 +68,8 @@ def _die_with_parent() -> None:
     global _pdeathsig_set
     if _pdeathsig_set or os.getpid() == _MAIN_PID:
         return
-    from neuron_build.build.builder import _set_pdeathsig
-    _set_pdeathsig()
+    from neuron_build.build.local import die_with_parent
+    die_with_parent()
     _pdeathsig_set = True
 
 

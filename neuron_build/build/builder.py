@@ -29,7 +29,7 @@ from neuron_build.build.attempt import (
     free_space,
 )
 from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun, Executor
-from neuron_build.build.local import LocalExecutor, _set_pdeathsig  # noqa: F401  (_set_pdeathsig: tasks.py)
+from neuron_build.build.local import LocalExecutor
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.planner import Planner
 from neuron_build.compilers.base import CompileRequest

@@ -61,7 +61,7 @@ class LocalExecutor:
             proc = subprocess.Popen([sys.executable, "-m", "neuron_build.worker", str(work_dir / "request.json")],
                                     stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     cwd=str(work_dir), env=env, start_new_session=True,
-                                    preexec_fn=_set_pdeathsig)  # noqa: PLW1509
+                                    preexec_fn=die_with_parent)  # noqa: PLW1509
             peak, timed_out, next_beat = 0, False, t0 + self.heartbeat_s
             status = None
             try:
@@ -95,7 +95,7 @@ class LocalExecutor:
                           log=worker_log, result=result, error=error, compiler_log=_compiler_log(work_dir, named))
 
 
-def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
+def die_with_parent() -> None:  # pragma: no cover - runs in the child
     """Ask Linux to SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``), so no orphan compile
     goes on. A no-op where ``prctl`` is unavailable."""
     try:
