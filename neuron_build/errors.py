@@ -10,6 +10,7 @@ code   meaning
 1      a build or a check failed (:class:`BuildFailed`, a failed verify)
 2      usage or configuration error, or a refused promotion (:class:`UserError`)
 130    interrupted (Ctrl-C)
+141    the reader of the output went away (a closed pipe: the shell's 128 + SIGPIPE)
 =====  =====================================================================
 """
 
@@ -25,6 +26,7 @@ class ExitCode(IntEnum):
     FAILED = 1
     USAGE = 2
     INTERRUPTED = 130
+    BROKEN_PIPE = 141
 
 
 class NeuronBuildError(Exception):
@@ -64,6 +66,8 @@ def exit_code(exc: BaseException) -> int:
     """The exit status for an exception that reached the top of a command (the module table)."""
     if isinstance(exc, KeyboardInterrupt):
         return int(ExitCode.INTERRUPTED)
+    if isinstance(exc, BrokenPipeError):
+        return int(ExitCode.BROKEN_PIPE)
     if isinstance(exc, NeuronBuildError):
         return int(exc.exit_code)
     return int(ExitCode.FAILED)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import sys
 
 from neuron_build.cli.app import COMMANDS, display_error
 from neuron_build.errors import BuildFailed, NeuronBuildError, exit_code
@@ -60,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         display_error(str(e), prefix="build failed" if isinstance(e, BuildFailed) else "error")
         return exit_code(e)
     except KeyboardInterrupt as e:
+        return exit_code(e)
+    except BrokenPipeError as e:  # the reader went away (`neuron-build plan --json | head -1`)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail again
         return exit_code(e)
 
 
