@@ -46,6 +46,7 @@ from neuron_build.evaluate.validate import (
 from neuron_build.log import configure
 from neuron_build.project.config import load_project
 from neuron_build.status import Verdict
+from neuron_build.store.contract import ArtifactStore
 
 __all__ = ["DOIT_CONFIG", "BuildSession", "session", "task_build", "task_validate"]
 
@@ -90,6 +91,12 @@ def _load_builder() -> Builder:
         sys.exit(exit_code(e))
     configure(project.state_dir / "build.log")
     return Builder(project)  # logs the `auto` fallback note, once per process
+
+
+def _is_built(store: ArtifactStore, key: str) -> bool:
+    """``uptodate`` of a ``build:`` task: the store holds a complete artifact for ``key``. A plain
+    function, not a bound method: doit inspects every uptodate callable's signature on every no-op run."""
+    return store.is_complete(key)
 
 
 class BuildSession(NamespaceTaskLoader):
@@ -158,12 +165,9 @@ class BuildSession(NamespaceTaskLoader):
                 "name": t.id,
                 "doc": f"compile {t.id} ({b.keys.backend}, {b.keys.hardware_target})",
                 "actions": [(self._build, [t.id])],
-                "uptodate": [(self._is_built, [key])],
+                "uptodate": [(_is_built, [b.store, key])],
             }
         b.keys.save()
-
-    def _is_built(self, key: str) -> bool:
-        return self.builder.store.is_complete(key)
 
     def _build(self, target_id: str):
         b = self.builder
@@ -189,12 +193,9 @@ class BuildSession(NamespaceTaskLoader):
                 "doc": f"validate {t.id} on {kind} against the fp32 CPU reference",
                 "actions": [(self._validate, [t.id])],
                 "task_dep": [f"build:{t.id}"],
-                "uptodate": [(self._is_validated, [key, kind, tol, spec.reference or t.model])],
+                "uptodate": [(is_validated, [b.store, key, kind, tol, spec.reference or t.model])],
                 "verbosity": 2,
             }
-
-    def _is_validated(self, key: str, device_kind: str, tolerance: float, reference: str) -> bool:
-        return is_validated(self.builder.store, key, device_kind, tolerance, reference)
 
     def _validate(self, target_id: str):
         b = self.builder

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
+from pydantic import ValidationError
 
 from neuron_build.status import Status
 from neuron_build.store.contract import Lookup
@@ -77,8 +78,6 @@ def inspect_object(folder: Path, key: str, deep: bool) -> tuple[Manifest | None,
     """Check an artifact folder: (manifest, None) when complete, (None, None) when absent, (None, reason)
     when damaged. Reasons name the fault: an unreadable or invalid manifest, a manifest for another key, a
     non-PASS status, a missing, unlisted or wrongly sized file, or (``deep``) a differing sha256."""
-    from pydantic import ValidationError
-
     try:
         text = (folder / MANIFEST).read_bytes()
     except FileNotFoundError:
