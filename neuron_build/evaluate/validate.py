@@ -39,7 +39,7 @@ from neuron_build.errors import UserError
 from neuron_build.project.config import ModelSpec, Project
 from neuron_build.project.matrix import Target
 from neuron_build.status import Verdict
-from neuron_build.store.contract import ArtifactStore
+from neuron_build.store.contract import ArtifactStore, RecordStore
 from neuron_build.store.manifest import Manifest
 from neuron_build.util import utc_now
 
@@ -88,7 +88,7 @@ def can_run_here(device_kind: str) -> tuple[bool, str | None]:
     return True, None
 
 
-def is_validated(store: ArtifactStore, key: str, device_kind: str, tolerance: float | None = None,
+def is_validated(store: RecordStore, key: str, device_kind: str, tolerance: float | None = None,
                  reference: str | None = None) -> bool:
     """True when the store holds a validation of ``key`` on ``device_kind`` that need not be repeated on
     this host: a pass, or ``not_validated`` where this host still cannot run the artifact. A failed

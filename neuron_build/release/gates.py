@@ -22,7 +22,7 @@ from typing import Any
 from neuron_build.project.config import ReleaseSettings
 from neuron_build.release.records import Release, get_pointer
 from neuron_build.status import Verdict
-from neuron_build.store.contract import ArtifactStore
+from neuron_build.store.contract import ArtifactStore, RecordStore, ReleaseStore
 from neuron_build.util import percentile
 
 #: The order in which promotion gates are evaluated and reported.
@@ -43,13 +43,13 @@ class GateCheck:
         return {"name": self.name, "passed": self.passed, "message": self.message, "figures": self.figures}
 
 
-def bench_result(store: ArtifactStore, key: str, device_kind: str) -> dict[str, Any] | None:
+def bench_result(store: RecordStore, key: str, device_kind: str) -> dict[str, Any] | None:
     """The newest benchmark of ``key`` on ``device_kind`` (any host), or None."""
     rows = [r for name, r in store.results(key, "bench").items() if name.split("--")[0] == device_kind]
     return max(rows, key=lambda r: r.get("time", "")) if rows else None
 
 
-def validation_gate(store: ArtifactStore, keys: dict[str, str], device_kind: str) -> GateCheck:
+def validation_gate(store: RecordStore, keys: dict[str, str], device_kind: str) -> GateCheck:
     """Did every artifact pass validation on the device kind that will serve it?
 
     Args:
@@ -74,7 +74,7 @@ def validation_gate(store: ArtifactStore, keys: dict[str, str], device_kind: str
                      {"passed": len(ok)})
 
 
-def latency_gate(store: ArtifactStore, keys: dict[str, str], baseline: dict[str, str] | None, device_kind: str,
+def latency_gate(store: RecordStore, keys: dict[str, str], baseline: dict[str, str] | None, device_kind: str,
                  max_ratio: float = 1.3) -> GateCheck:
     """Is each artifact's p99 latency within ``max_ratio`` times the baseline's for the same target?
 
@@ -108,7 +108,7 @@ def latency_gate(store: ArtifactStore, keys: dict[str, str], baseline: dict[str,
     return GateCheck("p99_latency", True, msg, figures)
 
 
-def order_gate(settings: ReleaseSettings, store: ArtifactStore, model: str, to: str, from_channel: str | None,
+def order_gate(settings: ReleaseSettings, store: ReleaseStore, model: str, to: str, from_channel: str | None,
                release: str) -> GateCheck:
     """Is the promotion in channel order? Into the first channel: from a release id. Into channel ``i``:
     ``--from`` channel ``i - 1``, or the release id that channel ``i - 1`` holds now. ``allow_skip``

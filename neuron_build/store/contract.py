@@ -51,13 +51,12 @@ class Lookup:
 
 
 @runtime_checkable
-class ArtifactStore(Protocol):
-    """A content-addressed artifact store (see the module docstring for the invariants of every call)."""
+class ActionCache(Protocol):
+    """Key -> manifest -> files: what a build looks up and publishes."""
 
     #: Where the store is, for messages (a folder path or a URL). Never part of a key.
     location: str
 
-    # -- action cache: key -> manifest -> files ----------------------------------------------------
     def lookup(self, key: str, deep: bool = False) -> Lookup:
         """Is there a complete artifact for ``key``? Reads only: a damaged object stays where it is.
 
@@ -134,7 +133,11 @@ class ArtifactStore(Protocol):
         """Remove staging folders of builders that are no longer running on this host; how many."""
         ...
 
-    # -- records beside the artifacts ----------------------------------------------------------------
+
+@runtime_checkable
+class RecordStore(Protocol):
+    """The small records beside the artifacts: target records, failure records, results."""
+
     def put_target(self, record: TargetRecord) -> None:
         """Remember the key a target was last built with (replaces the previous record)."""
         ...
@@ -184,7 +187,11 @@ class ArtifactStore(Protocol):
         """Every result of one kind for an artifact: {name: result}, by name."""
         ...
 
-    # -- releases and channels -------------------------------------------------------------------------
+
+@runtime_checkable
+class ReleaseStore(Protocol):
+    """Release records (written once), channel pointers (moved under a lock) and their history."""
+
     def put_release(self, model: str, release_id: str, record: dict[str, Any]) -> bool:
         """Write a release record once. Returns False (and changes nothing) when it already exists."""
         ...
@@ -233,7 +240,11 @@ class ArtifactStore(Protocol):
         """The channel's history, oldest first (unreadable entries skipped)."""
         ...
 
-    # -- builders that share the store ----------------------------------------------------------------
+
+@runtime_checkable
+class Coordination(Protocol):
+    """What builders that share the store use to stay out of each other's way."""
+
     def key_lock(self, key: str, target: str = "", heartbeat_s: float = 15.0) -> Any:
         """The exclusive compile lock of ``key`` (a :class:`~neuron_build.store.locks.KeyLock`): one
         builder compiles, the others wait and reuse."""
@@ -245,4 +256,10 @@ class ArtifactStore(Protocol):
         ...
 
 
-__all__ = ["ArtifactStore", "Lookup"]
+@runtime_checkable
+class ArtifactStore(ActionCache, RecordStore, ReleaseStore, Coordination, Protocol):
+    """A whole store: the four narrow protocols above, each usable alone as a parameter type by code that
+    needs only that part (see the module docstring for the invariants of every call)."""
+
+
+__all__ = ["ActionCache", "ArtifactStore", "Coordination", "Lookup", "RecordStore", "ReleaseStore"]

@@ -18,6 +18,7 @@ from filelock import Timeout
 
 from neuron_build.status import Status
 from neuron_build.store import ArtifactStore, LocalStore
+from neuron_build.store.contract import ActionCache, Coordination, RecordStore, ReleaseStore
 from neuron_build.store.manifest import Manifest, Metrics
 from neuron_build.store.records import FailureRecord, TargetRecord
 
@@ -342,5 +343,7 @@ def test_an_unbounded_memory_budget_admits_at_once(case):
         assert info == {"waited_s": 0.0, "in_use_bytes": 0}
 
 
-def test_the_local_store_implements_the_protocol(tmp_path):
-    assert isinstance(LocalStore(tmp_path), ArtifactStore)
+def test_the_local_store_implements_every_protocol(tmp_path):
+    s = LocalStore(tmp_path)
+    assert all(isinstance(s, p) for p in (ActionCache, RecordStore, ReleaseStore, Coordination, ArtifactStore))
+    assert not isinstance(object(), ActionCache)
