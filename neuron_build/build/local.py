@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ class LocalExecutor:
             OSError: writing the request or the log failed, or the worker could not be started.
         """
         (work_dir / "request.json").write_text(json.dumps(request.to_json(), indent=2))
+        _prctl()  # loaded here, before the fork
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
@@ -61,7 +63,7 @@ class LocalExecutor:
             proc = subprocess.Popen([sys.executable, "-m", "neuron_build.worker", str(work_dir / "request.json")],
                                     stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     cwd=str(work_dir), env=env, start_new_session=True,
-                                    preexec_fn=die_with_parent)  # noqa: PLW1509
+                                    preexec_fn=partial(die_with_parent, os.getpid()))  # noqa: PLW1509
             peak, timed_out, next_beat = 0, False, t0 + self.heartbeat_s
             status = None
             try:
@@ -95,13 +97,34 @@ class LocalExecutor:
                           log=worker_log, result=result, error=error, compiler_log=_compiler_log(work_dir, named))
 
 
-def die_with_parent() -> None:  # pragma: no cover - runs in the child
+_libc: Any = None
+
+
+def _prctl():
+    """libc's ``prctl``, loaded once (in the parent, so a forked child does not dlopen), or None."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        except OSError:
+            _libc = False
+    return _libc.prctl if _libc else None
+
+
+def die_with_parent(parent_pid: int | None = None) -> None:  # pragma: no cover - runs in the child
     """Ask Linux to SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``), so no orphan compile
-    goes on. A no-op where ``prctl`` is unavailable."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except OSError:
-        pass
+    goes on. A no-op where ``prctl`` is unavailable.
+
+    Args:
+        parent_pid: the pid of the process that forked this one. When given and the parent is already
+            gone (it died between the fork and this call, before the request could take effect), the
+            process exits at once instead of running as an orphan.
+    """
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def _tree_rss(pid: int) -> int:
