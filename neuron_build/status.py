@@ -15,27 +15,22 @@ class _Word(str, Enum):
     def __str__(self) -> str:
         return str(self.value)
 
-    @property
-    def meaning(self) -> str:
-        """One line saying what the value means."""
-        return _MEANINGS.get(self, "")
-
 
 class Status(_Word):
     """The status of one compile, as a manifest or failure record holds it. Only PASS is ever served."""
 
-    PASS = "PASS"
-    ERROR = "ERROR"
-    KILLED = "KILLED"
-    TIMEOUT = "TIMEOUT"
-    TRANSIENT = "TRANSIENT"
-    TOOLCHAIN_MISSING = "TOOLCHAIN_MISSING"
+    PASS = "PASS"                            # compiled
+    ERROR = "ERROR"                          # the compiler (or the model's factory) reported an error
+    KILLED = "KILLED"                        # killed by a signal (SIGKILL: usually the out-of-memory killer)
+    TIMEOUT = "TIMEOUT"                      # ran past [build] timeout_s and was stopped
+    TRANSIENT = "TRANSIENT"                  # exit status 70: a transient tool failure, retried
+    TOOLCHAIN_MISSING = "TOOLCHAIN_MISSING"  # the backend's toolchain is not installed
 
 
 class BuildResult(_Word):
     """What building one target did, beyond the compile's :class:`Status`: nothing to do."""
 
-    CACHED = "cached"
+    CACHED = "cached"  # the store already held the artifact (or another builder made it meanwhile)
 
 
 class TargetState(_Word):
@@ -49,28 +44,9 @@ class TargetState(_Word):
 class Verdict(_Word):
     """The verdict of a validation against the fp32 CPU reference."""
 
-    PASS = "pass"
-    FAIL = "fail"
+    PASS = "pass"      # outputs within tolerance of the fp32 CPU reference
+    FAIL = "fail"      # outputs outside tolerance, or the artifact did not load or run
     NOT_VALIDATED = "not_validated"   # this host cannot run the artifact (e.g. no NeuronCore)
 
 
-_MEANINGS = {
-    Status.PASS: "compiled",
-    Status.ERROR: "the compiler reported an error",
-    Status.KILLED: "the compile was killed by a signal (SIGKILL is usually the kernel's out-of-memory killer)",
-    Status.TIMEOUT: "the compile ran past timeout_s and was stopped",
-    Status.TRANSIENT: "the compiler exited with status 70 (a transient tool failure)",
-    Status.TOOLCHAIN_MISSING: "the backend's toolchain is not installed",
-    BuildResult.CACHED: "the store already held the artifact; nothing compiled",
-    TargetState.CACHED: "the store holds a complete artifact for the current key",
-    TargetState.MISSING: "not built for the current key",
-    TargetState.FAILED: "the last compile of the current key failed; the next build retries it",
-    Verdict.PASS: "outputs within tolerance of the fp32 CPU reference",
-    Verdict.FAIL: "outputs outside tolerance of the fp32 CPU reference",
-    Verdict.NOT_VALIDATED: "this host cannot run the artifact",
-}
-
-#: Manifest statuses and their meaning (kept for readers of the old ``manifest.STATUSES`` table).
-STATUSES = {s.value: s.meaning for s in Status}
-
-__all__ = ["Status", "BuildResult", "TargetState", "Verdict", "STATUSES"]
+__all__ = ["Status", "BuildResult", "TargetState", "Verdict"]

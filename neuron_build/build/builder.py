@@ -38,7 +38,7 @@ from neuron_build.project.config import Project
 from neuron_build.project.keys import COMPONENTS, KeyInfo
 from neuron_build.project.matrix import Target
 from neuron_build.project.toolchain import announce_backend, neuron_status
-from neuron_build.status import STATUSES, BuildResult, Status, TargetState
+from neuron_build.status import BuildResult, Status, TargetState
 from neuron_build.store import open_store
 from neuron_build.store.locks import GB
 from neuron_build.store.manifest import Manifest, Metrics
@@ -314,4 +314,4 @@ class Builder:
         self.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last
 
 
-__all__ = ["COMPONENTS", "STATUSES", "WORKER_LOG", "BuildContext", "Builder", "Outcome", "Unrecorded"]
+__all__ = ["COMPONENTS", "WORKER_LOG", "BuildContext", "Builder", "Outcome", "Unrecorded"]
