@@ -184,10 +184,6 @@ class LocalStore:
     def is_complete(self, key: str, deep: bool = False) -> bool:
         return inspect_object(self.object_dir(key), key, deep)[0] is not None
 
-    def check(self, key: str, deep: bool = False) -> str | None:
-        """Why the object of ``key`` is damaged, or None when it is complete or absent (reads only)."""
-        return inspect_object(self.object_dir(key), key, deep)[1]
-
     def manifest(self, key: str) -> Manifest | None:
         return self.lookup(key).manifest
 

@@ -93,7 +93,7 @@ def verify_store(store: LocalStore, deep: bool = False) -> VerifyReport:
                 moved = store.quarantine_path(d, f"{where} is not an object folder (objects/<key[:2]>/<key>/)")
                 rep.bad.append(BadObject(name, None, f"{where} is not an object folder", store.relative(moved)))
                 continue
-            reason = store.check(name, deep=deep)
+            reason = store.lookup(name, deep=deep).damage
             if reason is None:
                 rep.ok += 1
                 continue
