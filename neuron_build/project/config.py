@@ -55,6 +55,14 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _DIM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def _no_duplicates(v: tuple[str, ...]) -> tuple[str, ...]:
+    """``v`` unchanged; a value listed twice is a ValueError naming it (pydantic reports it at its TOML path)."""
+    dup = sorted({x for x in v if v.count(x) > 1})
+    if dup:
+        raise ValueError(f"lists {', '.join(dup)} more than once")
+    return v
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -250,10 +258,7 @@ class ModelSpec(_Frozen):
     @field_validator("dtypes", "profiles")
     @classmethod
     def _unique(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        dup = sorted({x for x in v if v.count(x) > 1})
-        if dup:
-            raise ValueError(f"lists {', '.join(dup)} more than once")
-        return v
+        return _no_duplicates(v)
 
     @field_validator("tolerance")
     @classmethod
@@ -300,10 +305,7 @@ class ReleaseSettings(_Frozen):
         for c in v:
             if not _NAME.match(c):
                 raise ValueError(f"channel name {c!r} may hold only letters, digits, '_', '.', '-'")
-        dup = sorted({c for c in v if v.count(c) > 1})
-        if dup:
-            raise ValueError(f"lists {', '.join(dup)} more than once")
-        return v
+        return _no_duplicates(v)
 
     @field_validator("channel_device_kind")
     @classmethod
