@@ -139,15 +139,11 @@ def test_no_import_cycles():
     assert cycles == []
 
 
-def test_the_layer_rules_can_fail():
+def test_the_layer_rules_can_fail(tmp_path):
     """The checker sees a deferred import: a function-level import of the CLI from the store is caught."""
-    src = "def f():\n    from neuron_build.cli import main\n"
-    tmp = PKG / "store" / "_layer_probe.py"
-    tmp.write_text(src)
-    try:
-        deps = imports_of("neuron_build.store._layer_probe", tmp, set(modules()))
-    finally:
-        tmp.unlink()
+    probe = tmp_path / "_layer_probe.py"
+    probe.write_text("def f():\n    from neuron_build.cli import main\n")
+    deps = imports_of("neuron_build.store._layer_probe", probe, set(modules()))
     assert deps == {"neuron_build.cli"}
     assert "cli" not in ALLOWED[layer_of("neuron_build.store._layer_probe")]
 
