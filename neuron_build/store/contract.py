@@ -133,6 +133,44 @@ class ActionCache(Protocol):
         """Remove staging folders of builders that are no longer running on this host; how many."""
         ...
 
+    # -- blobs and manifests one by one: what publish is made of, and what push / fetch copy -----------
+    def blob_size(self, sha256: str) -> int | None:
+        """Size in bytes of blob ``sha256`` (``cas/<sha[:2]>/<sha>``), or None when absent. Reads only."""
+        ...
+
+    def put_blob(self, sha256: str, src: Path) -> bool:
+        """Store the local file ``src`` as blob ``sha256``, create-only (S3: ``If-None-Match: *``).
+
+        An intact existing blob is kept (returns False, nothing written). An existing blob whose size or
+        digest differs (rot, tampering) is replaced: a deterministic rebuild heals what pins it.
+
+        Raises:
+            ValueError: ``src``'s sha256 is not ``sha256``.
+            OSError: the write failed; no blob of that name is left half-written.
+        """
+        ...
+
+    def get_blob(self, sha256: str, dest: Path) -> None:
+        """Copy blob ``sha256`` to the local file ``dest`` (written atomically), verifying its digest.
+
+        Raises:
+            FileNotFoundError: no such blob.
+            ValueError: the stored bytes do not hash to ``sha256`` (``dest`` is not written).
+        """
+        ...
+
+    def raw_manifest(self, key: str) -> dict[str, Any] | None:
+        """The action-cache entry of ``key`` as stored (parsed JSON, unchecked), or None."""
+        ...
+
+    def put_manifest(self, key: str, raw: dict[str, Any]) -> bool:
+        """Commit ``key``: write its manifest create-only, after every blob it lists is stored.
+
+        Returns:
+            False (nothing written) when an entry exists already.
+        """
+        ...
+
 
 @runtime_checkable
 class RecordStore(Protocol):
@@ -206,6 +244,16 @@ class ReleaseStore(Protocol):
 
     def releases(self, model: str | None = None) -> Iterator[tuple[str, str, Any]]:
         """(model, release id, record or None when unreadable) for every release (of one model)."""
+        ...
+
+    def channel_ref(self, model: str, channel: str) -> tuple[dict[str, Any] | None, str | None]:
+        """The channel's pointer with its version token (an ETag, a content digest), or (None, None)."""
+        ...
+
+    def swap_channel(self, model: str, channel: str, pointer: dict[str, Any], expected: str | None) -> bool:
+        """Compare-and-swap: replace the pointer only when its version token is still ``expected`` (None:
+        only when there is no pointer). Returns False on a lost race (S3: 412 or 409); the caller reads
+        the pointer again, checks again and retries."""
         ...
 
     def channel(self, model: str, channel: str) -> dict[str, Any] | None:

@@ -1,0 +1,89 @@
+"""The store layout, shared by every implementation: one relative POSIX path per thing a store holds.
+
+A local folder and a remote prefix (``s3://bucket/prefix``) hold the same tree, so ``push`` and ``fetch``
+copy paths one for one. The shape is Bazel's remote cache: an action cache (``ac/``) whose entries are
+manifests, and a content-addressed store (``cas/``) of blobs by sha256::
+
+    ac/<key[:2]>/<key>.json                  manifest of key: its files by sha256 and size (the commit point)
+    cas/<sha[:2]>/<sha>                      one blob, stored once, immutable
+    logs/<key>/<name>                        the build's logs of an artifact (not byte-stable: never pinned)
+    targets/<target id>/last.json            the last key built for a target, with its key details
+    targets/<target id>/failure.json         the target's last failed compile (and failure.log)
+    results/<key>/<kind>/<name>.json         validation and benchmark results of an artifact
+    releases/<model>/<release id>.json       release records, written once
+    channels/<model>/<channel>.json          a channel pointer, moved by compare-and-swap
+    channels/<model>/<channel>.history/<entry>.json   one object per promotion, refusal and rollback
+    leases/<key>.json                        who compiles a key now, across hosts (owner, expiry)
+    quarantine/<name>.<token>/               damaged objects moved aside, with reason.txt (never served)
+
+Local-only areas (never pushed): ``staging/`` (artifacts being written), ``views/<key[:2]>/<key>/``
+(an artifact's blobs hard-linked under their file names, for loading), ``locks/`` (per-key file locks,
+the host-memory ledger), ``trash/`` (what gc is removing).
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Areas a remote store holds too; push and fetch copy within these.
+SHARED_AREAS = ("ac", "cas", "logs", "targets", "results", "releases", "channels", "leases", "quarantine")
+#: Areas only a local folder has.
+LOCAL_AREAS = ("staging", "views", "locks", "trash")
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def is_digest(name: str) -> bool:
+    """Is ``name`` a key or a blob digest (64 lowercase hex chars)?"""
+    return bool(_HEX64.match(name))
+
+
+def manifest_path(key: str) -> str:
+    """The action-cache entry of ``key``: ``ac/<key[:2]>/<key>.json``."""
+    return f"ac/{key[:2]}/{key}.json"
+
+
+def blob_path(sha256: str) -> str:
+    """The blob with digest ``sha256``: ``cas/<sha[:2]>/<sha>``."""
+    return f"cas/{sha256[:2]}/{sha256}"
+
+
+def log_path(key: str, name: str) -> str:
+    """A build log of ``key``'s artifact (``worker.log``, ``compile.log``)."""
+    return f"logs/{key}/{name}"
+
+
+def target_path(target_id: str, name: str = "last.json") -> str:
+    """A record of one target (``last.json``, ``failure.json``, ``failure.log``)."""
+    return f"targets/{target_id}/{name}"
+
+
+def result_path(key: str, kind: str, name: str) -> str:
+    """A result of ``kind`` (``validation``, ``bench``) named ``name`` (a device kind) about ``key``."""
+    return f"results/{key}/{kind}/{name}.json"
+
+
+def release_path(model: str, release_id: str) -> str:
+    """A release record."""
+    return f"releases/{model}/{release_id}.json"
+
+
+def channel_path(model: str, channel: str) -> str:
+    """A channel pointer."""
+    return f"channels/{model}/{channel}.json"
+
+
+def history_dir(model: str, channel: str) -> str:
+    """The folder of a channel's history entries (one object each, named so that names sort by time)."""
+    return f"channels/{model}/{channel}.history"
+
+
+def lease_path(key: str) -> str:
+    """The cross-host compile lease of ``key``."""
+    return f"leases/{key}.json"
+
+
+__all__ = [
+    "LOCAL_AREAS", "SHARED_AREAS", "blob_path", "channel_path", "history_dir", "is_digest", "lease_path",
+    "log_path", "manifest_path", "release_path", "result_path", "target_path",
+]
