@@ -305,9 +305,32 @@ class Coordination(Protocol):
 
 
 @runtime_checkable
-class ArtifactStore(ActionCache, RecordStore, ReleaseStore, Coordination, Protocol):
+class ObjectIO(Protocol):
+    """Whole small objects at layout paths (:mod:`neuron_build.store.layout`), the primitive the ledger,
+    leases and history entries are built on inside ``neuron_build.store``. Paths are relative POSIX text."""
+
+    def put_object(self, path: str, data: bytes, create_only: bool = False) -> bool:
+        """Write ``data`` at ``path`` atomically (readers see old or new bytes, never a torn object).
+        With ``create_only`` (S3: ``If-None-Match: *``) an existing object is kept and False returned."""
+        ...
+
+    def get_object(self, path: str) -> bytes | None:
+        """The bytes at ``path``, or None when absent."""
+        ...
+
+    def list_objects(self, prefix: str) -> list[str]:
+        """Every object path under the folder ``prefix`` (recursive), sorted."""
+        ...
+
+    def delete_object(self, path: str) -> bool:
+        """Remove the object at ``path``; False when it was absent."""
+        ...
+
+
+@runtime_checkable
+class ArtifactStore(ActionCache, RecordStore, ReleaseStore, Coordination, ObjectIO, Protocol):
     """A whole store: the four narrow protocols above, each usable alone as a parameter type by code that
     needs only that part (see the module docstring for the invariants of every call)."""
 
 
-__all__ = ["ActionCache", "ArtifactStore", "Coordination", "Lookup", "RecordStore", "ReleaseStore"]
+__all__ = ["ActionCache", "ArtifactStore", "Coordination", "Lookup", "ObjectIO", "RecordStore", "ReleaseStore"]
