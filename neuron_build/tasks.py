@@ -93,6 +93,11 @@ def _load_builder() -> Builder:
     return Builder(project)  # logs the `auto` fallback note, once per process
 
 
+def _push_failed(lines: list[str]) -> TaskFailed:
+    """The action of the ``build:(push)`` task: fail with one line per artifact that is still not pushed."""
+    return TaskFailed("\n".join(lines))
+
+
 def _is_built(store: ArtifactStore, key: str) -> bool:
     """``uptodate`` of a ``build:`` task: the store holds a complete artifact for ``key``. A plain
     function, not a bound method: doit inspects every uptodate callable's signature on every no-op run."""
@@ -159,6 +164,10 @@ class BuildSession(NamespaceTaskLoader):
         """Compile every target of the matrix that the store does not hold yet."""
         b = self.builder
         b.store.clean_staging()
+        unpushed = b.push_pending()
+        if unpushed:  # built earlier, still not on the remote: the build says so until a push succeeds
+            yield {"name": "(push)", "doc": "push what earlier builds could not", "uptodate": [False],
+                   "actions": [(_push_failed, [unpushed])]}
         for t in b.targets:
             key = b.key(t).key
             yield {
@@ -177,6 +186,9 @@ class BuildSession(NamespaceTaskLoader):
         self.outcomes[target_id] = out
         if not out.ok:
             return TaskFailed(f"{target_id}: {out.status}: {out.reason}")
+        unpushed = b.push_failure(out.key)
+        if unpushed:
+            return TaskFailed(f"{target_id}: built, but {unpushed}")
         return {"key": out.key, "status": out.status}
 
     # -- validate -------------------------------------------------------------------------------------

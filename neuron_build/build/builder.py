@@ -39,7 +39,7 @@ from neuron_build.project.keys import COMPONENTS, KeyInfo
 from neuron_build.project.matrix import Target
 from neuron_build.project.toolchain import announce_backend, neuron_status
 from neuron_build.status import BuildResult, Status, TargetState
-from neuron_build.store import open_store
+from neuron_build.store import project_store
 from neuron_build.store.locks import GB
 from neuron_build.store.manifest import Manifest, Metrics
 from neuron_build.store.records import FailureRecord, TargetRecord
@@ -79,7 +79,7 @@ class Builder:
 
     def __init__(self, project: Project, backend: str | None = None, executor: Executor | None = None):
         self.project = project
-        self.store = open_store(project.store_url())
+        self.store = project_store(project)
         self.planner = Planner(project, self.store, backend=backend)
         self.keys = self.planner.keys
         self.targets = self.planner.targets
@@ -119,6 +119,25 @@ class Builder:
                 st = neuron_status()
                 self._toolchain_problem = None if st.usable else st.problem
         return self._toolchain_problem  # type: ignore[return-value]
+
+    # -- the shared store ---------------------------------------------------------------------
+    def push_failure(self, key: str) -> str | None:
+        """Why ``key``'s artifact, built in this process, is not on the remote store (one line with the
+        fix), or None (pushed, or no remote)."""
+        for k, reason in getattr(self.store, "push_failures", ()):
+            if k == key:
+                return (f"its push to {self.store.remote_location} failed: {reason}; it stays in the local "
+                        "store and the next build (or `neuron-build push`) pushes it")
+        return None
+
+    def push_pending(self) -> list[str]:
+        """Push what earlier builds on this host could not push. Returns one line per artifact that still
+        failed (empty when everything is on the remote, or there is no remote)."""
+        push_all = getattr(self.store, "push_pending", None)
+        if push_all is None:
+            return []
+        return [f"{key[:16]}: push to {self.store.remote_location} failed again: {reason}"
+                for key, reason in push_all()]
 
     # -- building ----------------------------------------------------------------------------
     def build(self, target: Target, retry_failed: bool = True) -> Outcome:

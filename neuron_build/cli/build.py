@@ -87,6 +87,15 @@ def cmd_build(args) -> int:
     rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=args.jobs)
     summary = summarize(b, chosen, before, session.outcomes)
     print(summary.text())
-    if summary.failed or rc != 0:
+    unpushed = [k for k, _ in getattr(b.store, "push_failures", ())]
+    if unpushed:
+        print(f"  NOT PUSHED {plural(len(set(unpushed)), 'artifact')} to {b.store.remote_location}: "
+              f"{b.store.push_failures[0][1]}; they stay in the local store and the next build (or "
+              "`neuron-build push`) pushes them")
+    if summary.failed:
         raise BuildFailed(f"{len(summary.failed)} target(s) failed")
+    if unpushed:
+        raise BuildFailed(f"the push to {b.store.remote_location} failed")
+    if rc != 0:
+        raise BuildFailed("doit reported a failure")
     return ExitCode.OK

@@ -80,6 +80,13 @@ class BuildSettings(_Frozen):
     sharing the store; a compile's expected peak is the last recorded ``peak_rss_bytes`` of its model and
     bucket, else ``default_compile_memory_gb``. A compile waits while it would exceed the bound, and
     always runs when nothing else is running.
+
+    ``store`` is the local store folder (relative to the config's folder), or a URL (``s3://bucket/prefix``)
+    for a host that keeps no local copy. ``remote`` (a URL: ``s3://``, ``gs://``, ``file://``, any fsspec
+    protocol) is a shared store the local one caches: a build looks up locally, then on the remote, and
+    pushes what it compiled. ``remote_options`` are passed to fsspec as storage options (e.g.
+    ``{profile = "ci"}`` or ``{client_kwargs = {region_name = "us-west-2"}}``); the standard AWS variables
+    (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``, ...) apply as s3fs and boto3 read them.
     """
 
     store: StrictStr = "artifacts"
@@ -92,6 +99,49 @@ class BuildSettings(_Frozen):
     state_dir: StrictStr = ".neuron-build"
     max_host_memory_gb: float | None = Field(default=None, gt=0, strict=False)
     default_compile_memory_gb: float = Field(default=4.0, gt=0, strict=False)
+    remote: StrictStr | None = None
+    remote_options: dict[str, Any] = {}
+
+    @field_validator("store")
+    @classmethod
+    def _store_location(cls, v: str) -> str:
+        if "://" in v and not v.startswith("file://"):
+            check_store_url(v)
+        return v
+
+    @field_validator("remote")
+    @classmethod
+    def _remote_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            if "://" not in v:
+                raise ValueError(f"{v!r} is not a URL; give one such as \"s3://bucket/prefix\" (a local folder "
+                                 "goes in [build] store)")
+            check_store_url(v)
+        return v
+
+
+#: URL schemes of the stores the tool knows how to reach (any other fsspec protocol works too when its
+#: package is installed; these are the ones named in messages).
+STORE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "file", "memory")
+
+
+def check_store_url(url: str) -> None:
+    """Raise ValueError (one line with the fix) when ``url`` is not a store URL this tool can use: an
+    unknown scheme, or an ``s3://`` URL without a valid bucket name (3-63 characters of lowercase letters,
+    digits, dots and hyphens [AWS doc])."""
+    scheme, _, rest = url.partition("://")
+    if not re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme):
+        raise ValueError(f"{url!r} has no valid URL scheme; use e.g. \"s3://bucket/prefix\"")
+    if scheme not in STORE_SCHEMES:
+        from fsspec.registry import known_implementations
+        if scheme not in known_implementations:
+            raise ValueError(f"unknown store URL scheme {scheme!r} in {url!r}; use one of "
+                             + ", ".join(f"{s}://" for s in STORE_SCHEMES))
+    if scheme == "s3":
+        bucket = rest.split("/", 1)[0]
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
+            raise ValueError(f"{url!r}: {bucket!r} is not an S3 bucket name (3-63 lowercase letters, digits, "
+                             "dots and hyphens); write \"s3://<bucket>/<prefix>\"")
 
 
 class Profile(_Frozen):
@@ -347,9 +397,16 @@ class Project:
         return self.root / self.config.build.state_dir
 
     def store_url(self) -> str:
-        """The store folder: a local path (or ``file://`` URL) resolved against the config's folder."""
-        s = self.config.build.store.removeprefix("file://")
-        return str((self.root / s).resolve())
+        """``[build] store``: a local path (or ``file://`` URL) resolved against the config's folder, or a
+        remote URL (``s3://bucket/prefix``) as given, for a host that keeps no local copy."""
+        s = self.config.build.store
+        if "://" in s and not s.startswith("file://"):
+            return s
+        return str((self.root / s.removeprefix("file://")).resolve())
+
+    def remote_url(self) -> str | None:
+        """``[build] remote``, the shared store the local one caches (a URL), or None."""
+        return self.config.build.remote
 
     def factory_file(self, model: str) -> Path:
         """The source file of a model's factory module (``models.minilm`` -> ``<root>/models/minilm.py``)."""

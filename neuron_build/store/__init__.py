@@ -1,17 +1,46 @@
-"""The store layer: the contract (:mod:`.contract`), the local folder implementation (:mod:`.local`),
-manifests, records, locks, and upkeep (verify, gc). The only package that knows a store's layout."""
+"""The store layer: the contract (:mod:`.contract`), the shared layout (:mod:`.layout`), the local folder
+implementation (:mod:`.local`), the fsspec remote (:mod:`.remote`), the read-through pair
+(:mod:`.tiered`), copies between stores (:mod:`.sync`), manifests, records, locks, and upkeep (verify,
+gc). The only package that knows a store's layout."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from neuron_build.store.contract import ArtifactStore, Lookup
 from neuron_build.store.local import LocalStore
 
-
-def open_store(location: str | Path) -> ArtifactStore:
-    """The store at ``location`` (a folder path; the project's ``[build] store``)."""
-    return LocalStore(location)
+if TYPE_CHECKING:
+    from neuron_build.project.config import Project
 
 
-__all__ = ["ArtifactStore", "Lookup", "LocalStore", "open_store"]
+def is_url(location: str | Path) -> bool:
+    """Does ``location`` name a remote store (a URL with a scheme other than ``file://``)?"""
+    text = str(location)
+    return "://" in text and not text.startswith("file://")
+
+
+def open_store(location: str | Path, options: dict[str, Any] | None = None) -> ArtifactStore:
+    """The store at ``location``: a folder path (or ``file://`` URL) opens a
+    :class:`~neuron_build.store.local.LocalStore`; any other URL (``s3://bucket/prefix``, ``memory://x``)
+    a :class:`~neuron_build.store.remote.RemoteStore` with fsspec storage ``options``."""
+    if is_url(location):
+        from neuron_build.store.remote import RemoteStore
+        return RemoteStore(str(location), options or {})
+    return LocalStore(str(location).removeprefix("file://"))
+
+
+def project_store(project: Project) -> ArtifactStore:
+    """The store a project builds into: ``[build] store``, read through to ``[build] remote`` when one is
+    set (a :class:`~neuron_build.store.tiered.ReadThroughStore`)."""
+    cfg = project.config.build
+    store = open_store(project.store_url(), cfg.remote_options)
+    remote = project.remote_url()
+    if remote is None or not isinstance(store, LocalStore):
+        return store
+    from neuron_build.store.tiered import ReadThroughStore
+    return ReadThroughStore(store, open_store(remote, cfg.remote_options))
+
+
+__all__ = ["ArtifactStore", "Lookup", "LocalStore", "is_url", "open_store", "project_store"]

@@ -43,6 +43,8 @@ class Lookup:
     key: str
     manifest: Manifest | None = None
     damage: str | None = None
+    #: For a read-through store's hit: ``local`` or ``remote`` (where the artifact was found); else None.
+    location: str | None = None
 
     @property
     def hit(self) -> bool:

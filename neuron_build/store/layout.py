@@ -18,7 +18,8 @@ manifests, and a content-addressed store (``cas/``) of blobs by sha256::
 
 Local-only areas (never pushed): ``staging/`` (artifacts being written), ``views/<key[:2]>/<key>/``
 (an artifact's blobs hard-linked under their file names, for loading), ``locks/`` (per-key file locks,
-the host-memory ledger), ``trash/`` (what gc is removing).
+the host-memory ledger), ``trash/`` (what gc is removing), ``pending-push/<key>`` (artifacts built
+here whose push to the remote failed; the next build retries them).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import re
 #: Areas a remote store holds too; push and fetch copy within these.
 SHARED_AREAS = ("ac", "cas", "logs", "targets", "results", "releases", "channels", "leases", "quarantine")
 #: Areas only a local folder has.
-LOCAL_AREAS = ("staging", "views", "locks", "trash")
+LOCAL_AREAS = ("staging", "views", "locks", "trash", "pending-push")
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
