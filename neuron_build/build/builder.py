@@ -39,7 +39,7 @@ from neuron_build.project.keys import COMPONENTS, KeyInfo
 from neuron_build.project.matrix import Target
 from neuron_build.project.toolchain import announce_backend, neuron_status
 from neuron_build.status import BuildResult, Status, TargetState
-from neuron_build.store import project_store
+from neuron_build.store import cached_store
 from neuron_build.store.locks import GB
 from neuron_build.store.manifest import Manifest, Metrics
 from neuron_build.store.records import FailureRecord, TargetRecord
@@ -79,7 +79,7 @@ class Builder:
 
     def __init__(self, project: Project, backend: str | None = None, executor: Executor | None = None):
         self.project = project
-        self.store = project_store(project)
+        self.store = cached_store(project.store_url(), project.remote_url(), project.config.build.remote_options)
         self.planner = Planner(project, self.store, backend=backend)
         self.keys = self.planner.keys
         self.targets = self.planner.targets

@@ -6,13 +6,10 @@ gc). The only package that knows a store's layout."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from neuron_build.store.contract import ArtifactStore, Lookup
 from neuron_build.store.local import LocalStore
-
-if TYPE_CHECKING:
-    from neuron_build.project.config import Project
 
 
 def is_url(location: str | Path) -> bool:
@@ -31,16 +28,15 @@ def open_store(location: str | Path, options: dict[str, Any] | None = None) -> A
     return LocalStore(str(location).removeprefix("file://"))
 
 
-def project_store(project: Project) -> ArtifactStore:
-    """The store a project builds into: ``[build] store``, read through to ``[build] remote`` when one is
-    set (a :class:`~neuron_build.store.tiered.ReadThroughStore`)."""
-    cfg = project.config.build
-    store = open_store(project.store_url(), cfg.remote_options)
-    remote = project.remote_url()
+def cached_store(location: str | Path, remote: str | None, options: dict[str, Any] | None = None) -> ArtifactStore:
+    """The store a project builds into (``Project.store_url()``): a local store read through to the
+    ``remote`` URL when one is set (a :class:`~neuron_build.store.tiered.ReadThroughStore`), else the store
+    at ``location`` alone. ``options``: ``[build] remote_options``."""
+    store = open_store(location, options)
     if remote is None or not isinstance(store, LocalStore):
         return store
     from neuron_build.store.tiered import ReadThroughStore
-    return ReadThroughStore(store, open_store(remote, cfg.remote_options))
+    return ReadThroughStore(store, open_store(remote, options))
 
 
-__all__ = ["ArtifactStore", "Lookup", "LocalStore", "is_url", "open_store", "project_store"]
+__all__ = ["ArtifactStore", "Lookup", "LocalStore", "is_url", "cached_store", "open_store"]
