@@ -18,14 +18,28 @@ def is_url(location: str | Path) -> bool:
     return "://" in text and not text.startswith("file://")
 
 
-def open_store(location: str | Path, options: dict[str, Any] | None = None) -> ArtifactStore:
+def open_store(location: str | Path, options: dict[str, Any] | None = None,
+               read_only: bool | None = None) -> ArtifactStore:
     """The store at ``location``: a folder path (or ``file://`` URL) opens a
     :class:`~neuron_build.store.local.LocalStore`; any other URL (``s3://bucket/prefix``, ``memory://x``)
-    a :class:`~neuron_build.store.remote.RemoteStore` with fsspec storage ``options``."""
+    a :class:`~neuron_build.store.remote.RemoteStore` with fsspec storage ``options``.
+
+    Args:
+        read_only: open a folder read-only; None: read-only when the folder exists and this process may
+            not write it (a read-only mount, ``chmod -R a-w``), so reads never try to move anything.
+
+    Raises:
+        UserError: the folder has the old layout (see :class:`LocalStore`).
+    """
     if is_url(location):
         from neuron_build.store.remote import RemoteStore
         return RemoteStore(str(location), options or {})
-    return LocalStore(str(location).removeprefix("file://"))
+    import os
+
+    folder = str(location).removeprefix("file://")
+    if read_only is None:
+        read_only = os.path.isdir(folder) and not os.access(folder, os.W_OK)
+    return LocalStore(folder, read_only=read_only)
 
 
 def cached_store(location: str | Path, remote: str | None, options: dict[str, Any] | None = None) -> ArtifactStore:

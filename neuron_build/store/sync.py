@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.store.contract import ArtifactStore
+from neuron_build.store.layout import log_path
 
 
 @dataclass
@@ -45,12 +46,11 @@ class SyncReport:
 
 
 def _entries(raw: dict[str, Any]) -> list[tuple[str, int]]:
-    """(sha256, size) of every blob a raw manifest names: its files, then its logs."""
+    """(sha256, size) of every blob a raw manifest's ``files`` names."""
     out = []
-    for table in ("files", "logs"):
-        for ent in (raw.get(table) or {}).values():
-            if isinstance(ent, dict) and isinstance(ent.get("sha256"), str):
-                out.append((ent["sha256"], int(ent.get("size", -1))))
+    for ent in (raw.get("files") or {}).values():
+        if isinstance(ent, dict) and isinstance(ent.get("sha256"), str):
+            out.append((ent["sha256"], int(ent.get("size", -1))))
     return out
 
 
@@ -98,6 +98,10 @@ def copy_key(src: ArtifactStore, dst: ArtifactStore, key: str, scratch: Path, re
             written = copy_blob(src, dst, sha, scratch)
             report.blobs += 1 if written else 0
             report.bytes += written
+        for name in raw.get("logs") or {}:  # the build's logs: copied when there, never required
+            log = src.get_object(log_path(key, name))
+            if log is not None:
+                dst.put_object(log_path(key, name), log)
         dst.put_manifest(key, raw)
         if not dst.lookup(key).hit:
             raise ValueError(f"the copy at {dst.location} does not verify")
