@@ -99,9 +99,11 @@ def _push_failed(lines: list[str]) -> TaskFailed:
 
 
 def _is_built(store: ArtifactStore, key: str) -> bool:
-    """``uptodate`` of a ``build:`` task: the store holds a complete artifact for ``key``. A plain
-    function, not a bound method: doit inspects every uptodate callable's signature on every no-op run."""
-    return store.is_complete(key)
+    """``uptodate`` of a ``build:`` task: the store holds a complete artifact for ``key`` here. A hit on a
+    read-through store's remote runs the task, which downloads the artifact and verifies every blob. A
+    plain function, not a bound method: doit inspects every uptodate callable's signature on every no-op run."""
+    found = store.lookup(key)
+    return found.hit and found.location != "remote"
 
 
 class BuildSession(NamespaceTaskLoader):

@@ -38,7 +38,7 @@ from neuron_build.project.config import Project
 from neuron_build.project.keys import COMPONENTS, KeyInfo
 from neuron_build.project.matrix import Target
 from neuron_build.project.toolchain import announce_backend, neuron_status
-from neuron_build.status import BuildResult, Status, TargetState
+from neuron_build.status import DOWNLOADED, BuildResult, Status, TargetState
 from neuron_build.store import cached_store
 from neuron_build.store.locks import GB
 from neuron_build.store.manifest import Manifest, Metrics, is_log_name
@@ -154,8 +154,12 @@ class Builder:
         """
         ki = self.key(target)
         ctx = BuildContext(target, ki, get_logger(target=target.id, key=ki.key[:12]))
-        if self.store.repair(ki.key).hit:
+        found = self.store.repair(ki.key)
+        if found.hit:
             self._remember(ctx, Status.PASS)
+            if found.location == "remote":
+                ctx.log.info("downloaded", remote=getattr(self.store, "remote_location", None))
+                return Outcome(target.id, ki.key, BuildResult.CACHED, DOWNLOADED)
             ctx.log.debug("cached")
             return Outcome(target.id, ki.key, BuildResult.CACHED)
         if not retry_failed:

@@ -34,6 +34,7 @@ class Planner:
         self.targets = expand(project)
         self.by_id = {t.id: t for t in self.targets}
         self._keyinfo: dict[str, KeyInfo] = {}
+        self._location: dict[str, str] = {}
 
     def key(self, target: Target) -> KeyInfo:
         """The target's key (computed once per planner)."""
@@ -46,10 +47,17 @@ class Planner:
         """``cached`` (a complete artifact for the current key), ``failed`` (the last compile of the current
         key failed; it will be retried) or ``missing``."""
         key = self.key(target).key
-        if self.store.lookup(key).hit:  # reads only: plan and show never move a damaged object
+        found = self.store.lookup(key)  # reads only: plan and show never move a damaged object
+        if found.hit:
+            self._location[key] = found.location or "local"
             return TargetState.CACHED
         fail = self.store.failure(target.id)
         return TargetState.FAILED if fail and fail.key == key else TargetState.MISSING
+
+    def location(self, target: Target) -> str | None:
+        """Where :meth:`state` found the target's artifact: ``local`` or ``remote`` (a read-through
+        store's remote); None when it was not found (or :meth:`state` was not asked)."""
+        return self._location.get(self.key(target).key)
 
     def changed(self, target: Target) -> tuple[list[str], str | None]:
         """What changed since the target was last built: (components with sub-keys, compared-with id).

@@ -6,11 +6,11 @@ Exit status: 0 when every selected target is in the store, 1 when one failed, 2 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from neuron_build.cli.app import command, open_builder, plural
 from neuron_build.errors import BuildFailed, ExitCode
-from neuron_build.status import TargetState
+from neuron_build.status import DOWNLOADED, TargetState
 
 
 def _positive_int(text: str) -> int:
@@ -41,6 +41,7 @@ class BuildSummary:
     reused: list[str]     # compiled by another builder while this one waited for the key's lock
     failed: list[str]     # not in the store after the build
     lines: list[str]      # one "FAILED <target>: <status>: <reason>" line per failed target
+    downloaded: list[str] = field(default_factory=list)  # cached: fetched from [build] remote by this build
 
     @property
     def cached(self) -> int:
@@ -51,6 +52,7 @@ class BuildSummary:
         """The summary ``build`` prints after doit's output."""
         head = (f"\n{plural(len(self.targets), 'target')}: {len(self.built)} built, {self.cached} cached"
                 + (f" ({len(self.reused)} built by another builder meanwhile)" if self.reused else "")
+                + (f" ({len(self.downloaded)} downloaded from the remote store)" if self.downloaded else "")
                 + f", {len(self.failed)} failed")
         return "\n".join([head, *self.lines])
 
@@ -58,9 +60,10 @@ class BuildSummary:
 def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
     """Compare each chosen target's state before and after the build, with the Outcomes of this run."""
     after = {t.id: b.state(t) for t in chosen}
-    built = [t.id for t in chosen if after[t.id] == TargetState.CACHED and before[t.id] != TargetState.CACHED
-             and (t.id not in outcomes or outcomes[t.id].compiled)]
+    built = [t.id for t in chosen if after[t.id] == TargetState.CACHED
+             and (outcomes[t.id].compiled if t.id in outcomes else before[t.id] != TargetState.CACHED)]
     reused = [t.id for t in chosen if t.id in outcomes and outcomes[t.id].reason.startswith("reused")]
+    downloaded = [t.id for t in chosen if t.id in outcomes and outcomes[t.id].reason == DOWNLOADED]
     failed = [t.id for t in chosen if after[t.id] != TargetState.CACHED]
     lines = []
     for tid in failed:
@@ -70,7 +73,7 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
         else:
             f = b.store.failure(tid)
             lines.append(f"  FAILED {tid}: {f.status if f else 'not built'}: {f.reason if f else ''}")
-    return BuildSummary([t.id for t in chosen], built, reused, failed, lines)
+    return BuildSummary([t.id for t in chosen], built, reused, failed, lines, downloaded)
 
 
 @command("build")

@@ -26,7 +26,8 @@ def register(add) -> None:
 # -- plan -----------------------------------------------------------------------------------------------
 def plan_rows(b) -> list[dict[str, Any]]:
     """One row per target: ``{"target", "key", "state", "changed": [component], "changed_detail": [line]}``,
-    plus ``compared_with`` (the target whose record the key was compared with, when not itself) and
+    plus ``location`` for a cached target (``local``, or ``remote`` when only ``[build] remote`` holds it),
+    ``compared_with`` (the target whose record the key was compared with, when not itself) and
     ``failure`` (for a failed target: status, reason, attempts_total, exit_code, time)."""
     rows = []
     for t in b.targets:
@@ -35,6 +36,8 @@ def plan_rows(b) -> list[dict[str, Any]]:
         changed, since = b.changed(t)
         row = {"target": t.id, "key": ki.key, "state": state,
                "changed": [c.split(":")[0] for c in changed], "changed_detail": changed}
+        if state == TargetState.CACHED:
+            row["location"] = b.planner.location(t) or "local"
         if since and since != t.id:
             row["compared_with"] = since
         if state == TargetState.FAILED:

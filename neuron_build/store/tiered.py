@@ -176,7 +176,7 @@ class ReadThroughStore:
         :attr:`push_failures` and in a local marker, so the next build retries it."""
         report = SyncReport()
         with tempfile.TemporaryDirectory(prefix="neuron-build-push.") as scratch:
-            ok = copy_key(self.local, self.remote, key, Path(scratch), report)
+            ok = copy_key(self.local, self.remote, key, Path(scratch), report, heal=True)
         marker = f"{PENDING}/{key}"
         if ok:
             if key in self.pending():
