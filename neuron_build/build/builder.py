@@ -41,7 +41,7 @@ from neuron_build.project.toolchain import announce_backend, neuron_status
 from neuron_build.status import BuildResult, Status, TargetState
 from neuron_build.store import open_store
 from neuron_build.store.locks import GB
-from neuron_build.store.manifest import Manifest, Metrics
+from neuron_build.store.manifest import Manifest, Metrics, is_log_name
 from neuron_build.store.records import FailureRecord, TargetRecord
 from neuron_build.util import file_sha256, utc_now
 
@@ -294,9 +294,10 @@ class Builder:
         """Complete ``metrics`` (in place) from the object's files and the worker's result, and seal the
         object with its manifest."""
         target, ki, result = ctx.target, ctx.ki, run.result or {}
-        files = {}
+        files, logs = {}, {}
         for f in sorted(p for p in obj.rglob("*") if p.is_file()):
-            files[f.relative_to(obj).as_posix()] = {"sha256": file_sha256(f), "size": f.stat().st_size}
+            name = f.relative_to(obj).as_posix()
+            (logs if is_log_name(name) else files)[name] = {"sha256": file_sha256(f), "size": f.stat().st_size}
         details = dict(result.get("details", {}))
         extra_metrics = details.pop("metrics", None) or {}   # backend metrics (neuron: compiler status, ...)
         extra_toolchain = details.pop("toolchain", None) or {}  # versions only the worker can see
@@ -308,7 +309,7 @@ class Builder:
         manifest = Manifest(
             key=ki.key, target=target.id, model=target.model, bucket=dict(target.bucket), dtype=target.dtype,
             profile=target.profile, backend=req.backend, hardware_target=req.hardware_target,
-            key_details=ki.details, component_hashes=ki.hashes, files=files, metrics=Metrics(**metrics),
+            key_details=ki.details, component_hashes=ki.hashes, files=files, logs=logs, metrics=Metrics(**metrics),
             toolchain={**ki.details["toolchain"], **extra_toolchain}, compiler=details, created=utc_now(),
             host=socket.gethostname())
         self.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last

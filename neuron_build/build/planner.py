@@ -46,7 +46,7 @@ class Planner:
         """``cached`` (a complete artifact for the current key), ``failed`` (the last compile of the current
         key failed; it will be retried) or ``missing``."""
         key = self.key(target).key
-        if self.store.repair(key).hit:
+        if self.store.lookup(key).hit:  # reads only: plan and show never move a damaged object
             return TargetState.CACHED
         fail = self.store.failure(target.id)
         return TargetState.FAILED if fail and fail.key == key else TargetState.MISSING

@@ -93,7 +93,11 @@ def format_explain(b, t) -> str:
     ki = b.key(t)
     rec = b.store.target(t.id)
     changed, since = b.changed(t)
-    out = [f"target  {t.id}\nkey     {ki.key}\nstate   {b.state(t)}"]
+    state = b.state(t)
+    out = [f"target  {t.id}\nkey     {ki.key}\nstate   {state}"]
+    m = b.store.manifest(ki.key) if state == TargetState.CACHED else None
+    if m is not None and m.logs and hasattr(b.store, "log_file"):
+        out.append(f"logs    {b.store.log_file(ki.key, 'worker.log').parent} ({', '.join(m.logs)})")
     if rec:
         out.append(f"last    {rec.key} ({rec.status}, {rec.time})")
     elif since:
@@ -152,7 +156,7 @@ def resolve_ref(b, ref: str):
     if ref in b.by_id:
         t = b.by_id[ref]
         key = b.key(t).key
-        if not b.store.repair(key).hit:
+        if not b.store.lookup(key).hit:
             failure = b.store.failure(ref)
             if failure is None or failure.key != key:
                 raise UserError(f"{ref} is not built for its current key {key[:12]}; run `neuron-build build {ref}`")
@@ -168,8 +172,9 @@ def resolve_ref(b, ref: str):
     return hits[0], None
 
 
-def format_manifest(m) -> str:
-    """The human-readable form of a manifest: target, key, backend, metrics, then one line per file."""
+def format_manifest(m, log_dir=None) -> str:
+    """The human-readable form of a manifest: target, key, backend, metrics, then one line per file and
+    one per build log (with the folder the logs are in, ``log_dir``, when given)."""
     mt = m.metrics
     head = (f"target   {m.target}\nkey      {m.key}\nbackend  {m.backend} ({m.hardware_target})\n"
             f"status   {mt.status}\ncompile  {mt.compile_time_s:.1f} s, peak {(mt.peak_rss_bytes or 0) / 2**20:.0f} MiB\n"
@@ -177,6 +182,9 @@ def format_manifest(m) -> str:
             f"created  {m.created} on {m.host}")
     out = [head]
     out.extend(f"  {name:20} {f.size:>12}  {f.sha256[:16]}" for name, f in m.files.items())
+    if m.logs:
+        out.append("logs" + (f"     {log_dir}" if log_dir else ""))
+        out.extend(f"  {name:20} {f.size:>12}" for name, f in m.logs.items())
     return "\n".join(out)
 
 
@@ -192,12 +200,15 @@ def cmd_show(args) -> int:
             print(f"{failure.target}: {failure.status}: {failure.reason}\n"
                   f"log: {b.store.failure_log(failure.target)}")
         return ExitCode.OK
-    m = b.store.repair(key).manifest
+    found = b.store.lookup(key)
+    m = found.manifest
     if m is None:
-        raise UserError(f"artifact {key[:12]} is incomplete or failed; `neuron-build build` rebuilds it")
+        why = f" ({found.damage})" if found.damage else ""
+        raise UserError(f"artifact {key[:12]} is incomplete or damaged{why}; `neuron-build build` rebuilds it")
     if args.json:
         print_json(m.model_dump(mode="json"))
     else:
-        print(format_manifest(m))
+        log_dir = b.store.log_file(key, "worker.log").parent if hasattr(b.store, "log_file") else None
+        print(format_manifest(m, log_dir))
     return ExitCode.OK
 
