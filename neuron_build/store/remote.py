@@ -32,6 +32,7 @@ s3fs and boto3 are imported only when an ``s3://`` store is opened (the ``s3`` e
 
 from __future__ import annotations
 
+import copy
 import errno
 import hashlib
 import json
@@ -56,7 +57,7 @@ from neuron_build.util import file_sha256, json_bytes, sha256_hex, temp_name, wr
 
 #: botocore's retry policy for every S3 call (s3fs and boto3 alike): ``standard`` mode retries
 #: connection errors, 5xx and throttling (503 SlowDown) with exponential backoff and jitter.
-RETRIES = {"max_attempts": 4, "mode": "standard"}
+RETRIES = {"total_max_attempts": 4, "mode": "standard"}
 #: Seconds to wait for a TCP connection to the endpoint / for a response.
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 60
@@ -92,9 +93,12 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         exc = exc.__cause__ or exc.__context__
 
 
-def wire_error(exc: BaseException, url: str, what: str, writing: bool, endpoint: str | None = None) -> StoreError | None:
+def wire_error(exc: BaseException, url: str, what: str, writing: bool, endpoint: str | None = None,
+               attempts: int = RETRIES["total_max_attempts"]) -> StoreError | None:
     """The :class:`~neuron_build.errors.StoreError` for an exception raised by s3fs, boto3 or fsspec, or
     None when it is no fault of the wire (e.g. an absent object, a lost compare-and-swap).
+
+    Messages read ``<url>: <what went wrong> (<operation>); <the fix>``.
 
     Args:
         exc: what the client library raised.
@@ -102,38 +106,53 @@ def wire_error(exc: BaseException, url: str, what: str, writing: bool, endpoint:
         what: the operation, e.g. ``"reading ac/ab/ab...json"``.
         writing: whether the operation writes (see :class:`~neuron_build.errors.StoreError`).
         endpoint: the endpoint the client talks to, when known (``AWS_ENDPOINT_URL``).
+        attempts: how many attempts the client library made per request (``total_max_attempts``).
     """
     if isinstance(exc, StoreError):
         return exc
-    where = f" at {endpoint}" if endpoint else ""
-    for e in _chain(exc):
-        name = type(e).__name__
+    at = f" {endpoint}" if endpoint else ""
+    chain = list(_chain(exc))
+    code, status = "", None
+    for e in chain:  # s3fs turns a ClientError into an OSError: the code is on its cause
         resp = getattr(e, "response", None)
-        code = str(((resp or {}).get("Error") or {}).get("Code") or "") if isinstance(resp, dict) else ""
-        status = ((resp or {}).get("ResponseMetadata") or {}).get("HTTPStatusCode") if isinstance(resp, dict) else None
-        if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
-            return StoreDenied(f"{url}: no credentials for {what}; set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
-                               f"AWS_SECRET_ACCESS_KEY (or [build] remote_options)", url, writing)
-        if code == "NoSuchBucket" or "bucket does not exist" in str(e).lower():
-            bucket = url.split("://", 1)[-1].split("/", 1)[0]
-            return StoreMissing(f"{url}: bucket {bucket!r} does not exist{where}; create it (`aws s3 mb "
-                                f"s3://{bucket}`) or fix [build] remote", url, writing)
-        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
-                    "InvalidToken", "AllAccessDisabled", "403") or status == 403:
-            fix = ("use credentials that may write it, or open it read-only" if writing
-                   else "check AWS_PROFILE / AWS_ACCESS_KEY_ID and the bucket policy")
-            return StoreDenied(f"{url}: access denied ({code or 403}) {what}; {fix}", url, writing)
-        if code in ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "ServiceUnavailable",
-                    "InternalError", "500", "502", "503", "504") or (isinstance(status, int) and status >= 500):
-            kind = "throttled (503 SlowDown)" if code == "SlowDown" else f"server error {status or code}"
-            return StoreFailed(f"{url}: {kind} {what}, after {RETRIES['max_attempts']} attempts with backoff; "
-                               f"retry later (nothing half-written is left)", url, writing)
-        if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ReadTimeoutError",
-                    "ClientConnectorError", "ServerDisconnectedError", "ClientOSError", "ProxyConnectionError",
-                    "ServerTimeoutError") or isinstance(e, (ConnectionError, TimeoutError)):
-            return StoreUnreachable(f"{url}: cannot reach the endpoint{where} {what} ({name}); check the network "
-                                    f"and AWS_ENDPOINT_URL / [build] remote_options", url, writing)
+        if isinstance(resp, dict):
+            code = code or str((resp.get("Error") or {}).get("Code") or "")
+            status = status or (resp.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    names = {type(e).__name__ for e in chain}
+    if names & {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}:
+        return StoreDenied(f"{url}: no credentials found ({what}); set AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
+                           f"AWS_SECRET_ACCESS_KEY, or give them in [build] remote_options", url, writing)
+    if any(_is_missing_bucket(e) for e in chain):
+        bucket = url.split("://", 1)[-1].split("/", 1)[0]
+        return StoreMissing(f"{url}: bucket {bucket!r} does not exist{' at' + at if at else ''} ({what}); "
+                            f"create it (`aws s3 mb s3://{bucket}`) or fix the store URL", url, writing)
+    if (code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+                 "AllAccessDisabled", "403") or status == 403 or any(isinstance(e, PermissionError) for e in chain)):
+        fix = ("use credentials that may write to it, or open the store read-only" if writing
+               else "check AWS_PROFILE / AWS_ACCESS_KEY_ID and the bucket policy")
+        return StoreDenied(f"{url}: access denied{' (' + code + ')' if code and code != '403' else ''} ({what}); "
+                           f"{fix}", url, writing)
+    if code in ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "ServiceUnavailable",
+                "InternalError", "500", "502", "503", "504") or (isinstance(status, int) and status >= 500):
+        kind = "throttled (503 SlowDown)" if code == "SlowDown" else f"server error ({status or ''} {code})".replace(
+            "( ", "(")
+        return StoreFailed(f"{url}: {kind} after {attempts} attempts with backoff ({what}); retry later "
+                           f"(nothing half-published is left)", url, writing)
+    unreachable = {"EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ReadTimeoutError",
+                   "ClientConnectorError", "ServerDisconnectedError", "ClientOSError", "ProxyConnectionError",
+                   "ServerTimeoutError"}
+    hit = [e for e in chain if type(e).__name__ in unreachable or isinstance(e, ConnectionError | TimeoutError)]
+    if hit:
+        return StoreUnreachable(f"{url}: cannot reach the endpoint{at} ({what}: {type(hit[0]).__name__}); check the "
+                                f"network and AWS_ENDPOINT_URL (or endpoint_url in [build] remote_options)",
+                                url, writing)
     return None
+
+
+def _is_missing_bucket(e: BaseException) -> bool:
+    resp = getattr(e, "response", None)
+    code = ((resp.get("Error") or {}).get("Code") if isinstance(resp, dict) else None)
+    return code == "NoSuchBucket" or "specified bucket does not exist" in str(e).lower()
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -206,7 +225,9 @@ class _Backend:
         base = self.full(prefix)
         try:
             found = self.fs.find(base)
-        except FileNotFoundError:
+        except FileNotFoundError as e:
+            if any(_is_missing_bucket(c) for c in _chain(e)):
+                raise
             return []
         strip = self.fs._strip_protocol(self.root).rstrip("/") + "/"
         out = []
@@ -393,6 +414,7 @@ class _S3(_Backend):
 #: (botocore loads its service models), so a process makes one per configuration. Clients are thread-safe.
 _CLIENTS: dict[str, tuple[Any, Any, str | None]] = {}
 _CLIENTS_LOCK = threading.Lock()
+_LOADER: Any = None
 _AWS_VARS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
              "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_CONFIG_FILE",
              "AWS_SHARED_CREDENTIALS_FILE")
@@ -421,16 +443,25 @@ def _s3_clients(url: str, options: dict[str, Any]) -> tuple[Any, Any, str | None
         from neuron_build.errors import UserError
         raise UserError(f"{url}: an s3:// store needs s3fs and boto3 ({e.name} is missing); install them with "
                         f"`pip install 'neuron-build[s3]'`")
-    opts = dict(options)
+    global _LOADER
+    opts = copy.deepcopy(dict(options))
     cfg = {"retries": dict(RETRIES), "connect_timeout": CONNECT_TIMEOUT_S, "read_timeout": READ_TIMEOUT_S,
            **(opts.pop("config_kwargs", None) or {})}
     client_kwargs = dict(opts.pop("client_kwargs", None) or {})
     endpoint = opts.pop("endpoint_url", None) or client_kwargs.pop("endpoint_url", None)
+    from aiobotocore.session import AioSession
+    from botocore.loaders import create_loader
+
+    if _LOADER is None:
+        _LOADER = create_loader()  # botocore's service models, parsed once per process (its own cache)
+    aio = AioSession(profile=opts.pop("profile", None))
+    aio.register_component("data_loader", _LOADER)
     fs = s3fs.S3FileSystem(endpoint_url=endpoint, client_kwargs=client_kwargs or None, config_kwargs=cfg,
-                           skip_instance_cache=True, use_listings_cache=False, **opts)
+                           skip_instance_cache=True, use_listings_cache=False, session=aio, **opts)
     fs.retries = 1  # botocore retries (RETRIES); s3fs's own loop would multiply them
-    session = boto3.session.Session(profile_name=opts.get("profile"), aws_access_key_id=opts.get("key"),
+    session = boto3.session.Session(profile_name=aio.profile, aws_access_key_id=opts.get("key"),
                                     aws_secret_access_key=opts.get("secret"), aws_session_token=opts.get("token"))
+    session._session.register_component("data_loader", _LOADER)
     client = session.client("s3", endpoint_url=endpoint, region_name=client_kwargs.get("region_name"),
                             config=Config(**cfg))
     made = (fs, client, endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
@@ -464,11 +495,14 @@ class RemoteStore:
                  cache_dir: str | Path | None = None):
         self.url = url.rstrip("/")
         self.location = self.url
-        self.options = dict(options or {})
+        self.options = copy.deepcopy(dict(options or {}))  # botocore rewrites a retries dict in place
         self.read_only = read_only
         self.cache = LocalStore(Path(cache_dir) if cache_dir else cache_root(self.url))
         proto, _, rest = self.url.partition("://")
         self.endpoint: str | None = None
+        #: attempts the client library makes per request (botocore's total_max_attempts), for messages
+        retries = (self.options.get("config_kwargs") or {}).get("retries") or RETRIES
+        self.attempts = int(retries.get("total_max_attempts") or int(retries.get("max_attempts", 3)) + 1)
         if proto in ("s3", "s3a"):
             fs, client, self.endpoint = _s3_clients(self.url, self.options)
             self.io: _Backend = _S3(fs, rest, client)
@@ -497,19 +531,16 @@ class RemoteStore:
             self._writable()
         try:
             yield
-        except (ReadOnlyStore, ValueError, FileNotFoundError, FileExistsError) as e:
-            err = wire_error(e, self.url, what, writing, self.endpoint)
-            if err is None:
-                raise
-            raise err from None
+        except ReadOnlyStore:
+            raise
         except Exception as e:
-            err = wire_error(e, self.url, what, writing, self.endpoint)
-            if err is None:
-                if isinstance(e, StoreError | OSError):
-                    raise
-                raise StoreFailed(f"{self.url}: {what} failed ({type(e).__name__}: {e}); retry, or run with "
-                                  f"--debug for details", self.url, writing) from e
-            raise err from None
+            err = wire_error(e, self.url, what, writing, self.endpoint, self.attempts)
+            if err is not None:
+                raise err from None
+            if type(e).__module__.split(".")[0] in ("botocore", "aiobotocore", "aiohttp", "urllib3", "s3fs"):
+                raise StoreFailed(f"{self.url}: {type(e).__name__} ({what}: {e}); retry, or run with --debug "
+                                  f"for details", self.url, writing) from e
+            raise
 
     def _writable(self) -> None:
         if self.read_only:
