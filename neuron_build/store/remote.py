@@ -53,7 +53,7 @@ from neuron_build.store.contract import Lookup
 from neuron_build.store.local import LocalStore, ReadOnlyStore, check_manifest, is_key, utc_now_us
 from neuron_build.store.manifest import MANIFEST, Manifest
 from neuron_build.store.records import FailureRecord, TargetRecord
-from neuron_build.util import file_sha256, json_bytes, sha256_hex, temp_name, write_atomic
+from neuron_build.util import file_sha256, fsync_path, json_bytes, sha256_hex, temp_name, write_atomic
 
 #: botocore's retry policy for every S3 call (s3fs and boto3 alike): ``standard`` mode retries
 #: connection errors, 5xx and throttling (503 SlowDown) with exponential backoff and jitter.
@@ -65,6 +65,8 @@ READ_TIMEOUT_S = 60
 LEASE_TTL_S = 60.0
 #: Chunk size of streaming hashes, bytes.
 CHUNK = 1 << 20
+#: Blobs downloaded at once by :meth:`RemoteStore.get_blobs` on S3.
+DOWNLOADS = 8
 
 _MEMORY_LOCK = threading.RLock()  # memory:// lives in this process: one lock makes its writes atomic
 
@@ -210,9 +212,14 @@ class _Backend:
             return False
         return True
 
-    def download(self, pairs: list[tuple[str, Path]]) -> None:
+    def download(self, pairs: list[tuple[str, Path]]) -> list[str]:
+        """Copy each object ``rel`` to the local file ``dest`` (fsynced); the sha256 of each, in order."""
+        out = []
         for rel, dest in pairs:
             self.fs.get_file(self.full(rel), str(dest))
+            fsync_path(Path(dest))
+            out.append(file_sha256(dest))
+        return out
 
     def size(self, rel: str) -> int | None:
         try:
@@ -397,8 +404,37 @@ class _S3(_Backend):
         return True
 
     def download(self, pairs):
-        if pairs:  # one call: s3fs fetches the files concurrently
-            self.fs.get([self.full(r) for r, _ in pairs], [str(d) for _, d in pairs])
+        """All objects concurrently (at most :data:`DOWNLOADS` at once) on s3fs's event loop, each one
+        streamed to its file and hashed as its chunks arrive (no second read), then fsynced."""
+        if not pairs:
+            return []
+        from fsspec.asyn import sync
+        return sync(self.fs.loop, self._download_all, pairs)
+
+    async def _download_all(self, pairs):
+        import asyncio
+        sem = asyncio.Semaphore(DOWNLOADS)
+
+        async def one(rel: str, dest: Path) -> str:
+            async with sem:
+                return await self._download_one(rel, dest)
+
+        return list(await asyncio.gather(*(one(r, d) for r, d in pairs)))
+
+    async def _download_one(self, rel: str, dest: Path) -> str:
+        resp = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self.key(rel))
+        body = resp["Body"]
+        h = hashlib.sha256()
+        try:
+            with open(dest, "wb") as f:
+                while chunk := await body.read(4 * CHUNK):
+                    h.update(chunk)
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            body.close()
+        return h.hexdigest()
 
     def size(self, rel):
         try:
@@ -658,14 +694,13 @@ class RemoteStore:
                 dest.parent.mkdir(parents=True, exist_ok=True)
             try:
                 with self._wire(f"downloading {len(pairs)} blob(s)"):
-                    self.io.download([(layout.blob_path(sha), tmp) for sha, _, tmp in tmps])
+                    digests = self.io.download([(layout.blob_path(sha), tmp) for sha, _, tmp in tmps])
             except FileNotFoundError:
                 missing = [sha for sha, _, _ in tmps if self.blob_size(sha) is None]
                 sha = missing[0] if missing else tmps[0][0]
                 raise FileNotFoundError(errno.ENOENT, f"blob {sha} is not in the store {self.url}",
                                         layout.blob_path(sha)) from None
-            for sha, _, tmp in tmps:
-                digest = file_sha256(tmp)
+            for (sha, _, _), digest in zip(tmps, digests, strict=True):
                 if digest != sha:
                     raise ValueError(f"blob {self.url}/{layout.blob_path(sha)} hashes to {digest[:16]}..., not "
                                      f"{sha[:16]}... (rot or tampering)")
