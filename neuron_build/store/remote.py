@@ -310,6 +310,10 @@ class _File(_Backend):
             write_atomic(self.local(rel), data)
             return True
 
+    def copy(self, src_rel, dest_rel):
+        self.local(dest_rel).parent.mkdir(parents=True, exist_ok=True)
+        super().copy(src_rel, dest_rel)
+
     def upload(self, src, rel, create_only):
         dest = self.local(rel)
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -80,13 +80,18 @@ def _memory(tmp_path: Path) -> Case:
     return Case(store, *_remote_hooks(store))
 
 
+def _file(tmp_path: Path) -> Case:
+    store = RemoteStore(f"file://{tmp_path}/shared", cache_dir=tmp_path / "cache")
+    return Case(store, *_remote_hooks(store))
+
+
 def _s3(tmp_path: Path) -> Case:
     store = RemoteStore(f"s3://{_S3_BUCKET[0]}/some/prefix", cache_dir=tmp_path / "cache")
     return Case(store, *_remote_hooks(store))
 
 
 _S3_BUCKET: list[str] = []
-IMPLEMENTATIONS = {"local": _local, "memory": _memory, "s3": _s3}
+IMPLEMENTATIONS = {"local": _local, "memory": _memory, "file-url": _file, "s3": _s3}
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))
