@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from neuron_build.status import Status
 from neuron_build.store import ArtifactStore, LocalStore, layout
 from neuron_build.store.contract import ActionCache, Coordination, ObjectIO, RecordStore, ReleaseStore
