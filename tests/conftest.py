@@ -121,6 +121,13 @@ def compiles_in_log(state_dir: Path) -> list[str]:
     return out
 
 
+def manifest_file(store, key: str) -> Path:
+    """The file of ``key``'s manifest in a local store (``ac/<key[:2]>/<key>.json``)."""
+    from neuron_build.store import layout
+
+    return store.path(layout.manifest_path(key))
+
+
 def rewrite_manifest(path: Path, change) -> dict:
     """Edit a stored manifest the way a deliberate test fixture must: apply ``change(dict)`` and re-seal it
     with its own sha256, so the store still sees a complete object (an edit without resealing is caught
