@@ -829,6 +829,17 @@ class RemoteStore:
             if m is not None:
                 yield m
 
+    def log_file(self, key: str, name: str) -> Path:
+        """A local copy (in the cache, ``<cache>/logs/<key>/``) of the build log ``name`` of ``key``'s
+        artifact, with the artifact's other logs beside it; the path may not exist when the store has no
+        such log."""
+        raw = self.raw_manifest(key) or {}
+        for log in sorted(set(raw.get("logs") or {}) | {name}):
+            data = self.get_object(layout.log_path(key, log))
+            if data is not None:
+                write_atomic(self.cache.path(layout.log_path(key, log)), data)
+        return self.cache.path(layout.log_path(key, name))
+
     def new_staging(self, key: str) -> Path:
         """A fresh local folder in the cache (``<cache>/staging/<key>.<host>.<pid>.<token>``)."""
         self._writable()

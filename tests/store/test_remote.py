@@ -5,6 +5,7 @@ across hosts, the local cache, read-only credentials, and how a store is opened.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -214,6 +215,15 @@ def test_artifact_dir_downloads_verified_into_the_cache_and_refuses_a_tampered_b
     with pytest.raises(ValueError, match="hashes to .* \\(rot or tampering\\)"):
         other.artifact_dir(KEY_A)
     assert not other.view_dir(KEY_A).exists()
+
+
+def test_logs_are_fetched_into_the_cache_for_show(tmp_path):
+    s = RemoteStore(f"memory://logs-{time.time_ns()}", cache_dir=tmp_path / "c")
+    publish(s, KEY_A, {"model.pt": b"m"}, logs={"worker.log": b"w\n", "compile.log": b"c\n"})
+    shutil.rmtree(tmp_path / "c" / "logs", ignore_errors=True)
+    p = s.log_file(KEY_A, "worker.log")
+    assert p.read_bytes() == b"w\n" and (p.parent / "compile.log").read_bytes() == b"c\n"
+    assert p.parent == tmp_path / "c" / "logs" / KEY_A
 
 
 def test_the_memory_budget_is_host_local(tmp_path):
