@@ -303,3 +303,11 @@ def test_the_cache_folder_follows_xdg_cache_home(monkeypatch, tmp_path):
     assert cache_root("s3://b/p") != cache_root("s3://b/q")
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert cache_root("s3://b/p").parent == Path.home() / ".cache" / "neuron-build" / "remote"
+
+
+def test_the_remote_store_implements_every_protocol(tmp_path):
+    from neuron_build.store import ArtifactStore
+    from neuron_build.store.contract import ActionCache, Coordination, ObjectIO, RecordStore, ReleaseStore
+    s = RemoteStore("memory://protocols", cache_dir=tmp_path)
+    assert all(isinstance(s, p) for p in (ActionCache, RecordStore, ReleaseStore, Coordination, ObjectIO,
+                                          ArtifactStore))
