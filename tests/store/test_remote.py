@@ -248,6 +248,31 @@ def test_an_expired_lease_of_another_host_is_taken_over(s3_bucket, tmp_path):
     assert s.get_object(layout.lease_path(KEY_A)) is None  # released
 
 
+def test_of_builders_racing_for_an_expired_lease_one_holds_it_at_a_time(s3_bucket, tmp_path):
+    import threading
+    s = RemoteStore(f"s3://{s3_bucket}/p", cache_dir=tmp_path / "c")
+    s.put_object(layout.lease_path(KEY_A), json.dumps({"host": "gone", "pid": 1, "expires": 0}).encode())
+    inside, most, took_over = [0], [0], []
+    start = threading.Barrier(4)
+
+    def builder(i: int) -> None:
+        start.wait(10)
+        with LeaseLock(s, KEY_A, target=f"t{i}", poll_s=0.05) as lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            time.sleep(0.1)
+            inside[0] -= 1
+            took_over.extend(lock.stale)
+
+    threads = [threading.Thread(target=builder, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert most[0] == 1 and [x["host"] for x in took_over] == ["gone"]  # exactly one took the stale lease over
+    assert s.get_object(layout.lease_path(KEY_A)) is None
+
+
 def test_a_live_lease_is_renewed_and_keeps_a_rival_out(s3_bucket, tmp_path):
     s = RemoteStore(f"s3://{s3_bucket}/p", cache_dir=tmp_path / "c")
     holder = LeaseLock(s, KEY_A, target="t1", ttl_s=0.8).acquire()
