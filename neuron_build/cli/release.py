@@ -5,6 +5,8 @@ No torch here; the domain logic is in :mod:`neuron_build.release`.
 
 from __future__ import annotations
 
+import sys
+
 from neuron_build.cli.app import (
     command,
     mib,
@@ -194,7 +196,8 @@ def cmd_pull(args) -> int:
         project, store = open_project_store(args)
         require_model(project, args.model)
         settings = project.config.release
-    doc = pull(store, args.model, args.channel, args.dest, settings)
+    doc = pull(store, args.model, args.channel, args.dest, settings,
+               warn=lambda line: print(f"warning: {line}", file=sys.stderr))
     if args.json:
         print_json(doc)
         return ExitCode.OK

@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,7 @@ def check_dest(dest: str | Path) -> Path:
 
 
 def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
-         settings: ReleaseSettings | None = None) -> dict[str, Any]:
+         settings: ReleaseSettings | None = None, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Write the release a channel holds into ``dest``: ``<bucket id>/<files>`` (with the artifact's
     ``manifest.json``), ``release.json`` and the pull's marker :data:`MARKER` (release id and the files
     it wrote).
@@ -119,6 +120,8 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
 
     Args:
         settings: when given, ``channel`` must be one of its declared channels.
+        warn: called with one line for what was skipped: an artifact's manifest that is damaged in the
+            store or no longer lists the files the release pins (the bucket is pulled without it).
 
     Returns:
         The content of ``release.json`` (see :mod:`neuron_build.runtime`).
@@ -159,9 +162,15 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
                                     f"release (`neuron-build verify` names what it breaks)") from None
                 written.append(rel_name)
             mf = store.raw_manifest(a.key)
-            if isinstance(mf, dict) and mf.get("key") == a.key and mf.get("files") == a.files:
+            found = store.lookup(a.key)
+            if found.hit and isinstance(mf, dict) and mf.get("files") == a.files:
                 (staging / a.bucket_id / MANIFEST).write_text(json.dumps(mf, indent=2) + "\n")
                 written.append(f"{a.bucket_id}/{MANIFEST}")
+            elif warn is not None:
+                why = found.damage or ("it is not in the store" if mf is None else
+                                       "it lists other files than the release pins (rebuilt since)")
+                warn(f"{what}: manifest not copied into {a.bucket_id}/ ({why}); its files are the release's, "
+                     f"sha256 verified")
             buckets.append({
                 "id": a.bucket_id, "target": a.target, "key": a.key, "sizes": a.bucket,
                 "inputs": [{"name": i["name"], "shape": i["shape"], "dtype": i["dtype"]} for i in a.inputs],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from neuron_build.store import ArtifactStore, LocalStore, layout
 from neuron_build.store.contract import ActionCache, Coordination, ObjectIO, RecordStore, ReleaseStore
 from neuron_build.store.manifest import Manifest, Metrics
 from neuron_build.store.records import FailureRecord, TargetRecord
+from neuron_build.store.remote import RemoteStore
 
 KEY_A = "a1" * 32
 KEY_B = "b2" * 32
@@ -57,11 +59,45 @@ def _local(tmp_path: Path) -> Case:
     return Case(store, damage, snapshot)
 
 
-IMPLEMENTATIONS = {"local": _local}
+def _remote_hooks(store: RemoteStore) -> tuple:
+    """damage and snapshot of a remote store, written with the filesystem's own client (outside the
+    contract: a tamperer does not ask the store)."""
+
+    def damage(key: str, name: str, data: bytes) -> None:
+        rel = layout.manifest_path(key) if name == "manifest.json" else layout.blob_path(
+            store.raw_manifest(key)["files"][name]["sha256"])
+        store.io.fs.pipe_file(store.io.full(rel), data)
+        store.io.invalidate()
+
+    def snapshot() -> list[tuple[str, int, bytes]]:
+        return sorted((rel, len(b := store.io.fs.cat_file(store.io.full(rel))), b) for rel in store.io.find(""))
+
+    return damage, snapshot
+
+
+def _memory(tmp_path: Path) -> Case:
+    store = RemoteStore(f"memory://contract-{secrets.token_hex(4)}", cache_dir=tmp_path / "cache")
+    return Case(store, *_remote_hooks(store))
+
+
+def _file(tmp_path: Path) -> Case:
+    store = RemoteStore(f"file://{tmp_path}/shared", cache_dir=tmp_path / "cache")
+    return Case(store, *_remote_hooks(store))
+
+
+def _s3(tmp_path: Path) -> Case:
+    store = RemoteStore(f"s3://{_S3_BUCKET[0]}/some/prefix", cache_dir=tmp_path / "cache")
+    return Case(store, *_remote_hooks(store))
+
+
+_S3_BUCKET: list[str] = []
+IMPLEMENTATIONS = {"local": _local, "memory": _memory, "file-url": _file, "s3": _s3}
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))
 def case(request, tmp_path) -> Case:
+    if request.param == "s3":
+        _S3_BUCKET[:] = [request.getfixturevalue("s3_bucket")]
     return IMPLEMENTATIONS[request.param](tmp_path)
 
 
