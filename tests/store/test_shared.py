@@ -1,8 +1,7 @@
 """A shared store as users meet it: checkouts on other paths (other hosts) with their own local stores
-read through one remote (``[build] remote``); push, fetch, pull with only the URL, tampering, failed pushes.
-
-Each test runs against a ``file://`` remote (any fsspec URL behaves the same through the contract); the S3
-endpoint's cases are the ``remote_url`` fixture's other parameter.
+read through one remote (``[build] remote``); push, fetch, pull with only the URL, tampering, failed pushes,
+an unreachable endpoint. The remote is a bucket on a real S3 endpoint (``remote``) or a folder by
+``file://`` URL (``remote_url``).
 """
 
 from __future__ import annotations
@@ -46,9 +45,44 @@ def checkout(root: Path, remote: str, buckets: str = "1, 4") -> Path:
     return cfg
 
 
+class Remote:
+    """A shared store under test: its URL, and a way to list and overwrite its blobs from outside (as rot
+    or a tamperer would)."""
+
+    def __init__(self, url: str, blobs, overwrite):
+        self.url, self.blobs, self.overwrite = url, blobs, overwrite
+
+
+def _folder_remote(tmp_path: Path) -> Remote:
+    root = tmp_path / "shared"
+    return Remote(root.as_uri(), lambda: sorted(p.name for p in (root / "cas").rglob("*") if p.is_file()),
+                  lambda sha, data: (root / "cas" / sha[:2] / sha).write_bytes(data))
+
+
+def _s3_remote(request) -> Remote:
+    bucket = request.getfixturevalue("s3_bucket")
+    client = request.getfixturevalue("s3_env").client()
+
+    def blobs() -> list[str]:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="team/cas/")
+        return sorted(o["Key"].rsplit("/", 1)[-1] for page in pages for o in page.get("Contents", []))
+
+    def overwrite(sha: str, data: bytes) -> None:
+        client.put_object(Bucket=bucket, Key=f"team/cas/{sha[:2]}/{sha}", Body=data)
+
+    return Remote(f"s3://{bucket}/team", blobs, overwrite)
+
+
+@pytest.fixture
+def remote(request) -> Remote:
+    """The shared store as CI and deploy hosts meet it: a bucket on a real S3 endpoint (moto's server).
+    (The other tests share a folder by ``file://`` URL: the same code path, the contract suite runs both.)"""
+    return _s3_remote(request)
+
+
 @pytest.fixture
 def remote_url(tmp_path: Path) -> str:
-    return (tmp_path / "shared").as_uri()
+    return _folder_remote(tmp_path).url
 
 
 def plan(cfg: Path) -> dict[str, dict]:
@@ -57,7 +91,8 @@ def plan(cfg: Path) -> dict[str, dict]:
     return {t["target"]: t for t in json.loads(r.stdout)}
 
 
-def test_a_second_checkout_compiles_nothing_and_fetch_makes_it_local(tmp_path, remote_url):
+def test_a_second_checkout_compiles_nothing_and_fetch_makes_it_local(tmp_path, remote):
+    remote_url = remote.url
     a, b = checkout(tmp_path / "host-a" / "proj", remote_url), checkout(tmp_path / "elsewhere" / "b", remote_url)
     r = run_cli("build", "-c", str(a))
     assert r.returncode == 0, r.stderr
@@ -84,14 +119,14 @@ def test_a_second_checkout_compiles_nothing_and_fetch_makes_it_local(tmp_path, r
     assert json.loads(r.stdout)["copied"] == [] and len(json.loads(r.stdout)["present"]) == 2
 
 
-def test_a_tampered_remote_blob_is_refused_and_the_rebuild_replaces_it(tmp_path, remote_url):
+def test_a_tampered_remote_blob_is_refused_and_the_rebuild_replaces_it(tmp_path, remote):
+    remote_url = remote.url
     a, b = checkout(tmp_path / "a", remote_url, "1"), checkout(tmp_path / "b", remote_url, "1")
     assert run_cli("build", "-c", str(a)).returncode == 0
-    shared = Path(remote_url.removeprefix("file://"))
-    blobs = sorted(p for p in (shared / "cas").rglob("*") if p.is_file())
-    assert blobs
-    victim = blobs[0]
-    victim.write_bytes(b"X" * victim.stat().st_size)  # same size: only the digest tells
+    blobs = remote.blobs()
+    assert len(blobs) == 1
+    size = json.loads((next((a.parent / "artifacts" / "ac").rglob("*.json"))).read_text())["files"]["model.pt"]["size"]
+    remote.overwrite(blobs[0], b"X" * size)  # same size: only the digest tells
 
     r = run_cli("build", "-c", str(b))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -177,3 +212,23 @@ def test_a_remote_that_is_not_a_url_is_a_config_error(tmp_path):
     cfg.write_text(MATRIX.format(remote="s3://A_bucket/x"))
     r = run_cli("plan", "-c", str(cfg))
     assert r.returncode == 2 and "is not an S3 bucket name" in r.stderr
+
+
+def test_an_unreachable_remote_fails_open_and_the_push_waits_for_it(tmp_path, s3_env, s3_bucket, monkeypatch):
+    from s3server import free_port
+
+    cfg = checkout(tmp_path / "a", f"s3://{s3_bucket}/team", "1")
+    down = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}  # nothing listens there
+    r = run_cli("build", "-c", str(cfg), env=down)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "1 target: 1 built, 0 cached, 0 failed" in r.stdout  # the build went on locally
+    warnings = [line for line in r.stderr.splitlines() if "cannot be read" in line]
+    assert len(warnings) == 1 and f"s3://{s3_bucket}/team" in warnings[0], r.stderr
+    assert "NOT PUSHED 1 artifact" in r.stdout
+    assert s3_env.client().list_objects_v2(Bucket=s3_bucket).get("KeyCount", 0) == 0  # nothing half-published
+
+    r = run_cli("build", "-c", str(cfg))  # the endpoint is back: the pending push goes up, nothing compiles
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert compiles_in_log(cfg.parent / ".neuron-build") == ["tiny/b1/fp32/p1"]
+    other = checkout(tmp_path / "b", f"s3://{s3_bucket}/team", "1")
+    assert {t["location"] for t in plan(other).values()} == {"remote"}
