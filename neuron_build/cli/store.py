@@ -12,12 +12,27 @@ def register(add) -> None:
     s.add_argument("--deep", action="store_true", help="also compare the sha256 of every blob (reads every byte)")
     s.add_argument("--repair", action="store_true",
                    help="move damaged manifests and blobs to quarantine/ (the next build compiles them again)")
+    s.add_argument("--remote", action="store_true", help="check [build] remote instead of the local store")
     s.add_argument("--json", action="store_true")
     s = add("gc", "remove artifacts that no target, release or channel references, and old leftovers")
     s.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
     s.add_argument("--keep-days", type=float, default=7.0, metavar="N",
                    help="keep unreferenced artifacts and quarantined objects younger than N days (default 7)")
+    s.add_argument("--remote", action="store_true",
+                   help="collect [build] remote instead of the local store (roots: every release, and this "
+                        "checkout's current targets; other checkouts' entries stay until older than N days)")
     s.add_argument("--json", action="store_true")
+
+
+def chosen_store(b, remote: bool):
+    """The store a maintenance command works on: the local one (of a read-through pair too), or with
+    ``remote`` the project's ``[build] remote`` (a user error when it has none)."""
+    if remote:
+        if getattr(b.store, "remote", None) is None:
+            raise UserError(f"{b.project.path}: no [build] remote to work on; drop --remote, or add e.g. "
+                            "remote = \"s3://bucket/prefix\" under [build]")
+        return b.store.remote
+    return getattr(b.store, "local", b.store)
 
 
 @command("verify")
@@ -27,10 +42,11 @@ def cmd_verify(args) -> int:
     from neuron_build.store.maintenance import verify_store
 
     b = open_builder(args)
-    if args.repair and getattr(b.store, "read_only", False):
-        raise UserError(f"store at {b.store.location} is read-only; verify --repair moves damaged objects "
+    store = chosen_store(b, args.remote)
+    if args.repair and getattr(store, "read_only", False):
+        raise UserError(f"store at {store.location} is read-only; verify --repair moves damaged objects "
                         f"and cannot here (run verify without --repair to report them)")
-    rep = verify_store(b.store, deep=args.deep, repair=args.repair)
+    rep = verify_store(store, deep=args.deep, repair=args.repair)
     if args.json:
         print_json(rep.to_json())
         return ExitCode.OK if rep.clean else ExitCode.FAILED
@@ -47,7 +63,7 @@ def cmd_verify(args) -> int:
     how = "sha256 of every blob" if args.deep else "sizes; --deep also checks every sha256"
     moved = (" (moved to quarantine/; the next build compiles them again)" if args.repair
              else " (reported only; --repair moves them to quarantine/)")
-    print(f"verified {rep.checked} artifacts and {rep.blobs_checked} blobs in {b.store.location} ({how}): "
+    print(f"verified {rep.checked} artifacts and {rep.blobs_checked} blobs in {store.location} ({how}): "
           f"{rep.ok} ok, {len(rep.bad)} bad" + (moved if rep.bad else "")
           + (f", {len(rep.problems)} reference problems" if rep.problems else ""))
     return ExitCode.OK if rep.clean else ExitCode.FAILED
@@ -60,10 +76,15 @@ def cmd_gc(args) -> int:
     from neuron_build.store.maintenance import collect_garbage
 
     b = open_builder(args)
+    store = chosen_store(b, args.remote)
     current = {b.key(t).key for t in b.targets}
     b.keys.save()
-    rep = collect_garbage(b.store, keep_keys=current, keep_days=args.keep_days, dry_run=args.dry_run,
-                          current_targets=[t.id for t in b.targets])
+    if args.remote:
+        from neuron_build.store.remote_gc import collect_remote_garbage
+        rep = collect_remote_garbage(store, keep_keys=current, keep_days=args.keep_days, dry_run=args.dry_run)
+    else:
+        rep = collect_garbage(store, keep_keys=current, keep_days=args.keep_days, dry_run=args.dry_run,
+                              current_targets=[t.id for t in b.targets])
     code = ExitCode.FAILED if rep.failed else ExitCode.OK
     if args.json:
         print_json(rep.to_json())

@@ -221,6 +221,13 @@ class _Backend:
             out.append(file_sha256(dest))
         return out
 
+    def modified(self, rel: str) -> float | None:
+        """When the object at ``rel`` was last written (POSIX seconds), or None when absent or unknown."""
+        try:
+            return self.fs.modified(self.full(rel)).timestamp()
+        except (FileNotFoundError, NotADirectoryError, NotImplementedError):
+            return None
+
     def size(self, rel: str) -> int | None:
         try:
             info = self.fs.info(self.full(rel))
@@ -449,6 +456,15 @@ class _S3(_Backend):
             raise
         return int(r["ContentLength"])
 
+    def modified(self, rel):
+        try:
+            r = self.client.head_object(Bucket=self.bucket, Key=self.key(rel))
+        except Exception as e:
+            if self._code(e) in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+        return r["LastModified"].timestamp()
+
 
 #: (options, AWS variables) -> (s3fs filesystem, boto3 client, endpoint): making a client costs ~1 s of CPU
 #: (botocore loads its service models), so a process makes one per configuration. Clients are thread-safe.
@@ -603,6 +619,13 @@ class RemoteStore:
     def delete_object(self, path: str) -> bool:
         with self._wire(f"deleting {path}", writing=True):
             return self.io.delete(path)
+
+    def object_age(self, path: str) -> float | None:
+        """Seconds since the object at ``path`` was last written (S3: ``LastModified``), or None when it
+        is absent or the filesystem does not say."""
+        with self._wire(f"reading the age of {path}"):
+            when = self.io.modified(path)
+        return None if when is None else max(0.0, time.time() - when)
 
     def object_ref(self, path: str) -> tuple[bytes | None, str | None]:
         """The bytes at ``path`` with their version token (S3: the ETag; else their sha256), or (None, None)."""

@@ -232,3 +232,42 @@ def test_an_unreachable_remote_fails_open_and_the_push_waits_for_it(tmp_path, s3
     assert compiles_in_log(cfg.parent / ".neuron-build") == ["tiny/b1/fp32/p1"]
     other = checkout(tmp_path / "b", f"s3://{s3_bucket}/team", "1")
     assert {t["location"] for t in plan(other).values()} == {"remote"}
+
+
+def test_gc_of_the_remote_keeps_what_releases_and_current_targets_name(s3_bucket):
+    import hashlib
+
+    from store.test_contract import publish
+
+    from neuron_build.store import open_store
+    from neuron_build.store.remote_gc import collect_remote_garbage
+
+    store = open_store(f"s3://{s3_bucket}/team")
+    pinned, current, stale = "a1" * 32, "c3" * 32, "b2" * 32
+    for key, data in ((pinned, b"released bytes"), (current, b"current bytes"), (stale, b"stale bytes")):
+        publish(store, key, {"model.pt": data})
+    sha = {k: hashlib.sha256(d).hexdigest() for k, d in
+           ((pinned, b"released bytes"), (current, b"current bytes"), (stale, b"stale bytes"))}
+    store.put_release("m", "r-0001", {"id": "r-0001", "artifacts": [
+        {"target": "m/b1/fp32/p", "key": pinned, "files": {"model.pt": {"sha256": sha[pinned], "size": 14}}}]})
+
+    young = collect_remote_garbage(store, keep_keys=[current], keep_days=7)  # everything is minutes old
+    assert young.removed == [] and young.kept_young == 1 and young.referenced == 2
+
+    dry = collect_remote_garbage(store, keep_keys=[current], keep_days=0, dry_run=True)
+    assert sorted(r.kind for r in dry.removed) == ["blob", "object"]
+    assert store.lookup(stale).hit  # a dry run removes nothing
+
+    rep = collect_remote_garbage(store, keep_keys=[current], keep_days=0)
+    assert [(r.kind, r.key) for r in rep.removed if r.kind == "object"] == [("object", stale)]
+    assert [r.path for r in rep.removed if r.kind == "blob"] == [f"cas/{sha[stale][:2]}/{sha[stale]}"]
+    assert rep.failed == []
+    assert store.keys() == sorted([pinned, current])
+    assert store.blob_size(sha[stale]) is None and store.blob_size(sha[pinned]) == 14
+    assert store.lookup(pinned).hit and store.lookup(current).hit
+
+
+def test_gc_remote_without_a_remote_says_what_to_add(tiny):
+    r = run_cli("gc", "--remote", "--dry-run", "-c", str(tiny))
+    assert r.returncode == 2
+    assert "no [build] remote" in r.stderr and "drop --remote" in r.stderr
