@@ -66,7 +66,7 @@ def test_sigkill_at_each_store_write_leaves_objects_complete_or_absent(tmp_path)
     writes = json.loads(r.stdout.splitlines()[-1])["writes"]
     # the publish: blobs renamed into cas/, then the manifest linked into ac/ create-only (the commit point)
     commit = [i for i, w in enumerate(writes) if re.match(r"os\.link \.[0-9a-f]{64}\.json\.", w)]
-    blobs = [i for i, w in enumerate(writes) if re.match(r"os\.rename \.[0-9a-f]{64}\.\d+\.", w)]
+    blobs = [i for i, w in enumerate(writes) if re.match(r"os\.rename \.[0-9a-f]{64}\.\d+\.[0-9a-f]+\.tmp$", w)]
     assert commit and blobs and max(blobs) < commit[0], writes
     # one crash point per distinct step: the first of each run of folder creations, and of the removals
     # inside the staging folder's rmtree only the rmtree itself

@@ -98,6 +98,7 @@ def reasons_in_quarantine(store: LocalStore) -> dict[str, str]:
     return {d.name.split(".")[0]: (d / "reason.txt").read_text().strip() for d in (store.root / "quarantine").iterdir()}
 
 
+@pytest.mark.slow
 def test_damage_is_reported_never_served_and_rebuilt(built, tmp_path):
     """Fault: a flipped byte inside the model.pt blob (same size), a manifest overwritten with garbage and
     one whose op count was edited (still valid JSON). Reads (show, plan, verify) serve none of it and move
@@ -158,6 +159,7 @@ def test_damage_is_reported_never_served_and_rebuilt(built, tmp_path):
     assert set(object_digests(store.root)) == set(before)
 
 
+@pytest.mark.slow
 def test_a_missing_blob_is_found_by_the_build_and_rebuilt(built, tmp_path):
     """Fault: a blob deleted under a committed manifest (what a careless clean-up leaves). The build's
     lookup moves the manifest aside with its reason and compiles the key again."""
@@ -181,6 +183,7 @@ def test_a_missing_blob_is_found_by_the_build_and_rebuilt(built, tmp_path):
 # ------------------------------------------------------------------------------------------------------
 # a promoted release through damage, verify and rebuild
 
+@pytest.mark.slow
 def test_a_promoted_release_survives_damage_verify_rebuild_or_is_reported(tmp_path):
     """Two models released and promoted to dev; both model.pt blobs are then truncated. ``verify`` names the
     release and the channel each damaged blob breaks, with the fix; pull refuses. The next build compiles
@@ -325,6 +328,7 @@ def _age_tree(path: Path, days: float) -> None:
         _age(p, days)
 
 
+@pytest.mark.slow
 def test_gc_keeps_referenced_removes_the_rest(built, tmp_path):
     """Objects whose targets moved to new keys, two of them named by a release (and a channel), a staging
     folder of a dead builder, an old quarantined object, a lock file broken aside, and files gc did not
