@@ -201,7 +201,10 @@ class ModelSpec(_Frozen):
 
     ``factory`` is ``module.path:function`` relative to the folder of ``buckets.toml``. ``buckets`` maps
     each bucket dim to its values; a model's buckets are their product. ``weights`` are extra files
-    (relative paths) whose content is part of the key; ``packages`` are installed distributions whose
+    or folders (paths relative to the config's folder, or absolute) whose content is part of the key (a folder:
+    every file under it); ``sources`` are globs (relative to the config's folder, ``**`` recursing) of
+    further files whose content is part of the key, for code the factory runs that no import statement
+    names (see :mod:`neuron_build.project.sources`); ``packages`` are installed distributions whose
     versions, and whose shipped weight files, are part of the key. ``tolerance`` is the relative L2 error
     allowed against the fp32 CPU reference, per dtype (defaults: fp32 1e-4, bf16 and fp16 2e-2; see
     :mod:`neuron_build.evaluate.validate`). ``reference`` names another model whose eager fp32 CPU outputs this
@@ -222,6 +225,7 @@ class ModelSpec(_Frozen):
     inputs: tuple[InputSpec, ...] = Field(min_length=1)
     buckets: dict[str, tuple[PositiveInt, ...]] = {}
     weights: tuple[StrictStr, ...] = ()
+    sources: tuple[StrictStr, ...] = ()
     packages: tuple[StrictStr, ...] = ()
     tolerance: dict[Dtype, float] = {}
     truncate: StrictBool = False
@@ -495,8 +499,21 @@ def _cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
                 faults.append(f"{toml_path(at + ('buckets', d))}: no input uses dim '{d}'; "
                               f"remove it or use it in an input's shape")
         for i, w in enumerate(m.weights):
-            if not (root / w).is_file():
-                faults.append(f"{toml_path(at + ('weights', i))}: file '{w}' not found (relative to {root})")
+            wp = root / w
+            if wp.is_dir():
+                if not any(f.is_file() for f in wp.rglob("*")):
+                    faults.append(f"{toml_path(at + ('weights', i))}: folder '{w}' holds no files; "
+                                  f"put the weight files in it or remove the entry")
+            elif not wp.is_file():
+                faults.append(f"{toml_path(at + ('weights', i))}: '{w}' not found (relative to {root}); "
+                              f"give an existing file or folder")
+        for i, g in enumerate(m.sources):
+            if Path(g).is_absolute() or ".." in Path(g).parts:
+                faults.append(f"{toml_path(at + ('sources', i))}: '{g}' must be a glob relative to {root} "
+                              f"(e.g. \"kernels/**/*.py\"), inside the project folder")
+            elif not any(p.is_file() for p in root.glob(g)):
+                faults.append(f"{toml_path(at + ('sources', i))}: '{g}' matches no file under {root}; "
+                              f"fix the pattern or remove it")
         for i, pkg in enumerate(m.packages):
             try:
                 import importlib.metadata as md
@@ -558,8 +575,7 @@ def _check_factory(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
     # modules under the models folder that the factory imports must import too
     from neuron_build.project.sources import local_imports
 
-    top_dir = root / m.module.split(".")[0]
-    for dep in local_imports(path, top_dir if top_dir.is_dir() else path.parent):
+    for dep in local_imports(path, root, module=m.module):
         if dep == path:
             continue
         try:

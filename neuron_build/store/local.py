@@ -5,6 +5,7 @@ Layout (``shared/DESIGN.md``); this module is its only owner::
     <store>/objects/<key[:2]>/<key>/     model.pt | model.pt2, model.neff, compile.log, worker.log, manifest.json
     <store>/targets/<target id>/last.json     the last key built for the target, with its key details
     <store>/targets/<target id>/failure.json  the last failed compile of the target (and failure.log)
+    <store>/targets/<model>/imports.json      the project files builds of the model recorded as imported
     <store>/results/<key>/<kind>/<name>.json  validation and benchmark results of an artifact, per
                                          device kind: outside the immutable object, never in the key
     <store>/releases/<model>/<release id>.json        immutable release records
@@ -40,6 +41,7 @@ from pydantic import ValidationError
 
 from neuron_build.status import Status
 from neuron_build.store.contract import Lookup
+from neuron_build.store.layout import imports_path
 from neuron_build.store.manifest import MANIFEST, Manifest
 from neuron_build.store.records import FailureRecord, TargetRecord
 from neuron_build.util import (
@@ -322,6 +324,18 @@ class LocalStore:
             rec = TargetRecord.from_json(raw)
             if rec is not None:
                 yield rec if rec.target == tid else replace(rec, target=tid)
+
+    def recorded_imports(self, model: str) -> list[str]:
+        raw = read_json(self.root / imports_path(model))
+        files = raw.get("files") if isinstance(raw, dict) else None
+        return sorted(f for f in files if isinstance(f, str)) if isinstance(files, list) else []
+
+    def add_recorded_imports(self, model: str, files: list[str]) -> list[str]:
+        have = self.recorded_imports(model)
+        new = sorted(set(have) | set(files))
+        if new != have:
+            write_json_atomic(self.root / imports_path(model), {"model": model, "files": new})
+        return new
 
     def put_failure(self, record: FailureRecord, log: bytes) -> None:
         d = self._target_dir(record.target)
