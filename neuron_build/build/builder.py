@@ -29,7 +29,7 @@ from neuron_build.build.attempt import (
     free_space,
 )
 from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun, Executor
-from neuron_build.build.local import LocalExecutor
+from neuron_build.build.local import LocalExecutor, default_jobs
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.planner import Planner
 from neuron_build.compilers.base import CompileRequest
@@ -91,6 +91,14 @@ class Builder:
         self.executor: Executor = executor if executor is not None else LocalExecutor(cfg.timeout_s, cfg.heartbeat_s)
         self._toolchain_problem: str | None | bool = False  # False: not checked yet
         announce_backend(self.keys.backend_note)  # "backend auto: using inductor because ...", once per process
+
+    def default_jobs(self) -> int:
+        """Compiles to run at once when ``-n`` is not given: one per CPU, bounded by ``[build]
+        max_host_memory_gb`` (else 80 % of physical memory) over ``default_compile_memory_gb`` (see
+        :func:`neuron_build.build.local.default_jobs`)."""
+        cfg = self.project.config.build
+        mem = cfg.max_host_memory_gb
+        return default_jobs(int(mem * GB) if mem is not None else None, int(cfg.default_compile_memory_gb * GB))
 
     # -- planning (see Planner) --------------------------------------------------------------
     def key(self, target: Target) -> KeyInfo:
