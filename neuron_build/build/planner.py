@@ -72,7 +72,7 @@ class Planner:
         ki = self.key(target)
         rec = self.store.target(target.id)
         if rec and rec.details is not None:
-            return ([] if rec.key == ki.key else diff_components(rec.details, ki.details)), target.id
+            return ([] if rec.key == ki.key else diff_components(rec.details, ki.details, rec.hashes, ki.hashes)), target.id
         group = (target.model, target.dtype, target.profile)
         idx = self._removed.get(group)
         if idx is None:
@@ -81,7 +81,7 @@ class Planner:
         best = idx.closest(ki.hashes)
         if best is None:
             return ["new target"], None
-        return diff_components(best.details, ki.details), best.target
+        return diff_components(best.details, ki.details, best.hashes, ki.hashes), best.target
 
     def _index_removed(self, model: str) -> None:
         """Index the recorded targets of ``model`` that are no longer in the matrix, per (dtype, profile)."""
@@ -112,40 +112,51 @@ class _RemovedIndex:
 
     Each record is filed under every projection of its component hashes (the hashes of a subset of
     :data:`~neuron_build.project.keys.COMPONENTS`, 2**6 = 64 of them); the closest record to a new target
-    is the first (by target id) under the largest subset whose projection it shares. Adding is O(64), a
-    lookup O(64): independent of how many records there are.
+    is the first (by target id) under the largest subset whose projection it shares. Subsets are filed a
+    size at a time, largest first, when a lookup first needs them. Adding is O(64) at most, a lookup
+    O(64): independent of how many records there are.
     """
 
     def __init__(self) -> None:
         self._by_proj: dict[tuple[int, tuple[str, ...]], TargetRecord] = {}
-        self._n = len(COMPONENTS)
+        self._records: list[tuple[TargetRecord, tuple[str, ...]]] = []
+        self._built: set[int] = set()  # levels (indices into _LEVELS) filed so far
 
-    def _hashes(self, rec: TargetRecord) -> tuple[str, ...]:
-        d = rec.details or {}
-        return tuple(sha256_hex(canonical_json(d.get(c))) for c in COMPONENTS)
+    @staticmethod
+    def _hashes(rec: TargetRecord) -> tuple[str, ...]:
+        d, have = rec.details or {}, rec.hashes or {}
+        return tuple(have[c] if isinstance(have.get(c), str) else sha256_hex(canonical_json(d.get(c)))
+                     for c in COMPONENTS)
 
-    def add(self, rec: TargetRecord) -> None:
-        h = self._hashes(rec)
-        for mask in range(1 << self._n):
-            proj = (mask, tuple(h[i] for i in range(self._n) if mask >> i & 1))
+    def _file(self, rec: TargetRecord, h: tuple[str, ...], level: int) -> None:
+        for mask, idx in _LEVELS[level]:
+            proj = (mask, tuple([h[i] for i in idx]))
             have = self._by_proj.get(proj)
             if have is None or rec.target < have.target:
                 self._by_proj[proj] = rec
 
+    def add(self, rec: TargetRecord) -> None:
+        h = self._hashes(rec)
+        self._records.append((rec, h))
+        for level in self._built:
+            self._file(rec, h, level)
+
     def closest(self, hashes: dict[str, str]) -> TargetRecord | None:
         h = tuple(hashes[c] for c in COMPONENTS)
-        for keep in range(self._n, -1, -1):  # most shared components first
-            found = [r for mask in _MASKS[keep]
-                     if (r := self._by_proj.get((mask, tuple(h[i] for i in range(self._n) if mask >> i & 1))))]
+        for n, level in enumerate(_LEVELS):  # most shared components first
+            if n not in self._built:  # filed on first need: after a bucket change, levels 0 and 1 answer
+                self._built.add(n)
+                for rec, rh in self._records:
+                    self._file(rec, rh, n)
+            found = [r for mask, idx in level if (r := self._by_proj.get((mask, tuple([h[i] for i in idx]))))]
             if found:
                 return min(found, key=lambda r: r.target)
         return None
 
 
-#: Subset masks of the components, by how many components they keep.
-_MASKS: dict[int, list[int]] = {}
-for _m in range(1 << len(COMPONENTS)):
-    _MASKS.setdefault(bin(_m).count("1"), []).append(_m)
+#: Every subset of the components as (bit mask, the indices it keeps), and grouped by size, largest first.
+_SUBSETS = [(m, tuple(i for i in range(len(COMPONENTS)) if m >> i & 1)) for m in range(1 << len(COMPONENTS))]
+_LEVELS = [[s for s in _SUBSETS if len(s[1]) == n] for n in range(len(COMPONENTS), -1, -1)]
 
 
 __all__ = ["Planner"]

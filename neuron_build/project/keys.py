@@ -160,12 +160,18 @@ class KeyInfo:
     hashes: dict[str, str]
 
 
-def diff_components(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def diff_components(old: dict[str, Any], new: dict[str, Any], old_hashes: dict[str, str] | None = None,
+                    new_hashes: dict[str, str] | None = None) -> list[str]:
     """The components whose hashes differ, in :data:`COMPONENTS` order, each with the sub-keys that
-    changed: ``["model: sources[models/ffn.py]", ...]``."""
+    changed: ``["model: sources.models/ffn.py, weights.w.bin", ...]``.
+
+    ``old_hashes`` and ``new_hashes`` (component -> sha256, as key records carry them) let equal
+    components be skipped without serialising them."""
     out = []
     for c in COMPONENTS:
         a, b = old.get(c), new.get(c)
+        if old_hashes and new_hashes and c in old_hashes and old_hashes.get(c) == new_hashes.get(c):
+            continue
         if canonical_json(a) == canonical_json(b):
             continue
         detail = _subdiff(a, b)
@@ -213,6 +219,10 @@ class KeyMaker:
         self._model_cache: dict[str, dict[str, Any]] = {}
         self._toolchain = toolchain_versions(self.backend)
         self._env = key_env(self.backend, self.environ)
+        self._compiler_cache: dict[str, dict[str, Any]] = {}
+        #: (component, id of its value) -> (value, canonical JSON, sha256); the value is kept so the id
+        #: cannot be reused by another object while the entry lives
+        self._json_cache: dict[tuple[str, int], tuple[Any, bytes, str]] = {}
 
     def static_sources(self, name: str) -> dict[str, str]:
         """Project file (relative POSIX path) -> sha256 of every source a model's factory runs that static
@@ -276,22 +286,40 @@ class KeyMaker:
         cfg = self.project.config
         m = cfg.models[target.model]
         prof = cfg.profiles[target.profile]
+        comp = self._compiler_cache.get(target.profile)
+        if comp is None:
+            comp = self._compiler_cache[target.profile] = {
+                "backend": self.backend, "hardware_target": self.hardware_target,
+                "compiler_args": list(key_args(prof.compiler_args)),
+                "inline_weights_to_neff": prof.inline_weights_to_neff, "tp_degree": prof.tp_degree}
         return {
             "format": KEY_FORMAT,
             "model": self.model_component(target.model, recorded),
             "inputs": {"dtype": target.dtype, "inputs": [i.to_json() for i in target.inputs(m)]},
-            "compiler": {"backend": self.backend, "hardware_target": self.hardware_target,
-                         "compiler_args": list(key_args(prof.compiler_args)),
-                         "inline_weights_to_neff": prof.inline_weights_to_neff, "tp_degree": prof.tp_degree},
+            "compiler": comp,
             "env": self._env,
             "toolchain": self._toolchain,
         }
 
     def key(self, target: Target, recorded: list[str] | None = None) -> KeyInfo:
-        """The target's :class:`KeyInfo` (``recorded`` as for :meth:`details`)."""
+        """The target's :class:`KeyInfo` (``recorded`` as for :meth:`details`).
+
+        The key is the sha256 of the canonical JSON of the details; that JSON is assembled from each
+        component's canonical JSON (sorted keys make it compositional), and the components shared by many
+        targets (model, env, toolchain, a profile's compiler options) are serialised once."""
         d = self.details(target, recorded)
-        return KeyInfo(key=sha256_hex(canonical_json(d)), details=d,
-                       hashes={c: sha256_hex(canonical_json(d[c])) for c in COMPONENTS})
+        texts, hashes = {}, {}
+        for c in COMPONENTS:
+            cache_key = (c, id(d[c])) if c != "inputs" else None
+            hit = self._json_cache.get(cache_key) if cache_key else None
+            if hit is None or hit[0] is not d[c]:
+                j = canonical_json(d[c])
+                hit = (d[c], j, sha256_hex(j))
+                if cache_key:
+                    self._json_cache[cache_key] = hit
+            texts[c], hashes[c] = hit[1], hit[2]
+        whole = b"{" + b",".join(b'"' + c.encode() + b'":' + texts[c] for c in sorted(COMPONENTS)) + b"}"
+        return KeyInfo(key=sha256_hex(whole), details=d, hashes=hashes)
 
     def forget_model(self, name: str) -> None:
         """Drop the cached ``model`` component of one model (after :attr:`recorded` changed)."""

@@ -36,7 +36,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
 from pydantic import ValidationError
 
 from neuron_build.status import Status
@@ -310,8 +309,10 @@ class LocalStore:
                 base = base / bucket_id
         if not base.is_dir():
             return
-        for f in sorted(base.rglob(name)):
-            yield f.parent.relative_to(self.root / "targets").as_posix(), read_json(f)
+        top = self.root / "targets"
+        found = [os.path.join(d, name) for d, _, files in os.walk(base) if name in files]  # faster than rglob
+        for f in sorted(found, key=lambda x: x.split(os.sep)):  # the order of sorted(Path, ...)
+            yield Path(os.path.relpath(os.path.dirname(f), top)).as_posix(), read_json(Path(f))
 
     def targets(self, model: str, bucket_id: str | None = None) -> Iterator[TargetRecord]:
         for tid, raw in self._records("last.json", model, bucket_id):
@@ -402,6 +403,8 @@ class LocalStore:
     def channel_lock(self, model: str, channel: str, timeout_s: float) -> AbstractContextManager[Any]:
         path = self._channel_path(model, channel, ".lock")
         path.parent.mkdir(parents=True, exist_ok=True)
+        from filelock import FileLock  # off the no-op path
+
         return FileLock(str(path), timeout=timeout_s)
 
     def channel_lock_path(self, model: str, channel: str) -> Path:
