@@ -281,6 +281,25 @@ class ModelSpec(_Frozen):
         return self.factory.partition(":")[2]
 
 
+def _specifiers(v: dict[str, str], where: str = "") -> dict[str, str]:
+    """Package -> version specifier, a bare version (``2.13.*``) read as ``==2.13.*``; a ValueError names a
+    specifier that is not PEP 440."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    out = {}
+    for pkg, spec in v.items():
+        text = spec.strip()
+        if text and text[0].isdigit():
+            text = "==" + text
+        try:
+            SpecifierSet(text)
+        except InvalidSpecifier:
+            raise ValueError(f"{where}{pkg} = {spec!r} is not a version specifier; write e.g. \"2.13.*\" or "
+                             f"\">=2.13,<2.14\"") from None
+        out[pkg] = text
+    return out
+
+
 class ReleaseSettings(_Frozen):
     """``[release]``: channels and the gates a promotion must pass (:mod:`neuron_build.release`).
 
@@ -291,7 +310,11 @@ class ReleaseSettings(_Frozen):
     release; each bucket's p99 latency at most ``max_p99_ratio`` times the current release's; the p95 of the
     release's compile times at most ``max_compile_time_p95_s`` seconds; every artifact validated on the
     device kind that serves the channel: ``serving_device_kind`` for every channel, unless
-    ``channel_device_kind`` names another for a channel (``{ prod = "neuron" }``).
+    ``channel_device_kind`` names another for a channel (``{ prod = "neuron" }``); and the release built
+    with versions the channel's serving hosts run: ``serving`` declares them for every channel
+    (``{ torch = "2.13.*" }``: package -> PEP 440 specifier, a bare version meaning ``==``) and
+    ``channel_serving`` per channel (``{ prod = { torch = "2.13.*", torch-neuronx = ">=2.13" } }``, on top
+    of ``serving``); a channel with neither is not gated on versions.
     """
 
     channels: tuple[StrictStr, ...] = Field(default=("dev", "staging", "prod"), min_length=1)
@@ -302,6 +325,27 @@ class ReleaseSettings(_Frozen):
     max_compile_time_p95_s: float = Field(default=400.0, gt=0, strict=False)
     serving_device_kind: DeviceKind = "cpu"
     channel_device_kind: dict[str, DeviceKind] = {}
+    serving: dict[StrictStr, StrictStr] = {}
+    channel_serving: dict[StrictStr, dict[StrictStr, StrictStr]] = {}
+
+    @field_validator("serving")
+    @classmethod
+    def _serving(cls, v: dict[str, str]) -> dict[str, str]:
+        return _specifiers(v)
+
+    @field_validator("channel_serving")
+    @classmethod
+    def _channel_serving(cls, v: dict[str, dict[str, str]], info: ValidationInfo) -> dict[str, dict[str, str]]:
+        channels = info.data.get("channels")
+        for c in v:
+            if channels is not None and c not in channels:
+                raise ValueError(f"names channel '{c}', which is not in channels ({', '.join(channels)})")
+        return {c: _specifiers(pkgs, f"{c}.") for c, pkgs in v.items()}
+
+    def serving_for(self, channel: str) -> dict[str, str]:
+        """Package -> PEP 440 specifier of the versions the hosts serving ``channel`` run: ``serving``,
+        with ``channel_serving[channel]`` on top (empty: nothing declared, nothing gated)."""
+        return {**self.serving, **self.channel_serving.get(channel, {})}
 
     @field_validator("channels")
     @classmethod

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from neuron_build.artifact import release_version_problem
 from neuron_build.errors import UserError
 from neuron_build.project.config import ReleaseSettings
 from neuron_build.release.channels import check_channel
@@ -65,8 +66,9 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
         The content of ``release.json`` (see :mod:`neuron_build.runtime`).
 
     Raises:
-        UserError: unknown channel, empty channel, missing release record, or a missing or corrupt object
-            (the message names the file).
+        UserError: unknown channel, empty channel, missing release record, a release this host's installed
+            versions cannot load (:func:`release_version_problem`: one line naming both versions), or a
+            missing or corrupt object (the message names the file).
     """
     if settings is not None:
         check_channel(settings, channel, "--channel")
@@ -74,6 +76,10 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
     if not ptr:
         raise UserError(f"channel {model}/{channel} holds no release; promote one into it first")
     rel = get_release(store, model, ptr.release)
+    problem = release_version_problem(rel.backend, rel.toolchain, [(a.loader, a.artifact) for a in rel.artifacts],
+                                      f"release {rel.id} of {model} ({channel})")
+    if problem:
+        raise UserError(problem)
     if not str(dest).strip():
         raise UserError("--dest is empty; give the folder to pull into (e.g. --dest serve/minilm)")
     dest = Path(dest).absolute()
