@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import sys
 from collections.abc import Iterable
+from functools import cache
 from pathlib import Path
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent  # neuron_build/
@@ -53,6 +54,7 @@ def is_project_file(path: Path, root: Path, exclude: Iterable[Path] = ()) -> boo
     return not any(path.is_relative_to(p) and not root.is_relative_to(p) for p in _prefixes())
 
 
+@cache
 def _prefixes() -> tuple[Path, ...]:
     out = []
     for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
