@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 _log_file: Path | None = None
 _pending: tuple[bool | None, bool] | None = (None, False)  # (json_lines, quiet) not applied to structlog yet
+_configuring = threading.Lock()
 
 
 def _tee(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -49,14 +51,20 @@ def configure(log_file: Path | None = None, json_lines: bool | None = None, quie
 
 
 def _structlog():
-    """structlog, configured with the settings :func:`configure` recorded last."""
-    global _pending
+    """structlog, configured with the settings :func:`configure` recorded last (once, under a lock: the
+    first events of parallel compile threads must all reach the build log)."""
     import structlog
 
     if _pending is None:
         return structlog
-    json_lines, quiet = _pending
-    _pending = None
+    with _configuring:
+        if _pending is not None:
+            _apply(structlog, *_pending)
+    return structlog
+
+
+def _apply(structlog, json_lines: bool | None, quiet: bool) -> None:
+    global _pending
     if json_lines is None:
         json_lines = not sys.stderr.isatty()
     renderer = structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer(
@@ -73,7 +81,7 @@ def _structlog():
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
-    return structlog
+    _pending = None
 
 
 class LazyLogger:
