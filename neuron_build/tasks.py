@@ -181,8 +181,8 @@ class BuildSession(NamespaceTaskLoader):
         b = self.builder
         os.environ["NEURON_BUILD_CONFIG"] = str(b.project.path)
         doit_args = ["run", "--db-file", ":memory:"]  # see the module docstring: one db per process
-        if jobs > 1:
-            doit_args += ["-n", str(jobs), "-P", "thread"]  # (-n 1 would fork one runner process)
+        # always explicit: DOIT_CONFIG's parallel default must not override jobs=1 (-n 0: doit's serial runner)
+        doit_args += ["-n", str(jobs) if jobs > 1 else "0", "-P", "thread"]
         doit_args += [f"build:{t}" for t in target_ids] if target_ids is not None else ["build"]
         b.project.state_dir.mkdir(parents=True, exist_ok=True)
         self.outcomes.clear()
