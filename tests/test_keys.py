@@ -145,3 +145,27 @@ def test_plan_changed_names_component_first(tiny):
     edit(tiny, 'compiler_args = ["--optlevel=1"]', 'compiler_args = ["--optlevel=3"]')
     b2 = Builder(load_project(tiny))
     assert b2.changed(b2.by_id[t.id]) == (["compiler: compiler_args"], t.id)
+
+
+def test_removed_target_index_picks_the_closest_record():
+    """The plan's index of removed targets answers as a scan over all of them would: the record with the
+    fewest differing components, the first by target id among equals."""
+    import random
+
+    from neuron_build.build.planner import _RemovedIndex
+
+    rng = random.Random(7)
+    comps = list(COMPONENTS)
+    recs = []
+    for i in range(300):
+        details = {c: rng.choice(["a", "b", "c"]) for c in comps}
+        recs.append(TargetRecord(target=f"m/b{i:03d}/fp32/p1", key=str(i), status="PASS", details=details))
+    idx = _RemovedIndex()
+    for r in reversed(recs):
+        idx.add(r)
+    for _ in range(50):
+        new = {c: rng.choice(["a", "b", "c", "d"]) for c in comps}
+        from neuron_build.util import canonical_json, sha256_hex
+        hashes = {c: sha256_hex(canonical_json(new[c])) for c in comps}
+        want = min(recs, key=lambda r: (len(diff_components(r.details, new)), r.target))
+        assert idx.closest(hashes).target == want.target
