@@ -35,6 +35,7 @@ from doit.cmd_base import NamespaceTaskLoader
 from doit.exceptions import TaskFailed
 
 from neuron_build.build.builder import Builder, Outcome
+from neuron_build.build.local import default_jobs
 from neuron_build.errors import ConfigError, UserError, exit_code
 from neuron_build.evaluate.validate import (
     artifact_device_kind,
@@ -56,8 +57,41 @@ DOIT_CONFIG = {
     "backend": "sqlite3",
     "dep_file": ":memory:",    # per process: concurrent builds never share (or lock) a database
     "verbosity": 2,
+    # compiles at once: one per CPU, bounded by physical memory over the default expected peak of a compile
+    # ([build] max_host_memory_gb is enforced per compile by the memory budget); `doit -n 1 build` for serial
+    "num_process": default_jobs(),
+    "par_type": "thread",      # one Builder shared by the runners; each compile is its own worker process
 }
 
+
+def _unmet_dependency_is_a_failure() -> None:
+    """Make doit exit 1, not 2, when tasks failed and others were skipped because of them.
+
+    ``doit build`` runs the group task ``build``, which depends on every ``build:<target>``; when one
+    fails, doit records the group task's :class:`~doit.exceptions.UnmetDependency`, a ``TaskError``, and
+    exits 2, the code the README reserves for user errors. A task not run because a task it depends on
+    failed is part of that failure: this wraps ``Runner._handle_task_error`` (used by doit's serial,
+    process and thread runners) so such a skip keeps the result at 1 unless a real error happened. Applied
+    once, when this module is imported (only by ``dodo.py`` and ``neuron-build build``).
+    """
+    from doit.exceptions import UnmetDependency
+    from doit.runner import ERROR, FAILURE, Runner
+
+    orig = Runner._handle_task_error
+    if getattr(orig, "_neuron_build", False):
+        return
+
+    def handle(self, node, base_fail):
+        before = self.final_result
+        orig(self, node, base_fail)
+        if isinstance(base_fail, UnmetDependency) and before != ERROR:
+            self.final_result = FAILURE
+
+    handle._neuron_build = True  # type: ignore[attr-defined]
+    Runner._handle_task_error = handle
+
+
+_unmet_dependency_is_a_failure()
 
 _MAIN_PID = os.getpid()
 _pdeathsig_set = False
@@ -154,8 +188,8 @@ class BuildSession(NamespaceTaskLoader):
         b = self.builder
         os.environ["NEURON_BUILD_CONFIG"] = str(b.project.path)
         doit_args = ["run", "--db-file", ":memory:"]  # see the module docstring: one db per process
-        if jobs > 1:
-            doit_args += ["-n", str(jobs), "-P", "thread"]  # (-n 1 would fork one runner process)
+        # always explicit: DOIT_CONFIG's parallel default must not override jobs=1 (-n 0: doit's serial runner)
+        doit_args += ["-n", str(jobs) if jobs > 1 else "0", "-P", "thread"]
         doit_args += [f"build:{t}" for t in target_ids] if target_ids is not None else ["build"]
         b.project.state_dir.mkdir(parents=True, exist_ok=True)
         self.outcomes.clear()

@@ -32,7 +32,8 @@ def neuron_project(root: Path, timeout: float = 120, extra: str = "") -> Path:
 
 
 def build(cfg: Path, env: dict, *patterns: str) -> subprocess.CompletedProcess:
-    return run_cli("build", "-c", str(cfg), *patterns, env=env)
+    # one compile at a time: the test double's failure modes hit its first call, which must be FIRST's
+    return run_cli("build", "-c", str(cfg), "-n", "1", *patterns, env=env)
 
 
 def show(cfg: Path, env: dict, ref: str) -> dict:

@@ -388,7 +388,7 @@ def test_every_gate_reported_and_refusals_recorded(proj):
     r1 = make(proj)
     e = refused(store, settings, "dev", release=r1["id"], reason="try")
     assert [g["name"] for g in e["gates"]] == ["channel_order", "validated", "artifact_count", "op_count",
-                                               "p99_latency", "compile_time_p95"]
+                                               "p99_latency", "compile_time_p95", "serving_toolchain"]
     assert channel_pointer(store, "tiny", "dev") is None
     hist = channel_history(store, "tiny", "dev")
     assert len(hist) == 1
@@ -735,3 +735,103 @@ def test_pull_never_replaces_a_folder_it_did_not_write(proj, tmp_path):
     dest = tmp_path / "serve"
     pull(store, "tiny", "dev", dest, settings)
     assert pull(store, "tiny", "dev", dest, settings)["release"] == r1["id"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# versions checked before they bite
+
+def test_promote_refuses_a_release_built_for_another_serving_torch(proj):
+    import importlib.metadata as md
+
+    torch_v = md.version("torch")
+    set_release_config(proj, 'serving = { torch = "2.12.*" }\nchannel_serving = { staging = { torch = "2.13.*" } }')
+    _, _, store, settings = ctx(proj)
+    assert settings.serving_for("dev") == {"torch": "==2.12.*"}
+    r1 = make(proj)
+    e = refused(store, settings, "dev", release=r1["id"], allow_unvalidated=True)
+    g = gate(e, "serving_toolchain")
+    assert not g["passed"]
+    assert g["message"] == (f"built with torch {torch_v}, but channel 'dev' serves torch==2.12.* "
+                            f"([release] serving / channel_serving)")
+    assert f"FAIL serving_toolchain: built with torch {torch_v}" in e["message"]
+    settings = settings.model_copy(update={"allow_skip": True})
+    ok = promote(store, settings, "tiny", "staging", release=r1["id"], allow_unvalidated=True)
+    assert gate(ok, "serving_toolchain")["passed"]
+
+
+def test_serving_config_errors(proj):
+    from neuron_build.errors import ConfigError
+
+    set_release_config(proj, 'channel_serving = { qa = { torch = "2.13.*" } }\nserving = { torch = "two" }')
+    with pytest.raises(ConfigError) as ei:
+        load_project(proj)
+    text = str(ei.value)
+    assert "release.serving: torch = 'two' is not a version specifier" in text
+    assert "release.channel_serving: names channel 'qa', which is not in channels (dev, staging, prod)" in text
+
+
+def _rebuilt_with(proj: Path, torch_version: str) -> None:
+    """Make every stored artifact of the project say it was built with ``torch_version``."""
+    from conftest import rewrite_manifest
+
+    _, _, store, _ = ctx(proj)
+    for key in store.keys():
+        rewrite_manifest(store.object_dir(key) / "manifest.json",
+                         lambda m: m["toolchain"].update(torch=torch_version))
+
+
+def test_pull_refuses_a_release_this_host_cannot_load(proj, tmp_path):
+    import importlib.metadata as md
+
+    torch_v = md.version("torch")
+    _rebuilt_with(proj, "2.99.0")
+    _, _, store, settings = ctx(proj)
+    r1 = make(proj)
+    assert r1["toolchain"]["torch"] == "2.99.0"
+    promote(store, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True)
+    dest = tmp_path / "serve"
+    with pytest.raises(UserError) as ei:
+        pull(store, "tiny", "dev", dest, settings)
+    msg = str(ei.value)
+    assert msg.startswith(f"release {r1['id']} of tiny (dev): built with torch 2.99.0, but this host has "
+                          f"torch {torch_v}; a TorchScript module (.pt) needs torch>=2.99,<3")
+    assert "\n" not in msg and not dest.exists()
+    r = run_cli("pull", "tiny", "--channel", "dev", "--dest", str(dest), "-c", str(proj))
+    assert r.returncode == 2 and "built with torch 2.99.0, but this host has torch" in r.stderr
+
+
+def test_load_refuses_an_artifact_built_for_another_torch(proj, tmp_path):
+    import importlib.metadata as md
+
+    from neuron_build.artifact import AOTI_LOADER, LOAD_RULES, load_requirements, version_problem
+    from neuron_build.runtime import BucketedModel
+
+    torch_v = md.version("torch")
+    _, _, store, settings = ctx(proj)
+    r1 = make(proj)
+    promote(store, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True)
+    dest = tmp_path / "serve"
+    pull(store, "tiny", "dev", dest, settings)
+    assert BucketedModel.load(dest).buckets  # the host's own torch loads it
+    doc = json.loads((dest / "release.json").read_text())
+    doc["toolchain"]["torch"] = "2.99.1"
+    (dest / "release.json").write_text(json.dumps(doc))
+    with pytest.raises(UserError) as ei:
+        BucketedModel.load(dest)
+    assert str(ei.value).startswith(f"{dest / 'release.json'} (release {r1['id']} of tiny): built with torch "
+                                    f"2.99.1, but this host has torch {torch_v}")
+    # an AOTInductor package needs the very same torch release; the rule is a table by artifact kind
+    for b in doc["buckets"]:
+        b["loader"] = AOTI_LOADER
+    doc["toolchain"]["torch"] = "2.13.9"
+    (dest / "release.json").write_text(json.dumps(doc))
+    with pytest.raises(UserError, match=r"built with torch 2\.13\.9, but this host has torch .*AOTInductor "
+                                        r"package \(\.pt2\) needs torch==2\.13\.9"):
+        BucketedModel.load(dest)
+    assert set(LOAD_RULES) == {"aoti", "torchscript", "neuron"}
+    assert load_requirements("neuron", {"torch": "2.13.0", "torch-neuronx": "2.13.0.2.30.4217"}) == {
+        "torch": "==2.13.*", "torch-neuronx": ">=2.13.0.2.30.4217"}
+    assert version_problem("neuron", {"torch": "2.13.0", "torch-neuronx": "2.13.0.2.30"},
+                           {"torch": "2.13.1", "torch-neuronx": None}, "x") == (
+        "x: built with torch-neuronx 2.13.0.2.30, but torch-neuronx is not installed here; this Neuron "
+        "TorchScript module with NEFF (.pt) needs torch-neuronx>=2.13.0.2.30")

@@ -29,7 +29,7 @@ from neuron_build.build.attempt import (
     free_space,
 )
 from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun, Executor
-from neuron_build.build.local import LocalExecutor
+from neuron_build.build.local import LocalExecutor, default_jobs
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.planner import Planner
 from neuron_build.compilers.base import CompileRequest
@@ -91,6 +91,14 @@ class Builder:
         self.executor: Executor = executor if executor is not None else LocalExecutor(cfg.timeout_s, cfg.heartbeat_s)
         self._toolchain_problem: str | None | bool = False  # False: not checked yet
         announce_backend(self.keys.backend_note)  # "backend auto: using inductor because ...", once per process
+
+    def default_jobs(self) -> int:
+        """Compiles to run at once when ``-n`` is not given: one per CPU, bounded by ``[build]
+        max_host_memory_gb`` (else 80 % of physical memory) over ``default_compile_memory_gb`` (see
+        :func:`neuron_build.build.local.default_jobs`)."""
+        cfg = self.project.config.build
+        mem = cfg.max_host_memory_gb
+        return default_jobs(int(mem * GB) if mem is not None else None, int(cfg.default_compile_memory_gb * GB))
 
     # -- planning (see Planner) --------------------------------------------------------------
     def key(self, target: Target) -> KeyInfo:
@@ -300,6 +308,8 @@ class Builder:
         """
         metrics = {"status": Status.PASS, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss_bytes,
                    "exit_code": run.exit_code, "attempts": ctx.attempt}
+        with disk_full("recording the imported files", ctx.target.id):
+            ctx = self._complete_key(ctx, (run.result or {}).get("imported") or [])
         with disk_full("writing the artifact", obj):
             (obj / WORKER_LOG).write_bytes(run.log)
         with disk_full("writing the manifest", obj):
@@ -312,6 +322,31 @@ class Builder:
                      artifact_mb=round(metrics["artifact_bytes"] / 2**20, 2),
                      peak_rss_mb=round(run.peak_rss_bytes / 2**20))
         return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, compiled=True, metrics=metrics)
+
+    def _complete_key(self, ctx: BuildContext, imported: list[str]) -> BuildContext:
+        """The context with the key completed by the project files the compile imported (``imported``,
+        relative POSIX paths from the worker's ``result.json``).
+
+        When the compile imported project files that neither static reading nor the planned key's recorded
+        set holds (a module loaded by a string), they are added to the model's recorded imports in the
+        store, and the artifact is keyed, and published, under the key that holds them: the key the next
+        plan computes (ccache's depend mode keys its results the same way, after the compile). Otherwise
+        ``ctx`` is returned unchanged.
+        """
+        model = ctx.target.model
+        static = self.keys.static_sources(model)
+        planned = set(ctx.ki.details["model"].get("recorded", {}))
+        extra = {f for f in imported if f not in static and not f.startswith("../")}
+        if extra <= planned:
+            return ctx
+        union = set(self.store.add_recorded_imports(model, sorted(extra))) | planned | extra
+        self.keys.recorded[model] = sorted(union)
+        self.keys.forget_model(model)
+        ki = self.keys.key(ctx.target, recorded=sorted(union))
+        ctx.log.info("key completed by recorded imports", planned_key=ctx.ki.key[:12], key=ki.key[:12],
+                     recorded=sorted(extra - planned))
+        self.planner.set_key(ctx.target, ki)
+        return replace(ctx, ki=ki, log=ctx.log.bind(key=ki.key[:12]))
 
     def _seal(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path, metrics: dict) -> None:
         """Complete ``metrics`` (in place) from the object's files and the worker's result, and seal the

@@ -26,7 +26,8 @@ def _positive_int(text: str) -> int:
 def register(add) -> None:
     """Add the ``build`` sub-command."""
     s = add("build", "compile the targets that are not in the store")
-    s.add_argument("-n", "--jobs", type=_positive_int, default=1, help="compiles to run at once")
+    s.add_argument("-n", "--jobs", type=_positive_int, default=None,
+                   help="compiles to run at once (default: one per CPU, bounded by the host-memory budget)")
     s.add_argument("--no-retry-failed", action="store_true",
                    help="skip targets whose current key failed last time (default: retry them)")
     s.add_argument("patterns", nargs="*", metavar="PATTERN", help="target id globs or model names")
@@ -87,7 +88,9 @@ def cmd_build(args) -> int:
     before = {t.id: b.state(t) for t in chosen}
     b.keys.save()
     session = BuildSession(b, retry_failed=not args.no_retry_failed)
-    rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=args.jobs)
+    todo = sum(before[t.id] != TargetState.CACHED for t in chosen)
+    jobs = args.jobs or min(b.default_jobs(), max(1, todo))  # no runner threads for nothing to do
+    rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=jobs)
     summary = summarize(b, chosen, before, session.outcomes)
     print(summary.text())
     unpushed = [k for k, _ in getattr(b.store, "push_failures", ())]

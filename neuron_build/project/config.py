@@ -251,7 +251,10 @@ class ModelSpec(_Frozen):
 
     ``factory`` is ``module.path:function`` relative to the folder of ``buckets.toml``. ``buckets`` maps
     each bucket dim to its values; a model's buckets are their product. ``weights`` are extra files
-    (relative paths) whose content is part of the key; ``packages`` are installed distributions whose
+    or folders (paths relative to the config's folder, or absolute) whose content is part of the key (a folder:
+    every file under it); ``sources`` are globs (relative to the config's folder, ``**`` recursing) of
+    further files whose content is part of the key, for code the factory runs that no import statement
+    names (see :mod:`neuron_build.project.sources`); ``packages`` are installed distributions whose
     versions, and whose shipped weight files, are part of the key. ``tolerance`` is the relative L2 error
     allowed against the fp32 CPU reference, per dtype (defaults: fp32 1e-4, bf16 and fp16 2e-2; see
     :mod:`neuron_build.evaluate.validate`). ``reference`` names another model whose eager fp32 CPU outputs this
@@ -272,6 +275,7 @@ class ModelSpec(_Frozen):
     inputs: tuple[InputSpec, ...] = Field(min_length=1)
     buckets: dict[str, tuple[PositiveInt, ...]] = {}
     weights: tuple[StrictStr, ...] = ()
+    sources: tuple[StrictStr, ...] = ()
     packages: tuple[StrictStr, ...] = ()
     tolerance: dict[Dtype, float] = {}
     truncate: StrictBool = False
@@ -327,6 +331,25 @@ class ModelSpec(_Frozen):
         return self.factory.partition(":")[2]
 
 
+def _specifiers(v: dict[str, str], where: str = "") -> dict[str, str]:
+    """Package -> version specifier, a bare version (``2.13.*``) read as ``==2.13.*``; a ValueError names a
+    specifier that is not PEP 440."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    out = {}
+    for pkg, spec in v.items():
+        text = spec.strip()
+        if text and text[0].isdigit():
+            text = "==" + text
+        try:
+            SpecifierSet(text)
+        except InvalidSpecifier:
+            raise ValueError(f"{where}{pkg} = {spec!r} is not a version specifier; write e.g. \"2.13.*\" or "
+                             f"\">=2.13,<2.14\"") from None
+        out[pkg] = text
+    return out
+
+
 class ReleaseSettings(_Frozen):
     """``[release]``: channels and the gates a promotion must pass (:mod:`neuron_build.release`).
 
@@ -337,7 +360,11 @@ class ReleaseSettings(_Frozen):
     release; each bucket's p99 latency at most ``max_p99_ratio`` times the current release's; the p95 of the
     release's compile times at most ``max_compile_time_p95_s`` seconds; every artifact validated on the
     device kind that serves the channel: ``serving_device_kind`` for every channel, unless
-    ``channel_device_kind`` names another for a channel (``{ prod = "neuron" }``).
+    ``channel_device_kind`` names another for a channel (``{ prod = "neuron" }``); and the release built
+    with versions the channel's serving hosts run: ``serving`` declares them for every channel
+    (``{ torch = "2.13.*" }``: package -> PEP 440 specifier, a bare version meaning ``==``) and
+    ``channel_serving`` per channel (``{ prod = { torch = "2.13.*", torch-neuronx = ">=2.13" } }``, on top
+    of ``serving``); a channel with neither is not gated on versions.
     """
 
     channels: tuple[StrictStr, ...] = Field(default=("dev", "staging", "prod"), min_length=1)
@@ -348,6 +375,27 @@ class ReleaseSettings(_Frozen):
     max_compile_time_p95_s: float = Field(default=400.0, gt=0, strict=False)
     serving_device_kind: DeviceKind = "cpu"
     channel_device_kind: dict[str, DeviceKind] = {}
+    serving: dict[StrictStr, StrictStr] = {}
+    channel_serving: dict[StrictStr, dict[StrictStr, StrictStr]] = {}
+
+    @field_validator("serving")
+    @classmethod
+    def _serving(cls, v: dict[str, str]) -> dict[str, str]:
+        return _specifiers(v)
+
+    @field_validator("channel_serving")
+    @classmethod
+    def _channel_serving(cls, v: dict[str, dict[str, str]], info: ValidationInfo) -> dict[str, dict[str, str]]:
+        channels = info.data.get("channels")
+        for c in v:
+            if channels is not None and c not in channels:
+                raise ValueError(f"names channel '{c}', which is not in channels ({', '.join(channels)})")
+        return {c: _specifiers(pkgs, f"{c}.") for c, pkgs in v.items()}
+
+    def serving_for(self, channel: str) -> dict[str, str]:
+        """Package -> PEP 440 specifier of the versions the hosts serving ``channel`` run: ``serving``,
+        with ``channel_serving[channel]`` on top (empty: nothing declared, nothing gated)."""
+        return {**self.serving, **self.channel_serving.get(channel, {})}
 
     @field_validator("channels")
     @classmethod
@@ -552,8 +600,21 @@ def _cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
                 faults.append(f"{toml_path(at + ('buckets', d))}: no input uses dim '{d}'; "
                               f"remove it or use it in an input's shape")
         for i, w in enumerate(m.weights):
-            if not (root / w).is_file():
-                faults.append(f"{toml_path(at + ('weights', i))}: file '{w}' not found (relative to {root})")
+            wp = root / w
+            if wp.is_dir():
+                if not any(f.is_file() for f in wp.rglob("*")):
+                    faults.append(f"{toml_path(at + ('weights', i))}: folder '{w}' holds no files; "
+                                  f"put the weight files in it or remove the entry")
+            elif not wp.is_file():
+                faults.append(f"{toml_path(at + ('weights', i))}: '{w}' not found (relative to {root}); "
+                              f"give an existing file or folder")
+        for i, g in enumerate(m.sources):
+            if Path(g).is_absolute() or ".." in Path(g).parts:
+                faults.append(f"{toml_path(at + ('sources', i))}: '{g}' must be a glob relative to {root} "
+                              f"(e.g. \"kernels/**/*.py\"), inside the project folder")
+            elif not any(p.is_file() for p in root.glob(g)):
+                faults.append(f"{toml_path(at + ('sources', i))}: '{g}' matches no file under {root}; "
+                              f"fix the pattern or remove it")
         for i, pkg in enumerate(m.packages):
             try:
                 import importlib.metadata as md
@@ -615,8 +676,7 @@ def _check_factory(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
     # modules under the models folder that the factory imports must import too
     from neuron_build.project.sources import local_imports
 
-    top_dir = root / m.module.split(".")[0]
-    for dep in local_imports(path, top_dir if top_dir.is_dir() else path.parent):
+    for dep in local_imports(path, root, module=m.module):
         if dep == path:
             continue
         try:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from neuron_build.artifact import release_version_problem
 from neuron_build.errors import UserError
 from neuron_build.project.config import ReleaseSettings
 from neuron_build.release.channels import check_channel
@@ -127,9 +128,10 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
         The content of ``release.json`` (see :mod:`neuron_build.runtime`).
 
     Raises:
-        UserError: unknown channel, empty channel, missing release record, a missing or damaged blob (the
-            message names the file and the fix), or a ``dest`` the pull may not write (see
-            :func:`check_dest`).
+        UserError: unknown channel, empty channel, missing release record, a release this host's installed
+            versions cannot load (:func:`release_version_problem`: one line naming both versions), a missing
+            or damaged blob (the message names the file and the fix), or a ``dest`` the pull may not write
+            (see :func:`check_dest`).
     """
     if settings is not None:
         check_channel(settings, channel, "--channel")
@@ -137,6 +139,10 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
     if not ptr:
         raise UserError(f"channel {model}/{channel} holds no release; promote one into it first")
     rel = get_release(store, model, ptr.release)
+    problem = release_version_problem(rel.backend, rel.toolchain, [(a.loader, a.artifact) for a in rel.artifacts],
+                                      f"release {rel.id} of {model} ({channel})")
+    if problem:
+        raise UserError(problem)
     dest = check_dest(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     _clean_leftovers(dest)

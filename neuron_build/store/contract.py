@@ -202,6 +202,17 @@ class RecordStore(Protocol):
         """Every target record in the store."""
         ...
 
+    def recorded_imports(self, model: str) -> list[str]:
+        """The project files (POSIX paths relative to the project folder) that builds of ``model`` recorded
+        as imported (the worker lists them); empty when none was recorded. Part of the next plan's key."""
+        ...
+
+    def add_recorded_imports(self, model: str, files: list[str]) -> list[str]:
+        """Add ``files`` to ``model``'s recorded imports (a union, written atomically); returns the new set,
+        sorted. Two builders adding at once may lose one's addition: that costs a rebuild, never a stale
+        hit (every artifact's key holds the files its own build recorded)."""
+        ...
+
     def put_failure(self, record: FailureRecord, log: bytes) -> None:
         """Record a failed compile of ``record.target`` and its log (replaces the previous failure)."""
         ...

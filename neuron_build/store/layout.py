@@ -9,6 +9,7 @@ manifests, and a content-addressed store (``cas/``) of blobs by sha256::
     logs/<key>/<name>                        the build's logs of an artifact (not byte-stable: never pinned)
     targets/<target id>/last.json            the last key built for a target, with its key details
     targets/<target id>/failure.json         the target's last failed compile (and failure.log)
+    targets/<model>/imports.json             the project files builds of the model recorded as imported
     results/<key>/<kind>/<name>.json         validation and benchmark results of an artifact
     releases/<model>/<release id>.json       release records, written once
     channels/<model>/<channel>.json          a channel pointer, moved by compare-and-swap
@@ -59,6 +60,11 @@ def target_path(target_id: str, name: str = "last.json") -> str:
     return f"targets/{target_id}/{name}"
 
 
+def imports_path(model: str) -> str:
+    """The project files builds of ``model`` recorded as imported (part of the next plan's key)."""
+    return f"targets/{model}/imports.json"
+
+
 def result_path(key: str, kind: str, name: str) -> str:
     """A result of ``kind`` (``validation``, ``bench``) named ``name`` (a device kind) about ``key``."""
     return f"results/{key}/{kind}/{name}.json"
@@ -85,6 +91,6 @@ def lease_path(key: str) -> str:
 
 
 __all__ = [
-    "LOCAL_AREAS", "SHARED_AREAS", "blob_path", "channel_path", "history_dir", "is_digest", "lease_path",
+    "LOCAL_AREAS", "SHARED_AREAS", "blob_path", "channel_path", "history_dir", "imports_path", "is_digest", "lease_path",
     "log_path", "manifest_path", "release_path", "result_path", "target_path",
 ]

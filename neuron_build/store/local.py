@@ -36,6 +36,7 @@ from neuron_build.errors import UserError
 from neuron_build.status import Status
 from neuron_build.store import layout
 from neuron_build.store.contract import Lookup
+from neuron_build.store.layout import imports_path
 from neuron_build.store.manifest import MANIFEST, Manifest
 from neuron_build.store.records import FailureRecord, TargetRecord
 from neuron_build.util import (
@@ -552,8 +553,10 @@ class LocalStore:
                 base = base / bucket_id
         if not base.is_dir():
             return
-        for f in sorted(base.rglob(name)):
-            yield f.parent.relative_to(self.root / "targets").as_posix(), read_json(f)
+        top = self.root / "targets"
+        found = [os.path.join(d, name) for d, _, files in os.walk(base) if name in files]  # faster than rglob
+        for f in sorted(found, key=lambda x: x.split(os.sep)):  # the order of sorted(Path, ...)
+            yield Path(os.path.relpath(os.path.dirname(f), top)).as_posix(), read_json(Path(f))
 
     def targets(self, model: str, bucket_id: str | None = None) -> Iterator[TargetRecord]:
         for tid, raw in self._records("last.json", model, bucket_id):
@@ -566,6 +569,19 @@ class LocalStore:
             rec = TargetRecord.from_json(raw)
             if rec is not None:
                 yield rec if rec.target == tid else replace(rec, target=tid)
+
+    def recorded_imports(self, model: str) -> list[str]:
+        raw = read_json(self.root / imports_path(model))
+        files = raw.get("files") if isinstance(raw, dict) else None
+        return sorted(f for f in files if isinstance(f, str)) if isinstance(files, list) else []
+
+    def add_recorded_imports(self, model: str, files: list[str]) -> list[str]:
+        self._writable()
+        have = self.recorded_imports(model)
+        new = sorted(set(have) | set(files))
+        if new != have:
+            write_json_atomic(self.root / imports_path(model), {"model": model, "files": new})
+        return new
 
     def put_failure(self, record: FailureRecord, log: bytes) -> None:
         self._writable()

@@ -1013,6 +1013,18 @@ class RemoteStore:
             if rec is not None:
                 yield rec if rec.target == tid else replace(rec, target=tid)
 
+    def recorded_imports(self, model: str) -> list[str]:
+        raw = self._get_json(layout.imports_path(model))
+        files = raw.get("files") if isinstance(raw, dict) else None
+        return sorted(f for f in files if isinstance(f, str)) if isinstance(files, list) else []
+
+    def add_recorded_imports(self, model: str, files: list[str]) -> list[str]:
+        have = self.recorded_imports(model)
+        new = sorted(set(have) | set(files))
+        if new != have:
+            self.put_object(layout.imports_path(model), json_bytes({"model": model, "files": new}))
+        return new
+
     def put_failure(self, record: FailureRecord, log: bytes) -> None:
         self.put_object(layout.target_path(record.target, "failure.log"), log)
         self.put_object(layout.target_path(record.target, "failure.json"), json_bytes(record.to_json()))

@@ -238,6 +238,16 @@ class ReadThroughStore:
     def all_targets(self) -> Iterator[TargetRecord]:
         return self._merged(list(self.local.all_targets()), self._read(lambda: list(self.remote.all_targets()), []))
 
+    def recorded_imports(self, model: str) -> list[str]:
+        return sorted(set(self.local.recorded_imports(model))
+                      | set(self._read(lambda: self.remote.recorded_imports(model), [])))
+
+    def add_recorded_imports(self, model: str, files: list[str]) -> list[str]:
+        have = self.recorded_imports(model)
+        new = self.local.add_recorded_imports(model, sorted(set(have) | set(files)))
+        self._both(lambda: None, lambda: self.remote.add_recorded_imports(model, new))
+        return new
+
     def put_failure(self, record: FailureRecord, log: bytes) -> None:
         self.local.put_failure(record, log)
 

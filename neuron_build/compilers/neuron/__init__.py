@@ -147,9 +147,8 @@ def signature_params(fn: Any) -> list[str]:
 
 def graph_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment variables that change a Neuron compile (as the key counts them), sorted."""
-    from neuron_build.project.keys import ENV_IGNORED_PREFIXES, ENV_PREFIXES
-    return {k: v for k, v in sorted(environ.items())
-            if k.startswith(ENV_PREFIXES["neuron"]) and not k.startswith(ENV_IGNORED_PREFIXES)}
+    from neuron_build.project.keys import key_env
+    return key_env("neuron", dict(environ))
 
 
 def log_digest(summary: LogSummary) -> dict[str, Any]:
