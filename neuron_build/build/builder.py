@@ -332,6 +332,19 @@ class Builder:
         self.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last
 
     # -- the ledger and the kept failure workdirs ------------------------------------------------------
+    def record_cache_hits(self, target_ids: list[str]) -> None:
+        """Write one ledger object listing a ``cached`` record for each of ``target_ids`` (targets doit found
+        up to date without calling :meth:`build`); best effort, like every ledger write."""
+        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+        host, executor = socket.gethostname(), getattr(self.executor, "name", type(self.executor).__name__)
+        recs = [ledger.LedgerRecord(target=tid, key=self.key(self.by_id[tid]).key, event="cached", status="PASS",
+                                    time=now, host=host, executor=executor, backend=self.keys.backend)
+                for tid in dict.fromkeys(target_ids) if tid in self.by_id]
+        try:
+            ledger.append_batch(self.store, recs)
+        except OSError as e:
+            get_logger().warning("could not write the ledger records of the cache hits", error=str(e))
+
     def _keep_workdir(self, ctx: BuildContext, work: Path, record: FailureRecord,
                       stage: tuple[str | None, str | None, str | None]) -> str | None:
         """Keep the failed attempt's work folder in the store (best effort: a failure to keep it is logged,

@@ -48,7 +48,10 @@ def _report(args):
             raise UserError(str(e)) from None
         since, window_s = now - delta, delta.total_seconds()
     records = ledger.read(store, since=since)
-    rep = evaluate(records, project.config.monitoring, store=store, since=since, until=now)
+    from neuron_build.project.matrix import expand
+
+    current = {t.id for t in expand(project)}
+    rep = evaluate(records, project.config.monitoring, store=store, since=since, until=now, current=current)
     rep.location = store.location
     rep.kept_failures = [e.to_json() for e in failures.kept(store)]
     return rep, window_s

@@ -9,7 +9,7 @@ measurement of says "not measured here" (``ok`` None): never a guess and never a
 | ``compile_failure_rate`` | failed compile attempts / compile attempts in the window | <= ``max_failure_rate`` |
 | ``compile_time_p95_s`` | nearest-rank p95 of the passing compiles' wall time, seconds | <= ``max_compile_time_p95_s`` |
 | ``recompiles_per_hour`` | most recompiles (compiles of a target whose key changed) within any 60 minutes | <= ``max_recompiles_per_hour`` |
-| ``artifacts_per_model`` | most passing artifacts (buckets) of one model, dtype, profile and backend | <= ``max_artifacts_per_model`` |
+| ``artifacts_per_model`` | most passing artifacts (buckets of the current matrix) of one model, dtype, profile and backend | <= ``max_artifacts_per_model`` |
 | ``hbm_peak_fraction`` | peak HBM the compiler log estimates / one NeuronCore's HBM | <= ``max_hbm_fraction`` |
 | ``p99_latency_ratio`` | worst p99 of a target's current artifact over its previous one's, same device kind | <= ``max_p99_ratio`` |
 | ``neuroncore_utilisation`` | needs a profile on a Neuron device: always "not measured here" | >= ``min_neuroncore_utilisation`` |
@@ -152,10 +152,11 @@ def _recompiles(records: list[LedgerRecord], mon: MonitoringSettings) -> Signal:
                   ACTIONS["recompiles_per_hour"], figures)
 
 
-def _artifacts(records: list[LedgerRecord], mon: MonitoringSettings) -> Signal:
+def _artifacts(records: list[LedgerRecord], mon: MonitoringSettings, current: set[str] | None) -> Signal:
     latest: dict[str, LedgerRecord] = {}
     for r in records:
-        latest[r.target] = r
+        if current is None or r.target in current:
+            latest[r.target] = r
     groups: dict[str, set[str]] = {}
     for r in latest.values():
         if r.ok:
@@ -262,15 +263,18 @@ def target_rows(records: list[LedgerRecord]) -> list[dict[str, Any]]:
 
 
 def evaluate(records: list[LedgerRecord], mon: MonitoringSettings, store: RecordStore | None = None,
-             since: _dt.datetime | None = None, until: _dt.datetime | None = None) -> Report:
+             since: _dt.datetime | None = None, until: _dt.datetime | None = None,
+             current: set[str] | None = None) -> Report:
     """The checklist over ``records`` (the ledger of the window ``since``..``until``, oldest first).
 
     Args:
         records: from :func:`neuron_build.store.ledger.read`.
         mon: the thresholds.
         store: where benchmark results are read for the p99 signal (None: not measured).
+        current: the target ids of the current matrix: the artifacts signal counts only these (a bucket
+            that was removed from ``buckets.toml`` is no longer an artifact of the model); None: every target.
     """
-    signals = [_rate(records, mon), _p95(records, mon), _recompiles(records, mon), _artifacts(records, mon),
+    signals = [_rate(records, mon), _p95(records, mon), _recompiles(records, mon), _artifacts(records, mon, current),
                _hbm(records, mon), _p99(records, mon, store), _utilisation(mon)]
     stages = Counter(r.failure_stage or "unknown" for r in records if r.is_compile and not r.ok)
     return Report(since=since, until=until or _dt.datetime.now(_dt.timezone.utc), records=records, signals=signals,

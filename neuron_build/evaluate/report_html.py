@@ -24,6 +24,7 @@ _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; }
 th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }
+td:nth-child(2), td:nth-child(3) { white-space: nowrap; }
 th { background: #f0f0f0; }
 td.ok { color: #176317; font-weight: bold; }
 td.ALERT { color: #b00020; font-weight: bold; }
@@ -35,8 +36,11 @@ figcaption { font-weight: bold; margin-bottom: .5em; }
 
 def _svg(fig) -> str:
     """A matplotlib figure as inline SVG text (without the XML prolog and DOCTYPE)."""
+    import matplotlib
+
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text stays text (searchable, small)
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     text = buf.getvalue()
     return text[text.index("<svg"):]
 
@@ -61,6 +65,9 @@ def _compile_time_chart(rep: Report) -> str:
         bad = [p for p in pts if p[2] != "PASS"]
         if bad:
             ax.scatter([p[0] for p in bad], [p[1] for p in bad], marker="x", s=80, color=line.get_color())
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("build of the target (1 = first in the window)")
     ax.set_ylabel("compile time (s)")
     if drawn:

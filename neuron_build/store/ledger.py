@@ -1,11 +1,13 @@
 """The build ledger: one immutable record per compile attempt, cache hit and reuse, in any store.
 
-Each record is its own object at ``ledger/<yyyy-mm-dd>/<HHMMSS.ffffff>Z-<host>-<token>.json``
+Each compile attempt and each hit or reuse the builder sees is its own object at ``ledger/<yyyy-mm-dd>/<HHMMSS.ffffff>Z-<host>-<token>.json``
 (:func:`neuron_build.store.layout.ledger_path`), written create-only through the store's
 :class:`~neuron_build.store.contract.ObjectIO`: concurrent builders on one host or many, on a shared
 folder or a remote store, never overwrite each other, so no record is lost and a shared store holds a
 team-wide history. Records are never edited. Reading the ledger needs only the store (no project, no
-models, no torch): ``neuron-build report`` and ``metrics`` work on a store alone.
+models, no torch): ``neuron-build report`` and ``metrics`` work on a store alone. The targets a doit
+build finds up to date (its ``uptodate`` check: no builder call) are written at the end of the build as
+one object listing their ``cached`` records (:func:`append_batch`).
 """
 
 from __future__ import annotations
@@ -198,6 +200,24 @@ def append(store: ObjectIO, rec: LedgerRecord) -> str:
     raise OSError(f"could not find a free ledger name for {rec.target} after 8 tries")  # pragma: no cover
 
 
+def append_batch(store: ObjectIO, records: list[LedgerRecord]) -> str | None:
+    """Add ``records`` (e.g. the cache hits of one no-op build) to the ledger as one new object,
+    ``{"schema": 1, "records": [...]}``, named after the first record; None when there are none. A no-op
+    build of 1,000 targets writes one object, not 1,000.
+
+    Raises:
+        OSError: the store could not be written; nothing half-written is left.
+    """
+    if not records:
+        return None
+    data = (json.dumps({"schema": SCHEMA, "records": [r.to_json() for r in records]}, sort_keys=True) + "\n").encode()
+    for _ in range(8):
+        path = record_path(records[0])
+        if store.put_object(path, data, create_only=True):
+            return path
+    raise OSError("could not find a free ledger name after 8 tries")  # pragma: no cover
+
+
 def read(store: ObjectIO, since: _dt.datetime | None = None, until: _dt.datetime | None = None) -> list[LedgerRecord]:
     """The ledger records of ``store`` with ``since <= time <= until`` (both optional, aware datetimes),
     oldest first (ties by target). Day folders outside the window are not read; unreadable records are
@@ -216,15 +236,18 @@ def read(store: ObjectIO, since: _dt.datetime | None = None, until: _dt.datetime
         if data is None:
             continue
         try:
-            rec = LedgerRecord.from_json(json.loads(data))
+            raw = json.loads(data)
         except ValueError:
             continue
-        if rec is None:
-            continue
-        when = rec.when
-        if (since and when < since) or (until and when > until):
-            continue
-        out.append(rec)
+        batch = raw.get("records") if isinstance(raw, dict) and isinstance(raw.get("records"), list) else [raw]
+        for item in batch:
+            rec = LedgerRecord.from_json(item)
+            if rec is None:
+                continue
+            when = rec.when
+            if (since and when < since) or (until and when > until):
+                continue
+            out.append(rec)
     out.sort(key=lambda r: (r.when, r.target))
     return out
 
@@ -237,5 +260,5 @@ def latest_by_target(records: Iterable[LedgerRecord]) -> dict[str, LedgerRecord]
     return dict(sorted(out.items()))
 
 
-__all__ = ["EVENTS", "SCHEMA", "LedgerRecord", "append", "latest_by_target", "parse_time", "parse_window", "read",
+__all__ = ["EVENTS", "SCHEMA", "LedgerRecord", "append", "append_batch", "latest_by_target", "parse_time", "parse_window", "read",
            "record_path"]
