@@ -261,6 +261,15 @@ def test_gc_collects_failure_workdirs_once_the_target_passes(tmp_path):
     assert [e.target for e in failures.kept(store)] == ["m/b1/fp32/p1"]  # still failing: kept
     assert store.list_objects("failures/m/b3") == [] and store.list_objects("failures/m/b2") == []
     assert next(r for r in rep.removed if r.target == "m/b2/fp32/p1").bytes == 150
+    # b1 passes as a cache hit (a doit build found its artifact): the ledger says so, gc removes it
+    old = rec(target="m/b1/fp32/p1", event="cached", minutes=0)
+    ledger.append(store, old)  # a hit from before the failure does not count
+    assert [r.kind for r in collect_garbage(store).removed] == []
+    now = _dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(seconds=1)
+    ledger.append(store, ledger.LedgerRecord(target="m/b1/fp32/p1", key=KEY, event="cached", status="PASS",
+                                             time=now.isoformat()))
+    assert [r.target for r in collect_garbage(store).removed] == ["m/b1/fp32/p1"]
+    assert failures.kept(store) == []
 
 
 def test_monitoring_config_unknown_key_named(tmp_path):

@@ -52,13 +52,15 @@ from neuron_build.util import file_sha256, utc_now
 @dataclass(frozen=True)
 class BuildContext:
     """One target being built: the target, its key, the attempt's number (1 for the first compile, 0
-    before any) and the logger bound to the target."""
+    before any), the logger bound to the target, the key components changed since its last build, and
+    (while a failed attempt is recorded) the attempt's work folder."""
 
     target: Target
     ki: KeyInfo
     log: Any
     attempt: int = 0
     changed: tuple[str, ...] = field(default_factory=tuple)
+    work: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -252,15 +254,14 @@ class Builder:
                 return self._publish(ctx, req, run, obj)
             except DiskFull as e:
                 verdict = Classification(Status.ERROR, str(e))
-        return self._fail(ctx, verdict, run, work=obj.parent / "work")
+        return self._fail(replace(ctx, work=obj.parent / "work"), verdict, run)
 
-    def _fail(self, ctx: BuildContext, verdict: Classification, run: CompileRun,
-              work: Path | None = None) -> Outcome | Unrecorded:
+    def _fail(self, ctx: BuildContext, verdict: Classification, run: CompileRun) -> Outcome | Unrecorded:
         """Record a failed attempt under its target and return its outcome; :class:`Unrecorded` when the
         disk is too full to record it now. The failure log is the worker's log and the compiler's. The
-        attempt's work folder ``work`` (request, worker log, the compiler's workdir) is kept in the store
-        (``[monitoring] keep_failed_workdirs``, ``failed_workdirs_max_mb``) and the attempt goes to the
-        ledger with its failure stage."""
+        attempt's work folder ``ctx.work`` (request, worker log, the compiler's workdir; None: nothing) is kept
+        in the store (``[monitoring] keep_failed_workdirs``, ``failed_workdirs_max_mb``) and the attempt goes
+        to the ledger with its failure stage."""
         status, reason = verdict.status, verdict.reason
         metrics = {"status": status, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss_bytes,
                    "exit_code": run.exit_code, "attempts": ctx.attempt, "reason": reason}
@@ -281,7 +282,8 @@ class Builder:
         except DiskFull:
             done = Unrecorded(out, record, log_bytes)  # recorded by _compile once the staging files are gone
         stage = failure_stage(run, details, self.keys.backend)
-        kept = self._keep_workdir(ctx, work, record, stage) if work is not None and isinstance(done, Outcome) else None
+        kept = (self._keep_workdir(ctx, ctx.work, record, stage)
+                if ctx.work is not None and isinstance(done, Outcome) else None)
         self._record(ctx, "compile", status, reason=reason, stage=stage, run=run, details=details, workdir=kept)
         ctx.log.error("compile failed", status=status, reason=reason, compile_time_s=metrics["compile_time_s"])
         return done

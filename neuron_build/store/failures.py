@@ -199,12 +199,31 @@ def of_targets(entries: Iterable[KeptFailure], targets: set[str]) -> list[KeptFa
     return [e for e in entries if e.target in targets]
 
 
+def entry_time(ent: KeptFailure) -> _dt.datetime:
+    """When the entry was kept (from its name, UTC)."""
+    return _dt.datetime.strptime(ent.entry.split("Z-")[0], "%Y%m%dT%H%M%S.%f").replace(tzinfo=_dt.timezone.utc)
+
+
 def passed_again(store: Any) -> list[tuple[KeptFailure, str]]:
-    """The kept entries whose target passes now (its target record says PASS, written after the failure):
-    [(entry, the record's time)], for ``gc``. ``store`` is an :class:`~neuron_build.store.contract.ObjectIO`
-    that is also a :class:`~neuron_build.store.contract.RecordStore`."""
+    """The kept entries whose target passed after the failure: the build ledger has a passing record of
+    the target (a compile that passed, a cache hit, a reuse) newer than the entry, or the target record
+    says PASS. [(entry, when it passed)], for ``gc``. ``store`` is an
+    :class:`~neuron_build.store.contract.ObjectIO` that is also a
+    :class:`~neuron_build.store.contract.RecordStore`."""
+    from neuron_build.store import ledger
+
+    entries = kept(store)
+    if not entries:
+        return []
+    passes: dict[str, _dt.datetime] = {}
+    for r in ledger.read(store, since=min(entry_time(e) for e in entries)):
+        if r.ok:
+            passes[r.target] = r.when
     out = []
-    for e in kept(store):
+    for e in entries:
+        if e.target in passes and passes[e.target] > entry_time(e):
+            out.append((e, passes[e.target].isoformat(timespec="seconds")))
+            continue
         rec = store.target(e.target)
         if rec is not None and str(rec.status) == "PASS":
             out.append((e, rec.time))
@@ -240,5 +259,5 @@ def incomplete(store: ObjectIO, older_than_s: float, now: _dt.datetime | None = 
     return out
 
 
-__all__ = ["ENTRY", "KeptFailure", "entry_name", "incomplete", "keep_workdir", "kept", "of_targets", "passed_again",
+__all__ = ["ENTRY", "KeptFailure", "entry_name", "entry_time", "incomplete", "keep_workdir", "kept", "of_targets", "passed_again",
            "prune", "remove"]
