@@ -140,8 +140,7 @@ class Builder:
         time is not compiled again (its recorded failure is returned).
         """
         ki = self.key(target)
-        ctx = BuildContext(target, ki, get_logger(target=target.id, key=ki.key[:12]),
-                           changed=tuple(self.planner.changed(target)[0]))
+        ctx = BuildContext(target, ki, get_logger(target=target.id, key=ki.key[:12]))
         found = self.store.repair(ki.key)
         if found.hit:
             self._remember(ctx, Status.PASS)
@@ -177,8 +176,10 @@ class Builder:
                 return self._build_locked(ctx)
 
     def _build_locked(self, ctx: BuildContext) -> Outcome:
-        """Compile (holding the key's lock), retrying transient failures."""
+        """Compile (holding the key's lock), retrying transient failures. What changed since the target's
+        last build is taken before the first attempt (for the ledger)."""
         retries = self.project.config.build.transient_retries
+        ctx = replace(ctx, changed=tuple(self.planner.changed(ctx.target)[0]))
         while True:
             ctx = replace(ctx, attempt=ctx.attempt + 1)
             out = self._compile(ctx)

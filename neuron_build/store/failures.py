@@ -118,7 +118,8 @@ def keep_workdir(store: ObjectIO, folder: Path, failure: dict[str, Any], keep_la
         (the new entry or None when nothing was kept, the entries the bounds removed).
 
     Raises:
-        OSError: the store could not be written; the entry has no ``entry.json`` and is never listed.
+        OSError: the store could not be written; what was written of the entry is removed again (and an
+            entry without ``entry.json`` is never listed; ``gc`` removes one left by a killed writer).
     """
     if keep_last <= 0 or max_bytes <= 0:
         return None, []
@@ -127,15 +128,23 @@ def keep_workdir(store: ObjectIO, folder: Path, failure: dict[str, Any], keep_la
     files: dict[str, int] = {}
     omitted: dict[str, int] = {}
     total = 0
-    for p in sorted(q for q in folder.rglob("*") if q.is_file() and not q.is_symlink()):
-        rel = p.relative_to(folder).as_posix()
-        size = p.stat().st_size
-        if total + size > max_bytes:
-            omitted[rel] = size
-            continue
-        store.put_object(failure_entry_path(target, entry, f"files/{rel}"), p.read_bytes())
-        files[rel] = size
-        total += size
+    try:
+        for p in sorted(q for q in folder.rglob("*") if q.is_file() and not q.is_symlink()):
+            rel = p.relative_to(folder).as_posix()
+            size = p.stat().st_size
+            if total + size > max_bytes:
+                omitted[rel] = size
+                continue
+            files[rel] = size
+            store.put_object(failure_entry_path(target, entry, f"files/{rel}"), p.read_bytes())
+            total += size
+    except OSError:  # e.g. a full disk: leave nothing half-kept behind
+        for rel in files:
+            try:
+                store.delete_object(failure_entry_path(target, entry, f"files/{rel}"))
+            except OSError:
+                pass
+        raise
     kept = KeptFailure(target=target, entry=entry, key=failure["key"], status=str(failure["status"]),
                        reason=str(failure.get("reason") or ""), time=str(failure.get("time") or ""),
                        failure_stage=failure.get("failure_stage"), compiler_pass=failure.get("compiler_pass"),
