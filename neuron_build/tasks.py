@@ -25,6 +25,7 @@ environment variable. ``doit build retry_failed=0`` skips targets whose current 
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -132,12 +133,16 @@ def _push_failed(lines: list[str]) -> TaskFailed:
     return TaskFailed("\n".join(lines))
 
 
-def _is_built(store: ArtifactStore, key: str) -> bool:
+def _is_built(store: ArtifactStore, key: str, hits: list[str] | None = None, target_id: str = "") -> bool:
     """``uptodate`` of a ``build:`` task: the store holds a complete artifact for ``key`` here. A hit on a
     read-through store's remote runs the task, which downloads the artifact and verifies every blob. A
-    plain function, not a bound method: doit inspects every uptodate callable's signature on every no-op run."""
+    plain function, not a bound method: doit inspects every uptodate callable's signature on every no-op run.
+    A hit is added to ``hits`` (the session writes them to the build ledger when the build ends)."""
     found = store.lookup(key)
-    return found.hit and found.location != "remote"
+    done = found.hit and found.location != "remote"
+    if done and hits is not None:
+        hits.append(target_id)
+    return done
 
 
 class BuildSession(NamespaceTaskLoader):
@@ -163,6 +168,8 @@ class BuildSession(NamespaceTaskLoader):
         self._builder = builder
         self.retry_failed = retry_failed
         self.outcomes: dict[str, Outcome] = {}
+        #: target ids doit found up to date in this session (written to the ledger by :meth:`flush_hits`)
+        self.hits: list[str] = []
         self.namespace = {"DOIT_CONFIG": DOIT_CONFIG, "task_build": self.task_build,
                           "task_validate": self.task_validate}
 
@@ -193,7 +200,17 @@ class BuildSession(NamespaceTaskLoader):
         doit_args += [f"build:{t}" for t in target_ids] if target_ids is not None else ["build"]
         b.project.state_dir.mkdir(parents=True, exist_ok=True)
         self.outcomes.clear()
-        return DoitMain(self).run(doit_args)
+        self.hits.clear()
+        try:
+            return DoitMain(self).run(doit_args)
+        finally:
+            self.flush_hits()
+
+    def flush_hits(self) -> None:
+        """Write the cache hits collected so far to the build ledger (one object), then forget them."""
+        if self.hits and self._builder is not None:
+            hits, self.hits[:] = list(self.hits), []
+            self._builder.record_cache_hits(hits)
 
     # -- build ----------------------------------------------------------------------------------------
     def task_build(self) -> Iterator[dict[str, Any]]:
@@ -210,7 +227,7 @@ class BuildSession(NamespaceTaskLoader):
                 "name": t.id,
                 "doc": f"compile {t.id} ({b.keys.backend}, {b.keys.hardware_target})",
                 "actions": [(self._build, [t.id])],
-                "uptodate": [(_is_built, [b.store, key])],
+                "uptodate": [(_is_built, [b.store, key, self.hits, t.id])],
             }
         b.keys.save()
 
@@ -269,6 +286,7 @@ def session() -> BuildSession:
     global _session
     if _session is None:
         _session = BuildSession()
+        atexit.register(_session.flush_hits)  # plain `doit build`: the hits go to the ledger as doit exits
     return _session
 
 

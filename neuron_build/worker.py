@@ -27,7 +27,7 @@ from neuron_build.util import write_json_atomic
 
 def run(request_path: str) -> int:
     """Run one compile request; returns the process exit status."""
-    from neuron_build.compilers.base import CompileFailed, CompileRequest, load_compiler
+    from neuron_build.compilers.base import CompileFailed, CompileRequest, enter_stage, load_compiler
 
     req = CompileRequest(**json.loads(Path(request_path).read_text()))
     work = Path(req.work_dir)
@@ -35,6 +35,7 @@ def run(request_path: str) -> int:
     print(f"neuron-build worker: target {req.target} key {req.key[:12]} backend {req.backend} "
           f"({req.hardware_target}) dtype {req.dtype}", flush=True)
     try:
+        enter_stage("model")
         try:
             from neuron_build.examples import build_model, make_inputs
             compiler = load_compiler(req.backend)

@@ -12,9 +12,11 @@ records failures and publishes artifacts.
 
 from __future__ import annotations
 
+import datetime as _dt
+import re
 import shutil
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +34,15 @@ from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun, Executo
 from neuron_build.build.local import LocalExecutor, default_jobs
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.planner import Planner
-from neuron_build.compilers.base import CompileRequest
+from neuron_build.compilers.base import STAGE_PREFIX, CompileRequest
 from neuron_build.log import get_logger
 from neuron_build.project.config import Project
 from neuron_build.project.keys import COMPONENTS, KeyInfo
 from neuron_build.project.matrix import Target
 from neuron_build.project.toolchain import announce_backend, neuron_status
 from neuron_build.status import DOWNLOADED, BuildResult, Status, TargetState
-from neuron_build.store import cached_store
+from neuron_build.store import cached_store, ledger
+from neuron_build.store import failures as kept_failures
 from neuron_build.store.locks import GB
 from neuron_build.store.manifest import Manifest, Metrics, is_log_name
 from neuron_build.store.records import FailureRecord, TargetRecord
@@ -49,12 +52,15 @@ from neuron_build.util import file_sha256, utc_now
 @dataclass(frozen=True)
 class BuildContext:
     """One target being built: the target, its key, the attempt's number (1 for the first compile, 0
-    before any) and the logger bound to the target."""
+    before any), the logger bound to the target, the key components changed since its last build, and
+    (while a failed attempt is recorded) the attempt's work folder."""
 
     target: Target
     ki: KeyInfo
     log: Any
     attempt: int = 0
+    changed: tuple[str, ...] = field(default_factory=tuple)
+    work: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -167,7 +173,9 @@ class Builder:
             self._remember(ctx, Status.PASS)
             if found.location == "remote":
                 ctx.log.info("downloaded", remote=getattr(self.store, "remote_location", None))
+                self._record(ctx, "downloaded", Status.PASS, manifest=found.manifest)
                 return Outcome(target.id, ki.key, BuildResult.CACHED, DOWNLOADED)
+            self._record(ctx, "cached", Status.PASS, manifest=found.manifest)
             ctx.log.debug("cached")
             return Outcome(target.id, ki.key, BuildResult.CACHED)
         if not retry_failed:
@@ -185,8 +193,10 @@ class Builder:
             ctx.log.error("compile failed", status=Status.ERROR, reason=str(e))
             return Outcome(target.id, ki.key, Status.ERROR, str(e))
         with lock:
-            if self.store.repair(ki.key).hit:
+            found = self.store.repair(ki.key)
+            if found.hit:
                 self._remember(ctx, Status.PASS)
+                self._record(ctx, "reused", Status.PASS, manifest=found.manifest)
                 who = lock.waited_for or {}
                 by = f"pid {who['pid']} on {who.get('host')}" if who.get("pid") else "another builder"
                 ctx.log.info("reused", built_by=by, waited_s=round(lock.waited_s, 1))
@@ -197,8 +207,10 @@ class Builder:
                 return self._build_locked(ctx)
 
     def _build_locked(self, ctx: BuildContext) -> Outcome:
-        """Compile (holding the key's lock), retrying transient failures."""
+        """Compile (holding the key's lock), retrying transient failures. What changed since the target's
+        last build is taken before the first attempt (for the ledger)."""
         retries = self.project.config.build.transient_retries
+        ctx = replace(ctx, changed=tuple(self.planner.changed(ctx.target)[0]))
         while True:
             ctx = replace(ctx, attempt=ctx.attempt + 1)
             out = self._compile(ctx)
@@ -229,6 +241,7 @@ class Builder:
                                              attempts=ctx.attempt, details={"backend": self.keys.backend},
                                              time=utc_now()), (reason + "\n").encode())
         self._remember(ctx, status)
+        self._record(ctx, "compile", status, reason=reason, stage=("toolchain", None, None), run=NOT_RUN)
         ctx.log.error("compile failed", status=status, reason=reason)
         return Outcome(ctx.target.id, ctx.ki.key, status, reason, compiled=False, metrics=metrics)
 
@@ -273,11 +286,14 @@ class Builder:
                 return self._publish(ctx, req, run, obj)
             except DiskFull as e:
                 verdict = Classification(Status.ERROR, str(e))
-        return self._fail(ctx, verdict, run)
+        return self._fail(replace(ctx, work=obj.parent / "work"), verdict, run)
 
     def _fail(self, ctx: BuildContext, verdict: Classification, run: CompileRun) -> Outcome | Unrecorded:
         """Record a failed attempt under its target and return its outcome; :class:`Unrecorded` when the
-        disk is too full to record it now. The failure log is the worker's log and the compiler's."""
+        disk is too full to record it now. The failure log is the worker's log and the compiler's. The
+        attempt's work folder ``ctx.work`` (request, worker log, the compiler's workdir; None: nothing) is kept
+        in the store (``[monitoring] keep_failed_workdirs``, ``failed_workdirs_max_mb``) and the attempt goes
+        to the ledger with its failure stage."""
         status, reason = verdict.status, verdict.reason
         metrics = {"status": status, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss_bytes,
                    "exit_code": run.exit_code, "attempts": ctx.attempt, "reason": reason}
@@ -297,6 +313,10 @@ class Builder:
                 self._remember(ctx, status)
         except DiskFull:
             done = Unrecorded(out, record, log_bytes)  # recorded by _compile once the staging files are gone
+        stage = failure_stage(run, details, self.keys.backend)
+        kept = (self._keep_workdir(ctx, ctx.work, record, stage)
+                if ctx.work is not None and isinstance(done, Outcome) else None)
+        self._record(ctx, "compile", status, reason=reason, stage=stage, run=run, details=details, workdir=kept)
         ctx.log.error("compile failed", status=status, reason=reason, compile_time_s=metrics["compile_time_s"])
         return done
 
@@ -318,6 +338,7 @@ class Builder:
             self.store.publish(obj, ctx.ki.key)
         self.store.clear_failure(ctx.target.id)
         self._remember(ctx, Status.PASS)
+        self._record(ctx, "compile", Status.PASS, run=run, metrics=metrics)
         ctx.log.info("built", compile_time_s=metrics["compile_time_s"], op_count=metrics["op_count"],
                      artifact_mb=round(metrics["artifact_bytes"] / 2**20, 2),
                      peak_rss_mb=round(run.peak_rss_bytes / 2**20))
@@ -372,5 +393,101 @@ class Builder:
             host=socket.gethostname())
         self.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last
 
+    # -- the ledger and the kept failure workdirs ------------------------------------------------------
+    def record_cache_hits(self, target_ids: list[str]) -> None:
+        """Write one ledger object listing a ``cached`` record for each of ``target_ids`` (targets doit found
+        up to date without calling :meth:`build`); best effort, like every ledger write."""
+        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+        host, executor = socket.gethostname(), getattr(self.executor, "name", type(self.executor).__name__)
+        recs = [ledger.LedgerRecord(target=tid, key=self.key(self.by_id[tid]).key, event="cached", status="PASS",
+                                    time=now, host=host, executor=executor, backend=self.keys.backend)
+                for tid in dict.fromkeys(target_ids) if tid in self.by_id]
+        try:
+            ledger.append_batch(self.store, recs)
+        except OSError as e:
+            get_logger().warning("could not write the ledger records of the cache hits", error=str(e))
 
-__all__ = ["COMPONENTS", "WORKER_LOG", "BuildContext", "Builder", "Outcome", "Unrecorded"]
+    def _keep_workdir(self, ctx: BuildContext, work: Path, record: FailureRecord,
+                      stage: tuple[str | None, str | None, str | None]) -> str | None:
+        """Keep the failed attempt's work folder in the store (best effort: a failure to keep it is logged,
+        never a failure of the build). Returns the entry's store path, or None."""
+        mon = self.project.config.monitoring
+        if not work.is_dir():
+            return None
+        info = {"target": record.target, "key": record.key, "status": str(record.status), "reason": record.reason,
+                "time": record.time, "failure_stage": stage[0], "compiler_pass": stage[1], "diagnostic_code": stage[2]}
+        try:
+            ent, removed = kept_failures.keep_workdir(self.store, work, info, mon.keep_failed_workdirs,
+                                                      int(mon.failed_workdirs_max_mb * 1e6))
+        except OSError as e:
+            ctx.log.warning("could not keep the failure workdir", error=str(e))
+            return None
+        for r in removed:
+            ctx.log.info("failure workdir removed (bounds under [monitoring])", workdir=r.path, of_target=r.target)
+        if ent is None or ent in removed:
+            return None
+        ctx.log.info("failure workdir kept", workdir=ent.path, files=len(ent.files), bytes=ent.bytes)
+        return ent.path
+
+    def _record(self, ctx: BuildContext, event: str, status: Status, *, reason: str = "",
+                stage: tuple[str | None, str | None, str | None] = (None, None, None), run: CompileRun | None = None,
+                details: dict | None = None, metrics: dict | None = None, manifest: Manifest | None = None,
+                workdir: str | None = None) -> None:
+        """Append one record to the store's ledger (:mod:`neuron_build.store.ledger`); best effort: a store
+        that cannot be written is logged, never a failure of the build."""
+        m = metrics or (manifest.metrics.model_dump() if manifest is not None else {})
+        diags = list((details or {}).get("diagnostics") or []) + list(m.get("diagnostics") or [])
+        rec = ledger.LedgerRecord(
+            target=ctx.target.id, key=ctx.ki.key, event=event, status=str(status),
+            time=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds"),
+            host=socket.gethostname(), executor=getattr(self.executor, "name", type(self.executor).__name__),
+            backend=self.keys.backend, attempt=ctx.attempt, failure_stage=stage[0], compiler_pass=stage[1],
+            diagnostic_code=stage[2], reason=reason,
+            compile_time_s=round(run.wall_s, 3) if run is not None and event == "compile" else None,
+            peak_rss_bytes=run.peak_rss_bytes if run is not None and event == "compile" else None,
+            hbm_peak_bytes=hbm_estimate(diags), op_count=m.get("op_count"), artifact_bytes=m.get("artifact_bytes"),
+            changed=ctx.changed, workdir=workdir)
+        try:
+            ledger.append(self.store, rec)
+        except OSError as e:
+            ctx.log.warning("could not write the ledger record", error=str(e))
+
+
+#: ``Estimated peak HBM usage (22.84) exceeds 16GB`` (XCG815) [seen]; the figure is in GB [guess: 1e9 bytes].
+_HBM = re.compile(r"peak HBM usage\s*\(\s*(\d+(?:\.\d+)?)\s*\)", re.IGNORECASE)
+
+
+def hbm_estimate(diagnostics: list) -> int | None:
+    """The peak HBM the compiler log estimates, bytes (GB taken as 1e9), from a diagnostic's message; None
+    when no diagnostic states one."""
+    for d in diagnostics:
+        m = _HBM.search(str(d.get("message", "")) if isinstance(d, dict) else "")
+        if m:
+            return int(float(m.group(1)) * 1e9)
+    return None
+
+
+def failure_stage(run: CompileRun, details: dict, backend: str) -> tuple[str | None, str | None, str | None]:
+    """Where a failed compile stopped: (stage, last compiler pass, diagnostic code).
+
+    The stage is ``neuronx-cc`` when the Neuron compiler ran and failed (the worker's details carry its
+    exit status, diagnostics or log), else the last ``neuron-build stage:`` line of the worker log
+    (``model``, ``export``, ``compile``, ``save``, ``count``; see
+    :data:`neuron_build.compilers.base.STAGES`), else None (no worker output). The pass is the last one the
+    parsed compiler log shows finished (``details.log.pass_times``); the code the first error diagnostic's.
+    """
+    diags = [d for d in details.get("diagnostics") or [] if isinstance(d, dict)]
+    code = next((d.get("code") for d in diags if d.get("severity") == "error"), None)
+    passes = list((details.get("log") or {}).get("pass_times") or {})
+    compiler_pass = passes[-1] if passes else None
+    if backend == "neuron" and ("compiler_exit_code" in details or details.get("compiler_log")):
+        return "neuronx-cc", compiler_pass, code
+    stage = None
+    for line in run.log.decode("utf-8", "replace").splitlines():
+        if line.startswith(STAGE_PREFIX):
+            stage = line[len(STAGE_PREFIX):].strip() or None
+    return stage, compiler_pass, code
+
+
+__all__ = ["COMPONENTS", "WORKER_LOG", "BuildContext", "Builder", "Outcome", "Unrecorded", "failure_stage",
+           "hbm_estimate"]

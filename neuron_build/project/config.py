@@ -419,11 +419,41 @@ class ReleaseSettings(_Frozen):
         return self.channel_device_kind.get(channel, self.serving_device_kind)
 
 
+class MonitoringSettings(_Frozen):
+    """``[monitoring]``: the thresholds of the compile monitoring checklist (``neuron-build report`` and
+    ``metrics``, :mod:`neuron_build.store.ledger`) and the bounds of the kept failure workdirs.
+
+    Thresholds (each signal passes when its figure is at most the limit; utilisation when at least):
+    ``max_failure_rate`` (a fraction of compile attempts, 0.05 = 5 %); ``max_compile_time_p95_s``
+    (nearest-rank p95 of passing compiles, seconds); ``max_recompiles_per_hour`` (compiles of a target
+    whose key changed since its last build, the most within any 60 minutes of the window);
+    ``max_artifacts_per_model`` (passing artifacts per model, dtype, profile and backend);
+    ``max_hbm_fraction`` of ``neuroncore_hbm_gb`` (one NeuronCore's HBM, GB = 1e9 bytes; 16 on trn1 and
+    inf2, per the toolchain notes); ``max_p99_ratio`` (p99 latency over the previous artifact's on the same
+    device kind); ``min_neuroncore_utilisation`` (a fraction, needs a Neuron device).
+
+    Kept failure workdirs: the last ``keep_failed_workdirs`` per target, at most ``failed_workdirs_max_mb``
+    (MB = 1e6 bytes) in all; the oldest go first.
+    """
+
+    max_failure_rate: float = Field(default=0.05, ge=0, le=1, strict=False)
+    max_compile_time_p95_s: float = Field(default=400.0, gt=0, strict=False)
+    max_recompiles_per_hour: float = Field(default=2, ge=0, strict=False)
+    max_artifacts_per_model: int = Field(default=3, ge=1, strict=True)
+    max_hbm_fraction: float = Field(default=0.60, gt=0, le=1, strict=False)
+    neuroncore_hbm_gb: float = Field(default=16.0, gt=0, strict=False)
+    max_p99_ratio: float = Field(default=1.3, gt=0, strict=False)
+    min_neuroncore_utilisation: float = Field(default=0.40, ge=0, le=1, strict=False)
+    keep_failed_workdirs: int = Field(default=3, ge=0, strict=True)
+    failed_workdirs_max_mb: float = Field(default=1000.0, ge=0, strict=False)
+
+
 class ConfigFile(_Frozen):
     """The whole ``buckets.toml``."""
 
     build: BuildSettings = BuildSettings()
     release: ReleaseSettings = ReleaseSettings()
+    monitoring: MonitoringSettings = MonitoringSettings()
     profiles: dict[str, Profile] = Field(min_length=1)
     models: dict[str, ModelSpec] = Field(min_length=1)
 

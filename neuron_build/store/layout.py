@@ -15,6 +15,10 @@ manifests, and a content-addressed store (``cas/``) of blobs by sha256::
     channels/<model>/<channel>.json          a channel pointer, moved by compare-and-swap
     channels/<model>/<channel>.history/<entry>.json   one object per promotion, refusal and rollback
     leases/<key>.json                        who compiles a key now, across hosts (owner, expiry)
+    ledger/<yyyy-mm-dd>/<time>-<host>-<token>.json   the build ledger: one immutable record per compile
+                                             attempt, cache hit or reuse (:mod:`neuron_build.store.ledger`)
+    failures/<target id>/<time>-<token>/...  kept workdirs of failed compiles (entry.json, request, logs,
+                                             the compiler's workdir), bounded (:mod:`neuron_build.store.failures`)
     quarantine/<name>.<token>/               damaged objects moved aside, with reason.txt (never served)
 
 Local-only areas (never pushed): ``staging/`` (artifacts being written), ``views/<key[:2]>/<key>/``
@@ -28,7 +32,8 @@ from __future__ import annotations
 import re
 
 #: Areas a remote store holds too; push and fetch copy within these.
-SHARED_AREAS = ("ac", "cas", "logs", "targets", "results", "releases", "channels", "leases", "quarantine")
+SHARED_AREAS = ("ac", "cas", "logs", "targets", "results", "releases", "channels", "leases", "quarantine",
+                "ledger", "failures")
 #: Areas only a local folder has.
 LOCAL_AREAS = ("staging", "views", "locks", "trash", "pending-push")
 
@@ -90,7 +95,36 @@ def lease_path(key: str) -> str:
     return f"leases/{key}.json"
 
 
+#: The ledger's area: one folder per UTC day, one object per record.
+LEDGER_DIR = "ledger"
+#: The area of kept failure workdirs: one folder per target, one per kept failure.
+FAILURES_DIR = "failures"
+
+
+def ledger_day_dir(day: str) -> str:
+    """The ledger folder of one UTC day (``day`` is ``yyyy-mm-dd``)."""
+    return f"{LEDGER_DIR}/{day}"
+
+
+def ledger_path(day: str, name: str) -> str:
+    """One ledger record: ``ledger/<yyyy-mm-dd>/<name>.json``; ``name`` is ``<HHMMSS.ffffff>Z-<host>-<token>``,
+    so names sort by time within a day and two writers never pick the same one."""
+    return f"{LEDGER_DIR}/{day}/{name}.json"
+
+
+def failures_dir(target_id: str | None = None) -> str:
+    """The kept failure workdirs of one target (``failures/<target id>``), or of all (``failures``)."""
+    return f"{FAILURES_DIR}/{target_id}" if target_id else FAILURES_DIR
+
+
+def failure_entry_path(target_id: str, entry: str, name: str = "entry.json") -> str:
+    """A file of one kept failure workdir: ``failures/<target id>/<entry>/<name>``; ``entry`` is
+    ``<yyyymmddTHHMMSS.ffffff>Z-<token>`` (sorts by time); ``entry.json`` describes it."""
+    return f"{FAILURES_DIR}/{target_id}/{entry}/{name}"
+
+
 __all__ = [
-    "LOCAL_AREAS", "SHARED_AREAS", "blob_path", "channel_path", "history_dir", "imports_path", "is_digest", "lease_path",
+    "FAILURES_DIR", "LEDGER_DIR", "LOCAL_AREAS", "SHARED_AREAS", "blob_path", "channel_path", "failure_entry_path",
+    "failures_dir", "history_dir", "imports_path", "is_digest", "lease_path", "ledger_day_dir", "ledger_path",
     "log_path", "manifest_path", "release_path", "result_path", "target_path",
 ]

@@ -154,32 +154,6 @@ class LocalStore:
         if self.read_only:
             raise ReadOnlyStore(errno.EROFS, f"store {self.root} is opened read-only")
 
-    # -- whole objects at layout paths (ObjectIO) ---------------------------------------------------
-    def put_object(self, path: str, data: bytes, create_only: bool = False) -> bool:
-        self._writable()
-        return write_atomic(self.path(path), data, create_only=create_only)
-
-    def get_object(self, path: str) -> bytes | None:
-        try:
-            return self.path(path).read_bytes()
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            return None
-
-    def list_objects(self, prefix: str) -> list[str]:
-        base = self.path(prefix)
-        if not base.is_dir():
-            return []
-        return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*")
-                      if p.is_file() and not p.name.startswith("."))
-
-    def delete_object(self, path: str) -> bool:
-        self._writable()
-        try:
-            self.path(path).unlink()
-        except FileNotFoundError:
-            return False
-        return True
-
     # -- blobs ------------------------------------------------------------------------------------
     def blob_size(self, sha256: str) -> int | None:
         try:
@@ -707,6 +681,57 @@ class LocalStore:
     def memory_budget(self, max_bytes: int | None, heartbeat_s: float = 15.0):
         from neuron_build.store.locks import MemoryBudget
         return MemoryBudget(self.root, max_bytes, heartbeat_s=heartbeat_s)
+
+    # -- ObjectIO ---------------------------------------------------------------------------------------
+    def _object_file(self, path: str) -> Path:
+        """The file of the object at the relative POSIX ``path``.
+
+        Raises:
+            ValueError: ``path`` is absolute, empty or leaves the store (``..``).
+        """
+        parts = path.split("/")
+        if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"object path {path!r} is not a relative path inside the store")
+        return self.root.joinpath(*parts)
+
+    def put_object(self, path: str, data: bytes, create_only: bool = False) -> bool:
+        self._writable()
+        f = self._object_file(path)
+        for _ in range(3):  # a concurrent delete_object may remove the (empty) folder between mkdir and open
+            try:
+                return write_atomic(f, data, create_only=create_only)
+            except FileNotFoundError:
+                continue
+        return write_atomic(f, data, create_only=create_only)
+
+    def get_object(self, path: str) -> bytes | None:
+        try:
+            return self._object_file(path).read_bytes()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+
+    def list_objects(self, prefix: str) -> list[str]:
+        base = self._object_file(prefix.rstrip("/"))
+        if not base.is_dir():
+            return []
+        return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*")
+                      if p.is_file() and not p.name.startswith("."))  # hidden: temporary files
+
+    def delete_object(self, path: str) -> bool:
+        self._writable()
+        f = self._object_file(path)
+        try:
+            f.unlink()
+        except FileNotFoundError:
+            return False
+        d = f.parent
+        while d != self.root:  # drop folders the delete left empty (an object store has no folders)
+            try:
+                d.rmdir()
+            except OSError:
+                break
+            d = d.parent
+        return True
 
 
 def utc_now_us() -> str:

@@ -242,8 +242,8 @@ def verify_store(store: LocalStore, deep: bool = False, repair: bool = False) ->
 @dataclass
 class Removal:
     """One thing ``gc`` removes (or would remove, on a dry run): ``kind`` is ``object`` (a manifest with
-    its logs, view and results), ``blob``, ``view``, ``logs``, ``staging``, ``quarantine``, ``lock`` or
-    ``temp``; ``bytes`` its size; ``why`` one line."""
+    its logs, view and results), ``blob``, ``view``, ``logs``, ``staging``, ``quarantine``, ``lock``,
+    ``temp`` or ``failure-workdir``; ``bytes`` its size; ``why`` one line."""
 
     kind: str
     path: str
@@ -498,6 +498,7 @@ def collect_garbage(store: LocalStore, keep_keys: Iterable[str] = (), keep_days:
         for p in sorted(abase.rglob(".*.tmp")) if abase.is_dir() else []:
             if now - _mtime(p) >= TMP_MAX_AGE_S:
                 drop(p, Removal("temp", store.relative(p), tree_bytes(p), "temporary file left by a killed writer"))
+    rep.removed += collect_failure_workdirs(store, dry_run=dry_run)
     if not dry_run and trash.is_dir():
         for p in trash.iterdir():
             err = _delete(p)
@@ -526,6 +527,26 @@ def _delete(path: Path) -> str | None:
     except OSError as e:
         return f"{path}: {e.strerror or e}"
     return errors[0] if errors else None
+
+
+def collect_failure_workdirs(store: Any, dry_run: bool = False) -> list[Removal]:
+    """The ``gc`` step of the kept failure workdirs (:mod:`neuron_build.store.failures`): every entry of a
+    target that passes again, and entries whose writer died before their ``entry.json`` (older than an
+    hour). Removes them unless ``dry_run``; returns what it removed (kind ``failure-workdir``)."""
+    from neuron_build.store import failures
+
+    out = []
+    for ent, when in failures.passed_again(store):
+        out.append(Removal("failure-workdir", ent.path, ent.bytes, f"the target passed again ({when})",
+                           key=ent.key, target=ent.target))
+        if not dry_run:
+            failures.remove(store, ent)
+    for folder, paths in failures.incomplete(store, TMP_MAX_AGE_S):
+        out.append(Removal("failure-workdir", folder, 0, "incomplete (its writer stopped before entry.json)"))
+        if not dry_run:
+            for p in paths:
+                store.delete_object(p)
+    return out
 
 
 def _drop_lock_files(store: LocalStore, key: str) -> None:
@@ -567,5 +588,5 @@ def _mtime(p: Path) -> float:
         return time.time()
 
 
-__all__ = ["verify_store", "VerifyReport", "BadObject", "collect_garbage", "GcReport", "Removal", "Unremoved",
-           "referenced_keys", "release_pins", "tree_bytes"]
+__all__ = ["verify_store", "VerifyReport", "BadObject", "collect_failure_workdirs", "collect_garbage", "GcReport",
+           "Removal", "Unremoved", "referenced_keys", "release_pins", "tree_bytes"]
