@@ -90,7 +90,7 @@ def _load_builder() -> Builder:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(exit_code(e))
     configure(project.state_dir / "build.log")
-    return Builder(project)  # logs the `auto` fallback note, once per process
+    return Builder(project)
 
 
 def _is_built(store: ArtifactStore, key: str) -> bool:
@@ -136,9 +136,10 @@ class BuildSession(NamespaceTaskLoader):
         """doit's configuration: :data:`DOIT_CONFIG`."""
         return DOIT_CONFIG
 
-    def run(self, target_ids: Sequence[str] | None = None, jobs: int = 1) -> int:
+    def run(self, target_ids: Sequence[str] | None = None, jobs: int = 1, outstream: Any = None) -> int:
         """Run ``doit run`` over this session: the ``build:`` tasks of ``target_ids`` (None: every target),
         ``jobs`` at once (threads of this process). Outcomes land in :attr:`outcomes` (cleared first).
+        ``outstream``: where doit's own report goes (default stdout; ``build --json`` sends it to stderr).
 
         Returns doit's exit status (0 ok, 1 a task failed, 2/3 doit errors).
         """
@@ -152,7 +153,8 @@ class BuildSession(NamespaceTaskLoader):
         doit_args += [f"build:{t}" for t in target_ids] if target_ids is not None else ["build"]
         b.project.state_dir.mkdir(parents=True, exist_ok=True)
         self.outcomes.clear()
-        return DoitMain(self).run(doit_args)
+        extra = {"run": {"outfile": outstream}} if outstream is not None else None
+        return DoitMain(self, extra_config=extra).run(doit_args)
 
     # -- build ----------------------------------------------------------------------------------------
     def task_build(self) -> Iterator[dict[str, Any]]:
@@ -172,6 +174,7 @@ class BuildSession(NamespaceTaskLoader):
     def _build(self, target_id: str):
         b = self.builder
         _die_with_parent()
+        b.announce_backend()  # once per process, on the first compile it runs
         retry = self.retry_failed if self.retry_failed is not None else _retry_failed_var()
         out = b.build(b.by_id[target_id], retry_failed=retry)
         self.outcomes[target_id] = out

@@ -20,7 +20,7 @@ from neuron_build.project.config import load_project
 def plan(cfg: Path) -> dict[str, dict]:
     r = run_cli("plan", "--json", "-c", str(cfg))
     assert r.returncode == 0, r.stderr
-    return {row["target"]: row for row in json.loads(r.stdout)}
+    return {row["target"]: row for row in json.loads(r.stdout)["targets"]}
 
 
 def test_build_then_noop_then_incremental(tiny):

@@ -157,7 +157,7 @@ def test_shape_errors():
 # a real pulled release: the tiny torchscript project
 
 def _promote_and_pull(cfg: Path, rid: str, dest: Path) -> None:
-    r = run_cli("promote", "tiny", rid, "--to", "dev", "--allow-unvalidated", "-c", str(cfg))
+    r = run_cli("promote", "tiny", rid, "--to", "dev", "--allow-unvalidated", "--reason", "runtime test", "-c", str(cfg))
     assert r.returncode == 0, r.stderr
     r = run_cli("pull", "tiny", "--channel", "dev", "--dest", str(dest), "-c", str(cfg))
     assert r.returncode == 0, r.stderr

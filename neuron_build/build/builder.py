@@ -90,7 +90,11 @@ class Builder:
                                                heartbeat_s=cfg.heartbeat_s)
         self.executor: Executor = executor if executor is not None else LocalExecutor(cfg.timeout_s, cfg.heartbeat_s)
         self._toolchain_problem: str | None | bool = False  # False: not checked yet
-        announce_backend(self.keys.backend_note)  # "backend auto: using inductor because ...", once per process
+
+    def announce_backend(self) -> None:
+        """Log the ``auto`` fallback note ("backend auto: using inductor because ..."), once per process.
+        Builds call it; read commands (plan, ls, show, ...) do not."""
+        announce_backend(self.keys.backend_note)
 
     # -- planning (see Planner) --------------------------------------------------------------
     def key(self, target: Target) -> KeyInfo:

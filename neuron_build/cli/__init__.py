@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-from neuron_build.cli.app import COMMANDS, display_error
+from neuron_build.cli.app import COMMANDS, CURRENT_COMMAND, display_error
 from neuron_build.errors import BuildFailed, NeuronBuildError, exit_code
 
 #: The command modules, in the order their commands appear in ``--help``: each defines ``register(add)``,
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.config = getattr(args, "config", None) or os.environ.get("NEURON_BUILD_CONFIG") or None
     args.debug = getattr(args, "debug", False)
+    CURRENT_COMMAND[:] = [args.command]
     try:
         return int(COMMANDS[args.command](args))
     except NeuronBuildError as e:

@@ -6,9 +6,10 @@ Exit status: 0 when every selected target is in the store, 1 when one failed, 2 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 
-from neuron_build.cli.app import command, open_builder, plural
+from neuron_build.cli.app import command, open_builder, plural, print_json
 from neuron_build.errors import BuildFailed, ExitCode
 from neuron_build.status import TargetState
 
@@ -29,6 +30,8 @@ def register(add) -> None:
     s.add_argument("-n", "--jobs", type=_positive_int, default=1, help="compiles to run at once")
     s.add_argument("--no-retry-failed", action="store_true",
                    help="skip targets whose current key failed last time (default: retry them)")
+    s.add_argument("--json", action="store_true",
+                   help="print one object per target (id, key, status, verdict, reason, compile_time_s)")
     s.add_argument("patterns", nargs="*", metavar="PATTERN", help="target id globs or model names")
 
 
@@ -41,6 +44,7 @@ class BuildSummary:
     reused: list[str]     # compiled by another builder while this one waited for the key's lock
     failed: list[str]     # not in the store after the build
     lines: list[str]      # one "FAILED <target>: <status>: <reason>" line per failed target
+    rows: list[dict] = field(default_factory=list)   # build --json: one object per target (see summarize)
 
     @property
     def cached(self) -> int:
@@ -56,7 +60,14 @@ class BuildSummary:
 
 
 def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
-    """Compare each chosen target's state before and after the build, with the Outcomes of this run."""
+    """Compare each chosen target's state before and after the build, with the Outcomes of this run.
+
+    ``rows`` (``build --json``), one per chosen target in matrix order: ``id``, ``key``, ``result``
+    (``built``, ``cached``, ``reused``: built by another builder meanwhile, ``failed``), ``status`` (the
+    compile's :class:`~neuron_build.status.Status`, or ``cached``), ``verdict`` (``pass``: the store holds
+    it; ``fail``), ``reason`` (one line; empty when built or cached), ``compile_time_s`` (seconds of this
+    build's compile, or of the stored artifact's for a cached one; None when failed before compiling)
+    and ``log`` (for a failure: the command that shows its log)."""
     after = {t.id: b.state(t) for t in chosen}
     built = [t.id for t in chosen if after[t.id] == TargetState.CACHED and before[t.id] != TargetState.CACHED
              and (t.id not in outcomes or outcomes[t.id].compiled)]
@@ -70,7 +81,29 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
         else:
             f = b.store.failure(tid)
             lines.append(f"  FAILED {tid}: {f.status if f else 'not built'}: {f.reason if f else ''}")
-    return BuildSummary([t.id for t in chosen], built, reused, failed, lines)
+    rows = []
+    for t in chosen:
+        key = b.key(t).key
+        o = outcomes.get(t.id)
+        result = ("failed" if t.id in failed else "reused" if t.id in reused else "built" if t.id in built
+                  else "cached")
+        status, reason, ct = (str(o.status), o.reason, (o.metrics or {}).get("compile_time_s")) if o else (
+            "cached" if result != "failed" else None, "", None)
+        if result == "failed" and o is None:
+            f = b.store.failure(t.id)
+            status, reason = (str(f.status), f.reason) if f else ("not built", "")
+        if result == "cached" or (result == "reused" and ct is None):
+            m = b.store.manifest(key)
+            ct = m.metrics.compile_time_s if m else None
+        if result in ("built", "cached", "reused") and status == "PASS":
+            reason = "" if result == "built" else reason
+        row = {"id": t.id, "key": key, "result": result, "status": status,
+               "verdict": "fail" if result == "failed" else "pass", "reason": reason if result == "failed" else "",
+               "compile_time_s": None if ct is None else round(float(ct), 3)}
+        if result == "failed":
+            row["log"] = f"neuron-build show {t.id}"
+        rows.append(row)
+    return BuildSummary([t.id for t in chosen], built, reused, failed, lines, rows)
 
 
 @command("build")
@@ -79,13 +112,19 @@ def cmd_build(args) -> int:
     from neuron_build.project.matrix import select
     from neuron_build.tasks import BuildSession
 
-    b = open_builder(args)
+    b = open_builder(args, quiet=True if args.json else None)
+    b.announce_backend()
     chosen = select(b.targets, args.patterns)
     before = {t.id: b.state(t) for t in chosen}
     b.keys.save()
     session = BuildSession(b, retry_failed=not args.no_retry_failed)
-    rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=args.jobs)
+    rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=args.jobs,
+                     outstream=sys.stderr if args.json else None)  # with --json, stdout holds only the JSON
     summary = summarize(b, chosen, before, session.outcomes)
+    if args.json:
+        print_json({"targets": summary.rows, "built": len(summary.built), "cached": summary.cached,
+                    "failed": len(summary.failed), "verdict": "fail" if summary.failed or rc != 0 else "pass"})
+        return ExitCode.FAILED if summary.failed or rc != 0 else ExitCode.OK
     print(summary.text())
     if summary.failed or rc != 0:
         raise BuildFailed(f"{len(summary.failed)} target(s) failed")

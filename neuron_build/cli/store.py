@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from neuron_build.cli.app import command, mib, open_builder, print_json
 from neuron_build.errors import ExitCode
+from neuron_build.status import Verdict
 
 
 def register(add) -> None:
@@ -26,7 +27,7 @@ def cmd_verify(args) -> int:
     b = open_builder(args)
     rep = verify_store(b.store, deep=args.deep)
     if args.json:
-        print_json(rep.to_json())
+        print_json({**rep.to_json(), "verdict": str(Verdict.PASS if rep.clean else Verdict.FAIL)})
         return ExitCode.OK if rep.clean else ExitCode.FAILED
     for bad in rep.bad:
         print(f"BAD  {bad.key[:12]}  {bad.target or '?'}: {bad.reason}"

@@ -284,7 +284,9 @@ class ReleaseSettings(_Frozen):
     only from channel ``i - 1`` unless ``allow_skip``. Gates: at most ``max_artifacts_per_model`` artifacts
     in a release (load time and device memory grow with every bucket); each bucket's op count at most
     ``max_op_count_regression`` (a fraction: 0.10 = 10 %) above the same bucket's in the channel's current
-    release; each bucket's p99 latency at most ``max_p99_ratio`` times the current release's; the p95 of the
+    release; each bucket's median latency at most ``max_latency_ratio`` times the current release's, at
+    confidence ``latency_confidence`` (the gate refuses when the lower bound of the ratio's interval is
+    above it; ``max_p99_ratio``, the old name, is read as ``max_latency_ratio``); the p95 of the
     release's compile times at most ``max_compile_time_p95_s`` seconds; every artifact validated on the
     device kind that serves the channel: ``serving_device_kind`` for every channel, unless
     ``channel_device_kind`` names another for a channel (``{ prod = "neuron" }``).
@@ -294,10 +296,23 @@ class ReleaseSettings(_Frozen):
     allow_skip: StrictBool = False
     max_artifacts_per_model: int = Field(default=3, ge=1, strict=True)
     max_op_count_regression: float = Field(default=0.10, ge=0, strict=False)
-    max_p99_ratio: float = Field(default=1.3, gt=0, strict=False)
+    max_latency_ratio: float = Field(default=1.3, gt=0, strict=False)
+    latency_confidence: float = Field(default=0.95, gt=0, lt=1, strict=False)
     max_compile_time_p95_s: float = Field(default=400.0, gt=0, strict=False)
     serving_device_kind: DeviceKind = "cpu"
     channel_device_kind: dict[str, DeviceKind] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        """``max_p99_ratio`` (the gate compared p99s before it compared medians) is ``max_latency_ratio``."""
+        if isinstance(data, dict) and "max_p99_ratio" in data:
+            data = dict(data)
+            old = data.pop("max_p99_ratio")
+            if "max_latency_ratio" in data:
+                raise ValueError("max_p99_ratio is the old name of max_latency_ratio; give only max_latency_ratio")
+            data["max_latency_ratio"] = old
+        return data
 
     @field_validator("channels")
     @classmethod
