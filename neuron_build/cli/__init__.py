@@ -30,6 +30,16 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+def _version() -> str:
+    """The installed distribution's version (``importlib.metadata``), or ``unknown``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("neuron-build")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def parser() -> argparse.ArgumentParser:
     """The ``neuron-build`` argument parser: the common options and every command module's sub-commands."""
     common = argparse.ArgumentParser(add_help=False)
@@ -37,6 +47,7 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     p = argparse.ArgumentParser(prog="neuron-build", parents=[common],
                                 description="Compile-artifact build system for AWS Neuron.")
+    p.add_argument("--version", action="version", version=f"neuron-build {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help: str):

@@ -616,11 +616,28 @@ def _missing_imports(tree: ast.AST, path: Path, root: Path, where: str, via: Pat
     return faults
 
 
+def find_config(start: str | Path | None = None) -> Path | None:
+    """The ``buckets.toml`` a command uses when no ``-c`` is given: ``$NEURON_BUILD_CONFIG`` when set,
+    else the first ``buckets.toml`` in ``start`` (default: the current folder) or one of its parents,
+    the way git and DVC find their repository. None when there is none."""
+    import os
+
+    env = os.environ.get("NEURON_BUILD_CONFIG")
+    if env:
+        return Path(env)
+    here = Path(start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / DEFAULT_CONFIG).is_file():
+            return d / DEFAULT_CONFIG
+    return None
+
+
 def load_project(path: str | Path | None = None) -> Project:
     """Load and check a ``buckets.toml``.
 
     Args:
-        path: the config file; default ``buckets.toml`` in the current folder.
+        path: the config file; default :func:`find_config` (``$NEURON_BUILD_CONFIG``, else ``buckets.toml``
+            in the current folder or the nearest parent that has one).
 
     Returns:
         The :class:`Project`.
@@ -629,12 +646,14 @@ def load_project(path: str | Path | None = None) -> Project:
         ConfigError: the file is missing, is not valid TOML, or breaks the schema; one line per fault,
             each naming the TOML path, what is wrong and what is allowed.
     """
-    p = Path(path) if path is not None else Path(DEFAULT_CONFIG)
+    p = Path(path) if path is not None else (find_config() or Path(DEFAULT_CONFIG))
     shown = str(p)
     if p.is_dir():
         raise ConfigError(shown, [f"is a folder; pass the config file itself (e.g. -c {p / DEFAULT_CONFIG})"])
     if not p.is_file():
-        raise ConfigError(shown, [f"file not found; create it or pass -c PATH (looked in {p.resolve().parent})"])
+        where = (f"looked in {p.resolve().parent} and its parents" if path is None
+                 else f"looked in {p.resolve().parent}")
+        raise ConfigError(shown, [f"file not found; create it, pass -c PATH or set NEURON_BUILD_CONFIG ({where})"])
     try:
         data = tomllib.loads(p.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as e:
