@@ -112,3 +112,18 @@ def test_the_backend_note_is_not_on_read_commands(tmp_path):
     cfg.write_text(cfg.read_text().replace('backend = "torchscript"', 'backend = "auto"'))
     r = run_cli("plan", "-c", str(cfg))
     assert r.returncode == 0 and "backend auto" not in r.stdout + r.stderr
+
+
+def test_init_scaffolds_a_project_that_plans_and_never_overwrites(tmp_path, capsys):
+    root = tmp_path / "new"
+    assert main(["init", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert f"created {root / 'buckets.toml'}" in out and f"created {root / 'models' / 'example.py'}" in out
+    project = load_project(root / "buckets.toml")
+    assert list(project.config.models) == ["mlp"]
+    assert (root / "dodo.py").read_text().startswith("from neuron_build.tasks import *")
+    (root / "models" / "example.py").write_text("# mine\n")
+    assert main(["init", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "buckets.toml, dodo.py, models/__init__.py, models/example.py already exist(s)" in err
+    assert (root / "models" / "example.py").read_text() == "# mine\n"
