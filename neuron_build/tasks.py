@@ -122,6 +122,11 @@ class BuildSession(NamespaceTaskLoader):
         self._builder = builder
         self.retry_failed = retry_failed
         self.outcomes: dict[str, Outcome] = {}
+        #: ``progress(line)`` after each target built (``neuron-build build`` prints it on stderr), and
+        #: how many targets this run is expected to build (for "N of M" and the ETA); None: no progress.
+        self.progress: Any = None
+        self.expected = 0
+        self.jobs = 1
         self.namespace = {"DOIT_CONFIG": DOIT_CONFIG, "task_build": self.task_build,
                           "task_validate": self.task_validate}
 
@@ -178,9 +183,25 @@ class BuildSession(NamespaceTaskLoader):
         retry = self.retry_failed if self.retry_failed is not None else _retry_failed_var()
         out = b.build(b.by_id[target_id], retry_failed=retry)
         self.outcomes[target_id] = out
+        if self.progress is not None:
+            self.progress(self.progress_line(out))
         if not out.ok:
             return TaskFailed(f"{target_id}: {out.status}: {out.reason}")
         return {"key": out.key, "status": out.status}
+
+    def progress_line(self, out: Outcome) -> str:
+        """``[3/6] minilm/b8-s32/fp32/o2 PASS in 27.7 s; 3 left, about 83 s`` : N of M done, and an ETA
+        from the mean compile time (seconds) of this run's compiles, divided by the jobs running at once."""
+        done = len(self.outcomes)
+        total = max(self.expected, done)
+        ct = (out.metrics or {}).get("compile_time_s")
+        line = f"[{done}/{total}] {out.target} {out.status}" + (f" in {ct:.1f} s" if ct is not None else "")
+        times = [o.metrics["compile_time_s"] for o in self.outcomes.values()
+                 if o.compiled and (o.metrics or {}).get("compile_time_s") is not None]
+        left = total - done
+        if left > 0 and times:
+            line += f"; {left} left, about {sum(times) / len(times) * left / max(1, self.jobs):.0f} s"
+        return line
 
     # -- validate -------------------------------------------------------------------------------------
     def task_validate(self) -> Iterator[dict[str, Any]]:

@@ -83,6 +83,7 @@ def test_failed_compile_is_recorded_not_served_and_retried(tiny):
     r = run_cli("build", "-c", str(tiny), "other", "tiny/b1/fp32/p1")
     assert r.returncode == 1
     assert "FAILED other/static/fp32/p1: ERROR: RuntimeError: factory exploded on purpose" in r.stdout
+    assert "    log: neuron-build show other/static/fp32/p1" in r.stdout
     assert "1 built" in r.stdout  # the other target still built
     b = Builder(load_project(tiny))
     t = b.by_id["other/static/fp32/p1"]

@@ -82,6 +82,9 @@ def test_build_json_one_object_per_target_and_plan_ls_explain(built):
         assert (t["result"], t["status"], t["verdict"], t["reason"]) == ("built", "PASS", "pass", "")
         assert len(t["key"]) == 64 and isinstance(t["compile_time_s"], float) and t["compile_time_s"] > 0
     assert ".  build:tiny/b1/fp32/p1" in r.stderr and "build:" not in r.stdout  # doit's report off stdout
+    # progress: N of M, and an ETA from this run's compile times
+    assert "[1/2] tiny/b1/fp32/p1 PASS in " in r.stderr and "; 1 left, about " in r.stderr
+    assert "[2/2] tiny/b4/fp32/p1 PASS in " in r.stderr
     again = json.loads(run_cli("build", "-c", str(cfg), "--json", "tiny/b1/fp32/p1").stdout)
     t = again["targets"][0]
     assert (t["result"], t["status"], t["compile_time_s"]) == ("cached", "cached",
@@ -112,6 +115,15 @@ def test_the_backend_note_is_not_on_read_commands(tmp_path):
     cfg.write_text(cfg.read_text().replace('backend = "torchscript"', 'backend = "auto"'))
     r = run_cli("plan", "-c", str(cfg))
     assert r.returncode == 0 and "backend auto" not in r.stdout + r.stderr
+
+
+def test_completion_script_lists_the_commands(capsys):
+    assert main(["completion", "bash"]) == 0
+    script = capsys.readouterr().out
+    assert "complete -o bashdefault -F _shtab_neuron_build neuron-build" in script
+    for cmd in ("build", "promote", "releases", "init", "completion"):
+        assert cmd in script
+    assert "--waive" in script
 
 
 def test_init_scaffolds_a_project_that_plans_and_never_overwrites(tmp_path, capsys):

@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "neuron_build.cli.release",     # release, promote, rollback, channels, history, pull
     "neuron_build.cli.store",       # verify, gc
     "neuron_build.cli.init",        # init
+    "neuron_build.cli.completion",  # completion
 )
 
 

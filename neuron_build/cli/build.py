@@ -9,7 +9,7 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 
-from neuron_build.cli.app import command, open_builder, plural, print_json
+from neuron_build.cli.app import command, display_note, open_builder, plural, print_json
 from neuron_build.errors import BuildFailed, ExitCode
 from neuron_build.status import TargetState
 
@@ -81,6 +81,7 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
         else:
             f = b.store.failure(tid)
             lines.append(f"  FAILED {tid}: {f.status if f else 'not built'}: {f.reason if f else ''}")
+        lines.append(f"    log: neuron-build show {tid}")
     rows = []
     for t in chosen:
         key = b.key(t).key
@@ -118,6 +119,8 @@ def cmd_build(args) -> int:
     before = {t.id: b.state(t) for t in chosen}
     b.keys.save()
     session = BuildSession(b, retry_failed=not args.no_retry_failed)
+    session.progress, session.jobs = display_note, args.jobs
+    session.expected = sum(1 for t in chosen if before[t.id] != TargetState.CACHED)
     rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=args.jobs,
                      outstream=sys.stderr if args.json else None)  # with --json, stdout holds only the JSON
     summary = summarize(b, chosen, before, session.outcomes)
