@@ -63,7 +63,7 @@ def test_bench_json_structure_and_invariants(built):
 def test_progress_and_table_output(built):
     r = run_cli("bench", "-c", str(built), "--iters", "5", "--warmup", "1", "tiny/b4/fp32/p1")
     assert r.returncode == 0, r.stderr
-    assert "[1/1] tiny/b4/fp32/p1: warm-up 1, 5 timed calls each, interleaved with eager" in r.stderr
+    assert "benchmarking 1 artifact(s) in one session: warm-up 1, 5 timed rounds, interleaved with eager" in r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["target", "p50", "ms", "p90", "ms", "p99", "ms", "mean", "ms", "samples/s",
                                 "eager", "p50", "speedup"]

@@ -493,13 +493,17 @@ def test_rollback_restores_previous_release(proj):
     # rolling back again has nowhere to go: the stack is back to [r1]
     with pytest.raises(UserError, match="has held only"):
         rollback(store, settings, "tiny", "dev")
-    # a new promotion then a rollback returns to r1 again
-    promote(store, settings, "tiny", "dev", release=r2["id"])
+    # r2 was rolled back: promoting it again needs a reason; then a rollback returns to r1 again
+    with pytest.raises(PromotionRefused, match=f"release {r2['id']} was rolled back from tiny/dev at .* "
+                                               r"\("bf16 too slow"\); promoting it again needs --reason TEXT"):
+        promote(store, settings, "tiny", "dev", release=r2["id"])
+    e = promote(store, settings, "tiny", "dev", release=r2["id"], reason="fixed the slow path")
+    assert [(x["channel"], x["reason"]) for x in e["rolled_back"]] == [("dev", "bf16 too slow")]
     assert rollback(store, settings, "tiny", "dev")["to"] == r1["id"]
     hist = channel_history(store, "tiny", "dev")
     assert [(h["action"], h["from"], h["to"], h["version"]) for h in hist] == [
         ("promote", None, r1["id"], 1), ("promote", r1["id"], r2["id"], 2), ("rollback", r2["id"], r1["id"], 3),
-        ("promote", r1["id"], r2["id"], 4), ("rollback", r2["id"], r1["id"], 5)]
+        ("refuse", r1["id"], r2["id"], 3), ("promote", r1["id"], r2["id"], 4), ("rollback", r2["id"], r1["id"], 5)]
     assert hist[2]["reason"] == "bf16 too slow" and hist[2]["who"] == ACTOR
 
 

@@ -139,6 +139,7 @@ def test_doctor_json_with_the_sdk():
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep == {
+        "schema": "neuron-build/doctor/v1",
         "torch": TORCH,
         "packages": {"torch-neuronx": "2.13.0.2.30.4217", "neuronx-cc": CC_VERSION,
                      "neuronx-distributed": "0.17.4217", "libneuronxla": "2.3.4217.0"},
