@@ -1,15 +1,18 @@
 """Latency benchmarks and profiler traces of compiled artifacts, with the eager model as the baseline.
 
-One benchmark of one target: load the artifact onto its device, build the eager model in the target
-dtype on the same device, make the target's deterministic inputs (the validation inputs,
-:func:`neuron_build.evaluate.validate.validation_seed`), run ``warmup`` untimed calls of each, then ``iters``
-timed calls of each, alternating artifact and eager call by call (:func:`time_interleaved`, so that the
-load of a shared host hits both alike), each call ended by the device's synchronise
-(:func:`device_sync`) and timed with ``time.perf_counter_ns``. Reported: p50, p90, p99 and mean latency in milliseconds
-(percentiles by linear interpolation between order statistics), throughput in samples per second
-(batch / mean latency; the batch is the first dim of the first input), and the speedup over eager
-(eager p50 / compiled p50). Stored as ``results/<key>/bench/<device kind>--<host>.json`` (schema in
-:mod:`neuron_build.release.gates`).
+A benchmark session (:func:`bench_targets`): load every selected target's artifact onto its device and
+its eager model in the target dtype on the same device, make each target's deterministic inputs (the
+validation inputs, :func:`neuron_build.evaluate.validate.validation_seed`), then time them all together
+in rounds (:func:`time_rounds`: every callable once per round, the order rotated, each call ended by the
+device's synchronise, :func:`device_sync`, and timed with ``time.perf_counter_ns``), ``warmup`` untimed
+rounds first, then a fixed or an adaptive number of rounds (until every artifact's median is known within
+a precision, or a time budget ends). Reported per target: p50, p90, p99 and mean latency in
+milliseconds (percentiles by linear interpolation between order statistics), the median's
+distribution-free confidence interval (:func:`neuron_build.util.median_ci`), every sample, throughput in
+samples per second (batch / mean latency; the batch is the first dim of the first input), the speedup
+over eager (eager p50 / compiled p50), the session id, host class and settings the latency gate compares.
+Stored as ``results/<key>/bench/<device kind>--<host>.json`` (schema in :mod:`neuron_build.release.gates`).
+:func:`time_calls` and :func:`time_interleaved` are the single-target timers (kept for scripts).
 
 A profiler run (:func:`profile_target`) is separate from the timed run, so profiler overhead never enters
 the figures. Torch is imported inside the functions only.
