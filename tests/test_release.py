@@ -495,7 +495,7 @@ def test_rollback_restores_previous_release(proj):
         rollback(store, settings, "tiny", "dev")
     # r2 was rolled back: promoting it again needs a reason; then a rollback returns to r1 again
     with pytest.raises(PromotionRefused, match=f"release {r2['id']} was rolled back from tiny/dev at .* "
-                                               r"\("bf16 too slow"\); promoting it again needs --reason TEXT"):
+                                               r'\("bf16 too slow"\); promoting it again needs --reason TEXT'):
         promote(store, settings, "tiny", "dev", release=r2["id"])
     e = promote(store, settings, "tiny", "dev", release=r2["id"], reason="fixed the slow path")
     assert [(x["channel"], x["reason"]) for x in e["rolled_back"]] == [("dev", "bf16 too slow")]
