@@ -51,4 +51,9 @@ class Verdict(_Word):
     WAIVED = "waived"  # a failed gate let through with a recorded reason (promote --waive, --allow-unvalidated)
 
 
-__all__ = ["Status", "BuildResult", "TargetState", "Verdict"]
+
+
+#: The reason of a cached build outcome whose artifact came from the read-through store's remote.
+DOWNLOADED = "downloaded from the remote store, every blob verified"
+
+__all__ = ["DOWNLOADED", "Status", "BuildResult", "TargetState", "Verdict"]

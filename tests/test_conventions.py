@@ -67,7 +67,8 @@ def test_no_color_and_force_color(monkeypatch):
 
 def test_json_helpers_and_exit_table():
     assert json_doc([1, 2], "targets", name="plan") == {"schema": "neuron-build/plan/v1", "targets": [1, 2]}
-    assert json_doc({"a": 1, "schema": "x"}, name="show") == {"schema": "neuron-build/show/v1", "a": 1}
+    assert json_doc({"a": 1}, name="show") == {"schema": "neuron-build/show/v1", "a": 1}
+    assert json_doc({"a": 1, "schema": "neuron-build.failures/2"}) == {"schema": "neuron-build.failures/2", "a": 1}
     assert seconds(1.23456) == 1.235 and seconds(None) is None
     assert [human_age(x) for x in (None, 5, 125, 7300, 90000)] == ["-", "5s", "2m", "2h", "1d"]
     assert exit_code(PromotionRefused("no", {})) == ExitCode.REFUSED == 3

@@ -73,10 +73,10 @@ def open_project_store(args: argparse.Namespace) -> tuple[Project, ArtifactStore
     Raises:
         ConfigError: the config is missing or invalid (exit 2).
     """
-    from neuron_build.store import open_store
+    from neuron_build.store import cached_store
 
     project = open_project(args)
-    return project, open_store(project.store_url())
+    return project, cached_store(project.store_url(), project.remote_url(), project.config.build.remote_options)
 
 
 # -- output ---------------------------------------------------------------------------------------------
@@ -98,8 +98,8 @@ def json_doc(obj: Any, items: str = "items", name: str | None = None) -> dict[st
     ``{"schema": ..., <items>: [...]}``. Every ``--json`` output goes through here, so every document
     carries its schema (the conventions: durations and ages are numbers of seconds in fields ending in
     ``_s``; judgements are words of :class:`neuron_build.status.Verdict` in a field ``verdict``)."""
-    if isinstance(obj, dict):
-        return {"schema": schema_id(name), **{k: v for k, v in obj.items() if k != "schema"}}
+    if isinstance(obj, dict):  # a document that names its own schema keeps it
+        return {"schema": obj.get("schema") or schema_id(name), **{k: v for k, v in obj.items() if k != "schema"}}
     return {"schema": schema_id(name), items: list(obj)}
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from neuron_build.cli.app import command, display_note, open_builder, plural, print_json
 from neuron_build.errors import BuildFailed, ExitCode
-from neuron_build.status import TargetState
+from neuron_build.status import DOWNLOADED, TargetState
 
 
 def _positive_int(text: str) -> int:
@@ -27,7 +27,8 @@ def _positive_int(text: str) -> int:
 def register(add) -> None:
     """Add the ``build`` sub-command."""
     s = add("build", "compile the targets that are not in the store")
-    s.add_argument("-n", "--jobs", type=_positive_int, default=1, help="compiles to run at once")
+    s.add_argument("-n", "--jobs", type=_positive_int, default=None,
+                   help="compiles to run at once (default: one per CPU, bounded by the host-memory budget)")
     s.add_argument("--no-retry-failed", action="store_true",
                    help="skip targets whose current key failed last time (default: retry them)")
     s.add_argument("--json", action="store_true",
@@ -44,6 +45,7 @@ class BuildSummary:
     reused: list[str]     # compiled by another builder while this one waited for the key's lock
     failed: list[str]     # not in the store after the build
     lines: list[str]      # one "FAILED <target>: <status>: <reason>" line per failed target
+    downloaded: list[str] = field(default_factory=list)  # cached: fetched from [build] remote by this build
     rows: list[dict] = field(default_factory=list)   # build --json: one object per target (see summarize)
 
     @property
@@ -55,6 +57,7 @@ class BuildSummary:
         """The summary ``build`` prints after doit's output."""
         head = (f"\n{plural(len(self.targets), 'target')}: {len(self.built)} built, {self.cached} cached"
                 + (f" ({len(self.reused)} built by another builder meanwhile)" if self.reused else "")
+                + (f" ({len(self.downloaded)} downloaded from the remote store)" if self.downloaded else "")
                 + f", {len(self.failed)} failed")
         return "\n".join([head, *self.lines])
 
@@ -69,9 +72,10 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
     build's compile, or of the stored artifact's for a cached one; None when failed before compiling)
     and ``log`` (for a failure: the command that shows its log)."""
     after = {t.id: b.state(t) for t in chosen}
-    built = [t.id for t in chosen if after[t.id] == TargetState.CACHED and before[t.id] != TargetState.CACHED
-             and (t.id not in outcomes or outcomes[t.id].compiled)]
+    built = [t.id for t in chosen if after[t.id] == TargetState.CACHED
+             and (outcomes[t.id].compiled if t.id in outcomes else before[t.id] != TargetState.CACHED)]
     reused = [t.id for t in chosen if t.id in outcomes and outcomes[t.id].reason.startswith("reused")]
+    downloaded = [t.id for t in chosen if t.id in outcomes and outcomes[t.id].reason == DOWNLOADED]
     failed = [t.id for t in chosen if after[t.id] != TargetState.CACHED]
     lines = []
     for tid in failed:
@@ -104,7 +108,7 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
         if result == "failed":
             row["log"] = f"neuron-build show {t.id}"
         rows.append(row)
-    return BuildSummary([t.id for t in chosen], built, reused, failed, lines, rows)
+    return BuildSummary([t.id for t in chosen], built, reused, failed, lines, downloaded, rows)
 
 
 @command("build")
@@ -119,9 +123,10 @@ def cmd_build(args) -> int:
     before = {t.id: b.state(t) for t in chosen}
     b.keys.save()
     session = BuildSession(b, retry_failed=not args.no_retry_failed)
-    session.progress, session.jobs = display_note, args.jobs
-    session.expected = sum(1 for t in chosen if before[t.id] != TargetState.CACHED)
-    rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=args.jobs,
+    todo = sum(before[t.id] != TargetState.CACHED for t in chosen)
+    jobs = args.jobs or min(b.default_jobs(), max(1, todo))  # no runner threads for nothing to do
+    session.progress, session.jobs, session.expected = display_note, jobs, todo
+    rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=jobs,
                      outstream=sys.stderr if args.json else None)  # with --json, stdout holds only the JSON
     summary = summarize(b, chosen, before, session.outcomes)
     if args.json:
@@ -129,6 +134,15 @@ def cmd_build(args) -> int:
                     "failed": len(summary.failed), "verdict": "fail" if summary.failed or rc != 0 else "pass"})
         return ExitCode.FAILED if summary.failed or rc != 0 else ExitCode.OK
     print(summary.text())
-    if summary.failed or rc != 0:
+    unpushed = [k for k, _ in getattr(b.store, "push_failures", ())]
+    if unpushed:
+        print(f"  NOT PUSHED {plural(len(set(unpushed)), 'artifact')} to {b.store.remote_location}: "
+              f"{b.store.push_failures[0][1]}; they stay in the local store and the next build (or "
+              "`neuron-build push`) pushes them")
+    if summary.failed:
         raise BuildFailed(f"{len(summary.failed)} target(s) failed")
+    if unpushed:
+        raise BuildFailed(f"the push to {b.store.remote_location} failed")
+    if rc != 0:
+        raise BuildFailed("doit reported a failure")
     return ExitCode.OK
