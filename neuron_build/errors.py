@@ -8,7 +8,8 @@ code   meaning
 =====  =====================================================================
 0      ok
 1      a build or a check failed (:class:`BuildFailed`, a failed verify)
-2      usage or configuration error, or a refused promotion (:class:`UserError`)
+2      usage or configuration error (:class:`UserError`)
+3      refused by a gate: a promotion that did not move the channel (``PromotionRefused``)
 130    interrupted (Ctrl-C)
 141    the reader of the output went away (a closed pipe: the shell's 128 + SIGPIPE)
 =====  =====================================================================
@@ -25,6 +26,7 @@ class ExitCode(IntEnum):
     OK = 0
     FAILED = 1
     USAGE = 2
+    REFUSED = 3
     INTERRUPTED = 130
     BROKEN_PIPE = 141
 

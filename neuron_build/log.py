@@ -35,6 +35,18 @@ def _tee(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
+def use_color(stream: Any = None) -> bool:
+    """Whether to colour output on ``stream`` (default stderr), by the usual conventions: ``NO_COLOR``
+    set to anything non-empty turns colour off (https://no-color.org), ``FORCE_COLOR`` non-empty turns it
+    on even when not a terminal; otherwise colour only on a terminal."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    s = stream if stream is not None else sys.stderr
+    return bool(getattr(s, "isatty", lambda: False)())
+
+
 def configure(log_file: Path | None = None, json_lines: bool | None = None, quiet: bool = False) -> None:
     """Configure logging for this process (applied to structlog on the first event).
 
@@ -68,7 +80,7 @@ def _apply(structlog, json_lines: bool | None, quiet: bool) -> None:
     if json_lines is None:
         json_lines = not sys.stderr.isatty()
     renderer = structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer(
-        colors=sys.stderr.isatty())
+        colors=use_color(sys.stderr))
 
     def _filter(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
         if quiet and method in ("debug", "info"):

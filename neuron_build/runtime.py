@@ -14,9 +14,14 @@ Routing rules, per call:
 2. **Bucket.** Buckets are ordered by total size (the product of their dim sizes; ties by the sizes in
    dim order), and the first whose every dim is at least the request's is chosen: the smallest bucket
    that fits. ``choose(shapes)`` returns its id without running anything.
-3. **Too large.** A request larger than every bucket along some dim is an error naming the buckets,
-   unless the model's config says ``truncate = true``: then each such dim is cut to the largest size any
-   bucket has (the leading part is kept), and the outputs have the cut size.
+3. **Too large.** A batch larger than the largest batch bucket is split into chunks of the largest
+   batch size that fits, each chunk routed and run on its own, and the outputs put back together along
+   the batch dim: 9 inputs with batch buckets up to 8 give 9 outputs (a chunk of 8 and one of 1). The
+   batch dim is the bucket dim named ``batch`` when it leads every input's shape (:attr:`BucketedModel.batch_dim`).
+   A request larger than every bucket along a sequence dim (any other bucket dim) is an error naming the
+   buckets and the fixes, unless the model's config says ``truncate = true``: then each such dim is cut to
+   the largest size any bucket has (the leading part is kept), and the outputs have the cut size. The
+   batch dim is never truncated.
 4. **Dtypes.** An input whose dtype differs from the artifact's is an error naming the input, its dtype
    and the expected one, unless the config says ``convert_dtypes = true`` (then it is converted).
 5. **Padding.** Each input is padded at the end of every bucket dim up to the bucket's size with its
@@ -27,6 +32,12 @@ Routing rules, per call:
    (at least one dim, including a bucket dim) decides, and positions of that prefix that are bucket dims
    are sliced (``[8, 64, 384]`` from inputs ``[8, 64]`` -> ``[3, 40, 384]``; a pooled ``[8, 384]`` ->
    ``[3, 384]``). Outputs that share no such prefix with any input are returned as they are.
+7. **Chunks.** With a split batch, each output that leads with the chunk's batch size is concatenated
+   along dim 0 across chunks; any other output is the first chunk's.
+
+The serving options (``pad``, ``truncate``, ``convert_dtypes``, the inputs and buckets) are read from the
+pulled ``release.json``, which ``neuron-build release`` recorded from ``buckets.toml``: changing them in
+``buckets.toml`` takes effect on a serving host after ``release``, ``promote`` and ``pull`` again.
 """
 
 from __future__ import annotations
@@ -92,6 +103,10 @@ class BucketedModel:
                      self.root / b["artifact"], b["loader"]) for b in release["buckets"]]
         self.buckets: list[Bucket] = sorted(bs, key=lambda b: (b.total, tuple(b.sizes[d] for d in self.dims)))
         self._modules: dict[str, Any] = dict(modules or {})
+        lead = {spec["shape"][0] if spec["shape"] else None for spec in self.specs}
+        #: The bucket dim split into chunks when a batch is larger than every bucket: ``batch`` when it is
+        #: a bucket dim leading every input (else None: no chunking).
+        self.batch_dim: str | None = "batch" if "batch" in self.dims and lead == {"batch"} else None
 
     @classmethod
     def load(cls, folder: str | Path) -> BucketedModel:
@@ -152,14 +167,15 @@ class BucketedModel:
 
     def route(self, shapes: Sequence[Sequence[int]] | Mapping[str, Sequence[int]]) -> tuple[Bucket, dict[str, int]]:
         """The bucket for inputs of these shapes, and the sizes the outputs are sliced to (the request's,
-        after truncation).
+        after truncation of sequence dims). A batch larger than every bucket is routed as its first chunk
+        (:meth:`chunks`).
 
         Args:
             shapes: one shape per input, in input order, or a mapping input name -> shape.
 
         Raises:
-            BucketError: a shape does not match the inputs, or is larger than every bucket and
-                truncation is off.
+            BucketError: a shape does not match the inputs, or is larger than every bucket along a
+                sequence dim and truncation is off.
         """
         if isinstance(shapes, Mapping):
             missing = [s["name"] for s in self.specs if s["name"] not in shapes]
@@ -167,20 +183,44 @@ class BucketedModel:
                 raise BucketError(f"no shape given for input(s) {', '.join(missing)}")
             shapes = [shapes[s["name"]] for s in self.specs]
         want = self._sizes(list(shapes))
+        return self._route_sizes({**want, **({self.batch_dim: self.chunks(want)[0]} if self.batch_dim else {})},
+                                 want)
+
+    def chunks(self, want: dict[str, int]) -> list[int]:
+        """The batch sizes of the chunks a request of sizes ``want`` is run in: one chunk when a bucket
+        takes the whole batch, else chunks of the largest batch size among the buckets that fit the
+        other dims (the last chunk holds the rest)."""
+        bd = self.batch_dim
+        if bd is None:
+            return []
+        n = want[bd]
+        fits = [b.sizes[bd] for b in self.buckets if all(b.sizes[d] >= self._cut(d, m) for d, m in want.items() if d != bd)]
+        top = max(fits) if fits else max(b.sizes[bd] for b in self.buckets)
+        if n <= top:
+            return [n]
+        return [top] * (n // top) + ([n % top] if n % top else [])
+
+    def _cut(self, d: str, n: int) -> int:
+        if self.truncate and d != self.batch_dim:
+            return min(n, max(b.sizes[d] for b in self.buckets))
+        return n
+
+    def _route_sizes(self, want: dict[str, int], request: dict[str, int]) -> tuple[Bucket, dict[str, int]]:
+        cut = {d: self._cut(d, n) for d, n in want.items()}
         for b in self.buckets:
-            if all(b.sizes[d] >= n for d, n in want.items()):
-                return b, want
-        if self.truncate:
-            cut = {d: min(n, max(b.sizes[d] for b in self.buckets)) for d, n in want.items()}
-            for b in self.buckets:
-                if all(b.sizes[d] >= n for d, n in cut.items()):
-                    return b, cut
-        req = ", ".join(f"{d}={n}" for d, n in want.items())
-        raise BucketError(f"inputs of {req} are larger than every bucket of {self.release['model']} "
-                          f"({self.release['release']}): {', '.join(b.describe() for b in self.buckets)}"
-                          + ("" if self.truncate else
-                             f"; set truncate = true under [models.{self.release['model']}] to cut them to the "
-                             f"largest bucket"))
+            if all(b.sizes[d] >= n for d, n in cut.items()):
+                return b, cut
+        model = self.release["model"]
+        req = ", ".join(f"{d}={n}" for d, n in request.items())
+        over = [d for d, n in cut.items() if n > max(b.sizes[d] for b in self.buckets)]
+        fix = "; ".join(f"add a bucket with {d} >= {cut[d]} to [models.{model}] buckets in buckets.toml"
+                        for d in over) or f"add a bucket that fits {req} to [models.{model}] buckets"
+        trunc = [d for d in over if d != self.batch_dim]
+        hint = (f"; or set truncate = true under [models.{model}] to cut {', '.join(trunc)} to the largest bucket "
+                f"(drops the rest)" if trunc and not self.truncate else "")
+        raise BucketError(f"inputs of {req} are larger than every bucket of {model} ({self.release['release']}): "
+                          f"{', '.join(b.describe() for b in self.buckets)}. Fix: {fix}, then build, release, "
+                          f"promote and pull again{hint} (serving options are read from the pulled release.json)")
 
     def choose(self, shapes: Sequence[Sequence[int]] | Mapping[str, Sequence[int]]) -> str:
         """The id of the bucket inputs of these shapes are routed to (e.g. ``b8-s64``)."""
@@ -188,7 +228,8 @@ class BucketedModel:
 
     # -- running --------------------------------------------------------------------------------
     def __call__(self, *inputs):
-        """Run the model on ``inputs`` (tensors, in input order): route, pad, run, slice back.
+        """Run the model on ``inputs`` (tensors, in input order): route, pad, run, slice back; a batch
+        larger than every bucket runs in chunks whose outputs are concatenated along the batch dim.
 
         Returns:
             The artifact's outputs (a tensor, or a tuple/list of them) sliced to the request's sizes.
@@ -197,9 +238,33 @@ class BucketedModel:
             BucketError: see :meth:`route`; or an input's dtype differs from the artifact's and
                 ``convert_dtypes`` is off.
         """
+        want = self._sizes([tuple(t.shape) for t in inputs])
+        sizes = self.chunks(want) if self.batch_dim else []
+        if len(sizes) <= 1:
+            bucket, cut = self._route_sizes(want, want)
+            return self._run(bucket, cut, inputs)
+        outs, start = [], 0
+        for n in sizes:
+            part = tuple(t[start:start + n] for t in inputs)
+            bucket, cut = self._route_sizes({**want, self.batch_dim: n}, want)
+            outs.append((n, self._run(bucket, cut, part)))
+            start += n
+        return self._join(outs)
+
+    def _join(self, outs: list[tuple[int, Any]]):
         import torch
 
-        bucket, sizes = self.route([tuple(t.shape) for t in inputs])
+        first = outs[0][1]
+        if isinstance(first, (tuple, list)):
+            return type(first)(self._join([(n, o[i]) for n, o in outs]) for i in range(len(first)))
+        if isinstance(first, torch.Tensor) and all(isinstance(o, torch.Tensor) and o.dim() > 0 and o.shape[0] == n
+                                                   for n, o in outs):
+            return torch.cat([o for _, o in outs], dim=0)
+        return first
+
+    def _run(self, bucket: Bucket, sizes: dict[str, int], inputs: Sequence[Any]):
+        import torch
+
         padded = []
         for spec, binp, t in zip(self.specs, bucket.inputs, inputs, strict=True):
             want = torch_dtype(binp["dtype"])

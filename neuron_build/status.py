@@ -42,11 +42,13 @@ class TargetState(_Word):
 
 
 class Verdict(_Word):
-    """The verdict of a validation against the fp32 CPU reference."""
+    """The one vocabulary of judgements: a validation against the fp32 CPU reference, a promotion gate,
+    a check (``verify``), a build target in ``build --json``."""
 
-    PASS = "pass"      # outputs within tolerance of the fp32 CPU reference
-    FAIL = "fail"      # outputs outside tolerance, or the artifact did not load or run
+    PASS = "pass"      # outputs within tolerance / the gate or check holds / the target is in the store
+    FAIL = "fail"      # outputs outside tolerance, or the artifact did not load or run / the gate refuses
     NOT_VALIDATED = "not_validated"   # this host cannot run the artifact (e.g. no NeuronCore)
+    WAIVED = "waived"  # a failed gate let through with a recorded reason (promote --waive, --allow-unvalidated)
 
 
 

@@ -125,7 +125,7 @@ def _load_builder() -> Builder:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(exit_code(e))
     configure(project.state_dir / "build.log")
-    return Builder(project)  # logs the `auto` fallback note, once per process
+    return Builder(project)
 
 
 def _push_failed(lines: list[str]) -> TaskFailed:
@@ -167,6 +167,11 @@ class BuildSession(NamespaceTaskLoader):
         self._builder = builder
         self.retry_failed = retry_failed
         self.outcomes: dict[str, Outcome] = {}
+        #: ``progress(line)`` after each target built (``neuron-build build`` prints it on stderr), and
+        #: how many targets this run is expected to build (for "N of M" and the ETA); None: no progress.
+        self.progress: Any = None
+        self.expected = 0
+        self.jobs = 1
         #: target ids doit found up to date in this session (written to the ledger by :meth:`flush_hits`)
         self.hits: list[str] = []
         self.namespace = {"DOIT_CONFIG": DOIT_CONFIG, "task_build": self.task_build,
@@ -183,9 +188,10 @@ class BuildSession(NamespaceTaskLoader):
         """doit's configuration: :data:`DOIT_CONFIG`."""
         return DOIT_CONFIG
 
-    def run(self, target_ids: Sequence[str] | None = None, jobs: int = 1) -> int:
+    def run(self, target_ids: Sequence[str] | None = None, jobs: int = 1, outstream: Any = None) -> int:
         """Run ``doit run`` over this session: the ``build:`` tasks of ``target_ids`` (None: every target),
         ``jobs`` at once (threads of this process). Outcomes land in :attr:`outcomes` (cleared first).
+        ``outstream``: where doit's own report goes (default stdout; ``build --json`` sends it to stderr).
 
         Returns doit's exit status (0 ok, 1 a task failed, 2/3 doit errors).
         """
@@ -199,9 +205,10 @@ class BuildSession(NamespaceTaskLoader):
         doit_args += [f"build:{t}" for t in target_ids] if target_ids is not None else ["build"]
         b.project.state_dir.mkdir(parents=True, exist_ok=True)
         self.outcomes.clear()
+        extra = {"run": {"outfile": outstream}} if outstream is not None else None
         self.hits.clear()
         try:
-            return DoitMain(self).run(doit_args)
+            return DoitMain(self, extra_config=extra).run(doit_args)
         finally:
             self.flush_hits()
 
@@ -233,15 +240,32 @@ class BuildSession(NamespaceTaskLoader):
     def _build(self, target_id: str):
         b = self.builder
         _die_with_parent()
+        b.announce_backend()  # once per process, on the first compile it runs
         retry = self.retry_failed if self.retry_failed is not None else _retry_failed_var()
         out = b.build(b.by_id[target_id], retry_failed=retry)
         self.outcomes[target_id] = out
+        if self.progress is not None:
+            self.progress(self.progress_line(out))
         if not out.ok:
             return TaskFailed(f"{target_id}: {out.status}: {out.reason}")
         unpushed = b.push_failure(out.key)
         if unpushed:
             return TaskFailed(f"{target_id}: built, but {unpushed}")
         return {"key": out.key, "status": out.status}
+
+    def progress_line(self, out: Outcome) -> str:
+        """``[3/6] minilm/b8-s32/fp32/o2 PASS in 27.7 s; 3 left, about 83 s`` : N of M done, and an ETA
+        from the mean compile time (seconds) of this run's compiles, divided by the jobs running at once."""
+        done = len(self.outcomes)
+        total = max(self.expected, done)
+        ct = (out.metrics or {}).get("compile_time_s")
+        line = f"[{done}/{total}] {out.target} {out.status}" + (f" in {ct:.1f} s" if ct is not None else "")
+        times = [o.metrics["compile_time_s"] for o in self.outcomes.values()
+                 if o.compiled and (o.metrics or {}).get("compile_time_s") is not None]
+        left = total - done
+        if left > 0 and times:
+            line += f"; {left} left, about {sum(times) / len(times) * left / max(1, self.jobs):.0f} s"
+        return line
 
     # -- validate -------------------------------------------------------------------------------------
     def task_validate(self) -> Iterator[dict[str, Any]]:

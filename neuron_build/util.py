@@ -146,6 +146,16 @@ def age(iso: str | None, now: _dt.datetime | None = None) -> str:
     return f"{max(0, int(s))}s"
 
 
+def seconds_since(iso: str | None, now: _dt.datetime | None = None) -> float | None:
+    """Seconds from the ISO 8601 time ``iso`` to ``now`` (default: the current UTC time), rounded to 0.001;
+    None when ``iso`` is None or unparsable. JSON outputs give ages this way (``age_s``), never as text."""
+    try:
+        t = _dt.datetime.fromisoformat(iso or "")
+    except ValueError:
+        return None
+    return round(((now or _dt.datetime.now(_dt.timezone.utc)) - t).total_seconds(), 3)
+
+
 # -- statistics --------------------------------------------------------------------------------------
 
 def percentile(values: Iterable[float], q: float,
@@ -171,6 +181,67 @@ def percentile(values: Iterable[float], q: float,
     lo = int(pos)
     hi = min(lo + 1, len(vs) - 1)
     return vs[lo] + (vs[hi] - vs[lo]) * (pos - lo)
+
+
+def _normal_quantile(p: float) -> float:
+    """The standard normal quantile (inverse CDF) of ``p`` in (0, 1), by bisection on ``math.erf``."""
+    lo, hi = -10.0, 10.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def median_ci(values: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """The median of ``values`` and a distribution-free confidence interval for it, from order statistics.
+
+    With ``n`` sorted values, the number below the true median is Binomial(n, 1/2); the interval is
+    ``[x_(j), x_(k)]`` with ``j = floor(n/2 - z sqrt(n)/2)`` and ``k = ceil(n/2 + z sqrt(n)/2)`` (1-based,
+    clamped to ``[1, n]``), ``z`` the normal quantile of ``(1 + confidence) / 2`` (the normal approximation
+    of the binomial; for fewer than about 10 values the interval is the whole range). No assumption on
+    the shape of the distribution, so a heavy right tail (a noisy host) widens the interval only as far
+    as it moves the middle values.
+
+    Returns:
+        ``(median, low, high)`` in the values' unit.
+
+    Raises:
+        ValueError: no values, or ``confidence`` outside (0, 1).
+    """
+    vs = sorted(values)
+    n = len(vs)
+    if not n:
+        raise ValueError("median of no values")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence {confidence} is outside (0, 1)")
+    z = _normal_quantile((1 + confidence) / 2)
+    j = max(1, math.floor(n / 2 - z * math.sqrt(n) / 2))
+    k = min(n, math.ceil(n / 2 + z * math.sqrt(n) / 2) + 1)
+    return percentile(vs, 50), vs[j - 1], vs[k - 1]
+
+
+def ratio_ci(candidate: Iterable[float], baseline: Iterable[float],
+             confidence: float = 0.95) -> tuple[float, float, float]:
+    """The ratio of two medians, ``median(candidate) / median(baseline)``, with a conservative confidence
+    interval: each median's order-statistic interval (:func:`median_ci`) at ``sqrt(confidence)``, so that
+    both hold together with probability at least ``confidence`` (independent samples), combined as
+    ``[cand_low / base_high, cand_high / base_low]``.
+
+    Returns:
+        ``(ratio, low, high)``.
+
+    Raises:
+        ValueError: no values on either side, a non-positive median bound, or a bad ``confidence``.
+    """
+    each = math.sqrt(confidence)
+    c, c_lo, c_hi = median_ci(candidate, each)
+    b, b_lo, b_hi = median_ci(baseline, each)
+    if b_lo <= 0 or b <= 0:
+        raise ValueError("the baseline's latencies must be positive")
+    return c / b, c_lo / b_hi, c_hi / b_lo
 
 
 def swap_in_folder(staging: Path, dest: Path) -> None:

@@ -35,7 +35,7 @@ def _keys(cfg: Path) -> dict[str, str]:
 def test_bench_json_structure_and_invariants(built):
     r = run_cli("bench", "-c", str(built), "--iters", "30", "--warmup", "3", "--json", *TARGETS)
     assert r.returncode == 0, r.stderr
-    recs = {x["target"]: x for x in json.loads(r.stdout)}
+    recs = {x["target"]: x for x in json.loads(r.stdout)["records"]}
     assert set(recs) == set(TARGETS)
     keys = _keys(built)
     b = Builder(load_project(built))
@@ -63,7 +63,7 @@ def test_bench_json_structure_and_invariants(built):
 def test_progress_and_table_output(built):
     r = run_cli("bench", "-c", str(built), "--iters", "5", "--warmup", "1", "tiny/b4/fp32/p1")
     assert r.returncode == 0, r.stderr
-    assert "[1/1] tiny/b4/fp32/p1: warm-up 1, 5 timed calls each, interleaved with eager" in r.stderr
+    assert "benchmarking 1 artifact(s) in one session: warm-up 1, 5 timed rounds, interleaved with eager" in r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["target", "p50", "ms", "p90", "ms", "p99", "ms", "mean", "ms", "samples/s",
                                 "eager", "p50", "speedup"]
@@ -218,7 +218,7 @@ def test_inductor_rmsnorm_pair_validate_compare_profile(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     v = run_cli("validate", "--json", "-c", str(cfg))
     assert v.returncode == 0, v.stdout + v.stderr
-    recs = {x["target"]: x for x in json.loads(v.stdout)}
+    recs = {x["target"]: x for x in json.loads(v.stdout)["records"]}
     fused = recs["rmsnorm_fused/static/bf16/o1"]
     assert fused["backend"] == "inductor" and fused["reference"]["model"] == "rmsnorm_naive"
     assert 1e-4 < fused["outputs"][0]["rel_l2_error"] < 2e-2  # bf16 output rounding

@@ -21,7 +21,7 @@ from neuron_build.store import Lookup
 def plan(cfg: Path) -> dict[str, dict]:
     r = run_cli("plan", "--json", "-c", str(cfg))
     assert r.returncode == 0, r.stderr
-    return {row["target"]: row for row in json.loads(r.stdout)}
+    return {row["target"]: row for row in json.loads(r.stdout)["targets"]}
 
 
 def test_build_then_noop_then_incremental(tiny):
@@ -84,6 +84,7 @@ def test_failed_compile_is_recorded_not_served_and_retried(tiny):
     r = run_cli("build", "-c", str(tiny), "other", "tiny/b1/fp32/p1")
     assert r.returncode == 1
     assert "FAILED other/static/fp32/p1: ERROR: RuntimeError: factory exploded on purpose" in r.stdout
+    assert "    log: neuron-build show other/static/fp32/p1" in r.stdout
     assert "1 built" in r.stdout  # the other target still built
     b = Builder(load_project(tiny))
     t = b.by_id["other/static/fp32/p1"]

@@ -52,20 +52,23 @@ def test_validation_gate_on_stored_results(project):
 def test_latency_gate_on_stored_benchmarks(project):
     b, keys = project
     good, bad = bench_result(b.store, keys[GOOD], "cpu"), bench_result(b.store, keys[BAD], "cpu")
-    assert good["iters"] == bad["iters"] == 20
-    # the same artifact as its own baseline: ratio exactly 1
+    assert good["iters"] == bad["iters"] == 20 == len(good["samples_ms"])
+    assert good["session"] == bad["session"]  # one `bench` command: one session
+    # the same artifact as its own baseline: ratio exactly 1, inside its interval
     g = latency_gate(b.store, {GOOD: keys[GOOD]}, {GOOD: keys[GOOD]}, "cpu")
-    assert g.passed and g.figures["ratios"] == {GOOD: 1.0}
-    # the bf16 artifact as a candidate against the fp32 one as baseline, for the same target id
-    ratio = round(bad["latency_ms"]["p99"] / good["latency_ms"]["p99"], 3)
-    g = latency_gate(b.store, {GOOD: keys[BAD]}, {GOOD: keys[GOOD]}, "cpu", max_ratio=ratio + 0.01)
-    assert g.passed and g.figures["ratios"] == {GOOD: ratio}
-    g = latency_gate(b.store, {GOOD: keys[BAD]}, {GOOD: keys[GOOD]}, "cpu", max_ratio=ratio - 0.01)
+    row = g.figures["buckets"][GOOD]
+    assert g.passed and row["ratio"] == 1.0 and row["ratio_low"] <= 1.0 <= row["ratio_high"]
+    # the bf16 artifact as a candidate against the fp32 one as baseline, for the same bucket
+    g = latency_gate(b.store, {GOOD: keys[BAD]}, {GOOD: keys[GOOD]}, "cpu")
+    row = g.figures["buckets"][GOOD]
+    assert row["ratio"] == pytest.approx(bad["latency_ms"]["p50"] / good["latency_ms"]["p50"], rel=1e-3)
+    assert row["same_session"] is True
+    g = latency_gate(b.store, {GOOD: keys[BAD]}, {GOOD: keys[GOOD]}, "cpu", max_ratio=row["ratio_low"] - 0.01)
     assert not g.passed
-    assert g.message == f"{GOOD} p99 is {ratio:.2f}x the baseline's (allowed {ratio - 0.01:.2f}x)"
+    assert g.message.startswith(f"{GOOD} median latency is {row['ratio']:.2f}x the baseline's (95% interval")
     # no benchmark on that device kind: not compared, not failed
     g = latency_gate(b.store, {GOOD: keys[GOOD]}, {GOOD: keys[BAD]}, "neuron")
-    assert g.passed and g.figures["not_compared"] == [GOOD]
+    assert g.passed and g.figures["not_compared"] == {GOOD: "no benchmark of the candidate on this device kind"}
 
 
 def test_results_sit_beside_the_artifact(project):

@@ -45,7 +45,7 @@ def show(cfg: Path, env: dict, ref: str) -> dict:
 def plan(cfg: Path, env: dict) -> dict[str, dict]:
     r = run_cli("plan", "--json", "-c", str(cfg), env=env)
     assert r.returncode == 0, r.stderr
-    return {row["target"]: row for row in json.loads(r.stdout)}
+    return {row["target"]: row for row in json.loads(r.stdout)["targets"]}
 
 
 def calls(path: Path) -> list[dict]:

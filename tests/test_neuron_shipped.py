@@ -36,7 +36,7 @@ def test_shipped_matrix_on_neuron(tmp_path):
 
     r = doit("build")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    rows = json.loads(run_cli("ls", "--json", "-c", str(cfg), env=env).stdout)
+    rows = json.loads(run_cli("ls", "--json", "-c", str(cfg), env=env).stdout)["artifacts"]
     expected = {"ffn/b1-s128/bf16/o2", "ffn/b1-s512/bf16/o2", "rmsnorm_naive/static/bf16/o1",
                 "rmsnorm_fused/static/bf16/o1", "minilm/b8-s32/fp32/o2"}
     assert {row["target"] for row in rows} == expected

@@ -577,7 +577,7 @@ def test_cli_escapes_control_characters(capsys):
 def test_cli_json(capsys):
     assert parse_log_main(str(FIXTURES / "wrapper_cache.log"), as_json=True) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc == parse_fixture("wrapper_cache.log").to_json()
+    assert doc == {"schema": "neuron-build/parse-log/v1", **parse_fixture("wrapper_cache.log").to_json()}
 
 
 def test_cli_missing_and_directory(tmp_path: Path):

@@ -55,7 +55,7 @@ def test_changed_bucket_named_in_plan(tiny):
     r = run_cli("build", "-c", str(tiny), "tiny/*/fp32/p1")
     assert r.returncode == 0, r.stderr
     edit(tiny, "buckets = { batch = [1, 4] }", "buckets = { batch = [1, 5] }")
-    plan = {row["target"]: row for row in json.loads(run_cli("plan", "--json", "-c", str(tiny)).stdout)}
+    plan = {row["target"]: row for row in json.loads(run_cli("plan", "--json", "-c", str(tiny)).stdout)["targets"]}
     row = plan["tiny/b5/fp32/p1"]
     assert row["state"] == "missing"
     assert row["changed"] == ["inputs"]

@@ -108,7 +108,9 @@ def test_too_large_is_an_error_naming_the_buckets():
     assert str(ei.value) == (
         "inputs of batch=2, seq=17 are larger than every bucket of enc (r-fake): b1-s8 (batch=1, seq=8), "
         "b1-s16 (batch=1, seq=16), b2-s8 (batch=2, seq=8), b2-s16 (batch=2, seq=16), b4-s8 (batch=4, seq=8), "
-        "b4-s16 (batch=4, seq=16); set truncate = true under [models.enc] to cut them to the largest bucket")
+        "b4-s16 (batch=4, seq=16). Fix: add a bucket with seq >= 17 to [models.enc] buckets in buckets.toml, then "
+        "build, release, promote and pull again; or set truncate = true under [models.enc] to cut seq to the "
+        "largest bucket (drops the rest) (serving options are read from the pulled release.json)")
     assert isinstance(ei.value, UserError)
     assert not any(r.calls for r in mods.values())
 
@@ -121,6 +123,31 @@ def test_truncate_cuts_to_the_largest_bucket():
     assert torch.equal(got_ids, ids[:, :16])
     assert per_token.shape == (2, 16, 3) and torch.equal(per_token[..., 0], ids[:, :16].float())
     assert m.choose([(6, 20), (6, 20), (6, 20, 4)]) == "b4-s16"
+
+
+def test_a_batch_larger_than_every_bucket_runs_in_chunks_and_keeps_every_row():
+    m, mods = fake_model()
+    assert m.batch_dim == "batch"
+    ids = torch.arange(9 * 5).reshape(9, 5) + 1
+    feats = torch.arange(9 * 5 * 4, dtype=torch.float32).reshape(9, 5, 4)
+    per_token, pooled, const = m(ids, torch.ones_like(ids), feats)
+    # 9 rows, batch buckets up to 4: chunks of 4, 4 and 1, each in the smallest bucket that fits it
+    assert [c[0].shape for c in mods["b4-s8"].calls] == [(4, 8), (4, 8)]
+    assert [c[0].shape for c in mods["b1-s8"].calls] == [(1, 8)]
+    assert torch.equal(mods["b4-s8"].calls[1][0][:, :5], ids[4:8]) and torch.equal(mods["b1-s8"].calls[0][0][:, :5], ids[8:])
+    assert per_token.shape == (9, 5, 3) and torch.equal(per_token[..., 0], ids.float())
+    assert pooled.shape == (9, 3) and torch.equal(pooled, feats.sum(1)[:, :3] - 3.0)  # 3 pad positions of -1
+    assert torch.equal(const, torch.arange(7.0))  # not per row: the first chunk's
+    assert m.chunks({"batch": 9, "seq": 5}) == [4, 4, 1] and m.choose([(9, 5), (9, 5), (9, 5, 4)]) == "b4-s8"
+
+
+def test_truncate_cuts_sequence_dims_only_never_the_batch():
+    m, mods = fake_model(truncate=True)
+    ids = torch.arange(9 * 20).reshape(9, 20)
+    per_token, pooled, _ = m(ids, torch.ones_like(ids), torch.zeros(9, 20, 4))
+    assert per_token.shape == (9, 16, 3) and pooled.shape == (9, 3)  # 9 in, 9 out; seq cut to 16
+    assert torch.equal(per_token[..., 0], ids[:, :16].float())
+    assert [c[0].shape for c in mods["b4-s16"].calls] == [(4, 16), (4, 16)]
 
 
 def test_dtype_mismatch_is_an_error_unless_convert_dtypes():
@@ -157,7 +184,7 @@ def test_shape_errors():
 # a real pulled release: the tiny torchscript project
 
 def _promote_and_pull(cfg: Path, rid: str, dest: Path) -> None:
-    r = run_cli("promote", "tiny", rid, "--to", "dev", "--allow-unvalidated", "-c", str(cfg))
+    r = run_cli("promote", "tiny", rid, "--to", "dev", "--allow-unvalidated", "--reason", "runtime test", "-c", str(cfg))
     assert r.returncode == 0, r.stderr
     r = run_cli("pull", "tiny", "--channel", "dev", "--dest", str(dest), "-c", str(cfg))
     assert r.returncode == 0, r.stderr

@@ -34,8 +34,8 @@ def test_shipped_matrix_builds_and_stays_built(tmp_path):
     r = doit(a, "build")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ls = run_cli("ls", "--json", "-c", str(a / "buckets.toml"))
-    rows = json.loads(ls.stdout)
-    plan = json.loads(run_cli("plan", "--json", "-c", str(a / "buckets.toml")).stdout)
+    rows = json.loads(ls.stdout)["artifacts"]
+    plan = json.loads(run_cli("plan", "--json", "-c", str(a / "buckets.toml")).stdout)["targets"]
     assert len(rows) == len(plan) == 10
     assert {r["target"] for r in rows} == {p["target"] for p in plan}
     for row in rows:
@@ -65,5 +65,5 @@ def test_shipped_matrix_builds_and_stays_built(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("-- build:") == 10
     assert len(compiles_in_log(b / ".neuron-build")) == compiled
-    plan = json.loads(run_cli("plan", "--json", "-c", str(b / "buckets.toml")).stdout)
+    plan = json.loads(run_cli("plan", "--json", "-c", str(b / "buckets.toml")).stdout)["targets"]
     assert {p["state"] for p in plan} == {"cached"}

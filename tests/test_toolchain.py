@@ -139,6 +139,7 @@ def test_doctor_json_with_the_sdk():
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep == {
+        "schema": "neuron-build/doctor/v1",
         "torch": TORCH,
         "packages": {"torch-neuronx": "2.13.0.2.30.4217", "neuronx-cc": CC_VERSION,
                      "neuronx-distributed": "0.17.4217", "libneuronxla": "2.3.4217.0"},
@@ -166,14 +167,16 @@ def test_auto_falls_back_to_inductor_and_says_so_once(tmp_path):
     env = neuron_env(None)
     r = run_cli("plan", "-c", str(cfg), env=env)
     assert r.returncode == 0
-    assert (r.stdout + r.stderr).count(NOTE) == 1
+    assert (r.stdout + r.stderr).count(NOTE) == 0  # not on read commands
     r = run_cli("build", "-c", str(cfg), "other", env=env)
     assert r.returncode == 1
     assert (r.stdout + r.stderr).count(NOTE) == 1
+    (line,) = [ln for ln in r.stderr.splitlines() if NOTE in ln]
+    assert "pip install" not in line  # one short line; doctor says how to install
     assert "FAILED other/static/fp32/p1: ERROR: RuntimeError: factory exploded on purpose" in r.stdout
     events = [json.loads(ln) for ln in (cfg.parent / ".neuron-build" / "build.log").read_text().splitlines()]
     notes = [e["event"] for e in events if e["event"].startswith("backend auto:")]
-    assert notes == [f"{NOTE}; {HOW}"] * 2  # one per run: plan, build
+    assert notes == [f"{NOTE}; `neuron-build doctor` shows how to install it"]  # the build only
     compiling = [e for e in events if e["event"] == "compiling"]
     assert [e["backend"] for e in compiling] == ["inductor"]
     # doit itself: one note per run as well
@@ -181,4 +184,4 @@ def test_auto_falls_back_to_inductor_and_says_so_once(tmp_path):
     d = subprocess.run([sys.executable, "-m", "doit", "list"], cwd=cfg.parent, env=env, capture_output=True,
                        text=True)
     assert d.returncode == 0, d.stderr
-    assert (d.stdout + d.stderr).count(NOTE) == 1
+    assert (d.stdout + d.stderr).count(NOTE) == 0  # doit list builds nothing

@@ -134,7 +134,7 @@ def rms(tmp_path_factory) -> Path:
 
 def _validate_json(cfg: Path, *patterns: str):
     r = run_cli("validate", "--json", "-c", str(cfg), *patterns)
-    return r, {rec["target"]: rec for rec in json.loads(r.stdout)}
+    return r, {rec["target"]: rec for rec in json.loads(r.stdout)["records"]}
 
 
 def _rmsnorm(x, eps, seed=0):

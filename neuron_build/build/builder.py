@@ -96,7 +96,11 @@ class Builder:
                                                heartbeat_s=cfg.heartbeat_s)
         self.executor: Executor = executor if executor is not None else LocalExecutor(cfg.timeout_s, cfg.heartbeat_s)
         self._toolchain_problem: str | None | bool = False  # False: not checked yet
-        announce_backend(self.keys.backend_note)  # "backend auto: using inductor because ...", once per process
+
+    def announce_backend(self) -> None:
+        """Log the ``auto`` fallback note ("backend auto: using inductor because ..."), once per process.
+        Builds call it; read commands (plan, ls, show, ...) do not."""
+        announce_backend(self.keys.backend_note)
 
     def default_jobs(self) -> int:
         """Compiles to run at once when ``-n`` is not given: one per CPU, bounded by ``[build]

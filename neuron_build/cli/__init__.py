@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-from neuron_build.cli.app import COMMANDS, display_error
+from neuron_build.cli.app import COMMANDS, CURRENT_COMMAND, display_error
 from neuron_build.errors import BuildFailed, NeuronBuildError, exit_code
 
 #: The command modules, in the order their commands appear in ``--help``: each defines ``register(add)``,
@@ -29,7 +29,19 @@ COMMAND_MODULES: tuple[str, ...] = (
     "neuron_build.cli.store",       # verify, gc
     "neuron_build.cli.sync",        # push, fetch
     "neuron_build.cli.monitor",     # failures, report, metrics
+    "neuron_build.cli.init",        # init
+    "neuron_build.cli.completion",  # completion
 )
+
+
+def _version() -> str:
+    """The installed distribution's version (``importlib.metadata``), or ``unknown``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("neuron-build")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -39,6 +51,7 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     p = argparse.ArgumentParser(prog="neuron-build", parents=[common],
                                 description="Compile-artifact build system for AWS Neuron.")
+    p.add_argument("--version", action="version", version=f"neuron-build {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help: str):
@@ -55,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.config = getattr(args, "config", None) or os.environ.get("NEURON_BUILD_CONFIG") or None
     args.debug = getattr(args, "debug", False)
+    CURRENT_COMMAND[:] = [args.command]
     try:
         return int(COMMANDS[args.command](args))
     except NeuronBuildError as e:

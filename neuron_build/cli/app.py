@@ -80,10 +80,49 @@ def open_project_store(args: argparse.Namespace) -> tuple[Project, ArtifactStore
 
 
 # -- output ---------------------------------------------------------------------------------------------
-def print_json(obj: Any) -> None:
-    """Print ``obj`` as indented JSON on stdout (objects JSON cannot hold as their ``str()``)."""
-    json.dump(obj, sys.stdout, indent=2, default=str)
+#: The version of the shape of every ``--json`` document. Bump it when a field changes meaning or is
+#: removed (adding a field does not bump it). Each document names its command: ``neuron-build/plan/v1``.
+SCHEMA_VERSION = 1
+
+#: The command being run (set by :func:`neuron_build.cli.main`), for :func:`schema_id`.
+CURRENT_COMMAND: list[str] = []
+
+
+def schema_id(name: str | None = None) -> str:
+    """``neuron-build/<name>/v<SCHEMA_VERSION>``; ``name`` defaults to the command being run."""
+    return f"neuron-build/{name or (CURRENT_COMMAND[-1] if CURRENT_COMMAND else 'output')}/v{SCHEMA_VERSION}"
+
+
+def json_doc(obj: Any, items: str = "items", name: str | None = None) -> dict[str, Any]:
+    """The JSON document of a command: ``obj`` (a dict) with ``schema`` first, or a list wrapped as
+    ``{"schema": ..., <items>: [...]}``. Every ``--json`` output goes through here, so every document
+    carries its schema (the conventions: durations and ages are numbers of seconds in fields ending in
+    ``_s``; judgements are words of :class:`neuron_build.status.Verdict` in a field ``verdict``)."""
+    if isinstance(obj, dict):  # a document that names its own schema keeps it
+        return {"schema": obj.get("schema") or schema_id(name), **{k: v for k, v in obj.items() if k != "schema"}}
+    return {"schema": schema_id(name), items: list(obj)}
+
+
+def print_json(obj: Any, items: str = "items", name: str | None = None) -> None:
+    """Print :func:`json_doc` of ``obj`` as indented JSON on stdout (objects JSON cannot hold as their
+    ``str()``)."""
+    json.dump(json_doc(obj, items, name), sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
+
+
+def seconds(value: float | None, digits: int = 3) -> float | None:
+    """A duration or age for a JSON document: a number of seconds rounded to ``digits`` (None stays None)."""
+    return None if value is None else round(float(value), digits)
+
+
+def human_age(age_s: float | None) -> str:
+    """An age in seconds as ``45s``, ``12m``, ``3h``, ``2d`` for people (``-`` for None)."""
+    if age_s is None:
+        return "-"
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if age_s >= n:
+            return f"{int(age_s // n)}{unit}"
+    return f"{max(0, int(age_s))}s"
 
 
 def display_line(text: str) -> None:
@@ -111,5 +150,6 @@ def mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
-__all__ = ["COMMANDS", "Handler", "command", "display_error", "display_line", "display_note", "mib", "open_builder",
-           "open_project", "open_project_store", "plural", "print_json"]
+__all__ = ["COMMANDS", "CURRENT_COMMAND", "SCHEMA_VERSION", "Handler", "command", "display_error", "display_line",
+           "display_note", "human_age", "json_doc", "mib", "open_builder", "open_project", "open_project_store",
+           "plural", "print_json", "schema_id", "seconds"]

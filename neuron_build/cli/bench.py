@@ -24,7 +24,20 @@ def register(add) -> None:
     s.add_argument("patterns", nargs="*", metavar="PATTERN", help="target id globs or model names")
     s.add_argument("--warmup", type=int, default=50, help="untimed calls before timing (default 50: the first tens of calls "
                    "of an AOTInductor artifact on CPU are slower)")
-    s.add_argument("--iters", type=int, default=100, help="timed calls (default 100)")
+    s.add_argument("--iters", type=int, default=None,
+                   help="timed rounds (default: adaptive, at least --min-iters, until every median is known "
+                        "within --precision or --max-time seconds have passed)")
+    s.add_argument("--min-iters", type=int, default=30, help="adaptive: at least this many rounds (default 30)")
+    s.add_argument("--precision", type=float, default=0.02,
+                   help="adaptive: stop when each median's 95%% interval is within this fraction (default 0.02)")
+    s.add_argument("--max-time", type=float, default=60.0, metavar="S",
+                   help="adaptive: stop after this many seconds of timed rounds (default 60)")
+    s.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch intra-op threads while timing (default: torch's); results compare only with "
+                        "results of the same thread count")
+    s.add_argument("--against", metavar="CHANNEL",
+                   help="also benchmark, in the same session, the release this channel holds (the latency "
+                        "gate then compares like with like)")
     s.add_argument("--compare", nargs="+", metavar="PATTERN", default=[],
                    help="print these targets side by side (latency, op count, compile time, error)")
     s.add_argument("--profile", metavar="DIR", help="also write a torch.profiler trace per target under DIR")
@@ -37,7 +50,7 @@ def _progress_factory():
     from tqdm import tqdm
 
     def make(total: int, desc: str):
-        return tqdm(total=total, desc=desc, unit="call", leave=False, file=sys.stderr, disable=None,
+        return tqdm(total=total, desc=desc, unit="round", leave=False, file=sys.stderr, disable=None,
                     dynamic_ncols=True)
     return make
 
@@ -59,19 +72,46 @@ class BenchRun:
     skipped: list[str] = field(default_factory=list)
 
 
-def bench_selected(b, chosen, *, warmup: int, iters: int, eager: bool = True, compare: bool = False,
-                   profile: str | None = None,
-                   on_profile: Callable[[Any, dict[str, Any]], None] | None = None) -> BenchRun:
-    """Benchmark each chosen target whose current key is built and runs on this host (progress on stderr).
+def against_items(b, chosen, channel: str) -> list[tuple[Any, str]]:
+    """``(target, key)`` of every artifact of the releases ``channel`` holds for the chosen targets'
+    models, whose key is not a chosen target's current key and whose target id is still in the matrix.
+
+    Raises:
+        UserError: ``channel`` is not declared under ``[release]``.
+    """
+    from neuron_build.release import check_channel, get_pointer, get_release
+
+    check_channel(b.project.config.release, channel, "--against")
+    current = {b.key(t).key for t in chosen}
+    out: list[tuple[Any, str]] = []
+    for model in dict.fromkeys(t.model for t in chosen):
+        ptr = get_pointer(b.store, model, channel)
+        if not ptr:
+            display_note(f"--against {channel}: {model}/{channel} holds no release; nothing to compare with")
+            continue
+        for a in get_release(b.store, model, ptr.release).artifacts:
+            if a.key not in current and a.target in b.by_id and b.store.is_complete(a.key):
+                out.append((b.by_id[a.target], a.key))
+    return out
+
+
+def bench_selected(b, chosen, *, warmup: int, iters: int | None, eager: bool = True, compare: bool = False,
+                   profile: str | None = None, on_profile: Callable[[Any, dict[str, Any]], None] | None = None,
+                   against: str | None = None, wrap: Callable | None = None, **adaptive: Any) -> BenchRun:
+    """Benchmark the chosen targets whose current key is built and runs on this host, all in one session
+    (:func:`neuron_build.evaluate.bench.bench_targets`; progress on stderr).
 
     Args:
-        warmup, iters: untimed and timed calls per target.
+        warmup, iters: untimed and timed rounds (iters None: adaptive; ``adaptive`` holds ``min_iters``,
+            ``precision``, ``max_time_s``).
+        against: also benchmark the release this channel holds (:func:`against_items`).
+        wrap: passed to ``bench_targets`` (tests slow an artifact with it).
         eager: also time the eager model, interleaved.
         compare: also validate each target (its record gets ``validation``).
         profile: also write a ``torch.profiler`` trace per target under this folder (the record gets
             ``profile``: dir and the top 5 ops); ``on_profile(target, profile)`` is called after each.
     """
-    from neuron_build.evaluate.bench import bench_target, profile_target
+    from neuron_build.evaluate.bench import bench_targets, profile_target
     from neuron_build.evaluate.validate import (
         artifact_device_kind,
         can_run_here,
@@ -80,7 +120,8 @@ def bench_selected(b, chosen, *, warmup: int, iters: int, eager: bool = True, co
 
     run = BenchRun()
     progress = _progress_factory()
-    for i, t in enumerate(chosen, 1):
+    items: list[tuple[Any, str]] = []
+    for t in chosen:
         key = b.key(t).key
         if not b.store.is_complete(key):
             run.not_built.append(t.id)
@@ -92,10 +133,18 @@ def bench_selected(b, chosen, *, warmup: int, iters: int, eager: bool = True, co
             run.skipped.append(t.id)
             display_note(f"SKIPPED  {t.id}: {why}")
             continue
-        display_note(f"[{i}/{len(chosen)}] {t.id}: warm-up {warmup}, {iters} timed calls"
-                     + (" each, interleaved with eager" if eager else ""))
-        rec = bench_target(b.project, b.store, t, key, warmup=warmup, iters=iters, eager=eager,
-                           progress_factory=progress)
+        items.append((t, key))
+    if against and items:
+        items += against_items(b, [t for t, _ in items], against)
+    if items:
+        how = f"{iters} timed rounds" if iters else (
+            f"adaptive rounds (>= {adaptive.get('min_iters', 30)}, to +-{adaptive.get('precision', 0.02):.0%} "
+            f"or {adaptive.get('max_time_s', 60.0):g} s)")
+        display_note(f"benchmarking {len(items)} artifact(s) in one session: warm-up {warmup}, {how}"
+                     + (", interleaved with eager" if eager else ""))
+        run.records = bench_targets(b.project, b.store, items, warmup=warmup, iters=iters, eager=eager,
+                                    progress_factory=progress, wrap=wrap, **adaptive)
+    for (t, key), rec in zip(items, list(run.records), strict=True):
         if compare:
             rec["validation"] = validate_target(b.project, b.store, t, key)
         if profile:
@@ -103,7 +152,6 @@ def bench_selected(b, chosen, *, warmup: int, iters: int, eager: bool = True, co
             rec["profile"] = {"dir": prof["dir"], "top_ops": prof["top_ops"][:5]}
             if on_profile:
                 on_profile(t, prof)
-        run.records.append(rec)
     b.keys.save()
     return run
 
@@ -116,7 +164,8 @@ def format_bench(recs: list[dict[str, Any]], compare: bool) -> str:
              else format_row_table(recs))
     r0 = recs[0]
     return (f"{table}\n\n{r0['device_kind']} on {r0['host']}, {r0['threads']} threads, sync: {r0['sync']}; "
-            f"latency over {r0['iters']} calls after {r0['warmup']} warm-up calls ({r0['timing']}); "
+            f"latency over {r0['iters']} rounds (stopped by {r0['stopped_by']}) after {r0['warmup']} warm-up "
+            f"rounds ({r0['timing']}, one session); "
             f"throughput = batch / mean; speedup = eager p50 / compiled p50")
 
 
@@ -135,9 +184,11 @@ def cmd_bench(args) -> int:
     chosen = select(b.targets, list(args.patterns) + list(args.compare))
     run = bench_selected(b, chosen, warmup=args.warmup, iters=args.iters, eager=not args.no_eager,
                          compare=bool(args.compare), profile=args.profile,
-                         on_profile=None if args.json else _print_profile)
+                         on_profile=None if args.json else _print_profile, against=args.against,
+                         min_iters=args.min_iters, precision=args.precision, max_time_s=args.max_time,
+                         threads=args.threads)
     if args.json:
-        print_json(run.records)
+        print_json(run.records, "records")
     elif run.records:
         print(format_bench(run.records, compare=bool(args.compare)))
     if run.skipped:

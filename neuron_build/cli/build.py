@@ -6,9 +6,10 @@ Exit status: 0 when every selected target is in the store, 1 when one failed, 2 
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass, field
 
-from neuron_build.cli.app import command, open_builder, plural
+from neuron_build.cli.app import command, display_note, open_builder, plural, print_json
 from neuron_build.errors import BuildFailed, ExitCode
 from neuron_build.status import DOWNLOADED, TargetState
 
@@ -30,6 +31,8 @@ def register(add) -> None:
                    help="compiles to run at once (default: one per CPU, bounded by the host-memory budget)")
     s.add_argument("--no-retry-failed", action="store_true",
                    help="skip targets whose current key failed last time (default: retry them)")
+    s.add_argument("--json", action="store_true",
+                   help="print one object per target (id, key, status, verdict, reason, compile_time_s)")
     s.add_argument("patterns", nargs="*", metavar="PATTERN", help="target id globs or model names")
 
 
@@ -43,6 +46,7 @@ class BuildSummary:
     failed: list[str]     # not in the store after the build
     lines: list[str]      # one "FAILED <target>: <status>: <reason>" line per failed target
     downloaded: list[str] = field(default_factory=list)  # cached: fetched from [build] remote by this build
+    rows: list[dict] = field(default_factory=list)   # build --json: one object per target (see summarize)
 
     @property
     def cached(self) -> int:
@@ -59,7 +63,14 @@ class BuildSummary:
 
 
 def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
-    """Compare each chosen target's state before and after the build, with the Outcomes of this run."""
+    """Compare each chosen target's state before and after the build, with the Outcomes of this run.
+
+    ``rows`` (``build --json``), one per chosen target in matrix order: ``id``, ``key``, ``result``
+    (``built``, ``cached``, ``reused``: built by another builder meanwhile, ``failed``), ``status`` (the
+    compile's :class:`~neuron_build.status.Status`, or ``cached``), ``verdict`` (``pass``: the store holds
+    it; ``fail``), ``reason`` (one line; empty when built or cached), ``compile_time_s`` (seconds of this
+    build's compile, or of the stored artifact's for a cached one; None when failed before compiling)
+    and ``log`` (for a failure: the command that shows its log)."""
     after = {t.id: b.state(t) for t in chosen}
     built = [t.id for t in chosen if after[t.id] == TargetState.CACHED
              and (outcomes[t.id].compiled if t.id in outcomes else before[t.id] != TargetState.CACHED)]
@@ -74,7 +85,30 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
         else:
             f = b.store.failure(tid)
             lines.append(f"  FAILED {tid}: {f.status if f else 'not built'}: {f.reason if f else ''}")
-    return BuildSummary([t.id for t in chosen], built, reused, failed, lines, downloaded)
+        lines.append(f"    log: neuron-build show {tid}")
+    rows = []
+    for t in chosen:
+        key = b.key(t).key
+        o = outcomes.get(t.id)
+        result = ("failed" if t.id in failed else "reused" if t.id in reused else "built" if t.id in built
+                  else "cached")
+        status, reason, ct = (str(o.status), o.reason, (o.metrics or {}).get("compile_time_s")) if o else (
+            "cached" if result != "failed" else None, "", None)
+        if result == "failed" and o is None:
+            f = b.store.failure(t.id)
+            status, reason = (str(f.status), f.reason) if f else ("not built", "")
+        if result == "cached" or (result == "reused" and ct is None):
+            m = b.store.manifest(key)
+            ct = m.metrics.compile_time_s if m else None
+        if result in ("built", "cached", "reused") and status == "PASS":
+            reason = "" if result == "built" else reason
+        row = {"id": t.id, "key": key, "result": result, "status": status,
+               "verdict": "fail" if result == "failed" else "pass", "reason": reason if result == "failed" else "",
+               "compile_time_s": None if ct is None else round(float(ct), 3)}
+        if result == "failed":
+            row["log"] = f"neuron-build show {t.id}"
+        rows.append(row)
+    return BuildSummary([t.id for t in chosen], built, reused, failed, lines, downloaded, rows)
 
 
 @command("build")
@@ -83,15 +117,22 @@ def cmd_build(args) -> int:
     from neuron_build.project.matrix import select
     from neuron_build.tasks import BuildSession
 
-    b = open_builder(args)
+    b = open_builder(args, quiet=True if args.json else None)
+    b.announce_backend()
     chosen = select(b.targets, args.patterns)
     before = {t.id: b.state(t) for t in chosen}
     b.keys.save()
     session = BuildSession(b, retry_failed=not args.no_retry_failed)
     todo = sum(before[t.id] != TargetState.CACHED for t in chosen)
     jobs = args.jobs or min(b.default_jobs(), max(1, todo))  # no runner threads for nothing to do
-    rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=jobs)
+    session.progress, session.jobs, session.expected = display_note, jobs, todo
+    rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=jobs,
+                     outstream=sys.stderr if args.json else None)  # with --json, stdout holds only the JSON
     summary = summarize(b, chosen, before, session.outcomes)
+    if args.json:
+        print_json({"targets": summary.rows, "built": len(summary.built), "cached": summary.cached,
+                    "failed": len(summary.failed), "verdict": "fail" if summary.failed or rc != 0 else "pass"})
+        return ExitCode.FAILED if summary.failed or rc != 0 else ExitCode.OK
     print(summary.text())
     unpushed = [k for k, _ in getattr(b.store, "push_failures", ())]
     if unpushed:

@@ -16,6 +16,7 @@ def register(add) -> None:
     s.add_argument("--json", action="store_true")
     s = add("explain", "show a target's key components and which changed since its last build")
     s.add_argument("target", metavar="TARGET")
+    s.add_argument("--json", action="store_true", help="per component: old and new value and hash")
     s = add("ls", "list the artifacts in the store")
     s.add_argument("--json", action="store_true")
     s = add("show", "show an artifact's manifest")
@@ -71,7 +72,7 @@ def cmd_plan(args) -> int:
     rows = plan_rows(b)
     b.keys.save()
     if args.json:
-        print_json(rows)
+        print_json(rows, "targets")
     else:
         print(format_plan(rows))
     return ExitCode.OK
@@ -116,11 +117,41 @@ def format_explain(b, t) -> str:
     return "\n".join(out)
 
 
+def explain_doc(b, t) -> dict[str, Any]:
+    """``explain --json``: ``target``, ``key``, ``state``, ``last`` (``{"key", "status", "time"}`` of the
+    last build, or None), ``compared_with`` (the target id the key was compared with), ``changed`` (one
+    line per changed component and sub-key), and ``components``: one per key component, in key order,
+    ``{"name", "changed", "old", "new", "old_hash", "new_hash"}`` (``old``: its value in the last build's
+    key details, None when there is none)."""
+    from neuron_build.project.keys import COMPONENTS
+
+    ki = b.key(t)
+    rec = b.store.target(t.id)
+    changed, since = b.changed(t)
+    if rec is None and since and since != t.id:
+        rec = b.store.target(since)
+    old_details = (rec.details or {}) if rec else {}
+    old_hashes = rec.hashes if rec else {}
+    comps = []
+    for c in COMPONENTS:
+        comps.append({"name": c, "changed": any(x.split(":")[0] == c for x in changed),
+                      "old": old_details.get(c), "new": ki.details.get(c),
+                      "old_hash": old_hashes.get(c), "new_hash": ki.hashes[c]})
+    return {"target": t.id, "key": ki.key, "state": str(b.state(t)),
+            "last": {"key": rec.key, "status": str(rec.status), "time": rec.time} if rec else None,
+            "compared_with": since, "changed": changed, "components": comps}
+
+
 @command("explain")
 def cmd_explain(args) -> int:
     """The key components of a target and which changed since it was last built."""
     b = open_builder(args)
     t = find_target(b, args.target)
+    if args.json:
+        doc = explain_doc(b, t)
+        b.keys.save()
+        print_json(doc)
+        return ExitCode.OK
     text = format_explain(b, t)
     b.keys.save()
     print(text)
@@ -142,7 +173,7 @@ def cmd_ls(args) -> int:
     b = open_builder(args)
     rows = artifact_rows(b.store)
     if args.json:
-        print_json(rows)
+        print_json(rows, "artifacts")
         return ExitCode.OK
     for r in rows:
         print(f"{r['key'][:12]}  {r['target']:36} {r['backend']:11} {r['compile_time_s']:8.1f} s "

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from neuron_build.cli.app import command
+from neuron_build.cli.app import command, json_doc
 from neuron_build.compilers.neuron.neuronx_log import (
     LogSummary,
     failure_reason,
@@ -91,7 +91,7 @@ def parse_log_main(path: str, as_json: bool, out: TextIO | None = None) -> int:
     except OSError as exc:
         raise OSError(f"cannot read compiler log {path}: {exc.strerror or exc}") from exc
     summary = parse_log(data)
-    text = json.dumps(summary.to_json(), indent=2) + "\n" if as_json else format_summary(summary, path)
+    text = json.dumps(json_doc(summary.to_json(), name="parse-log"), indent=2) + "\n" if as_json else format_summary(summary, path)
     stream = out if out is not None else sys.stdout
     try:
         stream.write(text)

@@ -9,6 +9,8 @@ import sys
 
 from neuron_build.cli.app import (
     command,
+    display_error,
+    human_age,
     mib,
     open_builder,
     open_project_store,
@@ -36,9 +38,12 @@ def register(add) -> None:
     s.add_argument("release", metavar="RELEASE", nargs="?", help="release id (or a unique prefix)")
     s.add_argument("--from", dest="from_channel", metavar="CHANNEL", help="promote the release this channel holds")
     s.add_argument("--to", required=True, metavar="CHANNEL")
-    s.add_argument("--reason", default="", help="recorded in the channel's history")
+    s.add_argument("--reason", default="", help="recorded in the channel's history; needed to waive a gate or to "
+                   "promote a release that was rolled back")
+    s.add_argument("--waive", action="append", default=[], metavar="GATE",
+                   help="let this gate pass if it fails (needs --reason; recorded); repeatable")
     s.add_argument("--allow-unvalidated", action="store_true",
-                   help="let the validation gate pass without validation results (recorded)")
+                   help="let the validation gate pass without validation results (needs --reason; recorded)")
     s.add_argument("--device-kind", choices=DEVICE_KINDS,
                    help="serving device kind for the gates (default: [release] in buckets.toml)")
     s.add_argument("--json", action="store_true")
@@ -47,6 +52,10 @@ def register(add) -> None:
     s.add_argument("model", metavar="MODEL")
     s.add_argument("--channel", required=True, metavar="CHANNEL")
     s.add_argument("--reason", default="")
+    s.add_argument("--json", action="store_true")
+
+    s = add("releases", "list a model's releases, the channels holding each, and which were rolled back")
+    s.add_argument("model", metavar="MODEL")
     s.add_argument("--json", action="store_true")
 
     s = add("channels", "show each channel's release and age")
@@ -95,15 +104,24 @@ def cmd_release(args) -> int:
 
 @command("promote")
 def cmd_promote(args) -> int:
-    """Promote a release into a channel; a refusal exits 2 with every gate's figures."""
-    from neuron_build.release import format_gates, promote, require_model
+    """Promote a release into a channel; a refusal exits 3 with every gate's figures (``--json``: the
+    refusal's history entry on stdout)."""
+    from neuron_build.release import PromotionRefused, format_gates, promote, require_model
 
     project, store = open_project_store(args)
     require_model(project, args.model)
-    entry = promote(store, project.config.release, args.model, args.to, release=args.release,
-                    from_channel=args.from_channel, reason=args.reason, allow_unvalidated=args.allow_unvalidated,
-                    device_kind=args.device_kind)
+    try:
+        entry = promote(store, project.config.release, args.model, args.to, release=args.release,
+                        from_channel=args.from_channel, reason=args.reason, allow_unvalidated=args.allow_unvalidated,
+                        device_kind=args.device_kind, waive=args.waive)
+    except PromotionRefused as e:
+        if not args.json:
+            raise
+        print_json({**e.entry, "verdict": "fail"})
+        display_error(str(e).splitlines()[0])
+        return ExitCode.REFUSED
     if args.json:
+        entry = {**entry, "verdict": "pass"}
         print_json(entry)
         return ExitCode.OK
     print(f"promoted {entry['to']} into {args.model}/{args.to} (version {entry['version']}; "
@@ -141,17 +159,66 @@ def cmd_channels(args) -> int:
         models = list(project.config.models)
     rows = channel_rows(store, project.config.release, models)
     if args.json:
-        print_json(rows)
+        print_json(rows, "channels")
         return ExitCode.OK
     for r in rows:
         if not args.model and r["release"] is None:
             continue
-        what = (f"{r['release']}  v{r['version']}  {r['dtype']}/{r['profile']}  {r['age']} ago  "
-                f"{r['action']} by {r['who']}" if r["release"] else "-")
+        what = (f"{r['release']}  v{r['version']}  {r['dtype']}/{r['profile']}  {human_age(r['age_s'])} ago  "
+                f"{r['action']} by {r['who']}" + ("  [rolled back before]" if r["rolled_back"] else "")
+                if r["release"] else "-")
         print(f"{r['model']:16} {r['channel']:10} {what}")
     if not args.model and all(r["release"] is None for r in rows):
         print("no channel holds a release yet")
     return ExitCode.OK
+
+
+def release_rows(store, settings, model: str) -> list[dict]:
+    """One row per release of ``model``, oldest first: ``id``, ``dtype``, ``profile``, ``backend``,
+    ``created``, ``age_s``, ``creator``, ``buckets``, ``channels`` (those holding it now), ``rolled_back``
+    (``[{"channel", "time", "who", "reason"}]``: the rollbacks away from it)."""
+    from neuron_build.release import channel_pointer, list_releases
+    from neuron_build.release.channels import rollbacks_of
+    from neuron_build.util import seconds_since
+
+    holding: dict[str, list[str]] = {}
+    for c in settings.channels:
+        ptr = channel_pointer(store, model, c)
+        if ptr:
+            holding.setdefault(ptr["release"], []).append(c)
+    return [{"id": r["id"], "dtype": r["dtype"], "profile": r["profile"], "backend": r["backend"],
+             "created": r.get("created"), "age_s": seconds_since(r.get("created")), "creator": r.get("creator"),
+             "buckets": len(r["artifacts"]), "channels": holding.get(r["id"], []),
+             "rolled_back": rollbacks_of(store, settings, model, r["id"])} for r in list_releases(store, model)]
+
+
+@command("releases")
+def cmd_releases(args) -> int:
+    """A model's releases, oldest first, with the channels that hold each and its rollbacks."""
+    from neuron_build.release import require_model
+
+    project, store = open_project_store(args)
+    require_model(project, args.model)
+    rows = release_rows(store, project.config.release, args.model)
+    if args.json:
+        print_json(rows, "releases")
+        return ExitCode.OK
+    for r in rows:
+        mark = ""
+        if r["rolled_back"]:
+            rb = r["rolled_back"][-1]
+            mark = f"  ROLLED BACK from {rb['channel']} {human_age(seconds_since_iso(rb['time']))} ago" + (
+                f" (\"{rb['reason']}\")" if rb["reason"] else "")
+        print(f"{r['id']}  {r['dtype']}/{r['profile']}  {r['backend']:11} {r['buckets']} bucket(s)  "
+              f"{human_age(r['age_s'])} ago by {r['creator']}  channels: {', '.join(r['channels']) or '-'}{mark}")
+    if not rows:
+        print(f"model '{args.model}' has no releases yet; make one with `neuron-build release {args.model}`")
+    return ExitCode.OK
+
+
+def seconds_since_iso(iso: str | None) -> float | None:
+    from neuron_build.util import seconds_since
+    return seconds_since(iso)
 
 
 @command("history")
@@ -164,7 +231,7 @@ def cmd_history(args) -> int:
     check_channel(project.config.release, args.channel, "--channel")
     hist = channel_history(store, args.model, args.channel)
     if args.json:
-        print_json(hist)
+        print_json(hist, "history")
         return ExitCode.OK
     for e in hist:
         line = (f"{e.get('time')}  {e.get('action'):8} {e.get('from') or '-'} -> {e.get('to')}  "
@@ -173,6 +240,8 @@ def cmd_history(args) -> int:
             line += f"  \"{e['reason']}\""
         if e.get("allow_unvalidated"):
             line += "  [--allow-unvalidated]"
+        if e.get("waivers"):
+            line += "  [waived: " + ", ".join(w["gate"] for w in e["waivers"]) + "]"
         print(line)
         if e.get("action") == "refuse":
             print("    " + e.get("refused", "").splitlines()[0])

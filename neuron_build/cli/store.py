@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from neuron_build.cli.app import command, mib, open_builder, print_json
 from neuron_build.errors import ExitCode, UserError
+from neuron_build.status import Verdict
 
 
 def register(add) -> None:
@@ -48,7 +49,7 @@ def cmd_verify(args) -> int:
                         f"and cannot here (run verify without --repair to report them)")
     rep = verify_store(store, deep=args.deep, repair=args.repair)
     if args.json:
-        print_json(rep.to_json())
+        print_json({**rep.to_json(), "verdict": str(Verdict.PASS if rep.clean else Verdict.FAIL)})
         return ExitCode.OK if rep.clean else ExitCode.FAILED
     for bad in rep.bad:
         what = f"blob {bad.key[:16]}" if bad.kind == "blob" else f"{bad.key[:12]}"

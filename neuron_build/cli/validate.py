@@ -85,7 +85,7 @@ def cmd_validate(args) -> int:
     b = open_builder(args)
     run = validate_selected(b, select(b.targets, args.patterns), progress=None if args.json else display_line)
     if args.json:
-        print_json(run.records)
+        print_json(run.records, "records")
         if not run.ok:
             display_note(f"{run.count(Verdict.FAIL)} failed, {len(run.not_built)} not built")
     else:

@@ -1,15 +1,18 @@
 """Latency benchmarks and profiler traces of compiled artifacts, with the eager model as the baseline.
 
-One benchmark of one target: load the artifact onto its device, build the eager model in the target
-dtype on the same device, make the target's deterministic inputs (the validation inputs,
-:func:`neuron_build.evaluate.validate.validation_seed`), run ``warmup`` untimed calls of each, then ``iters``
-timed calls of each, alternating artifact and eager call by call (:func:`time_interleaved`, so that the
-load of a shared host hits both alike), each call ended by the device's synchronise
-(:func:`device_sync`) and timed with ``time.perf_counter_ns``. Reported: p50, p90, p99 and mean latency in milliseconds
-(percentiles by linear interpolation between order statistics), throughput in samples per second
-(batch / mean latency; the batch is the first dim of the first input), and the speedup over eager
-(eager p50 / compiled p50). Stored as ``results/<key>/bench/<device kind>--<host>.json`` (schema in
-:mod:`neuron_build.release.gates`).
+A benchmark session (:func:`bench_targets`): load every selected target's artifact onto its device and
+its eager model in the target dtype on the same device, make each target's deterministic inputs (the
+validation inputs, :func:`neuron_build.evaluate.validate.validation_seed`), then time them all together
+in rounds (:func:`time_rounds`: every callable once per round, the order rotated, each call ended by the
+device's synchronise, :func:`device_sync`, and timed with ``time.perf_counter_ns``), ``warmup`` untimed
+rounds first, then a fixed or an adaptive number of rounds (until every artifact's median is known within
+a precision, or a time budget ends). Reported per target: p50, p90, p99 and mean latency in
+milliseconds (percentiles by linear interpolation between order statistics), the median's
+distribution-free confidence interval (:func:`neuron_build.util.median_ci`), every sample, throughput in
+samples per second (batch / mean latency; the batch is the first dim of the first input), the speedup
+over eager (eager p50 / compiled p50), the session id, host class and settings the latency gate compares.
+Stored as ``results/<key>/bench/<device kind>--<host>.json`` (schema in :mod:`neuron_build.release.gates`).
+:func:`time_calls` and :func:`time_interleaved` are the single-target timers (kept for scripts).
 
 A profiler run (:func:`profile_target`) is separate from the timed run, so profiler overhead never enters
 the figures. Torch is imported inside the functions only.
@@ -19,9 +22,11 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import socket
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,12 +34,23 @@ from typing import Any
 from neuron_build.errors import UserError
 from neuron_build.evaluate.validate import Prepared, can_run_here, neuron_devices, prepare
 from neuron_build.store.contract import ArtifactStore
-from neuron_build.util import percentile, swap_in_folder, utc_now
+from neuron_build.util import median_ci, percentile, swap_in_folder, utc_now
 
 #: torch.profiler schedule of ``bench --profile``: steps skipped, warmed up, recorded.
 SCHEDULE = {"wait": 2, "warmup": 1, "active": 1}
 DEFAULT_WARMUP = 10
 DEFAULT_ITERS = 100
+#: Adaptive timing (``iters=None``): at least this many rounds ...
+MIN_ITERS = 30
+#: ... then until every median's confidence interval is within ``PRECISION`` of it (relative half-width) ...
+PRECISION = 0.02
+#: ... or this many seconds of timed rounds have passed, or :data:`MAX_ITERS` rounds.
+MAX_TIME_S = 60.0
+MAX_ITERS = 5000
+#: Confidence of the median intervals recorded with every benchmark.
+CONFIDENCE = 0.95
+#: Version of the benchmark record (2: samples, median interval, host class, settings, session).
+BENCH_FORMAT = 2
 #: Operators printed (and written to top_ops.txt) by a profiler run.
 TOP_OPS = 15
 
@@ -145,75 +161,229 @@ def _check_runnable(p: Prepared) -> None:
         raise UserError(f"{p.target.id}: cannot benchmark a {p.device_kind} artifact here: {why}")
 
 
-def bench_target(project, store: ArtifactStore, target, key: str, warmup: int = DEFAULT_WARMUP,
-                 iters: int = DEFAULT_ITERS, eager: bool = True, progress_factory: Callable | None = None,
-                 record: bool = True) -> dict[str, Any]:
-    """Benchmark one target's artifact (and the eager model) and store the result.
+def host_class(device_kind: str, device: str = "cpu") -> str:
+    """What makes latencies of two hosts comparable: the machine, the processor model and the number of
+    CPUs (``x86_64 AMD EPYC 7R13 Processor x2``), plus the GPU name on CUDA (``torch.cuda.get_device_name``)
+    and the EC2 instance type on Neuron (``/sys/devices/virtual/dmi/id/product_name``, e.g. ``trn1.2xlarge``
+    [guess: verify on a Neuron host]). Never the host name: CI runners of one class compare."""
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    out = f"{platform.machine()} {cpu or platform.processor() or 'cpu'} x{os.cpu_count()}"
+    if device_kind == "cuda":
+        import torch
+        out += f" + {torch.cuda.get_device_name(device)}"
+    elif device_kind == "neuron":
+        try:
+            out += " + " + Path("/sys/devices/virtual/dmi/id/product_name").read_text().strip()
+        except OSError:
+            pass
+    return out
+
+
+def time_rounds(fns: Sequence[Callable], inputs: Sequence[tuple], syncs: Sequence[Callable[[], None]], *,
+                warmup: int, iters: int | None = None, min_iters: int = MIN_ITERS, max_iters: int = MAX_ITERS,
+                max_time_s: float = MAX_TIME_S, precision: float = PRECISION, confidence: float = CONFIDENCE,
+                decide: Sequence[int] | None = None, progress: Any = None,
+                clock: Callable[[], float] = time.monotonic) -> tuple[list[list[float]], str]:
+    """Latencies in ms of several callables, timed in rounds: each round calls every callable once on its
+    own inputs, in an order rotated by one each round (so no callable is always first after another's
+    cache traffic), each call ended by its ``sync`` and timed with ``time.perf_counter_ns``. A change of
+    load on the host during the run hits every callable alike, so their ratios stay meaningful on a busy
+    machine.
+
+    The number of rounds: exactly ``iters`` when given; otherwise adaptive: at least ``min_iters``, then
+    until the median of every callable in ``decide`` (indices; default all) has a confidence interval
+    (:func:`neuron_build.util.median_ci` at ``confidence``) whose half-width is at most ``precision`` times
+    the median, or ``max_time_s`` seconds of timed rounds have passed, or ``max_iters`` rounds.
 
     Args:
-        warmup: untimed calls before the timed ones (>= 0).
-        iters: timed calls (>= 1).
-        eager: also time the eager model in the target dtype on the same device and inputs, interleaved
-            with the artifact's calls (else the artifact alone, :func:`time_calls`).
-        progress_factory: ``f(total, desc)`` returning a progress bar (tqdm-like) or None.
-        record: store the result under ``results/<key>/bench/<device kind>--<host>.json``.
+        warmup: untimed rounds first (>= 0).
+        progress: advanced once per round (warm-up included), or None.
 
     Returns:
-        The record: ``target``, ``key``, ``device_kind``, ``device``, ``host``, ``time``, ``iters``,
-        ``warmup``, ``batch``, ``sync``, ``timing``, ``latency_ms`` (p50/p90/p99/mean/min/max/std, ms),
-        ``throughput_per_s`` (samples/s), ``eager`` (``latency_ms``, ``throughput_per_s``) and
-        ``speedup_vs_eager`` (eager p50 / compiled p50) when ``eager``, ``op_count``,
-        ``compile_time_s``, ``torch``, ``threads`` (torch intra-op threads), ``cpu_count`` and
-        ``load_avg_1m`` (the host's 1-minute load average when the run started: a busy host makes noisy
-        figures).
+        One list of latencies (ms) per callable, in the order of ``fns``; and why timing stopped:
+        ``"iters"`` (the fixed count), ``"precision"``, ``"time"`` or ``"max_iters"``.
+    """
+    import torch
+
+    n = len(fns)
+    out: list[list[float]] = [[] for _ in fns]
+    watch = list(range(n)) if decide is None else list(decide)
+
+    def precise() -> bool:
+        for i in watch:
+            med, lo, hi = median_ci(out[i], confidence)
+            if med <= 0 or (hi - lo) / 2 > precision * med:
+                return False
+        return True
+
+    with torch.inference_mode():
+        for _ in range(warmup):
+            for i in range(n):
+                fns[i](*inputs[i])
+                syncs[i]()
+            if progress is not None:
+                progress.update(1)
+        t_start = clock()
+        r = 0
+        while True:
+            for j in range(n):
+                i = (j + r) % n
+                t0 = time.perf_counter_ns()
+                fns[i](*inputs[i])
+                syncs[i]()
+                out[i].append((time.perf_counter_ns() - t0) / 1e6)
+            r += 1
+            if progress is not None:
+                progress.update(1)
+            if iters is not None:
+                if r >= iters:
+                    return out, "iters"
+                continue
+            if r >= max_iters:
+                return out, "max_iters"
+            if r >= min_iters:
+                if r % 10 == 0 and precise():
+                    return out, "precision"
+                if clock() - t_start >= max_time_s:
+                    return out, "time"
+
+
+def bench_targets(project, store: ArtifactStore, items: Sequence[tuple[Any, str]], *, warmup: int = DEFAULT_WARMUP,
+                  iters: int | None = None, min_iters: int = MIN_ITERS, max_time_s: float = MAX_TIME_S,
+                  precision: float = PRECISION, confidence: float = CONFIDENCE, eager: bool = True,
+                  progress_factory: Callable | None = None, record: bool = True,
+                  wrap: Callable[[Any, Callable], Callable] | None = None,
+                  threads: int | None = None) -> list[dict[str, Any]]:
+    """Benchmark several targets' artifacts (and their eager models) in one session and store the results.
+
+    Every artifact and eager model is loaded first; then all are timed together in rounds
+    (:func:`time_rounds`): artifacts and eager models alike, so two targets benchmarked together (the
+    fp32 and bf16 buckets of a model, a candidate and the release it replaces) saw the same host load and
+    their ratio is meaningful. The records share a ``session`` id, which the latency gate prefers.
+
+    Args:
+        items: ``(target, key)`` pairs (the key may be another than the target's current one, e.g. the
+            artifact of a release).
+        warmup: untimed rounds (>= 0).
+        iters: timed rounds (>= 1), or None: adaptive (``min_iters``, ``precision``, ``max_time_s``; the
+            artifacts' medians decide, not the eager models').
+        eager: also time each target's eager model in the target dtype on the same device and inputs.
+        progress_factory: ``f(total, desc)`` returning a progress bar (tqdm-like) or None.
+        record: store each result under ``results/<key>/bench/<device kind>--<host>.json``.
+        wrap: ``wrap(target, fn)`` returns the callable to time instead of the loaded artifact ``fn``
+            (tests slow an artifact down with it).
+        threads: torch intra-op threads for the session (``torch.set_num_threads``; None: torch's
+            default). Recorded in ``settings``: results with other thread counts do not compare. On a
+            shared 2-core host, 2 threads put some processes into a mode where every call waits for a
+            descheduled OpenMP thread (seen: 0.15 ms vs 100-250 ms per call of one artifact, changing
+            from process to process); 1 thread did not.
+
+    Returns:
+        One record per item, in order: ``format`` (:data:`BENCH_FORMAT`), ``target``, ``key``, ``model``,
+        ``dtype``, ``backend``, ``device_kind``, ``device``, ``host``, ``host_class`` (:func:`host_class`),
+        ``time``, ``session``, ``iters`` (timed rounds), ``warmup``, ``stopped_by``, ``settings`` (what must
+        be equal for two results to compare: ``threads``, ``timing``, ``warmup``, ``sync``), ``batch``,
+        ``sync``, ``timing``, ``latency_ms`` (p50/p90/p99/mean/min/max/std, ms), ``median_ci_ms``
+        (``[low, high]`` at ``confidence``), ``confidence``, ``samples_ms`` (every timed latency, ms),
+        ``throughput_per_s`` (samples/s over the mean), ``eager`` and ``speedup_vs_eager`` (eager p50 /
+        compiled p50) when ``eager``, ``op_count``, ``compile_time_s``, ``torch``, ``threads``,
+        ``cpu_count`` and ``load_avg_1m`` (when the session started).
+
+    Raises:
+        UserError: a target is not built, or this host cannot run its artifact; bad warmup/iters.
+    """
+    import torch
+
+    if (iters is not None and iters < 1) or warmup < 0 or min_iters < 1:
+        raise UserError(f"--iters must be >= 1 and --warmup >= 0 (got iters {iters}, warmup {warmup})")
+    if threads is not None:
+        if threads < 1:
+            raise UserError(f"--threads must be >= 1 (got {threads})")
+        torch.set_num_threads(threads)
+    load0 = os.getloadavg()[0]
+    session = uuid.uuid4().hex[:16]
+    preps = []
+    for target, key in items:
+        p = prepare(project, store, target, key)
+        _check_runnable(p)
+        preps.append(p)
+    fns: list[Callable] = []
+    inputs: list[tuple] = []
+    syncs: list[Callable[[], None]] = []
+    names: list[str] = []
+    for (target, _key), p in zip(items, preps, strict=True):
+        sync, sync_name = device_sync(p.device_kind)
+        fn = p.load_artifact()
+        fns.append(wrap(target, fn) if wrap else fn)
+        inputs.append(p.device_inputs())
+        syncs.append(sync)
+        names.append(sync_name)
+    n_art = len(fns)
+    if eager:
+        for (target, _key), p, sync in zip(items, preps, syncs[:n_art], strict=True):
+            fns.append(p.eager(target.dtype, device=p.device))
+            inputs.append(p.device_inputs())
+            syncs.append(sync)
+    desc = (f"{items[0][0].id}" if len(items) == 1 else f"{len(items)} targets") + (" + eager" if eager else "")
+    bar = progress_factory(warmup + iters if iters else None, desc) if progress_factory else None
+    try:
+        times, stopped = time_rounds(fns, inputs, syncs, warmup=warmup, iters=iters, min_iters=min_iters,
+                                     max_time_s=max_time_s, precision=precision, confidence=confidence,
+                                     decide=range(n_art), progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    host, now = socket.gethostname(), utc_now()
+    timing = "interleaved with eager" if eager else "compiled only"
+    recs = []
+    for idx, ((target, key), p) in enumerate(zip(items, preps, strict=True)):
+        compiled_ms = times[idx]
+        stats = latency_stats(compiled_ms)
+        _med, lo, hi = median_ci(compiled_ms, confidence)
+        m = p.manifest
+        threads = torch.get_num_threads()
+        rec: dict[str, Any] = {
+            "format": BENCH_FORMAT, "target": target.id, "key": key, "model": target.model, "dtype": target.dtype,
+            "backend": m.backend, "device_kind": p.device_kind, "device": p.device, "host": host,
+            "host_class": host_class(p.device_kind, p.device), "time": now, "session": session,
+            "iters": len(compiled_ms), "warmup": warmup, "stopped_by": stopped,
+            "settings": {"threads": threads, "timing": timing, "warmup": warmup, "sync": names[idx]},
+            "batch": p.batch, "seed": p.seed, "sync": names[idx], "timing": timing,
+            "latency_ms": _round(stats), "median_ci_ms": [round(lo, 6), round(hi, 6)], "confidence": confidence,
+            "throughput_per_s": round(p.batch * 1000.0 / stats["mean"], 6),
+            "op_count": m.metrics.op_count, "compile_time_s": m.metrics.compile_time_s,
+            "torch": torch.__version__, "threads": threads, "cpu_count": os.cpu_count(),
+            "load_avg_1m": round(load0, 2),
+        }
+        if eager:
+            es = latency_stats(times[n_art + idx])
+            rec["eager"] = {"latency_ms": _round(es), "throughput_per_s": round(p.batch * 1000.0 / es["mean"], 6),
+                            "device": p.device, "dtype": target.dtype}
+            rec["speedup_vs_eager"] = round(es["p50"] / stats["p50"], 6)
+        rec["samples_ms"] = [round(x, 5) for x in compiled_ms]
+        if record:
+            store.put_result(key, "bench", f"{p.device_kind}--{host}", rec)
+        recs.append(rec)
+    return recs
+
+
+def bench_target(project, store: ArtifactStore, target, key: str, warmup: int = DEFAULT_WARMUP,
+                 iters: int | None = DEFAULT_ITERS, eager: bool = True, progress_factory: Callable | None = None,
+                 record: bool = True, **kw: Any) -> dict[str, Any]:
+    """Benchmark one target's artifact (and its eager model): :func:`bench_targets` of one item.
 
     Raises:
         UserError: the target is not built, or this host cannot run its artifact; bad warmup/iters.
     """
-    import torch
-
-    if iters < 1 or warmup < 0:
-        raise UserError(f"--iters must be >= 1 and --warmup >= 0 (got iters {iters}, warmup {warmup})")
-    load0 = os.getloadavg()[0]
-    p = prepare(project, store, target, key)
-    _check_runnable(p)
-    sync, sync_name = device_sync(p.device_kind)
-    inputs = p.device_inputs()
-
-    def bar(desc: str):
-        return progress_factory(warmup + iters, desc) if progress_factory else None
-
-    fn = p.load_artifact()
-    model = p.eager(target.dtype, device=p.device) if eager else None
-    b = bar(f"{target.id} compiled" + (" + eager" if eager else ""))
-    try:
-        if eager:
-            compiled_ms, eager_ms = time_interleaved([fn, model], inputs, warmup, iters, sync, b)
-        else:
-            compiled_ms = time_calls(fn, inputs, warmup, iters, sync, b)
-    finally:
-        if b is not None:
-            b.close()
-    stats = latency_stats(compiled_ms)
-    m = p.manifest
-    rec: dict[str, Any] = {
-        "target": target.id, "key": key, "model": target.model, "dtype": target.dtype, "backend": m.backend,
-        "device_kind": p.device_kind, "device": p.device, "host": socket.gethostname(), "time": utc_now(),
-        "iters": iters, "warmup": warmup, "batch": p.batch, "seed": p.seed, "sync": sync_name,
-        "timing": "interleaved with eager" if eager else "compiled only",
-        "latency_ms": _round(stats), "throughput_per_s": round(p.batch * 1000.0 / stats["mean"], 6),
-        "op_count": m.metrics.op_count, "compile_time_s": m.metrics.compile_time_s,
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-        "load_avg_1m": round(load0, 2),
-    }
-    if eager:
-        es = latency_stats(eager_ms)
-        rec["eager"] = {"latency_ms": _round(es), "throughput_per_s": round(p.batch * 1000.0 / es["mean"], 6),
-                        "device": p.device, "dtype": target.dtype}
-        rec["speedup_vs_eager"] = round(es["p50"] / stats["p50"], 6)
-    if record:
-        store.put_result(key, "bench", f"{p.device_kind}--{rec['host']}", rec)
-    return rec
+    return bench_targets(project, store, [(target, key)], warmup=warmup, iters=iters, eager=eager,
+                         progress_factory=progress_factory, record=record, **kw)[0]
 
 
 def run_dir_name(target_id: str, key: str) -> str:
@@ -374,5 +544,5 @@ def format_compare_table(recs: Sequence[dict[str, Any]], validations: dict[str, 
     return "\n".join(lines)
 
 
-__all__ = ["SCHEDULE", "bench_target", "device_sync", "format_compare_table", "format_row_table", "latency_stats",
+__all__ = ["BENCH_FORMAT", "SCHEDULE", "bench_target", "bench_targets", "host_class", "time_rounds", "device_sync", "format_compare_table", "format_row_table", "latency_stats",
            "percentile", "profile_target", "run_dir_name", "time_calls", "time_interleaved"]

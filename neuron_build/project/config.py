@@ -357,7 +357,9 @@ class ReleaseSettings(_Frozen):
     only from channel ``i - 1`` unless ``allow_skip``. Gates: at most ``max_artifacts_per_model`` artifacts
     in a release (load time and device memory grow with every bucket); each bucket's op count at most
     ``max_op_count_regression`` (a fraction: 0.10 = 10 %) above the same bucket's in the channel's current
-    release; each bucket's p99 latency at most ``max_p99_ratio`` times the current release's; the p95 of the
+    release; each bucket's median latency at most ``max_latency_ratio`` times the current release's, at
+    confidence ``latency_confidence`` (the gate refuses when the lower bound of the ratio's interval is
+    above it; ``max_p99_ratio``, the old name, is read as ``max_latency_ratio``); the p95 of the
     release's compile times at most ``max_compile_time_p95_s`` seconds; every artifact validated on the
     device kind that serves the channel: ``serving_device_kind`` for every channel, unless
     ``channel_device_kind`` names another for a channel (``{ prod = "neuron" }``); and the release built
@@ -371,7 +373,8 @@ class ReleaseSettings(_Frozen):
     allow_skip: StrictBool = False
     max_artifacts_per_model: int = Field(default=3, ge=1, strict=True)
     max_op_count_regression: float = Field(default=0.10, ge=0, strict=False)
-    max_p99_ratio: float = Field(default=1.3, gt=0, strict=False)
+    max_latency_ratio: float = Field(default=1.3, gt=0, strict=False)
+    latency_confidence: float = Field(default=0.95, gt=0, lt=1, strict=False)
     max_compile_time_p95_s: float = Field(default=400.0, gt=0, strict=False)
     serving_device_kind: DeviceKind = "cpu"
     channel_device_kind: dict[str, DeviceKind] = {}
@@ -396,6 +399,18 @@ class ReleaseSettings(_Frozen):
         """Package -> PEP 440 specifier of the versions the hosts serving ``channel`` run: ``serving``,
         with ``channel_serving[channel]`` on top (empty: nothing declared, nothing gated)."""
         return {**self.serving, **self.channel_serving.get(channel, {})}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        """``max_p99_ratio`` (the gate compared p99s before it compared medians) is ``max_latency_ratio``."""
+        if isinstance(data, dict) and "max_p99_ratio" in data:
+            data = dict(data)
+            old = data.pop("max_p99_ratio")
+            if "max_latency_ratio" in data:
+                raise ValueError("max_p99_ratio is the old name of max_latency_ratio; give only max_latency_ratio")
+            data["max_latency_ratio"] = old
+        return data
 
     @field_validator("channels")
     @classmethod
@@ -748,11 +763,28 @@ def _missing_imports(tree: ast.AST, path: Path, root: Path, where: str, via: Pat
     return faults
 
 
+def find_config(start: str | Path | None = None) -> Path | None:
+    """The ``buckets.toml`` a command uses when no ``-c`` is given: ``$NEURON_BUILD_CONFIG`` when set,
+    else the first ``buckets.toml`` in ``start`` (default: the current folder) or one of its parents,
+    the way git and DVC find their repository. None when there is none."""
+    import os
+
+    env = os.environ.get("NEURON_BUILD_CONFIG")
+    if env:
+        return Path(env)
+    here = Path(start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / DEFAULT_CONFIG).is_file():
+            return d / DEFAULT_CONFIG
+    return None
+
+
 def load_project(path: str | Path | None = None) -> Project:
     """Load and check a ``buckets.toml``.
 
     Args:
-        path: the config file; default ``buckets.toml`` in the current folder.
+        path: the config file; default :func:`find_config` (``$NEURON_BUILD_CONFIG``, else ``buckets.toml``
+            in the current folder or the nearest parent that has one).
 
     Returns:
         The :class:`Project`.
@@ -761,12 +793,14 @@ def load_project(path: str | Path | None = None) -> Project:
         ConfigError: the file is missing, is not valid TOML, or breaks the schema; one line per fault,
             each naming the TOML path, what is wrong and what is allowed.
     """
-    p = Path(path) if path is not None else Path(DEFAULT_CONFIG)
+    p = Path(path) if path is not None else (find_config() or Path(DEFAULT_CONFIG))
     shown = str(p)
     if p.is_dir():
         raise ConfigError(shown, [f"is a folder; pass the config file itself (e.g. -c {p / DEFAULT_CONFIG})"])
     if not p.is_file():
-        raise ConfigError(shown, [f"file not found; create it or pass -c PATH (looked in {p.resolve().parent})"])
+        where = (f"looked in {p.resolve().parent} and its parents" if path is None
+                 else f"looked in {p.resolve().parent}")
+        raise ConfigError(shown, [f"file not found; create it, pass -c PATH or set NEURON_BUILD_CONFIG ({where})"])
     try:
         data = tomllib.loads(p.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as e:

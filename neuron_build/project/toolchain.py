@@ -213,12 +213,13 @@ _announced: set[str] = set()
 
 
 def announce_backend(note: str | None) -> bool:
-    """Log ``note`` (the ``auto`` fallback) once per process; returns True when it was logged now."""
+    """Log ``note`` (the ``auto`` fallback) once per process, as one line: its first clause, then where
+    to read more (``neuron-build doctor``). Returns True when it was logged now."""
     if not note or note in _announced:
         return False
     _announced.add(note)
     from neuron_build.log import get_logger
-    get_logger().info(note)
+    get_logger().info(f"{note.split('; ')[0].rstrip('.')}; `neuron-build doctor` shows how to install it")
     return True
 
 

@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from neuron_build.errors import UserError
+from neuron_build.errors import ExitCode, UserError
 from neuron_build.log import get_logger
 from neuron_build.project.config import ReleaseSettings
-from neuron_build.release.gates import evaluate_gates, format_gates
+from neuron_build.release.gates import GATES, WAIVABLE, evaluate_gates, format_gates
 from neuron_build.release.records import (
     ChannelPointer,
     HistoryEntry,
@@ -31,7 +31,7 @@ from neuron_build.release.records import (
     get_release,
 )
 from neuron_build.store.contract import ArtifactStore
-from neuron_build.util import age, utc_now
+from neuron_build.util import seconds_since, utc_now
 
 #: How many times a promotion or rollback reads, checks and tries to swap a channel that keeps moving
 #: before it gives up with one line.
@@ -39,11 +39,14 @@ SWAP_ATTEMPTS = 5
 
 
 class PromotionRefused(UserError):
-    """A promotion that did not move the channel: a gate failed, or another promotion won the race.
+    """A promotion that did not move the channel: a gate failed, the release was rolled back before and no
+    reason was given, the channel already holds it, or another promotion won the race (exit status 3).
 
     Attributes:
         entry: the history line recorded for the refusal, as JSON (``gates`` holds every gate's verdict).
     """
+
+    exit_code = ExitCode.REFUSED
 
     def __init__(self, message: str, entry: dict[str, Any]):
         super().__init__(message)
@@ -58,9 +61,40 @@ def check_channel(settings: ReleaseSettings, channel: str, flag: str) -> None:
                         f"{', '.join(settings.channels)}")
 
 
+def rollbacks_of(store: ArtifactStore, settings: ReleaseSettings, model: str, release: str) -> list[dict[str, Any]]:
+    """The rollbacks that moved a channel of ``model`` away from ``release``: ``{"channel", "time", "who",
+    "reason"}`` each, oldest first. A release with any is *rolled back*: ``releases`` and ``channels`` mark
+    it, and promoting it again needs a reason."""
+    out = []
+    for c in settings.channels:
+        for e in get_history(store, model, c):
+            if e.action == "rollback" and e.from_ == release:
+                out.append({"channel": c, "time": e.time, "who": e.who, "reason": e.reason})
+    return sorted(out, key=lambda r: r["time"] or "")
+
+
+def check_waivers(waive: Iterable[str], reason: str, allow_unvalidated: bool = False) -> dict[str, str]:
+    """``{gate: reason}`` for ``promote --waive GATE...`` (and ``--allow-unvalidated``).
+
+    Raises:
+        UserError: an unknown or unwaivable gate, or a waiver without a reason (``--reason TEXT``).
+    """
+    names = list(dict.fromkeys(waive))
+    for g in names:
+        if g not in WAIVABLE:
+            raise UserError(f"--waive {g}: not a gate that can be waived; gates: {', '.join(WAIVABLE)}"
+                            + (" (channel_order: set allow_skip = true under [release])" if g in GATES else ""))
+    if (names or allow_unvalidated) and not reason.strip():
+        flag = "--allow-unvalidated" if allow_unvalidated and not names else f"--waive {names[0]}"
+        raise UserError(f"{flag} needs --reason TEXT: a waived gate is recorded in the channel's history with "
+                        f"why")
+    return {g: reason.strip() for g in names}
+
+
 def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str, *, release: str | None = None,
             from_channel: str | None = None, reason: str = "", allow_unvalidated: bool = False,
-            device_kind: str | None = None, before_swap: Callable[[], None] | None = None) -> dict[str, Any]:
+            device_kind: str | None = None, before_swap: Callable[[], None] | None = None,
+            waive: Iterable[str] = ()) -> dict[str, Any]:
     """Promote a release (by id) or the release another channel holds into channel ``to``.
 
     Reads ``to``'s pointer and its token, evaluates the gates against the release it points at, then swaps
@@ -70,7 +104,9 @@ def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str
     Args:
         release, from_channel: exactly one: a release id (or unique prefix), or a channel to take it from.
         reason: free text recorded in the history.
-        allow_unvalidated: let a failed validation gate pass (recorded).
+        allow_unvalidated: let a failed validation gate pass (recorded; needs ``reason``).
+        waive: gates (:data:`~neuron_build.release.gates.WAIVABLE`) let through when they fail, verdict
+            ``waived``; needs ``reason``; recorded in the history as ``waivers``.
         device_kind: override the channel's serving device kind (``[release]``) for the gates.
         before_swap: called after the first round's gates and before its swap (tests use it to line up a
             race).
@@ -79,12 +115,15 @@ def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str
         The history line of the promotion as JSON (``version`` is the channel's new version).
 
     Raises:
-        UserError: unknown channel or release, empty source channel, both or neither source given.
-        PromotionRefused: a gate failed (checked against the channel's release at the last read), the
-            channel already holds the release, or the channel moved at every one of the
-            :data:`SWAP_ATTEMPTS` rounds. Recorded in history.
+        UserError: unknown channel or release, empty source channel, both or neither source given; a
+            waiver without a reason or of an unknown gate.
+        PromotionRefused: a gate failed (checked against the channel's release at the last read); the
+            release was rolled back before (:func:`rollbacks_of`) and no reason was given; the channel
+            already holds the release; or the channel moved at every one of the :data:`SWAP_ATTEMPTS`
+            rounds. Recorded in history (exit 3).
     """
     check_channel(settings, to, "--to")
+    waivers = check_waivers(waive, reason, allow_unvalidated)
     if (release is None) == (from_channel is None):
         raise UserError("give either a RELEASE id or --from CHANNEL to promote from, not both or neither")
     if from_channel is not None:
@@ -109,27 +148,42 @@ def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str
                         f"{', '.join(gone)}; rebuild them (`neuron-build build {model}`)")
 
     entry = None
+    rolled = rollbacks_of(store, settings, model, rel.id)
+    extra: dict[str, Any] = {}
+    if waivers:
+        extra["waivers"] = [{"gate": g, "reason": r} for g, r in waivers.items()]
+    if rolled:
+        extra["rolled_back"] = rolled
     for attempt in range(1, SWAP_ATTEMPTS + 1):
         raw, token = store.channel_ref(model, to)
         seen = ChannelPointer.from_json(raw)
         seen_version = seen.version if seen else 0
         baseline = get_release(store, model, seen.release) if seen else None
-        gates = evaluate_gates(store, settings, rel, to, from_channel, baseline, kind, allow_unvalidated)
+        gates = evaluate_gates(store, settings, rel, to, from_channel, baseline, kind, allow_unvalidated, waivers)
         if before_swap is not None and attempt == 1:
             before_swap()
         entry = HistoryEntry(time=utc_now(), who=actor(), action="promote", model=model, channel=to,
                              from_=seen.release if seen else None, to=rel.id, source=source, reason=reason,
                              device_kind=kind, allow_unvalidated=allow_unvalidated,
-                             gates=[g.to_json() for g in gates])
+                             gates=[g.to_json() for g in gates], extra=dict(extra))
         if seen and seen.release == rel.id:
             _refuse(store, entry, f"{model}/{to} already holds {rel.id} (version {seen_version})", seen_version)
+        if rolled and not reason.strip():
+            last_rb = rolled[-1]
+            _refuse(store, entry, f"release {rel.id} was rolled back from {model}/{last_rb['channel']} at "
+                    f"{last_rb['time']} by {last_rb['who']}"
+                    + (f" (\"{last_rb['reason']}\")" if last_rb["reason"] else "")
+                    + "; promoting it again needs --reason TEXT (recorded in the history)", seen_version)
         failed = [g for g in gates if not g.passed]
         if failed:
             why = (f"promotion of {rel.id} into {model}/{to} refused by {len(failed)} gate(s):\n"
                    + format_gates(gates))
             if any(g.name == "validated" for g in failed):
                 why += (f"\nvalidate on {kind} with `neuron-build validate {model}`, or pass "
-                        f"--allow-unvalidated (recorded in the history)")
+                        f"--allow-unvalidated --reason TEXT (recorded in the history)")
+            if any(g.name == "latency" for g in failed):
+                why += (f"\nre-measure both in one session with `neuron-build bench {model} --against {to}`, "
+                        f"or pass --waive latency --reason TEXT (recorded in the history)")
             _refuse(store, entry, why, seen_version)
         entry = replace(entry, version=seen_version + 1)
         pointer = ChannelPointer(model=model, channel=to, release=rel.id, version=seen_version + 1,
@@ -223,7 +277,9 @@ def missing_artifacts(store: ArtifactStore, rel) -> list[str]:
 
 def channel_rows(store: ArtifactStore, settings: ReleaseSettings, models: Iterable[str]) -> list[dict[str, Any]]:
     """One row per (model, declared channel): ``model``, ``channel``, ``release``, ``version``, ``time``,
-    ``age`` (``3h``), ``who``, ``action``, ``dtype``, ``profile`` (None and version 0 for an empty channel)."""
+    ``age_s`` (seconds since ``time``), ``who``, ``action``, ``dtype``, ``profile``, ``rolled_back`` (the
+    release was rolled back from some channel before: :func:`rollbacks_of`) (None, version 0 and
+    ``rolled_back`` False for an empty channel)."""
     now = _dt.datetime.now(_dt.timezone.utc)
     rows = []
     for m in models:
@@ -232,9 +288,10 @@ def channel_rows(store: ArtifactStore, settings: ReleaseSettings, models: Iterab
             rel = find_release(store, m, p.release) if p else None
             rows.append({"model": m, "channel": c, "release": p.release if p else None,
                          "version": p.version if p else 0, "time": p.time if p else None,
-                         "age": age(p.time, now) if p else None, "who": p.who if p else None,
+                         "age_s": seconds_since(p.time, now) if p else None, "who": p.who if p else None,
                          "action": p.action if p else None,
-                         "dtype": rel.dtype if rel else None, "profile": rel.profile if rel else None})
+                         "dtype": rel.dtype if rel else None, "profile": rel.profile if rel else None,
+                         "rolled_back": bool(p and rollbacks_of(store, settings, m, p.release))})
     return rows
 
 
@@ -243,8 +300,10 @@ __all__ = [
     "PromotionRefused",
     "channel_rows",
     "check_channel",
+    "check_waivers",
     "missing_artifacts",
     "promote",
     "release_stack",
     "rollback",
+    "rollbacks_of",
 ]

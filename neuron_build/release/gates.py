@@ -1,5 +1,5 @@
 """The seven promotion gates, evaluated in :data:`GATES` order: channel order, validation, artifact count, op
-count, p99 latency, compile-time p95 and the serving toolchain.
+count, latency, compile-time p95 and the serving toolchain.
 
 The validation and latency gates read stored results; result records live beside artifacts
 (:meth:`neuron_build.store.contract.ArtifactStore.put_result`), never in the key:
@@ -7,8 +7,13 @@ The validation and latency gates read stored results; result records live beside
 - ``results/<key>/validation/<device kind>.json``: ``{"verdict": "pass" | "fail" | "not_validated",
   "reason": str | None, "device_kind": str, "outputs": [{"name", "max_abs_error", "rel_l2_error",
   "cosine_similarity", "tolerance", "pass"}], ...}``
-- ``results/<key>/bench/<device kind>--<host>.json``: ``{"device_kind": str, "host": str,
-  "latency_ms": {"p50", "p90", "p99", "mean"}, "throughput_per_s": float, "iters": int, ...}``
+- ``results/<key>/bench/<device kind>--<host>.json``: ``{"format": 2, "device_kind": str, "host": str,
+  "host_class": str, "session": str, "settings": {"threads", "timing", "warmup", "sync"}, "time": str,
+  "latency_ms": {"p50", "p90", "p99", "mean", ...}, "median_ci_ms": [low, high], "samples_ms": [float],
+  "throughput_per_s": float, "iters": int, ...}`` (:func:`neuron_build.evaluate.bench.bench_targets`)
+
+A gate's verdict is one word of :class:`neuron_build.status.Verdict`: ``pass``, ``fail`` or ``waived`` (a
+failed gate let through by ``promote --waive GATE --reason TEXT``, recorded in the channel's history).
 
 Device kinds: ``cpu``, ``cuda``, ``neuron``.
 """
@@ -23,31 +28,133 @@ from neuron_build.project.config import ReleaseSettings
 from neuron_build.release.records import Release, get_pointer
 from neuron_build.status import Verdict
 from neuron_build.store.contract import ArtifactStore, RecordStore, ReleaseStore
-from neuron_build.util import percentile
+from neuron_build.util import percentile, ratio_ci
 
 #: The order in which promotion gates are evaluated and reported.
-GATES = ("channel_order", "validated", "artifact_count", "op_count", "p99_latency", "compile_time_p95",
+GATES = ("channel_order", "validated", "artifact_count", "op_count", "latency", "compile_time_p95",
          "serving_toolchain")
 
 
 @dataclass(frozen=True)
 class GateCheck:
-    """One gate's verdict: ``passed``, the figures it was decided on, and a one-line message."""
+    """One gate's verdict: ``passed``, the figures it was decided on, and a one-line message.
+
+    ``waived``: the gate failed and was let through with a recorded reason (``passed`` is then True).
+    """
 
     name: str
     passed: bool
     message: str
     figures: dict[str, Any] = field(default_factory=dict)
+    waived: bool = False
+
+    @property
+    def verdict(self) -> Verdict:
+        """``pass``, ``fail`` or ``waived``."""
+        return Verdict.WAIVED if self.waived else (Verdict.PASS if self.passed else Verdict.FAIL)
 
     def to_json(self) -> dict[str, Any]:
-        """``{"name", "passed", "message", "figures"}``, as promotions record it in the history."""
-        return {"name": self.name, "passed": self.passed, "message": self.message, "figures": self.figures}
+        """``{"name", "verdict", "passed", "message", "figures"}``, as promotions record it in the history."""
+        return {"name": self.name, "verdict": str(self.verdict), "passed": self.passed, "message": self.message,
+                "figures": self.figures}
+
+
+def bench_results(store: RecordStore, key: str, device_kind: str) -> list[dict[str, Any]]:
+    """Every stored benchmark of ``key`` on ``device_kind`` (one per host), newest first."""
+    rows = [r for name, r in store.results(key, "bench").items() if name.split("--")[0] == device_kind]
+    return sorted(rows, key=lambda r: r.get("time", ""), reverse=True)
 
 
 def bench_result(store: RecordStore, key: str, device_kind: str) -> dict[str, Any] | None:
     """The newest benchmark of ``key`` on ``device_kind`` (any host), or None."""
-    rows = [r for name, r in store.results(key, "bench").items() if name.split("--")[0] == device_kind]
-    return max(rows, key=lambda r: r.get("time", "")) if rows else None
+    rows = bench_results(store, key, device_kind)
+    return rows[0] if rows else None
+
+
+def comparable(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """Why two benchmark records cannot be compared (None: they can): both must keep their samples
+    (format 2), and have the same device kind, host class and settings (threads, timing, warm-up, sync)."""
+    for r in (a, b):
+        if not r.get("samples_ms"):
+            return f"the benchmark of {r.get('target')} from {r.get('time')} keeps no samples; run `neuron-build bench` again"
+    for f in ("device_kind", "host_class", "settings"):
+        if a.get(f) != b.get(f):
+            return f"benchmarked with different {f.replace('_', ' ')}: {a.get(f)} vs {b.get(f)}"
+    return None
+
+
+def pick_pair(cands: list[dict[str, Any]], bases: list[dict[str, Any]]) -> tuple[dict, dict] | str:
+    """The benchmarks to compare, newest first: a candidate and a baseline from the same session when
+    there is one (timed together in rounds: the same host load), else the newest comparable pair.
+    Returns the pair, or why there is none."""
+    if not cands or not bases:
+        return "no benchmark of the " + ("candidate" if not cands else "baseline") + " on this device kind"
+    for c in cands:
+        for b in bases:
+            if c.get("session") and c.get("session") == b.get("session") and comparable(c, b) is None:
+                return c, b
+    why = ""
+    for c in cands:
+        for b in bases:
+            why = comparable(c, b) or ""
+            if not why:
+                return c, b
+    return why
+
+
+def latency_gate(store: RecordStore, keys: dict[str, str], baseline: dict[str, str] | None, device_kind: str,
+                 max_ratio: float = 1.3, confidence: float = 0.95) -> GateCheck:
+    """Is each bucket's median latency at most ``max_ratio`` times the baseline's, beyond reasonable doubt?
+
+    Per bucket: the candidate's and the baseline's benchmarks on ``device_kind`` (:func:`pick_pair`: the
+    same session when possible, else the same host class and settings), the ratio of their median
+    latencies and its confidence interval at ``confidence`` (:func:`neuron_build.util.ratio_ci`:
+    distribution-free, from order statistics). The gate refuses only when the interval's lower bound
+    exceeds ``max_ratio``: a slowdown measured as certain, not the noise of a busy host. The median, not
+    p99: on a shared host p99 is set by other processes (seen 10-25x p50 on 2 cores).
+
+    Args:
+        keys: bucket id -> key of the candidate release.
+        baseline: bucket id -> key of the release now in the channel (None: nothing to compare with).
+        max_ratio: the largest allowed candidate / baseline median latency.
+
+    Buckets without comparable benchmarks on both sides are listed in ``not_compared`` with why, and do
+    not fail the gate.
+    """
+    if not baseline:
+        return GateCheck("latency", True, "no baseline release to compare with", {"max_ratio": max_ratio})
+    rows: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, str] = {}
+    for b, key in keys.items():
+        base_key = baseline.get(b)
+        if not base_key:
+            skipped[b] = "the baseline release has no such bucket"
+            continue
+        pair = pick_pair(bench_results(store, key, device_kind), bench_results(store, base_key, device_kind))
+        if isinstance(pair, str):
+            skipped[b] = pair
+            continue
+        c, base = pair
+        r, lo, hi = ratio_ci(c["samples_ms"], base["samples_ms"], confidence)
+        rows[b] = {"ratio": round(r, 4), "ratio_low": round(lo, 4), "ratio_high": round(hi, 4),
+                   "candidate_median_ms": c["latency_ms"]["p50"], "baseline_median_ms": base["latency_ms"]["p50"],
+                   "candidate_samples": len(c["samples_ms"]), "baseline_samples": len(base["samples_ms"]),
+                   "same_session": c.get("session") == base.get("session"), "host_class": c.get("host_class")}
+    figures = {"buckets": rows, "max_ratio": max_ratio, "confidence": confidence, "statistic": "median",
+               "not_compared": skipped}
+    worst = max(rows.items(), key=lambda kv: kv[1]["ratio_low"]) if rows else None
+    if worst and worst[1]["ratio_low"] > max_ratio:
+        b, w = worst
+        return GateCheck("latency", False, f"{b} median latency is {w['ratio']:.2f}x the baseline's "
+                         f"({confidence:.0%} interval {w['ratio_low']:.2f}-{w['ratio_high']:.2f}x; allowed "
+                         f"{max_ratio:.2f}x)", figures)
+    if not worst:
+        return GateCheck("latency", True, "no comparable benchmarks"
+                         + (f" ({'; '.join(f'{b}: {w}' for b, w in skipped.items())})" if skipped else ""), figures)
+    top = max(rows.items(), key=lambda kv: kv[1]["ratio"])
+    return GateCheck("latency", True, f"worst median ratio {top[1]['ratio']:.2f}x ({top[0]}, {confidence:.0%} "
+                     f"interval {top[1]['ratio_low']:.2f}-{top[1]['ratio_high']:.2f}x), allowed {max_ratio:.2f}x",
+                     figures)
 
 
 def validation_gate(store: RecordStore, keys: dict[str, str], device_kind: str) -> GateCheck:
@@ -73,40 +180,6 @@ def validation_gate(store: RecordStore, keys: dict[str, str], device_kind: str) 
                          {"passed": len(ok), "failed": len(failed), "not_validated": len(missing)})
     return GateCheck("validated", True, f"{len(ok)} artifact(s) passed validation on {device_kind}",
                      {"passed": len(ok)})
-
-
-def latency_gate(store: RecordStore, keys: dict[str, str], baseline: dict[str, str] | None, device_kind: str,
-                 max_ratio: float = 1.3) -> GateCheck:
-    """Is each artifact's p99 latency within ``max_ratio`` times the baseline's for the same target?
-
-    Args:
-        keys: target id -> key of the candidate release.
-        baseline: target id -> key of the release now in the channel (None: nothing to compare with).
-        max_ratio: the largest allowed candidate p99 / baseline p99.
-
-    Targets without a baseline or without benchmarks on both sides are listed in the figures and do not
-    fail the gate.
-    """
-    if not baseline:
-        return GateCheck("p99_latency", True, "no baseline release to compare with", {})
-    ratios: dict[str, float] = {}
-    skipped: list[str] = []
-    for tid, key in keys.items():
-        base_key = baseline.get(tid)
-        cand = bench_result(store, key, device_kind)
-        base = bench_result(store, base_key, device_kind) if base_key else None
-        if not cand or not base:
-            skipped.append(tid)
-            continue
-        ratios[tid] = round(cand["latency_ms"]["p99"] / base["latency_ms"]["p99"], 3)
-    worst = max(ratios.items(), key=lambda kv: kv[1]) if ratios else None
-    figures = {"ratios": ratios, "max_ratio": max_ratio, "not_compared": skipped}
-    if worst and worst[1] > max_ratio:
-        return GateCheck("p99_latency", False, f"{worst[0]} p99 is {worst[1]:.2f}x the baseline's "
-                         f"(allowed {max_ratio:.2f}x)", figures)
-    msg = (f"worst p99 ratio {worst[1]:.2f}x ({worst[0]}), allowed {max_ratio:.2f}x" if worst
-           else "no benchmarks to compare")
-    return GateCheck("p99_latency", True, msg, figures)
 
 
 def order_gate(settings: ReleaseSettings, store: ReleaseStore, model: str, to: str, from_channel: str | None,
@@ -223,49 +296,68 @@ def serving_toolchain_gate(release: Release, settings: ReleaseSettings, channel:
                      f"as channel '{channel}' serves", figures)
 
 
+#: Gates ``promote --waive`` may let through (channel order is the pipeline's shape: see ``allow_skip``).
+WAIVABLE = tuple(g for g in GATES if g != "channel_order")
+
+
+def waive(check: GateCheck, reason: str) -> GateCheck:
+    """A failed gate let through: passed, verdict ``waived``, the reason in its message and figures."""
+    return GateCheck(check.name, True, f"waived ({reason}): {check.message}",
+                     {**check.figures, "waived": True, "waiver_reason": reason}, waived=True)
+
+
 def evaluate_gates(store: ArtifactStore, settings: ReleaseSettings, release: Release, to: str,
                    from_channel: str | None, baseline: Release | None, device_kind: str,
-                   allow_unvalidated: bool = False) -> list[GateCheck]:
+                   allow_unvalidated: bool = False, waivers: dict[str, str] | None = None) -> list[GateCheck]:
     """Every gate of a promotion of ``release`` into ``to``, in :data:`GATES` order.
 
     Args:
         baseline: the release ``to`` holds now (None: the channel is empty).
-        device_kind: where ``to`` is served: validation and p99 results are read for it.
+        device_kind: where ``to`` is served: validation and latency results are read for it.
         allow_unvalidated: a failed validation gate passes, marked ``overridden`` in its figures.
+        waivers: gate name -> the reason it may fail (:data:`WAIVABLE`); a failed gate named here passes
+            with verdict ``waived`` (:func:`waive`). A passing gate is not affected.
     """
+    waivers = dict(waivers or {})
     val = validation_gate(store, release.keys, device_kind)
     if not val.passed and allow_unvalidated:
         val = GateCheck("validated", True, f"overridden by --allow-unvalidated ({val.message})",
-                        {**val.figures, "overridden": True, "device_kind": device_kind})
+                        {**val.figures, "overridden": True, "device_kind": device_kind}, waived=True)
     else:
         val = GateCheck(val.name, val.passed, val.message, {**val.figures, "device_kind": device_kind})
     cand_b = {b: v["key"] for b, v in _by_bucket(release).items()}
     base_b = {b: v["key"] for b, v in _by_bucket(baseline).items()} or None
-    return [
+    checks = [
         order_gate(settings, store, release.model, to, from_channel, release.id),
-    val,
+        val,
         artifact_count_gate(release, settings.max_artifacts_per_model),
         op_count_gate(release, baseline, settings.max_op_count_regression),
-        latency_gate(store, cand_b, base_b, device_kind, settings.max_p99_ratio),
+        latency_gate(store, cand_b, base_b, device_kind, settings.max_latency_ratio, settings.latency_confidence),
         compile_time_gate(release, settings.max_compile_time_p95_s),
         serving_toolchain_gate(release, settings, to),
     ]
+    return [waive(g, waivers[g.name]) if not g.passed and g.name in waivers else g for g in checks]
 
 
 def format_gates(gates: Iterable[GateCheck | dict[str, Any]]) -> str:
-    """One line per gate: ``PASS name: message`` (or ``FAIL``); gates as :class:`GateCheck` or its JSON."""
+    """One line per gate: ``PASS name: message`` (``FAIL``, ``WAIVED``); gates as :class:`GateCheck` or its
+    JSON."""
     lines = []
     for g in gates:
         d = g.to_json() if isinstance(g, GateCheck) else g
-        lines.append(f"  {'PASS' if d['passed'] else 'FAIL'} {d['name']}: {d['message']}")
+        word = str(d.get("verdict") or ("pass" if d["passed"] else "fail")).upper()
+        lines.append(f"  {word} {d['name']}: {d['message']}")
     return "\n".join(lines)
-
-
 __all__ = [
     "GATES",
     "GateCheck",
     "artifact_count_gate",
+    "WAIVABLE",
     "bench_result",
+    "bench_results",
+    "comparable",
+    "pick_pair",
+    "waive",
     "compile_time_gate",
     "evaluate_gates",
     "format_gates",

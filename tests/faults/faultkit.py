@@ -177,7 +177,7 @@ def verify(cfg: Path, deep: bool = True, repair: bool = False) -> tuple[int, dic
 def plan_states(cfg: Path) -> dict[str, str]:
     r = run_cli("plan", "--json", "-c", str(cfg))
     assert r.returncode == 0, r.stderr
-    return {row["target"]: row["state"] for row in json.loads(r.stdout)}
+    return {row["target"]: row["state"] for row in json.loads(r.stdout)["targets"]}
 
 
 def workers_alive(marker: str) -> list[str]:

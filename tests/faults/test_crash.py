@@ -211,7 +211,7 @@ def test_sigkill_during_release_and_promotion_leaves_channels_consistent(tmp_pat
     r = run_cli("release", "quick", "-q", "-c", str(cfg0))
     assert r.returncode == 0, r.stderr
     r1 = r.stdout.strip()
-    r = run_cli("promote", "quick", r1, "--to", "dev", "--allow-unvalidated", "-c", str(cfg0))
+    r = run_cli("promote", "quick", r1, "--to", "dev", "--allow-unvalidated", "--reason", "crash test", "-c", str(cfg0))
     assert r.returncode == 0, r.stdout + r.stderr
     src = template / "quicklib" / "quick.py"
     src.write_text(src.read_text() + "\n# v2\n")

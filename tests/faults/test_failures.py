@@ -72,7 +72,7 @@ def test_failed_compiles_are_reported_remembered_retried_or_skipped(tmp_path):
     assert rc == 0 and rep["ok"] == 2  # only the two good artifacts are objects
 
     r = run_cli("plan", "--json", "-c", str(cfg))
-    rows = {row["target"]: row for row in json.loads(r.stdout)}
+    rows = {row["target"]: row for row in json.loads(r.stdout)["targets"]}
     for t, status in FAILING.items():
         assert rows[t]["state"] == "failed"
         assert rows[t]["failure"]["status"] == status
@@ -104,6 +104,6 @@ def test_failed_compiles_are_reported_remembered_retried_or_skipped(tmp_path):
     assert r.returncode == 1
     after = compile_counts(state)
     assert after["flaky/static/fp32/p"] == 4 and after["bad/static/fp32/p"] == 2
-    rows = {row["target"]: row for row in json.loads(run_cli("plan", "--json", "-c", str(cfg)).stdout)}
+    rows = {row["target"]: row for row in json.loads(run_cli("plan", "--json", "-c", str(cfg)).stdout)["targets"]}
     assert rows["flaky/static/fp32/p"]["failure"]["attempts_total"] == 4
     assert rows["bad/static/fp32/p"]["failure"]["attempts_total"] == 2

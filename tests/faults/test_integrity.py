@@ -197,7 +197,7 @@ def test_a_promoted_release_survives_damage_verify_rebuild_or_is_reported(tmp_pa
     assert run_cli("build", "-n", "2", *c).returncode == 0
     rel = {m: run_cli("release", m, "-q", *c).stdout.strip() for m in ("quick", "noisy")}
     for m, rid in rel.items():
-        r = run_cli("promote", m, rid, "--to", "dev", "--allow-unvalidated", *c)
+        r = run_cli("promote", m, rid, "--to", "dev", "--allow-unvalidated", "--reason", "not validated in tests", *c)
         assert r.returncode == 0, r.stderr
     store = LocalStore(cfg.parent / "artifacts")
     keys = keys_of(cfg)
@@ -234,7 +234,7 @@ def test_a_promoted_release_survives_damage_verify_rebuild_or_is_reported(tmp_pa
 
     new = run_cli("release", "noisy", "-q", *c).stdout.strip()
     assert new != rel["noisy"]
-    assert run_cli("promote", "noisy", new, "--to", "dev", "--allow-unvalidated", *c).returncode == 0
+    assert run_cli("promote", "noisy", new, "--to", "dev", "--allow-unvalidated", "--reason", "not validated in tests", *c).returncode == 0
     assert run_cli("pull", "noisy", "--channel", "dev", "--dest", str(tmp_path / "serve-noisy"), *c).returncode == 0
     rc, rep = verify(cfg, deep=True)
     assert rc == 1 and [b["pinned_by"] for b in rep["bad"]] == [[f"release noisy/{rel['noisy']}"]]  # no channel
@@ -281,7 +281,7 @@ def test_a_read_only_store_serves_plan_ls_show_verify_and_pull(built, shared_tmp
     t1, _, t3, _ = quick_ids(4)
     r = run_cli("release", "quick", "-q", "-c", str(cfg))
     rid = r.stdout.strip()
-    assert run_cli("promote", "quick", rid, "--to", "dev", "--allow-unvalidated", "-c", str(cfg)).returncode == 0
+    assert run_cli("promote", "quick", rid, "--to", "dev", "--allow-unvalidated", "--reason", "not validated in tests", "-c", str(cfg)).returncode == 0
     damaged = LocalStore(store_dir).path(layout.manifest_path(keys[t3]))
     damaged.write_text('{"key": "garb')
     give_to_user(cfg.parent)
