@@ -88,7 +88,7 @@ def remote_url(tmp_path: Path) -> str:
 def plan(cfg: Path) -> dict[str, dict]:
     r = run_cli("plan", "--json", "-c", str(cfg))
     assert r.returncode == 0, r.stderr
-    return {t["target"]: t for t in json.loads(r.stdout)}
+    return {t["target"]: t for t in json.loads(r.stdout)["targets"]}
 
 
 def test_a_second_checkout_compiles_nothing_and_fetch_makes_it_local(tmp_path, remote):
