@@ -1,4 +1,5 @@
-"""``neuron-build build [-n N] [--no-retry-failed] [PATTERN...]``: compile what the store lacks, through doit.
+"""``neuron-build build [-n N] [--executor local|dask] [--scheduler ADDR] [--no-retry-failed] [PATTERN...]``:
+compile what the store lacks, through doit on this host, or one Dask task per target on a cluster.
 
 Exit status: 0 when every selected target is in the store, 1 when one failed, 2 for a user error.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from neuron_build.cli.app import command, open_builder, plural
+from neuron_build.cli.app import command, display_note, open_builder, plural
 from neuron_build.errors import BuildFailed, ExitCode
 from neuron_build.status import TargetState
 
@@ -27,6 +28,10 @@ def register(add) -> None:
     """Add the ``build`` sub-command."""
     s = add("build", "compile the targets that are not in the store")
     s.add_argument("-n", "--jobs", type=_positive_int, default=1, help="compiles to run at once")
+    s.add_argument("--executor", choices=("local", "dask"), default=None,
+                   help="where compiles run (default: [build] executor, else local)")
+    s.add_argument("--scheduler", metavar="ADDR", default=None,
+                   help="Dask scheduler, e.g. tcp://host:8786 (default: [build] scheduler, else DASK_SCHEDULER_ADDRESS)")
     s.add_argument("--no-retry-failed", action="store_true",
                    help="skip targets whose current key failed last time (default: retry them)")
     s.add_argument("patterns", nargs="*", metavar="PATTERN", help="target id globs or model names")
@@ -83,10 +88,38 @@ def cmd_build(args) -> int:
     chosen = select(b.targets, args.patterns)
     before = {t.id: b.state(t) for t in chosen}
     b.keys.save()
+    cfg = b.project.config.build
+    if (args.executor or cfg.executor) == "dask":
+        return _build_on_dask(args, b, chosen, before)
     session = BuildSession(b, retry_failed=not args.no_retry_failed)
     rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=args.jobs)
     summary = summarize(b, chosen, before, session.outcomes)
     print(summary.text())
     if summary.failed or rc != 0:
+        raise BuildFailed(f"{len(summary.failed)} target(s) failed")
+    return ExitCode.OK
+
+
+def _build_on_dask(args, b, chosen, before) -> int:
+    """``build`` with the Dask executor: one task per target on the cluster, then the usual summary and the
+    workers that compiled."""
+    from neuron_build.build.dask_executor import DaskBuild, scheduler_address
+
+    cfg = b.project.config.build
+    address = scheduler_address(args.scheduler, cfg.scheduler, b.project.path)
+    run = DaskBuild(b, address, retry_failed=not args.no_retry_failed, report=display_note,
+                    connect_timeout_s=cfg.scheduler_timeout_s)
+    outcomes = run.run(chosen)
+    summary = summarize(b, chosen, before, outcomes)
+    print(summary.text())
+    per_worker: dict[str, int] = {}
+    for tid in summary.built:
+        w = run.workers.get(tid)
+        if w:
+            per_worker[w] = per_worker.get(w, 0) + 1
+    if per_worker:
+        print(f"compiled on {plural(len(per_worker), 'Dask worker')}: "
+              + ", ".join(f"{w} ({n})" for w, n in sorted(per_worker.items())))
+    if summary.failed:
         raise BuildFailed(f"{len(summary.failed)} target(s) failed")
     return ExitCode.OK

@@ -15,6 +15,8 @@ manifests, and a content-addressed store (``cas/``) of blobs by sha256::
     channels/<model>/<channel>.history/<entry>.json   one object per promotion, refusal and rollback
     leases/<key>.json                        who compiles a key now, across hosts (owner, expiry)
     quarantine/<name>.<token>/               damaged objects moved aside, with reason.txt (never served)
+    store-id.json                            the store's identity (a random id, written once), so hosts
+                                             can tell they see the same store (:mod:`neuron_build.store.identity`)
 
 Local-only areas (never pushed): ``staging/`` (artifacts being written), ``views/<key[:2]>/<key>/``
 (an artifact's blobs hard-linked under their file names, for loading), ``locks/`` (per-key file locks,
@@ -78,12 +80,16 @@ def history_dir(model: str, channel: str) -> str:
     return f"channels/{model}/{channel}.history"
 
 
+#: The store's identity object.
+STORE_ID_PATH = "store-id.json"
+
+
 def lease_path(key: str) -> str:
     """The cross-host compile lease of ``key``."""
     return f"leases/{key}.json"
 
 
 __all__ = [
-    "LOCAL_AREAS", "SHARED_AREAS", "blob_path", "channel_path", "history_dir", "is_digest", "lease_path",
+    "LOCAL_AREAS", "SHARED_AREAS", "STORE_ID_PATH", "blob_path", "channel_path", "history_dir", "is_digest", "lease_path",
     "log_path", "manifest_path", "release_path", "result_path", "target_path",
 ]

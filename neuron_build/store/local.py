@@ -414,6 +414,27 @@ class LocalStore:
         return out
 
     # -- builders that share the store ----------------------------------------------------------------
+    # -- ObjectIO (the minimum the Dask executor's store identity needs; issue 10 brings the full one) ----
+    def _object_file(self, path: str) -> Path:
+        """The file of the object at the relative POSIX ``path``.
+
+        Raises:
+            ValueError: ``path`` is absolute, empty or leaves the store (``..``).
+        """
+        parts = path.split("/")
+        if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"object path {path!r} is not a relative path inside the store")
+        return self.root.joinpath(*parts)
+
+    def put_object(self, path: str, data: bytes, create_only: bool = False) -> bool:
+        return write_atomic(self._object_file(path), data, create_only=create_only)
+
+    def get_object(self, path: str) -> bytes | None:
+        try:
+            return self._object_file(path).read_bytes()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+
     def key_lock(self, key: str, target: str = "", heartbeat_s: float = 15.0):
         from neuron_build.store.locks import KeyLock
         return KeyLock(self.root, key, target=target, heartbeat_s=heartbeat_s)
