@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import psutil
-from conftest import REPO
 
+REPO = Path(__file__).resolve().parent.parent
 DASK = str(Path(sys.executable).with_name("dask"))
 
 SLEEPY_MODEL = '''
@@ -115,9 +115,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def dask_env() -> dict[str, str]:
-    """The environment of the cluster's processes: this checkout first on PYTHONPATH."""
-    env = dict(os.environ)
+def dask_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of the cluster's processes (``base``, default ``os.environ``): this checkout first on
+    PYTHONPATH."""
+    env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env["DASK_DISTRIBUTED__WORKER__DAEMON"] = "False"
     env.pop("DASK_SCHEDULER_ADDRESS", None)
@@ -128,11 +129,13 @@ class DaskCluster:
     """A scheduler and workers as real processes (``dask scheduler`` / ``dask worker``) on 127.0.0.1.
 
     Workers run with ``--no-nanny`` (the worker process is the one a test kills) and one thread each
-    unless told otherwise. ``address`` is ``tcp://127.0.0.1:<port>``.
+    unless told otherwise. ``address`` is ``tcp://127.0.0.1:<port>``; ``env`` is the processes'
+    environment (default ``os.environ``), with this checkout first on PYTHONPATH.
     """
 
-    def __init__(self, log_dir: Path):
+    def __init__(self, log_dir: Path, env: dict[str, str] | None = None):
         self.log_dir = log_dir
+        self.env = dask_env(env)
         log_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
@@ -142,7 +145,7 @@ class DaskCluster:
 
     def _spawn(self, name: str, argv: list[str], prefix: list[str] | None = None) -> subprocess.Popen:
         out = open(self.log_dir / f"{name}.log", "ab")
-        return subprocess.Popen([*(prefix or []), *argv], stdout=out, stderr=subprocess.STDOUT, env=dask_env(),
+        return subprocess.Popen([*(prefix or []), *argv], stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
     def start_scheduler(self) -> None:
@@ -183,16 +186,19 @@ class DaskCluster:
         return [w for w in self.workers if w.poll() is None]
 
     def stop(self) -> None:
-        for p in [*self.workers, self.scheduler]:
-            if p is not None and p.poll() is None:
+        """SIGTERM every process, then SIGKILL what is still running after 3 s in all (tests need no
+        graceful shutdown: the workers hold nothing)."""
+        procs = [p for p in [*self.workers, self.scheduler] if p is not None]
+        for p in procs:
+            if p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)
-        for p in [*self.workers, self.scheduler]:
-            if p is not None:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(10)
+        end = time.monotonic() + 3
+        for p in procs:
+            try:
+                p.wait(max(end - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
 
 
 def _wait_port(port: int, timeout: float) -> None:

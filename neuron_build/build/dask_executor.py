@@ -224,7 +224,6 @@ def compile_task(job: dict[str, Any]) -> dict[str, Any]:
     from distributed import get_worker
 
     from neuron_build.build.local import CompileCancelled
-    from neuron_build.store.identity import store_id
 
     worker = get_worker()
     me = worker.address
@@ -252,8 +251,6 @@ def compile_task(job: dict[str, Any]) -> dict[str, Any]:
         out = b.build(target, retry_failed=job["retry_failed"])
     except CompileCancelled as e:
         return {**failed(str(e)), "status": "CANCELLED"}
-    if store_id(b.store, create=False) is None:  # the store vanished under us: say so, do not claim a build
-        return failed(f"the store {job['store']['location']} disappeared on Dask worker {me}")
     res = outcome_dict(out, me)
     if out.status == Status.TRANSIENT:
         raise TransientCompileError(res)
