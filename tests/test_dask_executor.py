@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -308,3 +309,50 @@ def test_progress_line():
     assert progress_line(BuildProgress(2, 2, eta_s=5)) == "2/2 done"
     assert (format_duration(42), format_duration(7260)) == ("42 s", "2h01m")
 
+
+
+class _Done:
+    """A finished future whose result raises ``exc`` (what ``as_completed`` hands back)."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+    def result(self):
+        raise self.exc
+
+
+def test_a_task_that_kept_failing_becomes_a_failed_outcome(tmp_path):
+    import pickle
+
+    from distributed import KilledWorker
+
+    from neuron_build.build.dask_executor import DaskBuild, TransientCompileError
+
+    b = builder(write_sleepy_project(tmp_path / "p", batches=(1,)))
+    t = b.targets[0]
+    run = DaskBuild(b, "tcp://127.0.0.1:1")
+    err = TransientCompileError({"target": t.id, "key": b.key(t).key, "status": "TRANSIENT", "compiled": True,
+                                 "reason": "exit status 70: transient tool failure", "metrics": {},
+                                 "worker": "tcp://w:1"})
+    again = pickle.loads(pickle.dumps(err))  # it travels from the worker to the client
+    assert again.outcome == err.outcome and str(again) == str(err)
+    out = run._collect(_Done(again), t)
+    assert (out.status, out.compiled) == ("TRANSIENT", True)
+    assert out.reason == "exit status 70: transient tool failure (tried 3 times)"  # transient_retries = 2
+    assert run.workers[t.id] == "tcp://w:1"
+    dead = run._collect(_Done(KilledWorker("neuron-build-x", SimpleNamespace(address="tcp://w:2"), 3)), t)
+    assert dead.status == "KILLED" and dead.reason.startswith("Dask task failed: KilledWorker")
+    assert not dead.ok
+
+
+def test_scheduler_address_precedence(monkeypatch):
+    from neuron_build.build.dask_executor import scheduler_address
+    from neuron_build.errors import UserError
+
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", "tcp://env:8786")
+    assert scheduler_address("tcp://cli:1", "tcp://cfg:2") == "tcp://cli:1"
+    assert scheduler_address(None, "tcp://cfg:2") == "tcp://cfg:2"
+    assert scheduler_address(None, None) == "tcp://env:8786"
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS")
+    with pytest.raises(UserError, match=r"b\.toml: executor dask needs a scheduler"):
+        scheduler_address(None, None, "b.toml")
