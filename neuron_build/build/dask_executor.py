@@ -311,7 +311,11 @@ class DaskBuild:
             return self.outcomes
         client = connect(self.address, self.connect_timeout_s)
         try:
-            ident = store_id(open_spec(spec))
+            try:
+                ident = store_id(open_spec(spec))
+            except (OSError, ValueError) as e:
+                raise UserError(f"cannot read or write the identity of the store {spec.location} ({e}); the Dask "
+                                f"executor needs a store it can write, or build here with --executor local") from None
             workers = check_workers(client, spec, ident, self.address, self.connect_timeout_s)
             self._submit_and_collect(client, todo, spec, ident, workers)
         finally:
@@ -320,8 +324,8 @@ class DaskBuild:
 
     def _job(self, t: Target, spec: StoreSpec, ident: str, build_id: str) -> dict[str, Any]:
         b = self.b
-        return {"config": str(Path(b.project.path).resolve()), "target": t.id, "key": b.key(t).key, "backend": b.keys.backend,
-                "store": {"location": spec.location, "options": spec.options}, "store_id": ident,
+        return {"config": str(Path(b.project.path).resolve()), "target": t.id, "key": b.key(t).key,
+                "backend": b.keys.backend, "store": {"location": spec.location, "options": spec.options}, "store_id": ident,
                 "retry_failed": self.retry_failed, "build_id": build_id, "scheduler": self.address}
 
     def _resources(self, t: Target, workers: dict) -> dict[str, float] | None:
