@@ -116,6 +116,7 @@ def shipped(tmp: Path) -> dict:
                         "build", "-n", "2"], env=env, capture_output=True, text=True, timeout=3600)
     out["local_n2"] = {"wall_s": round(time.monotonic() - t0, 1), "rc": r.returncode,
                        "summary": _summary(r.stdout)}
+    print(json.dumps({"partial": out}), file=sys.stderr, flush=True)  # kept if the second half is cut short
     cluster = DaskCluster(tmp / "cluster2", env=env)
     cluster.start_scheduler()
     try:
