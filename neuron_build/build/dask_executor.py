@@ -64,17 +64,16 @@ class StoreSpec:
 def shared_store_spec(project: Any) -> StoreSpec:
     """The store Dask workers publish into: ``[build] remote`` with its ``remote_options`` when the project
     has a remote store, else ``[build] store`` (an absolute folder path)."""
-    cfg = project.config.build
-    remote = getattr(cfg, "remote", None)
+    remote = project.remote_url()
     if remote:
-        return StoreSpec(str(remote), dict(getattr(cfg, "remote_options", None) or {}))
+        return StoreSpec(str(remote), dict(project.config.build.remote_options or {}))
     return StoreSpec(project.store_url(), {})
 
 
 def open_spec(spec: StoreSpec):
     """The store of ``spec`` (through :func:`neuron_build.store.open_store`)."""
     from neuron_build.store import open_store
-    return open_store(spec.location, spec.options) if spec.options else open_store(spec.location)
+    return open_store(spec.location, options=spec.options or None)
 
 
 def probe_store(location: str, options: dict[str, Any], expected_id: str) -> str | None:
