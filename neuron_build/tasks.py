@@ -125,6 +125,10 @@ def _load_builder() -> Builder:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(exit_code(e))
     configure(project.state_dir / "build.log")
+    if project.config.build.executor == "dask":
+        from neuron_build.log import get_logger
+        get_logger().warning("doit build compiles on this host; `neuron-build build` sends compiles to the Dask "
+                             "cluster ([build] executor = \"dask\")")
     return Builder(project)
 
 

@@ -43,6 +43,7 @@ from neuron_build.project.toolchain import announce_backend, neuron_status
 from neuron_build.status import DOWNLOADED, BuildResult, Status, TargetState
 from neuron_build.store import cached_store, ledger
 from neuron_build.store import failures as kept_failures
+from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.locks import GB
 from neuron_build.store.manifest import Manifest, Metrics, is_log_name
 from neuron_build.store.records import FailureRecord, TargetRecord
@@ -81,20 +82,32 @@ class Builder:
         backend: override ``[build] backend`` (tests, CLI).
         executor: runs each compile; default a :class:`~neuron_build.build.local.LocalExecutor` with the
             project's ``[build] timeout_s`` and ``heartbeat_s``.
+        store: the store to build into; default the project's (``cached_store(...)`` of ``[build] store`` and ``remote``). A
+            Dask worker passes the shared store it opened from the client's location.
+        host_memory: reserve each compile's expected peak in the host-memory budget (``[build]
+            max_host_memory_gb``); False where something else bounds memory (Dask resources).
+        transient_retries: override ``[build] transient_retries`` (a Dask worker passes 0: Dask retries).
+        provenance: extra fields recorded in every manifest this builder writes, e.g. ``{"executor":
+            "dask", "worker": "tcp://10.0.0.5:40123"}`` (informational, never in the key).
     """
 
-    def __init__(self, project: Project, backend: str | None = None, executor: Executor | None = None):
+    def __init__(self, project: Project, backend: str | None = None, executor: Executor | None = None,
+                 store: ArtifactStore | None = None, host_memory: bool = True, transient_retries: int | None = None,
+                 provenance: dict[str, Any] | None = None):
         self.project = project
-        self.store = cached_store(project.store_url(), project.remote_url(), project.config.build.remote_options)
+        self.store = store if store is not None else cached_store(project.store_url(), project.remote_url(),
+                                                                 project.config.build.remote_options)
         self.planner = Planner(project, self.store, backend=backend)
         self.keys = self.planner.keys
         self.targets = self.planner.targets
         self.by_id = self.planner.by_id
         cfg = project.config.build
-        mem = cfg.max_host_memory_gb
+        mem = cfg.max_host_memory_gb if host_memory else None
         self.memory = self.store.memory_budget(int(mem * GB) if mem is not None else None,
                                                heartbeat_s=cfg.heartbeat_s)
         self.executor: Executor = executor if executor is not None else LocalExecutor(cfg.timeout_s, cfg.heartbeat_s)
+        self.transient_retries = cfg.transient_retries if transient_retries is None else transient_retries
+        self.provenance = {"executor": "local", **(provenance or {})}
         self._toolchain_problem: str | None | bool = False  # False: not checked yet
 
     def announce_backend(self) -> None:
@@ -213,7 +226,7 @@ class Builder:
     def _build_locked(self, ctx: BuildContext) -> Outcome:
         """Compile (holding the key's lock), retrying transient failures. What changed since the target's
         last build is taken before the first attempt (for the ledger)."""
-        retries = self.project.config.build.transient_retries
+        retries = self.transient_retries
         ctx = replace(ctx, changed=tuple(self.planner.changed(ctx.target)[0]))
         while True:
             ctx = replace(ctx, attempt=ctx.attempt + 1)
@@ -394,7 +407,7 @@ class Builder:
             profile=target.profile, backend=req.backend, hardware_target=req.hardware_target,
             key_details=ki.details, component_hashes=ki.hashes, files=files, logs=logs, metrics=Metrics(**metrics),
             toolchain={**ki.details["toolchain"], **extra_toolchain}, compiler=details, created=utc_now(),
-            host=socket.gethostname())
+            host=socket.gethostname(), **self.provenance)
         self.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last
 
     # -- the ledger and the kept failure workdirs ------------------------------------------------------

@@ -6,8 +6,10 @@ reported as data (:class:`CompileRun`) and the artifact's files in the request's
 classifies, records or publishes anything: that is the builder's job (:mod:`neuron_build.build.attempt`,
 :mod:`neuron_build.build.builder`).
 
-Today's implementation is :class:`neuron_build.build.local.LocalExecutor` (a supervised subprocess on this
-host).
+The implementation is :class:`neuron_build.build.local.LocalExecutor` (a supervised subprocess on this
+host). The Dask executor (:mod:`neuron_build.build.dask_executor`) sits one level up, because its workers
+publish straight into the shared store: it sends the whole build of a target (key lock, compile, publish) to
+a Dask worker, where a :class:`~neuron_build.build.builder.Builder` runs it through a ``LocalExecutor``.
 """
 
 from __future__ import annotations

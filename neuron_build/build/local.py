@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,11 @@ PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 POLL_S = 0.2
 
 
+class CompileCancelled(Exception):
+    """The compile was stopped because whoever asked for it no longer wants it (a cancelled Dask task);
+    its worker's process group was killed and nothing of it is published."""
+
+
 class LocalExecutor:
     """Runs the worker as a subprocess of this process and supervises it.
 
@@ -36,11 +42,14 @@ class LocalExecutor:
         timeout_s: wall-time limit of one compile, seconds; past it the worker's process group is
             SIGKILLed and the run comes back with ``timed_out`` True.
         heartbeat_s: how often a ``still compiling`` event (elapsed seconds, peak MiB) is logged, seconds.
+        should_stop: polled every 0.2 s while the worker runs (optional); when it returns True the
+            worker's process group is SIGKILLed and :class:`CompileCancelled` is raised.
     """
 
-    def __init__(self, timeout_s: float, heartbeat_s: float):
+    def __init__(self, timeout_s: float, heartbeat_s: float, should_stop: Callable[[], bool] | None = None):
         self.timeout_s = timeout_s
         self.heartbeat_s = heartbeat_s
+        self.should_stop = should_stop
 
     def run(self, request: CompileRequest, work_dir: Path, log: Any) -> CompileRun:
         """Write ``request.json`` into ``work_dir``, run the worker on it with its output in ``worker.log``
@@ -51,6 +60,7 @@ class LocalExecutor:
 
         Raises:
             OSError: writing the request or the log failed, or the worker could not be started.
+            CompileCancelled: ``should_stop`` said so; the worker is dead.
         """
         (work_dir / "request.json").write_text(json.dumps(request.to_json(), indent=2))
         _prctl()  # loaded here, before the fork
@@ -79,12 +89,17 @@ class LocalExecutor:
                         _kill_group(proc.pid)
                         _, status, ru = os.wait4(proc.pid, 0)
                         break
+                    if self.should_stop is not None and self.should_stop():
+                        log.warning("compile cancelled", elapsed_s=round(now - t0, 1))
+                        raise CompileCancelled(f"compile of {request.target} cancelled after {now - t0:.1f} s")
                     if now >= next_beat:
                         log.info("still compiling", elapsed_s=round(now - t0), peak_rss_mb=round(peak / 2**20))
                         next_beat = now + self.heartbeat_s
                     time.sleep(POLL_S)
             except BaseException:
                 _kill_group(proc.pid)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(proc.pid, 0)  # reap it: no zombie left behind
                 raise
         proc.returncode = os.waitstatus_to_exitcode(status) if status is not None else None
         _kill_group(proc.pid)  # stray grandchildren
@@ -193,4 +208,4 @@ def _compiler_log(work_dir: Path, rel: str | None) -> bytes | None:
         return None
 
 
-__all__ = ["PACKAGE_PARENT", "LocalExecutor"]
+__all__ = ["PACKAGE_PARENT", "CompileCancelled", "LocalExecutor"]

@@ -36,3 +36,21 @@ def expected_peak(store: ArtifactStore, model: str, bucket_id: str, default_byte
     if best is None:
         return PeakEstimate(int(default_bytes), "default_compile_memory_gb")
     return PeakEstimate(best[1], best[2])
+
+
+def expected_compile_time(store: ArtifactStore, model: str, bucket_id: str) -> float | None:
+    """The last recorded compile wall time of ``model`` at ``bucket_id`` (any dtype and profile), seconds:
+    the ``metrics.compile_time_s`` of the bucket's stored artifacts, else the ``compile_time_s`` of its
+    failure records; the most recent one wins. None when nothing was recorded (an ETA then uses the mean
+    of the targets that have one)."""
+    best: tuple[str, float] | None = None
+    for rec in store.targets(model, bucket_id):
+        man = store.manifest(rec.key)
+        t = man.metrics.compile_time_s if man is not None else None
+        if isinstance(t, (int, float)) and t > 0 and (best is None or str(man.created) > best[0]):
+            best = (str(man.created), float(t))
+    for fail in store.failures(model, bucket_id):
+        t = fail.compile_time_s
+        if isinstance(t, (int, float)) and t > 0 and (best is None or fail.time > best[0]):
+            best = (fail.time, float(t))
+    return best[1] if best else None

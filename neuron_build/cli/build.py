@@ -1,4 +1,5 @@
-"""``neuron-build build [-n N] [--no-retry-failed] [PATTERN...]``: compile what the store lacks, through doit.
+"""``neuron-build build [-n N] [--executor local|dask] [--scheduler ADDR] [--no-retry-failed] [PATTERN...]``:
+compile what the store lacks, through doit on this host, or one Dask task per target on a cluster.
 
 Exit status: 0 when every selected target is in the store, 1 when one failed, 2 for a user error.
 """
@@ -29,6 +30,10 @@ def register(add) -> None:
     s = add("build", "compile the targets that are not in the store")
     s.add_argument("-n", "--jobs", type=_positive_int, default=None,
                    help="compiles to run at once (default: one per CPU, bounded by the host-memory budget)")
+    s.add_argument("--executor", choices=("local", "dask"), default=None,
+                   help="where compiles run (default: [build] executor, else local)")
+    s.add_argument("--scheduler", metavar="ADDR", default=None,
+                   help="Dask scheduler, e.g. tcp://host:8786 (default: [build] scheduler, else DASK_SCHEDULER_ADDRESS)")
     s.add_argument("--no-retry-failed", action="store_true",
                    help="skip targets whose current key failed last time (default: retry them)")
     s.add_argument("--json", action="store_true",
@@ -122,6 +127,9 @@ def cmd_build(args) -> int:
     chosen = select(b.targets, args.patterns)
     before = {t.id: b.state(t) for t in chosen}
     b.keys.save()
+    cfg = b.project.config.build
+    if (args.executor or cfg.executor) == "dask":
+        return _build_on_dask(args, b, chosen, before)
     session = BuildSession(b, retry_failed=not args.no_retry_failed)
     todo = sum(before[t.id] != TargetState.CACHED for t in chosen)
     jobs = args.jobs or min(b.default_jobs(), max(1, todo))  # no runner threads for nothing to do
@@ -129,12 +137,14 @@ def cmd_build(args) -> int:
     rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=jobs,
                      outstream=sys.stderr if args.json else None)  # with --json, stdout holds only the JSON
     summary = summarize(b, chosen, before, session.outcomes)
-    if args.json:
-        print_json({"targets": summary.rows, "built": len(summary.built), "cached": summary.cached,
-                    "failed": len(summary.failed), "verdict": "fail" if summary.failed or rc != 0 else "pass"})
-        return ExitCode.FAILED if summary.failed or rc != 0 else ExitCode.OK
-    print(summary.text())
     unpushed = [k for k, _ in getattr(b.store, "push_failures", ())]
+    if args.json:
+        bad = bool(summary.failed or unpushed or rc != 0)
+        print_json({"targets": summary.rows, "built": len(summary.built), "cached": summary.cached,
+                    "failed": len(summary.failed), "not_pushed": sorted(set(unpushed)),
+                    "verdict": "fail" if bad else "pass"})
+        return ExitCode.FAILED if bad else ExitCode.OK
+    print(summary.text())
     if unpushed:
         print(f"  NOT PUSHED {plural(len(set(unpushed)), 'artifact')} to {b.store.remote_location}: "
               f"{b.store.push_failures[0][1]}; they stay in the local store and the next build (or "
@@ -145,4 +155,29 @@ def cmd_build(args) -> int:
         raise BuildFailed(f"the push to {b.store.remote_location} failed")
     if rc != 0:
         raise BuildFailed("doit reported a failure")
+    return ExitCode.OK
+
+
+def _build_on_dask(args, b, chosen, before) -> int:
+    """``build`` with the Dask executor: one task per target on the cluster, then the usual summary and the
+    workers that compiled."""
+    from neuron_build.build.dask_executor import DaskBuild, scheduler_address
+
+    cfg = b.project.config.build
+    address = scheduler_address(args.scheduler, cfg.scheduler, b.project.path)
+    run = DaskBuild(b, address, retry_failed=not args.no_retry_failed, report=display_note,
+                    connect_timeout_s=cfg.scheduler_timeout_s)
+    outcomes = run.run(chosen)
+    summary = summarize(b, chosen, before, outcomes)
+    print(summary.text())
+    per_worker: dict[str, int] = {}
+    for tid in summary.built:
+        w = run.workers.get(tid)
+        if w:
+            per_worker[w] = per_worker.get(w, 0) + 1
+    if per_worker:
+        print(f"compiled on {plural(len(per_worker), 'Dask worker')}: "
+              + ", ".join(f"{w} ({n})" for w, n in sorted(per_worker.items())))
+    if summary.failed:
+        raise BuildFailed(f"{len(summary.failed)} target(s) failed")
     return ExitCode.OK

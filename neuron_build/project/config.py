@@ -48,6 +48,7 @@ INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
 Backend = Literal["auto", "neuron", "inductor", "torchscript"]
 NeuronTarget = Literal["trn1", "trn1n", "trn2", "inf2"]
 Device = Literal["cpu", "cuda"]
+Executor = Literal["local", "dask"]
 #: Where an artifact is validated, benchmarked and served (see :mod:`neuron_build.release.gates`).
 DeviceKind = Literal["cpu", "cuda", "neuron"]
 
@@ -81,6 +82,12 @@ class BuildSettings(_Frozen):
     bucket, else ``default_compile_memory_gb``. A compile waits while it would exceed the bound, and
     always runs when nothing else is running.
 
+    ``executor`` is where compiles run: ``local`` (worker subprocesses on this host, ``-n`` at once) or
+    ``dask`` (one task per target on the Dask distributed cluster whose scheduler is ``scheduler``, e.g.
+    ``tcp://build-sched:8786``; unset: Dask's own ``DASK_SCHEDULER_ADDRESS``). Dask workers publish
+    straight into the store, so it must be one every worker reaches at the same location.
+    ``scheduler_timeout_s`` is how long, in seconds, the client waits for the scheduler to answer and
+    for a first worker to join.
     ``store`` is the local store folder (relative to the config's folder), or a URL (``s3://bucket/prefix``)
     for a host that keeps no local copy. ``remote`` (a URL: ``s3://``, ``gs://``, ``file://``, any fsspec
     protocol) is a shared store the local one caches: a build looks up locally, then on the remote, and
@@ -99,6 +106,16 @@ class BuildSettings(_Frozen):
     state_dir: StrictStr = ".neuron-build"
     max_host_memory_gb: float | None = Field(default=None, gt=0, strict=False)
     default_compile_memory_gb: float = Field(default=4.0, gt=0, strict=False)
+    executor: Executor = "local"
+    scheduler: StrictStr | None = None
+    scheduler_timeout_s: float = Field(default=10.0, gt=0, strict=False)
+
+    @field_validator("scheduler")
+    @classmethod
+    def _scheduler(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[a-z][a-z0-9+.-]*://[^/\s]+$", v):
+            raise ValueError(f"{v!r} is not a scheduler address; give one such as \"tcp://build-sched:8786\"")
+        return v
     remote: StrictStr | None = None
     remote_options: dict[str, Any] = {}
 

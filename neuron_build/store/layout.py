@@ -20,6 +20,8 @@ manifests, and a content-addressed store (``cas/``) of blobs by sha256::
     failures/<target id>/<time>-<token>/...  kept workdirs of failed compiles (entry.json, request, logs,
                                              the compiler's workdir), bounded (:mod:`neuron_build.store.failures`)
     quarantine/<name>.<token>/               damaged objects moved aside, with reason.txt (never served)
+    store-id.json                            the store's identity (a random id, written once), so hosts
+                                             can tell they see the same store (:mod:`neuron_build.store.identity`)
 
 Local-only areas (never pushed): ``staging/`` (artifacts being written), ``views/<key[:2]>/<key>/``
 (an artifact's blobs hard-linked under their file names, for loading), ``locks/`` (per-key file locks,
@@ -90,6 +92,10 @@ def history_dir(model: str, channel: str) -> str:
     return f"channels/{model}/{channel}.history"
 
 
+#: The store's identity object.
+STORE_ID_PATH = "store-id.json"
+
+
 def lease_path(key: str) -> str:
     """The cross-host compile lease of ``key``."""
     return f"leases/{key}.json"
@@ -124,7 +130,7 @@ def failure_entry_path(target_id: str, entry: str, name: str = "entry.json") -> 
 
 
 __all__ = [
-    "FAILURES_DIR", "LEDGER_DIR", "LOCAL_AREAS", "SHARED_AREAS", "blob_path", "channel_path", "failure_entry_path",
+    "FAILURES_DIR", "LEDGER_DIR", "LOCAL_AREAS", "SHARED_AREAS", "STORE_ID_PATH", "blob_path", "channel_path", "failure_entry_path",
     "failures_dir", "history_dir", "imports_path", "is_digest", "lease_path", "ledger_day_dir", "ledger_path",
     "log_path", "manifest_path", "release_path", "result_path", "target_path",
 ]

@@ -1,0 +1,443 @@
+"""The Dask executor: one task per target on a Dask distributed cluster, each publishing straight into the
+shared store.
+
+``[build] executor = "dask"`` (or ``neuron-build build --executor dask``) with ``scheduler =
+"tcp://host:8786"`` (or ``--scheduler``, or Dask's ``DASK_SCHEDULER_ADDRESS``). The client (:class:`DaskBuild`)
+plans as a local build does, refuses to start unless every worker sees the same store, and submits one
+``Client.submit(compile_task, ..., pure=False)`` per target to compile, collected with
+``distributed.as_completed``. On the worker, :func:`compile_task` opens the store from its location, loads
+the project from the same config path (each worker host needs the checkout at that path: a shared mount or
+the same clone), checks it computes the same key, and runs the same :class:`~neuron_build.build.builder.Builder`
+as a local build: the key's store lock (so two clients never compile one key twice), the worker subprocess
+(:class:`~neuron_build.build.local.LocalExecutor`: timeout, peak memory, failure classes), staging, seal,
+publish, failure records. The manifest records ``executor = "dask"`` and the worker's address.
+
+Scheduling: when workers advertise a ``memory_gb`` resource (``dask worker ... --resources
+"memory_gb=N"``), each task asks for its expected peak (GB = 1e9 bytes; recorded peaks as for a local
+build, capped at the largest worker's figure), so a host is never asked for more than it has; plain
+workers run one compile per thread. A transient failure (exit status 70) raises :class:`TransientCompileError`
+on the worker, which Dask retries (``retries=[build] transient_retries``, possibly on another worker);
+deterministic failures are returned, never retried. A worker that dies mid-compile takes its compile
+subprocess with it (``PR_SET_PDEATHSIG``); its staging folder is never published, and the scheduler
+reschedules the task on another worker. A cancelled task (Ctrl-C on the client, or a client that went
+away) kills its compile within 0.2 s (the executor polls the worker's task state).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neuron_build.build.attempt import Outcome, as_status
+from neuron_build.build.peaks import expected_compile_time, expected_peak
+from neuron_build.build.progress import BuildProgress, estimate_eta, progress_line
+from neuron_build.errors import UserError
+from neuron_build.log import get_logger
+from neuron_build.project.matrix import Target
+from neuron_build.status import BuildResult, Status
+from neuron_build.store.locks import GB
+
+#: Seconds the client waits for the scheduler to answer, and for a first worker to join.
+CONNECT_TIMEOUT_S = 10.0
+#: Seconds between the client's looks at the cluster (finished tasks, who runs what).
+POLL_S = 0.5
+#: The Dask resource a compile host advertises (``--resources "memory_gb=N"``), GB.
+MEMORY_RESOURCE = "memory_gb"
+
+
+# -- where the workers publish ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StoreSpec:
+    """How a Dask worker opens the shared store: its location (a folder every worker mounts at this path,
+    or a remote URL) and the storage options passed to :func:`neuron_build.store.open_store`."""
+
+    location: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def shared_store_spec(project: Any) -> StoreSpec:
+    """The store Dask workers publish into: ``[build] remote`` with its ``remote_options`` when the project
+    has a remote store, else ``[build] store`` (an absolute folder path)."""
+    remote = project.remote_url()
+    if remote:
+        return StoreSpec(str(remote), dict(project.config.build.remote_options or {}))
+    return StoreSpec(project.store_url(), {})
+
+
+def open_spec(spec: StoreSpec):
+    """The store of ``spec`` (through :func:`neuron_build.store.open_store`)."""
+    from neuron_build.store import open_store
+    return open_store(spec.location, options=spec.options or None)
+
+
+def probe_store(location: str, options: dict[str, Any], expected_id: str) -> str | None:
+    """Run on a worker: None when the store at ``location`` is the client's (its ``store-id.json`` holds
+    ``expected_id``), else the one-clause reason it is not."""
+    from neuron_build.store.identity import store_id
+    try:
+        found = store_id(open_spec(StoreSpec(location, options)), create=False)
+    except Exception as e:  # unreachable, unreadable, not a store: all mean "cannot use it"
+        return f"cannot open it there ({type(e).__name__}: {e})"
+    if found is None:
+        return "that location holds no store-id.json there: it is another folder than the client's"
+    if found != expected_id:
+        return f"the store there has id {found}, the client's has {expected_id}: it is another store"
+    return None
+
+
+# -- connecting -------------------------------------------------------------------------------------------
+def scheduler_address(cli: str | None, configured: str | None, config_file: Any = "buckets.toml") -> str:
+    """The scheduler to use: ``--scheduler``, else ``[build] scheduler``, else ``DASK_SCHEDULER_ADDRESS``.
+
+    Raises:
+        UserError: none of them is set.
+    """
+    addr = cli or configured or os.environ.get("DASK_SCHEDULER_ADDRESS")
+    if not addr:
+        raise UserError(f"{config_file}: executor dask needs a scheduler: set scheduler = \"tcp://HOST:8786\" under "
+                        f"[build], pass --scheduler ADDR, or set DASK_SCHEDULER_ADDRESS (or build here with "
+                        f"--executor local)")
+    return addr
+
+
+def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S):
+    """A ``distributed.Client`` of the scheduler at ``address``.
+
+    Raises:
+        UserError: the scheduler did not answer within ``timeout_s`` seconds (one line, with the fix).
+    """
+    from distributed import Client
+    try:
+        return Client(address, timeout=timeout_s, set_as_default=False)
+    except Exception as e:  # OSError / TimeoutError / ValueError (a bad address), all "cannot reach"
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot reach the Dask scheduler at {address} ({why[:200]}); start it (dask scheduler), fix "
+                        f"[build] scheduler or --scheduler, or build on this host with --executor local") from None
+
+
+def check_workers(client: Any, spec: StoreSpec, ident: str, address: str, wait_s: float = CONNECT_TIMEOUT_S) -> dict:
+    """Wait for at least one worker, then check from every worker that the store is reachable and is the
+    client's store. Returns the scheduler's worker table (address -> info with ``nthreads``, ``resources``).
+
+    Raises:
+        UserError: no worker joined within ``wait_s`` seconds, or a worker sees another store (or none) at
+            the location; the message names the worker, the location and the fix.
+    """
+    try:
+        client.wait_for_workers(1, timeout=wait_s)
+    except Exception:
+        raise UserError(f"no Dask workers are connected to {address}; start some with "
+                        f"`dask worker {address} --nthreads 1` (or build here with --executor local)") from None
+    answers = client.run(probe_store, spec.location, spec.options, ident)
+    bad = {w: why for w, why in sorted(answers.items()) if why is not None}
+    if bad:
+        w, why = next(iter(bad.items()))
+        more = f" (and {len(bad) - 1} more workers)" if len(bad) > 1 else ""
+        raise UserError(f"the store {spec.location} is not reachable as the same store from Dask worker {w}{more}: "
+                        f"{why}; Dask workers publish straight into the store, so use a folder every worker mounts "
+                        f"at that path or a remote store ([build] remote), or build here with --executor local")
+    return dict(client.scheduler_info(n_workers=-1)["workers"])
+
+
+# -- on the worker ----------------------------------------------------------------------------------------
+class TransientCompileError(Exception):
+    """A compile failed with the transient exit status 70 on a worker: raised so that Dask retries the task
+    (``retries=``). ``outcome`` is the failed attempt's outcome as a dict (see :func:`outcome_dict`)."""
+
+    def __init__(self, outcome: dict[str, Any]):
+        super().__init__(f"{outcome.get('target')}: TRANSIENT: {outcome.get('reason')}")
+        self.outcome = outcome
+
+    def __reduce__(self):
+        return (TransientCompileError, (self.outcome,))
+
+
+_builders: dict[tuple, Any] = {}
+_builders_lock = threading.Lock()
+
+
+def _builder_for(job: dict[str, Any], worker: Any):
+    """The worker process's Builder for one client build (made on first use; the last few are kept)."""
+    from neuron_build.build.builder import Builder
+    from neuron_build.build.local import LocalExecutor
+    from neuron_build.project.config import load_project
+
+    ident = (job["build_id"], job["config"], job["backend"], job["store"]["location"])
+    with _builders_lock:
+        b = _builders.get(ident)
+        if b is None:
+            project = load_project(job["config"])
+            cfg = project.config.build
+            store = open_spec(StoreSpec(**job["store"]))
+            executor = LocalExecutor(cfg.timeout_s, cfg.heartbeat_s, should_stop=lambda: task_cancelled(worker))
+            b = Builder(project, backend=job["backend"], executor=executor, store=store, host_memory=False,
+                        transient_retries=0, provenance={"executor": "dask", "worker": worker.address,
+                                                         "scheduler": job.get("scheduler")})
+            while len(_builders) >= 4:
+                _builders.pop(next(iter(_builders)))
+            _builders[ident] = b
+    return b
+
+
+def task_cancelled(worker: Any) -> bool:
+    """Called in a task's thread on a Dask worker: has the scheduler cancelled or released the task?"""
+    try:
+        key = worker.get_current_task()
+        ts = worker.state.tasks.get(key)
+    except Exception:
+        return False
+    return ts is None or ts.state in ("cancelled", "released", "forgotten")
+
+
+def executing_keys(dask_worker: Any) -> list:
+    """Run on a worker (``Client.run``): the keys of the tasks it is executing now."""
+    return [ts.key for ts in list(dask_worker.state.executing)]
+
+
+def outcome_dict(out: Outcome, worker: str) -> dict[str, Any]:
+    """An Outcome as plain data for the trip back to the client, with the worker's address."""
+    return {"target": out.target, "key": out.key, "status": str(out.status), "reason": out.reason,
+            "compiled": out.compiled, "metrics": dict(out.metrics), "worker": worker}
+
+
+def compile_task(job: dict[str, Any]) -> dict[str, Any]:
+    """The Dask task of one target (runs on a worker): build it into the shared store as a local build would.
+
+    Args:
+        job: ``config`` (path of buckets.toml), ``target`` (id), ``key`` (what the client computed),
+            ``backend`` (override or None), ``store`` (:class:`StoreSpec` fields), ``store_id`` (the
+            client's store identity), ``retry_failed``, ``build_id``, ``scheduler``.
+
+    Returns:
+        :func:`outcome_dict` of the build (PASS, cached/reused, or a deterministic failure).
+
+    Raises:
+        TransientCompileError: the compile exited with status 70 (Dask retries the task).
+    """
+    from distributed import get_worker
+
+    from neuron_build.build.local import CompileCancelled
+
+    worker = get_worker()
+    me = worker.address
+    tid, key = job["target"], job["key"]
+
+    def failed(reason: str) -> dict[str, Any]:
+        return {"target": tid, "key": key, "status": str(Status.ERROR), "reason": reason, "compiled": False,
+                "metrics": {}, "worker": me}
+
+    why = probe_store(job["store"]["location"], job["store"]["options"], job["store_id"])
+    if why is not None:
+        return failed(f"the store {job['store']['location']} on Dask worker {me}: {why}")
+    try:
+        b = _builder_for(job, worker)
+    except Exception as e:
+        return failed(f"Dask worker {me} could not load the project {job['config']}: {type(e).__name__}: {e}"[:500])
+    target = b.by_id.get(tid)
+    if target is None:
+        return failed(f"Dask worker {me}: {job['config']} there has no target {tid}: its checkout differs")
+    mine = b.key(target).key
+    if mine != key:
+        return failed(f"Dask worker {me} computes key {mine[:12]} for {tid}, the client {key[:12]}: its checkout, "
+                      f"environment or toolchain differs (neuron-build explain {tid} on both)")
+    try:
+        out = b.build(target, retry_failed=job["retry_failed"])
+    except CompileCancelled as e:
+        return {**failed(str(e)), "status": "CANCELLED"}
+    res = outcome_dict(out, me)
+    if out.status == Status.TRANSIENT:
+        raise TransientCompileError(res)
+    return res
+
+
+# -- on the client ----------------------------------------------------------------------------------------
+def _as_outcome(d: dict[str, Any]) -> Outcome:
+    status = BuildResult.CACHED if d["status"] == BuildResult.CACHED else as_status(d["status"])
+    return Outcome(d["target"], d["key"], status, d.get("reason", ""), compiled=bool(d.get("compiled")),
+                   metrics=dict(d.get("metrics") or {}))
+
+
+class DaskBuild:
+    """Builds targets of one project on a Dask cluster (the client side).
+
+    Args:
+        builder: the client's :class:`~neuron_build.build.builder.Builder` (plans, keys, the store it reads).
+        address: the scheduler (``tcp://host:8786``).
+        retry_failed: compile targets whose current key failed last time (default True).
+        report: called with each progress line (e.g. print to stderr); None: log only.
+        connect_timeout_s: seconds to wait for the scheduler and for a first worker.
+
+    Attributes after :meth:`run`:
+        outcomes: target id -> Outcome.
+        workers: target id -> address of the worker whose result came back.
+    """
+
+    def __init__(self, builder: Any, address: str, retry_failed: bool = True,
+                 report: Callable[[str], None] | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S):
+        self.b = builder
+        self.address = address
+        self.retry_failed = retry_failed
+        self.report = report
+        self.connect_timeout_s = connect_timeout_s
+        self.outcomes: dict[str, Outcome] = {}
+        self.workers: dict[str, str] = {}
+        self.log = get_logger(executor="dask")
+
+    def run(self, targets: Sequence[Target]) -> dict[str, Outcome]:
+        """Compile every target of ``targets`` the store lacks, one Dask task each; return the outcomes.
+
+        Raises:
+            UserError: the scheduler is unreachable, no worker joined, or the workers cannot reach the store.
+            KeyboardInterrupt: after cancelling every task (their compiles are killed on the workers).
+        """
+        from neuron_build.store.identity import store_id
+
+        b = self.b
+        spec = shared_store_spec(b.project)
+        todo = []
+        for t in targets:
+            if b.store.repair(b.key(t).key).hit:
+                self.outcomes[t.id] = Outcome(t.id, b.key(t).key, BuildResult.CACHED)
+            else:
+                todo.append(t)
+        if not todo:
+            return self.outcomes
+        client = connect(self.address, self.connect_timeout_s)
+        try:
+            try:
+                ident = store_id(open_spec(spec))
+            except (OSError, ValueError) as e:
+                raise UserError(f"cannot read or write the identity of the store {spec.location} ({e}); the Dask "
+                                f"executor needs a store it can write, or build here with --executor local") from None
+            workers = check_workers(client, spec, ident, self.address, self.connect_timeout_s)
+            self._submit_and_collect(client, todo, spec, ident, workers)
+        finally:
+            client.close()
+        return self.outcomes
+
+    def _job(self, t: Target, spec: StoreSpec, ident: str, build_id: str) -> dict[str, Any]:
+        b = self.b
+        return {"config": str(Path(b.project.path).resolve()), "target": t.id, "key": b.key(t).key,
+                "backend": b.keys.backend, "store": {"location": spec.location, "options": spec.options}, "store_id": ident,
+                "retry_failed": self.retry_failed, "build_id": build_id, "scheduler": self.address}
+
+    def _resources(self, t: Target, workers: dict) -> dict[str, float] | None:
+        """``{"memory_gb": expected peak}`` when some worker advertises memory, capped at the largest."""
+        mems = [float((w.get("resources") or {}).get(MEMORY_RESOURCE)) for w in workers.values()
+                if (w.get("resources") or {}).get(MEMORY_RESOURCE) is not None]
+        if not mems:
+            return None
+        cfg = self.b.project.config.build
+        peak = expected_peak(self.b.store, t.model, t.bucket_id, int(cfg.default_compile_memory_gb * GB))
+        want = round(peak.bytes / GB, 3)
+        if want > max(mems):
+            self.log.warning("expected peak above every worker's memory_gb", target=t.id, expected_gb=want,
+                             largest_gb=max(mems))
+            want = max(mems)
+        return {MEMORY_RESOURCE: want}
+
+    def _submit_and_collect(self, client: Any, todo: list[Target], spec: StoreSpec, ident: str, workers: dict) -> None:
+        from distributed import as_completed
+
+        b = self.b
+        build_id = secrets.token_hex(4)
+        retries = b.project.config.build.transient_retries
+        futures: dict[Any, Target] = {}
+        for t in todo:
+            res = self._resources(t, workers)
+            fut = client.submit(compile_task, self._job(t, spec, ident, build_id), pure=False, retries=retries,
+                                key=f"neuron-build-{t.id}-{b.key(t).key[:12]}-{build_id}",
+                                **({"resources": res} if res else {}))
+            futures[fut] = t
+        self.log.info("submitted", tasks=len(futures), scheduler=self.address, workers=len(workers))
+        expected = {t.id: expected_compile_time(b.store, t.model, t.bucket_id) for t in todo}
+        by_key = {f.key: t for f, t in futures.items()}
+        started: dict[str, float] = {}
+        done = failed = 0
+        last_state: tuple = ()
+        ac = as_completed(list(futures), loop=client.loop)
+        try:
+            while done < len(futures):
+                for fut in ac.next_batch(block=False) if ac.has_ready() else []:
+                    t = futures[fut]
+                    out = self._collect(fut, t)
+                    self.outcomes[t.id] = out
+                    done += 1
+                    failed += 0 if out.ok else 1
+                    started.pop(t.id, None)
+                running = self._running(client, by_key, started)
+                slots = sum(int(w.get("nthreads", 1)) for w in workers.values()) or 1
+                now = time.monotonic()
+                pending = [expected[t.id] for t in todo if t.id not in self.outcomes and t.id not in running]
+                eta = estimate_eta(pending, [(expected[tid], now - started[tid]) for tid in running], slots)
+                state = (done, failed, tuple(sorted(running.items())))
+                if self.report is not None and state != last_state:  # a line per change, not per tick
+                    self.report(progress_line(BuildProgress(len(futures), done, failed, running, eta)))
+                last_state = state
+                if done < len(futures):
+                    time.sleep(POLL_S)
+        except BaseException:  # Ctrl-C (KeyboardInterrupt) included: cancel everything, then re-raise
+            live = [f for f in futures if not f.done()]
+            self.log.warning("cancelling", tasks=len(live))
+            if live:
+                client.cancel(live, force=True)  # returns once the scheduler took it; workers kill the compiles
+            raise
+
+    def _running(self, client: Any, by_key: dict, started: dict[str, float]) -> dict[str, str]:
+        """target id -> worker address of the tasks executing on a worker now (asked of every worker)."""
+        try:
+            executing = client.run(executing_keys)
+        except Exception:
+            return {}
+        running: dict[str, str] = {}
+        for w, keys in executing.items():
+            for k in keys:
+                t = by_key.get(k)
+                if t is not None and t.id not in self.outcomes:
+                    running[t.id] = w
+                    started.setdefault(t.id, time.monotonic())
+        return running
+
+    def _collect(self, fut: Any, t: Target) -> Outcome:
+        """The Outcome of a finished future (a failed task becomes a failed Outcome with its reason)."""
+        key = self.b.key(t).key
+        try:
+            d = fut.result()
+        except TransientCompileError as e:
+            d = e.outcome
+            d["reason"] = f"{d.get('reason')} (tried {1 + self.b.project.config.build.transient_retries} times)"
+        except Exception as e:  # KilledWorker (its workers kept dying), an error outside the build
+            name = type(e).__name__
+            status = Status.KILLED if name == "KilledWorker" else Status.ERROR
+            d = {"target": t.id, "key": key, "status": str(status), "reason": f"Dask task failed: {name}: {e}"[:500],
+                 "compiled": False, "metrics": {}, "worker": None}
+        if d.get("worker"):
+            self.workers[t.id] = d["worker"]
+        out = _as_outcome(d)
+        ev = self.log.info if out.ok else self.log.error
+        ev("built" if out.status == Status.PASS else str(out.status), target=t.id, worker=d.get("worker"),
+           reason=out.reason or None)
+        return out
+
+
+__all__ = [
+    "MEMORY_RESOURCE",
+    "DaskBuild",
+    "StoreSpec",
+    "TransientCompileError",
+    "check_workers",
+    "compile_task",
+    "connect",
+    "executing_keys",
+    "open_spec",
+    "probe_store",
+    "scheduler_address",
+    "shared_store_spec",
+    "task_cancelled",
+]

@@ -1,0 +1,80 @@
+"""Progress of a build that runs many compiles at once: N of M done, which targets run where, and an ETA
+from recorded compile times.
+
+Pure data and text (no terminal handling), so any display can render it: :func:`progress_line` is the plain
+one-line rendering the Dask executor prints; a richer display takes the same :class:`BuildProgress`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class BuildProgress:
+    """A snapshot of a running build.
+
+    Attributes:
+        total: targets the build compiles (cached ones excluded).
+        done: of those, how many finished (passed or failed).
+        failed: of the finished, how many failed.
+        running: target id -> where it runs now (a Dask worker address, or ``local``).
+        eta_s: estimated seconds until every compile finished, None when no compile time is known.
+    """
+
+    total: int
+    done: int
+    failed: int = 0
+    running: Mapping[str, str] = field(default_factory=dict)
+    eta_s: float | None = None
+
+
+def estimate_eta(pending: Sequence[float | None], running: Sequence[tuple[float | None, float]],
+                 slots: int) -> float | None:
+    """Seconds until the build ends, if the compiles share ``slots`` compile slots (worker threads) evenly.
+
+    Args:
+        pending: the expected compile time (seconds) of each target not started yet; None when unknown.
+        running: (expected compile time or None, seconds it has run so far) of each running target.
+        slots: compile slots of the cluster (the sum of its workers' threads); at least 1 is assumed.
+
+    A target without a recorded time counts as the mean of the known ones; with none known, None. The
+    remaining work (pending times plus what is left of running ones, never below zero) is divided by
+    ``slots``, and never comes out below the longest remaining running compile.
+    """
+    known = [t for t in pending if t is not None] + [t for t, _ in running if t is not None]
+    if not known:
+        return None
+    mean = sum(known) / len(known)
+    left_running = [max((t if t is not None else mean) - ran, 0.0) for t, ran in running]
+    work = sum(t if t is not None else mean for t in pending) + sum(left_running)
+    return max(work / max(slots, 1), max(left_running, default=0.0))
+
+
+def progress_line(p: BuildProgress, max_running: int = 4) -> str:
+    """One line, e.g. ``3/10 done (1 failed) · running: minilm/b8-s32/fp32/o2 on tcp://10.0.0.5:40123, ...
+    · ETA 1m05s``; at most ``max_running`` running targets are named (``+N more``)."""
+    head = f"{p.done}/{p.total} done" + (f" ({p.failed} failed)" if p.failed else "")
+    parts = [head]
+    if p.running:
+        items = sorted(p.running.items())
+        named = ", ".join(f"{t} on {w}" for t, w in items[:max_running])
+        more = f", +{len(items) - max_running} more" if len(items) > max_running else ""
+        parts.append(f"running: {named}{more}")
+    if p.eta_s is not None and p.done < p.total:
+        parts.append(f"ETA {format_duration(p.eta_s)}")
+    return " · ".join(parts)
+
+
+def format_duration(seconds: float) -> str:
+    """``42 s``, ``3m05s``, ``2h07m``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+__all__ = ["BuildProgress", "estimate_eta", "format_duration", "progress_line"]
