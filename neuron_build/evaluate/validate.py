@@ -71,9 +71,9 @@ def _cuda_devices() -> list[str]:
 
 
 def artifact_device_kind(backend: str, hardware_target: str) -> str:
-    """The device kind an artifact runs on: ``neuron`` for the neuron backend, else ``cuda`` or ``cpu``
-    (the ``[build] device`` the inductor or torchscript backend compiled for)."""
-    if backend == "neuron":
+    """The device kind an artifact runs on: ``neuron`` for the neuron and torchneuron backends, else ``cuda``
+    or ``cpu`` (the ``[build] device`` the inductor, compile-cache or torchscript backend compiled for)."""
+    if backend in ("neuron", "torchneuron"):
         return "neuron"
     return "cuda" if hardware_target == "cuda" else "cpu"
 

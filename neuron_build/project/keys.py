@@ -11,7 +11,7 @@ Components (each hashed on its own so ``explain`` can say which one changed):
   options (``inline_weights_to_neff``, ``tp_degree``);
 - ``env``: environment variables that change the compiled graph;
 - ``toolchain``: compiler versions (torch; torch-neuronx, neuronx-cc, neuronx-distributed, libneuronxla
-  for neuron).
+  for neuron and torchneuron: TorchNeuron's own NEFF cache key omits them [code], ours does not).
 
 Never in the key: absolute paths, host, user, time, the store location, bytes of saved artifacts. Paths in
 the key are relative to the folder of ``buckets.toml``, so a moved checkout computes the same keys.
@@ -30,7 +30,7 @@ from neuron_build.project.compiler_args import key_args
 from neuron_build.project.config import Project
 from neuron_build.project.matrix import Target
 from neuron_build.project.sources import local_imports
-from neuron_build.project.toolchain import resolve_backend, toolchain_versions, version
+from neuron_build.project.toolchain import NEURON_BACKENDS, resolve_backend, toolchain_versions, version
 from neuron_build.util import canonical_json, file_sha256, sha256_hex, write_atomic
 
 KEY_FORMAT = 1
@@ -39,13 +39,17 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".h5
 #: Environment variables that change the compiled graph, per backend. [doc: toolchain notes, "Environment"]
 ENV_PREFIXES = {
     "neuron": ("NEURON_CC_FLAGS", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "NEURON_"),
+    "torchneuron": ("NEURON_CC_FLAGS", "NEURON_", "TORCH_NEURONX_"),
     "inductor": ("TORCHINDUCTOR_",),
+    "compile-cache": ("TORCHINDUCTOR_",),
     "torchscript": ("PYTORCH_JIT",),
 }
 #: Variables under those prefixes that do not change the artifact (runtime, cache and log settings).
 ENV_IGNORED_PREFIXES = ("NEURON_RT_", "NEURON_COMPILE_CACHE_URL", "TORCHINDUCTOR_CACHE_DIR",
                         "TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE",
-                        "NEURON_BUILD_")
+                        "NEURON_BUILD_", "TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR",
+                        "TORCH_NEURONX_METRICS_DIR", "TORCH_NEURONX_DEBUG_DIR", "TORCH_NEURONX_ENABLED_METRIC_TABLES",
+                        "TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS")
 
 
 class DigestCache:
@@ -130,8 +134,8 @@ class KeyMaker:
     def __init__(self, project: Project, backend: str | None = None, environ: dict[str, str] | None = None):
         self.project = project
         build = project.config.build
-        self.backend, self.backend_note = resolve_backend(backend or build.backend)
-        self.hardware_target = build.target if self.backend == "neuron" else build.device
+        self.backend, self.backend_note = resolve_backend(backend or build.backend, build.target)
+        self.hardware_target = build.target if self.backend in NEURON_BACKENDS else build.device
         self.environ = dict(os.environ if environ is None else environ)
         self.digests = DigestCache(project.state_dir / "digests.json")
         self._model_cache: dict[str, dict[str, Any]] = {}
