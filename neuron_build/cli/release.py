@@ -97,7 +97,7 @@ def cmd_promote(args) -> int:
     require_model(project, args.model)
     entry = promote(store, project.config.release, args.model, args.to, release=args.release,
                     from_channel=args.from_channel, reason=args.reason, allow_unvalidated=args.allow_unvalidated,
-                    device_kind=args.device_kind)
+                    device_kind=args.device_kind, factory_root=project.root)
     if args.json:
         print_json(entry)
         return ExitCode.OK

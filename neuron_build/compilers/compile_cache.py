@@ -67,12 +67,13 @@ def torch_compile_kwargs(backend: str) -> dict[str, Any]:
 
 def compile_counters() -> dict[str, int]:
     """Inductor's and AOT autograd's cache counters of this process so far: ``fxgraph_cache_hit``,
-    ``fxgraph_cache_miss``, ``autograd_cache_hit``, ``autograd_cache_miss`` (ints)."""
+    ``fxgraph_cache_miss``, ``fxgraph_cache_bypass`` (compiled without the cache), ``autograd_cache_hit``, ``autograd_cache_miss`` (ints)."""
     from torch._dynamo.utils import counters
 
     ind, aot = counters["inductor"], counters["aot_autograd"]
     return {"fxgraph_cache_hit": int(ind.get("fxgraph_cache_hit", 0)),
             "fxgraph_cache_miss": int(ind.get("fxgraph_cache_miss", 0)),
+            "fxgraph_cache_bypass": int(ind.get("fxgraph_cache_bypass", 0)),
             "autograd_cache_hit": int(aot.get("autograd_cache_hit", 0)),
             "autograd_cache_miss": int(aot.get("autograd_cache_miss", 0))}
 
@@ -165,6 +166,67 @@ def install_caches(blobs: Iterable[Path]) -> dict[str, int]:
     return total
 
 
+def apply_serving_env(serving: dict[str, Any]) -> dict[str, str]:
+    """Set the compiler settings a release recorded (``serving.env``) in ``os.environ`` and return them.
+    They must be set before the model is compiled: the literal ``NEURON_CC_FLAGS``, the opt level and the
+    LNC are part of TorchNeuron's NEFF cache key [code], Inductor's config is part of its FX-graph key."""
+    env = {str(k): str(v) for k, v in (serving.get("env") or {}).items()}
+    os.environ.update(env)
+    return env
+
+
+def gather_neff_cache(dirs: list[Path], dest: str | Path | None, neff_dir: str = NEFF_DIR) -> Path:
+    """Gather every artifact folder's ``neff_cache/<k[0:2]>/<k[2:4]>/<k>.neff`` into one NEFF cache folder
+    (``dest``, default a new temporary folder; files are hard-linked when possible, else copied, and a
+    file already there is kept) and point ``TORCH_NEURONX_NEFF_CACHE_DIR`` at it (a POSIX path [code])."""
+    import tempfile
+
+    out = Path(dest) if dest is not None else Path(tempfile.mkdtemp(prefix="neuron-build-neff-"))
+    for d in dirs:
+        src_root = Path(d) / neff_dir
+        if not src_root.is_dir():
+            continue
+        for src in sorted(src_root.rglob("*.neff")):
+            dst = out / src.relative_to(src_root)
+            if dst.exists():
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copyfile(src, dst)
+    os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = str(out)
+    return out
+
+
+def compile_from_caches(dirs: list[Path], serving: Mapping[str, Any], backend: str, module,
+                        neff_cache_dir: str | Path | None = None):
+    """Install the caches of artifact folders (their ``compile_cache.bin``; for torchneuron also their NEFF
+    files, gathered with :func:`gather_neff_cache`) and return ``torch.compile(module, **recorded settings)``.
+
+    The recorded ``serving.env`` is set first (:func:`apply_serving_env`), and ``import torch_neuronx`` for
+    torchneuron (it registers the neuron device, the ``neuron`` backend and its cache hook) before the
+    blobs are loaded. Dynamo's recompile limit is raised to cover one graph per bucket (``dynamic=False``).
+
+    Returns:
+        (compiled module, installed entries per cache type, the NEFF cache folder or None, the env set).
+    """
+    import torch
+
+    env = apply_serving_env(serving)
+    neff_dir = None
+    if backend == "torchneuron":
+        import torch_neuronx  # noqa: F401
+
+        neff_dir = gather_neff_cache(dirs, neff_cache_dir)
+    installed = install_caches([Path(d) / BLOB for d in dirs if (Path(d) / BLOB).is_file()])
+    limit = max(8, len(dirs) + 1)
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
+    return torch.compile(module, **serving["torch_compile"]), installed, neff_dir, env
+
+
 def capture(out_dir: Path) -> dict[str, Any]:
     """Write ``torch.compiler.save_cache_artifacts()`` to ``out_dir/compile_cache.bin``.
 
@@ -247,11 +309,19 @@ class CompileCacheCompiler:
               f"blob {blob['bytes']} bytes", flush=True)
         return CompileResult(op_count=ops, op_count_source=OP_COUNT_SOURCE if rows else None, details={
             "artifact": BLOB, "loader": LOADER, "artifact_kind": "compile-cache",
-            "serving": serving_settings(self.name, request, env={}),
+            "serving": serving_settings(self.name, request, env=inductor_env(os.environ)),
             "graphs": rows, "cache": blob, "counters": counts,
             "first_call_s": round(first_s, 6), "steady_call_s": round(steady_s, 6),
             "metrics": {"graph_count": len(rows)},
         })
+
+
+def inductor_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The graph-changing ``TORCHINDUCTOR_*`` variables of ``environ`` (as the key counts them; cache
+    folders and cache switches excluded): a serving host sets them so that its FX-graph keys match."""
+    from neuron_build.project.keys import ENV_IGNORED_PREFIXES
+    return {k: v for k, v in sorted(environ.items())
+            if k.startswith("TORCHINDUCTOR_") and not k.startswith(ENV_IGNORED_PREFIXES)}
 
 
 def serving_settings(backend: str, request: CompileRequest, env: Mapping[str, str]) -> dict[str, Any]:
@@ -265,6 +335,7 @@ def serving_settings(backend: str, request: CompileRequest, env: Mapping[str, st
             "grad": "no_grad", "factory": request.factory, "kwargs": dict(request.kwargs), "dtype": request.dtype}
 
 
-__all__ = ["BLOB", "CACHE_BACKENDS", "LOADER", "NEFF_DIR", "CompileCacheCompiler", "capture", "compile_counters",
+__all__ = ["BLOB", "CACHE_BACKENDS", "LOADER", "NEFF_DIR", "CompileCacheCompiler", "apply_serving_env", "capture",
+           "compile_counters", "compile_from_caches", "gather_neff_cache",
            "counter_delta", "graph_break", "graph_rows", "install_caches", "serving_settings", "sync",
            "torch_compile_kwargs", "warm"]

@@ -23,6 +23,7 @@ from neuron_build.release.records import (
     ChannelPointer,
     HistoryEntry,
     actor,
+    check_channel,
     find_release,
     get_history,
     get_pointer,
@@ -47,17 +48,10 @@ class PromotionRefused(UserError):
         self.entry = entry
 
 
-def check_channel(settings: ReleaseSettings, channel: str, flag: str) -> None:
-    """Raise :class:`UserError` (naming ``flag`` and the declared channels) unless ``channel`` is declared
-    under ``[release]``."""
-    if channel not in settings.channels:
-        raise UserError(f"unknown channel '{channel}' ({flag}); channels under [release] in buckets.toml: "
-                        f"{', '.join(settings.channels)}")
-
-
 def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str, *, release: str | None = None,
             from_channel: str | None = None, reason: str = "", allow_unvalidated: bool = False,
-            device_kind: str | None = None, before_swap: Callable[[], None] | None = None) -> dict[str, Any]:
+            device_kind: str | None = None, before_swap: Callable[[], None] | None = None,
+            factory_root=None) -> dict[str, Any]:
     """Promote a release (by id) or the release another channel holds into channel ``to``.
 
     Reads ``to``'s pointer, evaluates the gates against the release it points at, then, holding
@@ -69,6 +63,7 @@ def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str
         allow_unvalidated: let a failed validation gate pass (recorded).
         device_kind: override the channel's serving device kind (``[release]``) for the gates.
         before_swap: called after the gates and before the lock (tests use it to line up a race).
+        factory_root: where a compile-cache release's model factory imports from for the warm-up gate.
 
     Returns:
         The history line of the promotion as JSON (``version`` is the channel's new version).
@@ -105,7 +100,8 @@ def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str
     seen = get_pointer(store, model, to)
     seen_version = seen.version if seen else 0
     baseline = get_release(store, model, seen.release) if seen else None
-    gates = evaluate_gates(store, settings, rel, to, from_channel, baseline, kind, allow_unvalidated)
+    gates = evaluate_gates(store, settings, rel, to, from_channel, baseline, kind, allow_unvalidated,
+                           factory_root=factory_root)
     if before_swap is not None:
         before_swap()
 

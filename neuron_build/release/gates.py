@@ -1,5 +1,6 @@
-"""The six promotion gates, evaluated in :data:`GATES` order: channel order, validation, artifact count, op
-count, p99 latency and compile-time p95.
+"""The promotion gates, evaluated in :data:`GATES` order: channel order, validation, artifact count, op
+count, p99 latency, compile-time p95 and, for compile-cache and torchneuron releases, the fresh-process
+warm-up (:mod:`neuron_build.release.warmup`).
 
 The validation and latency gates read stored results; result records live beside artifacts
 (:meth:`neuron_build.store.contract.ArtifactStore.put_result`), never in the key:
@@ -26,7 +27,7 @@ from neuron_build.store.contract import ArtifactStore, RecordStore, ReleaseStore
 from neuron_build.util import percentile
 
 #: The order in which promotion gates are evaluated and reported.
-GATES = ("channel_order", "validated", "artifact_count", "op_count", "p99_latency", "compile_time_p95")
+GATES = ("channel_order", "validated", "artifact_count", "op_count", "p99_latency", "compile_time_p95", "warmup")
 
 
 @dataclass(frozen=True)
@@ -190,15 +191,28 @@ def compile_time_gate(release: Release, max_p95_s: float) -> GateCheck:
     return GateCheck("compile_time_p95", True, f"compile-time p95 {p95:.1f} s, at most {max_p95_s:g} s", figures)
 
 
+def warmup_gate(store: ArtifactStore, release: Release, device_kind: str, factory_root=None,
+                allow_not_checked: bool = False) -> GateCheck:
+    """Did a fresh-process warm-up of the pulled release compile nothing on ``device_kind``? Passes for
+    releases of other backends (``applies: false``); "not checked" (no NeuronCore or CUDA device here) never
+    passes unless ``allow_not_checked``. See :func:`neuron_build.release.warmup.warmup_verdict`."""
+    from neuron_build.release.warmup import GATE, warmup_verdict
+
+    passed, message, figures = warmup_verdict(store, release, device_kind, factory_root, allow_not_checked)
+    return GateCheck(GATE, passed, message, figures)
+
+
 def evaluate_gates(store: ArtifactStore, settings: ReleaseSettings, release: Release, to: str,
                    from_channel: str | None, baseline: Release | None, device_kind: str,
-                   allow_unvalidated: bool = False) -> list[GateCheck]:
+                   allow_unvalidated: bool = False, factory_root=None) -> list[GateCheck]:
     """Every gate of a promotion of ``release`` into ``to``, in :data:`GATES` order.
 
     Args:
         baseline: the release ``to`` holds now (None: the channel is empty).
         device_kind: where ``to`` is served: validation and p99 results are read for it.
-        allow_unvalidated: a failed validation gate passes, marked ``overridden`` in its figures.
+        allow_unvalidated: a failed validation gate passes, marked ``overridden`` in its figures; so does
+            a warm-up that could not be checked on this host.
+        factory_root: where a compile-cache release's model factory imports from (the project folder).
     """
     val = validation_gate(store, release.keys, device_kind)
     if not val.passed and allow_unvalidated:
@@ -215,6 +229,7 @@ def evaluate_gates(store: ArtifactStore, settings: ReleaseSettings, release: Rel
         op_count_gate(release, baseline, settings.max_op_count_regression),
         latency_gate(store, cand_b, base_b, device_kind, settings.max_p99_ratio),
         compile_time_gate(release, settings.max_compile_time_p95_s),
+        warmup_gate(store, release, device_kind, factory_root, allow_unvalidated),
     ]
 
 
@@ -239,4 +254,5 @@ __all__ = [
     "op_count_gate",
     "order_gate",
     "validation_gate",
+    "warmup_gate",
 ]

@@ -16,8 +16,7 @@ from typing import Any
 
 from neuron_build.errors import UserError
 from neuron_build.project.config import ReleaseSettings
-from neuron_build.release.channels import check_channel
-from neuron_build.release.records import actor, get_pointer, get_release
+from neuron_build.release.records import actor, check_channel, get_pointer, get_release
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.manifest import MANIFEST
 from neuron_build.util import read_json, swap_in_folder, utc_now
@@ -74,6 +73,18 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
     if not ptr:
         raise UserError(f"channel {model}/{channel} holds no release; promote one into it first")
     rel = get_release(store, model, ptr.release)
+    return pull_release(store, rel, dest, channel=channel, channel_version=ptr.version)
+
+
+def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | None = None,
+                 channel_version: int | None = None) -> dict[str, Any]:
+    """Write one release (a :class:`neuron_build.release.records.Release`) into ``dest``, as :func:`pull`
+    does for the release a channel holds (the warm-up gate pulls a release before it is in a channel).
+
+    Raises:
+        UserError: as :func:`pull`.
+    """
+    model = rel.model
     if not str(dest).strip():
         raise UserError("--dest is empty; give the folder to pull into (e.g. --dest serve/minilm)")
     dest = Path(dest).absolute()
@@ -114,10 +125,12 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
                 "files": {f"{a.bucket_id}/{n}": ent for n, ent in files.items()}})
         rt = rel.runtime
         doc = {"format": PULL_FORMAT, "release": rel.id, "model": model, "channel": channel,
-               "channel_version": ptr.version, "dtype": rel.dtype, "profile": rel.profile,
+               "channel_version": channel_version, "dtype": rel.dtype, "profile": rel.profile,
                "backend": rel.backend, "hardware_target": rel.hardware_target, "dims": rt["dims"],
                "inputs": rt["inputs"], "truncate": rt["truncate"], "convert_dtypes": rt["convert_dtypes"],
                "buckets": buckets, "toolchain": rel.toolchain, "pulled": utc_now(), "pulled_by": actor()}
+        if rt.get("serving") is not None:
+            doc["serving"] = rt["serving"]
         (staging / "release.json").write_text(json.dumps(doc, indent=2) + "\n")
         swap_in_folder(staging, dest)
     except BaseException:
@@ -126,4 +139,4 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
     return doc
 
 
-__all__ = ["PULL_FORMAT", "copy_verified", "pull"]
+__all__ = ["PULL_FORMAT", "copy_verified", "pull", "pull_release"]
