@@ -323,14 +323,20 @@ def _compile_events(backend: str):
             return len(rows) - hits, hits, {"graphs": rows}
         return snap, delta
 
-    from neuron_build.compilers.compile_cache import compile_counters, counter_delta
+    from neuron_build.compilers.compile_cache import compile_counters, counter_delta, inductor_cache_dir, kernel_files
+
+    cache = inductor_cache_dir()
 
     def snap_i():
-        return compile_counters()
+        return compile_counters(), set(kernel_files(cache))
 
     def delta_i(before):
-        d = counter_delta(before, compile_counters())
-        return d["fxgraph_cache_miss"] + d.get("fxgraph_cache_bypass", 0), d["fxgraph_cache_hit"], {"counters": d}
+        counts, kernels = before
+        d = counter_delta(counts, compile_counters())
+        built = len(set(kernel_files(cache)) - kernels)
+        graphs = d["fxgraph_cache_miss"] + d["fxgraph_cache_bypass"]
+        return graphs + built, d["fxgraph_cache_hit"], {"counters": d, "graph_compiles": graphs,
+                                                       "cpp_kernel_builds": built}
     return snap_i, delta_i
 
 
@@ -340,8 +346,9 @@ def warmup(folder: str | Path, model: Any = None, *, factory_root: str | Path | 
 
     Meant for a fresh process (``neuron-build warmup DIR`` runs one, with empty compiler caches), so that
     every hit comes from the pulled files. Compiles and hits per bucket: Inductor's
-    ``fxgraph_cache_miss`` (+ ``fxgraph_cache_bypass``) and ``fxgraph_cache_hit`` counters
-    (compile-cache), or the rows ``torch_neuronx.get_dynamo_metrics()`` added, split by their cache-hit
+    ``fxgraph_cache_miss`` + ``fxgraph_cache_bypass`` (``graph_compiles``) plus the C++ kernel libraries
+    built meanwhile (``cpp_kernel_builds``: new ``.so`` files in the Inductor cache folder), and
+    ``fxgraph_cache_hit`` (compile-cache), or the rows ``torch_neuronx.get_dynamo_metrics()`` added, split by their cache-hit
     flag (torchneuron; a row without the flag counts as a compile).
 
     Returns:

@@ -16,7 +16,13 @@ after the cache was installed (:func:`install_caches`). The files:
   AOT-autograd cache entries, and whatever other caches hook into it) [code: torch 2.13; checked here: a
   fresh process with an empty ``TORCHINDUCTOR_CACHE_DIR`` that loaded the blob reported
   ``fxgraph_cache_hit`` and no miss];
-- ``neff_cache/<k[0:2]>/<k[2:4]>/<k>.neff`` (torchneuron only): the NEFF cache folder's files.
+- ``neff_cache/<k[0:2]>/<k[2:4]>/<k>.neff`` (torchneuron only): the NEFF cache folder's files;
+- ``inductor_kernels/<xx>/<hash>.so`` (compile-cache): the C++ kernel libraries Inductor built, as they lie
+  in ``TORCHINDUCTOR_CACHE_DIR``. The blob does not carry them (checked here, torch 2.13 CPU: a fresh
+  process that loaded only the blob reported ``fxgraph_cache_hit`` yet built 11 ``.so`` files for the
+  rmsnorm target, a 105 s first call on a loaded 2-core host; with the libraries seeded into its cache
+  folder it built none and the first call took 8.6 s). Inductor finds a kernel by the hash of its
+  source, so seeding the files under the same relative paths is enough.
 
 Byte stability (checked here, torch 2.13 CPU): two builds of one target give blobs with the same cache
 keys and lengths but different bytes: each entry embeds the build's ``TORCHINDUCTOR_CACHE_DIR`` path (in
@@ -49,6 +55,8 @@ CACHE_BACKENDS = {"compile-cache": "inductor", "torchneuron": "neuron"}
 BLOB = "compile_cache.bin"
 #: The artifact folder holding the NEFF cache files (torchneuron).
 NEFF_DIR = "neff_cache"
+#: The artifact folder holding the C++ kernel libraries Inductor built on the CPU (compile-cache).
+KERNEL_DIR = "inductor_kernels"
 #: The loader a release records for these artifacts.
 LOADER = "torch.compiler.load_cache_artifacts"
 OP_COUNT_SOURCE = "dynamo graph op count (torch._dynamo.utils.get_compilation_metrics graph_op_count)"
@@ -199,12 +207,45 @@ def gather_neff_cache(dirs: list[Path], dest: str | Path | None, neff_dir: str =
     return out
 
 
+def kernel_files(cache_dir: Path) -> list[Path]:
+    """The C++ kernel libraries (``*.so``) under an Inductor cache folder, sorted."""
+    return sorted(p for p in Path(cache_dir).rglob("*.so") if p.is_file())
+
+
+def seed_kernels(dirs: list[Path], cache_dir: Path) -> int:
+    """Copy every artifact folder's ``inductor_kernels/**`` into ``cache_dir`` (the process's
+    ``TORCHINDUCTOR_CACHE_DIR``) under the same relative paths; files already there are kept, nothing is
+    removed. Returns how many files were added."""
+    n = 0
+    for d in dirs:
+        src_root = Path(d) / KERNEL_DIR
+        for src in sorted(src_root.rglob("*")) if src_root.is_dir() else []:
+            if not src.is_file():
+                continue
+            dst = Path(cache_dir) / src.relative_to(src_root)
+            if dst.exists():
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dst.parent / f".{dst.name}.{os.getpid()}.tmp"
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dst)
+            n += 1
+    return n
+
+
+def inductor_cache_dir() -> Path:
+    """This process's Inductor cache folder (``TORCHINDUCTOR_CACHE_DIR`` or Inductor's default)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    return Path(cache_dir())
+
+
 def compile_from_caches(dirs: list[Path], serving: Mapping[str, Any], backend: str, module,
                         neff_cache_dir: str | Path | None = None):
     """Install the caches of artifact folders (their ``compile_cache.bin``; for torchneuron also their NEFF
     files, gathered with :func:`gather_neff_cache`) and return ``torch.compile(module, **recorded settings)``.
 
-    The recorded ``serving.env`` is set first (:func:`apply_serving_env`), and ``import torch_neuronx`` for
+    The recorded ``serving.env`` is set first (:func:`apply_serving_env`), the C++ kernels of compile-cache
+    artifacts are seeded into the Inductor cache folder (:func:`seed_kernels`), and ``import torch_neuronx`` for
     torchneuron (it registers the neuron device, the ``neuron`` backend and its cache hook) before the
     blobs are loaded. Dynamo's recompile limit is raised to cover one graph per bucket (``dynamic=False``).
 
@@ -220,6 +261,8 @@ def compile_from_caches(dirs: list[Path], serving: Mapping[str, Any], backend: s
 
         neff_dir = gather_neff_cache(dirs, neff_cache_dir)
     installed = install_caches([Path(d) / BLOB for d in dirs if (Path(d) / BLOB).is_file()])
+    if backend == "compile-cache":
+        installed["cpp_kernels"] = seed_kernels(dirs, inductor_cache_dir())
     limit = max(8, len(dirs) + 1)
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
@@ -256,7 +299,7 @@ def fresh_dir(path: Path) -> Path:
 
 class CompileCacheCompiler:
     """``torch.compile(backend="inductor", fullgraph=True, dynamic=False)`` warmed on the bucket, captured
-    with ``save_cache_artifacts`` into ``compile_cache.bin``.
+    with ``save_cache_artifacts`` into ``compile_cache.bin``, with the C++ kernels under ``inductor_kernels/``.
 
     The worker is one process per target, so the Inductor cache folder is set for the whole process: a
     fresh ``<work>/inductor-cache`` (``TORCHINDUCTOR_CACHE_DIR``), so that the compile really compiles and
@@ -303,14 +346,22 @@ class CompileCacheCompiler:
         steady_s = warm(compiled, inputs, device)
         counts = counter_delta(before, compile_counters())
         rows = graph_rows(n0)
-        blob = capture(Path(request.out_dir))
+        out = Path(request.out_dir)
+        blob = capture(out)
+        cache_dir = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        kernels = []
+        for src in kernel_files(cache_dir):
+            rel = f"{KERNEL_DIR}/{src.relative_to(cache_dir).as_posix()}"
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, out / rel)
+            kernels.append(rel)
         ops = sum(int(r["op_count"] or 0) for r in rows) if rows else None
         print(f"warmed in {first_s:.1f} s (then {steady_s * 1000:.2f} ms); graphs {len(rows)}; counters {counts}; "
               f"blob {blob['bytes']} bytes", flush=True)
         return CompileResult(op_count=ops, op_count_source=OP_COUNT_SOURCE if rows else None, details={
             "artifact": BLOB, "loader": LOADER, "artifact_kind": "compile-cache",
             "serving": serving_settings(self.name, request, env=inductor_env(os.environ)),
-            "graphs": rows, "cache": blob, "counters": counts,
+            "graphs": rows, "cache": blob, "counters": counts, "kernels": kernels,
             "first_call_s": round(first_s, 6), "steady_call_s": round(steady_s, 6),
             "metrics": {"graph_count": len(rows)},
         })
@@ -335,7 +386,8 @@ def serving_settings(backend: str, request: CompileRequest, env: Mapping[str, st
             "grad": "no_grad", "factory": request.factory, "kwargs": dict(request.kwargs), "dtype": request.dtype}
 
 
-__all__ = ["BLOB", "CACHE_BACKENDS", "LOADER", "NEFF_DIR", "CompileCacheCompiler", "apply_serving_env", "capture",
-           "compile_counters", "compile_from_caches", "gather_neff_cache",
+__all__ = ["BLOB", "CACHE_BACKENDS", "LOADER", "KERNEL_DIR", "NEFF_DIR", "CompileCacheCompiler", "apply_serving_env", "capture",
+           "compile_counters", "compile_from_caches", "gather_neff_cache", "inductor_cache_dir", "kernel_files",
+           "seed_kernels",
            "counter_delta", "graph_break", "graph_rows", "install_caches", "serving_settings", "sync",
            "torch_compile_kwargs", "warm"]
