@@ -201,9 +201,10 @@ class TorchNeuronCompiler:
             brk = graph_break(e)
             if brk:
                 raise CompileFailed(Status.ERROR, f"graph break: {brk}", 1, {"graph_break": brk}) from e
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-            raise CompileFailed(Status.ERROR, f"compile failed: {first}", 1,
-                                {"exception": f"{type(e).__name__}: {first}", "graphs": _safe_metrics()}) from e
+            root = root_cause(e)
+            first = (str(root).strip().splitlines() or [type(root).__name__])[0][:300]
+            raise CompileFailed(Status.ERROR, f"compile failed: {type(root).__name__}: {first}", 1,
+                                {"exception": f"{type(root).__name__}: {first}", "graphs": _safe_metrics()}) from e
         steady_s = warm(compiled, inputs, device)
         rows = dynamo_metrics()
         out = Path(request.out_dir)
@@ -237,6 +238,20 @@ class TorchNeuronCompiler:
             "metrics": {"graph_count": len(rows), "neff_count": len(neffs),
                         "compiler_compile_time_s": round(sum(times), 6) if times else None},
         })
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The backend's own exception inside Dynamo's wrapper (``BackendCompilerFailed.inner_exception``, else
+    the ``__cause__`` chain) [code: torch 2.13]."""
+    seen = set()
+    e = exc
+    while id(e) not in seen:
+        seen.add(id(e))
+        inner = getattr(e, "inner_exception", None) or e.__cause__
+        if inner is None:
+            break
+        e = inner
+    return e
 
 
 def _safe_metrics() -> list[dict[str, Any]]:
