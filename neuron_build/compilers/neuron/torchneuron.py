@@ -91,7 +91,7 @@ def compiler_env(compiler_args: list[str], environ: dict[str, str] | os._Environ
 
 
 def metric_row(row: Any) -> dict[str, Any]:
-    """One ``get_dynamo_metrics()`` row as ``{"graph", "node_count", "compile_time_s", "cache_hit"}``
+    """One ``get_dynamo_metrics()`` row as ``{"graph", "node_count", "compile_time_s", "cache_hit", "error"}``
     (seconds from the row's microseconds). Rows may be dicts or objects [guess: field spellings]."""
     def get(*names: str) -> Any:
         for n in names:
@@ -103,7 +103,7 @@ def metric_row(row: Any) -> dict[str, Any]:
     us = get("compile_time_us", "compile_time_usec", "compilation_time_us")
     return {"graph": get("graph_name", "name", "graph"), "node_count": get("node_count", "num_nodes", "fx_node_count"),
             "compile_time_s": round(float(us) / 1e6, 6) if us is not None else None,
-            "cache_hit": get("cache_hit", "neff_cache_hit")}
+            "cache_hit": get("cache_hit", "neff_cache_hit"), "error": get("error", "compile_error")}
 
 
 def dynamo_metrics() -> list[dict[str, Any]]:
