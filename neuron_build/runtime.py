@@ -267,6 +267,38 @@ class BucketedModel:
 
 
 # -- compile-cache and torchneuron releases ---------------------------------------------------------
+def install_release(folder: str | Path, neff_cache_dir: str | Path | None = None) -> dict[str, Any]:
+    """For your own serving code: make this process hit a pulled compile-cache or torchneuron release's
+    caches (environment, NEFF cache folder or Inductor kernels, ``load_cache_artifacts`` of every bucket:
+    :func:`neuron_build.compilers.compile_cache.install_from_caches`), then compile your model with the
+    returned ``torch_compile`` settings::
+
+        settings = install_release("serve/minilm")
+        model = torch.compile(my_model.to(torch.float32).eval(), **settings["torch_compile"])
+
+    Returns:
+        The release's ``serving`` record (``torch_compile``, ``env``, ``device``, ``factory``, ``kwargs``,
+        ``dtype``) plus ``installed`` (entries per cache type) and ``neff_cache_dir``.
+
+    Raises:
+        UserError: no ``release.json``, or not a compile-cache or torchneuron release.
+    """
+    from neuron_build.compilers.compile_cache import install_from_caches
+
+    root = Path(folder)
+    try:
+        release = json.loads((root / "release.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{root / 'release.json'}: cannot read it ({e}); pull a release into {root} first") from None
+    serving = release.get("serving")
+    if serving is None:
+        raise UserError(f"{root}: a {release.get('backend')} release holds compiled models, not caches; load it "
+                        f"with BucketedModel.load")
+    installed, neff_dir, _env = install_from_caches([root / b["id"] for b in release["buckets"]], serving,
+                                                    release.get("backend", ""), neff_cache_dir)
+    return {**serving, "installed": installed, "neff_cache_dir": str(neff_dir) if neff_dir else None}
+
+
 def serving_device(serving: dict[str, Any]) -> str:
     """Where the compiled model runs: the recorded device, except ``neuron`` on a host without a NeuronCore
     (``/dev/neuron*``), which runs on CPU tensors (only meaningful with a compile-only toolchain or a test
@@ -404,4 +436,4 @@ def warmup(folder: str | Path, model: Any = None, *, factory_root: str | Path | 
             "env": bm.serving_env, "buckets": rows, "compiles_total": total, "zero_compiles": total == 0}
 
 
-__all__ = ["Bucket", "BucketError", "BucketedModel", "serving_device", "serving_model", "warmup"]
+__all__ = ["Bucket", "BucketError", "BucketedModel", "install_release", "serving_device", "serving_model", "warmup"]

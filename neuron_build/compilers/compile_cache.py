@@ -239,18 +239,17 @@ def inductor_cache_dir() -> Path:
     return Path(cache_dir())
 
 
-def compile_from_caches(dirs: list[Path], serving: Mapping[str, Any], backend: str, module,
-                        neff_cache_dir: str | Path | None = None):
-    """Install the caches of artifact folders (their ``compile_cache.bin``; for torchneuron also their NEFF
-    files, gathered with :func:`gather_neff_cache`) and return ``torch.compile(module, **recorded settings)``.
-
-    The recorded ``serving.env`` is set first (:func:`apply_serving_env`), the C++ kernels of compile-cache
-    artifacts are seeded into the Inductor cache folder (:func:`seed_kernels`), and ``import torch_neuronx`` for
-    torchneuron (it registers the neuron device, the ``neuron`` backend and its cache hook) before the
-    blobs are loaded. Dynamo's recompile limit is raised to cover one graph per bucket (``dynamic=False``).
+def install_from_caches(dirs: list[Path], serving: Mapping[str, Any], backend: str,
+                        neff_cache_dir: str | Path | None = None) -> tuple[dict[str, int], Path | None, dict[str, str]]:
+    """Make this process hit the caches of artifact folders before anything is compiled: set the recorded
+    ``serving.env`` (:func:`apply_serving_env`); for torchneuron ``import torch_neuronx`` (it registers the
+    neuron device, the ``neuron`` backend and its cache hook) and gather the NEFF files into one cache
+    folder (:func:`gather_neff_cache`); for compile-cache seed the C++ kernels into the Inductor cache folder
+    (:func:`seed_kernels`); then ``load_cache_artifacts`` of every ``compile_cache.bin``. Dynamo's recompile
+    limit is raised to cover one graph per folder (``dynamic=False``).
 
     Returns:
-        (compiled module, installed entries per cache type, the NEFF cache folder or None, the env set).
+        (installed entries per cache type, the NEFF cache folder or None, the env set).
     """
     import torch
 
@@ -267,6 +266,19 @@ def compile_from_caches(dirs: list[Path], serving: Mapping[str, Any], backend: s
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
+    return installed, neff_dir, env
+
+
+def compile_from_caches(dirs: list[Path], serving: Mapping[str, Any], backend: str, module,
+                        neff_cache_dir: str | Path | None = None):
+    """:func:`install_from_caches`, then ``torch.compile(module, **serving["torch_compile"])``.
+
+    Returns:
+        (compiled module, installed entries per cache type, the NEFF cache folder or None, the env set).
+    """
+    import torch
+
+    installed, neff_dir, env = install_from_caches(dirs, serving, backend, neff_cache_dir)
     return torch.compile(module, **serving["torch_compile"]), installed, neff_dir, env
 
 
@@ -387,7 +399,7 @@ def serving_settings(backend: str, request: CompileRequest, env: Mapping[str, st
 
 
 __all__ = ["BLOB", "CACHE_BACKENDS", "LOADER", "KERNEL_DIR", "NEFF_DIR", "CompileCacheCompiler", "apply_serving_env", "capture",
-           "compile_counters", "compile_from_caches", "gather_neff_cache", "inductor_cache_dir", "kernel_files",
+           "compile_counters", "compile_from_caches", "gather_neff_cache", "install_from_caches", "inductor_cache_dir", "kernel_files",
            "seed_kernels",
            "counter_delta", "graph_break", "graph_rows", "install_caches", "serving_settings", "sync",
            "torch_compile_kwargs", "warm"]
