@@ -79,7 +79,10 @@ def format_report(r: dict[str, Any]) -> str:
     if r.get("torch_neuronx_api"):
         rows.append(("torch-neuronx API", r["torch_neuronx_api_detail"]))
     by = r.get("auto_backend_by_target") or {}
-    rows.append(("backend auto", ", ".join(f"{t}: {b}" for t, b in by.items()) or r["auto_backend"]))
+    if len(set(by.values())) > 1:
+        rows.append(("backend auto", ", ".join(f"{t}: {b}" for t, b in by.items())))
+    else:
+        rows.append(("backend auto", r["auto_backend"]))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows) + "\n" + r["verdict"] + "\n"
 
