@@ -26,8 +26,13 @@ def cc_project(root: Path) -> Path:
     return cfg
 
 
+#: One compile thread: no pool of compile workers to start (each imports torch) for a one-kernel model;
+#: not a graph-changing setting, so not in the key.
+ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+
+
 def cli(cfg: Path, *args: str):
-    return run_cli(*args, "-c", str(cfg), cwd=cfg.parent)
+    return run_cli(*args, "-c", str(cfg), cwd=cfg.parent, env=ENV)
 
 
 def test_compile_cache_release_warms_without_compiling(tmp_path):
