@@ -50,12 +50,14 @@ def run_fresh(folder: str | Path, factory_root: str | Path | None = None, env: d
         e["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp, "inductor")
         e["TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR"] = os.path.join(tmp, "neff-locks")
         e.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile-worker pool to start for cache hits
-        cmd = [sys.executable, "-m", "neuron_build.cli", "warmup", str(folder), "--json", "--in-process"]
-        if factory_root:
-            cmd += ["--factory-root", str(factory_root)]
+        # this neuron_build, whatever the current folder holds (a project folder may hold another checkout)
+        e["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), e.get("PYTHONPATH"))
+                                          if p)
+        cmd = [sys.executable, "-m", "neuron_build.cli", "warmup", str(Path(folder).resolve()), "--json", "--in-process"]
+        cmd += ["--factory-root", str(Path(factory_root or Path.cwd()).resolve())]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=timeout_s,
-                                  stdin=subprocess.DEVNULL, cwd=str(factory_root or Path.cwd()))
+                                  stdin=subprocess.DEVNULL, cwd=tmp)
         except subprocess.TimeoutExpired:
             raise UserError(f"warmup of {folder} did not finish within {timeout_s:g} s") from None
     try:
