@@ -1,15 +1,20 @@
-"""No-op build time: `doit build` when every target is already in the store.
+"""No-op build time: `doit build` when every target is already in the store, against plain doit.
 
-Two cases:
-- the shipped matrix (build it first with `doit build`; this script refuses if it is not built);
-- a generated matrix of 1,000 targets (one small model, 10 x 100 buckets). Its artifacts are written
+Cases, timed in the same run and interleaved (one run of each in turn, so load on the host hits both):
+- **generated**: a matrix of 1,000 targets (one small model, 10 x 100 buckets). Its artifacts are written
   straight into the store with the same manifest the build writes (compiling 1,000 targets would take
-  an hour and is not what is measured here: the no-op path never compiles).
+  an hour and is not what is measured here: the no-op path never compiles);
+- **plain_doit**: a dodo.py of 1,000 file tasks (each a `file_dep` and a `target`), all up to date: what
+  doit itself costs for a no-op of the same size;
+- **shipped** (with `--shipped`): the shipped matrix (build it first with `doit build`).
 
-Each case runs `python -m doit build` N times in a fresh process and reports min / median wall seconds,
-and checks that no compile started and torch was never imported.
+Each run is a fresh `python -c <doit main>` process; the script reports min / median wall seconds, checks
+that no compile started and torch was never imported, and prints JSON with `generated.targets`,
+`generated.median_s`, `generated.torch_imported`, `plain_doit.median_s` and `ratio` (generated over
+plain doit, medians; the goal is at most 1.3), and `cpu_ratio`, the same over the processes' CPU seconds
+(user + sys), which other load on a shared host disturbs less than wall time.
 
-    .venv/bin/python benchmarks/noop_build.py [--runs 5]
+    .venv/bin/python benchmarks/noop_build.py [--runs 7] [--shipped]
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -84,42 +90,97 @@ def populate(cfg: Path) -> int:
     return len(b.targets)
 
 
-def time_noop(folder: Path, runs: int) -> dict:
+PLAIN_DODO = '''
+from pathlib import Path
+
+DOIT_CONFIG = {"default_tasks": ["copy"], "verbosity": 2}
+
+
+def _copy(src, dst):
+    Path(dst).write_bytes(Path(src).read_bytes())
+
+
+def task_copy():
+    for i in range(N):
+        yield {"name": f"f{i}", "actions": [(_copy, [f"in/{i}.txt", f"out/{i}.txt"])],
+               "file_dep": [f"in/{i}.txt"], "targets": [f"out/{i}.txt"]}
+'''
+
+
+def plain_project(d: Path, n: int) -> None:
+    """A plain doit project of ``n`` file tasks, built once (so the timed runs are no-ops)."""
+    (d / "in").mkdir(parents=True)
+    (d / "out").mkdir()
+    for i in range(n):
+        (d / "in" / f"{i}.txt").write_text(f"file {i}\n")
+    (d / "dodo.py").write_text(PLAIN_DODO.replace("range(N)", f"range({n})"))
+    p = subprocess.run([sys.executable, "-m", "doit"], cwd=d, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"plain doit build failed:\n{p.stderr[-2000:]}")
+
+
+def run_once(folder: Path, task: str) -> tuple[float, dict]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    walls, last = [], None
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-c", PROBE], cwd=folder, env=env, capture_output=True, text=True)
-        walls.append(time.perf_counter() - t0)
-        line = [ln for ln in p.stderr.splitlines() if ln.startswith("RESULT")]
-        if p.returncode != 0 or not line:
-            raise SystemExit(f"no-op build failed in {folder}:\n{p.stderr[-2000:]}")
-        _, rc, torch_imported = line[-1].split()
-        last = {"exit": int(rc), "torch_imported": torch_imported == "True",
-                "up_to_date": p.stdout.count("-- build:"), "ran": p.stdout.count(".  build:")}
-    return {"runs": runs, "min_s": round(min(walls), 3), "median_s": round(statistics.median(walls), 3), **last}
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", PROBE.replace('["build"]', f'["{task}"]')], cwd=folder, env=env,
+                       capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    line = [ln for ln in p.stderr.splitlines() if ln.startswith("RESULT")]
+    if p.returncode != 0 or not line:
+        raise SystemExit(f"no-op build failed in {folder}:\n{p.stderr[-2000:]}")
+    _, rc, torch_imported = line[-1].split()
+    return wall, {"cpu_s": round(cpu, 3), "exit": int(rc), "torch_imported": torch_imported == "True",
+                  "up_to_date": p.stdout.count(f"-- {task}:"), "ran": p.stdout.count(f".  {task}:")}
+
+
+def summary(walls: list[float], cpus: list[float], last: dict) -> dict:
+    last = {k: v for k, v in last.items() if k != "cpu_s"}
+    return {"runs": len(walls), "min_s": round(min(walls), 3), "median_s": round(statistics.median(walls), 3),
+            "median_cpu_s": round(statistics.median(cpus), 3), **last}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--shipped", action="store_true", help="also time the shipped matrix (built first)")
     args = ap.parse_args()
-    results = {"cpus": os.cpu_count()}
-
-    shipped = time_noop(REPO, args.runs)
-    if shipped["ran"]:
-        raise SystemExit("the shipped matrix is not fully built; run `doit build` first")
-    results["shipped"] = shipped
+    results: dict = {"cpus": os.cpu_count()}
 
     with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp)
-        (d / "genmodels").mkdir()
+        d = Path(tmp) / "generated"
+        (d / "genmodels").mkdir(parents=True)
         (d / "genmodels" / "__init__.py").write_text("")
         (d / "genmodels" / "lin.py").write_text("import torch\n\ndef build():\n    return torch.nn.Linear(8, 8)\n")
         (d / "buckets.toml").write_text(GENERATED)
         (d / "dodo.py").write_text("from neuron_build.tasks import *  # noqa\n")
         n = populate(d / "buckets.toml")
-        results["generated"] = {"targets": n, **time_noop(d, args.runs)}
+        plain = Path(tmp) / "plain"
+        plain_project(plain, n)
+        cases = {"generated": (d, "build"), "plain_doit": (plain, "copy")}
+        if args.shipped:
+            cases["shipped"] = (REPO, "build")
+        walls: dict[str, list[float]] = {c: [] for c in cases}
+        cpus: dict[str, list[float]] = {c: [] for c in cases}
+        last: dict[str, dict] = {}
+        for folder, task in cases.values():  # warm the file cache once, untimed
+            run_once(folder, task)
+        for _ in range(args.runs):
+            for c, (folder, task) in cases.items():
+                w, last[c] = run_once(folder, task)
+                walls[c].append(w)
+                cpus[c].append(last[c]["cpu_s"])
+        for c in cases:
+            results[c] = summary(walls[c], cpus[c], last[c])
+            if last[c]["ran"]:
+                raise SystemExit(f"{c}: {last[c]['ran']} tasks ran; the no-op must run none "
+                                 f"(shipped: run `doit build` first)")
+        results["generated"] = {"targets": n, **results["generated"]}
+    results["ratio"] = round(results["generated"]["median_s"] / results["plain_doit"]["median_s"], 2)
+    # CPU seconds (user + sys) of the doit processes: less sensitive to other load on a shared host
+    results["cpu_ratio"] = round(results["generated"]["median_cpu_s"] / results["plain_doit"]["median_cpu_s"], 2)
     print(json.dumps(results, indent=2))
 
 

@@ -36,9 +36,10 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def digests(store: Path) -> dict[str, str]:
+    """{layout path: sha256} of every committed manifest (``ac/``) and blob (``cas/``) of the store."""
     out = {}
-    for f in sorted(store.glob("objects/*/*/*")):
-        if f.is_file():
+    for f in sorted([*store.glob("ac/*/*.json"), *store.glob("cas/*/*")]):
+        if f.is_file() and not f.name.startswith("."):
             out[f.relative_to(store).as_posix()] = hashlib.sha256(f.read_bytes()).hexdigest()
     return out
 

@@ -15,8 +15,10 @@ Core module: torch is imported only inside :func:`load_artifact`.
 
 from __future__ import annotations
 
+import itertools
 import warnings
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,8 @@ from neuron_build.errors import UserError
 
 #: The loader of AOTInductor packages (``.pt2``).
 AOTI_LOADER = "torch._inductor.aoti_load_package"
+#: The loader a release records for compile-cache and torchneuron artifacts (caches, not models).
+CACHE_LOADER = "torch.compiler.load_cache_artifacts"
 #: The loader of TorchScript modules (``.pt``), Neuron artifacts included.
 JIT_LOADER = "torch.jit.load"
 #: The model files looked for, in this order, when the compiler recorded none the artifact holds.
@@ -92,4 +96,170 @@ def load_artifact(path: str | Path, loader: str, backend: str, device: str | Non
         return torch.jit.load(str(path), map_location=device)
 
 
-__all__ = ["AOTI_LOADER", "JIT_LOADER", "MODEL_FILES", "artifact_file", "load_artifact"]
+# -- which installed versions can load an artifact ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadRule:
+    """What the serving host must have installed to load one kind of artifact.
+
+    Attributes:
+        kind: the artifact kind (a key of :data:`LOAD_RULES`).
+        what: how the kind is named in messages (``AOTInductor package (.pt2)``).
+        requires: package -> a function of the version the artifact was built with, returning the PEP 440
+            specifier the installed version must satisfy (``"2.13.0"`` -> ``"==2.13.0"``).
+        why: the rule in words, with its source, for messages and README.
+    """
+
+    kind: str
+    what: str
+    requires: dict[str, Callable[[str], str]]
+    why: str
+
+
+def _release(v: str) -> tuple[int, ...]:
+    """The numeric release of a version (``2.13.0+cpu`` -> ``(2, 13, 0)``)."""
+    out = []
+    for part in v.split("+", maxsplit=1)[0].split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def _same_release(v: str) -> str:
+    return "==" + ".".join(map(str, _release(v)[:3]))
+
+
+def _same_minor(v: str) -> str:
+    return "==" + ".".join(map(str, _release(v)[:2])) + ".*"
+
+
+def _this_or_newer_minor(v: str) -> str:
+    r = _release(v)
+    return f">={r[0]}.{r[1]},<{r[0] + 1}" if len(r) >= 2 else f">={v}"
+
+
+def _this_or_newer(v: str) -> str:
+    return ">=" + ".".join(map(str, _release(v))) if _release(v) else f">={v}"
+
+
+#: Artifact kind -> its :class:`LoadRule`. A new artifact kind adds a row (and :func:`artifact_kind` maps
+#: its loader to it); every check (promotion gate, pull, :class:`~neuron_build.runtime.BucketedModel`) reads
+#: this table.
+LOAD_RULES: dict[str, LoadRule] = {
+    "aoti": LoadRule(
+        "aoti", "AOTInductor package (.pt2)", {"torch": _same_release},
+        "an AOTInductor package holds compiled C++ kernels for one torch ABI: it loads only in the same "
+        "torch release (major.minor.patch; the local label such as +cpu does not count) [doc: PyTorch "
+        "AOTInductor docs, no compatibility across versions]"),
+    "torchscript": LoadRule(
+        "torchscript", "TorchScript module (.pt)", {"torch": _this_or_newer_minor},
+        "a TorchScript file loads in the torch release that saved it or a newer one of the same major "
+        "version; an older torch may lack operators it uses [doc: PyTorch serialization semantics]"),
+    "neuron": LoadRule(
+        "neuron", "Neuron TorchScript module with NEFF (.pt)",
+        {"torch": _same_minor, "torch-neuronx": _this_or_newer},
+        "torch-neuronx is built for one torch minor release (its metadata pins torch==X.Y.*) [doc: toolchain "
+        "notes]; the NEFF loads with the torch-neuronx (and its runtime) that compiled it or a newer one "
+        "[guess: the toolchain notes state no NEFF/runtime compatibility rule; verify on a Neuron host]"),
+    "compile-cache": LoadRule(
+        "compile-cache", "torch.compile caches (compile_cache.bin, NEFF cache, Inductor kernels)",
+        {"torch": _same_release, "torch-neuronx": _this_or_newer},
+        "torch.compiler.load_cache_artifacts entries are keyed on the torch version (Inductor's FX-graph and "
+        "AOT-autograd cache keys include it [code: torch 2.13]), so another torch release misses every entry; "
+        "TorchNeuron's NEFF cache key omits the torch-neuronx version [code: toolchain notes], so a newer one "
+        "may reuse them [guess]"),
+}
+
+
+def artifact_kind(loader: str, backend: str, artifact: str = "") -> str:
+    """The :data:`LOAD_RULES` kind of an artifact: ``aoti`` for ``.pt2`` (:data:`AOTI_LOADER`),
+    ``compile-cache`` for the caches of the compile-cache and torchneuron backends (:data:`CACHE_LOADER`),
+    ``neuron`` for a neuron backend's TorchScript module, else ``torchscript``."""
+    if loader == AOTI_LOADER or artifact.endswith(".pt2"):
+        return "aoti"
+    if loader == CACHE_LOADER or backend in ("compile-cache", "torchneuron"):
+        return "compile-cache"
+    return "neuron" if backend == "neuron" else "torchscript"
+
+
+def load_requirements(kind: str, toolchain: Mapping[str, Any]) -> dict[str, str]:
+    """Package -> PEP 440 specifier a host must satisfy to load an artifact of ``kind`` built with
+    ``toolchain`` (package -> version, as manifests and releases record it). Packages the toolchain does
+    not name are left out; an unknown kind requires nothing."""
+    rule = LOAD_RULES.get(kind)
+    if rule is None:
+        return {}
+    return {pkg: fn(str(toolchain[pkg])) for pkg, fn in rule.requires.items() if toolchain.get(pkg)}
+
+
+def version_problem(kind: str, toolchain: Mapping[str, Any], installed: Mapping[str, str | None],
+                    what: str) -> str | None:
+    """One line saying why ``installed`` versions cannot load an artifact built with ``toolchain``, or None.
+
+    Args:
+        kind: a :data:`LOAD_RULES` kind.
+        toolchain: package -> version the artifact was built with.
+        installed: package -> the installed version (None: not installed).
+        what: names the artifact or release in the message (``release r-1234 of minilm``).
+    """
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    rule = LOAD_RULES.get(kind)
+    for pkg, spec in load_requirements(kind, toolchain).items():
+        have = installed.get(pkg)
+        built = toolchain[pkg]
+        if have is None:
+            return (f"{what}: built with {pkg} {built}, but {pkg} is not installed here; this "
+                    f"{rule.what} needs {pkg}{spec}")
+        try:
+            ok = SpecifierSet(spec).contains(Version(have), prereleases=True)
+        except (InvalidSpecifier, InvalidVersion):
+            continue  # an unparsable version is not refused on a guess
+        if not ok:
+            return (f"{what}: built with {pkg} {built}, but this host has {pkg} {have}; a {rule.what} needs "
+                    f"{pkg}{spec} ({rule.why.split(' [')[0]}); install {pkg}{spec} or use a release built "
+                    f"with {pkg} {have}")
+    return None
+
+
+def installed_versions(packages: Iterable[str]) -> dict[str, str | None]:
+    """Package -> installed version (None when not installed), from package metadata (no import)."""
+    import importlib.metadata as md
+
+    out: dict[str, str | None] = {}
+    for p in packages:
+        try:
+            out[p] = md.version(p)
+        except md.PackageNotFoundError:
+            out[p] = None
+    return out
+
+
+def release_version_problem(backend: str, toolchain: dict[str, Any], artifacts: list[tuple[str, str]],
+                            what: str, installed: dict[str, str | None] | None = None) -> str | None:
+    """One line saying why this host's installed versions cannot load a release's artifacts, or None.
+
+    The rule is the artifact kind's (:data:`LOAD_RULES`: an AOTInductor ``.pt2``
+    needs the same torch release, a TorchScript ``.pt`` the same or a newer torch of the major version, a
+    Neuron ``.pt`` the same torch minor and the same or a newer torch-neuronx).
+
+    Args:
+        artifacts: (loader, artifact file) of each bucket.
+        installed: package -> installed version; default: this host's (package metadata).
+    """
+    kinds = sorted({artifact_kind(loader, backend, name) for loader, name in artifacts})
+    for kind in kinds:
+        needed = load_requirements(kind, toolchain)
+        have = installed if installed is not None else installed_versions(needed)
+        problem = version_problem(kind, toolchain, have, what)
+        if problem:
+            return problem
+    return None
+
+
+__all__ = ["AOTI_LOADER", "JIT_LOADER", "LOAD_RULES", "MODEL_FILES", "LoadRule", "artifact_file", "artifact_kind",
+           "installed_versions", "load_artifact", "load_requirements", "release_version_problem", "version_problem"]

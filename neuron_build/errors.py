@@ -62,6 +62,44 @@ class BuildFailed(NeuronBuildError):
     exit_code = ExitCode.FAILED
 
 
+class StoreError(NeuronBuildError):
+    """A remote store (``s3://``, any fsspec URL) could not be used. The message is one line naming the URL
+    and the fix.
+
+    Attributes:
+        url: the store's URL.
+        writing: True when the failed operation was a write (publish, a record, a channel swap): the
+            write did not happen, and nothing half-published is left. False for a read, which a
+            read-through cache treats as a miss (fail open: one warning, the build goes on locally).
+    """
+
+    def __init__(self, message: str, url: str, writing: bool):
+        super().__init__(message)
+        self.url = url
+        self.writing = writing
+
+
+class StoreUnreachable(StoreError):
+    """The store's endpoint cannot be reached (connection refused or timed out, name not resolved)."""
+
+
+class StoreDenied(StoreError):
+    """The store refused the credentials, or there are none (HTTP 403, no credentials found)."""
+
+    exit_code = ExitCode.USAGE
+
+
+class StoreMissing(StoreError):
+    """The store's bucket (or base folder) does not exist."""
+
+    exit_code = ExitCode.USAGE
+
+
+class StoreFailed(StoreError):
+    """The store answered with a server error (5xx) or kept throttling (503 SlowDown) after the client
+    library's retries with backoff."""
+
+
 def exit_code(exc: BaseException) -> int:
     """The exit status for an exception that reached the top of a command (the module table)."""
     if isinstance(exc, KeyboardInterrupt):

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_build.artifact import load_artifact
+from neuron_build.artifact import load_artifact, release_version_problem
 from neuron_build.errors import UserError
 from neuron_build.examples import torch_dtype
 
@@ -113,7 +113,10 @@ class BucketedModel:
         compiled with the recorded ``torch.compile`` settings. Nothing compiles until the first call.
 
         Raises:
-            UserError: no ``release.json``, or a listed file is missing or has another size than listed.
+            UserError: no ``release.json``; this host's installed versions cannot load the artifacts (one
+                line naming the built and the installed version; the rule per artifact kind is
+                :data:`neuron_build.artifact.LOAD_RULES`); or a listed file is missing or has another size
+                than listed.
             ImportError: the recorded factory does not import from ``factory_root``.
         """
         user_model = model
@@ -123,6 +126,12 @@ class BucketedModel:
         except (OSError, ValueError) as e:
             raise UserError(f"{root / 'release.json'}: cannot read it ({e}); pull a release into {root} with "
                             f"`neuron-build pull MODEL --channel C --dest {root}`") from None
+        problem = release_version_problem(
+            release.get("backend", ""), release.get("toolchain") or {},
+            [(b.get("loader", ""), b.get("artifact", "")) for b in release["buckets"]],
+            f"{root / 'release.json'} (release {release.get('release')} of {release.get('model')})")
+        if problem:
+            raise UserError(problem)
         for b in release["buckets"]:
             for name, ent in b["files"].items():
                 p = root / name

@@ -49,4 +49,9 @@ class Verdict(_Word):
     NOT_VALIDATED = "not_validated"   # this host cannot run the artifact (e.g. no NeuronCore)
 
 
-__all__ = ["Status", "BuildResult", "TargetState", "Verdict"]
+
+
+#: The reason of a cached build outcome whose artifact came from the read-through store's remote.
+DOWNLOADED = "downloaded from the remote store, every blob verified"
+
+__all__ = ["DOWNLOADED", "Status", "BuildResult", "TargetState", "Verdict"]

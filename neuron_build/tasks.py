@@ -25,6 +25,7 @@ environment variable. ``doit build retry_failed=0`` skips targets whose current 
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -35,6 +36,7 @@ from doit.cmd_base import NamespaceTaskLoader
 from doit.exceptions import TaskFailed
 
 from neuron_build.build.builder import Builder, Outcome
+from neuron_build.build.local import default_jobs
 from neuron_build.errors import ConfigError, UserError, exit_code
 from neuron_build.evaluate.validate import (
     artifact_device_kind,
@@ -56,8 +58,41 @@ DOIT_CONFIG = {
     "backend": "sqlite3",
     "dep_file": ":memory:",    # per process: concurrent builds never share (or lock) a database
     "verbosity": 2,
+    # compiles at once: one per CPU, bounded by physical memory over the default expected peak of a compile
+    # ([build] max_host_memory_gb is enforced per compile by the memory budget); `doit -n 1 build` for serial
+    "num_process": default_jobs(),
+    "par_type": "thread",      # one Builder shared by the runners; each compile is its own worker process
 }
 
+
+def _unmet_dependency_is_a_failure() -> None:
+    """Make doit exit 1, not 2, when tasks failed and others were skipped because of them.
+
+    ``doit build`` runs the group task ``build``, which depends on every ``build:<target>``; when one
+    fails, doit records the group task's :class:`~doit.exceptions.UnmetDependency`, a ``TaskError``, and
+    exits 2, the code the README reserves for user errors. A task not run because a task it depends on
+    failed is part of that failure: this wraps ``Runner._handle_task_error`` (used by doit's serial,
+    process and thread runners) so such a skip keeps the result at 1 unless a real error happened. Applied
+    once, when this module is imported (only by ``dodo.py`` and ``neuron-build build``).
+    """
+    from doit.exceptions import UnmetDependency
+    from doit.runner import ERROR, FAILURE, Runner
+
+    orig = Runner._handle_task_error
+    if getattr(orig, "_neuron_build", False):
+        return
+
+    def handle(self, node, base_fail):
+        before = self.final_result
+        orig(self, node, base_fail)
+        if isinstance(base_fail, UnmetDependency) and before != ERROR:
+            self.final_result = FAILURE
+
+    handle._neuron_build = True  # type: ignore[attr-defined]
+    Runner._handle_task_error = handle
+
+
+_unmet_dependency_is_a_failure()
 
 _MAIN_PID = os.getpid()
 _pdeathsig_set = False
@@ -93,10 +128,21 @@ def _load_builder() -> Builder:
     return Builder(project)  # logs the `auto` fallback note, once per process
 
 
-def _is_built(store: ArtifactStore, key: str) -> bool:
-    """``uptodate`` of a ``build:`` task: the store holds a complete artifact for ``key``. A plain
-    function, not a bound method: doit inspects every uptodate callable's signature on every no-op run."""
-    return store.is_complete(key)
+def _push_failed(lines: list[str]) -> TaskFailed:
+    """The action of the ``build:(push)`` task: fail with one line per artifact that is still not pushed."""
+    return TaskFailed("\n".join(lines))
+
+
+def _is_built(store: ArtifactStore, key: str, hits: list[str] | None = None, target_id: str = "") -> bool:
+    """``uptodate`` of a ``build:`` task: the store holds a complete artifact for ``key`` here. A hit on a
+    read-through store's remote runs the task, which downloads the artifact and verifies every blob. A
+    plain function, not a bound method: doit inspects every uptodate callable's signature on every no-op run.
+    A hit is added to ``hits`` (the session writes them to the build ledger when the build ends)."""
+    found = store.lookup(key)
+    done = found.hit and found.location != "remote"
+    if done and hits is not None:
+        hits.append(target_id)
+    return done
 
 
 class BuildSession(NamespaceTaskLoader):
@@ -122,6 +168,8 @@ class BuildSession(NamespaceTaskLoader):
         self._builder = builder
         self.retry_failed = retry_failed
         self.outcomes: dict[str, Outcome] = {}
+        #: target ids doit found up to date in this session (written to the ledger by :meth:`flush_hits`)
+        self.hits: list[str] = []
         self.namespace = {"DOIT_CONFIG": DOIT_CONFIG, "task_build": self.task_build,
                           "task_validate": self.task_validate}
 
@@ -147,25 +195,39 @@ class BuildSession(NamespaceTaskLoader):
         b = self.builder
         os.environ["NEURON_BUILD_CONFIG"] = str(b.project.path)
         doit_args = ["run", "--db-file", ":memory:"]  # see the module docstring: one db per process
-        if jobs > 1:
-            doit_args += ["-n", str(jobs), "-P", "thread"]  # (-n 1 would fork one runner process)
+        # always explicit: DOIT_CONFIG's parallel default must not override jobs=1 (-n 0: doit's serial runner)
+        doit_args += ["-n", str(jobs) if jobs > 1 else "0", "-P", "thread"]
         doit_args += [f"build:{t}" for t in target_ids] if target_ids is not None else ["build"]
         b.project.state_dir.mkdir(parents=True, exist_ok=True)
         self.outcomes.clear()
-        return DoitMain(self).run(doit_args)
+        self.hits.clear()
+        try:
+            return DoitMain(self).run(doit_args)
+        finally:
+            self.flush_hits()
+
+    def flush_hits(self) -> None:
+        """Write the cache hits collected so far to the build ledger (one object), then forget them."""
+        if self.hits and self._builder is not None:
+            hits, self.hits[:] = list(self.hits), []
+            self._builder.record_cache_hits(hits)
 
     # -- build ----------------------------------------------------------------------------------------
     def task_build(self) -> Iterator[dict[str, Any]]:
         """Compile every target of the matrix that the store does not hold yet."""
         b = self.builder
         b.store.clean_staging()
+        unpushed = b.push_pending()
+        if unpushed:  # built earlier, still not on the remote: the build says so until a push succeeds
+            yield {"name": "(push)", "doc": "push what earlier builds could not", "uptodate": [False],
+                   "actions": [(_push_failed, [unpushed])]}
         for t in b.targets:
             key = b.key(t).key
             yield {
                 "name": t.id,
                 "doc": f"compile {t.id} ({b.keys.backend}, {b.keys.hardware_target})",
                 "actions": [(self._build, [t.id])],
-                "uptodate": [(_is_built, [b.store, key])],
+                "uptodate": [(_is_built, [b.store, key, self.hits, t.id])],
             }
         b.keys.save()
 
@@ -177,6 +239,9 @@ class BuildSession(NamespaceTaskLoader):
         self.outcomes[target_id] = out
         if not out.ok:
             return TaskFailed(f"{target_id}: {out.status}: {out.reason}")
+        unpushed = b.push_failure(out.key)
+        if unpushed:
+            return TaskFailed(f"{target_id}: built, but {unpushed}")
         return {"key": out.key, "status": out.status}
 
     # -- validate -------------------------------------------------------------------------------------
@@ -221,6 +286,7 @@ def session() -> BuildSession:
     global _session
     if _session is None:
         _session = BuildSession()
+        atexit.register(_session.flush_hits)  # plain `doit build`: the hits go to the ledger as doit exits
     return _session
 
 

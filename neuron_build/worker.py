@@ -1,8 +1,10 @@
 """The compile subprocess: ``python -m neuron_build.worker REQUEST.json``.
 
 Reads a :class:`~neuron_build.compilers.base.CompileRequest`, builds the model from its factory, makes the
-example inputs, runs the backend, and writes ``result.json`` (op count, its source, backend details) into
-the request's work_dir. On failure it writes ``error.json`` (status, reason, details) there and exits with
+example inputs, runs the backend, and writes ``result.json`` (op count, its source, backend details, and
+``imported``: the project files, relative to the project folder, that were imported while the model was
+built and compiled, so the next plan can key on modules no static reading finds) into the request's
+work_dir. On failure it writes ``error.json`` (status, reason, details) there and exits with
 the failure's exit status: 1 for a compiler error, 3 for a missing toolchain, 70 for a transient tool
 failure, 137 for a compiler killed by SIGKILL. Everything it prints goes to the worker log
 (``worker.log`` in the artifact, ``failure.log`` beside a failure record).
@@ -25,7 +27,7 @@ from neuron_build.util import write_json_atomic
 
 def run(request_path: str) -> int:
     """Run one compile request; returns the process exit status."""
-    from neuron_build.compilers.base import CompileFailed, CompileRequest, load_compiler
+    from neuron_build.compilers.base import CompileFailed, CompileRequest, enter_stage, load_compiler
 
     req = CompileRequest(**json.loads(Path(request_path).read_text()))
     work = Path(req.work_dir)
@@ -33,6 +35,7 @@ def run(request_path: str) -> int:
     print(f"neuron-build worker: target {req.target} key {req.key[:12]} backend {req.backend} "
           f"({req.hardware_target}) dtype {req.dtype}", flush=True)
     try:
+        enter_stage("model")
         try:
             from neuron_build.examples import build_model, make_inputs
             compiler = load_compiler(req.backend)
@@ -58,8 +61,10 @@ def run(request_path: str) -> int:
         write_json_atomic(work / "error.json", {"status": Status.ERROR, "reason": f"{type(e).__name__}: {first}"[:500],
                                      "details": {}})
         return 1
+    from neuron_build.project.sources import recorded_files
+    imported = recorded_files(sys.modules.values(), Path(req.root), exclude=[work.parent, Path(req.out_dir).parent])
     write_json_atomic(work / "result.json", {"op_count": result.op_count, "op_count_source": result.op_count_source,
-                                  "details": result.details})
+                                  "details": result.details, "imported": imported})
     print(f"compile done in {time.monotonic() - t0:.1f} s", flush=True)
     return 0
 

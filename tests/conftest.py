@@ -121,6 +121,13 @@ def compiles_in_log(state_dir: Path) -> list[str]:
     return out
 
 
+def manifest_file(store, key: str) -> Path:
+    """The file of ``key``'s manifest in a local store (``ac/<key[:2]>/<key>.json``)."""
+    from neuron_build.store import layout
+
+    return store.path(layout.manifest_path(key))
+
+
 def rewrite_manifest(path: Path, change) -> dict:
     """Edit a stored manifest the way a deliberate test fixture must: apply ``change(dict)`` and re-seal it
     with its own sha256, so the store still sees a complete object (an edit without resealing is caught
@@ -133,3 +140,50 @@ def rewrite_manifest(path: Path, change) -> dict:
     m[SELF_DIGEST] = manifest_digest(m)
     path.write_text(json.dumps(m, indent=2) + "\n")
     return m
+
+
+# -- a real S3 endpoint (tests/s3server.py) -----------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """One moto server for the whole session, on 127.0.0.1 and a free port."""
+    from s3server import S3Server
+    srv = S3Server().start()
+    yield srv
+    srv.stop()
+
+
+def aws_env(monkeypatch, endpoint: str, tmp_path: Path) -> None:
+    """Point s3fs and boto3 at ``endpoint`` with test credentials, as a user's environment would, and
+    keep every other AWS setting of the host out (no profile, no config file, no instance metadata)."""
+    from s3server import ACCESS_KEY, REGION, SECRET_KEY
+    for var in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/neuron-build-tests/aws-config")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/neuron-build-tests/aws-credentials")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    import s3fs
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch, tmp_path):
+    """The session's S3 server, reset (``POST /moto-api/reset``), with the AWS variables pointing at it."""
+    s3_server.reset()
+    aws_env(monkeypatch, s3_server.url, tmp_path)
+    return s3_server
+
+
+@pytest.fixture
+def s3_bucket(s3_env) -> str:
+    """A fresh, empty bucket on the session's S3 server; its name."""
+    import secrets
+
+    name = f"nb-test-{secrets.token_hex(4)}"
+    s3_env.client().create_bucket(Bucket=name)
+    return name

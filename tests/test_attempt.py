@@ -206,8 +206,8 @@ def test_builder_publishes_what_the_executor_returns(tiny):
     (req,) = ex.requests
     assert req.target == t.id and req.key == out.key and req.backend == "torchscript"
     m = b.store.manifest(out.key)
-    assert set(m.files) == {"model.pt", WORKER_LOG} and m.metrics.status == "PASS"
-    assert (b.store.object_dir(out.key) / WORKER_LOG).read_bytes() == b"worker says hi\n"
+    assert set(m.files) == {"model.pt"} and set(m.logs) == {WORKER_LOG} and m.metrics.status == "PASS"
+    assert b.store.log_file(out.key, WORKER_LOG).read_bytes() == b"worker says hi\n"
     assert json.loads(json.dumps(out.metrics))["status"] == "PASS"
     again = b.build(t)
     assert again.status is BuildResult.CACHED and len(ex.requests) == 1

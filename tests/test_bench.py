@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from conftest import rewrite_manifest, run_cli, write_tiny_project
+from conftest import manifest_file, rewrite_manifest, run_cli, write_tiny_project
 
 from neuron_build.build.builder import Builder
 from neuron_build.evaluate.bench import SCHEDULE, latency_stats, percentile, run_dir_name, time_calls, time_interleaved
@@ -189,7 +189,7 @@ def test_neuron_artifact_is_skipped_without_a_neuroncore(tmp_path):
     assert run_cli("build", "-c", str(cfg), "other").returncode == 0
     b = Builder(load_project(cfg))
     key = b.key(b.by_id["other/static/fp32/p1"]).key
-    mf = b.store.object_dir(key) / "manifest.json"
+    mf = manifest_file(b.store, key)
     rewrite_manifest(mf, lambda m: m.update(backend="neuron", hardware_target="trn1"))
     r = run_cli("bench", "-c", str(cfg), "--iters", "3", "other")
     assert r.returncode == 0

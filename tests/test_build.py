@@ -15,6 +15,7 @@ from test_config import edit
 
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
+from neuron_build.store import Lookup
 
 
 def plan(cfg: Path) -> dict[str, dict]:
@@ -43,7 +44,7 @@ def test_build_then_noop_then_incremental(tiny):
     assert m["metrics"]["op_count_source"].startswith("torchscript-frozen-graph")
     assert m["metrics"]["peak_rss_bytes"] > 50 * 2**20
     assert m["metrics"]["artifact_bytes"] == sum(f["size"] for f in m["files"].values())
-    assert set(m["files"]) == {"model.pt", "worker.log"}
+    assert set(m["files"]) == {"model.pt"} and set(m["logs"]) == {"worker.log"}  # logs are not pinned
     assert m["key_details"]["inputs"] == {"dtype": "bf16", "inputs": [
         {"name": "x", "shape": [1, 16], "dtype": "bf16", "range": None}]}
     assert m["toolchain"]["torch"].startswith("2.")
@@ -71,7 +72,7 @@ def test_artifact_loads_and_computes(tiny):
     b = Builder(load_project(tiny))
     t = b.by_id["other/static/fp32/p1"]
     m = b.store.manifest(b.key(t).key)
-    mod = torch.jit.load(str(b.store.object_dir(m.key) / "model.pt"))
+    mod = torch.jit.load(str(b.store.artifact_dir(m.key) / "model.pt"))
     torch.manual_seed(1)
     ref = torch.nn.Linear(16, 3)
     x = torch.randn(2, 16)
@@ -87,7 +88,7 @@ def test_failed_compile_is_recorded_not_served_and_retried(tiny):
     b = Builder(load_project(tiny))
     t = b.by_id["other/static/fp32/p1"]
     assert b.state(t) == "failed"
-    assert not b.store.object_dir(b.key(t).key).exists()
+    assert b.store.lookup(b.key(t).key) == Lookup(b.key(t).key)  # absent, not damaged
     fail = b.store.failure(t.id)
     assert fail.status == "ERROR" and fail.exit_code == 1
     assert b"factory exploded on purpose" in b.store.failure_log(t.id).read_bytes()
@@ -132,8 +133,8 @@ def test_sigkill_of_doit_mid_compile_leaves_no_partial_object(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     time.sleep(0.5)
-    objects = cfg.parent / "artifacts" / "objects"
-    assert not objects.exists() or not any(objects.rglob("manifest.json"))
+    ac = cfg.parent / "artifacts" / "ac"
+    assert not ac.exists() or not any(ac.rglob("*.json"))  # nothing committed
     # the worker died with its parent (no orphan compile)
     out = subprocess.run(["pgrep", "-f", f"neuron_build.worker {staging}"], capture_output=True, text=True)
     assert out.stdout.strip() == ""

@@ -81,15 +81,15 @@ def test_imported_module_is_part_of_the_key(tiny):
     after = keys_of(tiny)
     changed = {i for i in after if after[i] != before[i]}
     assert changed == {i for i in after if i.startswith("tiny/")}
-    files = [p.name for p in local_imports(tiny.parent / "tinylib" / "tiny.py", tiny.parent / "tinylib")]
+    files = [p.name for p in local_imports(tiny.parent / "tinylib" / "tiny.py", tiny.parent)]
     assert files == ["__init__.py", "act.py", "tiny.py"]  # importing tinylib.act runs tinylib/__init__.py
 
 
 def test_env_and_backend_in_key(tiny, monkeypatch):
     base = keys_of(tiny)
-    monkeypatch.setenv("PYTORCH_JIT_LOG_LEVEL", ">>foo")
-    assert keys_of(tiny) != base  # torchscript backend: PYTORCH_JIT* changes the key
-    monkeypatch.delenv("PYTORCH_JIT_LOG_LEVEL")
+    monkeypatch.setenv("PYTORCH_JIT", "0")
+    assert keys_of(tiny) != base  # torchscript backend: PYTORCH_JIT=0 turns scripting off
+    monkeypatch.delenv("PYTORCH_JIT")
     monkeypatch.setenv("NEURON_CC_FLAGS", "--optlevel=3")  # not a torchscript variable
     assert keys_of(tiny) == base
     assert keys_of(tiny, backend="inductor") != base
@@ -145,3 +145,27 @@ def test_plan_changed_names_component_first(tiny):
     edit(tiny, 'compiler_args = ["--optlevel=1"]', 'compiler_args = ["--optlevel=3"]')
     b2 = Builder(load_project(tiny))
     assert b2.changed(b2.by_id[t.id]) == (["compiler: compiler_args"], t.id)
+
+
+def test_removed_target_index_picks_the_closest_record():
+    """The plan's index of removed targets answers as a scan over all of them would: the record with the
+    fewest differing components, the first by target id among equals."""
+    import random
+
+    from neuron_build.build.planner import _RemovedIndex
+
+    rng = random.Random(7)
+    comps = list(COMPONENTS)
+    recs = []
+    for i in range(300):
+        details = {c: rng.choice(["a", "b", "c"]) for c in comps}
+        recs.append(TargetRecord(target=f"m/b{i:03d}/fp32/p1", key=str(i), status="PASS", details=details))
+    idx = _RemovedIndex()
+    for r in reversed(recs):
+        idx.add(r)
+    for _ in range(50):
+        new = {c: rng.choice(["a", "b", "c", "d"]) for c in comps}
+        from neuron_build.util import canonical_json, sha256_hex
+        hashes = {c: sha256_hex(canonical_json(new[c])) for c in comps}
+        want = min(recs, key=lambda r: (len(diff_components(r.details, new)), r.target))
+        assert idx.closest(hashes).target == want.target

@@ -63,3 +63,36 @@ def test_changed_bucket_named_in_plan(tiny):
     assert row["compared_with"] == "tiny/b4/fp32/p1"
     assert plan["tiny/b1/fp32/p1"]["state"] == "cached"
     assert plan["tiny/b1/fp32/p1"]["changed"] == []
+
+
+def test_doit_build_with_a_failed_target_exits_1(tmp_path):
+    from conftest import write_tiny_project
+
+    cfg = write_tiny_project(tmp_path / "p", extra='''
+    [models.bad]
+    factory = "tinylib.tiny:broken"
+    dtypes = ["fp32"]
+    profiles = ["p1"]
+    inputs = [{ name = "x", shape = [2, 16] }]
+    ''')
+    text = cfg.read_text().replace('buckets = { batch = [1, 4] }', 'buckets = { batch = [1] }')
+    text = text.replace('profiles = ["p1", "p2"]', 'profiles = ["p1"]')
+    cfg.write_text(text.replace('dtypes = ["fp32", "bf16"]', 'dtypes = ["fp32"]'))
+    (cfg.parent / "dodo.py").write_text("from neuron_build.tasks import *\n")
+    r = subprocess.run([sys.executable, "-m", "doit", "build"], cwd=cfg.parent,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True)
+    assert r.returncode == 1, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert "bad/static/fp32/p1: ERROR: RuntimeError: factory exploded on purpose" in r.stdout + r.stderr
+    assert r.stdout.count(".  build:") == 3  # the others were built all the same
+
+
+def test_parallel_compiles_by_default():
+    from neuron_build.build.local import default_jobs
+    from neuron_build.tasks import DOIT_CONFIG
+
+    GB = 10**9
+    assert default_jobs(cpus=8, host_memory_bytes=64 * GB) == 8
+    assert default_jobs(cpus=8, host_memory_bytes=16 * GB) == 3             # 12.8 GB usable / 4 GB a compile
+    assert default_jobs(48 * GB, 16 * GB, cpus=8) == 3                      # [build] max_host_memory_gb = 48
+    assert default_jobs(2 * GB, 16 * GB, cpus=8) == 1
+    assert DOIT_CONFIG["num_process"] == default_jobs() and DOIT_CONFIG["par_type"] == "thread"

@@ -17,6 +17,7 @@ from neuron_build.build.builder import Builder
 from neuron_build.errors import UserError
 from neuron_build.project.config import load_project
 from neuron_build.release import (
+    SWAP_ATTEMPTS,
     ChannelPointer,
     HistoryEntry,
     PromotionRefused,
@@ -29,6 +30,8 @@ from neuron_build.release import (
     pull,
     rollback,
 )
+from neuron_build.release.pull import MARKER
+from neuron_build.store import layout
 from neuron_build.store.local import LocalStore
 from neuron_build.util import percentile
 
@@ -385,7 +388,7 @@ def test_every_gate_reported_and_refusals_recorded(proj):
     r1 = make(proj)
     e = refused(store, settings, "dev", release=r1["id"], reason="try")
     assert [g["name"] for g in e["gates"]] == ["channel_order", "validated", "artifact_count", "op_count",
-                                               "p99_latency", "compile_time_p95", "warmup"]
+                                               "p99_latency", "compile_time_p95", "serving_toolchain", "warmup"]
     warm = e["gates"][-1]  # a torchscript release holds compiled models: nothing to warm
     assert (warm["passed"], warm["figures"]) == (True, {"applies": False})
     assert channel_pointer(store, "tiny", "dev") is None
@@ -434,7 +437,9 @@ def _race(cfg: str, release: str, barrier, queue) -> None:
         queue.put(("error", release, None, repr(ex)))
 
 
-def test_two_promotions_race_exactly_one_wins(proj):
+def test_two_racing_promotions_both_land_each_checked_against_the_other(proj):
+    """Two promotions read the empty channel at once; exactly one compare-and-swap wins. The loser reads
+    the channel again, checks its gates again against the winner's release, and lands on top of it."""
     _, _, store, _ = ctx(proj)
     r1, r2 = make(proj), make(proj, "bf16")
     mp = multiprocessing.get_context("spawn")
@@ -446,19 +451,34 @@ def test_two_promotions_race_exactly_one_wins(proj):
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    assert sorted(r[0] for r in results) == ["lost", "won"], results
-    won = next(r for r in results if r[0] == "won")
-    lost = next(r for r in results if r[0] == "lost")
-    assert won[2] == 1 and lost[2] == 1  # the loser saw version 1 when it swapped
-    assert f"tiny/dev moved to {won[1]} (version 1, promoted by racer-{won[1]}" in lost[3]
-    assert f"while this promotion of {lost[1]} was checked against version 0; nothing changed" in lost[3]
+    assert sorted(r[0] for r in results) == ["won", "won"], results
+    first, second = sorted(results, key=lambda r: r[2])
+    assert (first[2], second[2]) == (1, 2)
     ptr = channel_pointer(store, "tiny", "dev")
-    assert (ptr["release"], ptr["version"], ptr["who"]) == (won[1], 1, f"racer-{won[1]}")
+    assert (ptr["release"], ptr["version"], ptr["previous"]) == (second[1], 2, first[1])
     hist = channel_history(store, "tiny", "dev")
-    assert [(h["action"], h["to"], h["who"]) for h in hist] == [
-        ("promote", won[1], f"racer-{won[1]}"), ("refuse", lost[1], f"racer-{lost[1]}")]
-    assert hist[1]["refused"] == lost[3] and hist[1]["from"] is None  # it had read the empty channel
-    assert all(g["passed"] for g in hist[1]["gates"])  # refused for the race, not for a gate
+    assert [(h["action"], h["from"], h["to"], h["version"]) for h in hist] == [
+        ("promote", None, first[1], 1), ("promote", first[1], second[1], 2)]
+    assert all(g["passed"] for h in hist for g in h["gates"])
+
+
+def test_a_promotion_gives_up_on_a_channel_that_keeps_moving(proj, monkeypatch):
+    _, _, store, settings = ctx(proj)
+    r1 = make(proj)
+    calls = []
+
+    def always_lose(model, channel, pointer, expected):
+        calls.append(expected)
+        return False
+
+    monkeypatch.setattr(store, "swap_channel", always_lose)
+    with pytest.raises(PromotionRefused) as ei:
+        promote(store, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True)
+    assert len(calls) == SWAP_ATTEMPTS
+    assert str(ei.value) == (f"tiny/dev moved {SWAP_ATTEMPTS} times while this promotion of {r1['id']} was being "
+                             f"checked (compare-and-swap lost each time); nothing changed. Re-run the promotion")
+    assert channel_pointer(store, "tiny", "dev") is None
+    assert [h["action"] for h in channel_history(store, "tiny", "dev")] == ["refuse"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -540,6 +560,10 @@ def tree(d: Path) -> dict[str, bytes]:
     return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
 
 
+def blob_of(store: LocalStore, rel: dict, i: int, name: str = "model.pt") -> Path:
+    return store.path(layout.blob_path(rel["artifacts"][i]["files"][name]["sha256"]))
+
+
 def test_pull_verifies_and_refuses_tampered_object(proj, tmp_path):
     _, _, store, settings = ctx(proj)
     r1 = make(proj)
@@ -547,60 +571,94 @@ def test_pull_verifies_and_refuses_tampered_object(proj, tmp_path):
     dest = tmp_path / "serve" / "tiny"
     doc = pull(store, "tiny", "dev", dest, settings)
     assert doc["release"] == r1["id"] and doc["channel_version"] == 1
-    assert sorted(tree(dest)) == ["b1/manifest.json", "b1/model.pt", "b1/worker.log",
-                                  "b4/manifest.json", "b4/model.pt", "b4/worker.log", "release.json"]
+    assert sorted(tree(dest)) == [MARKER, "b1/manifest.json", "b1/model.pt", "b4/manifest.json", "b4/model.pt",
+                                  "release.json"]  # no worker.log: logs are not part of a release
     assert json.loads((dest / "release.json").read_text()) == doc
+    marker = json.loads((dest / MARKER).read_text())
+    assert (marker["release"], marker["channel"], marker["files"]) == (
+        r1["id"], "dev", ["b1/manifest.json", "b1/model.pt", "b4/manifest.json", "b4/model.pt", "release.json"])
     assert doc["inputs"] == [{"name": "x", "shape": ["batch", 16], "dtype": "fp32", "pad": 0.0}]
     assert [(b["id"], b["sizes"], b["inputs"], b["artifact"], b["loader"]) for b in doc["buckets"]] == [
         ("b1", {"batch": 1}, [{"name": "x", "shape": [1, 16], "dtype": "fp32"}], "b1/model.pt", "torch.jit.load"),
         ("b4", {"batch": 4}, [{"name": "x", "shape": [4, 16], "dtype": "fp32"}], "b4/model.pt", "torch.jit.load")]
     for b in doc["buckets"]:
-        obj = store.object_dir(b["key"])
         for name, ent in b["files"].items():
             data = (dest / name).read_bytes()
             assert hashlib.sha256(data).hexdigest() == ent["sha256"] and len(data) == ent["size"]
-            assert data == (obj / name.split("/", 1)[1]).read_bytes()
+            assert data == store.path(layout.blob_path(ent["sha256"])).read_bytes()
 
-    # tamper one byte of a stored model file (same size, so only the checksum can tell)
+    # tamper one byte of a stored model blob (same size, so only the checksum can tell); the tiny model
+    # traces to the same bytes at every batch size, so b1 and b4 share that blob: stored once
     before = tree(dest)
-    victim = store.object_dir(r1["artifacts"][1]["key"]) / "model.pt"
+    assert blob_of(store, r1, 0) == blob_of(store, r1, 1)
+    victim = blob_of(store, r1, 0)
     raw = bytearray(victim.read_bytes())
     raw[len(raw) // 2] ^= 0x01
+    os.chmod(victim, 0o644)
     victim.write_bytes(bytes(raw))
     with pytest.raises(UserError) as ei:
         pull(store, "tiny", "dev", dest, settings)
-    assert f"tiny/b4/fp32/p1 (key {r1['artifacts'][1]['key'][:12]}): {victim} does not match its manifest" \
-           in str(ei.value)
+    assert (f"tiny/b1/fp32/p1 (key {r1['artifacts'][0]['key'][:12]}): model.pt (blob {victim.name[:16]}...) in "
+            f"{store.location} does not match its sha256: the stored blob is damaged") in str(ei.value)
     assert tree(dest) == before
     assert sorted(p.name for p in dest.parent.iterdir()) == ["tiny"]  # no staging folder left behind
     # the CLI says the same, exit 2, and a fresh DIR is not created
     fresh = tmp_path / "serve2"
     r = run_cli("pull", "tiny", "--channel", "dev", "--dest", str(fresh), "-c", str(proj))
-    assert r.returncode == 2 and str(victim) in r.stderr and "does not match its manifest" in r.stderr
+    assert r.returncode == 2 and "does not match its sha256" in r.stderr and "Traceback" not in r.stderr
     assert not fresh.exists()
 
-    # a missing object
-    shutil.rmtree(store.object_dir(r1["artifacts"][1]["key"]))
-    with pytest.raises(UserError, match="tiny/b4/fp32/p1 .*is missing from the store"):
+    # a missing blob
+    victim.unlink()
+    with pytest.raises(UserError, match=r"tiny/b1/fp32/p1 .*model.pt \(blob .*\) is missing from the store"):
         pull(store, "tiny", "dev", dest, settings)
     assert tree(dest) == before
 
 
-def test_pull_replaces_dest_with_new_release(proj, tmp_path):
+def test_pull_replaces_its_own_folder_and_keeps_what_it_did_not_write(proj, tmp_path):
     _, _, store, settings = ctx(proj)
     r1, r2 = make(proj), make(proj, "bf16")
     promote(store, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True)
     dest = tmp_path / "serve"
     pull(store, "tiny", "dev", dest, settings)
-    (dest / "stale.txt").write_text("left by the old release")
+    (dest / "notes.txt").write_text("written by the operator")
     promote(store, settings, "tiny", "dev", release=r2["id"], allow_unvalidated=True)
+    with pytest.raises(UserError) as ei:
+        pull(store, "tiny", "dev", dest, settings)
+    assert str(ei.value) == (f"--dest {dest} holds files the earlier pull did not write (notes.txt); a pull "
+                             f"replaces only its own files: move them out of the folder, then pull again")
+    assert (dest / "notes.txt").read_text() == "written by the operator"
+    assert json.loads((dest / "release.json").read_text())["release"] == r1["id"]
+    (dest / "notes.txt").unlink()
     doc = pull(store, "tiny", "dev", dest, settings)
     assert doc["release"] == r2["id"] and doc["dtype"] == "bf16"
-    assert not (dest / "stale.txt").exists()
     assert json.loads((dest / "release.json").read_text())["release"] == r2["id"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["proj", "serve"]
+    assert json.loads((dest / MARKER).read_text())["release"] == r2["id"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["proj", "serve"]  # no staging or old folder left
     with pytest.raises(UserError, match="channel tiny/staging holds no release"):
         pull(store, "tiny", "staging", tmp_path / "x", settings)
+
+
+def test_an_interrupted_pull_leaves_the_previous_one_intact(proj, tmp_path, monkeypatch):
+    _, _, store, settings = ctx(proj)
+    r1, r2 = make(proj), make(proj, "bf16")
+    promote(store, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True)
+    dest = tmp_path / "serve"
+    pull(store, "tiny", "dev", dest, settings)
+    before = tree(dest)
+    promote(store, settings, "tiny", "dev", release=r2["id"], allow_unvalidated=True)
+    real, n = store.get_blob, []
+
+    def dies_midway(sha, path):
+        n.append(sha)
+        if len(n) == 2:
+            raise KeyboardInterrupt  # Ctrl-C after the first file
+        real(sha, path)
+
+    monkeypatch.setattr(store, "get_blob", dies_midway)
+    with pytest.raises(KeyboardInterrupt):
+        pull(store, "tiny", "dev", dest, settings)
+    assert tree(dest) == before and sorted(p.name for p in tmp_path.iterdir()) == ["proj", "serve"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -679,3 +737,103 @@ def test_pull_never_replaces_a_folder_it_did_not_write(proj, tmp_path):
     dest = tmp_path / "serve"
     pull(store, "tiny", "dev", dest, settings)
     assert pull(store, "tiny", "dev", dest, settings)["release"] == r1["id"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# versions checked before they bite
+
+def test_promote_refuses_a_release_built_for_another_serving_torch(proj):
+    import importlib.metadata as md
+
+    torch_v = md.version("torch")
+    set_release_config(proj, 'serving = { torch = "2.12.*" }\nchannel_serving = { staging = { torch = "2.13.*" } }')
+    _, _, store, settings = ctx(proj)
+    assert settings.serving_for("dev") == {"torch": "==2.12.*"}
+    r1 = make(proj)
+    e = refused(store, settings, "dev", release=r1["id"], allow_unvalidated=True)
+    g = gate(e, "serving_toolchain")
+    assert not g["passed"]
+    assert g["message"] == (f"built with torch {torch_v}, but channel 'dev' serves torch==2.12.* "
+                            f"([release] serving / channel_serving)")
+    assert f"FAIL serving_toolchain: built with torch {torch_v}" in e["message"]
+    settings = settings.model_copy(update={"allow_skip": True})
+    ok = promote(store, settings, "tiny", "staging", release=r1["id"], allow_unvalidated=True)
+    assert gate(ok, "serving_toolchain")["passed"]
+
+
+def test_serving_config_errors(proj):
+    from neuron_build.errors import ConfigError
+
+    set_release_config(proj, 'channel_serving = { qa = { torch = "2.13.*" } }\nserving = { torch = "two" }')
+    with pytest.raises(ConfigError) as ei:
+        load_project(proj)
+    text = str(ei.value)
+    assert "release.serving: torch = 'two' is not a version specifier" in text
+    assert "release.channel_serving: names channel 'qa', which is not in channels (dev, staging, prod)" in text
+
+
+def _rebuilt_with(proj: Path, torch_version: str) -> None:
+    """Make every stored artifact of the project say it was built with ``torch_version``."""
+    from conftest import rewrite_manifest
+
+    _, _, store, _ = ctx(proj)
+    for key in store.keys():
+        rewrite_manifest(store.object_dir(key) / "manifest.json",
+                         lambda m: m["toolchain"].update(torch=torch_version))
+
+
+def test_pull_refuses_a_release_this_host_cannot_load(proj, tmp_path):
+    import importlib.metadata as md
+
+    torch_v = md.version("torch")
+    _rebuilt_with(proj, "2.99.0")
+    _, _, store, settings = ctx(proj)
+    r1 = make(proj)
+    assert r1["toolchain"]["torch"] == "2.99.0"
+    promote(store, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True)
+    dest = tmp_path / "serve"
+    with pytest.raises(UserError) as ei:
+        pull(store, "tiny", "dev", dest, settings)
+    msg = str(ei.value)
+    assert msg.startswith(f"release {r1['id']} of tiny (dev): built with torch 2.99.0, but this host has "
+                          f"torch {torch_v}; a TorchScript module (.pt) needs torch>=2.99,<3")
+    assert "\n" not in msg and not dest.exists()
+    r = run_cli("pull", "tiny", "--channel", "dev", "--dest", str(dest), "-c", str(proj))
+    assert r.returncode == 2 and "built with torch 2.99.0, but this host has torch" in r.stderr
+
+
+def test_load_refuses_an_artifact_built_for_another_torch(proj, tmp_path):
+    import importlib.metadata as md
+
+    from neuron_build.artifact import AOTI_LOADER, LOAD_RULES, load_requirements, version_problem
+    from neuron_build.runtime import BucketedModel
+
+    torch_v = md.version("torch")
+    _, _, store, settings = ctx(proj)
+    r1 = make(proj)
+    promote(store, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True)
+    dest = tmp_path / "serve"
+    pull(store, "tiny", "dev", dest, settings)
+    assert BucketedModel.load(dest).buckets  # the host's own torch loads it
+    doc = json.loads((dest / "release.json").read_text())
+    doc["toolchain"]["torch"] = "2.99.1"
+    (dest / "release.json").write_text(json.dumps(doc))
+    with pytest.raises(UserError) as ei:
+        BucketedModel.load(dest)
+    assert str(ei.value).startswith(f"{dest / 'release.json'} (release {r1['id']} of tiny): built with torch "
+                                    f"2.99.1, but this host has torch {torch_v}")
+    # an AOTInductor package needs the very same torch release; the rule is a table by artifact kind
+    for b in doc["buckets"]:
+        b["loader"] = AOTI_LOADER
+    doc["toolchain"]["torch"] = "2.13.9"
+    (dest / "release.json").write_text(json.dumps(doc))
+    with pytest.raises(UserError, match=r"built with torch 2\.13\.9, but this host has torch .*AOTInductor "
+                                        r"package \(\.pt2\) needs torch==2\.13\.9"):
+        BucketedModel.load(dest)
+    assert set(LOAD_RULES) == {"aoti", "torchscript", "neuron"}
+    assert load_requirements("neuron", {"torch": "2.13.0", "torch-neuronx": "2.13.0.2.30.4217"}) == {
+        "torch": "==2.13.*", "torch-neuronx": ">=2.13.0.2.30.4217"}
+    assert version_problem("neuron", {"torch": "2.13.0", "torch-neuronx": "2.13.0.2.30"},
+                           {"torch": "2.13.1", "torch-neuronx": None}, "x") == (
+        "x: built with torch-neuronx 2.13.0.2.30, but torch-neuronx is not installed here; this Neuron "
+        "TorchScript module with NEFF (.pt) needs torch-neuronx>=2.13.0.2.30")

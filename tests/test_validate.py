@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import REPO, rewrite_manifest, run_cli, write_tiny_project
+from conftest import REPO, manifest_file, rewrite_manifest, run_cli, write_tiny_project
 from test_config import edit
 
 from neuron_build.build.builder import Builder
@@ -246,8 +246,7 @@ def test_tampered_artifact_fails_and_is_blamed_on_the_artifact(tmp_path):
     b = Builder(load_project(cfg))
     t = b.by_id["naive/static/fp32/p1"]
     key = b.key(t).key
-    obj = b.store.object_dir(key)
-    mod = torch.jit.load(str(obj / "model.pt"))
+    mod = torch.jit.load(str(b.store.artifact_dir(key) / "model.pt"))
 
     class Scaled(torch.nn.Module):
         def __init__(self, m):
@@ -258,10 +257,13 @@ def test_tampered_artifact_fails_and_is_blamed_on_the_artifact(tmp_path):
             return self.m(x) * 1.01
 
     # rewrite the saved module with its output scaled by 1.01: a 1e-2 relative error
-    torch.jit.trace(Scaled(mod), (torch.randn(4, DIM),), check_trace=False).save(str(obj / "model.pt"))
+    scaled = tmp_path / "scaled.pt"
+    torch.jit.trace(Scaled(mod), (torch.randn(4, DIM),), check_trace=False).save(str(scaled))
     from neuron_build.util import file_sha256
-    rewrite_manifest(obj / "manifest.json", lambda m: m["files"].update(
-        {"model.pt": {"size": (obj / "model.pt").stat().st_size, "sha256": file_sha256(obj / "model.pt")}}))
+    sha = file_sha256(scaled)
+    b.store.put_blob(sha, scaled)
+    rewrite_manifest(manifest_file(b.store, key), lambda m: m["files"].update(
+        {"model.pt": {"size": scaled.stat().st_size, "sha256": sha}}))
     assert b.store.is_complete(key)
 
     rec = validate_target(b.project, b.store, t, key)
@@ -300,7 +302,7 @@ def test_tolerance_override_and_stored_record(tmp_path):
                                    "kwargs": {"dim": DIM, "eps": 1e-6}, "dtype": "fp32", "device": "cpu"}
     assert stored["device"] == "cpu" and stored["host"] and stored["time"]
     # results never change the key, nor the object
-    assert b.store.is_complete(key) and not (b.store.object_dir(key) / "validation").exists()
+    assert b.store.is_complete(key) and not (b.store.artifact_dir(key) / "validation").exists()
     assert Builder(load_project(cfg)).key(t).key == key
     assert is_validated(b.store, key, "cpu") and is_validated(b.store, key, "cpu", 0.5, "naive")
     # a pass made with another tolerance or reference than buckets.toml's now is not up to date
@@ -326,7 +328,7 @@ def test_neuron_artifact_without_neuroncore_is_not_validated(tmp_path, monkeypat
     b = Builder(load_project(cfg))
     t = b.by_id["naive/static/fp32/p1"]
     key = b.key(t).key
-    mf_path = b.store.object_dir(key) / "manifest.json"
+    mf_path = manifest_file(b.store, key)
     rewrite_manifest(mf_path, lambda m: m.update(backend="neuron", hardware_target="trn1"))
     monkeypatch.setattr(v, "neuron_devices", lambda: [])
     rec = validate_target(b.project, b.store, t, key)

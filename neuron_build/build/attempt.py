@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.build.executor import CompileRun
+from neuron_build.compilers.base import STAGE_PREFIX
 from neuron_build.status import BuildResult, Status
 from neuron_build.util import is_disk_full
 
@@ -134,8 +135,10 @@ def free_space(path: Path) -> int | None:
 
 
 def last_line(log: bytes) -> str:
-    """The last non-blank line of a log (at most 300 characters), or ``(empty log)``."""
-    lines = [ln for ln in log.decode("utf-8", "replace").splitlines() if ln.strip()]
+    """The last non-blank line of a log (at most 300 characters; the worker's stage lines skipped), or
+    ``(empty log)``."""
+    lines = [ln for ln in log.decode("utf-8", "replace").splitlines()
+             if ln.strip() and not ln.startswith(STAGE_PREFIX)]
     return lines[-1].strip()[:300] if lines else "(empty log)"
 
 

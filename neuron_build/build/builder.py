@@ -12,9 +12,11 @@ records failures and publishes artifacts.
 
 from __future__ import annotations
 
+import datetime as _dt
+import re
 import shutil
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +31,20 @@ from neuron_build.build.attempt import (
     free_space,
 )
 from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun, Executor
-from neuron_build.build.local import LocalExecutor
+from neuron_build.build.local import LocalExecutor, default_jobs
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.planner import Planner
-from neuron_build.compilers.base import CompileRequest
+from neuron_build.compilers.base import STAGE_PREFIX, CompileRequest
 from neuron_build.log import get_logger
 from neuron_build.project.config import Project
 from neuron_build.project.keys import COMPONENTS, KeyInfo
 from neuron_build.project.matrix import Target
 from neuron_build.project.toolchain import announce_backend, neuron_status
-from neuron_build.status import BuildResult, Status, TargetState
-from neuron_build.store import open_store
+from neuron_build.status import DOWNLOADED, BuildResult, Status, TargetState
+from neuron_build.store import cached_store, ledger
+from neuron_build.store import failures as kept_failures
 from neuron_build.store.locks import GB
-from neuron_build.store.manifest import Manifest, Metrics
+from neuron_build.store.manifest import Manifest, Metrics, is_log_name
 from neuron_build.store.records import FailureRecord, TargetRecord
 from neuron_build.util import file_sha256, utc_now
 
@@ -49,12 +52,15 @@ from neuron_build.util import file_sha256, utc_now
 @dataclass(frozen=True)
 class BuildContext:
     """One target being built: the target, its key, the attempt's number (1 for the first compile, 0
-    before any) and the logger bound to the target."""
+    before any), the logger bound to the target, the key components changed since its last build, and
+    (while a failed attempt is recorded) the attempt's work folder."""
 
     target: Target
     ki: KeyInfo
     log: Any
     attempt: int = 0
+    changed: tuple[str, ...] = field(default_factory=tuple)
+    work: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,7 @@ class Builder:
 
     def __init__(self, project: Project, backend: str | None = None, executor: Executor | None = None):
         self.project = project
-        self.store = open_store(project.store_url())
+        self.store = cached_store(project.store_url(), project.remote_url(), project.config.build.remote_options)
         self.planner = Planner(project, self.store, backend=backend)
         self.keys = self.planner.keys
         self.targets = self.planner.targets
@@ -91,6 +97,14 @@ class Builder:
         self.executor: Executor = executor if executor is not None else LocalExecutor(cfg.timeout_s, cfg.heartbeat_s)
         self._toolchain_problem: str | None | bool = False  # False: not checked yet
         announce_backend(self.keys.backend_note)  # "backend auto: using inductor because ...", once per process
+
+    def default_jobs(self) -> int:
+        """Compiles to run at once when ``-n`` is not given: one per CPU, bounded by ``[build]
+        max_host_memory_gb`` (else 80 % of physical memory) over ``default_compile_memory_gb`` (see
+        :func:`neuron_build.build.local.default_jobs`)."""
+        cfg = self.project.config.build
+        mem = cfg.max_host_memory_gb
+        return default_jobs(int(mem * GB) if mem is not None else None, int(cfg.default_compile_memory_gb * GB))
 
     # -- planning (see Planner) --------------------------------------------------------------
     def key(self, target: Target) -> KeyInfo:
@@ -120,6 +134,25 @@ class Builder:
                 self._toolchain_problem = None if st.usable else st.problem
         return self._toolchain_problem  # type: ignore[return-value]
 
+    # -- the shared store ---------------------------------------------------------------------
+    def push_failure(self, key: str) -> str | None:
+        """Why ``key``'s artifact, built in this process, is not on the remote store (one line with the
+        fix), or None (pushed, or no remote)."""
+        for k, reason in getattr(self.store, "push_failures", ()):
+            if k == key:
+                return (f"its push to {self.store.remote_location} failed: {reason}; it stays in the local "
+                        "store and the next build (or `neuron-build push`) pushes it")
+        return None
+
+    def push_pending(self) -> list[str]:
+        """Push what earlier builds on this host could not push. Returns one line per artifact that still
+        failed (empty when everything is on the remote, or there is no remote)."""
+        push_all = getattr(self.store, "push_pending", None)
+        if push_all is None:
+            return []
+        return [f"{key[:16]}: push to {self.store.remote_location} failed again: {reason}"
+                for key, reason in push_all()]
+
     # -- building ----------------------------------------------------------------------------
     def build(self, target: Target, retry_failed: bool = True) -> Outcome:
         """Build one target unless the store already holds its artifact.
@@ -135,8 +168,14 @@ class Builder:
         """
         ki = self.key(target)
         ctx = BuildContext(target, ki, get_logger(target=target.id, key=ki.key[:12]))
-        if self.store.repair(ki.key).hit:
+        found = self.store.repair(ki.key)
+        if found.hit:
             self._remember(ctx, Status.PASS)
+            if found.location == "remote":
+                ctx.log.info("downloaded", remote=getattr(self.store, "remote_location", None))
+                self._record(ctx, "downloaded", Status.PASS, manifest=found.manifest)
+                return Outcome(target.id, ki.key, BuildResult.CACHED, DOWNLOADED)
+            self._record(ctx, "cached", Status.PASS, manifest=found.manifest)
             ctx.log.debug("cached")
             return Outcome(target.id, ki.key, BuildResult.CACHED)
         if not retry_failed:
@@ -154,8 +193,10 @@ class Builder:
             ctx.log.error("compile failed", status=Status.ERROR, reason=str(e))
             return Outcome(target.id, ki.key, Status.ERROR, str(e))
         with lock:
-            if self.store.repair(ki.key).hit:
+            found = self.store.repair(ki.key)
+            if found.hit:
                 self._remember(ctx, Status.PASS)
+                self._record(ctx, "reused", Status.PASS, manifest=found.manifest)
                 who = lock.waited_for or {}
                 by = f"pid {who['pid']} on {who.get('host')}" if who.get("pid") else "another builder"
                 ctx.log.info("reused", built_by=by, waited_s=round(lock.waited_s, 1))
@@ -166,8 +207,10 @@ class Builder:
                 return self._build_locked(ctx)
 
     def _build_locked(self, ctx: BuildContext) -> Outcome:
-        """Compile (holding the key's lock), retrying transient failures."""
+        """Compile (holding the key's lock), retrying transient failures. What changed since the target's
+        last build is taken before the first attempt (for the ledger)."""
         retries = self.project.config.build.transient_retries
+        ctx = replace(ctx, changed=tuple(self.planner.changed(ctx.target)[0]))
         while True:
             ctx = replace(ctx, attempt=ctx.attempt + 1)
             out = self._compile(ctx)
@@ -198,6 +241,7 @@ class Builder:
                                              attempts=ctx.attempt, details={"backend": self.keys.backend},
                                              time=utc_now()), (reason + "\n").encode())
         self._remember(ctx, status)
+        self._record(ctx, "compile", status, reason=reason, stage=("toolchain", None, None), run=NOT_RUN)
         ctx.log.error("compile failed", status=status, reason=reason)
         return Outcome(ctx.target.id, ctx.ki.key, status, reason, compiled=False, metrics=metrics)
 
@@ -242,11 +286,14 @@ class Builder:
                 return self._publish(ctx, req, run, obj)
             except DiskFull as e:
                 verdict = Classification(Status.ERROR, str(e))
-        return self._fail(ctx, verdict, run)
+        return self._fail(replace(ctx, work=obj.parent / "work"), verdict, run)
 
     def _fail(self, ctx: BuildContext, verdict: Classification, run: CompileRun) -> Outcome | Unrecorded:
         """Record a failed attempt under its target and return its outcome; :class:`Unrecorded` when the
-        disk is too full to record it now. The failure log is the worker's log and the compiler's."""
+        disk is too full to record it now. The failure log is the worker's log and the compiler's. The
+        attempt's work folder ``ctx.work`` (request, worker log, the compiler's workdir; None: nothing) is kept
+        in the store (``[monitoring] keep_failed_workdirs``, ``failed_workdirs_max_mb``) and the attempt goes
+        to the ledger with its failure stage."""
         status, reason = verdict.status, verdict.reason
         metrics = {"status": status, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss_bytes,
                    "exit_code": run.exit_code, "attempts": ctx.attempt, "reason": reason}
@@ -266,6 +313,10 @@ class Builder:
                 self._remember(ctx, status)
         except DiskFull:
             done = Unrecorded(out, record, log_bytes)  # recorded by _compile once the staging files are gone
+        stage = failure_stage(run, details, self.keys.backend)
+        kept = (self._keep_workdir(ctx, ctx.work, record, stage)
+                if ctx.work is not None and isinstance(done, Outcome) else None)
+        self._record(ctx, "compile", status, reason=reason, stage=stage, run=run, details=details, workdir=kept)
         ctx.log.error("compile failed", status=status, reason=reason, compile_time_s=metrics["compile_time_s"])
         return done
 
@@ -277,6 +328,8 @@ class Builder:
         """
         metrics = {"status": Status.PASS, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss_bytes,
                    "exit_code": run.exit_code, "attempts": ctx.attempt}
+        with disk_full("recording the imported files", ctx.target.id):
+            ctx = self._complete_key(ctx, (run.result or {}).get("imported") or [])
         with disk_full("writing the artifact", obj):
             (obj / WORKER_LOG).write_bytes(run.log)
         with disk_full("writing the manifest", obj):
@@ -285,18 +338,45 @@ class Builder:
             self.store.publish(obj, ctx.ki.key)
         self.store.clear_failure(ctx.target.id)
         self._remember(ctx, Status.PASS)
+        self._record(ctx, "compile", Status.PASS, run=run, metrics=metrics)
         ctx.log.info("built", compile_time_s=metrics["compile_time_s"], op_count=metrics["op_count"],
                      artifact_mb=round(metrics["artifact_bytes"] / 2**20, 2),
                      peak_rss_mb=round(run.peak_rss_bytes / 2**20))
         return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, compiled=True, metrics=metrics)
 
+    def _complete_key(self, ctx: BuildContext, imported: list[str]) -> BuildContext:
+        """The context with the key completed by the project files the compile imported (``imported``,
+        relative POSIX paths from the worker's ``result.json``).
+
+        When the compile imported project files that neither static reading nor the planned key's recorded
+        set holds (a module loaded by a string), they are added to the model's recorded imports in the
+        store, and the artifact is keyed, and published, under the key that holds them: the key the next
+        plan computes (ccache's depend mode keys its results the same way, after the compile). Otherwise
+        ``ctx`` is returned unchanged.
+        """
+        model = ctx.target.model
+        static = self.keys.static_sources(model)
+        planned = set(ctx.ki.details["model"].get("recorded", {}))
+        extra = {f for f in imported if f not in static and not f.startswith("../")}
+        if extra <= planned:
+            return ctx
+        union = set(self.store.add_recorded_imports(model, sorted(extra))) | planned | extra
+        self.keys.recorded[model] = sorted(union)
+        self.keys.forget_model(model)
+        ki = self.keys.key(ctx.target, recorded=sorted(union))
+        ctx.log.info("key completed by recorded imports", planned_key=ctx.ki.key[:12], key=ki.key[:12],
+                     recorded=sorted(extra - planned))
+        self.planner.set_key(ctx.target, ki)
+        return replace(ctx, ki=ki, log=ctx.log.bind(key=ki.key[:12]))
+
     def _seal(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path, metrics: dict) -> None:
         """Complete ``metrics`` (in place) from the object's files and the worker's result, and seal the
         object with its manifest."""
         target, ki, result = ctx.target, ctx.ki, run.result or {}
-        files = {}
+        files, logs = {}, {}
         for f in sorted(p for p in obj.rglob("*") if p.is_file()):
-            files[f.relative_to(obj).as_posix()] = {"sha256": file_sha256(f), "size": f.stat().st_size}
+            name = f.relative_to(obj).as_posix()
+            (logs if is_log_name(name) else files)[name] = {"sha256": file_sha256(f), "size": f.stat().st_size}
         details = dict(result.get("details", {}))
         extra_metrics = details.pop("metrics", None) or {}   # backend metrics (neuron: compiler status, ...)
         extra_toolchain = details.pop("toolchain", None) or {}  # versions only the worker can see
@@ -308,10 +388,106 @@ class Builder:
         manifest = Manifest(
             key=ki.key, target=target.id, model=target.model, bucket=dict(target.bucket), dtype=target.dtype,
             profile=target.profile, backend=req.backend, hardware_target=req.hardware_target,
-            key_details=ki.details, component_hashes=ki.hashes, files=files, metrics=Metrics(**metrics),
+            key_details=ki.details, component_hashes=ki.hashes, files=files, logs=logs, metrics=Metrics(**metrics),
             toolchain={**ki.details["toolchain"], **extra_toolchain}, compiler=details, created=utc_now(),
             host=socket.gethostname())
         self.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last
 
+    # -- the ledger and the kept failure workdirs ------------------------------------------------------
+    def record_cache_hits(self, target_ids: list[str]) -> None:
+        """Write one ledger object listing a ``cached`` record for each of ``target_ids`` (targets doit found
+        up to date without calling :meth:`build`); best effort, like every ledger write."""
+        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+        host, executor = socket.gethostname(), getattr(self.executor, "name", type(self.executor).__name__)
+        recs = [ledger.LedgerRecord(target=tid, key=self.key(self.by_id[tid]).key, event="cached", status="PASS",
+                                    time=now, host=host, executor=executor, backend=self.keys.backend)
+                for tid in dict.fromkeys(target_ids) if tid in self.by_id]
+        try:
+            ledger.append_batch(self.store, recs)
+        except OSError as e:
+            get_logger().warning("could not write the ledger records of the cache hits", error=str(e))
 
-__all__ = ["COMPONENTS", "WORKER_LOG", "BuildContext", "Builder", "Outcome", "Unrecorded"]
+    def _keep_workdir(self, ctx: BuildContext, work: Path, record: FailureRecord,
+                      stage: tuple[str | None, str | None, str | None]) -> str | None:
+        """Keep the failed attempt's work folder in the store (best effort: a failure to keep it is logged,
+        never a failure of the build). Returns the entry's store path, or None."""
+        mon = self.project.config.monitoring
+        if not work.is_dir():
+            return None
+        info = {"target": record.target, "key": record.key, "status": str(record.status), "reason": record.reason,
+                "time": record.time, "failure_stage": stage[0], "compiler_pass": stage[1], "diagnostic_code": stage[2]}
+        try:
+            ent, removed = kept_failures.keep_workdir(self.store, work, info, mon.keep_failed_workdirs,
+                                                      int(mon.failed_workdirs_max_mb * 1e6))
+        except OSError as e:
+            ctx.log.warning("could not keep the failure workdir", error=str(e))
+            return None
+        for r in removed:
+            ctx.log.info("failure workdir removed (bounds under [monitoring])", workdir=r.path, of_target=r.target)
+        if ent is None or ent in removed:
+            return None
+        ctx.log.info("failure workdir kept", workdir=ent.path, files=len(ent.files), bytes=ent.bytes)
+        return ent.path
+
+    def _record(self, ctx: BuildContext, event: str, status: Status, *, reason: str = "",
+                stage: tuple[str | None, str | None, str | None] = (None, None, None), run: CompileRun | None = None,
+                details: dict | None = None, metrics: dict | None = None, manifest: Manifest | None = None,
+                workdir: str | None = None) -> None:
+        """Append one record to the store's ledger (:mod:`neuron_build.store.ledger`); best effort: a store
+        that cannot be written is logged, never a failure of the build."""
+        m = metrics or (manifest.metrics.model_dump() if manifest is not None else {})
+        diags = list((details or {}).get("diagnostics") or []) + list(m.get("diagnostics") or [])
+        rec = ledger.LedgerRecord(
+            target=ctx.target.id, key=ctx.ki.key, event=event, status=str(status),
+            time=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds"),
+            host=socket.gethostname(), executor=getattr(self.executor, "name", type(self.executor).__name__),
+            backend=self.keys.backend, attempt=ctx.attempt, failure_stage=stage[0], compiler_pass=stage[1],
+            diagnostic_code=stage[2], reason=reason,
+            compile_time_s=round(run.wall_s, 3) if run is not None and event == "compile" else None,
+            peak_rss_bytes=run.peak_rss_bytes if run is not None and event == "compile" else None,
+            hbm_peak_bytes=hbm_estimate(diags), op_count=m.get("op_count"), artifact_bytes=m.get("artifact_bytes"),
+            changed=ctx.changed, workdir=workdir)
+        try:
+            ledger.append(self.store, rec)
+        except OSError as e:
+            ctx.log.warning("could not write the ledger record", error=str(e))
+
+
+#: ``Estimated peak HBM usage (22.84) exceeds 16GB`` (XCG815) [seen]; the figure is in GB [guess: 1e9 bytes].
+_HBM = re.compile(r"peak HBM usage\s*\(\s*(\d+(?:\.\d+)?)\s*\)", re.IGNORECASE)
+
+
+def hbm_estimate(diagnostics: list) -> int | None:
+    """The peak HBM the compiler log estimates, bytes (GB taken as 1e9), from a diagnostic's message; None
+    when no diagnostic states one."""
+    for d in diagnostics:
+        m = _HBM.search(str(d.get("message", "")) if isinstance(d, dict) else "")
+        if m:
+            return int(float(m.group(1)) * 1e9)
+    return None
+
+
+def failure_stage(run: CompileRun, details: dict, backend: str) -> tuple[str | None, str | None, str | None]:
+    """Where a failed compile stopped: (stage, last compiler pass, diagnostic code).
+
+    The stage is ``neuronx-cc`` when the Neuron compiler ran and failed (the worker's details carry its
+    exit status, diagnostics or log), else the last ``neuron-build stage:`` line of the worker log
+    (``model``, ``export``, ``compile``, ``save``, ``count``; see
+    :data:`neuron_build.compilers.base.STAGES`), else None (no worker output). The pass is the last one the
+    parsed compiler log shows finished (``details.log.pass_times``); the code the first error diagnostic's.
+    """
+    diags = [d for d in details.get("diagnostics") or [] if isinstance(d, dict)]
+    code = next((d.get("code") for d in diags if d.get("severity") == "error"), None)
+    passes = list((details.get("log") or {}).get("pass_times") or {})
+    compiler_pass = passes[-1] if passes else None
+    if backend == "neuron" and ("compiler_exit_code" in details or details.get("compiler_log")):
+        return "neuronx-cc", compiler_pass, code
+    stage = None
+    for line in run.log.decode("utf-8", "replace").splitlines():
+        if line.startswith(STAGE_PREFIX):
+            stage = line[len(STAGE_PREFIX):].strip() or None
+    return stage, compiler_pass, code
+
+
+__all__ = ["COMPONENTS", "WORKER_LOG", "BuildContext", "Builder", "Outcome", "Unrecorded", "failure_stage",
+           "hbm_estimate"]

@@ -7,10 +7,12 @@ from pathlib import Path
 
 from neuron_build.compilers.base import CompileRequest
 from neuron_build.project.config import Project
-from neuron_build.project.keys import KeyInfo, KeyMaker, diff_components
+from neuron_build.project.keys import COMPONENTS, KeyInfo, KeyMaker, diff_components
 from neuron_build.project.matrix import Target, expand
 from neuron_build.status import TargetState
 from neuron_build.store.contract import ArtifactStore
+from neuron_build.store.records import TargetRecord
+from neuron_build.util import canonical_json, sha256_hex
 
 
 class Planner:
@@ -30,51 +32,75 @@ class Planner:
     def __init__(self, project: Project, store: ArtifactStore, backend: str | None = None):
         self.project = project
         self.store = store
-        self.keys = KeyMaker(project, backend=backend)
+        recorded = {m: store.recorded_imports(m) for m in project.config.models}
+        self.keys = KeyMaker(project, backend=backend, recorded=recorded, exclude=(Path(project.store_url()),))
         self.targets = expand(project)
         self.by_id = {t.id: t for t in self.targets}
         self._keyinfo: dict[str, KeyInfo] = {}
+        self._location: dict[str, str] = {}
+        self._removed: dict[tuple[str, str, str], _RemovedIndex] = {}
 
     def key(self, target: Target) -> KeyInfo:
-        """The target's key (computed once per planner)."""
+        """The target's key (computed once per planner, or set by :meth:`set_key`)."""
         ki = self._keyinfo.get(target.id)
         if ki is None:
             ki = self._keyinfo[target.id] = self.keys.key(target)
         return ki
 
+    def set_key(self, target: Target, ki: KeyInfo) -> None:
+        """Replace the target's key for the rest of this planner's life (the builder does, when a compile
+        recorded imports the planned key did not hold, and it published under the completed key)."""
+        self._keyinfo[target.id] = ki
+
     def state(self, target: Target) -> TargetState:
         """``cached`` (a complete artifact for the current key), ``failed`` (the last compile of the current
         key failed; it will be retried) or ``missing``."""
         key = self.key(target).key
-        if self.store.repair(key).hit:
+        found = self.store.lookup(key)  # reads only: plan and show never move a damaged object
+        if found.hit:
+            self._location[key] = found.location or "local"
             return TargetState.CACHED
         fail = self.store.failure(target.id)
         return TargetState.FAILED if fail and fail.key == key else TargetState.MISSING
+
+    def location(self, target: Target) -> str | None:
+        """Where :meth:`state` found the target's artifact: ``local`` or ``remote`` (a read-through
+        store's remote); None when it was not found (or :meth:`state` was not asked)."""
+        return self._location.get(self.key(target).key)
 
     def changed(self, target: Target) -> tuple[list[str], str | None]:
         """What changed since the target was last built: (components with sub-keys, compared-with id).
 
         For a target never built (e.g. a new bucket value), the comparison is with the most similar
-        recorded target of the same model, dtype and profile that is no longer in the matrix.
+        recorded target of the same model, dtype and profile that is no longer in the matrix: the one with
+        the fewest differing components, the first by target id among equals. The candidates are indexed
+        once per (model, dtype, profile), so a plan of n new targets against m removed ones costs
+        O(n + m), not O(n * m).
         """
         ki = self.key(target)
         rec = self.store.target(target.id)
         if rec and rec.details is not None:
-            return ([] if rec.key == ki.key else diff_components(rec.details, ki.details)), target.id
-        best: tuple[int, list[str], str] | None = None
-        for r in self.store.targets(target.model):
+            return ([] if rec.key == ki.key else diff_components(rec.details, ki.details, rec.hashes, ki.hashes)), target.id
+        group = (target.model, target.dtype, target.profile)
+        idx = self._removed.get(group)
+        if idx is None:
+            self._index_removed(target.model)
+            idx = self._removed.setdefault(group, _RemovedIndex())
+        best = idx.closest(ki.hashes)
+        if best is None:
+            return ["new target"], None
+        return diff_components(best.details, ki.details, best.hashes, ki.hashes), best.target
+
+    def _index_removed(self, model: str) -> None:
+        """Index the recorded targets of ``model`` that are no longer in the matrix, per (dtype, profile)."""
+        for r in self.store.targets(model):
             tid = r.target
             if tid in self.by_id or r.details is None:
                 continue
             parts = tid.split("/")
-            if len(parts) != 4 or parts[2] != target.dtype or parts[3] != target.profile:
+            if len(parts) != 4:
                 continue
-            diff = diff_components(r.details, ki.details)
-            if best is None or len(diff) < best[0]:
-                best = (len(diff), diff, tid)
-        if best is None:
-            return ["new target"], None
-        return best[1], best[2]
+            self._removed.setdefault((model, parts[2], parts[3]), _RemovedIndex()).add(r)
 
     def request(self, target: Target, ki: KeyInfo, out_dir: Path | str, work_dir: Path | str) -> CompileRequest:
         """The worker request for a target: the artifact's files go to ``out_dir``, the compiler works in
@@ -87,6 +113,58 @@ class Planner:
             hardware_target=self.keys.hardware_target, compiler_args=list(prof.compiler_args),
             inline_weights_to_neff=prof.inline_weights_to_neff, tp_degree=prof.tp_degree,
             out_dir=str(out_dir), work_dir=str(work_dir), seed=int(ki.key[:8], 16))
+
+
+class _RemovedIndex:
+    """Recorded targets no longer in the matrix, found by the components they share with a new target.
+
+    Each record is filed under every projection of its component hashes (the hashes of a subset of
+    :data:`~neuron_build.project.keys.COMPONENTS`, 2**6 = 64 of them); the closest record to a new target
+    is the first (by target id) under the largest subset whose projection it shares. Subsets are filed a
+    size at a time, largest first, when a lookup first needs them. Adding is O(64) at most, a lookup
+    O(64): independent of how many records there are.
+    """
+
+    def __init__(self) -> None:
+        self._by_proj: dict[tuple[int, tuple[str, ...]], TargetRecord] = {}
+        self._records: list[tuple[TargetRecord, tuple[str, ...]]] = []
+        self._built: set[int] = set()  # levels (indices into _LEVELS) filed so far
+
+    @staticmethod
+    def _hashes(rec: TargetRecord) -> tuple[str, ...]:
+        d, have = rec.details or {}, rec.hashes or {}
+        return tuple(have[c] if isinstance(have.get(c), str) else sha256_hex(canonical_json(d.get(c)))
+                     for c in COMPONENTS)
+
+    def _file(self, rec: TargetRecord, h: tuple[str, ...], level: int) -> None:
+        for mask, idx in _LEVELS[level]:
+            proj = (mask, tuple([h[i] for i in idx]))
+            have = self._by_proj.get(proj)
+            if have is None or rec.target < have.target:
+                self._by_proj[proj] = rec
+
+    def add(self, rec: TargetRecord) -> None:
+        h = self._hashes(rec)
+        self._records.append((rec, h))
+        for level in self._built:
+            self._file(rec, h, level)
+
+    def closest(self, hashes: dict[str, str]) -> TargetRecord | None:
+        h = tuple(hashes[c] for c in COMPONENTS)
+        for n, level in enumerate(_LEVELS):  # most shared components first
+            if n not in self._built:  # filed on first need: after a bucket change, levels 0 and 1 answer
+                self._built.add(n)
+                for rec, rh in self._records:
+                    self._file(rec, rh, n)
+            found = [r for mask, idx in level if (r := self._by_proj.get((mask, tuple([h[i] for i in idx]))))]
+            if found:
+                return min(found, key=lambda r: r.target)
+        return None
+
+
+#: Every subset of the components as (bit mask, the indices it keeps), and grouped by size, largest first.
+_SUBSETS = [(m, tuple(i for i in range(len(COMPONENTS)) if m >> i & 1)) for m in range(1 << len(COMPONENTS))]
+_LEVELS = [[s for s in _SUBSETS if len(s[1]) == n] for n in range(len(COMPONENTS), -1, -1)]
 
 
 __all__ = ["Planner"]

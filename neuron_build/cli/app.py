@@ -73,10 +73,10 @@ def open_project_store(args: argparse.Namespace) -> tuple[Project, ArtifactStore
     Raises:
         ConfigError: the config is missing or invalid (exit 2).
     """
-    from neuron_build.store import open_store
+    from neuron_build.store import cached_store
 
     project = open_project(args)
-    return project, open_store(project.store_url())
+    return project, cached_store(project.store_url(), project.remote_url(), project.config.build.remote_options)
 
 
 # -- output ---------------------------------------------------------------------------------------------

@@ -6,11 +6,11 @@ Exit status: 0 when every selected target is in the store, 1 when one failed, 2 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from neuron_build.cli.app import command, open_builder, plural
 from neuron_build.errors import BuildFailed, ExitCode
-from neuron_build.status import TargetState
+from neuron_build.status import DOWNLOADED, TargetState
 
 
 def _positive_int(text: str) -> int:
@@ -26,7 +26,8 @@ def _positive_int(text: str) -> int:
 def register(add) -> None:
     """Add the ``build`` sub-command."""
     s = add("build", "compile the targets that are not in the store")
-    s.add_argument("-n", "--jobs", type=_positive_int, default=1, help="compiles to run at once")
+    s.add_argument("-n", "--jobs", type=_positive_int, default=None,
+                   help="compiles to run at once (default: one per CPU, bounded by the host-memory budget)")
     s.add_argument("--no-retry-failed", action="store_true",
                    help="skip targets whose current key failed last time (default: retry them)")
     s.add_argument("patterns", nargs="*", metavar="PATTERN", help="target id globs or model names")
@@ -41,6 +42,7 @@ class BuildSummary:
     reused: list[str]     # compiled by another builder while this one waited for the key's lock
     failed: list[str]     # not in the store after the build
     lines: list[str]      # one "FAILED <target>: <status>: <reason>" line per failed target
+    downloaded: list[str] = field(default_factory=list)  # cached: fetched from [build] remote by this build
 
     @property
     def cached(self) -> int:
@@ -51,6 +53,7 @@ class BuildSummary:
         """The summary ``build`` prints after doit's output."""
         head = (f"\n{plural(len(self.targets), 'target')}: {len(self.built)} built, {self.cached} cached"
                 + (f" ({len(self.reused)} built by another builder meanwhile)" if self.reused else "")
+                + (f" ({len(self.downloaded)} downloaded from the remote store)" if self.downloaded else "")
                 + f", {len(self.failed)} failed")
         return "\n".join([head, *self.lines])
 
@@ -58,9 +61,10 @@ class BuildSummary:
 def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
     """Compare each chosen target's state before and after the build, with the Outcomes of this run."""
     after = {t.id: b.state(t) for t in chosen}
-    built = [t.id for t in chosen if after[t.id] == TargetState.CACHED and before[t.id] != TargetState.CACHED
-             and (t.id not in outcomes or outcomes[t.id].compiled)]
+    built = [t.id for t in chosen if after[t.id] == TargetState.CACHED
+             and (outcomes[t.id].compiled if t.id in outcomes else before[t.id] != TargetState.CACHED)]
     reused = [t.id for t in chosen if t.id in outcomes and outcomes[t.id].reason.startswith("reused")]
+    downloaded = [t.id for t in chosen if t.id in outcomes and outcomes[t.id].reason == DOWNLOADED]
     failed = [t.id for t in chosen if after[t.id] != TargetState.CACHED]
     lines = []
     for tid in failed:
@@ -70,7 +74,7 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
         else:
             f = b.store.failure(tid)
             lines.append(f"  FAILED {tid}: {f.status if f else 'not built'}: {f.reason if f else ''}")
-    return BuildSummary([t.id for t in chosen], built, reused, failed, lines)
+    return BuildSummary([t.id for t in chosen], built, reused, failed, lines, downloaded)
 
 
 @command("build")
@@ -84,9 +88,20 @@ def cmd_build(args) -> int:
     before = {t.id: b.state(t) for t in chosen}
     b.keys.save()
     session = BuildSession(b, retry_failed=not args.no_retry_failed)
-    rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=args.jobs)
+    todo = sum(before[t.id] != TargetState.CACHED for t in chosen)
+    jobs = args.jobs or min(b.default_jobs(), max(1, todo))  # no runner threads for nothing to do
+    rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=jobs)
     summary = summarize(b, chosen, before, session.outcomes)
     print(summary.text())
-    if summary.failed or rc != 0:
+    unpushed = [k for k, _ in getattr(b.store, "push_failures", ())]
+    if unpushed:
+        print(f"  NOT PUSHED {plural(len(set(unpushed)), 'artifact')} to {b.store.remote_location}: "
+              f"{b.store.push_failures[0][1]}; they stay in the local store and the next build (or "
+              "`neuron-build push`) pushes them")
+    if summary.failed:
         raise BuildFailed(f"{len(summary.failed)} target(s) failed")
+    if unpushed:
+        raise BuildFailed(f"the push to {b.store.remote_location} failed")
+    if rc != 0:
+        raise BuildFailed("doit reported a failure")
     return ExitCode.OK

@@ -26,7 +26,8 @@ def register(add) -> None:
 # -- plan -----------------------------------------------------------------------------------------------
 def plan_rows(b) -> list[dict[str, Any]]:
     """One row per target: ``{"target", "key", "state", "changed": [component], "changed_detail": [line]}``,
-    plus ``compared_with`` (the target whose record the key was compared with, when not itself) and
+    plus ``location`` for a cached target (``local``, or ``remote`` when only ``[build] remote`` holds it),
+    ``compared_with`` (the target whose record the key was compared with, when not itself) and
     ``failure`` (for a failed target: status, reason, attempts_total, exit_code, time)."""
     rows = []
     for t in b.targets:
@@ -35,6 +36,8 @@ def plan_rows(b) -> list[dict[str, Any]]:
         changed, since = b.changed(t)
         row = {"target": t.id, "key": ki.key, "state": state,
                "changed": [c.split(":")[0] for c in changed], "changed_detail": changed}
+        if state == TargetState.CACHED:
+            row["location"] = b.planner.location(t) or "local"
         if since and since != t.id:
             row["compared_with"] = since
         if state == TargetState.FAILED:
@@ -93,7 +96,11 @@ def format_explain(b, t) -> str:
     ki = b.key(t)
     rec = b.store.target(t.id)
     changed, since = b.changed(t)
-    out = [f"target  {t.id}\nkey     {ki.key}\nstate   {b.state(t)}"]
+    state = b.state(t)
+    out = [f"target  {t.id}\nkey     {ki.key}\nstate   {state}"]
+    m = b.store.manifest(ki.key) if state == TargetState.CACHED else None
+    if m is not None and m.logs and hasattr(b.store, "log_file"):
+        out.append(f"logs    {b.store.log_file(ki.key, 'worker.log').parent} ({', '.join(m.logs)})")
     if rec:
         out.append(f"last    {rec.key} ({rec.status}, {rec.time})")
     elif since:
@@ -152,7 +159,7 @@ def resolve_ref(b, ref: str):
     if ref in b.by_id:
         t = b.by_id[ref]
         key = b.key(t).key
-        if not b.store.repair(key).hit:
+        if not b.store.lookup(key).hit:
             failure = b.store.failure(ref)
             if failure is None or failure.key != key:
                 raise UserError(f"{ref} is not built for its current key {key[:12]}; run `neuron-build build {ref}`")
@@ -168,8 +175,9 @@ def resolve_ref(b, ref: str):
     return hits[0], None
 
 
-def format_manifest(m) -> str:
-    """The human-readable form of a manifest: target, key, backend, metrics, then one line per file."""
+def format_manifest(m, log_dir=None) -> str:
+    """The human-readable form of a manifest: target, key, backend, metrics, then one line per file and
+    one per build log (with the folder the logs are in, ``log_dir``, when given)."""
     mt = m.metrics
     head = (f"target   {m.target}\nkey      {m.key}\nbackend  {m.backend} ({m.hardware_target})\n"
             f"status   {mt.status}\ncompile  {mt.compile_time_s:.1f} s, peak {(mt.peak_rss_bytes or 0) / 2**20:.0f} MiB\n"
@@ -177,6 +185,9 @@ def format_manifest(m) -> str:
             f"created  {m.created} on {m.host}")
     out = [head]
     out.extend(f"  {name:20} {f.size:>12}  {f.sha256[:16]}" for name, f in m.files.items())
+    if m.logs:
+        out.append("logs" + (f"     {log_dir}" if log_dir else ""))
+        out.extend(f"  {name:20} {f.size:>12}" for name, f in m.logs.items())
     return "\n".join(out)
 
 
@@ -192,12 +203,15 @@ def cmd_show(args) -> int:
             print(f"{failure.target}: {failure.status}: {failure.reason}\n"
                   f"log: {b.store.failure_log(failure.target)}")
         return ExitCode.OK
-    m = b.store.repair(key).manifest
+    found = b.store.lookup(key)
+    m = found.manifest
     if m is None:
-        raise UserError(f"artifact {key[:12]} is incomplete or failed; `neuron-build build` rebuilds it")
+        why = f" ({found.damage})" if found.damage else ""
+        raise UserError(f"artifact {key[:12]} is incomplete or damaged{why}; `neuron-build build` rebuilds it")
     if args.json:
         print_json(m.model_dump(mode="json"))
     else:
-        print(format_manifest(m))
+        log_dir = b.store.log_file(key, "worker.log").parent if hasattr(b.store, "log_file") else None
+        print(format_manifest(m, log_dir))
     return ExitCode.OK
 

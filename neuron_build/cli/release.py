@@ -5,6 +5,8 @@ No torch here; the domain logic is in :mod:`neuron_build.release`.
 
 from __future__ import annotations
 
+import sys
+
 from neuron_build.cli.app import (
     command,
     mib,
@@ -60,6 +62,9 @@ def register(add) -> None:
     s.add_argument("model", metavar="MODEL")
     s.add_argument("--channel", required=True, metavar="CHANNEL")
     s.add_argument("--dest", required=True, metavar="DIR")
+    s.add_argument("--store", metavar="URL",
+                   help="pull from this store (a folder or a URL such as s3://bucket/prefix) without a "
+                        "project: no buckets.toml needed")
     s.add_argument("--json", action="store_true", help="print release.json")
 
 
@@ -184,9 +189,15 @@ def cmd_pull(args) -> int:
     """Materialise a channel's release in a folder for a serving host."""
     from neuron_build.release import pull, require_model
 
-    project, store = open_project_store(args)
-    require_model(project, args.model)
-    doc = pull(store, args.model, args.channel, args.dest, project.config.release)
+    if args.store:  # a deploy host with only the URL: no project, any channel the store holds
+        from neuron_build.store import open_store
+        store, settings = open_store(args.store), None
+    else:
+        project, store = open_project_store(args)
+        require_model(project, args.model)
+        settings = project.config.release
+    doc = pull(store, args.model, args.channel, args.dest, settings,
+               warn=lambda line: print(f"warning: {line}", file=sys.stderr))
     if args.json:
         print_json(doc)
         return ExitCode.OK

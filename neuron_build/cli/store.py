@@ -1,61 +1,102 @@
-"""``neuron-build verify [--deep] [--json]`` and ``neuron-build gc [--dry-run] [--keep-days N] [--json]``."""
+"""``neuron-build verify [--deep] [--repair] [--json]`` and ``neuron-build gc [--dry-run] [--keep-days N] [--json]``."""
 
 from __future__ import annotations
 
 from neuron_build.cli.app import command, mib, open_builder, print_json
-from neuron_build.errors import ExitCode
+from neuron_build.errors import ExitCode, UserError
 
 
 def register(add) -> None:
     """Add the ``verify`` and ``gc`` sub-commands."""
-    s = add("verify", "check every artifact against its manifest; move corrupt ones to quarantine/")
-    s.add_argument("--deep", action="store_true", help="also compare the sha256 of every file (reads every byte)")
+    s = add("verify", "check every manifest and blob; report damage with the releases it breaks")
+    s.add_argument("--deep", action="store_true", help="also compare the sha256 of every blob (reads every byte)")
+    s.add_argument("--repair", action="store_true",
+                   help="move damaged manifests and blobs to quarantine/ (the next build compiles them again)")
+    s.add_argument("--remote", action="store_true", help="check [build] remote instead of the local store")
     s.add_argument("--json", action="store_true")
     s = add("gc", "remove artifacts that no target, release or channel references, and old leftovers")
     s.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
     s.add_argument("--keep-days", type=float, default=7.0, metavar="N",
                    help="keep unreferenced artifacts and quarantined objects younger than N days (default 7)")
+    s.add_argument("--remote", action="store_true",
+                   help="collect [build] remote instead of the local store (roots: every release, and this "
+                        "checkout's current targets; other checkouts' entries stay until older than N days)")
     s.add_argument("--json", action="store_true")
+
+
+def chosen_store(b, remote: bool):
+    """The store a maintenance command works on: the local one (of a read-through pair too), or with
+    ``remote`` the project's ``[build] remote`` (a user error when it has none)."""
+    if remote:
+        if getattr(b.store, "remote", None) is None:
+            raise UserError(f"{b.project.path}: no [build] remote to work on; drop --remote, or add e.g. "
+                            "remote = \"s3://bucket/prefix\" under [build]")
+        return b.store.remote
+    return getattr(b.store, "local", b.store)
 
 
 @command("verify")
 def cmd_verify(args) -> int:
-    """Verify every object; exit 1 when any was bad (each is quarantined and reported with its reason)."""
+    """Verify every manifest and blob; exit 1 when anything was bad. Damage is reported with the releases
+    and channels it breaks and the fix; only ``--repair`` moves it (to quarantine/)."""
     from neuron_build.store.maintenance import verify_store
 
     b = open_builder(args)
-    rep = verify_store(b.store, deep=args.deep)
+    store = chosen_store(b, args.remote)
+    if args.repair and getattr(store, "read_only", False):
+        raise UserError(f"store at {store.location} is read-only; verify --repair moves damaged objects "
+                        f"and cannot here (run verify without --repair to report them)")
+    rep = verify_store(store, deep=args.deep, repair=args.repair)
     if args.json:
         print_json(rep.to_json())
         return ExitCode.OK if rep.clean else ExitCode.FAILED
     for bad in rep.bad:
-        print(f"BAD  {bad.key[:12]}  {bad.target or '?'}: {bad.reason}"
+        what = f"blob {bad.key[:16]}" if bad.kind == "blob" else f"{bad.key[:12]}"
+        print(f"BAD  {what}  {bad.target or '?'}: {bad.reason}"
               + (f" -> {bad.moved_to}" if bad.moved_to else ""))
+        if bad.pinned_by:
+            print(f"     pinned by {', '.join(bad.pinned_by)}")
+        if bad.fix:
+            print(f"     fix: {bad.fix}")
     for p in rep.problems:
         print(f"REF  {p}")
-    how = "sizes and sha256 of every file" if args.deep else "sizes; --deep also checks every sha256"
-    print(f"verified {rep.checked} objects in {b.store.location} ({how}): {rep.ok} ok, {len(rep.bad)} bad"
-          + (" (moved to quarantine/; the next build compiles them again)" if rep.bad else "")
+    how = "sha256 of every blob" if args.deep else "sizes; --deep also checks every sha256"
+    moved = (" (moved to quarantine/; the next build compiles them again)" if args.repair
+             else " (reported only; --repair moves them to quarantine/)")
+    print(f"verified {rep.checked} artifacts and {rep.blobs_checked} blobs in {store.location} ({how}): "
+          f"{rep.ok} ok, {len(rep.bad)} bad" + (moved if rep.bad else "")
           + (f", {len(rep.problems)} reference problems" if rep.problems else ""))
     return ExitCode.OK if rep.clean else ExitCode.FAILED
 
 
 @command("gc")
 def cmd_gc(args) -> int:
-    """Remove unreferenced artifacts older than the keep window, and leftovers."""
+    """Remove what no release, channel or current target references, and leftovers; exit 1 when something
+    could not be removed (each listed with its reason)."""
     from neuron_build.store.maintenance import collect_garbage
 
     b = open_builder(args)
+    store = chosen_store(b, args.remote)
     current = {b.key(t).key for t in b.targets}
     b.keys.save()
-    rep = collect_garbage(b.store, keep_keys=current, keep_days=args.keep_days, dry_run=args.dry_run)
+    if args.remote:
+        from neuron_build.store.remote_gc import collect_remote_garbage
+        rep = collect_remote_garbage(store, keep_keys=current, keep_days=args.keep_days, dry_run=args.dry_run)
+    else:
+        rep = collect_garbage(store, keep_keys=current, keep_days=args.keep_days, dry_run=args.dry_run,
+                              current_targets=[t.id for t in b.targets])
+    code = ExitCode.FAILED if rep.failed else ExitCode.OK
     if args.json:
         print_json(rep.to_json())
-        return ExitCode.OK
+        return code
     verb = "would remove" if args.dry_run else "removed"
     for r in rep.removed:
         what = f"{r.key[:12]}  {r.target or ''}".rstrip() if r.kind == "object" else r.path
         print(f"{verb} {r.kind:10} {what}  {mib(r.bytes)}  ({r.why})")
+    for f in rep.failed:
+        print(f"COULD NOT REMOVE {f.kind} {f.path}: {f.error}")
+    for u in rep.unknown:
+        print(f"left       {u.path}  ({u.error})")
     counts = {}
     for r in rep.removed:
         counts[r.kind] = counts.get(r.kind, 0) + 1
@@ -63,5 +104,7 @@ def cmd_gc(args) -> int:
     print(f"gc{' (dry run)' if args.dry_run else ''}: {verb} {summary}; "
           f"{'would free' if args.dry_run else 'freed'} {mib(rep.bytes_freed)} ({rep.bytes_freed} bytes); "
           f"kept {rep.referenced} referenced and {rep.kept_young} unreferenced artifacts younger than "
-          f"{args.keep_days:g} days")
-    return ExitCode.OK
+          f"{args.keep_days:g} days"
+          + (f"; could not remove {len(rep.failed)} (listed above)" if rep.failed else "")
+          + (f"; left {len(rep.unknown)} files it did not write" if rep.unknown else ""))
+    return code

@@ -26,6 +26,19 @@ BACKENDS = {
 
 #: worker exit status for a missing toolchain (the compiler's own statuses pass through).
 EXIT_TOOLCHAIN_MISSING = 3
+#: The worker-log line that marks where a compile is: ``neuron-build stage: <stage>``. The build reads the
+#: last one of a failed compile as its failure stage (a killed worker writes no error.json, but its log
+#: has the line).
+STAGE_PREFIX = "neuron-build stage: "
+#: The stages, in order: building the model and its example inputs (``model``), capturing the graph
+#: (``export``: torch.export / torch.jit.trace), compiling it (``compile``: AOTInductor, torch.jit.freeze,
+#: torch_neuronx.trace with neuronx-cc), writing the artifact (``save``), counting its ops (``count``).
+STAGES = ("model", "export", "compile", "save", "count")
+
+
+def enter_stage(name: str) -> None:
+    """Print the :data:`STAGE_PREFIX` line of stage ``name`` (one of :data:`STAGES`) to the worker log."""
+    print(f"{STAGE_PREFIX}{name}", flush=True)
 
 
 @dataclass

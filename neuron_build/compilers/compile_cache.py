@@ -380,11 +380,10 @@ class CompileCacheCompiler:
 
 
 def inductor_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The graph-changing ``TORCHINDUCTOR_*`` variables of ``environ`` (as the key counts them; cache
-    folders and cache switches excluded): a serving host sets them so that its FX-graph keys match."""
-    from neuron_build.project.keys import ENV_IGNORED_PREFIXES
-    return {k: v for k, v in sorted(environ.items())
-            if k.startswith("TORCHINDUCTOR_") and not k.startswith(ENV_IGNORED_PREFIXES)}
+    """The graph-changing ``TORCHINDUCTOR_*`` variables of ``environ`` (the key's allow-list,
+    :data:`neuron_build.project.keys.KEY_ENV`): a serving host sets them so that its FX-graph keys match."""
+    from neuron_build.project.keys import key_env
+    return key_env("compile-cache", dict(environ))
 
 
 def serving_settings(backend: str, request: CompileRequest, env: Mapping[str, str]) -> dict[str, Any]:

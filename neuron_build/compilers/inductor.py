@@ -14,7 +14,7 @@ import zipfile
 from collections import Counter
 from pathlib import Path
 
-from neuron_build.compilers.base import CompileFailed, CompileRequest, CompileResult
+from neuron_build.compilers.base import CompileFailed, CompileRequest, CompileResult, enter_stage
 from neuron_build.status import Status
 
 OP_COUNT_SOURCE = "aoti-wrapper: fused kernel + extern kernel call sites in run_impl"
@@ -80,11 +80,14 @@ class InductorCompiler:
         example_inputs = tuple(t.to(device) for t in example_inputs)
         print(f"torch.export.export: {len(example_inputs)} inputs "
               f"{[tuple(t.shape) for t in example_inputs]}", flush=True)
+        enter_stage("export")
         with torch.no_grad():
             ep = torch.export.export(model, example_inputs, strict=False)
         print(f"exported graph: {len(ep.graph.nodes)} nodes; AOTInductor compile for {device}", flush=True)
         out = Path(request.out_dir) / "model.pt2"
+        enter_stage("compile")  # compiles and writes model.pt2 in one call
         torch._inductor.aoti_compile_and_package(ep, package_path=str(out))
+        enter_stage("count")
         ops, breakdown = count_package_kernels(out)
         print(f"op count {ops} ({breakdown['fused']} fused, {breakdown['extern']} extern)", flush=True)
         return CompileResult(op_count=ops, op_count_source=OP_COUNT_SOURCE,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from neuron_build.compilers.base import CompileRequest, CompileResult
+from neuron_build.compilers.base import CompileRequest, CompileResult, enter_stage
 
 OP_COUNT_SOURCE = "torchscript-frozen-graph: non-prim operator nodes"
 
@@ -46,10 +46,14 @@ class TorchScriptCompiler:
         model = model.to(device)
         example_inputs = tuple(t.to(device) for t in example_inputs)
         with torch.no_grad():
+            enter_stage("export")
             traced = torch.jit.trace(model, example_inputs, check_trace=False)
+            enter_stage("compile")
             frozen = torch.jit.freeze(traced.eval())
         out = Path(request.out_dir) / "model.pt"
+        enter_stage("save")
         torch.jit.save(frozen, str(out))
+        enter_stage("count")
         ops, kinds = count_graph_ops(frozen.graph)
         print(f"op count {ops} over {len(kinds)} operator kinds", flush=True)
         return CompileResult(op_count=ops, op_count_source=OP_COUNT_SOURCE,

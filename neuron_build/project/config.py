@@ -80,6 +80,13 @@ class BuildSettings(_Frozen):
     sharing the store; a compile's expected peak is the last recorded ``peak_rss_bytes`` of its model and
     bucket, else ``default_compile_memory_gb``. A compile waits while it would exceed the bound, and
     always runs when nothing else is running.
+
+    ``store`` is the local store folder (relative to the config's folder), or a URL (``s3://bucket/prefix``)
+    for a host that keeps no local copy. ``remote`` (a URL: ``s3://``, ``gs://``, ``file://``, any fsspec
+    protocol) is a shared store the local one caches: a build looks up locally, then on the remote, and
+    pushes what it compiled. ``remote_options`` are passed to fsspec as storage options (e.g.
+    ``{profile = "ci"}`` or ``{client_kwargs = {region_name = "us-west-2"}}``); the standard AWS variables
+    (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``, ...) apply as s3fs and boto3 read them.
     """
 
     store: StrictStr = "artifacts"
@@ -92,6 +99,49 @@ class BuildSettings(_Frozen):
     state_dir: StrictStr = ".neuron-build"
     max_host_memory_gb: float | None = Field(default=None, gt=0, strict=False)
     default_compile_memory_gb: float = Field(default=4.0, gt=0, strict=False)
+    remote: StrictStr | None = None
+    remote_options: dict[str, Any] = {}
+
+    @field_validator("store")
+    @classmethod
+    def _store_location(cls, v: str) -> str:
+        if "://" in v and not v.startswith("file://"):
+            check_store_url(v)
+        return v
+
+    @field_validator("remote")
+    @classmethod
+    def _remote_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            if "://" not in v:
+                raise ValueError(f"{v!r} is not a URL; give one such as \"s3://bucket/prefix\" (a local folder "
+                                 "goes in [build] store)")
+            check_store_url(v)
+        return v
+
+
+#: URL schemes of the stores the tool knows how to reach (any other fsspec protocol works too when its
+#: package is installed; these are the ones named in messages).
+STORE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "file", "memory")
+
+
+def check_store_url(url: str) -> None:
+    """Raise ValueError (one line with the fix) when ``url`` is not a store URL this tool can use: an
+    unknown scheme, or an ``s3://`` URL without a valid bucket name (3-63 characters of lowercase letters,
+    digits, dots and hyphens [AWS doc])."""
+    scheme, _, rest = url.partition("://")
+    if not re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme):
+        raise ValueError(f"{url!r} has no valid URL scheme; use e.g. \"s3://bucket/prefix\"")
+    if scheme not in STORE_SCHEMES:
+        from fsspec.registry import known_implementations
+        if scheme not in known_implementations:
+            raise ValueError(f"unknown store URL scheme {scheme!r} in {url!r}; use one of "
+                             + ", ".join(f"{s}://" for s in STORE_SCHEMES))
+    if scheme == "s3":
+        bucket = rest.split("/", 1)[0]
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
+            raise ValueError(f"{url!r}: {bucket!r} is not an S3 bucket name (3-63 lowercase letters, digits, "
+                             "dots and hyphens); write \"s3://<bucket>/<prefix>\"")
 
 
 class Profile(_Frozen):
@@ -201,7 +251,10 @@ class ModelSpec(_Frozen):
 
     ``factory`` is ``module.path:function`` relative to the folder of ``buckets.toml``. ``buckets`` maps
     each bucket dim to its values; a model's buckets are their product. ``weights`` are extra files
-    (relative paths) whose content is part of the key; ``packages`` are installed distributions whose
+    or folders (paths relative to the config's folder, or absolute) whose content is part of the key (a folder:
+    every file under it); ``sources`` are globs (relative to the config's folder, ``**`` recursing) of
+    further files whose content is part of the key, for code the factory runs that no import statement
+    names (see :mod:`neuron_build.project.sources`); ``packages`` are installed distributions whose
     versions, and whose shipped weight files, are part of the key. ``tolerance`` is the relative L2 error
     allowed against the fp32 CPU reference, per dtype (defaults: fp32 1e-4, bf16 and fp16 2e-2; see
     :mod:`neuron_build.evaluate.validate`). ``reference`` names another model whose eager fp32 CPU outputs this
@@ -222,6 +275,7 @@ class ModelSpec(_Frozen):
     inputs: tuple[InputSpec, ...] = Field(min_length=1)
     buckets: dict[str, tuple[PositiveInt, ...]] = {}
     weights: tuple[StrictStr, ...] = ()
+    sources: tuple[StrictStr, ...] = ()
     packages: tuple[StrictStr, ...] = ()
     tolerance: dict[Dtype, float] = {}
     truncate: StrictBool = False
@@ -277,6 +331,25 @@ class ModelSpec(_Frozen):
         return self.factory.partition(":")[2]
 
 
+def _specifiers(v: dict[str, str], where: str = "") -> dict[str, str]:
+    """Package -> version specifier, a bare version (``2.13.*``) read as ``==2.13.*``; a ValueError names a
+    specifier that is not PEP 440."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    out = {}
+    for pkg, spec in v.items():
+        text = spec.strip()
+        if text and text[0].isdigit():
+            text = "==" + text
+        try:
+            SpecifierSet(text)
+        except InvalidSpecifier:
+            raise ValueError(f"{where}{pkg} = {spec!r} is not a version specifier; write e.g. \"2.13.*\" or "
+                             f"\">=2.13,<2.14\"") from None
+        out[pkg] = text
+    return out
+
+
 class ReleaseSettings(_Frozen):
     """``[release]``: channels and the gates a promotion must pass (:mod:`neuron_build.release`).
 
@@ -287,7 +360,11 @@ class ReleaseSettings(_Frozen):
     release; each bucket's p99 latency at most ``max_p99_ratio`` times the current release's; the p95 of the
     release's compile times at most ``max_compile_time_p95_s`` seconds; every artifact validated on the
     device kind that serves the channel: ``serving_device_kind`` for every channel, unless
-    ``channel_device_kind`` names another for a channel (``{ prod = "neuron" }``).
+    ``channel_device_kind`` names another for a channel (``{ prod = "neuron" }``); and the release built
+    with versions the channel's serving hosts run: ``serving`` declares them for every channel
+    (``{ torch = "2.13.*" }``: package -> PEP 440 specifier, a bare version meaning ``==``) and
+    ``channel_serving`` per channel (``{ prod = { torch = "2.13.*", torch-neuronx = ">=2.13" } }``, on top
+    of ``serving``); a channel with neither is not gated on versions.
     """
 
     channels: tuple[StrictStr, ...] = Field(default=("dev", "staging", "prod"), min_length=1)
@@ -298,6 +375,27 @@ class ReleaseSettings(_Frozen):
     max_compile_time_p95_s: float = Field(default=400.0, gt=0, strict=False)
     serving_device_kind: DeviceKind = "cpu"
     channel_device_kind: dict[str, DeviceKind] = {}
+    serving: dict[StrictStr, StrictStr] = {}
+    channel_serving: dict[StrictStr, dict[StrictStr, StrictStr]] = {}
+
+    @field_validator("serving")
+    @classmethod
+    def _serving(cls, v: dict[str, str]) -> dict[str, str]:
+        return _specifiers(v)
+
+    @field_validator("channel_serving")
+    @classmethod
+    def _channel_serving(cls, v: dict[str, dict[str, str]], info: ValidationInfo) -> dict[str, dict[str, str]]:
+        channels = info.data.get("channels")
+        for c in v:
+            if channels is not None and c not in channels:
+                raise ValueError(f"names channel '{c}', which is not in channels ({', '.join(channels)})")
+        return {c: _specifiers(pkgs, f"{c}.") for c, pkgs in v.items()}
+
+    def serving_for(self, channel: str) -> dict[str, str]:
+        """Package -> PEP 440 specifier of the versions the hosts serving ``channel`` run: ``serving``,
+        with ``channel_serving[channel]`` on top (empty: nothing declared, nothing gated)."""
+        return {**self.serving, **self.channel_serving.get(channel, {})}
 
     @field_validator("channels")
     @classmethod
@@ -321,11 +419,41 @@ class ReleaseSettings(_Frozen):
         return self.channel_device_kind.get(channel, self.serving_device_kind)
 
 
+class MonitoringSettings(_Frozen):
+    """``[monitoring]``: the thresholds of the compile monitoring checklist (``neuron-build report`` and
+    ``metrics``, :mod:`neuron_build.store.ledger`) and the bounds of the kept failure workdirs.
+
+    Thresholds (each signal passes when its figure is at most the limit; utilisation when at least):
+    ``max_failure_rate`` (a fraction of compile attempts, 0.05 = 5 %); ``max_compile_time_p95_s``
+    (nearest-rank p95 of passing compiles, seconds); ``max_recompiles_per_hour`` (compiles of a target
+    whose key changed since its last build, the most within any 60 minutes of the window);
+    ``max_artifacts_per_model`` (passing artifacts per model, dtype, profile and backend);
+    ``max_hbm_fraction`` of ``neuroncore_hbm_gb`` (one NeuronCore's HBM, GB = 1e9 bytes; 16 on trn1 and
+    inf2, per the toolchain notes); ``max_p99_ratio`` (p99 latency over the previous artifact's on the same
+    device kind); ``min_neuroncore_utilisation`` (a fraction, needs a Neuron device).
+
+    Kept failure workdirs: the last ``keep_failed_workdirs`` per target, at most ``failed_workdirs_max_mb``
+    (MB = 1e6 bytes) in all; the oldest go first.
+    """
+
+    max_failure_rate: float = Field(default=0.05, ge=0, le=1, strict=False)
+    max_compile_time_p95_s: float = Field(default=400.0, gt=0, strict=False)
+    max_recompiles_per_hour: float = Field(default=2, ge=0, strict=False)
+    max_artifacts_per_model: int = Field(default=3, ge=1, strict=True)
+    max_hbm_fraction: float = Field(default=0.60, gt=0, le=1, strict=False)
+    neuroncore_hbm_gb: float = Field(default=16.0, gt=0, strict=False)
+    max_p99_ratio: float = Field(default=1.3, gt=0, strict=False)
+    min_neuroncore_utilisation: float = Field(default=0.40, ge=0, le=1, strict=False)
+    keep_failed_workdirs: int = Field(default=3, ge=0, strict=True)
+    failed_workdirs_max_mb: float = Field(default=1000.0, ge=0, strict=False)
+
+
 class ConfigFile(_Frozen):
     """The whole ``buckets.toml``."""
 
     build: BuildSettings = BuildSettings()
     release: ReleaseSettings = ReleaseSettings()
+    monitoring: MonitoringSettings = MonitoringSettings()
     profiles: dict[str, Profile] = Field(min_length=1)
     models: dict[str, ModelSpec] = Field(min_length=1)
 
@@ -347,9 +475,16 @@ class Project:
         return self.root / self.config.build.state_dir
 
     def store_url(self) -> str:
-        """The store folder: a local path (or ``file://`` URL) resolved against the config's folder."""
-        s = self.config.build.store.removeprefix("file://")
-        return str((self.root / s).resolve())
+        """``[build] store``: a local path (or ``file://`` URL) resolved against the config's folder, or a
+        remote URL (``s3://bucket/prefix``) as given, for a host that keeps no local copy."""
+        s = self.config.build.store
+        if "://" in s and not s.startswith("file://"):
+            return s
+        return str((self.root / s.removeprefix("file://")).resolve())
+
+    def remote_url(self) -> str | None:
+        """``[build] remote``, the shared store the local one caches (a URL), or None."""
+        return self.config.build.remote
 
     def factory_file(self, model: str) -> Path:
         """The source file of a model's factory module (``models.minilm`` -> ``<root>/models/minilm.py``)."""
@@ -495,8 +630,21 @@ def _cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
                 faults.append(f"{toml_path(at + ('buckets', d))}: no input uses dim '{d}'; "
                               f"remove it or use it in an input's shape")
         for i, w in enumerate(m.weights):
-            if not (root / w).is_file():
-                faults.append(f"{toml_path(at + ('weights', i))}: file '{w}' not found (relative to {root})")
+            wp = root / w
+            if wp.is_dir():
+                if not any(f.is_file() for f in wp.rglob("*")):
+                    faults.append(f"{toml_path(at + ('weights', i))}: folder '{w}' holds no files; "
+                                  f"put the weight files in it or remove the entry")
+            elif not wp.is_file():
+                faults.append(f"{toml_path(at + ('weights', i))}: '{w}' not found (relative to {root}); "
+                              f"give an existing file or folder")
+        for i, g in enumerate(m.sources):
+            if Path(g).is_absolute() or ".." in Path(g).parts:
+                faults.append(f"{toml_path(at + ('sources', i))}: '{g}' must be a glob relative to {root} "
+                              f"(e.g. \"kernels/**/*.py\"), inside the project folder")
+            elif not any(p.is_file() for p in root.glob(g)):
+                faults.append(f"{toml_path(at + ('sources', i))}: '{g}' matches no file under {root}; "
+                              f"fix the pattern or remove it")
         for i, pkg in enumerate(m.packages):
             try:
                 import importlib.metadata as md
@@ -558,8 +706,7 @@ def _check_factory(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
     # modules under the models folder that the factory imports must import too
     from neuron_build.project.sources import local_imports
 
-    top_dir = root / m.module.split(".")[0]
-    for dep in local_imports(path, top_dir if top_dir.is_dir() else path.parent):
+    for dep in local_imports(path, root, module=m.module):
         if dep == path:
             continue
         try:

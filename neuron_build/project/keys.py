@@ -3,18 +3,23 @@
 Components (each hashed on its own so ``explain`` can say which one changed):
 
 - ``format``: the key format version;
-- ``model``: factory, kwargs, the source of the factory module and of every module under the models
-  folder that it imports, digests of declared weight files and of weight files shipped in the packages
-  the model names, and those packages' versions;
+- ``model``: factory, kwargs, ``sources`` (the sha256 of every project file the factory's import runs, read
+  statically, and of the files the model's ``sources`` globs match: :mod:`neuron_build.project.sources`),
+  ``recorded`` (the project files the worker saw imported during an earlier build of the model that no
+  static reading finds, e.g. a module loaded by a string), ``weights`` (the content of declared weight
+  files and folders) and ``packages`` (the versions of the packages the model names, and the weight files
+  they ship);
 - ``inputs``: the target dtype and each input's concrete shape, dtype and range;
 - ``compiler``: backend, hardware target, normalised compiler args (without ``--verbose``), profile
   options (``inline_weights_to_neff``, ``tp_degree``);
-- ``env``: environment variables that change the compiled graph;
+- ``env``: the environment variables of :data:`KEY_ENV` for the backend (an allow-list: logging, debug,
+  cache and runtime settings such as ``TORCH_LOGS`` or ``NEURON_RT_*`` never count);
 - ``toolchain``: compiler versions (torch; torch-neuronx, neuronx-cc, neuronx-distributed, libneuronxla
   for neuron and torchneuron: TorchNeuron's own NEFF cache key omits them [code], ours does not).
 
 Never in the key: absolute paths, host, user, time, the store location, bytes of saved artifacts. Paths in
-the key are relative to the folder of ``buckets.toml``, so a moved checkout computes the same keys.
+the key are relative to the folder of ``buckets.toml``, so a moved checkout computes the same keys; a
+weights file outside that folder is named by its file name only and keyed by its content.
 """
 
 from __future__ import annotations
@@ -29,34 +34,93 @@ from typing import Any
 from neuron_build.project.compiler_args import key_args
 from neuron_build.project.config import Project
 from neuron_build.project.matrix import Target
-from neuron_build.project.sources import local_imports
+from neuron_build.project.sources import glob_sources, local_imports
 from neuron_build.project.toolchain import NEURON_BACKENDS, resolve_backend, toolchain_versions, version
 from neuron_build.util import canonical_json, file_sha256, sha256_hex, write_atomic
 
-KEY_FORMAT = 1
+KEY_FORMAT = 2
 COMPONENTS = ("format", "model", "inputs", "compiler", "env", "toolchain")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".h5", ".msgpack", ".gguf", ".npz", ".npy")
-#: Environment variables that change the compiled graph, per backend. [doc: toolchain notes, "Environment"]
-ENV_PREFIXES = {
-    "neuron": ("NEURON_CC_FLAGS", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "NEURON_"),
-    "torchneuron": ("NEURON_CC_FLAGS", "NEURON_", "TORCH_NEURONX_"),
-    "inductor": ("TORCHINDUCTOR_",),
-    "compile-cache": ("TORCHINDUCTOR_",),
-    "torchscript": ("PYTORCH_JIT",),
+#: The weight entry of a file that does not exist (the key changes when it appears).
+MISSING = "missing"
+
+#: The environment variables that change the compiled artifact, per backend, each with the reason. Only
+#: these are in the key (an allow-list): everything else (``TORCH_LOGS``, ``PYTORCH_JIT_LOG_LEVEL``,
+#: ``TORCH_COMPILE_DEBUG``, ``NEURON_RT_*``, cache folders, thread counts) changes logs, debug output, where
+#: caches live or how an artifact runs, never what is compiled. README "What is in the key" lists them.
+KEY_ENV: dict[str, dict[str, str]] = {
+    "neuron": {
+        "NEURON_CC_FLAGS": "extra neuronx-cc flags added to every compile [doc: toolchain notes, Environment]",
+        "XLA_USE_BF16": "casts float tensors to bf16 in the traced graph [doc: toolchain notes, Environment]",
+        "XLA_DOWNCAST_BF16": "downcasts fp32 to bf16 in the traced graph [doc: toolchain notes, Environment]",
+        "NEURON_COMPILER_OPT_LEVEL": "the opt level torch.compile(backend='neuron') passes [code: toolchain notes]",
+        "NEURON_LOGICAL_NC_CONFIG": "logical NeuronCore size (LNC) the NEFF is compiled for [code: toolchain notes]",
+        "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "whether a graph that fails to compile raises or runs "
+                                                    "eagerly [doc, code: toolchain notes]",
+    },
+    "inductor": {
+        "TORCHINDUCTOR_MAX_AUTOTUNE": "autotuning picks other kernels (torch._inductor.config.max_autotune)",
+        "TORCHINDUCTOR_FREEZING": "constant-folds weights into the graph (torch._inductor.config.freezing)",
+        "TORCHINDUCTOR_CPP_WRAPPER": "generates a C++ wrapper instead of Python (config.cpp_wrapper)",
+        "TORCHINDUCTOR_LAYOUT_OPTIMIZATION": "changes tensor layouts in the graph (config.layout_optimization)",
+    },
+    "torchscript": {
+        "PYTORCH_JIT": "PYTORCH_JIT=0 turns torch.jit.script/trace into no-ops, a different artifact",
+    },
 }
-#: Variables under those prefixes that do not change the artifact (runtime, cache and log settings).
-ENV_IGNORED_PREFIXES = ("NEURON_RT_", "NEURON_COMPILE_CACHE_URL", "TORCHINDUCTOR_CACHE_DIR",
-                        "TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE",
-                        "NEURON_BUILD_", "TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR",
-                        "TORCH_NEURONX_METRICS_DIR", "TORCH_NEURONX_DEBUG_DIR", "TORCH_NEURONX_ENABLED_METRIC_TABLES",
-                        "TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS")
+# torchneuron: NEURON_CC_FLAGS is appended to the profile's flags; the opt level, the LNC and the fallback
+# switch are set by the backend from the profile (so they are in the key through the compiler args)
+KEY_ENV["torchneuron"] = {
+    "NEURON_CC_FLAGS": "extra neuronx-cc flags, appended to the profile's; the literal string is part of "
+                       "TorchNeuron's NEFF cache key [code: toolchain notes]",
+    "NEURON_PLATFORM_TARGET_OVERRIDE": "the platform target TorchNeuron compiles for [guess: toolchain notes, "
+                                       "vLLM's override]",
+}
+KEY_ENV["compile-cache"] = dict(KEY_ENV["inductor"])
+
+
+def key_env(backend: str, environ: dict[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` that are in the key for ``backend`` (:data:`KEY_ENV`), sorted by name."""
+    allowed = KEY_ENV.get(backend, {})
+    return {k: environ[k] for k in sorted(allowed) if k in environ}
+
+
+def digest_entries(root: Path, entry: str, digest) -> dict[str, str]:
+    """The key entries of one ``weights`` item: name -> sha256 (``digest(path)``) of each file.
+
+    A file under ``root`` is named by its path relative to ``root``; one outside by its file name only
+    (``<outside>/w.bin``), so a moved checkout or another mount computes the same key. A folder means every
+    file under it (hidden files and folders left out), in sorted order of their relative paths. A missing
+    path is :data:`MISSING` (the config check reports it as "not found" first).
+    """
+    p = Path(entry)
+    p = p if p.is_absolute() else root / p
+    try:
+        p = p.resolve()
+        name = p.relative_to(root).as_posix()
+    except ValueError:
+        name = f"<outside>/{p.name}"
+    except OSError:
+        return {entry: MISSING}
+    if p.is_dir():
+        out = {}
+        for f in sorted(p.rglob("*"), key=lambda x: x.relative_to(p).as_posix()):
+            rel = f.relative_to(p)
+            if f.is_file() and not any(part.startswith(".") for part in rel.parts):
+                out[f"{name}/{rel.as_posix()}"] = digest(f)
+        return out
+    if not p.is_file():
+        return {name: MISSING}
+    return {name: digest(p)}
 
 
 class DigestCache:
-    """sha256 digests of large files, cached by (path, size, mtime_ns, inode) in a JSON file.
+    """sha256 digests of large files, cached by (path, size, mtime_ns, ctime_ns, inode) in a JSON file.
 
-    A no-op build stats each weight file instead of reading it. The cache file lives in the project's state
-    folder; a missing or corrupt cache file is treated as empty. Writes are atomic (temp file + rename).
+    A no-op build stats each weight file instead of reading it. An in-place rewrite that restores size and
+    mtime still changes ctime (the kernel sets it on every write and on ``utime``), and a replacement file
+    has another inode, so either is noticed. The cache file lives in the project's state folder; a missing
+    or corrupt cache file is treated as empty. Writes are atomic (temp file + rename).
     """
 
     def __init__(self, path: Path | None):
@@ -70,11 +134,16 @@ class DigestCache:
                 self._data = {}
 
     def digest(self, file: Path) -> str:
+        """The sha256 (64 hex chars) of ``file``'s content, read only when its stat signature changed.
+
+        Raises:
+            OSError: the file cannot be read.
+        """
         st = file.stat()
-        sig = [st.st_size, st.st_mtime_ns, st.st_ino]
+        sig = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
         ent = self._data.get(str(file))
-        if ent and ent[:3] == sig:
-            return ent[3]
+        if ent and ent[:4] == sig:
+            return ent[4]
         d = file_sha256(file)
         self._data[str(file)] = [*sig, d]
         self._dirty = True
@@ -100,12 +169,18 @@ class KeyInfo:
     hashes: dict[str, str]
 
 
-def diff_components(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def diff_components(old: dict[str, Any], new: dict[str, Any], old_hashes: dict[str, str] | None = None,
+                    new_hashes: dict[str, str] | None = None) -> list[str]:
     """The components whose hashes differ, in :data:`COMPONENTS` order, each with the sub-keys that
-    changed: ``["model: sources[models/ffn.py]", ...]``."""
+    changed: ``["model: sources.models/ffn.py, weights.w.bin", ...]``.
+
+    ``old_hashes`` and ``new_hashes`` (component -> sha256, as key records carry them) let equal
+    components be skipped without serialising them."""
     out = []
     for c in COMPONENTS:
         a, b = old.get(c), new.get(c)
+        if old_hashes and new_hashes and c in old_hashes and old_hashes.get(c) == new_hashes.get(c):
+            continue
         if canonical_json(a) == canonical_json(b):
             continue
         detail = _subdiff(a, b)
@@ -128,76 +203,141 @@ class KeyMaker:
     """Computes keys for a project's targets, caching the per-model and per-build parts.
 
     Cheap on the no-op path: no torch import, model sources read once per model, weight files digested
-    once and then cached by (path, size, mtime_ns, inode).
+    once and then cached by (path, size, mtime_ns, ctime_ns, inode).
+
+    Args:
+        project: the loaded config.
+        backend: override ``[build] backend``.
+        environ: the environment (default ``os.environ``); only :data:`KEY_ENV` variables count.
+        recorded: model name -> the project files (POSIX paths relative to the project folder) the worker
+            recorded as imported by earlier builds of the model (the planner reads them from the store).
+        exclude: folders whose files are never sources (the store).
     """
 
-    def __init__(self, project: Project, backend: str | None = None, environ: dict[str, str] | None = None):
+    def __init__(self, project: Project, backend: str | None = None, environ: dict[str, str] | None = None,
+                 recorded: dict[str, list[str]] | None = None, exclude: tuple[Path, ...] = ()):
         self.project = project
         build = project.config.build
         self.backend, self.backend_note = resolve_backend(backend or build.backend, build.target)
         self.hardware_target = build.target if self.backend in NEURON_BACKENDS else build.device
         self.environ = dict(os.environ if environ is None else environ)
         self.digests = DigestCache(project.state_dir / "digests.json")
+        self.recorded: dict[str, list[str]] = dict(recorded or {})
+        self.exclude = (project.state_dir, *exclude)
+        self._static_cache: dict[str, dict[str, Any]] = {}
         self._model_cache: dict[str, dict[str, Any]] = {}
         self._toolchain = toolchain_versions(self.backend)
-        self._env = self._env_component()
+        self._env = key_env(self.backend, self.environ)
+        self._compiler_cache: dict[str, dict[str, Any]] = {}
+        #: (component, id of its value) -> (value, canonical JSON, sha256); the value is kept so the id
+        #: cannot be reused by another object while the entry lives
+        self._json_cache: dict[tuple[str, int], tuple[Any, bytes, str]] = {}
 
-    def _env_component(self) -> dict[str, str]:
-        prefixes = ENV_PREFIXES.get(self.backend, ())
-        return {k: v for k, v in sorted(self.environ.items())
-                if k.startswith(prefixes) and not k.startswith(ENV_IGNORED_PREFIXES)}
+    def static_sources(self, name: str) -> dict[str, str]:
+        """Project file (relative POSIX path) -> sha256 of every source a model's factory runs that static
+        reading finds, plus the files its ``sources`` globs match."""
+        return self._static(name)["sources"]
 
-    def model_component(self, name: str) -> dict[str, Any]:
-        """The ``model`` component of one model (cached)."""
-        if name in self._model_cache:
-            return self._model_cache[name]
+    def _static(self, name: str) -> dict[str, Any]:
+        if name in self._static_cache:
+            return self._static_cache[name]
         p = self.project
         m = p.config.models[name]
-        root = p.root
-        entry = p.factory_file(name)
-        top = root / m.module.split(".")[0]
-        if not top.is_dir():
-            top = entry.parent
-        sources = {f.relative_to(root).as_posix(): file_sha256(f) for f in local_imports(entry, top)}
-        weights = {w: self.digests.digest(root / w) for w in m.weights}
+        root = p.root.resolve()
+        files = set(local_imports(p.factory_file(name), root, self.exclude, module=m.module))
+        files.update(glob_sources(root, m.sources))
+        sources = {f.relative_to(root).as_posix(): file_sha256(f) for f in sorted(files)}
+        weights: dict[str, str] = {}
+        for w in m.weights:
+            weights.update(digest_entries(root, w, self.digests.digest))
         packages: dict[str, Any] = {}
         for dist_name in m.packages:
             dist = md.distribution(dist_name)
-            files = sorted(f for f in (dist.files or []) if str(f).endswith(WEIGHT_SUFFIXES))
+            pfiles = sorted(f for f in (dist.files or []) if str(f).endswith(WEIGHT_SUFFIXES))
             packages[dist_name] = {
                 "version": dist.version,
-                "weights": {str(f): self.digests.digest(Path(dist.locate_file(f))) for f in files},
+                "weights": {str(f): self.digests.digest(Path(dist.locate_file(f))) for f in pfiles},
             }
         comp = {"factory": m.factory, "kwargs": m.kwargs, "sources": sources, "weights": weights,
                 "packages": packages}
-        self._model_cache[name] = comp
+        self._static_cache[name] = comp
         return comp
 
-    def details(self, target: Target) -> dict[str, Any]:
-        """The key details of a target: a dict of the components in :data:`COMPONENTS`."""
+    def recorded_digests(self, name: str, files: list[str] | None = None) -> dict[str, str]:
+        """Recorded file -> sha256 (:data:`MISSING` for a file gone since) for the files recorded for a
+        model (``files``, default :attr:`recorded`), leaving out those static reading already hashes."""
+        root = self.project.root.resolve()
+        static = self.static_sources(name)
+        out = {}
+        for rel in sorted(set(self.recorded.get(name, ()) if files is None else files)):
+            if rel in static:
+                continue
+            f = root / rel
+            out[rel] = file_sha256(f) if f.is_file() else MISSING
+        return out
+
+    def model_component(self, name: str, recorded: list[str] | None = None) -> dict[str, Any]:
+        """The ``model`` component of one model (cached unless ``recorded`` overrides the recorded set)."""
+        if recorded is None and name in self._model_cache:
+            return self._model_cache[name]
+        comp = {**self._static(name), "recorded": self.recorded_digests(name, recorded)}
+        if recorded is None:
+            self._model_cache[name] = comp
+        return comp
+
+    def details(self, target: Target, recorded: list[str] | None = None) -> dict[str, Any]:
+        """The key details of a target: a dict of the components in :data:`COMPONENTS`.
+
+        Args:
+            recorded: the recorded project files to key on instead of :attr:`recorded` (the builder passes
+                the set a finished compile recorded).
+        """
         cfg = self.project.config
         m = cfg.models[target.model]
         prof = cfg.profiles[target.profile]
+        comp = self._compiler_cache.get(target.profile)
+        if comp is None:
+            comp = self._compiler_cache[target.profile] = {
+                "backend": self.backend, "hardware_target": self.hardware_target,
+                "compiler_args": list(key_args(prof.compiler_args)),
+                "inline_weights_to_neff": prof.inline_weights_to_neff, "tp_degree": prof.tp_degree}
         return {
             "format": KEY_FORMAT,
-            "model": self.model_component(target.model),
+            "model": self.model_component(target.model, recorded),
             "inputs": {"dtype": target.dtype, "inputs": [i.to_json() for i in target.inputs(m)]},
-            "compiler": {"backend": self.backend, "hardware_target": self.hardware_target,
-                         "compiler_args": list(key_args(prof.compiler_args)),
-                         "inline_weights_to_neff": prof.inline_weights_to_neff, "tp_degree": prof.tp_degree},
+            "compiler": comp,
             "env": self._env,
             "toolchain": self._toolchain,
         }
 
-    def key(self, target: Target) -> KeyInfo:
-        """The target's :class:`KeyInfo`."""
-        d = self.details(target)
-        return KeyInfo(key=sha256_hex(canonical_json(d)), details=d,
-                       hashes={c: sha256_hex(canonical_json(d[c])) for c in COMPONENTS})
+    def key(self, target: Target, recorded: list[str] | None = None) -> KeyInfo:
+        """The target's :class:`KeyInfo` (``recorded`` as for :meth:`details`).
+
+        The key is the sha256 of the canonical JSON of the details; that JSON is assembled from each
+        component's canonical JSON (sorted keys make it compositional), and the components shared by many
+        targets (model, env, toolchain, a profile's compiler options) are serialised once."""
+        d = self.details(target, recorded)
+        texts, hashes = {}, {}
+        for c in COMPONENTS:
+            cache_key = (c, id(d[c])) if c != "inputs" else None
+            hit = self._json_cache.get(cache_key) if cache_key else None
+            if hit is None or hit[0] is not d[c]:
+                j = canonical_json(d[c])
+                hit = (d[c], j, sha256_hex(j))
+                if cache_key:
+                    self._json_cache[cache_key] = hit
+            texts[c], hashes[c] = hit[1], hit[2]
+        whole = b"{" + b",".join(b'"' + c.encode() + b'":' + texts[c] for c in sorted(COMPONENTS)) + b"}"
+        return KeyInfo(key=sha256_hex(whole), details=d, hashes=hashes)
+
+    def forget_model(self, name: str) -> None:
+        """Drop the cached ``model`` component of one model (after :attr:`recorded` changed)."""
+        self._model_cache.pop(name, None)
 
     def save(self) -> None:
         """Persist the digest cache (call once after computing keys)."""
         self.digests.save()
 
 
-__all__ = ["KeyMaker", "KeyInfo", "COMPONENTS", "diff_components", "canonical_json", "file_sha256", "version"]
+__all__ = ["COMPONENTS", "KEY_ENV", "MISSING", "DigestCache", "KeyInfo", "KeyMaker", "canonical_json", "diff_components",
+           "digest_entries", "file_sha256", "key_env", "version"]

@@ -12,6 +12,7 @@ import fnmatch
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 from neuron_build.errors import UserError
 from neuron_build.project.config import INTEGER_DTYPES, ModelSpec, Project
@@ -48,12 +49,14 @@ class Target:
     dtype: str
     profile: str
 
-    @property
+    @cached_property
     def bucket_id(self) -> str:
+        """The bucket's id (``b8-s512``), computed once."""
         return bucket_id(self.bucket)
 
-    @property
+    @cached_property
     def id(self) -> str:
+        """``model/bucket id/dtype/profile``, computed once (read many times on the no-op path)."""
         return f"{self.model}/{self.bucket_id}/{self.dtype}/{self.profile}"
 
     def inputs(self, spec: ModelSpec) -> tuple[ConcreteInput, ...]:

@@ -1,54 +1,196 @@
-"""Which source files a model's factory runs: the project-local modules it imports (read statically).
+"""Which source files a model's factory runs: the project-local modules it imports.
 
 A leaf of the project layer: both the config check (every import resolves) and the key (every module's
 source is hashed) use it, so neither imports the other.
+
+Three ways a file gets into a model's sources:
+
+1. **Static reading** (:func:`local_imports`): starting from the factory module, every ``import`` and
+   ``from ... import`` (absolute, relative, ``from x import *``) that names a module whose file lies under
+   the project folder (the folder of ``buckets.toml``), followed transitively, together with the package
+   ``__init__.py`` of every package along each imported module's dotted path (importing ``a.b.c`` runs
+   ``a/__init__.py`` and ``a/b/__init__.py`` first). A helper beside ``buckets.toml`` or a sibling package
+   counts as much as a module under the models folder.
+2. **Recorded imports** (:func:`recorded_files`): what no static reading sees (a module loaded by a string,
+   ``importlib.import_module(name)``) is found by the worker, which lists the project-local files it actually
+   imported during the build; the next plan hashes that recorded set too (ccache's depend mode, DVC's
+   recorded dependencies).
+3. **``sources = [globs]``** in the model's table (:func:`glob_sources`): an escape hatch for files read in
+   other ways (a config file the factory opens, a kernel source compiled at build time).
+
+Never project sources: files of neuron-build itself, of an installed distribution (anything under a
+``site-packages`` or ``dist-packages`` folder, or under the interpreter's prefix), and files in hidden
+folders (``.venv``, ``.git``, the state folder).
 """
 
 from __future__ import annotations
 
 import ast
+import sys
+from collections.abc import Iterable
+from functools import cache
 from pathlib import Path
 
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # neuron_build/
 
-def local_imports(entry: Path, top: Path) -> list[Path]:
-    """The module files under ``top`` that ``entry`` imports, directly or transitively (static, via ast).
+
+def is_project_file(path: Path, root: Path, exclude: Iterable[Path] = ()) -> bool:
+    """Is ``path`` (absolute, resolved) a project source file under ``root``?
+
+    False for files of neuron-build itself, of installed distributions (``site-packages``,
+    ``dist-packages``, the interpreter's prefixes), in hidden folders, or under one of ``exclude``
+    (the store folder, for instance).
+    """
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        return False
+    if any(part.startswith(".") or part in ("site-packages", "dist-packages", "__pycache__")
+           for part in rel.parts[:-1]):
+        return False
+    if any(path.is_relative_to(other) for other in (_PACKAGE_DIR, *exclude)):
+        return False
+    # an interpreter prefix inside the project (a venv folder not named with a dot) holds no project code
+    return not any(path.is_relative_to(p) and not root.is_relative_to(p) for p in _prefixes())
+
+
+@cache
+def _prefixes() -> tuple[Path, ...]:
+    out = []
+    for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+        try:
+            out.append(Path(p).resolve())
+        except OSError:
+            continue
+    return tuple(out)
+
+
+def _module_files(root: Path, parts: list[str]) -> list[Path]:
+    """The files importing the dotted module ``parts`` runs, when they exist under ``root``: each
+    package's ``__init__.py`` along the path, and the module itself (``x.py`` or ``x/__init__.py``)."""
+    out = []
+    for n in range(1, len(parts) + 1):
+        cand = root.joinpath(*parts[:n])
+        init = cand / "__init__.py"
+        if init.is_file():
+            out.append(init)
+        elif n == len(parts) and cand.with_suffix(".py").is_file():
+            out.append(cand.with_suffix(".py"))
+        elif not cand.is_dir():
+            break  # not a local package from here on (namespace packages are folders without __init__)
+    return out
+
+
+def _star_names(init: Path) -> list[str]:
+    """The names in a literal ``__all__`` of a package's ``__init__.py`` (``from pkg import *`` imports
+    those submodules)."""
+    try:
+        tree = ast.parse(init.read_bytes())
+    except (SyntaxError, OSError):
+        return []
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets) and node.value is not None:
+                try:
+                    names = ast.literal_eval(node.value)
+                except ValueError:
+                    return []
+                return [n for n in names if isinstance(n, str)] if isinstance(names, (list, tuple)) else []
+    return []
+
+
+def module_path(root: Path, module: str) -> list[Path]:
+    """The files importing the dotted ``module`` runs under ``root`` (package ``__init__`` files first)."""
+    return _module_files(root, module.split("."))
+
+
+def local_imports(entry: Path, root: Path, exclude: Iterable[Path] = (), module: str | None = None) -> list[Path]:
+    """The project files that importing ``entry`` runs, directly or transitively (static, via ast).
 
     Args:
         entry: the factory module file.
-        top: the models folder (the factory's top-level package folder).
+        root: the project folder (the folder of ``buckets.toml``); imports resolve against it, as the worker
+            puts it first on ``sys.path``.
+        exclude: folders whose files never count (the store).
+        module: ``entry``'s dotted module name (``models.minilm``); default: from its path under ``root``.
+            The ``__init__.py`` of every package along it is included.
 
     Returns:
         Sorted paths, ``entry`` included.
     """
-    root = top.parent
+    root = root.resolve()
+    entry = entry.resolve()
+    exclude = [Path(e).resolve() for e in exclude]
+    if module is None:
+        rel = entry.relative_to(root).with_suffix("").parts
+        module = ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
     seen: set[Path] = set()
-    todo = [entry]
+    todo = [*module_path(root, module), entry]
     while todo:
         f = todo.pop()
-        if f in seen or not f.is_file():
+        if f in seen or not f.is_file() or not is_project_file(f, root, exclude):
             continue
         seen.add(f)
         try:
             tree = ast.parse(f.read_bytes())
-        except SyntaxError:
+        except (SyntaxError, ValueError):
             continue
-        pkg_parts = list(f.relative_to(root).with_suffix("").parts)
-        if pkg_parts[-1] == "__init__":
-            pkg_parts = pkg_parts[:-1]
-        else:
-            pkg_parts = pkg_parts[:-1]
+        pkg = list(f.relative_to(root).with_suffix("").parts)[:-1]  # the package this file is in (or is)
         for node in ast.walk(tree):
             mods: list[list[str]] = []
             if isinstance(node, ast.Import):
                 mods = [a.name.split(".") for a in node.names]
             elif isinstance(node, ast.ImportFrom):
-                base = (pkg_parts[: len(pkg_parts) - node.level + 1] if node.level else [])
+                if node.level:
+                    if node.level - 1 > len(pkg):
+                        continue  # beyond the top-level package: Python refuses it too
+                    base = pkg[: len(pkg) - (node.level - 1)]
+                else:
+                    base = []
                 mod = base + (node.module.split(".") if node.module else [])
-                mods = [mod] + [mod + [a.name] for a in node.names]
+                if not mod:
+                    continue
+                mods = [mod]
+                for a in node.names:
+                    if a.name == "*":
+                        init = root.joinpath(*mod, "__init__.py")
+                        mods += [mod + [n] for n in _star_names(init)] if init.is_file() else []
+                    else:
+                        mods.append(mod + [a.name])  # a submodule, when one of that name exists
             for parts in mods:
-                for n in range(1, len(parts) + 1):
-                    cand = root.joinpath(*parts[:n])
-                    for c in (cand.with_suffix(".py"), cand / "__init__.py"):
-                        if c.is_file() and top in c.parents:
-                            todo.append(c)
+                todo.extend(_module_files(root, parts))
     return sorted(seen)
+
+
+def glob_sources(root: Path, patterns: Iterable[str]) -> list[Path]:
+    """The files under ``root`` matching the ``sources`` globs (``**`` recurses), sorted, folders left out.
+
+    Patterns are relative to ``root`` (the folder of ``buckets.toml``)."""
+    out: set[Path] = set()
+    for pat in patterns:
+        out.update(p for p in root.glob(pat) if p.is_file())
+    return sorted(out)
+
+
+def recorded_files(modules: Iterable[object], root: Path, exclude: Iterable[Path] = ()) -> list[str]:
+    """The project files among imported ``modules`` (``sys.modules.values()`` in the worker), as POSIX
+    paths relative to ``root``, sorted. Built-in and frozen modules (no ``__file__``) and relative
+    ``__file__`` values are skipped; so is anything under ``exclude`` (the compile's staging folder)."""
+    root = Path(root).resolve()
+    exclude = [Path(e).resolve() for e in exclude]
+    out = set()
+    for mod in list(modules):
+        f = getattr(mod, "__file__", None)
+        if not isinstance(f, str) or not f.endswith(".py") or not Path(f).is_absolute():
+            continue  # a relative __file__ (some extension modules' helpers) names no file of ours
+        try:
+            p = Path(f).resolve()
+        except OSError:
+            continue
+        if is_project_file(p, root, exclude):
+            out.add(p.relative_to(root).as_posix())
+    return sorted(out)
+
+
+__all__ = ["glob_sources", "is_project_file", "local_imports", "module_path", "recorded_files"]

@@ -21,7 +21,7 @@ This module re-exports the names callers use.
 from __future__ import annotations
 
 from neuron_build.release.channels import (
-    LOCK_TIMEOUT_S,
+    SWAP_ATTEMPTS,
     PromotionRefused,
     channel_rows,
     check_channel,
@@ -56,7 +56,7 @@ from neuron_build.release.records import (
 __all__ = [
     "GATES",
     "ID_FIELDS",
-    "LOCK_TIMEOUT_S",
+    "SWAP_ATTEMPTS",
     "PULL_FORMAT",
     "RELEASE_FORMAT",
     "ChannelPointer",

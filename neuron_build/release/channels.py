@@ -1,10 +1,13 @@
 """Channels: promotion (gates, then compare-and-swap of the pointer), rollback, and the channel table.
 
-A **promotion** reads the channel's pointer, evaluates the gates against the release it points at, then
-takes the channel's lock (:meth:`~neuron_build.store.contract.ArtifactStore.channel_lock`) and swaps the
-pointer only if its ``version`` is still the one it read (compare-and-swap). Of two promotions that read
-the same version, exactly one wins; the other is refused with the winner named. Every promotion, refused
-promotion and rollback is appended to the channel's history.
+A **promotion** reads the channel's pointer with its version token
+(:meth:`~neuron_build.store.contract.ReleaseStore.channel_ref`), evaluates the gates against the release it
+points at, then swaps the pointer only if the token is unchanged
+(:meth:`~neuron_build.store.contract.ReleaseStore.swap_channel`, compare-and-swap). Of two promotions that
+read the same pointer, exactly one swap wins; the other reads the new pointer, checks its gates again
+against the winner's release and tries again (up to :data:`SWAP_ATTEMPTS` times, then one line saying the
+channel kept moving). Every promotion, refused promotion and rollback is a new entry of the channel's
+history.
 """
 
 from __future__ import annotations
@@ -14,9 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from filelock import Timeout
-
 from neuron_build.errors import UserError
+from neuron_build.log import get_logger
 from neuron_build.project.config import ReleaseSettings
 from neuron_build.release.gates import evaluate_gates, format_gates
 from neuron_build.release.records import (
@@ -32,8 +34,9 @@ from neuron_build.release.records import (
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.util import age, utc_now
 
-#: Seconds a promotion or rollback waits for another one on the same channel to finish.
-LOCK_TIMEOUT_S = 120.0
+#: How many times a promotion or rollback reads, checks and tries to swap a channel that keeps moving
+#: before it gives up with one line.
+SWAP_ATTEMPTS = 5
 
 
 class PromotionRefused(UserError):
@@ -54,15 +57,17 @@ def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str
             factory_root=None) -> dict[str, Any]:
     """Promote a release (by id) or the release another channel holds into channel ``to``.
 
-    Reads ``to``'s pointer, evaluates the gates against the release it points at, then, holding
-    ``to``'s lock, swaps the pointer only if its version is unchanged. Appends one history line either way.
+    Reads ``to``'s pointer and its token, evaluates the gates against the release it points at, then swaps
+    the pointer only if the token is unchanged (compare-and-swap). A lost swap reads the pointer again and
+    checks the gates again (at most :data:`SWAP_ATTEMPTS` rounds). Adds one history entry either way.
 
     Args:
         release, from_channel: exactly one: a release id (or unique prefix), or a channel to take it from.
         reason: free text recorded in the history.
         allow_unvalidated: let a failed validation gate pass (recorded).
         device_kind: override the channel's serving device kind (``[release]``) for the gates.
-        before_swap: called after the gates and before the lock (tests use it to line up a race).
+        before_swap: called after the first round's gates and before its swap (tests use it to line up a
+            race).
         factory_root: where a compile-cache release's model factory imports from for the warm-up gate.
 
     Returns:
@@ -70,8 +75,9 @@ def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str
 
     Raises:
         UserError: unknown channel or release, empty source channel, both or neither source given.
-        PromotionRefused: a gate failed, the channel already holds the release, or another promotion moved
-            the channel between the read and the swap (the message names the winner). Recorded in history.
+        PromotionRefused: a gate failed (checked against the channel's release at the last read), the
+            channel already holds the release, or the channel moved at every one of the
+            :data:`SWAP_ATTEMPTS` rounds. Recorded in history.
     """
     check_channel(settings, to, "--to")
     if (release is None) == (from_channel is None):
@@ -92,51 +98,50 @@ def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str
     if rel.model != model:
         raise UserError(f"release {rel.id} is of model '{rel.model}', not '{model}'")
     kind = device_kind or settings.device_kind(to)
-    gone = [a.target for a in rel.artifacts if not store.is_complete(a.key)]
+    gone = missing_artifacts(store, rel)
     if gone:
         raise UserError(f"release {rel.id} cannot be promoted: artifacts missing from the store: "
                         f"{', '.join(gone)}; rebuild them (`neuron-build build {model}`)")
 
-    seen = get_pointer(store, model, to)
-    seen_version = seen.version if seen else 0
-    baseline = get_release(store, model, seen.release) if seen else None
-    gates = evaluate_gates(store, settings, rel, to, from_channel, baseline, kind, allow_unvalidated,
-                           factory_root=factory_root)
-    if before_swap is not None:
-        before_swap()
-
-    entry = HistoryEntry(time=utc_now(), who=actor(), action="promote", model=model, channel=to,
-                         from_=seen.release if seen else None, to=rel.id, source=source, reason=reason,
-                         device_kind=kind, allow_unvalidated=allow_unvalidated, gates=[g.to_json() for g in gates])
-    try:
-        with store.channel_lock(model, to, LOCK_TIMEOUT_S):
-            now = get_pointer(store, model, to)
-            now_version = now.version if now else 0
-            if now_version != seen_version:
-                why = (f"{model}/{to} moved to {now.release} (version {now_version}, promoted by "
-                       f"{now.who} at {now.time}) while this promotion of {rel.id} was checked "
-                       f"against version {seen_version}; nothing changed. Re-run it to check it against "
-                       f"{now.release}")
-                _refuse(store, entry, why, now_version)
-            if seen and seen.release == rel.id:
-                _refuse(store, entry, f"{model}/{to} already holds {rel.id} (version {seen_version})", seen_version)
-            failed = [g for g in gates if not g.passed]
-            if failed:
-                why = (f"promotion of {rel.id} into {model}/{to} refused by {len(failed)} gate(s):\n"
-                       + format_gates(gates))
-                if any(g.name == "validated" for g in failed):
-                    why += (f"\nvalidate on {kind} with `neuron-build validate {model}`, or pass "
-                            f"--allow-unvalidated (recorded in the history)")
-                _refuse(store, entry, why, seen_version)
-            entry = replace(entry, version=seen_version + 1)
-            store.set_channel(model, to, ChannelPointer(
-                model=model, channel=to, release=rel.id, version=seen_version + 1, previous=entry.from_,
-                action="promote", time=entry.time, who=entry.who, reason=reason).to_json())
+    entry = None
+    for attempt in range(1, SWAP_ATTEMPTS + 1):
+        raw, token = store.channel_ref(model, to)
+        seen = ChannelPointer.from_json(raw)
+        seen_version = seen.version if seen else 0
+        baseline = get_release(store, model, seen.release) if seen else None
+        gates = evaluate_gates(store, settings, rel, to, from_channel, baseline, kind, allow_unvalidated,
+                               factory_root=factory_root)
+        if before_swap is not None and attempt == 1:
+            before_swap()
+        entry = HistoryEntry(time=utc_now(), who=actor(), action="promote", model=model, channel=to,
+                             from_=seen.release if seen else None, to=rel.id, source=source, reason=reason,
+                             device_kind=kind, allow_unvalidated=allow_unvalidated,
+                             gates=[g.to_json() for g in gates])
+        if seen and seen.release == rel.id:
+            _refuse(store, entry, f"{model}/{to} already holds {rel.id} (version {seen_version})", seen_version)
+        failed = [g for g in gates if not g.passed]
+        if failed:
+            why = (f"promotion of {rel.id} into {model}/{to} refused by {len(failed)} gate(s):\n"
+                   + format_gates(gates))
+            if any(g.name == "validated" for g in failed):
+                why += (f"\nvalidate on {kind} with `neuron-build validate {model}`, or pass "
+                        f"--allow-unvalidated (recorded in the history)")
+            _refuse(store, entry, why, seen_version)
+        entry = replace(entry, version=seen_version + 1)
+        pointer = ChannelPointer(model=model, channel=to, release=rel.id, version=seen_version + 1,
+                                 previous=entry.from_, action="promote", time=entry.time, who=entry.who,
+                                 reason=reason).to_json()
+        if store.swap_channel(model, to, pointer, token):
             store.append_history(model, to, entry.to_json())
-    except Timeout:
-        raise UserError(f"channel {model}/{to} is locked by another promotion for over {LOCK_TIMEOUT_S:g} s; "
-                        f"if none is running, remove {store.channel_lock_path(model, to)}") from None
-    return entry.to_json()
+            return entry.to_json()
+        get_logger(model=model, channel=to).info(
+            "channel moved while the promotion was checked; checking again", release=rel.id,
+            checked_version=seen_version, attempt=attempt)
+    assert entry is not None
+    why = (f"{model}/{to} moved {SWAP_ATTEMPTS} times while this promotion of {rel.id} was being checked "
+           f"(compare-and-swap lost each time); nothing changed. Re-run the promotion")
+    _refuse(store, entry, why, entry.version - 1 if entry.version else 0)
+    raise AssertionError("unreachable")  # _refuse raises
 
 
 def _refuse(store: ArtifactStore, entry: HistoryEntry, why: str, version: int) -> None:
@@ -172,33 +177,44 @@ def rollback(store: ArtifactStore, settings: ReleaseSettings, model: str, channe
             not end at the pointer's release; or the restored release's artifacts are gone from the store.
     """
     check_channel(settings, channel, "--channel")
-    try:
-        with store.channel_lock(model, channel, LOCK_TIMEOUT_S):
-            ptr = get_pointer(store, model, channel)
-            if not ptr:
-                raise UserError(f"channel {model}/{channel} holds no release; nothing to roll back")
-            stack = release_stack(get_history(store, model, channel))
-            if not stack or stack[-1] != ptr.release:
-                raise UserError(f"the history of {model}/{channel} does not "
-                                f"end at the channel's release {ptr.release}; promote a release explicitly")
-            if len(stack) < 2:
-                raise UserError(f"{model}/{channel} has held only {ptr.release}; there is no earlier release "
-                                f"to roll back to")
-            target = get_release(store, model, stack[-2])
-            gone = [a.target for a in target.artifacts if not store.is_complete(a.key)]
-            if gone:
-                raise UserError(f"cannot roll {model}/{channel} back to {target.id}: artifacts missing from the "
-                                f"store: {', '.join(gone)}; rebuild them or promote another release")
-            version = ptr.version + 1
-            entry = HistoryEntry(time=utc_now(), who=actor(), action="rollback", model=model, channel=channel,
-                                 from_=ptr.release, to=target.id, reason=reason, version=version)
-            store.set_channel(model, channel, ChannelPointer(
-                model=model, channel=channel, release=target.id, version=version, previous=ptr.release,
-                action="rollback", time=entry.time, who=entry.who, reason=reason).to_json())
+    for attempt in range(1, SWAP_ATTEMPTS + 1):
+        raw, token = store.channel_ref(model, channel)
+        ptr = ChannelPointer.from_json(raw)
+        if not ptr:
+            raise UserError(f"channel {model}/{channel} holds no release; nothing to roll back")
+        stack = release_stack(get_history(store, model, channel))
+        if not stack or stack[-1] != ptr.release:
+            raise UserError(f"the history of {model}/{channel} does not "
+                            f"end at the channel's release {ptr.release}; promote a release explicitly")
+        if len(stack) < 2:
+            raise UserError(f"{model}/{channel} has held only {ptr.release}; there is no earlier release "
+                            f"to roll back to")
+        target = get_release(store, model, stack[-2])
+        gone = missing_artifacts(store, target)
+        if gone:
+            raise UserError(f"cannot roll {model}/{channel} back to {target.id}: artifacts missing from the "
+                            f"store: {', '.join(gone)}; rebuild them or promote another release")
+        version = ptr.version + 1
+        entry = HistoryEntry(time=utc_now(), who=actor(), action="rollback", model=model, channel=channel,
+                             from_=ptr.release, to=target.id, reason=reason, version=version)
+        pointer = ChannelPointer(model=model, channel=channel, release=target.id, version=version,
+                                 previous=ptr.release, action="rollback", time=entry.time, who=entry.who,
+                                 reason=reason).to_json()
+        if store.swap_channel(model, channel, pointer, token):
             store.append_history(model, channel, entry.to_json())
-    except Timeout:
-        raise UserError(f"channel {model}/{channel} is locked for over {LOCK_TIMEOUT_S:g} s") from None
-    return entry.to_json()
+            return entry.to_json()
+        get_logger(model=model, channel=channel).info("channel moved during the rollback; checking again",
+                                                      attempt=attempt)
+    raise UserError(f"{model}/{channel} moved {SWAP_ATTEMPTS} times while this rollback was being checked "
+                    f"(compare-and-swap lost each time); nothing changed. Re-run the rollback")
+
+
+def missing_artifacts(store: ArtifactStore, rel) -> list[str]:
+    """The targets of a release whose artifact is not complete in the store, or whose pinned files (by
+    sha256 and size) are not all there as blobs: such a release cannot be promoted or rolled back to."""
+    return [a.target for a in rel.artifacts
+            if not store.is_complete(a.key)
+            or any(store.blob_size(e["sha256"]) != e["size"] for e in a.files.values())]
 
 
 def channel_rows(store: ArtifactStore, settings: ReleaseSettings, models: Iterable[str]) -> list[dict[str, Any]]:
@@ -219,10 +235,11 @@ def channel_rows(store: ArtifactStore, settings: ReleaseSettings, models: Iterab
 
 
 __all__ = [
-    "LOCK_TIMEOUT_S",
+    "SWAP_ATTEMPTS",
     "PromotionRefused",
     "channel_rows",
     "check_channel",
+    "missing_artifacts",
     "promote",
     "release_stack",
     "rollback",

@@ -1,6 +1,6 @@
-"""The promotion gates, evaluated in :data:`GATES` order: channel order, validation, artifact count, op
-count, p99 latency, compile-time p95 and, for compile-cache and torchneuron releases, the fresh-process
-warm-up (:mod:`neuron_build.release.warmup`).
+"""The eight promotion gates, evaluated in :data:`GATES` order: channel order, validation, artifact count, op
+count, p99 latency, compile-time p95, the serving toolchain and, for compile-cache and torchneuron releases,
+the fresh-process warm-up (:mod:`neuron_build.release.warmup`).
 
 The validation and latency gates read stored results; result records live beside artifacts
 (:meth:`neuron_build.store.contract.ArtifactStore.put_result`), never in the key:
@@ -27,7 +27,8 @@ from neuron_build.store.contract import ArtifactStore, RecordStore, ReleaseStore
 from neuron_build.util import percentile
 
 #: The order in which promotion gates are evaluated and reported.
-GATES = ("channel_order", "validated", "artifact_count", "op_count", "p99_latency", "compile_time_p95", "warmup")
+GATES = ("channel_order", "validated", "artifact_count", "op_count", "p99_latency", "compile_time_p95",
+         "serving_toolchain", "warmup")
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,38 @@ def compile_time_gate(release: Release, max_p95_s: float) -> GateCheck:
     return GateCheck("compile_time_p95", True, f"compile-time p95 {p95:.1f} s, at most {max_p95_s:g} s", figures)
 
 
+def serving_toolchain_gate(release: Release, settings: ReleaseSettings, channel: str) -> GateCheck:
+    """Was the release built with the versions the channel's serving hosts run (``[release] serving`` and
+    ``channel_serving``)? Each declared package the release was built with must satisfy the declared
+    specifier; packages the release was not built with (torch-neuronx for an inductor release) do not
+    count. A channel that declares nothing passes."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    declared = settings.serving_for(channel)
+    figures = {"declared": declared, "built_with": {p: release.toolchain.get(p) for p in declared}}
+    if not declared:
+        return GateCheck("serving_toolchain", True, f"no serving toolchain declared for channel '{channel}'",
+                         figures)
+    bad = []
+    for pkg, spec in declared.items():
+        built = release.toolchain.get(pkg)
+        if not built:
+            continue
+        try:
+            ok = SpecifierSet(spec).contains(Version(str(built)), prereleases=True)
+        except InvalidVersion:
+            ok = False
+        if not ok:
+            bad.append(f"built with {pkg} {built}, but channel '{channel}' serves {pkg}{spec}")
+    if bad:
+        return GateCheck("serving_toolchain", False, "; ".join(bad) + " ([release] serving / channel_serving)",
+                         figures)
+    shown = ", ".join(f"{p} {release.toolchain.get(p)}" for p in declared if release.toolchain.get(p))
+    return GateCheck("serving_toolchain", True, f"built with {shown or 'none of the declared packages'}, "
+                     f"as channel '{channel}' serves", figures)
+
+
 def warmup_gate(store: ArtifactStore, release: Release, device_kind: str, factory_root=None,
                 allow_not_checked: bool = False) -> GateCheck:
     """Did a fresh-process warm-up of the pulled release compile nothing on ``device_kind``? Passes for
@@ -229,6 +262,7 @@ def evaluate_gates(store: ArtifactStore, settings: ReleaseSettings, release: Rel
         op_count_gate(release, baseline, settings.max_op_count_regression),
         latency_gate(store, cand_b, base_b, device_kind, settings.max_p99_ratio),
         compile_time_gate(release, settings.max_compile_time_p95_s),
+        serving_toolchain_gate(release, settings, to),
         warmup_gate(store, release, device_kind, factory_root, allow_unvalidated),
     ]
 
@@ -253,6 +287,7 @@ __all__ = [
     "latency_gate",
     "op_count_gate",
     "order_gate",
+    "serving_toolchain_gate",
     "validation_gate",
     "warmup_gate",
 ]

@@ -1,71 +1,136 @@
 """Pull: write the release a channel holds into a folder for a serving host, every file's checksum verified.
 
-The folder holds ``<bucket id>/<files>`` (each bucket's artifact files and manifest) and ``release.json``,
-which :class:`neuron_build.runtime.BucketedModel` loads.
+The folder holds ``<bucket id>/<files>`` (each bucket's artifact files and manifest), ``release.json``,
+which :class:`neuron_build.runtime.BucketedModel` loads, and the pull's own marker
+(``.neuron-build-pull.json``: release id and the files it wrote). A pull replaces only a folder that
+carries the marker, and deletes nothing it did not write.
 """
 
 from __future__ import annotations
 
-import hashlib
+import errno
 import json
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from neuron_build.artifact import release_version_problem
 from neuron_build.errors import UserError
 from neuron_build.project.config import ReleaseSettings
 from neuron_build.release.records import actor, check_channel, get_pointer, get_release
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.manifest import MANIFEST
-from neuron_build.util import read_json, swap_in_folder, utc_now
+from neuron_build.util import fsync_path, read_json, swap_in_folder, utc_now, write_json_atomic
 
 PULL_FORMAT = 1
+#: The marker every pull writes into its folder: only a folder carrying it is ever replaced by a pull.
+MARKER = ".neuron-build-pull.json"
 
 
-def copy_verified(src: Path, dst: Path, sha256: str, size: int, what: str) -> None:
-    """Copy ``src`` to ``dst`` (parents made) while hashing it, and check its sha256 and size (bytes).
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two folders atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False when the system cannot."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EPERM, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+def _marker(folder: Path) -> dict[str, Any] | None:
+    m = read_json(folder / MARKER)
+    return m if isinstance(m, dict) and isinstance(m.get("files"), list) else None
+
+
+def _foreign(folder: Path, marker: dict[str, Any]) -> list[str]:
+    """Entries under ``folder`` that the pull which wrote ``marker`` did not write."""
+    ours = set(marker["files"]) | {MARKER}
+    out = []
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if p.is_dir() and not p.is_symlink():
+            if not any(o.startswith(rel + "/") for o in ours):
+                out.append(rel + "/")
+        elif rel not in ours:
+            out.append(rel)
+    return [r for r in out if not any(r.startswith(f) for f in out if f.endswith("/") and f != r)]
+
+
+def _clean_leftovers(dest: Path) -> None:
+    """Remove staging folders of earlier pulls into ``dest`` whose process is gone (they carry this pull's
+    name pattern; a pull killed midway leaves one)."""
+    from neuron_build.store.local import pid_alive
+
+    for p in dest.parent.glob(f".{dest.name}.pull.*"):
+        parts = p.name.rsplit(".", 2)
+        if len(parts) == 3 and parts[1].isdigit() and int(parts[1]) != os.getpid() and not pid_alive(int(parts[1])):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def check_dest(dest: str | Path) -> Path:
+    """The absolute pull folder ``dest`` after checking a pull may write it: absent, empty, or written by
+    an earlier pull (it carries :data:`MARKER`) and holding nothing else.
 
     Raises:
-        UserError: ``src`` is missing, or its content does not match (``what`` names the artifact; the
-            message says to move the object aside and rebuild). ``dst`` is left written on a mismatch.
+        UserError: empty ``--dest``, a file in the way, a folder with content no pull wrote (named).
     """
-    h = hashlib.sha256()
-    n = 0
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with open(src, "rb") as fi, open(dst, "wb") as fo:
-            while b := fi.read(1 << 20):
-                h.update(b)
-                n += len(b)
-                fo.write(b)
-    except FileNotFoundError:
-        raise UserError(f"{what}: file {src} is missing from the store") from None
-    if h.hexdigest() != sha256 or n != size:
-        raise UserError(f"{what}: {src} does not match its manifest (sha256 {h.hexdigest()[:16]}..., "
-                        f"{n} bytes; expected {sha256[:16]}..., {size} bytes): the stored object is corrupt; "
-                        f"move {src.parent} aside and rebuild the target")
+    if not str(dest).strip():
+        raise UserError("--dest is empty; give the folder to pull into (e.g. --dest serve/minilm)")
+    dest = Path(dest).absolute()
+    if dest.exists() and not dest.is_dir():
+        raise UserError(f"--dest {dest} exists and is not a folder")
+    blocker = next((p for p in dest.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise UserError(f"--dest {dest}: {blocker} is a file, not a folder")
+    if dest.is_dir() and any(dest.iterdir()):
+        marker = _marker(dest)
+        if marker is None:
+            raise UserError(f"--dest {dest} is a folder with other content (no {MARKER} from an earlier pull); "
+                            f"pull into a new or empty folder, or into one an earlier pull wrote")
+        foreign = _foreign(dest, marker)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise UserError(f"--dest {dest} holds files the earlier pull did not write ({shown}); a pull "
+                            f"replaces only its own files: move them out of the folder, then pull again")
+    return dest
 
 
 def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
-         settings: ReleaseSettings | None = None) -> dict[str, Any]:
-    """Write the release a channel holds into ``dest``: ``<bucket id>/<files>`` and ``release.json``.
+         settings: ReleaseSettings | None = None, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Write the release a channel holds into ``dest``: ``<bucket id>/<files>`` (with the artifact's
+    ``manifest.json``), ``release.json`` and the pull's marker :data:`MARKER` (release id and the files
+    it wrote).
 
-    Every file is copied while its sha256 and size are checked against the artifact's manifest, and the
-    manifest against the files the release recorded. Everything is written into a staging folder beside
-    ``dest`` and swapped in with renames only when all checks pass: a missing or corrupt object fails the
-    pull and leaves ``dest`` as it was.
+    Every file the release pins is copied from its blob with :meth:`~neuron_build.store.contract.ActionCache.get_blob`
+    (its sha256 verified), so any store implementation serves a pull. Everything is written into a
+    staging folder beside ``dest`` and swapped in only when all of it is there (an atomic exchange where
+    the system has one): a missing or damaged blob, or a pull killed midway, leaves ``dest`` as it was. A
+    folder is replaced only when an earlier pull wrote it (it carries the marker) and holds nothing else.
 
     Args:
         settings: when given, ``channel`` must be one of its declared channels.
+        warn: called with one line for what was skipped: an artifact's manifest that is damaged in the
+            store or no longer lists the files the release pins (the bucket is pulled without it).
 
     Returns:
         The content of ``release.json`` (see :mod:`neuron_build.runtime`).
 
     Raises:
-        UserError: unknown channel, empty channel, missing release record, or a missing or corrupt object
-            (the message names the file).
+        UserError: unknown channel, empty channel, missing release record, a release this host's installed
+            versions cannot load (:func:`release_version_problem`: one line naming both versions), a missing
+            or damaged blob (the message names the file and the fix), or a ``dest`` the pull may not write
+            (see :func:`check_dest`).
     """
     if settings is not None:
         check_channel(settings, channel, "--channel")
@@ -73,11 +138,11 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
     if not ptr:
         raise UserError(f"channel {model}/{channel} holds no release; promote one into it first")
     rel = get_release(store, model, ptr.release)
-    return pull_release(store, rel, dest, channel=channel, channel_version=ptr.version)
+    return pull_release(store, rel, dest, channel=channel, channel_version=ptr.version, warn=warn)
 
 
 def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | None = None,
-                 channel_version: int | None = None) -> dict[str, Any]:
+                 channel_version: int | None = None, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Write one release (a :class:`neuron_build.release.records.Release`) into ``dest``, as :func:`pull`
     does for the release a channel holds (the warm-up gate pulls a release before it is in a channel).
 
@@ -85,58 +150,73 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
         UserError: as :func:`pull`.
     """
     model = rel.model
-    if not str(dest).strip():
-        raise UserError("--dest is empty; give the folder to pull into (e.g. --dest serve/minilm)")
-    dest = Path(dest).absolute()
-    if dest.exists() and not dest.is_dir():
-        raise UserError(f"--dest {dest} exists and is not a folder")
-    if dest.is_dir() and any(dest.iterdir()) and not (dest / "release.json").is_file():
-        raise UserError(f"--dest {dest} is a folder with other content (no release.json from an earlier "
-                        f"pull); pull into a new or empty folder, or into one an earlier pull wrote")
-    blocker = next((p for p in dest.parents if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        raise UserError(f"--dest {dest}: {blocker} is a file, not a folder")
+    problem = release_version_problem(rel.backend, rel.toolchain, [(a.loader, a.artifact) for a in rel.artifacts],
+                                      f"release {rel.id} of {model} ({channel or 'not in a channel'})")
+    if problem:
+        raise UserError(problem)
+    dest = check_dest(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    _clean_leftovers(dest)
     staging = dest.parent / f".{dest.name}.pull.{os.getpid()}.{secrets.token_hex(4)}"
     staging.mkdir()
+    written: list[str] = []
     try:
         buckets = []
         for a in rel.artifacts:
             what = f"{a.target} (key {a.key[:12]})"
-            obj = store.artifact_dir(a.key)
-            mf = read_json(obj / MANIFEST)
-            if not isinstance(mf, dict) or mf.get("key") != a.key:
-                raise UserError(f"{what}: object {obj} is missing from the store or has no valid {MANIFEST}; "
-                                f"rebuild the target")
-            files = mf.get("files", {})
             for name, ent in a.files.items():
-                have = files.get(name)
-                if have is None or have.get("sha256") != ent["sha256"]:
-                    raise UserError(f"{what}: {obj / MANIFEST} lists {name} with sha256 "
-                                    f"{(have or {}).get('sha256', 'none')[:16]}..., but release {rel.id} "
-                                    f"recorded {ent['sha256'][:16]}...: the object changed since the release")
-            for name, ent in files.items():
-                copy_verified(obj / name, staging / a.bucket_id / name, ent["sha256"], ent["size"], what)
-            shutil.copyfile(obj / MANIFEST, staging / a.bucket_id / MANIFEST)
+                rel_name = f"{a.bucket_id}/{name}"
+                try:
+                    store.get_blob(ent["sha256"], staging / rel_name)
+                except FileNotFoundError:
+                    raise UserError(f"{what}: {name} (blob {ent['sha256'][:16]}...) is missing from the store "
+                                    f"{store.location}; rebuild it (`neuron-build build {a.target}`) or "
+                                    f"promote another release") from None
+                except ValueError:
+                    raise UserError(f"{what}: {name} (blob {ent['sha256'][:16]}...) in {store.location} does "
+                                    f"not match its sha256: the stored blob is damaged. `neuron-build build "
+                                    f"{a.target}` heals a deterministic file; otherwise cut and promote a new "
+                                    f"release (`neuron-build verify` names what it breaks)") from None
+                written.append(rel_name)
+            mf = store.raw_manifest(a.key)
+            found = store.lookup(a.key)
+            if found.hit and isinstance(mf, dict) and mf.get("files") == a.files:
+                (staging / a.bucket_id / MANIFEST).write_text(json.dumps(mf, indent=2) + "\n")
+                written.append(f"{a.bucket_id}/{MANIFEST}")
+            elif warn is not None:
+                why = found.damage or ("it is not in the store" if mf is None else
+                                       "it lists other files than the release pins (rebuilt since)")
+                warn(f"{what}: manifest not copied into {a.bucket_id}/ ({why}); its files are the release's, "
+                     f"sha256 verified")
             buckets.append({
                 "id": a.bucket_id, "target": a.target, "key": a.key, "sizes": a.bucket,
                 "inputs": [{"name": i["name"], "shape": i["shape"], "dtype": i["dtype"]} for i in a.inputs],
                 "artifact": f"{a.bucket_id}/{a.artifact}", "loader": a.loader,
-                "files": {f"{a.bucket_id}/{n}": ent for n, ent in files.items()}})
+                "files": {f"{a.bucket_id}/{n}": ent for n, ent in a.files.items()}})
         rt = rel.runtime
         doc = {"format": PULL_FORMAT, "release": rel.id, "model": model, "channel": channel,
                "channel_version": channel_version, "dtype": rel.dtype, "profile": rel.profile,
                "backend": rel.backend, "hardware_target": rel.hardware_target, "dims": rt["dims"],
                "inputs": rt["inputs"], "truncate": rt["truncate"], "convert_dtypes": rt["convert_dtypes"],
                "buckets": buckets, "toolchain": rel.toolchain, "pulled": utc_now(), "pulled_by": actor()}
-        if rt.get("serving") is not None:
+        if rt.get("serving") is not None:  # compile-cache / torchneuron: how serving rebuilds and compiles the model
             doc["serving"] = rt["serving"]
         (staging / "release.json").write_text(json.dumps(doc, indent=2) + "\n")
-        swap_in_folder(staging, dest)
+        written.append("release.json")
+        write_json_atomic(staging / MARKER, {"format": PULL_FORMAT, "release": rel.id, "model": model,
+                                             "channel": channel, "store": store.location,
+                                             "pulled": doc["pulled"], "files": sorted(written)})
+        for p in sorted(staging.rglob("*")):
+            if p.is_file():
+                fsync_path(p)
+        if dest.exists() and _exchange(staging, dest):
+            shutil.rmtree(staging, ignore_errors=True)  # the previous pull, exchanged out: all ours
+        else:
+            swap_in_folder(staging, dest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return doc
 
 
-__all__ = ["PULL_FORMAT", "copy_verified", "pull", "pull_release"]
+__all__ = ["MARKER", "PULL_FORMAT", "check_dest", "pull", "pull_release"]

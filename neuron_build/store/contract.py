@@ -10,21 +10,21 @@ methods, and ``tests/store/test_contract.py`` runs one suite against every imple
 Invariants that hold for every method:
 
 - **A reader trusts only a complete artifact.** An artifact is complete when its manifest parses,
-  matches its own sha256, names the key it is stored under, says PASS, and the files it lists are exactly
-  the files present, with the listed sizes (and, on a deep check, the listed sha256). Anything else is
-  *damaged* and is never served.
+  matches its own sha256, names the key it is stored under, says PASS, and every blob it lists is present
+  with the listed size (and, on a deep check, hashes to its name). Anything else is *damaged* and is never
+  served. The build's logs (``logs``, not byte-stable) are no part of this check and no release pins them.
 - **Publishing is atomic.** A reader sees a complete artifact or none; a writer killed at any moment
   leaves no artifact that passes the check above.
 - **Records are whole.** Every record is replaced atomically (old or new content, never torn);
   release records are written once and never replaced.
 - **Reads do not write.** Only :meth:`ArtifactStore.repair`, :meth:`ArtifactStore.quarantine`,
-  publishing and the record writers change the store.
+  publishing and the record writers change the store (and :meth:`ActionCache.artifact_dir` builds a local
+  view). A store opened read-only (``read_only``) serves every read; ``repair`` then only reports.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -38,11 +38,16 @@ if TYPE_CHECKING:  # pydantic stays off the import path of the contract
 @dataclass(frozen=True)
 class Lookup:
     """The answer of :meth:`ArtifactStore.lookup`: a hit (``manifest`` set), an absent key (both None),
-    or a damaged object (``damage`` says why; ``manifest`` None). A typed miss, never an exception."""
+    or a damaged object (``damage`` says why, ``blob`` names a damaged blob; ``manifest`` None). A typed
+    miss, never an exception."""
 
     key: str
     manifest: Manifest | None = None
     damage: str | None = None
+    #: the sha256 of the blob the damage is about (missing, wrong size or digest), when it is one
+    blob: str | None = None
+    #: For a read-through store's hit: ``local`` or ``remote`` (where the artifact was found); else None.
+    location: str | None = None
 
     @property
     def hit(self) -> bool:
@@ -60,8 +65,7 @@ class ActionCache(Protocol):
     def lookup(self, key: str, deep: bool = False) -> Lookup:
         """Is there a complete artifact for ``key``? Reads only: a damaged object stays where it is.
 
-        Cheap by default (the manifest, a listing and one size per file); ``deep`` also compares every
-        file's sha256.
+        Cheap by default (one small manifest read and one size per blob); ``deep`` also hashes every blob.
         """
         ...
 
@@ -79,8 +83,12 @@ class ActionCache(Protocol):
         ...
 
     def artifact_dir(self, key: str) -> Path:
-        """A local folder holding the artifact's files under the names its manifest lists, for loading.
-        Call after a hit; the folder's files are not verified again."""
+        """A local folder holding the artifact's files under the names its manifest lists (and the
+        manifest as ``manifest.json``), for loading. Call after a hit; the files are not verified again.
+
+        Raises:
+            FileNotFoundError: the key has no manifest.
+        """
         ...
 
     def keys(self) -> list[str]:
@@ -112,9 +120,11 @@ class ActionCache(Protocol):
         ...
 
     def publish(self, folder: Path, key: str) -> Path:
-        """Make a sealed folder the artifact of ``key``, atomically. When a complete artifact already
-        exists (another builder won), the folder is discarded and the existing one kept; a damaged object
-        in the way is quarantined first.
+        """Make a sealed folder the artifact of ``key``, atomically: every file the manifest lists goes in
+        by :meth:`put_blob`, the logs it lists under ``logs/<key>/``, then the manifest by
+        :meth:`put_manifest` (the commit point). When a complete artifact already exists (another builder
+        won), the folder is discarded and the existing one kept; a damaged manifest in the way is
+        quarantined first.
 
         Returns:
             The artifact's folder (:meth:`artifact_dir`).
@@ -192,6 +202,17 @@ class RecordStore(Protocol):
         """Every target record in the store."""
         ...
 
+    def recorded_imports(self, model: str) -> list[str]:
+        """The project files (POSIX paths relative to the project folder) that builds of ``model`` recorded
+        as imported (the worker lists them); empty when none was recorded. Part of the next plan's key."""
+        ...
+
+    def add_recorded_imports(self, model: str, files: list[str]) -> list[str]:
+        """Add ``files`` to ``model``'s recorded imports (a union, written atomically); returns the new set,
+        sorted. Two builders adding at once may lose one's addition: that costs a rebuild, never a stale
+        hit (every artifact's key holds the files its own build recorded)."""
+        ...
+
     def put_failure(self, record: FailureRecord, log: bytes) -> None:
         """Record a failed compile of ``record.target`` and its log (replaces the previous failure)."""
         ...
@@ -228,7 +249,7 @@ class RecordStore(Protocol):
 
 @runtime_checkable
 class ReleaseStore(Protocol):
-    """Release records (written once), channel pointers (moved under a lock) and their history."""
+    """Release records (written once), channel pointers (moved by compare-and-swap) and their history."""
 
     def put_release(self, model: str, release_id: str, record: dict[str, Any]) -> bool:
         """Write a release record once. Returns False (and changes nothing) when it already exists."""
@@ -264,24 +285,10 @@ class ReleaseStore(Protocol):
         """(model, channel, pointer or None when unreadable) for every channel pointer in the store."""
         ...
 
-    def channel_lock(self, model: str, channel: str, timeout_s: float) -> AbstractContextManager[Any]:
-        """Hold the channel's lock: pointer swaps and history appends happen inside it.
-
-        Raises:
-            filelock.Timeout: another holder kept it for ``timeout_s`` seconds.
-        """
-        ...
-
-    def channel_lock_path(self, model: str, channel: str) -> Any:
-        """Where the channel's lock is, for the message of a lock held too long."""
-        ...
-
-    def set_channel(self, model: str, channel: str, pointer: dict[str, Any]) -> None:
-        """Replace the channel's pointer (call with :meth:`channel_lock` held)."""
-        ...
-
     def append_history(self, model: str, channel: str, entry: dict[str, Any]) -> None:
-        """Add one entry to the channel's history (call with :meth:`channel_lock` held)."""
+        """Add one entry to the channel's history: a new object under
+        :func:`~neuron_build.store.layout.history_dir`, named so that names sort by time (plus a random
+        token), written create-only. Never an append: two writers' entries are both kept."""
         ...
 
     def history(self, model: str, channel: str) -> list[dict[str, Any]]:

@@ -9,16 +9,22 @@ manifests, and a content-addressed store (``cas/``) of blobs by sha256::
     logs/<key>/<name>                        the build's logs of an artifact (not byte-stable: never pinned)
     targets/<target id>/last.json            the last key built for a target, with its key details
     targets/<target id>/failure.json         the target's last failed compile (and failure.log)
+    targets/<model>/imports.json             the project files builds of the model recorded as imported
     results/<key>/<kind>/<name>.json         validation and benchmark results of an artifact
     releases/<model>/<release id>.json       release records, written once
     channels/<model>/<channel>.json          a channel pointer, moved by compare-and-swap
     channels/<model>/<channel>.history/<entry>.json   one object per promotion, refusal and rollback
     leases/<key>.json                        who compiles a key now, across hosts (owner, expiry)
+    ledger/<yyyy-mm-dd>/<time>-<host>-<token>.json   the build ledger: one immutable record per compile
+                                             attempt, cache hit or reuse (:mod:`neuron_build.store.ledger`)
+    failures/<target id>/<time>-<token>/...  kept workdirs of failed compiles (entry.json, request, logs,
+                                             the compiler's workdir), bounded (:mod:`neuron_build.store.failures`)
     quarantine/<name>.<token>/               damaged objects moved aside, with reason.txt (never served)
 
 Local-only areas (never pushed): ``staging/`` (artifacts being written), ``views/<key[:2]>/<key>/``
 (an artifact's blobs hard-linked under their file names, for loading), ``locks/`` (per-key file locks,
-the host-memory ledger), ``trash/`` (what gc is removing).
+the host-memory ledger), ``trash/`` (what gc is removing), ``pending-push/<key>`` (artifacts built
+here whose push to the remote failed; the next build retries them).
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ from __future__ import annotations
 import re
 
 #: Areas a remote store holds too; push and fetch copy within these.
-SHARED_AREAS = ("ac", "cas", "logs", "targets", "results", "releases", "channels", "leases", "quarantine")
+SHARED_AREAS = ("ac", "cas", "logs", "targets", "results", "releases", "channels", "leases", "quarantine",
+                "ledger", "failures")
 #: Areas only a local folder has.
-LOCAL_AREAS = ("staging", "views", "locks", "trash")
+LOCAL_AREAS = ("staging", "views", "locks", "trash", "pending-push")
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -58,6 +65,11 @@ def target_path(target_id: str, name: str = "last.json") -> str:
     return f"targets/{target_id}/{name}"
 
 
+def imports_path(model: str) -> str:
+    """The project files builds of ``model`` recorded as imported (part of the next plan's key)."""
+    return f"targets/{model}/imports.json"
+
+
 def result_path(key: str, kind: str, name: str) -> str:
     """A result of ``kind`` (``validation``, ``bench``) named ``name`` (a device kind) about ``key``."""
     return f"results/{key}/{kind}/{name}.json"
@@ -83,7 +95,36 @@ def lease_path(key: str) -> str:
     return f"leases/{key}.json"
 
 
+#: The ledger's area: one folder per UTC day, one object per record.
+LEDGER_DIR = "ledger"
+#: The area of kept failure workdirs: one folder per target, one per kept failure.
+FAILURES_DIR = "failures"
+
+
+def ledger_day_dir(day: str) -> str:
+    """The ledger folder of one UTC day (``day`` is ``yyyy-mm-dd``)."""
+    return f"{LEDGER_DIR}/{day}"
+
+
+def ledger_path(day: str, name: str) -> str:
+    """One ledger record: ``ledger/<yyyy-mm-dd>/<name>.json``; ``name`` is ``<HHMMSS.ffffff>Z-<host>-<token>``,
+    so names sort by time within a day and two writers never pick the same one."""
+    return f"{LEDGER_DIR}/{day}/{name}.json"
+
+
+def failures_dir(target_id: str | None = None) -> str:
+    """The kept failure workdirs of one target (``failures/<target id>``), or of all (``failures``)."""
+    return f"{FAILURES_DIR}/{target_id}" if target_id else FAILURES_DIR
+
+
+def failure_entry_path(target_id: str, entry: str, name: str = "entry.json") -> str:
+    """A file of one kept failure workdir: ``failures/<target id>/<entry>/<name>``; ``entry`` is
+    ``<yyyymmddTHHMMSS.ffffff>Z-<token>`` (sorts by time); ``entry.json`` describes it."""
+    return f"{FAILURES_DIR}/{target_id}/{entry}/{name}"
+
+
 __all__ = [
-    "LOCAL_AREAS", "SHARED_AREAS", "blob_path", "channel_path", "history_dir", "is_digest", "lease_path",
+    "FAILURES_DIR", "LEDGER_DIR", "LOCAL_AREAS", "SHARED_AREAS", "blob_path", "channel_path", "failure_entry_path",
+    "failures_dir", "history_dir", "imports_path", "is_digest", "lease_path", "ledger_day_dir", "ledger_path",
     "log_path", "manifest_path", "release_path", "result_path", "target_path",
 ]

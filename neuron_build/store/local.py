@@ -1,61 +1,60 @@
 """The local folder store: the first implementation of :mod:`neuron_build.store.contract`.
 
-Layout (``shared/DESIGN.md``); this module is its only owner::
+The folder holds the layout of :mod:`neuron_build.store.layout` (an action cache ``ac/`` of manifests over a
+content-addressed store ``cas/`` of blobs, the records beside them) plus the local-only areas:
 
-    <store>/objects/<key[:2]>/<key>/     model.pt | model.pt2, model.neff, compile.log, worker.log, manifest.json
-    <store>/targets/<target id>/last.json     the last key built for the target, with its key details
-    <store>/targets/<target id>/failure.json  the last failed compile of the target (and failure.log)
-    <store>/results/<key>/<kind>/<name>.json  validation and benchmark results of an artifact, per
-                                         device kind: outside the immutable object, never in the key
-    <store>/releases/<model>/<release id>.json        immutable release records
-    <store>/channels/<model>/<channel>.json           a channel pointer: {"release", "version", ...}
-    <store>/channels/<model>/<channel>.lock           held while a pointer is checked and swapped
-    <store>/channels/<model>/<channel>.history.jsonl  one JSON line per promotion, refusal and rollback
     <store>/staging/                     artifacts being written (never read as objects)
-    <store>/quarantine/<key>.<token>/    objects found corrupt or partial, with ``reason.txt`` (never served)
-    <store>/locks/                       per-key compile locks and the host-memory ledger (locks.py)
-    <store>/trash/                       objects gc is deleting (renamed here first)
+    <store>/views/<key[:2]>/<key>/       an artifact's blobs hard-linked (or copied) under their file names,
+                                         with a copy of its manifest as ``manifest.json``: what loaders open
+    <store>/locks/                       per-key compile locks, the host-memory ledger (locks.py), channel locks
+    <store>/trash/                       what gc is deleting (renamed here first)
 
-An artifact is written into a staging folder, every file fsynced, its ``manifest.json`` last, and
-published with one atomic ``rename``; a SIGKILL at any moment leaves the object complete or absent.
-A failed compile is recorded under its target, never under ``objects/``.
+Publishing an artifact (:meth:`LocalStore.publish`) stores every file as a blob (temporary name, fsync,
+rename; an intact existing blob is kept, a damaged one replaced), the build's logs under ``logs/<key>/``
+(never pinned: they are not byte-stable), then the manifest create-only: the manifest is the commit point,
+so a SIGKILL at any moment leaves the key complete or absent. A failed compile is recorded under its
+target, never in ``ac/``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import re
 import secrets
 import shutil
 import socket
+import tempfile
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
 from pydantic import ValidationError
 
+from neuron_build.errors import UserError
 from neuron_build.status import Status
+from neuron_build.store import layout
 from neuron_build.store.contract import Lookup
+from neuron_build.store.layout import imports_path
 from neuron_build.store.manifest import MANIFEST, Manifest
 from neuron_build.store.records import FailureRecord, TargetRecord
 from neuron_build.util import (
-    append_line,
     canonical_json,
     file_sha256,
     fsync_path,
+    json_bytes,
     read_json,
     sha256_hex,
+    temp_name,
     write_atomic,
     write_json_atomic,
 )
 
 #: The manifest field holding the sha256 of the manifest's own canonical JSON (without this field).
 SELF_DIGEST = "manifest_sha256"
-_KEY = re.compile(r"^[0-9a-f]{64}$")
+#: Seconds a channel swap waits for the channel's (short) file lock before it counts as a lost race.
+CHANNEL_LOCK_TIMEOUT_S = 30.0
 
 
 def manifest_digest(raw: dict[str, Any]) -> str:
@@ -74,62 +73,38 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def inspect_object(folder: Path, key: str, deep: bool) -> tuple[Manifest | None, str | None]:
-    """Check an artifact folder: (manifest, None) when complete, (None, None) when absent, (None, reason)
-    when damaged. Reasons name the fault: an unreadable or invalid manifest, a manifest for another key, a
-    non-PASS status, a missing, unlisted or wrongly sized file, or (``deep``) a differing sha256."""
-    try:
-        text = (folder / MANIFEST).read_bytes()
-    except FileNotFoundError:
-        if not folder.exists():
-            return None, None
-        return None, "manifest.json is missing"
-    except OSError as e:
-        if not folder.exists():
-            return None, None
-        return None, f"manifest.json is unreadable: {e.strerror or e}"
+def is_key(name: str) -> bool:
+    """Is ``name`` an artifact key (64 lowercase hex chars)?"""
+    return layout.is_digest(name)
+
+
+def check_manifest(text: bytes, key: str) -> tuple[Manifest | None, str | None]:
+    """Parse and check a manifest's bytes: (manifest, None) or (None, reason). Reasons name the fault: not
+    JSON, not an object, a wrong self digest, another key, invalid fields, a non-PASS status, no files."""
     try:
         raw = json.loads(text)
     except ValueError as e:
-        return None, f"manifest.json is not valid JSON ({e})"
+        return None, f"manifest is not valid JSON ({e})"
     if not isinstance(raw, dict):
-        return None, "manifest.json is not a JSON object"
+        return None, "manifest is not a JSON object"
     if SELF_DIGEST in raw and raw[SELF_DIGEST] != manifest_digest(raw):
-        return None, "manifest.json does not match its own sha256 (edited or corrupt)"
+        return None, "manifest does not match its own sha256 (edited or corrupt)"
     if raw.get("key") != key:
-        return None, f"manifest.json names key {str(raw.get('key'))[:16]!r}, not this object's key"
+        return None, f"manifest names key {str(raw.get('key'))[:16]!r}, not this entry's key"
     try:
         man = Manifest.model_validate(raw)
     except ValidationError as e:
         first = e.errors(include_url=False)[0]
-        return None, f"manifest.json is invalid: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+        return None, f"manifest is invalid: {'.'.join(map(str, first['loc']))}: {first['msg']}"
     if man.metrics.status != Status.PASS:
         return None, f"manifest status is {man.metrics.status}, not PASS"
     if not man.files:
-        return None, "manifest.json lists no files"
-    try:
-        present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir()}
-    except OSError as e:
-        return None, f"object folder is unreadable: {e.strerror or e}"
-    present.discard(MANIFEST)
-    for name in sorted(present - set(man.files)):
-        return None, f"{name} is not listed in manifest.json"
-    for name, ent in man.files.items():
-        try:
-            size = (folder / name).stat().st_size
-        except OSError:
-            return None, f"{name} is missing"
-        if size != ent.size:
-            return None, f"{name} is {size} bytes, manifest.json says {ent.size}"
-    if deep:
-        for name, ent in man.files.items():
-            try:
-                digest = file_sha256(folder / name)
-            except OSError as e:
-                return None, f"{name} is unreadable: {e.strerror or e}"
-            if digest != ent.sha256:
-                return None, f"{name} sha256 is {digest[:16]}..., manifest.json says {ent.sha256[:16]}..."
+        return None, "manifest lists no files"
     return man, None
+
+
+class ReadOnlyStore(OSError):
+    """A write was asked of a store opened read-only (or on a read-only folder)."""
 
 
 class LocalStore:
@@ -138,67 +113,271 @@ class LocalStore:
 
     Args:
         root: the store folder; created on first write.
+        read_only: never write (a read-only mount, a deploy host's copy): every writing method raises
+            :class:`ReadOnlyStore`, and :meth:`repair` reports damage without moving it.
+
+    Attributes:
+        read_only: as given (an addition to the contract: callers may check it).
+
+    Raises:
+        UserError: the folder has the layout of neuron-build before the action cache (an ``objects/``
+            area): no migration; the message says to rebuild it or move it aside.
     """
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, read_only: bool = False):
         self.root = Path(root)
         self.location = str(self.root)
+        self.read_only = read_only
+        if (self.root / "objects").is_dir():
+            raise UserError(f"store at {self.root} has the old layout (objects/); rebuild it or move it aside "
+                            f"(e.g. `mv {self.root} {self.root}.old`, then `neuron-build build`)")
 
     # -- paths: private to the store, public only for tests and the store's own upkeep ---------------
-    def object_dir(self, key: str) -> Path:
-        """The folder of ``key``'s object (``objects/<key[:2]>/<key>``)."""
-        return self.root / "objects" / key[:2] / key
+    def path(self, rel: str) -> Path:
+        """The local path of a layout path (``cas/ab/ab...``), for tests and :mod:`.maintenance`."""
+        return self.root / rel
 
     def area(self, name: str) -> Path:
-        """The folder of one area of the layout (``objects``, ``staging``, ``quarantine``, ...), for
+        """The folder of one area of the layout (``ac``, ``cas``, ``staging``, ``quarantine``, ...), for
         :mod:`neuron_build.store.maintenance`."""
         return self.root / name
 
-    def _target_dir(self, target_id: str) -> Path:
-        return self.root / "targets" / target_id
-
-    def _result_path(self, key: str, kind: str, name: str) -> Path:
-        return self.root / "results" / key / kind / f"{name}.json"
-
-    def _release_path(self, model: str, release_id: str) -> Path:
-        return self.root / "releases" / model / f"{release_id}.json"
-
-    def _channel_path(self, model: str, channel: str, suffix: str = ".json") -> Path:
-        return self.root / "channels" / model / f"{channel}{suffix}"
+    def view_dir(self, key: str) -> Path:
+        """Where :meth:`artifact_dir` builds the view of ``key`` (``views/<key[:2]>/<key>``)."""
+        return self.root / "views" / key[:2] / key
 
     def relative(self, path: Path | None) -> str | None:
         """``path`` relative to the store root, as POSIX text (None stays None)."""
         return path.relative_to(self.root).as_posix() if path is not None else None
 
+    def _writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyStore(errno.EROFS, f"store {self.root} is opened read-only")
+
+    # -- blobs ------------------------------------------------------------------------------------
+    def blob_size(self, sha256: str) -> int | None:
+        try:
+            return os.stat(self.path(layout.blob_path(sha256))).st_size
+        except OSError:
+            return None
+
+    def blob_damage(self, sha256: str, size: int, deep: bool = False) -> str | None:
+        """Why blob ``sha256`` cannot serve a file of ``size`` bytes (missing, another size, or with
+        ``deep`` another digest), or None when it can. Reads only."""
+        p = self.path(layout.blob_path(sha256))
+        try:
+            have = os.stat(p).st_size
+        except OSError:
+            return f"blob {sha256[:16]}... is missing"
+        if have != size:
+            return f"blob {sha256[:16]}... is {have} bytes, the manifest says {size}"
+        if deep:
+            try:
+                digest = file_sha256(p)
+            except OSError as e:
+                return f"blob {sha256[:16]}... is unreadable: {e.strerror or e}"
+            if digest != sha256:
+                return f"blob {sha256[:16]}... hashes to {digest[:16]}... (rot or tampering)"
+        return None
+
+    def put_blob(self, sha256: str, src: Path) -> bool:
+        self._writable()
+        src = Path(src)
+        if file_sha256(src) != sha256:
+            raise ValueError(f"{src} does not hash to {sha256[:16]}...; not stored as that blob")
+        dest = self.path(layout.blob_path(sha256))
+        size = src.stat().st_size
+        if dest.exists():
+            if self.blob_damage(sha256, size, deep=True) is None:
+                try:
+                    os.utime(dest)  # a young blob is not collected by a gc running now
+                except OSError:
+                    pass
+                return False
+            self.quarantine_path(dest, f"blob {sha256} did not match its digest; replaced by a new copy")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_name(dest)
+        try:
+            try:
+                os.link(src, tmp)  # the staging file becomes the blob: no copy of a large NEFF
+            except OSError:
+                shutil.copyfile(src, tmp)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.chmod(tmp, 0o444)  # blobs are immutable; views hard-link them
+            except OSError:
+                pass
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        try:
+            fsync_path(dest.parent)
+        except OSError:
+            pass
+        return True
+
+    def get_blob(self, sha256: str, dest: Path) -> None:
+        import hashlib
+
+        src = self.path(layout.blob_path(sha256))
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_name(dest)
+        h = hashlib.sha256()
+        try:
+            try:
+                fi = open(src, "rb")
+            except (FileNotFoundError, NotADirectoryError):
+                raise FileNotFoundError(errno.ENOENT, f"blob {sha256} is not in the store", str(src)) from None
+            with fi, open(tmp, "wb") as fo:
+                while b := fi.read(1 << 20):
+                    h.update(b)
+                    fo.write(b)
+                fo.flush()
+                os.fsync(fo.fileno())
+            if h.hexdigest() != sha256:
+                raise ValueError(f"blob {src} hashes to {h.hexdigest()[:16]}..., not {sha256[:16]}... "
+                                 f"(rot or tampering)")
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    # -- manifests --------------------------------------------------------------------------------
+    def raw_manifest(self, key: str) -> dict[str, Any] | None:
+        """The stored manifest of ``key`` as parsed JSON, unchecked; None when absent or not JSON."""
+        data = self.get_object(layout.manifest_path(key))
+        if data is None:
+            return None
+        try:
+            raw = json.loads(data)
+        except ValueError:
+            return None
+        return raw if isinstance(raw, dict) else None
+
+    def put_manifest(self, key: str, raw: dict[str, Any]) -> bool:
+        self._writable()
+        return write_atomic(self.path(layout.manifest_path(key)), json_bytes(raw), create_only=True)
+
     # -- action cache -------------------------------------------------------------------------------
     def lookup(self, key: str, deep: bool = False) -> Lookup:
-        man, damage = inspect_object(self.object_dir(key), key, deep)
-        return Lookup(key, man, damage)
+        try:
+            text = self.path(layout.manifest_path(key)).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return Lookup(key)
+        except OSError as e:
+            return Lookup(key, None, f"manifest is unreadable: {e.strerror or e}")
+        man, damage = check_manifest(text, key)
+        if man is None:
+            return Lookup(key, None, damage)
+        for name, ent in man.files.items():
+            why = self.blob_damage(ent.sha256, ent.size, deep)
+            if why is not None:
+                return Lookup(key, None, f"{name}: {why}", blob=ent.sha256)
+        return Lookup(key, man)
 
     def repair(self, key: str, deep: bool = False) -> Lookup:
         found = self.lookup(key, deep)
-        if found.damage is not None:
-            self.quarantine(key, found.damage)
+        if found.damage is not None and not self.read_only:
+            try:
+                self.quarantine(key, found.damage)
+            except OSError as e:  # a folder we cannot write after all: report, never crash a read
+                from neuron_build.log import get_logger
+                get_logger(key=key[:12]).warning("damaged object not moved", reason=found.damage, error=str(e))
         return found
 
     def is_complete(self, key: str, deep: bool = False) -> bool:
-        return inspect_object(self.object_dir(key), key, deep)[0] is not None
+        return self.lookup(key, deep).hit
 
     def manifest(self, key: str) -> Manifest | None:
         return self.lookup(key).manifest
 
     def artifact_dir(self, key: str) -> Path:
-        return self.object_dir(key)
+        """The view of ``key``: its blobs hard-linked (copied where linking fails) under their file names,
+        and ``manifest.json``. Built on first use and rebuilt when stale (another manifest, a blob replaced
+        since). On a read-only store a view that is not there yet is built in a private temporary folder.
+
+        Raises:
+            FileNotFoundError: ``key`` has no manifest (call after a hit).
+        """
+        text = self.get_object(layout.manifest_path(key))
+        if text is None:
+            raise FileNotFoundError(errno.ENOENT, f"no artifact for key {key[:12]} in {self.root}")
+        files = (json.loads(text).get("files") or {})
+        view = self.view_dir(key)
+        if self._view_fresh(view, text, files):
+            return view
+        if self.read_only:
+            return self._build_view(Path(tempfile.mkdtemp(prefix=f"neuron-build-view-{key[:12]}-")), text, files)
+        view.parent.mkdir(parents=True, exist_ok=True)
+        tmp = view.parent / f".{key}.{os.getpid()}.{secrets.token_hex(4)}"
+        try:
+            self._build_view(tmp, text, files)
+            old = None
+            if view.exists():
+                old = view.parent / f".{key}.old.{os.getpid()}.{secrets.token_hex(4)}"
+                os.rename(view, old)
+            try:
+                os.rename(tmp, view)
+            except OSError:
+                if old is not None and not view.exists():
+                    os.rename(old, view)
+                if not self._view_fresh(view, text, files):  # another process built it meanwhile: fine
+                    raise
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return view
+
+    def _build_view(self, folder: Path, text: bytes, files: dict[str, Any]) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        how = {}
+        for name, ent in files.items():
+            dst = folder / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            src = self.path(layout.blob_path(ent["sha256"]))
+            try:
+                os.link(src, dst)
+                how[name] = "link"
+            except OSError:
+                shutil.copyfile(src, dst)
+                how[name] = "copy"
+        (folder / MANIFEST).write_bytes(text)
+        (folder / ".view.json").write_text(json.dumps(how))
+        return folder
+
+    def _view_fresh(self, view: Path, text: bytes, files: dict[str, Any]) -> bool:
+        try:
+            if (view / MANIFEST).read_bytes() != text:
+                return False
+            how = json.loads((view / ".view.json").read_text())
+            for name, ent in files.items():
+                st = os.stat(view / name)
+                if st.st_size != ent["size"]:
+                    return False
+                if how.get(name) == "link":
+                    b = os.stat(self.path(layout.blob_path(ent["sha256"])))
+                    if (b.st_ino, b.st_dev) != (st.st_ino, st.st_dev):
+                        return False
+        except (OSError, ValueError, AttributeError):
+            return False
+        return True
 
     def keys(self) -> list[str]:
-        base = self.root / "objects"
+        base = self.root / "ac"
         if not base.is_dir():
             return []
-        return sorted(d.name for sub in base.iterdir() if sub.is_dir() for d in sub.iterdir())
+        return sorted(p.stem for sub in base.iterdir() if sub.is_dir()
+                      for p in sub.glob("*.json") if is_key(p.stem) and p.stem[:2] == sub.name)
 
     def find_keys(self, prefix: str) -> list[str]:
-        base = self.root / "objects" / prefix[:2]
-        return sorted(p.name for p in base.glob(prefix + "*")) if base.is_dir() else []
+        base = self.root / "ac" / prefix[:2]
+        return sorted(p.stem for p in base.glob(prefix + "*.json") if is_key(p.stem)) if base.is_dir() else []
 
     def manifests(self) -> Iterator[Manifest]:
         for key in self.keys():
@@ -206,7 +385,12 @@ class LocalStore:
             if m is not None:
                 yield m
 
+    def log_file(self, key: str, name: str) -> Path:
+        """Where the build log ``name`` (``worker.log``, ``compile.log``) of ``key``'s artifact is."""
+        return self.path(layout.log_path(key, name))
+
     def new_staging(self, key: str) -> Path:
+        self._writable()
         d = self.root / "staging" / f"{key}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}"
         d.mkdir(parents=True)
         return d
@@ -221,54 +405,85 @@ class LocalStore:
         return raw
 
     def publish(self, folder: Path, key: str) -> Path:
-        dest = self.object_dir(key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if dest.exists():
-            self.repair(key)  # a damaged object in the way is quarantined
-        try:
-            os.rename(folder, dest)
-        except OSError:
-            if not self.is_complete(key):
-                raise
-            shutil.rmtree(folder, ignore_errors=True)
-            return dest
-        try:
-            fsync_path(dest.parent)
-        except OSError:
-            pass
-        return dest
+        """Store a sealed folder's files as blobs, its logs under ``logs/<key>/``, then its manifest
+        (create-only, the commit point). A complete artifact already there is kept (the folder is
+        discarded); a damaged manifest in the way is quarantined first.
+
+        Returns:
+            :meth:`artifact_dir` of ``key``.
+
+        Raises:
+            OSError: e.g. ENOSPC, or a read-only store; the key is not committed.
+            ValueError: the folder has no readable manifest, or a file does not match it.
+        """
+        self._writable()
+        folder = Path(folder)
+        raw = json.loads((folder / MANIFEST).read_bytes())
+        if not isinstance(raw, dict) or raw.get("key") != key:
+            raise ValueError(f"{folder / MANIFEST} is not the manifest of key {key[:12]}")
+        found = self.lookup(key)
+        if not found.hit:
+            if found.damage is not None:
+                self.quarantine(key, found.damage)
+            for name, ent in (raw.get("files") or {}).items():
+                self.put_blob(ent["sha256"], folder / name)
+            for name in raw.get("logs") or {}:
+                src = folder / name
+                if src.is_file():
+                    write_atomic(self.log_file(key, name), src.read_bytes())
+            if not self.put_manifest(key, raw) and not self.is_complete(key):
+                # a damaged entry appeared between our check and our commit: move it, commit again
+                self.repair(key)
+                if not self.put_manifest(key, raw):
+                    raise OSError(errno.EEXIST, f"could not commit {layout.manifest_path(key)}: another writer "
+                                                f"keeps replacing it")
+            try:
+                fsync_path(self.path(layout.manifest_path(key)).parent)
+            except OSError:
+                pass
+        shutil.rmtree(folder, ignore_errors=True)
+        return self.artifact_dir(key)
 
     def quarantine(self, key: str, reason: str) -> str | None:
-        return self.relative(self.quarantine_path(self.object_dir(key), reason, key))
+        """Move ``key``'s manifest (the commit point) to ``quarantine/<key>.<token>/`` with ``reason``;
+        its blobs stay (other manifests and releases may pin them; gc collects the unreferenced ones)."""
+        self._writable()
+        moved = self.quarantine_path(self.path(layout.manifest_path(key)), reason, key)
+        view = self.view_dir(key)
+        if moved is not None and view.exists():
+            shutil.rmtree(view, ignore_errors=True)
+        return self.relative(moved)
+
+    def quarantine_blob(self, sha256: str, reason: str) -> str | None:
+        """Move blob ``sha256`` to ``quarantine/<sha>.<token>/`` with ``reason``; None when absent."""
+        self._writable()
+        return self.relative(self.quarantine_path(self.path(layout.blob_path(sha256)), reason))
 
     def quarantine_path(self, src: Path, reason: str, key: str | None = None) -> Path | None:
-        """Move any entry under ``objects/`` (a torn object, a stray file) to ``quarantine/<name>.<token>``
-        with one atomic rename, then write ``reason.txt`` beside its files (best effort on a full disk).
+        """Move any entry of the store (a manifest, a blob, a stray file) to ``quarantine/<name>.<token>/``
+        with one atomic rename, then write ``reason.txt`` beside it (best effort on a full disk).
 
         Returns:
             The quarantine folder, or None when ``src`` was already gone (another process moved it).
         """
+        self._writable()
         if not os.path.lexists(src):
             return None
-        dest = self.root / "quarantine" / f"{src.name}.{secrets.token_hex(4)}"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if not src.is_dir() or src.is_symlink():
-            dest.mkdir()
-            inner = dest / src.name
-        else:
-            inner = dest
+        name = src.name[:-5] if src.name.endswith(".json") and is_key(src.name[:-5]) else src.name
+        dest = self.root / "quarantine" / f"{name}.{secrets.token_hex(4)}"
+        dest.mkdir(parents=True)
+        inner = dest / ("manifest.json" if name != src.name else src.name)
         try:
             os.rename(src, inner)
         except FileNotFoundError:
-            if inner is not dest:
-                dest.rmdir()
+            dest.rmdir()
             return None  # another process moved it first
         try:
             (dest / "reason.txt").write_text(reason + "\n")
         except OSError:
-            pass  # e.g. a full disk: the object is out of objects/ all the same
+            pass  # e.g. a full disk: the object is out of the way all the same
         from neuron_build.log import get_logger
-        get_logger(key=(key or src.name)[:12]).warning("object quarantined", reason=reason, moved_to=str(dest))
+        get_logger(key=(key or name)[:12]).warning("object quarantined", reason=reason, moved_to=str(dest))
         return dest
 
     def staging_owner(self, folder: Path) -> tuple[str, int] | None:
@@ -280,7 +495,7 @@ class LocalStore:
 
     def clean_staging(self) -> int:
         base = self.root / "staging"
-        if not base.is_dir():
+        if self.read_only or not base.is_dir():
             return 0
         host = socket.gethostname()
         n = 0
@@ -294,11 +509,15 @@ class LocalStore:
         return n
 
     # -- records ----------------------------------------------------------------------------------
+    def _put_json(self, rel: str, obj: Any, create_only: bool = False) -> bool:
+        self._writable()
+        return write_json_atomic(self.path(rel), obj, create_only=create_only)
+
     def put_target(self, record: TargetRecord) -> None:
-        write_json_atomic(self._target_dir(record.target) / "last.json", record.to_json())
+        self._put_json(layout.target_path(record.target), record.to_json())
 
     def target(self, target_id: str) -> TargetRecord | None:
-        return TargetRecord.from_json(read_json(self._target_dir(target_id) / "last.json"))
+        return TargetRecord.from_json(read_json(self.path(layout.target_path(target_id))))
 
     def _records(self, name: str, model: str | None, bucket_id: str | None) -> Iterator[tuple[str, Any]]:
         base = self.root / "targets"
@@ -308,8 +527,10 @@ class LocalStore:
                 base = base / bucket_id
         if not base.is_dir():
             return
-        for f in sorted(base.rglob(name)):
-            yield f.parent.relative_to(self.root / "targets").as_posix(), read_json(f)
+        top = self.root / "targets"
+        found = [os.path.join(d, name) for d, _, files in os.walk(base) if name in files]  # faster than rglob
+        for f in sorted(found, key=lambda x: x.split(os.sep)):  # the order of sorted(Path, ...)
+            yield Path(os.path.relpath(os.path.dirname(f), top)).as_posix(), read_json(Path(f))
 
     def targets(self, model: str, bucket_id: str | None = None) -> Iterator[TargetRecord]:
         for tid, raw in self._records("last.json", model, bucket_id):
@@ -323,13 +544,26 @@ class LocalStore:
             if rec is not None:
                 yield rec if rec.target == tid else replace(rec, target=tid)
 
+    def recorded_imports(self, model: str) -> list[str]:
+        raw = read_json(self.root / imports_path(model))
+        files = raw.get("files") if isinstance(raw, dict) else None
+        return sorted(f for f in files if isinstance(f, str)) if isinstance(files, list) else []
+
+    def add_recorded_imports(self, model: str, files: list[str]) -> list[str]:
+        self._writable()
+        have = self.recorded_imports(model)
+        new = sorted(set(have) | set(files))
+        if new != have:
+            write_json_atomic(self.root / imports_path(model), {"model": model, "files": new})
+        return new
+
     def put_failure(self, record: FailureRecord, log: bytes) -> None:
-        d = self._target_dir(record.target)
-        write_atomic(d / "failure.log", log)
-        write_json_atomic(d / "failure.json", record.to_json())
+        self._writable()
+        write_atomic(self.path(layout.target_path(record.target, "failure.log")), log)
+        self._put_json(layout.target_path(record.target, "failure.json"), record.to_json())
 
     def failure(self, target_id: str) -> FailureRecord | None:
-        return FailureRecord.from_json(read_json(self._target_dir(target_id) / "failure.json"))
+        return FailureRecord.from_json(read_json(self.path(layout.target_path(target_id, "failure.json"))))
 
     def failures(self, model: str, bucket_id: str | None = None) -> Iterator[FailureRecord]:
         for _, raw in self._records("failure.json", model, bucket_id):
@@ -338,17 +572,20 @@ class LocalStore:
                 yield rec
 
     def failure_log(self, target_id: str) -> Path:
-        return self._target_dir(target_id) / "failure.log"
+        return self.path(layout.target_path(target_id, "failure.log"))
 
     def clear_failure(self, target_id: str) -> None:
         for name in ("failure.json", "failure.log"):
-            (self._target_dir(target_id) / name).unlink(missing_ok=True)
+            p = self.path(layout.target_path(target_id, name))
+            if p.exists():
+                self._writable()
+                p.unlink(missing_ok=True)
 
     def put_result(self, key: str, kind: str, name: str, result: dict[str, Any]) -> None:
-        write_json_atomic(self._result_path(key, kind, name), result)
+        self._put_json(layout.result_path(key, kind, name), result)
 
     def result(self, key: str, kind: str, name: str) -> dict[str, Any] | None:
-        return read_json(self._result_path(key, kind, name))
+        return read_json(self.path(layout.result_path(key, kind, name)))
 
     def results(self, key: str, kind: str) -> dict[str, dict[str, Any]]:
         base = self.root / "results" / key / kind
@@ -358,10 +595,10 @@ class LocalStore:
 
     # -- releases and channels ------------------------------------------------------------------------
     def put_release(self, model: str, release_id: str, record: dict[str, Any]) -> bool:
-        return write_json_atomic(self._release_path(model, release_id), record, create_only=True)
+        return self._put_json(layout.release_path(model, release_id), record, create_only=True)
 
     def release(self, model: str, release_id: str) -> dict[str, Any] | None:
-        return read_json(self._release_path(model, release_id))
+        return read_json(self.path(layout.release_path(model, release_id)))
 
     def release_ids(self, model: str, prefix: str = "") -> list[str]:
         d = self.root / "releases" / model
@@ -377,40 +614,63 @@ class LocalStore:
                     yield d.name, p.stem, read_json(p)
 
     def channel(self, model: str, channel: str) -> dict[str, Any] | None:
-        return read_json(self._channel_path(model, channel))
+        return read_json(self.path(layout.channel_path(model, channel)))
 
     def channels(self) -> Iterator[tuple[str, str, Any]]:
         base = self.root / "channels"
         for p in sorted(base.glob("*/*.json")) if base.is_dir() else []:
-            if not p.name.startswith("."):
+            if not p.name.startswith(".") and p.is_file():
                 yield p.parent.name, p.stem, read_json(p)
 
-    def channel_lock(self, model: str, channel: str, timeout_s: float) -> AbstractContextManager[Any]:
-        path = self._channel_path(model, channel, ".lock")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(path), timeout=timeout_s)
+    def channel_ref(self, model: str, channel: str) -> tuple[dict[str, Any] | None, str | None]:
+        """The pointer and its version token: the sha256 of the pointer file's bytes. An unparsable
+        pointer reads as (None, token), so a swap may replace it."""
+        data = self.get_object(layout.channel_path(model, channel))
+        if data is None:
+            return None, None
+        try:
+            ptr = json.loads(data)
+        except ValueError:
+            ptr = None
+        return (ptr if isinstance(ptr, dict) else None), sha256_hex(data)
 
-    def channel_lock_path(self, model: str, channel: str) -> Path:
-        """The lock file of a channel (named in the message of a lock held too long)."""
-        return self._channel_path(model, channel, ".lock")
+    def swap_channel(self, model: str, channel: str, pointer: dict[str, Any], expected: str | None) -> bool:
+        """Compare-and-swap under a short file lock (``locks/channels/<model>/<channel>.lock``): the pointer
+        is replaced (temporary file, fsync, rename) only when its token is still ``expected``. A lock held
+        longer than :data:`CHANNEL_LOCK_TIMEOUT_S` counts as a lost race."""
+        from filelock import FileLock, Timeout
 
-    def set_channel(self, model: str, channel: str, pointer: dict[str, Any]) -> None:
-        write_json_atomic(self._channel_path(model, channel), pointer)
+        self._writable()
+        lock_path = self.root / "locks" / "channels" / model / f"{channel}.lock"
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with FileLock(str(lock_path), timeout=CHANNEL_LOCK_TIMEOUT_S):
+                _, token = self.channel_ref(model, channel)
+                if token != expected:
+                    return False
+                write_atomic(self.path(layout.channel_path(model, channel)), json_bytes(pointer))
+                return True
+        except Timeout:
+            return False
 
     def append_history(self, model: str, channel: str, entry: dict[str, Any]) -> None:
-        append_line(self._channel_path(model, channel, ".history.jsonl"),
-                    json.dumps(entry, sort_keys=False, default=str))
+        """Write ``entry`` as a new object ``<history_dir>/<UTC time>-<token>.json`` (create-only): two
+        writers never overwrite each other, and names sort by time."""
+        stamp = utc_now_us()
+        data = json.dumps(entry, sort_keys=False, default=str).encode() + b"\n"
+        while not self.put_object(f"{layout.history_dir(model, channel)}/{stamp}-{secrets.token_hex(4)}.json",
+                                  data, create_only=True):
+            pass  # a token collision: draw another
 
     def history(self, model: str, channel: str) -> list[dict[str, Any]]:
-        p = self._channel_path(model, channel, ".history.jsonl")
-        if not p.is_file():
-            return []
         out = []
-        for line in p.read_text().splitlines():
+        for rel in self.list_objects(layout.history_dir(model, channel)):
             try:
-                out.append(json.loads(line))
-            except ValueError:
+                e = json.loads(self.path(rel).read_bytes())
+            except (OSError, ValueError):
                 continue
+            if isinstance(e, dict):
+                out.append(e)
         return out
 
     # -- builders that share the store ----------------------------------------------------------------
@@ -422,10 +682,63 @@ class LocalStore:
         from neuron_build.store.locks import MemoryBudget
         return MemoryBudget(self.root, max_bytes, heartbeat_s=heartbeat_s)
 
+    # -- ObjectIO ---------------------------------------------------------------------------------------
+    def _object_file(self, path: str) -> Path:
+        """The file of the object at the relative POSIX ``path``.
 
-def is_key(name: str) -> bool:
-    """Is ``name`` an artifact key (64 lowercase hex chars)?"""
-    return bool(_KEY.match(name))
+        Raises:
+            ValueError: ``path`` is absolute, empty or leaves the store (``..``).
+        """
+        parts = path.split("/")
+        if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"object path {path!r} is not a relative path inside the store")
+        return self.root.joinpath(*parts)
+
+    def put_object(self, path: str, data: bytes, create_only: bool = False) -> bool:
+        self._writable()
+        f = self._object_file(path)
+        for _ in range(3):  # a concurrent delete_object may remove the (empty) folder between mkdir and open
+            try:
+                return write_atomic(f, data, create_only=create_only)
+            except FileNotFoundError:
+                continue
+        return write_atomic(f, data, create_only=create_only)
+
+    def get_object(self, path: str) -> bytes | None:
+        try:
+            return self._object_file(path).read_bytes()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+
+    def list_objects(self, prefix: str) -> list[str]:
+        base = self._object_file(prefix.rstrip("/"))
+        if not base.is_dir():
+            return []
+        return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*")
+                      if p.is_file() and not p.name.startswith("."))  # hidden: temporary files
+
+    def delete_object(self, path: str) -> bool:
+        self._writable()
+        f = self._object_file(path)
+        try:
+            f.unlink()
+        except FileNotFoundError:
+            return False
+        d = f.parent
+        while d != self.root:  # drop folders the delete left empty (an object store has no folders)
+            try:
+                d.rmdir()
+            except OSError:
+                break
+            d = d.parent
+        return True
 
 
-__all__ = ["LocalStore", "SELF_DIGEST", "manifest_digest", "inspect_object", "pid_alive", "is_key"]
+def utc_now_us() -> str:
+    """The current UTC time as ``20261201T094403.123456Z``: history entry names sort by it."""
+    import datetime as _dt
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+
+
+__all__ = ["LocalStore", "ReadOnlyStore", "SELF_DIGEST", "check_manifest", "is_key", "manifest_digest",
+           "pid_alive", "utc_now_us"]

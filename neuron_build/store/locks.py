@@ -26,12 +26,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-from filelock import FileLock, Timeout
+from typing import TYPE_CHECKING, Any
 
 from neuron_build.log import get_logger
 from neuron_build.util import is_disk_full, read_json, utc_now, write_json_atomic
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 GB = 10**9
 
@@ -47,7 +48,15 @@ def _proc_start(pid: int) -> float | None:
         return None
 
 
-_MY_START = _proc_start(os.getpid())
+_starts: dict[int, float | None] = {}
+
+
+def _my_start() -> float | None:
+    """This process's start time (psutil is imported on first use, not on the no-op path)."""
+    pid = os.getpid()
+    if pid not in _starts:
+        _starts[pid] = _proc_start(pid)
+    return _starts[pid]
 
 
 def owner_alive(owner: dict[str, Any]) -> bool | None:
@@ -70,7 +79,7 @@ def owner_alive(owner: dict[str, Any]) -> bool | None:
 def _me(**extra: Any) -> dict[str, Any]:
     pid = os.getpid()
     return {"pid": pid, "host": socket.gethostname(),
-            "proc_start": _MY_START if pid == _MY_PID else _proc_start(pid), "since": utc_now(), **extra}
+            "proc_start": _my_start(), "since": utc_now(), **extra}
 
 
 _MY_PID = os.getpid()
@@ -119,6 +128,8 @@ class KeyLock:
         t0 = time.monotonic()
         next_beat = None
         dead_since: tuple[float, Any, int] | None = None
+        from filelock import FileLock, Timeout  # imported here: off the no-op path
+
         while True:
             lock = FileLock(str(self.path))
             try:
@@ -202,6 +213,8 @@ class KeyLock:
         Done under ``<key>.break.lock`` and only if the lock file and the owner record are still the ones
         judged stale, so two waiters never break a lock that a live builder has just taken.
         """
+        from filelock import FileLock
+
         with FileLock(str(self.dir / f"{self.key}.break.lock")):
             cur = self.owner()
             if (cur is None or _inode(self.path) != ino or cur.get("pid") != owner.get("pid")
@@ -261,6 +274,8 @@ class MemoryBudget:
 
     @contextmanager
     def _ledger(self) -> Iterator[dict[str, Any]]:
+        from filelock import FileLock
+
         self.dir.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.dir / "memory.lock")):
             raw = read_json(self.path)

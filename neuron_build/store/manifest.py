@@ -1,7 +1,9 @@
 """``manifest.json``: what an artifact is, how it was built and what it measured.
 
-Written last into the staging folder, so an object whose manifest is missing or does not match its
-files is incomplete by definition. ``created`` and ``host`` are informational and never part of the key.
+Written last into the staging folder and committed last into the store's action cache
+(``ac/<key[:2]>/<key>.json``), so an artifact whose manifest is missing or does not match its blobs is
+incomplete by definition. ``files`` are the artifact (pinned by releases, stored as blobs); ``logs`` are
+what the build printed (kept under ``logs/<key>/``, not byte-stable, never pinned). ``created`` and ``host`` are informational and never part of the key.
 """
 
 from __future__ import annotations
@@ -13,6 +15,15 @@ from pydantic import BaseModel, ConfigDict
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
+#: File names (suffixes) of an artifact folder that are build logs, not artifact files: they are not
+#: byte-stable (times, workdir paths), so they go to ``logs/<key>/`` and no release pins them.
+LOG_SUFFIXES = (".log", "command.txt")
+
+
+def is_log_name(name: str) -> bool:
+    """Is ``name`` (a path inside an artifact folder) a build log: ``worker.log``, ``compile.log``,
+    ``tp_<r>.compile.log``, ``command.txt``?"""
+    return name.endswith(LOG_SUFFIXES)
 
 class FileEntry(BaseModel):
     """One file of an artifact: its sha256 (64 hex chars) and size in bytes."""
@@ -60,6 +71,8 @@ class Manifest(BaseModel):
     key_details: dict[str, Any]
     component_hashes: dict[str, str]
     files: dict[str, FileEntry]
+    #: the build's logs (``worker.log``, ``compile.log``, ...): stored under ``logs/<key>/``, never pinned
+    logs: dict[str, FileEntry] = {}
     metrics: Metrics
     toolchain: dict[str, str | None]
     compiler: dict[str, Any] = {}

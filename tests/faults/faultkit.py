@@ -167,9 +167,9 @@ def wait_for(pred, timeout: float = 120.0, what: str = "condition") -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def verify(cfg: Path, deep: bool = True) -> tuple[int, dict]:
-    """``neuron-build verify [--deep] --json``: (exit status, report)."""
-    r = run_cli("verify", *(["--deep"] if deep else []), "--json", "-c", str(cfg))
+def verify(cfg: Path, deep: bool = True, repair: bool = False) -> tuple[int, dict]:
+    """``neuron-build verify [--deep] [--repair] --json``: (exit status, report)."""
+    r = run_cli("verify", *(["--deep"] if deep else []), *(["--repair"] if repair else []), "--json", "-c", str(cfg))
     assert r.returncode in (0, 1), r.stderr
     return r.returncode, json.loads(r.stdout)
 
@@ -195,12 +195,22 @@ def kill_group(p: subprocess.Popen) -> None:
 
 
 def object_digests(store: Path) -> dict[str, dict[str, str]]:
-    """{key: {file: sha256}} of every object in a store, from the files themselves."""
+    """{key: {file: sha256}} of every committed artifact in a store (its manifest in ``ac/``), each file's
+    digest computed from the bytes of the blob the manifest names (``missing`` when there is none)."""
     import hashlib
     out = {}
-    base = store / "objects"
-    for d in sorted(base.glob("*/*")) if base.is_dir() else []:
-        out[d.name] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir()) if p.is_file()}
+    base = store / "ac"
+    for p in sorted(base.glob("*/*.json")) if base.is_dir() else []:
+        try:
+            files = json.loads(p.read_text()).get("files") or {}
+        except ValueError:
+            out[p.stem] = {"manifest": "unreadable"}
+            continue
+        row = {}
+        for name, ent in sorted(files.items()):
+            blob = store / "cas" / ent["sha256"][:2] / ent["sha256"]
+            row[name] = hashlib.sha256(blob.read_bytes()).hexdigest() if blob.is_file() else "missing"
+        out[p.stem] = row
     return out
 
 

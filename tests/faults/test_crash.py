@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -46,7 +47,8 @@ def crash_at(cfg: Path, target: str, k: int, replay: Path) -> subprocess.Complet
 def test_sigkill_at_each_store_write_leaves_objects_complete_or_absent(tmp_path):
     """Fault: the builder process SIGKILLs itself at a chosen file-system write after its compile worker
     exited (the worker's outputs are those of one real compile, replayed so each point costs no compile): writing the compile log into the object, the manifest's temporary file and its rename,
-    creating the object's prefix folder, the publishing rename, clearing the failure record, writing the
+    each blob's temporary link and rename into cas/, the logs, the manifest's create-only link into ac/
+    (the commit point), the view, clearing the failure record, writing the
     target record, the host-memory ledger, removing the staging folder and the lock's owner record (one
     point per distinct step, each in a fresh copy of the store). After each: verify --deep is clean, the
     target's object is complete or absent, the object built before is byte-identical, and the next build
@@ -62,7 +64,10 @@ def test_sigkill_at_each_store_write_leaves_objects_complete_or_absent(tmp_path)
     r = crash_at(probe / "buckets.toml", t_new, 0, replay)  # a real compile; its worker outputs are kept
     assert r.returncode == 0, r.stderr
     writes = json.loads(r.stdout.splitlines()[-1])["writes"]
-    assert any(w.startswith("os.rename object") for w in writes)  # the publish
+    # the publish: blobs renamed into cas/, then the manifest linked into ac/ create-only (the commit point)
+    commit = [i for i, w in enumerate(writes) if re.match(r"os\.link \.[0-9a-f]{64}\.json\.", w)]
+    blobs = [i for i, w in enumerate(writes) if re.match(r"os\.rename \.[0-9a-f]{64}\.\d+\.[0-9a-f]+\.tmp$", w)]
+    assert commit and blobs and max(blobs) < commit[0], writes
     # one crash point per distinct step: the first of each run of folder creations, and of the removals
     # inside the staging folder's rmtree only the rmtree itself
     points, in_rmtree = [], False

@@ -1,26 +1,31 @@
 """The store contract (``neuron_build/store/contract.py``), one suite for every implementation.
 
 Each implementation is a fixture case: the store itself, plus two hooks the suite needs from outside
-the contract: ``damage(key, name, data)`` (overwrite one file of a published artifact, as rot or a
-tamperer would) and ``snapshot()`` (everything the store holds, to prove that reads do not write).
+the contract: ``damage(key, name, data)`` (overwrite the blob that file ``name`` of a published artifact
+points to, or with ``name`` ``manifest.json`` the artifact's manifest, as rot or a tamperer would) and
+``snapshot()`` (everything the store holds, to prove that reads do not write). Everything else goes
+through contract methods only.
 The shared-store issue adds its remote implementations as further cases here.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import secrets
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from filelock import Timeout
 
 from neuron_build.status import Status
-from neuron_build.store import ArtifactStore, LocalStore
-from neuron_build.store.contract import ActionCache, Coordination, RecordStore, ReleaseStore
+from neuron_build.store import ArtifactStore, LocalStore, layout
+from neuron_build.store.contract import ActionCache, Coordination, ObjectIO, RecordStore, ReleaseStore
 from neuron_build.store.manifest import Manifest, Metrics
 from neuron_build.store.records import FailureRecord, TargetRecord
+from neuron_build.store.remote import RemoteStore
 
 KEY_A = "a1" * 32
 KEY_B = "b2" * 32
@@ -37,7 +42,12 @@ def _local(tmp_path: Path) -> Case:
     store = LocalStore(tmp_path / "store")
 
     def damage(key: str, name: str, data: bytes) -> None:
-        (store.object_dir(key) / name).write_bytes(data)
+        if name == "manifest.json":
+            path = store.path(layout.manifest_path(key))
+        else:
+            path = store.path(layout.blob_path(store.raw_manifest(key)["files"][name]["sha256"]))
+        os.chmod(path, 0o644)  # blobs are stored read-only
+        path.write_bytes(data)
 
     def snapshot() -> list[tuple[str, int, bytes]]:
         root = store.root
@@ -49,37 +59,77 @@ def _local(tmp_path: Path) -> Case:
     return Case(store, damage, snapshot)
 
 
-IMPLEMENTATIONS = {"local": _local}
+def _remote_hooks(store: RemoteStore) -> tuple:
+    """damage and snapshot of a remote store, written with the filesystem's own client (outside the
+    contract: a tamperer does not ask the store)."""
+
+    def damage(key: str, name: str, data: bytes) -> None:
+        rel = layout.manifest_path(key) if name == "manifest.json" else layout.blob_path(
+            store.raw_manifest(key)["files"][name]["sha256"])
+        store.io.fs.pipe_file(store.io.full(rel), data)
+        store.io.invalidate()
+
+    def snapshot() -> list[tuple[str, int, bytes]]:
+        return sorted((rel, len(b := store.io.fs.cat_file(store.io.full(rel))), b) for rel in store.io.find(""))
+
+    return damage, snapshot
+
+
+def _memory(tmp_path: Path) -> Case:
+    store = RemoteStore(f"memory://contract-{secrets.token_hex(4)}", cache_dir=tmp_path / "cache")
+    return Case(store, *_remote_hooks(store))
+
+
+def _file(tmp_path: Path) -> Case:
+    store = RemoteStore(f"file://{tmp_path}/shared", cache_dir=tmp_path / "cache")
+    return Case(store, *_remote_hooks(store))
+
+
+def _s3(tmp_path: Path) -> Case:
+    store = RemoteStore(f"s3://{_S3_BUCKET[0]}/some/prefix", cache_dir=tmp_path / "cache")
+    return Case(store, *_remote_hooks(store))
+
+
+_S3_BUCKET: list[str] = []
+IMPLEMENTATIONS = {"local": _local, "memory": _memory, "file-url": _file, "s3": _s3}
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))
 def case(request, tmp_path) -> Case:
+    if request.param == "s3":
+        _S3_BUCKET[:] = [request.getfixturevalue("s3_bucket")]
     return IMPLEMENTATIONS[request.param](tmp_path)
 
 
-def manifest(key: str, files: dict[str, bytes], status: str = Status.PASS, target: str = "m/b1/fp32/p") -> Manifest:
-    """A manifest listing ``files`` by sha256 and size."""
+def entry(data: bytes) -> dict:
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def manifest(key: str, files: dict[str, bytes], status: str = Status.PASS, target: str = "m/b1/fp32/p",
+             logs: dict[str, bytes] | None = None) -> Manifest:
+    """A manifest listing ``files`` (and ``logs``) by sha256 and size."""
     return Manifest(
         key=key, target=target, model="m", bucket={"batch": 1}, dtype="fp32", profile="p", backend="torchscript",
         hardware_target="cpu", key_details={}, component_hashes={},
-        files={n: {"sha256": hashlib.sha256(b).hexdigest(), "size": len(b)} for n, b in files.items()},
+        files={n: entry(b) for n, b in files.items()}, logs={n: entry(b) for n, b in (logs or {}).items()},
         metrics=Metrics(status=status, compile_time_s=1.5, op_count=3, op_count_source="test",
                         artifact_bytes=sum(map(len, files.values()))),
         toolchain={"torch": "0"}, created="2026-12-01T00:00:00+00:00", host="test")
 
 
-def publish(store: ArtifactStore, key: str, files: dict[str, bytes], **kw) -> Path:
+def publish(store: ArtifactStore, key: str, files: dict[str, bytes], logs: dict[str, bytes] | None = None,
+            **kw) -> Path:
     """Stage, seal and publish an artifact the way the builder does."""
     folder = store.new_staging(key) / "object"
     folder.mkdir()
-    for name, data in files.items():
+    for name, data in {**files, **(logs or {})}.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(data)
-    store.seal(folder, manifest(key, files, **kw))
+    store.seal(folder, manifest(key, files, logs=logs, **kw))
     return store.publish(folder, key)
 
 
-FILES = {"model.pt": b"weights" * 100, "worker.log": b"compiled\n", "sub/extra.bin": b"\x00\x01"}
+FILES = {"model.pt": b"weights" * 100, "model.neff": b"neff bytes\n", "sub/extra.bin": b"\x00\x01"}
 
 
 # -- the action cache --------------------------------------------------------------------------------
@@ -99,9 +149,10 @@ def test_published_artifact_is_found_with_its_files(case):
     assert found.hit and found.damage is None
     m = found.manifest
     assert (m.key, m.metrics.status, m.metrics.op_count, sorted(m.files)) == (
-        KEY_A, "PASS", 3, ["model.pt", "sub/extra.bin", "worker.log"])
+        KEY_A, "PASS", 3, ["model.neff", "model.pt", "sub/extra.bin"])
     folder = s.artifact_dir(KEY_A)
     assert {n: (folder / n).read_bytes() for n in FILES} == FILES
+    assert {n: s.blob_size(e.sha256) for n, e in m.files.items()} == {n: len(b) for n, b in FILES.items()}
     assert s.is_complete(KEY_A) and s.is_complete(KEY_A, deep=True)
     assert s.keys() == [KEY_A] and s.find_keys("a1a1") == [KEY_A] and s.find_keys("b2") == []
     assert [x.key for x in s.manifests()] == [KEY_A]
@@ -116,9 +167,8 @@ def test_publishing_a_key_twice_keeps_the_first_artifact(case):
 
 
 @pytest.mark.parametrize("name, data, reason", [
-    ("worker.log", b"short", "worker.log is 5 bytes, manifest.json says 9"),
-    ("manifest.json", b'{"key": "gar', "manifest.json is not valid JSON"),
-    ("extra.txt", b"not listed", "extra.txt is not listed in manifest.json"),
+    ("model.neff", b"short", "model.neff: blob "),
+    ("manifest.json", b'{"key": "gar', "manifest is not valid JSON"),
 ])
 def test_damage_is_found_by_lookup_and_never_served(case, name, data, reason):
     s = case.store
@@ -127,7 +177,20 @@ def test_damage_is_found_by_lookup_and_never_served(case, name, data, reason):
     found = s.lookup(KEY_A)
     assert not found.hit and found.manifest is None
     assert found.damage.startswith(reason)
+    if name != "manifest.json":
+        assert "is 5 bytes, the manifest says 11" in found.damage
+        assert found.blob == entry(FILES[name])["sha256"]
     assert not s.is_complete(KEY_A) and s.manifest(KEY_A) is None and list(s.manifests()) == []
+
+
+def test_a_missing_blob_is_damage(case):
+    s = case.store
+    publish(s, KEY_A, FILES)
+    publish(s, KEY_B, {"model.pt": b"other"})
+    s.delete_object(layout.blob_path(entry(FILES["sub/extra.bin"])["sha256"]))
+    found = s.lookup(KEY_A)
+    assert not found.hit and found.damage.startswith("sub/extra.bin: blob ") and "is missing" in found.damage
+    assert s.is_complete(KEY_B)
 
 
 def test_a_same_size_flip_needs_the_deep_check(case):
@@ -138,15 +201,16 @@ def test_a_same_size_flip_needs_the_deep_check(case):
     case.damage(KEY_A, "model.pt", bytes(flipped))
     assert s.lookup(KEY_A).hit
     deep = s.lookup(KEY_A, deep=True)
-    assert not deep.hit and deep.damage.startswith("model.pt sha256 is ")
+    assert not deep.hit and deep.damage.startswith("model.pt: blob ") and "hashes to" in deep.damage
 
 
 def test_an_edited_manifest_fails_its_own_digest(case):
     s = case.store
     publish(s, KEY_A, FILES)
-    text = (s.artifact_dir(KEY_A) / "manifest.json").read_text().replace('"op_count": 3', '"op_count": 4')
-    case.damage(KEY_A, "manifest.json", text.encode())
-    assert s.lookup(KEY_A).damage == "manifest.json does not match its own sha256 (edited or corrupt)"
+    raw = s.raw_manifest(KEY_A)
+    raw["metrics"]["op_count"] = 4
+    case.damage(KEY_A, "manifest.json", json.dumps(raw).encode())
+    assert s.lookup(KEY_A).damage == "manifest does not match its own sha256 (edited or corrupt)"
 
 
 def test_an_artifact_is_only_served_under_its_own_key_and_when_it_passed(case):
@@ -156,40 +220,46 @@ def test_an_artifact_is_only_served_under_its_own_key_and_when_it_passed(case):
     key_c = "c3" * 32
     publish(s, KEY_B, FILES)
     publish(s, key_c, FILES)
-    case.damage(KEY_B, "manifest.json", (s.artifact_dir(key_c) / "manifest.json").read_bytes())
-    assert s.lookup(KEY_B).damage == "manifest.json names key 'c3c3c3c3c3c3c3c3', not this object's key"
+    case.damage(KEY_B, "manifest.json", json.dumps(s.raw_manifest(key_c)).encode())
+    assert s.lookup(KEY_B).damage == "manifest names key 'c3c3c3c3c3c3c3c3', not this entry's key"
 
 
 def test_reads_do_not_write(case):
     s = case.store
     publish(s, KEY_A, FILES)
-    case.damage(KEY_A, "worker.log", b"x")
+    case.damage(KEY_A, "model.neff", b"x")
     s.put_target(TargetRecord(target="m/b1/fp32/p", key=KEY_A, status=Status.PASS, details={}, time="t"))
     before = case.snapshot()
     s.lookup(KEY_A), s.lookup(KEY_A, deep=True), s.is_complete(KEY_A), s.manifest(KEY_A)
     s.keys(), list(s.manifests()), s.find_keys("a1"), s.target("m/b1/fp32/p"), list(s.targets("m"))
     s.failure("m/b1/fp32/p"), s.results(KEY_A, "validation"), s.channel("m", "dev"), s.history("m", "dev")
-    list(s.releases()), list(s.channels())
+    list(s.releases()), list(s.channels()), s.channel_ref("m", "dev"), s.raw_manifest(KEY_A)
+    s.blob_size(entry(FILES["model.pt"])["sha256"]), s.get_object(layout.manifest_path(KEY_A))
+    s.list_objects("ac")
     assert case.snapshot() == before
 
 
 def test_repair_moves_damage_out_of_the_way_and_the_key_can_be_published_again(case):
     s = case.store
     publish(s, KEY_A, FILES)
-    case.damage(KEY_A, "worker.log", b"x")
+    case.damage(KEY_A, "model.neff", b"x")
     found = s.repair(KEY_A)
-    assert not found.hit and found.damage.startswith("worker.log is 1 bytes")
+    assert not found.hit and found.damage.startswith("model.neff: blob ") and "is 1 bytes" in found.damage
     assert s.keys() == [] and s.lookup(KEY_A).damage is None  # absent now, no longer damaged
     publish(s, KEY_A, FILES)
     assert s.lookup(KEY_A, deep=True).hit
 
 
-def test_publishing_over_damage_quarantines_it_first(case):
+def test_publishing_over_damage_heals_the_blob(case):
     s = case.store
     publish(s, KEY_A, FILES)
-    case.damage(KEY_A, "worker.log", b"x")
-    publish(s, KEY_A, FILES)
+    case.damage(KEY_A, "model.neff", b"x")
+    publish(s, KEY_A, FILES)  # the same bytes again (a deterministic rebuild): the damaged blob is replaced
     assert s.lookup(KEY_A, deep=True).hit
+    publish(s, KEY_B, FILES)
+    case.damage(KEY_B, "manifest.json", b"{not json")
+    publish(s, KEY_B, FILES)  # a damaged manifest in the way is moved aside first
+    assert s.lookup(KEY_B, deep=True).hit
 
 
 def test_quarantine_says_where_it_went_and_nothing_when_absent(case):
@@ -277,41 +347,137 @@ def test_release_records_are_written_once(case):
     assert [r for _, r, _ in s.releases("n")] == ["r-00cc33"]
 
 
-def test_channels_move_under_their_lock_and_keep_a_history(case):
+def test_channels_move_by_compare_and_swap(case):
     s = case.store
     assert s.channel("m", "dev") is None and s.history("m", "dev") == [] and list(s.channels()) == []
-    with s.channel_lock("m", "dev", timeout_s=5):
-        s.set_channel("m", "dev", {"release": "r-1", "version": 1})
-        s.append_history("m", "dev", {"action": "promote", "to": "r-1"})
-    with s.channel_lock("m", "dev", timeout_s=5):
-        s.set_channel("m", "dev", {"release": "r-2", "version": 2})
-        s.append_history("m", "dev", {"action": "promote", "to": "r-2"})
-    assert s.channel("m", "dev") == {"release": "r-2", "version": 2}
-    assert [e["to"] for e in s.history("m", "dev")] == ["r-1", "r-2"]
+    assert s.channel_ref("m", "dev") == (None, None)
+    assert s.swap_channel("m", "dev", {"release": "r-1", "version": 1}, None) is True
+    assert s.swap_channel("m", "dev", {"release": "r-x", "version": 1}, None) is False  # not empty any more
+    ptr, token = s.channel_ref("m", "dev")
+    assert ptr == {"release": "r-1", "version": 1} and isinstance(token, str) and token
+    assert s.swap_channel("m", "dev", {"release": "r-2", "version": 2}, token) is True
+    assert s.swap_channel("m", "dev", {"release": "r-3", "version": 2}, token) is False  # a stale token loses
+    ptr2, token2 = s.channel_ref("m", "dev")
+    assert ptr2 == {"release": "r-2", "version": 2} and token2 != token
+    assert s.channel("m", "dev") == ptr2
     assert [(m, c, p["version"]) for m, c, p in s.channels()] == [("m", "dev", 2)]
 
 
-def test_a_channel_lock_is_exclusive(case):
+def test_of_two_racing_swaps_exactly_one_wins(case):
     s = case.store
-    held, release = threading.Event(), threading.Event()
+    s.swap_channel("m", "prod", {"release": "r-0", "version": 0}, None)
+    _, token = s.channel_ref("m", "prod")
+    start, wins = threading.Barrier(8), []
 
-    def holder():
-        with s.channel_lock("m", "prod", timeout_s=5):
-            held.set()
-            release.wait(10)
+    def racer(i: int) -> None:
+        start.wait(10)
+        if s.swap_channel("m", "prod", {"release": f"r-{i}", "version": 1}, token):
+            wins.append(i)
 
-    t = threading.Thread(target=holder)
-    t.start()
-    assert held.wait(10)
-    t0 = time.monotonic()
-    with pytest.raises(Timeout):
-        with s.channel_lock("m", "prod", timeout_s=0.3):
-            pass
-    assert time.monotonic() - t0 >= 0.3
-    release.set()
-    t.join()
-    with s.channel_lock("m", "prod", timeout_s=1):
-        pass
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1 and s.channel("m", "prod")["release"] == f"r-{wins[0]}"
+
+
+def test_history_entries_of_two_writers_are_all_kept_in_order(case):
+    s = case.store
+    s.append_history("m", "dev", {"action": "promote", "to": "r-1"})
+    time.sleep(0.002)
+    s.append_history("m", "dev", {"action": "promote", "to": "r-2"})
+    assert [e["to"] for e in s.history("m", "dev")] == ["r-1", "r-2"]
+
+    def writer(name: str) -> None:
+        for i in range(20):
+            s.append_history("m", "qa", {"action": "promote", "to": f"{name}-{i}"})
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    hist = [e["to"] for e in s.history("m", "qa")]
+    assert sorted(hist) == sorted(f"{n}-{i}" for n in "ab" for i in range(20))
+    assert [h for h in hist if h.startswith("a-")] == [f"a-{i}" for i in range(20)]  # each writer's own order
+    assert s.history("m", "dev")[-1]["to"] == "r-2"  # another channel's history is its own
+
+
+# -- blobs, manifests and objects one by one ----------------------------------------------------------
+
+def test_blobs_are_create_only_and_an_intact_blob_is_kept(case, tmp_path):
+    s = case.store
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"blob content" * 10)
+    sha = entry(src.read_bytes())["sha256"]
+    assert s.blob_size(sha) is None
+    assert s.put_blob(sha, src) is True and s.blob_size(sha) == 120
+    assert s.put_blob(sha, src) is False  # intact: kept, nothing written
+    with pytest.raises(ValueError):
+        s.put_blob("00" * 32, src)  # the bytes do not hash to that name
+    assert s.blob_size("00" * 32) is None
+    out = tmp_path / "out" / "copy.bin"
+    s.get_blob(sha, out)
+    assert out.read_bytes() == src.read_bytes()
+    with pytest.raises(FileNotFoundError):
+        s.get_blob("11" * 32, tmp_path / "absent.bin")
+    assert not (tmp_path / "absent.bin").exists()
+
+
+def test_a_damaged_blob_is_refused_by_get_blob_and_replaced_by_put_blob(case, tmp_path):
+    s = case.store
+    publish(s, KEY_A, FILES)
+    sha = entry(FILES["model.pt"])["sha256"]
+    flipped = bytearray(FILES["model.pt"])
+    flipped[3] ^= 0x20
+    case.damage(KEY_A, "model.pt", bytes(flipped))  # same size: only the digest tells
+    with pytest.raises(ValueError):
+        s.get_blob(sha, tmp_path / "model.pt")
+    assert not (tmp_path / "model.pt").exists()
+    src = tmp_path / "again.pt"
+    src.write_bytes(FILES["model.pt"])
+    assert s.put_blob(sha, src) is True  # damaged: replaced, and every manifest listing it heals
+    s.get_blob(sha, tmp_path / "model.pt")
+    assert (tmp_path / "model.pt").read_bytes() == FILES["model.pt"] and s.lookup(KEY_A, deep=True).hit
+
+
+def test_manifests_are_create_only(case, tmp_path):
+    s = case.store
+    assert s.raw_manifest(KEY_A) is None
+    src = tmp_path / "m.pt"
+    src.write_bytes(b"model")
+    s.put_blob(entry(b"model")["sha256"], src)
+    raw = manifest(KEY_A, {"model.pt": b"model"}).model_dump(mode="json")
+    assert s.put_manifest(KEY_A, raw) is True
+    assert s.lookup(KEY_A).hit and s.keys() == [KEY_A]
+    other = dict(raw, host="another builder")
+    assert s.put_manifest(KEY_A, other) is False
+    assert s.raw_manifest(KEY_A) == raw
+
+
+def test_logs_are_kept_beside_the_artifact_and_not_pinned(case):
+    s = case.store
+    publish(s, KEY_A, {"model.pt": b"model"}, logs={"worker.log": b"took 3 s at 10:00\n"})
+    m = s.manifest(KEY_A)
+    assert list(m.files) == ["model.pt"] and list(m.logs) == ["worker.log"]
+    assert s.get_object(layout.log_path(KEY_A, "worker.log")) == b"took 3 s at 10:00\n"
+    # a rebuild whose log differs is the same artifact: the first one's manifest stays
+    publish(s, KEY_A, {"model.pt": b"model"}, logs={"worker.log": b"took 4 s at 11:00\n"})
+    assert s.raw_manifest(KEY_A)["logs"]["worker.log"]["size"] == len(b"took 3 s at 10:00\n")
+
+
+def test_objects_round_trip(case):
+    s = case.store
+    path = "leases/" + KEY_A + ".json"
+    assert s.get_object(path) is None and s.list_objects("leases") == []
+    assert s.put_object(path, b"one") is True and s.get_object(path) == b"one"
+    assert s.put_object(path, b"two") is True and s.get_object(path) == b"two"
+    assert s.put_object(path, b"three", create_only=True) is False and s.get_object(path) == b"two"
+    assert s.put_object("leases/sub/x.json", b"x", create_only=True) is True
+    assert s.list_objects("leases") == [path, "leases/sub/x.json"]
+    assert s.delete_object(path) is True and s.delete_object(path) is False
+    assert s.get_object(path) is None and s.list_objects("leases") == ["leases/sub/x.json"]
 
 
 # -- builders sharing the store ----------------------------------------------------------------------
@@ -345,5 +511,6 @@ def test_an_unbounded_memory_budget_admits_at_once(case):
 
 def test_the_local_store_implements_every_protocol(tmp_path):
     s = LocalStore(tmp_path)
-    assert all(isinstance(s, p) for p in (ActionCache, RecordStore, ReleaseStore, Coordination, ArtifactStore))
+    assert all(isinstance(s, p) for p in (ActionCache, RecordStore, ReleaseStore, Coordination, ObjectIO,
+                                          ArtifactStore))
     assert not isinstance(object(), ActionCache)

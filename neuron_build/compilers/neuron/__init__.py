@@ -48,7 +48,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_build.compilers.base import EXIT_TOOLCHAIN_MISSING, CompileFailed, CompileRequest, CompileResult
+from neuron_build.compilers.base import (
+    EXIT_TOOLCHAIN_MISSING,
+    CompileFailed,
+    CompileRequest,
+    CompileResult,
+    enter_stage,
+)
 from neuron_build.compilers.neuron.neuronx_log import LogSummary, failure_reason, parse_log
 from neuron_build.project.toolchain import (
     NEURON_INDEX_URL,
@@ -147,9 +153,8 @@ def signature_params(fn: Any) -> list[str]:
 
 def graph_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment variables that change a Neuron compile (as the key counts them), sorted."""
-    from neuron_build.project.keys import ENV_IGNORED_PREFIXES, ENV_PREFIXES
-    return {k: v for k, v in sorted(environ.items())
-            if k.startswith(ENV_PREFIXES["neuron"]) and not k.startswith(ENV_IGNORED_PREFIXES)}
+    from neuron_build.project.keys import key_env
+    return key_env("neuron", dict(environ))
 
 
 def log_digest(summary: LogSummary) -> dict[str, Any]:
@@ -340,6 +345,7 @@ class NeuronCompiler:
         tp = request.tp_degree
         t0 = time.monotonic()
         monitor = ChildPeakMonitor()
+        enter_stage("compile")  # torch_neuronx.trace: graph capture and neuronx-cc
         try:
             with monitor, torch.no_grad():
                 if tp > 1:
@@ -354,6 +360,7 @@ class NeuronCompiler:
         trace_s = time.monotonic() - t0
 
         files: dict[str, dict[str, str | None]] = {}
+        enter_stage("save")
         if tp > 1:
             from neuronx_distributed.trace import parallel_model_save
             parallel_model_save(traced, str(out))
@@ -388,6 +395,7 @@ class NeuronCompiler:
             files[stem] = {"model": pt, "neff": neff_name, "log": log_name if log_src else None,
                            "command": cmd_name if (out / cmd_name).exists() else None}
 
+        enter_stage("count")
         op_count, source, per_rank, op_details = self._op_count(summaries, ranks, model, example_inputs, work)
         first = summaries[0]
         times = [s.compile_time_s for s in summaries if s is not None and s.compile_time_s is not None]

@@ -1,0 +1,130 @@
+"""``neuron-build failures [--json]``, ``neuron-build report [--since 24h] [--json] [--html FILE]`` and
+``neuron-build metrics [--since 24h] [--output FILE]``: the build ledger and the kept failure workdirs."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import sys
+from pathlib import Path
+
+from neuron_build.cli.app import command, display_note, mib, open_project_store, plural, print_json
+from neuron_build.errors import ExitCode, UserError
+
+#: The version of ``failures --json``.
+FAILURES_SCHEMA = 1
+
+
+def register(add) -> None:
+    """Add the ``failures``, ``report`` and ``metrics`` sub-commands."""
+    s = add("failures", "list the kept workdirs of failed compiles, with their failure stage")
+    s.add_argument("target", nargs="?", help="only this target id")
+    s.add_argument("--json", action="store_true")
+    for name, help in (("report", "the compile monitoring checklist over the build ledger"),
+                       ("metrics", "the report's figures as OpenMetrics text (Prometheus)")):
+        s = add(name, help)
+        s.add_argument("--since", default="24h", metavar="WINDOW",
+                       help="only ledger records this recent: 24h (default), 90m, 7d, or 'all'")
+        if name == "report":
+            s.add_argument("--json", action="store_true")
+            s.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page with charts")
+        else:
+            s.add_argument("--output", "-o", metavar="FILE",
+                           help="write to FILE (atomically, for a textfile collector) instead of stdout")
+
+
+def _report(args):
+    """(report, window seconds) for the project of ``args`` over ``--since``."""
+    from neuron_build.evaluate.monitoring import evaluate
+    from neuron_build.store import failures, ledger
+
+    project, store = open_project_store(args)
+    now = _dt.datetime.now(_dt.timezone.utc)
+    since = None
+    window_s = 0.0
+    if args.since != "all":
+        try:
+            delta = ledger.parse_window(args.since)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        since, window_s = now - delta, delta.total_seconds()
+    records = ledger.read(store, since=since)
+    from neuron_build.project.matrix import expand
+
+    current = {t.id for t in expand(project)}
+    rep = evaluate(records, project.config.monitoring, store=store, since=since, until=now, current=current)
+    rep.location = store.location
+    rep.kept_failures = [e.to_json() for e in failures.kept(store)]
+    return rep, window_s
+
+
+@command("report")
+def cmd_report(args) -> int:
+    """Print the checklist (text or ``--json``); ``--html FILE`` also writes the page. Exit 0 (alerts are
+    figures, not a failed command)."""
+    from neuron_build.evaluate.monitoring import format_text
+
+    rep, _ = _report(args)
+    if args.html:
+        try:
+            from neuron_build.evaluate.report_html import render_html
+            page = render_html(rep)
+        except ImportError as e:
+            raise UserError(f"--html needs matplotlib ({e}); install it with pip install 'neuron-build[report]'") from None
+        out = Path(args.html)
+        from neuron_build.util import write_atomic
+        write_atomic(out, page.encode())
+        display_note(f"wrote {out} ({mib(len(page.encode()))}, self-contained)")
+    if args.json:
+        print_json(rep.to_json())
+    else:
+        print(format_text(rep))
+    return ExitCode.OK
+
+
+@command("metrics")
+def cmd_metrics(args) -> int:
+    """Print (or write) the OpenMetrics exposition of the report's figures."""
+    from neuron_build.evaluate.openmetrics import openmetrics_text
+
+    rep, window_s = _report(args)
+    text = openmetrics_text(rep, window_s)
+    if args.output:
+        from neuron_build.util import write_atomic
+        write_atomic(Path(args.output), text)
+    else:
+        sys.stdout.write(text.decode())
+    return ExitCode.OK
+
+
+@command("failures")
+def cmd_failures(args) -> int:
+    """List the kept failure workdirs, newest last, with stage, compiler pass, diagnostic code and files."""
+    from neuron_build.store import failures
+
+    _, store = open_project_store(args)
+    entries = failures.kept(store, args.target)
+    root = Path(store.location)
+    if args.json:
+        rows = []
+        for e in entries:
+            row = e.to_json()
+            row["folder"] = str(root / e.path / "files") if root.is_dir() else None
+            rows.append(row)
+        print_json({"schema": FAILURES_SCHEMA, "store": store.location, "failures": rows})
+        return ExitCode.OK
+    if not entries:
+        print(f"no kept failure workdirs in {store.location}" + (f" for {args.target}" if args.target else ""))
+        return ExitCode.OK
+    for e in entries:
+        where = ", ".join(x for x in (e.failure_stage and f"stage {e.failure_stage}",
+                                      e.compiler_pass and f"last pass {e.compiler_pass}",
+                                      e.diagnostic_code and f"code {e.diagnostic_code}") if x) or "stage unknown"
+        print(f"{e.time}  {e.target}  {e.status} ({where}): {e.reason}")
+        print(f"    {root / e.path / 'files'}  ({plural(len(e.files), 'file')}, {mib(e.bytes)}"
+              + (f"; left out over the size cap: {', '.join(e.omitted)}" if e.omitted else "") + ")")
+    print(f"{plural(len(entries), 'kept failure workdir')}; bounded by keep_failed_workdirs and "
+          f"failed_workdirs_max_mb under [monitoring]; gc removes a target's once it passes again")
+    return ExitCode.OK
+
+
+__all__ = ["FAILURES_SCHEMA", "register"]

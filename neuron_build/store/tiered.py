@@ -1,0 +1,348 @@
+"""The local store as a read-through cache of a shared remote store (``[build] remote``).
+
+Lookups ask the local folder first and the remote second; a build that finds its key only on the remote
+downloads the artifact (every blob verified by its sha256) instead of compiling; what a build compiles is
+published locally and then pushed (blobs first, the manifest last). Releases and channels live on the
+remote, the one set every host shares; target records and results are written to both.
+
+Reads of the remote **fail open**: when the remote cannot be read (endpoint down, credentials missing,
+bucket gone) one warning names the URL and the fix and the build goes on with the local store. A push
+that fails leaves nothing half-published on the remote, is listed in :attr:`ReadThroughStore.push_failures`
+(the build exits 1 and says so), and is retried by the next build or ``neuron-build push``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from neuron_build.store.contract import ArtifactStore, Lookup
+from neuron_build.store.local import LocalStore
+from neuron_build.store.records import FailureRecord, TargetRecord
+from neuron_build.store.sync import SyncReport, copy_key
+
+T = TypeVar("T")
+
+#: Local marker objects of artifacts built here whose push failed (retried by the next build).
+PENDING = "pending-push"
+
+
+def one_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none)."""
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+class ReadThroughStore:
+    """A :class:`~neuron_build.store.local.LocalStore` in front of a remote store; implements
+    :class:`~neuron_build.store.contract.ArtifactStore`.
+
+    Args:
+        local: the local store (the cache and the place builds stage and publish).
+        remote: the shared store (a :class:`~neuron_build.store.remote.RemoteStore` or any store).
+        warn: called once with a one-line message when the remote first fails a read.
+    """
+
+    def __init__(self, local: LocalStore, remote: ArtifactStore, warn: Callable[[str], None] | None = None):
+        self.local = local
+        self.remote = remote
+        self.location = local.location
+        self.remote_location = remote.location
+        #: (key, reason) of artifacts built here that could not be pushed in this process.
+        self.push_failures: list[tuple[str, str]] = []
+        #: The reason the remote was given up on for reads in this process, or None.
+        self.remote_down: str | None = None
+        self._warn = warn or _log_warning
+        self._pending: set[str] | None = None
+
+    # -- failing open ----------------------------------------------------------------------------
+    def _read(self, fn: Callable[[], T], default: T) -> T:
+        """``fn()`` against the remote; on a store error or OSError warn once and return ``default``."""
+        if self.remote_down is not None:
+            return default
+        try:
+            return fn()
+        except Exception as e:  # store errors, OSError, botocore errors: all fail open for reads
+            self.remote_down = one_line(e)
+            self._warn(f"remote store {self.remote_location} cannot be read ({self.remote_down}); "
+                       "going on with the local store only")
+            return default
+
+    # -- action cache ----------------------------------------------------------------------------
+    def lookup(self, key: str, deep: bool = False) -> Lookup:
+        here = self.local.lookup(key, deep)
+        if here.hit:
+            return replace(here, location="local")
+        there = self._read(lambda: self.remote.lookup(key, deep), None)
+        if there is not None and there.hit:
+            return replace(there, location="remote")
+        return here
+
+    def repair(self, key: str, deep: bool = False) -> Lookup:
+        here = self.local.repair(key, deep)
+        if here.hit:
+            if key in self.pending():
+                self.push(key)
+            return replace(here, location="local")
+        there = self._read(lambda: self.remote.lookup(key, deep), None)
+        if there is None or not there.hit:
+            return here
+        if self.fetch(key):
+            got = self.local.lookup(key)
+            if got.hit:
+                return replace(got, location="remote")
+        return here
+
+    def is_complete(self, key: str, deep: bool = False) -> bool:
+        return self.lookup(key, deep).hit
+
+    def manifest(self, key: str) -> Any:
+        return self.lookup(key).manifest
+
+    def artifact_dir(self, key: str) -> Path:
+        if not self.local.lookup(key).hit:
+            self.fetch(key)
+        return self.local.artifact_dir(key)
+
+    def keys(self) -> list[str]:
+        return sorted(set(self.local.keys()) | set(self._read(self.remote.keys, [])))
+
+    def find_keys(self, prefix: str) -> list[str]:
+        return sorted(set(self.local.find_keys(prefix)) | set(self._read(lambda: self.remote.find_keys(prefix), [])))
+
+    def manifests(self) -> Iterator[Any]:
+        seen = set()
+        for m in self.local.manifests():
+            seen.add(m.key)
+            yield m
+        for m in self._read(lambda: list(self.remote.manifests()), []):
+            if m.key not in seen:
+                yield m
+
+    def new_staging(self, key: str) -> Path:
+        return self.local.new_staging(key)
+
+    def seal(self, folder: Path, manifest: Any) -> dict[str, Any]:
+        return self.local.seal(folder, manifest)
+
+    def publish(self, folder: Path, key: str) -> Path:
+        dest = self.local.publish(folder, key)
+        self.push(key)
+        return dest
+
+    def quarantine(self, key: str, reason: str) -> str | None:
+        return self.local.quarantine(key, reason)
+
+    def clean_staging(self) -> int:
+        return self.local.clean_staging()
+
+    def blob_size(self, sha256: str) -> int | None:
+        size = self.local.blob_size(sha256)
+        return size if size is not None else self._read(lambda: self.remote.blob_size(sha256), None)
+
+    def put_blob(self, sha256: str, src: Path) -> bool:
+        return self.local.put_blob(sha256, src)
+
+    def get_blob(self, sha256: str, dest: Path) -> None:
+        try:
+            self.local.get_blob(sha256, dest)
+        except (FileNotFoundError, ValueError):
+            self.remote.get_blob(sha256, dest)
+
+    def raw_manifest(self, key: str) -> dict[str, Any] | None:
+        raw = self.local.raw_manifest(key)
+        return raw if raw is not None else self._read(lambda: self.remote.raw_manifest(key), None)
+
+    def put_manifest(self, key: str, raw: dict[str, Any]) -> bool:
+        return self.local.put_manifest(key, raw)
+
+    # -- moving artifacts between the two --------------------------------------------------------
+    def fetch(self, key: str) -> bool:
+        """Download ``key``'s artifact from the remote into the local store (blobs verified, manifest
+        last). Returns True when the local store holds it afterwards; a damaged or unreadable remote copy
+        is warned about once and not used."""
+        report = SyncReport()
+        with tempfile.TemporaryDirectory(prefix="neuron-build-fetch.") as scratch:
+            ok = copy_key(self.remote, self.local, key, Path(scratch), report)
+        if not ok and report.failed:
+            self._warn(f"remote artifact {key[:16]} in {self.remote_location} not used: {report.failed[0][1]}")
+        return ok
+
+    def push(self, key: str) -> bool:
+        """Upload ``key``'s local artifact to the remote (blobs first, manifest last). A failure is kept in
+        :attr:`push_failures` and in a local marker, so the next build retries it."""
+        report = SyncReport()
+        with tempfile.TemporaryDirectory(prefix="neuron-build-push.") as scratch:
+            ok = copy_key(self.local, self.remote, key, Path(scratch), report, heal=True)
+        marker = f"{PENDING}/{key}"
+        if ok:
+            if key in self.pending():
+                self.local.delete_object(marker)
+                self.pending().discard(key)
+            return True
+        reason = report.failed[0][1] if report.failed else "unknown error"
+        self.push_failures.append((key, reason))
+        self.local.put_object(marker, (reason + "\n").encode())
+        self.pending().add(key)
+        return False
+
+    def push_pending(self) -> list[tuple[str, str]]:
+        """Retry every push an earlier build on this host left pending. Returns (key, reason) of those
+        that failed again (also in :attr:`push_failures`); nothing is attempted while the remote is down."""
+        failed = []
+        for key in sorted(self.pending()):
+            if not self.local.lookup(key).hit:  # collected or damaged here since: nothing left to push
+                self.local.delete_object(f"{PENDING}/{key}")
+                self.pending().discard(key)
+            elif self.remote_down is not None:
+                failed.append((key, self.remote_down))
+            elif not self.push(key):
+                failed.append(self.push_failures[-1])
+        return failed
+
+    def pending(self) -> set[str]:
+        """Keys built here whose push failed and has not been retried successfully yet."""
+        if self._pending is None:
+            self._pending = {p.rsplit("/", 1)[-1] for p in self.local.list_objects(PENDING)}
+        return self._pending
+
+    # -- records: written to both, read here first ------------------------------------------------
+    def _both(self, write_local: Callable[[], Any], write_remote: Callable[[], Any]) -> None:
+        write_local()
+        if self.remote_down is None:
+            try:
+                write_remote()
+            except Exception as e:
+                self._warn(f"could not write a record to {self.remote_location} ({one_line(e)}); kept locally")
+
+    def put_target(self, record: TargetRecord) -> None:
+        self._both(lambda: self.local.put_target(record), lambda: self.remote.put_target(record))
+
+    def target(self, target_id: str) -> TargetRecord | None:
+        rec = self.local.target(target_id)
+        return rec if rec is not None else self._read(lambda: self.remote.target(target_id), None)
+
+    def _merged(self, here: list[Any], there: list[Any]) -> Iterator[Any]:
+        by_id = {r.target: r for r in there}
+        by_id.update({r.target: r for r in here})
+        for tid in sorted(by_id):
+            yield by_id[tid]
+
+    def targets(self, model: str, bucket_id: str | None = None) -> Iterator[TargetRecord]:
+        return self._merged(list(self.local.targets(model, bucket_id)),
+                            self._read(lambda: list(self.remote.targets(model, bucket_id)), []))
+
+    def all_targets(self) -> Iterator[TargetRecord]:
+        return self._merged(list(self.local.all_targets()), self._read(lambda: list(self.remote.all_targets()), []))
+
+    def recorded_imports(self, model: str) -> list[str]:
+        return sorted(set(self.local.recorded_imports(model))
+                      | set(self._read(lambda: self.remote.recorded_imports(model), [])))
+
+    def add_recorded_imports(self, model: str, files: list[str]) -> list[str]:
+        have = self.recorded_imports(model)
+        new = self.local.add_recorded_imports(model, sorted(set(have) | set(files)))
+        self._both(lambda: None, lambda: self.remote.add_recorded_imports(model, new))
+        return new
+
+    def put_failure(self, record: FailureRecord, log: bytes) -> None:
+        self.local.put_failure(record, log)
+
+    def failure(self, target_id: str) -> FailureRecord | None:
+        return self.local.failure(target_id)
+
+    def failures(self, model: str, bucket_id: str | None = None) -> Iterator[FailureRecord]:
+        return self.local.failures(model, bucket_id)
+
+    def failure_log(self, target_id: str) -> Path:
+        return self.local.failure_log(target_id)
+
+    def clear_failure(self, target_id: str) -> None:
+        self.local.clear_failure(target_id)
+
+    def put_result(self, key: str, kind: str, name: str, result: dict[str, Any]) -> None:
+        self._both(lambda: self.local.put_result(key, kind, name, result),
+                   lambda: self.remote.put_result(key, kind, name, result))
+
+    def result(self, key: str, kind: str, name: str) -> dict[str, Any] | None:
+        got = self.local.result(key, kind, name)
+        return got if got is not None else self._read(lambda: self.remote.result(key, kind, name), None)
+
+    def results(self, key: str, kind: str) -> dict[str, dict[str, Any]]:
+        out = dict(self._read(lambda: self.remote.results(key, kind), {}))
+        out.update(self.local.results(key, kind))
+        return dict(sorted(out.items()))
+
+    # -- releases and channels: the remote's, shared by every host ---------------------------------
+    def put_release(self, model: str, release_id: str, record: dict[str, Any]) -> bool:
+        for art in record.get("artifacts") or []:
+            key = art.get("key") if isinstance(art, dict) else None
+            if isinstance(key, str) and self.local.lookup(key).hit and not self.push(key):
+                reason = self.push_failures[-1][1]
+                from neuron_build.errors import BuildFailed
+                raise BuildFailed(f"release {release_id} not recorded: its artifact {key[:16]} could not be "
+                                  f"pushed to {self.remote_location} ({reason}); fix the remote and run it again")
+        return self.remote.put_release(model, release_id, record)
+
+    def release(self, model: str, release_id: str) -> dict[str, Any] | None:
+        return self.remote.release(model, release_id)
+
+    def release_ids(self, model: str, prefix: str = "") -> list[str]:
+        return self.remote.release_ids(model, prefix)
+
+    def releases(self, model: str | None = None) -> Iterator[tuple[str, str, Any]]:
+        return self.remote.releases(model)
+
+    def channel(self, model: str, channel: str) -> dict[str, Any] | None:
+        return self.remote.channel(model, channel)
+
+    def channels(self) -> Iterator[tuple[str, str, Any]]:
+        return self.remote.channels()
+
+    def channel_ref(self, model: str, channel: str) -> tuple[dict[str, Any] | None, str | None]:
+        return self.remote.channel_ref(model, channel)
+
+    def swap_channel(self, model: str, channel: str, pointer: dict[str, Any], expected: str | None) -> bool:
+        return self.remote.swap_channel(model, channel, pointer, expected)
+
+    def append_history(self, model: str, channel: str, entry: dict[str, Any]) -> None:
+        self.remote.append_history(model, channel, entry)
+
+    def history(self, model: str, channel: str) -> list[dict[str, Any]]:
+        return self.remote.history(model, channel)
+
+    # -- coordination: this host's ----------------------------------------------------------------
+    def key_lock(self, key: str, target: str = "", heartbeat_s: float = 15.0) -> Any:
+        return self.local.key_lock(key, target=target, heartbeat_s=heartbeat_s)
+
+    def memory_budget(self, max_bytes: int | None, heartbeat_s: float = 15.0) -> Any:
+        return self.local.memory_budget(max_bytes, heartbeat_s=heartbeat_s)
+
+    # -- whole objects (ledger entries and the like): written to both, read here first ------------
+    def put_object(self, path: str, data: bytes, create_only: bool = False) -> bool:
+        done = self.local.put_object(path, data, create_only)
+        self._both(lambda: None, lambda: self.remote.put_object(path, data, create_only))
+        return done
+
+    def get_object(self, path: str) -> bytes | None:
+        got = self.local.get_object(path)
+        return got if got is not None else self._read(lambda: self.remote.get_object(path), None)
+
+    def list_objects(self, prefix: str) -> list[str]:
+        return sorted(set(self.local.list_objects(prefix)) | set(self._read(lambda: self.remote.list_objects(prefix), [])))
+
+    def delete_object(self, path: str) -> bool:
+        gone = self.local.delete_object(path)
+        self._both(lambda: None, lambda: self.remote.delete_object(path))
+        return gone
+
+
+def _log_warning(message: str) -> None:
+    from neuron_build.log import get_logger
+    get_logger().warning(message)
+
+
+__all__ = ["PENDING", "ReadThroughStore", "one_line"]
