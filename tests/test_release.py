@@ -830,7 +830,7 @@ def test_load_refuses_an_artifact_built_for_another_torch(proj, tmp_path):
     with pytest.raises(UserError, match=r"built with torch 2\.13\.9, but this host has torch .*AOTInductor "
                                         r"package \(\.pt2\) needs torch==2\.13\.9"):
         BucketedModel.load(dest)
-    assert set(LOAD_RULES) == {"aoti", "torchscript", "neuron"}
+    assert set(LOAD_RULES) == {"aoti", "torchscript", "neuron", "compile-cache"}
     assert load_requirements("neuron", {"torch": "2.13.0", "torch-neuronx": "2.13.0.2.30.4217"}) == {
         "torch": "==2.13.*", "torch-neuronx": ">=2.13.0.2.30.4217"}
     assert version_problem("neuron", {"torch": "2.13.0", "torch-neuronx": "2.13.0.2.30"},
