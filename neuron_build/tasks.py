@@ -138,8 +138,7 @@ def _is_built(store: ArtifactStore, key: str, hits: list[str] | None = None, tar
     read-through store's remote runs the task, which downloads the artifact and verifies every blob. A
     plain function, not a bound method: doit inspects every uptodate callable's signature on every no-op run.
     A hit is added to ``hits`` (the session writes them to the build ledger when the build ends)."""
-    found = store.lookup(key)
-    done = found.hit and found.location != "remote"
+    done = store.is_cached(key)
     if done and hits is not None:
         hits.append(target_id)
     return done

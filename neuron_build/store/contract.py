@@ -78,6 +78,12 @@ class ActionCache(Protocol):
         """``lookup(key, deep).hit``."""
         ...
 
+    def is_cached(self, key: str) -> bool:
+        """Is the artifact of ``key`` complete in this host's copy: the local cache of a read-through
+        store, the store itself otherwise? The up-to-date check of a doit ``build:`` task: it may answer
+        from an index validated by file signatures instead of parsing the manifest. Reads only."""
+        ...
+
     def manifest(self, key: str) -> Manifest | None:
         """The manifest of a complete artifact, else None (reads only)."""
         ...

@@ -55,6 +55,8 @@ from neuron_build.util import (
 SELF_DIGEST = "manifest_sha256"
 #: Seconds a channel swap waits for the channel's (short) file lock before it counts as a lost race.
 CHANNEL_LOCK_TIMEOUT_S = 30.0
+#: The lookup index of the no-op fast path (:meth:`LocalStore.is_cached`): local-only, rebuilt by publishing.
+LOOKUP_INDEX = "locks/lookup-index.json"
 
 
 def manifest_digest(raw: dict[str, Any]) -> str:
@@ -128,6 +130,7 @@ class LocalStore:
         self.root = Path(root)
         self.location = str(self.root)
         self.read_only = read_only
+        self._lookup_index: dict[str, Any] | None = None
         if (self.root / "objects").is_dir():
             raise UserError(f"store at {self.root} has the old layout (objects/); rebuild it or move it aside "
                             f"(e.g. `mv {self.root} {self.root}.old`, then `neuron-build build`)")
@@ -260,7 +263,65 @@ class LocalStore:
 
     def put_manifest(self, key: str, raw: dict[str, Any]) -> bool:
         self._writable()
-        return write_atomic(self.path(layout.manifest_path(key)), json_bytes(raw), create_only=True)
+        done = write_atomic(self.path(layout.manifest_path(key)), json_bytes(raw), create_only=True)
+        if done:
+            self._index_add(key, raw)
+        return done
+
+    # -- the lookup index: the no-op build's fast path ---------------------------------------------
+    def _signature(self, key: str, shas: list[str]) -> list[list[int]] | None:
+        """(size, mtime_ns, ctime_ns, inode) of ``key``'s manifest and (size, mtime_ns, inode) of each
+        blob (not ctime: hard-linking a blob into a view changes it), or None when one is missing. A
+        rewrite, rename or replacement of any of them changes the signature."""
+        try:
+            st = os.stat(self.path(layout.manifest_path(key)))
+            out = [[st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]]
+            for sha in shas:
+                st = os.stat(self.path(layout.blob_path(sha)))
+                out.append([st.st_size, st.st_mtime_ns, st.st_ino])
+        except OSError:
+            return None
+        return out
+
+    def _index(self) -> dict[str, Any]:
+        """The lookup index (``locks/lookup-index.json``: key -> [blob digests, signature]), read once."""
+        if self._lookup_index is None:
+            raw = read_json(self.root / LOOKUP_INDEX)
+            self._lookup_index = raw if isinstance(raw, dict) else {}
+        return self._lookup_index
+
+    def _index_add(self, key: str, raw: dict[str, Any]) -> None:
+        """Record the signature of a manifest just committed (after a full check of its blobs). Best
+        effort: a store without an index entry is checked the slow way."""
+        shas = [e["sha256"] for e in (raw.get("files") or {}).values() if isinstance(e, dict) and "sha256" in e]
+        sig = self._signature(key, shas)
+        if sig is None or not self.lookup(key).hit:
+            return
+        from filelock import FileLock
+
+        path = self.root / LOOKUP_INDEX
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(str(path) + ".lock", timeout=30):
+                cur = read_json(path)
+                cur = cur if isinstance(cur, dict) else {}
+                if len(cur) % 512 == 511:  # now and then, forget keys that left the action cache
+                    cur = {k: v for k, v in cur.items() if self.path(layout.manifest_path(k)).exists()}
+                cur[key] = [shas, sig]
+                write_atomic(path, json.dumps(cur, separators=(",", ":")).encode())
+                self._lookup_index = cur
+        except OSError:
+            pass
+
+    def is_cached(self, key: str) -> bool:
+        """Is the artifact of ``key`` complete in this folder? The doit no-op's check: when the lookup
+        index holds the key and the manifest and every blob still have the signature (size, mtime, ctime,
+        inode) they had when the manifest was committed and checked, no manifest is parsed; otherwise the
+        full :meth:`lookup` decides. Reads only."""
+        ent = self._index().get(key)
+        if isinstance(ent, list) and len(ent) == 2 and self._signature(key, ent[0]) == ent[1]:
+            return True
+        return self.lookup(key).hit
 
     # -- action cache -------------------------------------------------------------------------------
     def lookup(self, key: str, deep: bool = False) -> Lookup:

@@ -778,6 +778,9 @@ class RemoteStore:
     def is_complete(self, key: str, deep: bool = False) -> bool:
         return self.lookup(key, deep).hit
 
+    def is_cached(self, key: str) -> bool:
+        return self.is_complete(key)
+
     def manifest(self, key: str) -> Manifest | None:
         return self.lookup(key).manifest
 

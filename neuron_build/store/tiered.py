@@ -99,6 +99,9 @@ class ReadThroughStore:
     def is_complete(self, key: str, deep: bool = False) -> bool:
         return self.lookup(key, deep).hit
 
+    def is_cached(self, key: str) -> bool:
+        return self.local.is_cached(key)
+
     def manifest(self, key: str) -> Any:
         return self.lookup(key).manifest
 

@@ -79,3 +79,24 @@ def test_a_store_of_the_old_layout_is_refused_with_one_line(tmp_path):
     assert str(ei.value).startswith(f"store at {tmp_path / 'store'} has the old layout (objects/); rebuild it or "
                                     f"move it aside")
     assert "\n" not in str(ei.value)
+
+
+def test_the_no_op_check_trusts_its_index_only_while_every_signature_holds(tmp_path, monkeypatch):
+    s = LocalStore(tmp_path / "store")
+    publish(s, KEY_A, FILES)
+    fresh = LocalStore(s.root)  # a new process: the index is read from the store
+    calls = []
+    real = fresh.lookup
+    monkeypatch.setattr(fresh, "lookup", lambda key, deep=False: calls.append(key) or real(key, deep))
+    assert fresh.is_cached(KEY_A) and calls == []  # answered from the index: no manifest parsed
+    assert not fresh.is_cached(KEY_B) and calls == [KEY_B]  # not indexed: the full lookup decides
+
+    # a blob rewritten in place with the same size: its mtime differs, so the index no longer vouches
+    blob = s.path(layout.blob_path(entry(FILES["model.pt"])["sha256"]))
+    os.chmod(blob, 0o644)
+    blob.write_bytes(b"X" * len(FILES["model.pt"]))
+    calls.clear()
+    assert fresh.is_cached(KEY_A) and calls == [KEY_A]  # the full (size) lookup, as before the index
+    # the manifest gone: a miss, whatever the index says
+    s.path(layout.manifest_path(KEY_A)).unlink()
+    assert not fresh.is_cached(KEY_A)
