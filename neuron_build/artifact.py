@@ -26,6 +26,8 @@ from neuron_build.errors import UserError
 
 #: The loader of AOTInductor packages (``.pt2``).
 AOTI_LOADER = "torch._inductor.aoti_load_package"
+#: The loader a release records for compile-cache and torchneuron artifacts (caches, not models).
+CACHE_LOADER = "torch.compiler.load_cache_artifacts"
 #: The loader of TorchScript modules (``.pt``), Neuron artifacts included.
 JIT_LOADER = "torch.jit.load"
 #: The model files looked for, in this order, when the compiler recorded none the artifact holds.
@@ -162,14 +164,24 @@ LOAD_RULES: dict[str, LoadRule] = {
         "torch-neuronx is built for one torch minor release (its metadata pins torch==X.Y.*) [doc: toolchain "
         "notes]; the NEFF loads with the torch-neuronx (and its runtime) that compiled it or a newer one "
         "[guess: the toolchain notes state no NEFF/runtime compatibility rule; verify on a Neuron host]"),
+    "compile-cache": LoadRule(
+        "compile-cache", "torch.compile caches (compile_cache.bin, NEFF cache, Inductor kernels)",
+        {"torch": _same_release, "torch-neuronx": _this_or_newer},
+        "torch.compiler.load_cache_artifacts entries are keyed on the torch version (Inductor's FX-graph and "
+        "AOT-autograd cache keys include it [code: torch 2.13]), so another torch release misses every entry; "
+        "TorchNeuron's NEFF cache key omits the torch-neuronx version [code: toolchain notes], so a newer one "
+        "may reuse them [guess]"),
 }
 
 
 def artifact_kind(loader: str, backend: str, artifact: str = "") -> str:
-    """The :data:`LOAD_RULES` kind of an artifact: ``aoti`` for ``.pt2`` (:data:`AOTI_LOADER`), ``neuron``
-    for a neuron backend's TorchScript module, else ``torchscript``."""
+    """The :data:`LOAD_RULES` kind of an artifact: ``aoti`` for ``.pt2`` (:data:`AOTI_LOADER`),
+    ``compile-cache`` for the caches of the compile-cache and torchneuron backends (:data:`CACHE_LOADER`),
+    ``neuron`` for a neuron backend's TorchScript module, else ``torchscript``."""
     if loader == AOTI_LOADER or artifact.endswith(".pt2"):
         return "aoti"
+    if loader == CACHE_LOADER or backend in ("compile-cache", "torchneuron"):
+        return "compile-cache"
     return "neuron" if backend == "neuron" else "torchscript"
 
 

@@ -107,17 +107,34 @@ class BucketedModel:
         #: The bucket dim split into chunks when a batch is larger than every bucket: ``batch`` when it is
         #: a bucket dim leading every input (else None: no chunking).
         self.batch_dim: str | None = "batch" if "batch" in self.dims and lead == {"batch"} else None
+        self.device = "cpu"
+        self.installed: dict[str, int] = {}
+        self.serving_env: dict[str, str] = {}
+        self.neff_cache_dir: Path | None = None
 
     @classmethod
-    def load(cls, folder: str | Path) -> BucketedModel:
+    def load(cls, folder: str | Path, model: Any = None, *, factory_root: str | Path | None = None,
+             neff_cache_dir: str | Path | None = None) -> BucketedModel:
         """Load a folder written by ``neuron-build pull``: ``release.json`` and every bucket's artifact.
+
+        For a compile-cache or torchneuron release the artifacts are caches, so the model is needed too:
+        ``model`` (an ``nn.Module``, or a callable returning one from the recorded factory kwargs), else the
+        factory the release records (``serving.factory``, ``module.path:function``) imported with
+        ``factory_root`` (default: the current folder) first on ``sys.path``. The recorded ``serving.env``
+        is set in ``os.environ`` (those compiler settings are part of TorchNeuron's cache key), each bucket's
+        ``compile_cache.bin`` is installed with ``torch.compiler.load_cache_artifacts`` and, for torchneuron,
+        the buckets' NEFF files are gathered into ``neff_cache_dir`` (default: a new temporary folder)
+        which ``TORCH_NEURONX_NEFF_CACHE_DIR`` then names; the model, cast to the recorded dtype, is
+        compiled with the recorded ``torch.compile`` settings. Nothing compiles until the first call.
 
         Raises:
             UserError: no ``release.json``; this host's installed versions cannot load the artifacts (one
                 line naming the built and the installed version; the rule per artifact kind is
                 :data:`neuron_build.artifact.LOAD_RULES`); or a listed file is missing or has another size
                 than listed.
+            ImportError: the recorded factory does not import from ``factory_root``.
         """
+        user_model = model
         root = Path(folder)
         try:
             release = json.loads((root / "release.json").read_text())
@@ -136,9 +153,27 @@ class BucketedModel:
                 if not p.is_file() or p.stat().st_size != ent["size"]:
                     raise UserError(f"{p}: missing or not {ent['size']} bytes as release.json lists; pull again")
         model = cls(release, root)
+        if release.get("serving") is not None:
+            model._load_cached(user_model, factory_root, neff_cache_dir)
+            return model
         for b in model.buckets:
             model._modules[b.id] = load_artifact(b.artifact, b.loader, release.get("backend", ""))
         return model
+
+    def _load_cached(self, user_model: Any, factory_root: str | Path | None, neff_cache_dir: str | Path | None) -> None:
+        """A compile-cache or torchneuron release: install every bucket's caches, build the user's model and
+        compile it once with the recorded settings (every bucket then runs the same compiled module)."""
+        from neuron_build.compilers.compile_cache import compile_from_caches
+
+        serving = self.release["serving"]
+        self.device = serving_device(serving)
+        module = serving_model(serving, user_model, factory_root).to(self.device)
+        self.user_module = module
+        compiled, self.installed, self.neff_cache_dir, self.serving_env = compile_from_caches(
+            [self.root / b.id for b in self.buckets], serving, self.release.get("backend", ""), module,
+            neff_cache_dir)
+        for b in self.buckets:
+            self._modules[b.id] = compiled
 
     # -- routing --------------------------------------------------------------------------------
     def _sizes(self, shapes: Sequence[Sequence[int]]) -> dict[str, int]:
@@ -280,7 +315,7 @@ class BucketedModel:
                 full = torch.full(shape, spec.get("pad", 0), dtype=want, device=t.device)
                 full[tuple(slice(0, n) for n in t.shape)] = t
                 t = full
-            padded.append(t.contiguous())
+            padded.append(t.contiguous() if self.device == "cpu" else t.to(self.device).contiguous())
         with torch.no_grad():
             out = self._modules[bucket.id](*padded)
         return self._slice(out, bucket, sizes)
@@ -305,4 +340,177 @@ class BucketedModel:
         return out[tuple(slice(0, sizes[d]) if isinstance(d, str) else slice(None) for d in best[1])]
 
 
-__all__ = ["Bucket", "BucketError", "BucketedModel"]
+# -- compile-cache and torchneuron releases ---------------------------------------------------------
+def install_release(folder: str | Path, neff_cache_dir: str | Path | None = None) -> dict[str, Any]:
+    """For your own serving code: make this process hit a pulled compile-cache or torchneuron release's
+    caches (environment, NEFF cache folder or Inductor kernels, ``load_cache_artifacts`` of every bucket:
+    :func:`neuron_build.compilers.compile_cache.install_from_caches`), then compile your model with the
+    returned ``torch_compile`` settings::
+
+        settings = install_release("serve/minilm")
+        model = torch.compile(my_model.to(torch.float32).eval(), **settings["torch_compile"])
+
+    Returns:
+        The release's ``serving`` record (``torch_compile``, ``env``, ``device``, ``factory``, ``kwargs``,
+        ``dtype``) plus ``installed`` (entries per cache type) and ``neff_cache_dir``.
+
+    Raises:
+        UserError: no ``release.json``, or not a compile-cache or torchneuron release.
+    """
+    from neuron_build.compilers.compile_cache import install_from_caches
+
+    root = Path(folder)
+    try:
+        release = json.loads((root / "release.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{root / 'release.json'}: cannot read it ({e}); pull a release into {root} first") from None
+    serving = release.get("serving")
+    if serving is None:
+        raise UserError(f"{root}: a {release.get('backend')} release holds compiled models, not caches; load it "
+                        f"with BucketedModel.load")
+    installed, neff_dir, _env = install_from_caches([root / b["id"] for b in release["buckets"]], serving,
+                                                    release.get("backend", ""), neff_cache_dir)
+    return {**serving, "installed": installed, "neff_cache_dir": str(neff_dir) if neff_dir else None}
+
+
+def serving_device(serving: dict[str, Any]) -> str:
+    """Where the compiled model runs: the recorded device, except ``neuron`` on a host without a NeuronCore
+    (``/dev/neuron*``), which runs on CPU tensors (only meaningful with a compile-only toolchain or a test
+    double)."""
+    import glob
+
+    dev = serving.get("device") or "cpu"
+    if dev == "neuron" and not glob.glob("/dev/neuron[0-9]*"):
+        return "cpu"
+    return dev
+
+
+def serving_model(serving: dict[str, Any], model: Any = None, factory_root: str | Path | None = None):
+    """The user's model for a compile-cache release, as it was built: ``model`` itself (an ``nn.Module``),
+    ``model(**kwargs)`` (a callable), or the recorded ``factory`` called with the recorded ``kwargs``;
+    cast to the recorded dtype, in eval mode, gradients off.
+
+    Raises:
+        ImportError: the recorded factory does not import (``factory_root`` first on ``sys.path``).
+        TypeError: the factory did not return an ``nn.Module``.
+    """
+    import torch
+
+    from neuron_build.examples import load_factory, torch_dtype
+
+    if model is None:
+        model = load_factory(factory_root or Path.cwd(), serving["factory"])
+    if not isinstance(model, torch.nn.Module):
+        model = model(**dict(serving.get("kwargs") or {}))
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"factory {serving.get('factory')} returned {type(model).__name__}, not a torch.nn.Module")
+    model = model.to(torch_dtype(serving["dtype"])).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+#: Timed calls per bucket after the first call, for the steady-state latency of :func:`warmup`.
+STEADY_CALLS = 5
+WARMUP_SCHEMA = 1
+
+
+def _compile_events(backend: str):
+    """(snapshot function, delta -> (compiles, cache hits, details)) for a cache backend."""
+    if backend == "torchneuron":
+        from neuron_build.compilers.neuron.torchneuron import dynamo_metrics
+
+        def snap():
+            return len(dynamo_metrics())
+
+        def delta(before):
+            rows = dynamo_metrics()[before:]
+            hits = sum(1 for r in rows if r.get("cache_hit") is True)
+            return len(rows) - hits, hits, {"graphs": rows}
+        return snap, delta
+
+    from neuron_build.compilers.compile_cache import compile_counters, counter_delta, inductor_cache_dir, kernel_files
+
+    cache = inductor_cache_dir()
+
+    def snap_i():
+        return compile_counters(), set(kernel_files(cache))
+
+    def delta_i(before):
+        counts, kernels = before
+        d = counter_delta(counts, compile_counters())
+        built = len(set(kernel_files(cache)) - kernels)
+        graphs = d["fxgraph_cache_miss"] + d["fxgraph_cache_bypass"]
+        return graphs + built, d["fxgraph_cache_hit"], {"counters": d, "graph_compiles": graphs,
+                                                       "cpp_kernel_builds": built}
+    return snap_i, delta_i
+
+
+def warmup(folder: str | Path, model: Any = None, *, factory_root: str | Path | None = None) -> dict[str, Any]:
+    """Load a pulled compile-cache or torchneuron release (:meth:`BucketedModel.load`) and call each
+    bucket once on inputs of its exact shapes, then :data:`STEADY_CALLS` more times.
+
+    Meant for a fresh process (``neuron-build warmup DIR`` runs one, with empty compiler caches), so that
+    every hit comes from the pulled files. Compiles and hits per bucket: Inductor's
+    ``fxgraph_cache_miss`` + ``fxgraph_cache_bypass`` (``graph_compiles``) plus the C++ kernel libraries
+    built meanwhile (``cpp_kernel_builds``: new ``.so`` files in the Inductor cache folder), and
+    ``fxgraph_cache_hit`` (compile-cache), or the rows ``torch_neuronx.get_dynamo_metrics()`` added, split by their cache-hit
+    flag (torchneuron; a row without the flag counts as a compile).
+
+    Returns:
+        ``{"schema", "release", "model", "backend", "device", "device_note", "installed": {type: entries},
+        "buckets": [{"id", "compiles", "cache_hits", "first_call_s", "steady_call_s", ...}],
+        "compiles_total", "zero_compiles"}``; latencies in seconds (steady: the median).
+
+    Raises:
+        UserError: the folder holds no compile-cache or torchneuron release.
+    """
+    import statistics
+    import time
+
+    import torch
+
+    from neuron_build.compilers.compile_cache import sync
+    from neuron_build.examples import make_inputs
+
+    bm = BucketedModel.load(folder, model, factory_root=factory_root)
+    if bm.release.get("serving") is None:
+        raise UserError(f"{folder}: release {bm.release.get('release')} is a {bm.release.get('backend')} release; "
+                        f"warmup is for compile-cache and torchneuron releases (their artifacts are caches)")
+    backend = bm.release["backend"]
+    snap, delta = _compile_events(backend)
+    rows = []
+    for b in bm.buckets:
+        # values do not change the compiled graph, shapes and dtypes do; a pulled bucket keeps no value ranges,
+        # so integer inputs (token ids, masks) are drawn from [0, 2), valid for any vocabulary
+        specs = [{**i, "range": i.get("range") or [0, 2]} for i in b.inputs]
+        inputs = tuple(t.to(bm.device) for t in make_inputs(specs, seed=0))
+        fn = bm._modules[b.id]
+        before = snap()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            fn(*inputs)
+        sync(bm.device)
+        first = time.perf_counter() - t0
+        compiles, hits, extra = delta(before)
+        steady = []
+        for _ in range(STEADY_CALLS):
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                fn(*inputs)
+            sync(bm.device)
+            steady.append(time.perf_counter() - t0)
+        med = statistics.median(steady)
+        rows.append({"id": b.id, "shapes": [list(i["shape"]) for i in b.inputs], "compiles": compiles,
+                     "cache_hits": hits, "first_call_s": round(first, 6), "steady_call_s": round(med, 6),
+                     "first_over_steady": round(first / med, 1) if med > 0 else None, **extra})
+    note = None
+    if bm.release.get("serving", {}).get("device") == "neuron" and bm.device != "neuron":
+        note = "no NeuronCore here: ran on CPU tensors"
+    total = sum(r["compiles"] for r in rows)
+    return {"schema": WARMUP_SCHEMA, "release": bm.release.get("release"), "model": bm.release.get("model"),
+            "backend": backend, "device": bm.device, "device_note": note, "installed": bm.installed,
+            "env": bm.serving_env, "buckets": rows, "compiles_total": total, "zero_compiles": total == 0}
+
+
+__all__ = ["Bucket", "BucketError", "BucketedModel", "install_release", "serving_device", "serving_model", "warmup"]

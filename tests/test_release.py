@@ -401,7 +401,9 @@ def test_every_gate_reported_and_refusals_recorded(proj):
     r1 = make(proj)
     e = refused(store, settings, "dev", release=r1["id"], reason="try")
     assert [g["name"] for g in e["gates"]] == ["channel_order", "validated", "artifact_count", "op_count",
-                                               "latency", "compile_time_p95", "serving_toolchain"]
+                                               "latency", "compile_time_p95", "serving_toolchain", "warmup"]
+    warm = e["gates"][-1]  # a torchscript release holds compiled models: nothing to warm
+    assert (warm["passed"], warm["figures"]) == (True, {"applies": False})
     assert channel_pointer(store, "tiny", "dev") is None
     hist = channel_history(store, "tiny", "dev")
     assert len(hist) == 1
@@ -812,11 +814,11 @@ def test_serving_config_errors(proj):
 
 def _rebuilt_with(proj: Path, torch_version: str) -> None:
     """Make every stored artifact of the project say it was built with ``torch_version``."""
-    from conftest import rewrite_manifest
+    from conftest import manifest_file, rewrite_manifest
 
     _, _, store, _ = ctx(proj)
     for key in store.keys():
-        rewrite_manifest(store.object_dir(key) / "manifest.json",
+        rewrite_manifest(manifest_file(store, key),
                          lambda m: m["toolchain"].update(torch=torch_version))
 
 
@@ -868,7 +870,7 @@ def test_load_refuses_an_artifact_built_for_another_torch(proj, tmp_path):
     with pytest.raises(UserError, match=r"built with torch 2\.13\.9, but this host has torch .*AOTInductor "
                                         r"package \(\.pt2\) needs torch==2\.13\.9"):
         BucketedModel.load(dest)
-    assert set(LOAD_RULES) == {"aoti", "torchscript", "neuron"}
+    assert set(LOAD_RULES) == {"aoti", "torchscript", "neuron", "compile-cache"}
     assert load_requirements("neuron", {"torch": "2.13.0", "torch-neuronx": "2.13.0.2.30.4217"}) == {
         "torch": "==2.13.*", "torch-neuronx": ">=2.13.0.2.30.4217"}
     assert version_problem("neuron", {"torch": "2.13.0", "torch-neuronx": "2.13.0.2.30"},

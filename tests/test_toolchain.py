@@ -148,6 +148,9 @@ def test_doctor_json_with_the_sdk():
                                   "error": None},
         "neuron_devices": [],
         "auto_backend": "neuron",
+        "auto_backend_by_target": {"trn1": "neuron", "trn2": "neuron", "trn3": "neuron"},
+        "torch_neuronx_api": "xla",
+        "torch_neuronx_api_detail": "XLA torch-neuronx (torch_neuronx.trace): backend neuron",
         "usable": True,
         "kind": "ok",
         "verdict": f"The Neuron toolchain is installed: torch-neuronx 2.13.0.2.30.4217 with neuronx-cc "

@@ -141,12 +141,12 @@ class Builder:
         return self.planner.request(target, ki, out_dir, work_dir)
 
     def toolchain_problem(self) -> str | None:
-        """For the neuron backend: the one-sentence reason the toolchain is unusable (from package
+        """For the neuron and torchneuron backends: the one-sentence reason the toolchain is unusable (from package
         metadata, checked once per Builder), else None. Such targets fail as TOOLCHAIN_MISSING without
         starting a worker."""
         if self._toolchain_problem is False:
             self._toolchain_problem = None
-            if self.keys.backend == "neuron":
+            if self.keys.backend in ("neuron", "torchneuron"):
                 st = neuron_status()
                 self._toolchain_problem = None if st.usable else st.problem
         return self._toolchain_problem  # type: ignore[return-value]

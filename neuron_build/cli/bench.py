@@ -129,6 +129,14 @@ def bench_selected(b, chosen, *, warmup: int, iters: int | None, eager: bool = T
             continue
         m = b.store.manifest(key)
         runnable, why = can_run_here(artifact_device_kind(m.backend, m.hardware_target))
+        if not runnable and profile and m.backend == "torchneuron":
+            # TorchNeuron's profiler path still runs (on CPU tensors) and says the figures are not a NeuronCore's
+            display_note(f"PROFILE ONLY  {t.id}: {why}: profiling on CPU tensors, no latency benchmark recorded")
+            prof = profile_target(b.project, b.store, t, key, profile, iters=iters, warmup=warmup)
+            if on_profile:
+                on_profile(t, prof)
+            run.skipped.append(t.id)
+            continue
         if not runnable:
             run.skipped.append(t.id)
             display_note(f"SKIPPED  {t.id}: {why}")

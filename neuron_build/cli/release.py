@@ -113,7 +113,8 @@ def cmd_promote(args) -> int:
     try:
         entry = promote(store, project.config.release, args.model, args.to, release=args.release,
                         from_channel=args.from_channel, reason=args.reason, allow_unvalidated=args.allow_unvalidated,
-                        device_kind=args.device_kind, waive=args.waive)
+                        device_kind=args.device_kind, waive=args.waive,
+                        factory_root=project.root)
     except PromotionRefused as e:
         if not args.json:
             raise

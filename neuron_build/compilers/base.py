@@ -20,6 +20,8 @@ BACKENDS = {
     "inductor": "neuron_build.compilers.inductor:InductorCompiler",
     "torchscript": "neuron_build.compilers.torchscript:TorchScriptCompiler",
     "neuron": "neuron_build.compilers.neuron:NeuronCompiler",
+    "compile-cache": "neuron_build.compilers.compile_cache:CompileCacheCompiler",
+    "torchneuron": "neuron_build.compilers.neuron.torchneuron:TorchNeuronCompiler",
 }
 
 #: worker exit status for a missing toolchain (the compiler's own statuses pass through).

@@ -71,9 +71,9 @@ def _cuda_devices() -> list[str]:
 
 
 def artifact_device_kind(backend: str, hardware_target: str) -> str:
-    """The device kind an artifact runs on: ``neuron`` for the neuron backend, else ``cuda`` or ``cpu``
-    (the ``[build] device`` the inductor or torchscript backend compiled for)."""
-    if backend == "neuron":
+    """The device kind an artifact runs on: ``neuron`` for the neuron and torchneuron backends, else ``cuda``
+    or ``cpu`` (the ``[build] device`` the inductor, compile-cache or torchscript backend compiled for)."""
+    if backend in ("neuron", "torchneuron"):
         return "neuron"
     return "cuda" if hardware_target == "cuda" else "cpu"
 
@@ -283,7 +283,9 @@ class Prepared:
         :func:`neuron_build.artifact.load_artifact`'s: ``inductor`` -> ``torch._inductor.aoti_load_package``;
         ``torchscript`` -> ``torch.jit.load`` onto :attr:`device`; ``neuron`` -> ``import torch_neuronx``
         (registers the Neuron ops; its ``ImportError`` propagates) then ``torch.jit.load``, which places the
-        NEFF on a NeuronCore [doc].
+        NEFF on a NeuronCore [doc]; ``compile-cache`` and ``torchneuron`` -> the eager model compiled with the
+        recorded settings after the artifact's caches were installed
+        (:func:`neuron_build.compilers.compile_cache.compile_from_caches`).
 
         Raises:
             UserError: unknown backend or no artifact file.
@@ -296,6 +298,12 @@ class Prepared:
         if found is None or not path.is_file():
             raise UserError(f"{self.target.id}: artifact {self.key[:12]} has no {name}; "
                             f"rebuild it (neuron-build build {self.target.id})")
+        serving = (m.compiler or {}).get("serving")
+        if m.backend in ("compile-cache", "torchneuron") and serving is not None:
+            from neuron_build.compilers.compile_cache import compile_from_caches
+
+            module = self.eager(self.target.dtype, device=self.device)
+            return compile_from_caches([self.store.artifact_dir(self.key)], serving, m.backend, module)[0]
         if m.backend not in ("inductor", "torchscript", "neuron"):
             raise UserError(f"{self.target.id}: cannot load an artifact of backend {m.backend!r}")
         return load_artifact(path, found[1], m.backend, self.device, explain_missing_neuronx=False)

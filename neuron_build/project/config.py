@@ -45,8 +45,8 @@ DEFAULT_CONFIG = "buckets.toml"
 Dtype = Literal["fp32", "bf16", "fp16"]
 InputDtype = Literal["int64", "int32", "int16", "int8", "uint8", "bool", "fp32", "bf16", "fp16"]
 INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
-Backend = Literal["auto", "neuron", "inductor", "torchscript"]
-NeuronTarget = Literal["trn1", "trn1n", "trn2", "inf2"]
+Backend = Literal["auto", "neuron", "torchneuron", "inductor", "compile-cache", "torchscript"]
+NeuronTarget = Literal["trn1", "trn1n", "trn2", "trn3", "inf2"]
 Device = Literal["cpu", "cuda"]
 Executor = Literal["local", "dask"]
 #: Where an artifact is validated, benchmarked and served (see :mod:`neuron_build.release.gates`).

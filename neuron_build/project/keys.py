@@ -15,7 +15,7 @@ Components (each hashed on its own so ``explain`` can say which one changed):
 - ``env``: the environment variables of :data:`KEY_ENV` for the backend (an allow-list: logging, debug,
   cache and runtime settings such as ``TORCH_LOGS`` or ``NEURON_RT_*`` never count);
 - ``toolchain``: compiler versions (torch; torch-neuronx, neuronx-cc, neuronx-distributed, libneuronxla
-  for neuron).
+  for neuron and torchneuron: TorchNeuron's own NEFF cache key omits them [code], ours does not).
 
 Never in the key: absolute paths, host, user, time, the store location, bytes of saved artifacts. Paths in
 the key are relative to the folder of ``buckets.toml``, so a moved checkout computes the same keys; a
@@ -35,7 +35,7 @@ from neuron_build.project.compiler_args import key_args
 from neuron_build.project.config import Project
 from neuron_build.project.matrix import Target
 from neuron_build.project.sources import glob_sources, local_imports
-from neuron_build.project.toolchain import resolve_backend, toolchain_versions, version
+from neuron_build.project.toolchain import NEURON_BACKENDS, resolve_backend, toolchain_versions, version
 from neuron_build.util import canonical_json, file_sha256, sha256_hex, write_atomic
 
 KEY_FORMAT = 2
@@ -68,6 +68,15 @@ KEY_ENV: dict[str, dict[str, str]] = {
         "PYTORCH_JIT": "PYTORCH_JIT=0 turns torch.jit.script/trace into no-ops, a different artifact",
     },
 }
+# torchneuron: NEURON_CC_FLAGS is appended to the profile's flags; the opt level, the LNC and the fallback
+# switch are set by the backend from the profile (so they are in the key through the compiler args)
+KEY_ENV["torchneuron"] = {
+    "NEURON_CC_FLAGS": "extra neuronx-cc flags, appended to the profile's; the literal string is part of "
+                       "TorchNeuron's NEFF cache key [code: toolchain notes]",
+    "NEURON_PLATFORM_TARGET_OVERRIDE": "the platform target TorchNeuron compiles for [guess: toolchain notes, "
+                                       "vLLM's override]",
+}
+KEY_ENV["compile-cache"] = dict(KEY_ENV["inductor"])
 
 
 def key_env(backend: str, environ: dict[str, str]) -> dict[str, str]:
@@ -209,8 +218,8 @@ class KeyMaker:
                  recorded: dict[str, list[str]] | None = None, exclude: tuple[Path, ...] = ()):
         self.project = project
         build = project.config.build
-        self.backend, self.backend_note = resolve_backend(backend or build.backend)
-        self.hardware_target = build.target if self.backend == "neuron" else build.device
+        self.backend, self.backend_note = resolve_backend(backend or build.backend, build.target)
+        self.hardware_target = build.target if self.backend in NEURON_BACKENDS else build.device
         self.environ = dict(os.environ if environ is None else environ)
         self.digests = DigestCache(project.state_dir / "digests.json")
         self.recorded: dict[str, list[str]] = dict(recorded or {})

@@ -63,6 +63,7 @@ def clear_caches() -> None:
     """Forget cached metadata (tests that switch the installed toolchain within one process)."""
     version.cache_clear()
     _requires.cache_clear()
+    torch_neuronx_api.cache_clear()
 
 
 def torch_requirement(dist: str = "torch-neuronx") -> str | None:
@@ -194,8 +195,72 @@ def compiler_executable(timeout_s: float = 60.0) -> CompilerExecutable:
     return CompilerExecutable(path, m.group(1), output=out)
 
 
-def resolve_backend(requested: str) -> tuple[str, str | None]:
-    """Resolve ``auto`` to ``neuron`` when the real toolchain is usable, else ``inductor``.
+#: The backends that compile for a Neuron hardware target (``[build] target``).
+NEURON_BACKENDS = ("neuron", "torchneuron")
+#: Neuron targets TorchNeuron serves (public beta in Neuron 2.33: trn2 and trn3 only) [doc].
+TORCHNEURON_TARGETS = ("trn2", "trn3")
+
+#: Run in a fresh interpreter by :func:`torch_neuronx_api`: which API the installed torch_neuronx has.
+_API_PROBE = r"""
+import json, sys
+out = {"imports": False, "trace": False, "native": False, "dynamo_backend": False, "error": None}
+try:
+    import torch, torch_neuronx
+    out["imports"] = True
+    out["trace"] = callable(getattr(torch_neuronx, "trace", None))
+    out["native"] = torch._C._get_privateuse1_backend_name() == "neuron" and hasattr(torch, "neuron")
+    out["dynamo_backend"] = "neuron" in torch._dynamo.list_backends(exclude_tags=())
+except Exception as e:
+    out["error"] = f"{type(e).__name__}: {e}"[:300]
+print(json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class TorchNeuronxApi:
+    """Which torch-neuronx product is installed, told apart by API, never by package name or version:
+    ``xla`` (``torch_neuronx.trace`` exists: the XLA library, the ``neuron`` backend's path, the only one on
+    trn1/inf2), ``native`` (importing it registers the ``neuron`` device through PrivateUse1 and the
+    ``neuron`` Dynamo backend: TorchNeuron, the ``torchneuron`` backend's path) [doc; guess: probe both],
+    ``none`` (neither: the PyPI placeholder, or a module that does not import; ``error`` says why)."""
+
+    kind: str
+    trace: bool = False
+    native: bool = False
+    dynamo_backend: bool = False
+    error: str | None = None
+
+    @property
+    def description(self) -> str:
+        return {"xla": "XLA torch-neuronx (torch_neuronx.trace): backend neuron",
+                "native": "TorchNeuron, the native backend (the neuron device, torch.compile(backend=\"neuron\")): "
+                          "backend torchneuron",
+                }.get(self.kind, f"neither API ({self.error or 'no trace and no neuron device'})")
+
+
+@cache
+def torch_neuronx_api(timeout_s: float = 120.0) -> TorchNeuronxApi:
+    """Probe the installed torch_neuronx's API in a fresh interpreter (importing it registers devices and
+    costs seconds, so never in this process; cached per process). Only called when the metadata says a
+    usable toolchain is installed (:func:`neuron_status`). Never raises."""
+    import json
+    import sys
+
+    try:
+        proc = subprocess.run([sys.executable, "-c", _API_PROBE], capture_output=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL)
+        d = json.loads(proc.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
+        return TorchNeuronxApi("none", error=f"the probe failed: {e}")
+    kind = "native" if d.get("native") else ("xla" if d.get("trace") else "none")
+    return TorchNeuronxApi(kind, bool(d.get("trace")), bool(d.get("native")), bool(d.get("dynamo_backend")),
+                           d.get("error"))
+
+
+def resolve_backend(requested: str, target: str | None = None) -> tuple[str, str | None]:
+    """Resolve ``auto``: ``torchneuron`` when the toolchain is usable, ``target`` is trn2/trn3 and the
+    installed torch-neuronx is the native one (by API, :func:`torch_neuronx_api`); ``neuron`` when the
+    toolchain is usable otherwise; else ``inductor``.
 
     Returns:
         (backend, note): ``note`` says why ``auto`` fell back, else None.
@@ -204,6 +269,13 @@ def resolve_backend(requested: str) -> tuple[str, str | None]:
         return requested, None
     st = neuron_status()
     if st.usable:
+        api = torch_neuronx_api()
+        if api.kind == "native":
+            if target in TORCHNEURON_TARGETS:
+                return "torchneuron", None
+            return "inductor", (f"backend auto: using inductor because the installed torch-neuronx is TorchNeuron "
+                                f"(the native backend), which serves only {'/'.join(TORCHNEURON_TARGETS)}, and "
+                                f"target = \"{target}\"; trn1 and inf2 need the XLA torch-neuronx (backend neuron)")
         return "neuron", None
     reason = st.problem[0].lower() + st.problem[1:] if st.problem else ""
     return "inductor", f"backend auto: using inductor because {reason}"
@@ -225,9 +297,9 @@ def announce_backend(note: str | None) -> bool:
 
 def toolchain_versions(backend: str) -> dict[str, str | None]:
     """The compiler versions that are part of the key and the manifest for ``backend``: torch, and for
-    neuron the versions of :data:`NEURON_DISTS` from package metadata."""
+    neuron and torchneuron the versions of :data:`NEURON_DISTS` from package metadata."""
     out: dict[str, str | None] = {"torch": version("torch")}
-    if backend == "neuron":
+    if backend in NEURON_BACKENDS:
         out.update(neuron_status().versions)
     return out
 

@@ -25,6 +25,7 @@ from neuron_build.release.records import (
     ChannelPointer,
     HistoryEntry,
     actor,
+    check_channel,
     find_release,
     get_history,
     get_pointer,
@@ -51,14 +52,6 @@ class PromotionRefused(UserError):
     def __init__(self, message: str, entry: dict[str, Any]):
         super().__init__(message)
         self.entry = entry
-
-
-def check_channel(settings: ReleaseSettings, channel: str, flag: str) -> None:
-    """Raise :class:`UserError` (naming ``flag`` and the declared channels) unless ``channel`` is declared
-    under ``[release]``."""
-    if channel not in settings.channels:
-        raise UserError(f"unknown channel '{channel}' ({flag}); channels under [release] in buckets.toml: "
-                        f"{', '.join(settings.channels)}")
 
 
 def rollbacks_of(store: ArtifactStore, settings: ReleaseSettings, model: str, release: str) -> list[dict[str, Any]]:
@@ -94,7 +87,7 @@ def check_waivers(waive: Iterable[str], reason: str, allow_unvalidated: bool = F
 def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str, *, release: str | None = None,
             from_channel: str | None = None, reason: str = "", allow_unvalidated: bool = False,
             device_kind: str | None = None, before_swap: Callable[[], None] | None = None,
-            waive: Iterable[str] = ()) -> dict[str, Any]:
+            waive: Iterable[str] = (), factory_root=None) -> dict[str, Any]:
     """Promote a release (by id) or the release another channel holds into channel ``to``.
 
     Reads ``to``'s pointer and its token, evaluates the gates against the release it points at, then swaps
@@ -110,6 +103,7 @@ def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str
         device_kind: override the channel's serving device kind (``[release]``) for the gates.
         before_swap: called after the first round's gates and before its swap (tests use it to line up a
             race).
+        factory_root: where a compile-cache release's model factory imports from for the warm-up gate.
 
     Returns:
         The history line of the promotion as JSON (``version`` is the channel's new version).
@@ -159,7 +153,8 @@ def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str
         seen = ChannelPointer.from_json(raw)
         seen_version = seen.version if seen else 0
         baseline = get_release(store, model, seen.release) if seen else None
-        gates = evaluate_gates(store, settings, rel, to, from_channel, baseline, kind, allow_unvalidated, waivers)
+        gates = evaluate_gates(store, settings, rel, to, from_channel, baseline, kind, allow_unvalidated, waivers,
+                               factory_root=factory_root)
         if before_swap is not None and attempt == 1:
             before_swap()
         entry = HistoryEntry(time=utc_now(), who=actor(), action="promote", model=model, channel=to,

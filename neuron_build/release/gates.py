@@ -1,5 +1,6 @@
-"""The seven promotion gates, evaluated in :data:`GATES` order: channel order, validation, artifact count, op
-count, latency, compile-time p95 and the serving toolchain.
+"""The eight promotion gates, evaluated in :data:`GATES` order: channel order, validation, artifact count, op
+count, latency, compile-time p95, the serving toolchain and, for compile-cache and torchneuron releases,
+the fresh-process warm-up (:mod:`neuron_build.release.warmup`).
 
 The validation and latency gates read stored results; result records live beside artifacts
 (:meth:`neuron_build.store.contract.ArtifactStore.put_result`), never in the key:
@@ -32,7 +33,7 @@ from neuron_build.util import percentile, ratio_ci
 
 #: The order in which promotion gates are evaluated and reported.
 GATES = ("channel_order", "validated", "artifact_count", "op_count", "latency", "compile_time_p95",
-         "serving_toolchain")
+         "serving_toolchain", "warmup")
 
 
 @dataclass(frozen=True)
@@ -306,9 +307,21 @@ def waive(check: GateCheck, reason: str) -> GateCheck:
                      {**check.figures, "waived": True, "waiver_reason": reason}, waived=True)
 
 
+def warmup_gate(store: ArtifactStore, release: Release, device_kind: str, factory_root=None,
+                allow_not_checked: bool = False) -> GateCheck:
+    """Did a fresh-process warm-up of the pulled release compile nothing on ``device_kind``? Passes for
+    releases of other backends (``applies: false``); "not checked" (no NeuronCore or CUDA device here) never
+    passes unless ``allow_not_checked``. See :func:`neuron_build.release.warmup.warmup_verdict`."""
+    from neuron_build.release.warmup import GATE, warmup_verdict
+
+    passed, message, figures = warmup_verdict(store, release, device_kind, factory_root, allow_not_checked)
+    return GateCheck(GATE, passed, message, figures)
+
+
 def evaluate_gates(store: ArtifactStore, settings: ReleaseSettings, release: Release, to: str,
                    from_channel: str | None, baseline: Release | None, device_kind: str,
-                   allow_unvalidated: bool = False, waivers: dict[str, str] | None = None) -> list[GateCheck]:
+                   allow_unvalidated: bool = False, waivers: dict[str, str] | None = None,
+                   factory_root=None) -> list[GateCheck]:
     """Every gate of a promotion of ``release`` into ``to``, in :data:`GATES` order.
 
     Args:
@@ -317,6 +330,12 @@ def evaluate_gates(store: ArtifactStore, settings: ReleaseSettings, release: Rel
         allow_unvalidated: a failed validation gate passes, marked ``overridden`` in its figures.
         waivers: gate name -> the reason it may fail (:data:`WAIVABLE`); a failed gate named here passes
             with verdict ``waived`` (:func:`waive`). A passing gate is not affected.
+
+
+        device_kind: where ``to`` is served: validation and p99 results are read for it.
+        allow_unvalidated: a failed validation gate passes, marked ``overridden`` in its figures; so does
+            a warm-up that could not be checked on this host.
+        factory_root: where a compile-cache release's model factory imports from (the project folder).
     """
     waivers = dict(waivers or {})
     val = validation_gate(store, release.keys, device_kind)
@@ -335,6 +354,7 @@ def evaluate_gates(store: ArtifactStore, settings: ReleaseSettings, release: Rel
         latency_gate(store, cand_b, base_b, device_kind, settings.max_latency_ratio, settings.latency_confidence),
         compile_time_gate(release, settings.max_compile_time_p95_s),
         serving_toolchain_gate(release, settings, to),
+        warmup_gate(store, release, device_kind, factory_root, allow_unvalidated),
     ]
     return [waive(g, waivers[g.name]) if not g.passed and g.name in waivers else g for g in checks]
 
@@ -366,4 +386,5 @@ __all__ = [
     "order_gate",
     "serving_toolchain_gate",
     "validation_gate",
+    "warmup_gate",
 ]

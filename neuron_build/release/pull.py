@@ -20,8 +20,7 @@ from typing import Any
 from neuron_build.artifact import release_version_problem
 from neuron_build.errors import UserError
 from neuron_build.project.config import ReleaseSettings
-from neuron_build.release.channels import check_channel
-from neuron_build.release.records import actor, get_pointer, get_release
+from neuron_build.release.records import actor, check_channel, get_pointer, get_release
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.manifest import MANIFEST
 from neuron_build.util import fsync_path, read_json, swap_in_folder, utc_now, write_json_atomic
@@ -139,8 +138,20 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
     if not ptr:
         raise UserError(f"channel {model}/{channel} holds no release; promote one into it first")
     rel = get_release(store, model, ptr.release)
+    return pull_release(store, rel, dest, channel=channel, channel_version=ptr.version, warn=warn)
+
+
+def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | None = None,
+                 channel_version: int | None = None, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Write one release (a :class:`neuron_build.release.records.Release`) into ``dest``, as :func:`pull`
+    does for the release a channel holds (the warm-up gate pulls a release before it is in a channel).
+
+    Raises:
+        UserError: as :func:`pull`.
+    """
+    model = rel.model
     problem = release_version_problem(rel.backend, rel.toolchain, [(a.loader, a.artifact) for a in rel.artifacts],
-                                      f"release {rel.id} of {model} ({channel})")
+                                      f"release {rel.id} of {model} ({channel or 'not in a channel'})")
     if problem:
         raise UserError(problem)
     dest = check_dest(dest)
@@ -184,10 +195,12 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
                 "files": {f"{a.bucket_id}/{n}": ent for n, ent in a.files.items()}})
         rt = rel.runtime
         doc = {"format": PULL_FORMAT, "release": rel.id, "model": model, "channel": channel,
-               "channel_version": ptr.version, "dtype": rel.dtype, "profile": rel.profile,
+               "channel_version": channel_version, "dtype": rel.dtype, "profile": rel.profile,
                "backend": rel.backend, "hardware_target": rel.hardware_target, "dims": rt["dims"],
                "inputs": rt["inputs"], "truncate": rt["truncate"], "convert_dtypes": rt["convert_dtypes"],
                "buckets": buckets, "toolchain": rel.toolchain, "pulled": utc_now(), "pulled_by": actor()}
+        if rt.get("serving") is not None:  # compile-cache / torchneuron: how serving rebuilds and compiles the model
+            doc["serving"] = rt["serving"]
         (staging / "release.json").write_text(json.dumps(doc, indent=2) + "\n")
         written.append("release.json")
         write_json_atomic(staging / MARKER, {"format": PULL_FORMAT, "release": rel.id, "model": model,
@@ -206,4 +219,4 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
     return doc
 
 
-__all__ = ["MARKER", "PULL_FORMAT", "check_dest", "pull"]
+__all__ = ["MARKER", "PULL_FORMAT", "check_dest", "pull", "pull_release"]

@@ -122,7 +122,9 @@ class Release:
         artifacts: one entry per bucket.
         toolchain: package -> version of the toolchain every bucket was built with.
         runtime: what serving needs: ``dims``, ``inputs`` (``name``, symbolic ``shape``, ``dtype``, ``pad``),
-            ``truncate``, ``convert_dtypes``.
+            ``truncate``, ``convert_dtypes``; for the compile-cache and torchneuron backends also ``serving``
+            (the model's ``factory``, ``kwargs``, ``dtype``, the ``torch_compile`` settings, the ``env`` to set
+            and the ``device``: see :func:`neuron_build.compilers.compile_cache.serving_settings`).
         metrics: ``op_count_total``, ``compile_time_p95_s`` and ``compile_time_max_s`` (seconds),
             ``artifact_bytes_total`` (bytes) and ``artifacts`` (target id -> per-bucket summary).
         git_commit, git_dirty: the checkout it was made from (None outside git).
@@ -327,6 +329,14 @@ def git_state(folder: Path) -> tuple[str | None, bool | None]:
         return None, None
 
 
+def check_channel(settings, channel: str, flag: str) -> None:
+    """Raise :class:`UserError` (naming ``flag`` and the declared channels) unless ``channel`` is declared
+    under ``[release]`` (``settings``: :class:`neuron_build.project.config.ReleaseSettings`)."""
+    if channel not in settings.channels:
+        raise UserError(f"unknown channel '{channel}' ({flag}); channels under [release] in buckets.toml: "
+                        f"{', '.join(settings.channels)}")
+
+
 def release_id(content: dict[str, Any]) -> str:
     """``r-`` + the first 16 hex digits of the sha256 over the canonical JSON of ``content``."""
     return "r-" + sha256_hex(canonical_json(content))[:16]
@@ -522,6 +532,9 @@ def create_release(builder, model: str, dtype: str | None = None, profile: str |
                    for i in spec.inputs],
         "truncate": spec.truncate, "convert_dtypes": spec.convert_dtypes}
     first = found[0][2]
+    serving = (first.compiler or {}).get("serving")
+    if serving is not None:  # compile-cache / torchneuron: the artifact is a cache; serving rebuilds the model
+        runtime["serving"] = serving
     draft = Release(id="", format=RELEASE_FORMAT, model=model, dtype=dtype, profile=profile, backend=first.backend,
                     hardware_target=first.hardware_target, artifacts=tuple(artifacts), toolchain=first.toolchain,
                     runtime=runtime)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 FAKES_DIR = Path(__file__).resolve().parent
 BIN_DIR = FAKES_DIR / "bin"
-VARIANTS = ("neuron_sdk", "other_torch", "placeholder")
+VARIANTS = ("neuron_sdk", "other_torch", "placeholder", "torchneuron_sdk")
 # Variants that ship the neuronx-cc executable (the PyPI placeholder has none).
-_WITH_COMPILER = ("neuron_sdk", "other_torch")
+_WITH_COMPILER = ("neuron_sdk", "other_torch", "torchneuron_sdk")
 
 # keyword -> environment variable
 SWITCHES = {
@@ -34,6 +34,11 @@ SWITCHES = {
     "calls": "FAKE_NEURONX_CC_CALLS",                # file: one JSON line per compile
     "mem_mb": "FAKE_NEURONX_CC_MEM_MB",              # MB the compiler holds while compiling
     "hang_max": "FAKE_NEURONX_CC_HANG_MAX",          # seconds a "hang" lasts at most (default 600)
+    # torchneuron_sdk (the native TorchNeuron double)
+    "torchneuron_fail": "FAKE_TORCHNEURON_FAIL",     # "compile": every graph compile fails
+    "graph_break": "FAKE_TORCHNEURON_GRAPH_BREAK",   # True: every module call breaks the graph
+    "torchneuron_sleep": "FAKE_TORCHNEURON_SLEEP",   # seconds per graph compile
+    "torchneuron_calls": "FAKE_TORCHNEURON_CALLS",   # file: one JSON line per graph compile or cache hit
 }
 
 
@@ -52,7 +57,8 @@ def neuron_env(variant: str | None = "neuron_sdk", *, base: Mapping[str, str] | 
                **switches) -> dict:
     """A copy of `base` (default os.environ) set up for the test double.
 
-    variant: "neuron_sdk", "other_torch", "placeholder", or None (no toolchain at all).
+    variant: "neuron_sdk", "other_torch", "placeholder", "torchneuron_sdk" (TorchNeuron, the native
+        backend), or None (no toolchain at all).
     switches: keywords of SWITCHES (or FAKE_* names verbatim). True -> "1"; False/None -> unset.
     Any FAKE_* variable already in `base` is dropped first, so the result is hermetic.
     """
