@@ -26,7 +26,6 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +35,8 @@ from neuron_build.errors import UserError
 from neuron_build.status import Status
 from neuron_build.store import layout
 from neuron_build.store.contract import Lookup
-from neuron_build.store.layout import imports_path
 from neuron_build.store.manifest import MANIFEST, Manifest
+from neuron_build.store.objects import JsonObjects
 from neuron_build.store.records import FailureRecord, TargetRecord
 from neuron_build.util import (
     canonical_json,
@@ -109,7 +108,7 @@ class ReadOnlyStore(OSError):
     """A write was asked of a store opened read-only (or on a read-only folder)."""
 
 
-class LocalStore:
+class LocalStore(JsonObjects):
     """A store in a local folder (or a shared mount). Implements
     :class:`~neuron_build.store.contract.ArtifactStore`.
 
@@ -250,17 +249,6 @@ class LocalStore:
             tmp.unlink(missing_ok=True)
 
     # -- manifests --------------------------------------------------------------------------------
-    def raw_manifest(self, key: str) -> dict[str, Any] | None:
-        """The stored manifest of ``key`` as parsed JSON, unchecked; None when absent or not JSON."""
-        data = self.get_object(layout.manifest_path(key))
-        if data is None:
-            return None
-        try:
-            raw = json.loads(data)
-        except ValueError:
-            return None
-        return raw if isinstance(raw, dict) else None
-
     def put_manifest(self, key: str, raw: dict[str, Any]) -> bool:
         self._writable()
         done = write_atomic(self.path(layout.manifest_path(key)), json_bytes(raw), create_only=True)
@@ -592,31 +580,6 @@ class LocalStore:
         found = [os.path.join(d, name) for d, _, files in os.walk(base) if name in files]  # faster than rglob
         for f in sorted(found, key=lambda x: x.split(os.sep)):  # the order of sorted(Path, ...)
             yield Path(os.path.relpath(os.path.dirname(f), top)).as_posix(), read_json(Path(f))
-
-    def targets(self, model: str, bucket_id: str | None = None) -> Iterator[TargetRecord]:
-        for tid, raw in self._records("last.json", model, bucket_id):
-            rec = TargetRecord.from_json(raw)
-            if rec is not None:
-                yield rec if rec.target == tid else replace(rec, target=tid)
-
-    def all_targets(self) -> Iterator[TargetRecord]:
-        for tid, raw in self._records("last.json", None, None):
-            rec = TargetRecord.from_json(raw)
-            if rec is not None:
-                yield rec if rec.target == tid else replace(rec, target=tid)
-
-    def recorded_imports(self, model: str) -> list[str]:
-        raw = read_json(self.root / imports_path(model))
-        files = raw.get("files") if isinstance(raw, dict) else None
-        return sorted(f for f in files if isinstance(f, str)) if isinstance(files, list) else []
-
-    def add_recorded_imports(self, model: str, files: list[str]) -> list[str]:
-        self._writable()
-        have = self.recorded_imports(model)
-        new = sorted(set(have) | set(files))
-        if new != have:
-            write_json_atomic(self.root / imports_path(model), {"model": model, "files": new})
-        return new
 
     def put_failure(self, record: FailureRecord, log: bytes) -> None:
         self._writable()

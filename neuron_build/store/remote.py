@@ -43,7 +43,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +51,7 @@ from neuron_build.store import layout
 from neuron_build.store.contract import Lookup
 from neuron_build.store.local import LocalStore, ReadOnlyStore, check_manifest, is_key, utc_now_us
 from neuron_build.store.manifest import MANIFEST, Manifest
+from neuron_build.store.objects import JsonObjects
 from neuron_build.store.records import FailureRecord, TargetRecord
 from neuron_build.util import file_sha256, fsync_path, json_bytes, sha256_hex, temp_name, write_atomic
 
@@ -447,23 +447,22 @@ class _S3(_Backend):
             body.close()
         return h.hexdigest()
 
-    def size(self, rel):
+    def _head(self, rel) -> dict | None:
+        """``HeadObject`` of ``rel``, or None when there is no such object."""
         try:
-            r = self.client.head_object(Bucket=self.bucket, Key=self.key(rel))
+            return self.client.head_object(Bucket=self.bucket, Key=self.key(rel))
         except Exception as e:
             if self._code(e) in ("NoSuchKey", "404", "NotFound"):
                 return None
             raise
-        return int(r["ContentLength"])
+
+    def size(self, rel):
+        head = self._head(rel)
+        return None if head is None else int(head["ContentLength"])
 
     def modified(self, rel):
-        try:
-            r = self.client.head_object(Bucket=self.bucket, Key=self.key(rel))
-        except Exception as e:
-            if self._code(e) in ("NoSuchKey", "404", "NotFound"):
-                return None
-            raise
-        return r["LastModified"].timestamp()
+        head = self._head(rel)
+        return None if head is None else head["LastModified"].timestamp()
 
 
 #: (options, AWS variables) -> (s3fs filesystem, boto3 client, endpoint): making a client costs ~1 s of CPU
@@ -527,7 +526,7 @@ def _s3_clients(url: str, options: dict[str, Any]) -> tuple[Any, Any, str | None
 
 # ------------------------------------------------------------------------------------------------------
 
-class RemoteStore:
+class RemoteStore(JsonObjects):
     """A store at a URL. Implements :class:`~neuron_build.store.contract.ArtifactStore`.
 
     Args:
@@ -738,16 +737,6 @@ class RemoteStore:
                 tmp.unlink(missing_ok=True)
 
     # -- manifests --------------------------------------------------------------------------------
-    def raw_manifest(self, key: str) -> dict[str, Any] | None:
-        data = self.get_object(layout.manifest_path(key))
-        if data is None:
-            return None
-        try:
-            raw = json.loads(data)
-        except ValueError:
-            return None
-        return raw if isinstance(raw, dict) else None
-
     def put_manifest(self, key: str, raw: dict[str, Any]) -> bool:
         return self.put_object(layout.manifest_path(key), json_bytes(raw), create_only=True)
 
@@ -1003,30 +992,6 @@ class RemoteStore:
         rels = [r for r in self.list_objects(base) if r.rsplit("/", 1)[-1] == name]
         for rel, raw in zip(rels, self._many_json(rels), strict=True):
             yield rel[len("targets/"):].rsplit("/", 1)[0], raw
-
-    def targets(self, model: str, bucket_id: str | None = None) -> Iterator[TargetRecord]:
-        for tid, raw in self._records("last.json", model, bucket_id):
-            rec = TargetRecord.from_json(raw)
-            if rec is not None:
-                yield rec if rec.target == tid else replace(rec, target=tid)
-
-    def all_targets(self) -> Iterator[TargetRecord]:
-        for tid, raw in self._records("last.json", None, None):
-            rec = TargetRecord.from_json(raw)
-            if rec is not None:
-                yield rec if rec.target == tid else replace(rec, target=tid)
-
-    def recorded_imports(self, model: str) -> list[str]:
-        raw = self._get_json(layout.imports_path(model))
-        files = raw.get("files") if isinstance(raw, dict) else None
-        return sorted(f for f in files if isinstance(f, str)) if isinstance(files, list) else []
-
-    def add_recorded_imports(self, model: str, files: list[str]) -> list[str]:
-        have = self.recorded_imports(model)
-        new = sorted(set(have) | set(files))
-        if new != have:
-            self.put_object(layout.imports_path(model), json_bytes({"model": model, "files": new}))
-        return new
 
     def put_failure(self, record: FailureRecord, log: bytes) -> None:
         self.put_object(layout.target_path(record.target, "failure.log"), log)
