@@ -50,7 +50,7 @@ def built(tmp_path_factory):
 
 def test_build_manifest_carries_neffs_and_graph_metrics(built):
     cfg, env, calls = built
-    rows = json.loads(cli(cfg, env, "ls", "--json").stdout)
+    rows = json.loads(cli(cfg, env, "ls", "--json").stdout)["artifacts"]
     assert sorted(r["target"] for r in rows) == ["tiny/b1/fp32/p1", "tiny/b4/fp32/p1"]
     keys = set()
     for row in rows:
@@ -96,12 +96,14 @@ def test_release_gate_pull_and_fresh_warmup(built, tmp_path):
     rel = json.loads(cli(cfg, env, "release", "tiny", "--json").stdout)
     assert rel["runtime"]["serving"]["factory"] == "tinylib.tiny:build"
     r = cli(cfg, env, "promote", "tiny", rel["id"], "--to", "dev", "--json")
-    assert r.returncode == 2 and "FAIL warmup: not checked: no NeuronCore here" in r.stderr, r.stdout + r.stderr
-    hist = json.loads(cli(cfg, env, "history", "tiny", "--channel", "dev", "--json").stdout)
+    assert r.returncode == 3, r.stdout + r.stderr  # refused by a gate
+    refused = next(g for g in json.loads(r.stdout)["gates"] if g["name"] == "warmup")
+    assert (refused["verdict"], refused["message"]) == ("fail", "not checked: no NeuronCore here")
+    hist = json.loads(cli(cfg, env, "history", "tiny", "--channel", "dev", "--json").stdout)["history"]
     gate = next(g for g in hist[-1]["gates"] if g["name"] == "warmup")
     assert gate["passed"] is False and gate["message"] == "not checked: no NeuronCore here"
     assert gate["figures"]["checked"] is False
-    r = cli(cfg, env, "promote", "tiny", rel["id"], "--to", "dev", "--allow-unvalidated", "--json")
+    r = cli(cfg, env, "promote", "tiny", rel["id"], "--to", "dev", "--allow-unvalidated", "--reason", "not validated in tests", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     gate = next(g for g in json.loads(r.stdout)["gates"] if g["name"] == "warmup")
     assert gate["passed"] is True and gate["figures"]["overridden"] is True
@@ -166,7 +168,7 @@ def test_doctor_and_auto_tell_the_products_apart_by_api(built, tmp_path):
     cfg, env, _ = built
     auto = cfg.parent / "auto.toml"
     auto.write_text(cfg.read_text().replace('backend = "torchneuron"', 'backend = "auto"'))
-    plan = {t["target"]: t["state"] for t in json.loads(cli(auto, env, "plan", "--json").stdout)}
+    plan = {t["target"]: t["state"] for t in json.loads(cli(auto, env, "plan", "--json").stdout)["targets"]}
     assert plan["tiny/b1/fp32/p1"] == plan["tiny/b4/fp32/p1"] == "cached"
 
 
@@ -212,7 +214,7 @@ def test_shipped_matrix_on_torchneuron(tmp_path):
 
     r = doit("build")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    rows = json.loads(run_cli("ls", "--json", "-c", str(cfg), env=env).stdout)
+    rows = json.loads(run_cli("ls", "--json", "-c", str(cfg), env=env).stdout)["artifacts"]
     assert len(rows) == 5
     for row in rows:
         m = json.loads(run_cli("show", row["key"], "--json", "-c", str(cfg), env=env).stdout)

@@ -290,9 +290,9 @@ def test_a_read_only_store_serves_plan_ls_show_verify_and_pull(built, shared_tmp
 
     r = as_user("plan", "--json", cfg=cfg)
     assert r.returncode == 0, r.stderr
-    assert {x["target"]: x["state"] for x in json.loads(r.stdout)}[t3] == "missing"
+    assert {x["target"]: x["state"] for x in json.loads(r.stdout)["targets"]}[t3] == "missing"
     r = as_user("ls", "--json", cfg=cfg)
-    assert r.returncode == 0 and len(json.loads(r.stdout)) == 3, r.stderr
+    assert r.returncode == 0 and len(json.loads(r.stdout)["artifacts"]) == 3, r.stderr
     r = as_user("show", t1, "--json", cfg=cfg)
     assert r.returncode == 0 and json.loads(r.stdout)["key"] == keys[t1], r.stderr
     r = as_user("show", keys[t3], cfg=cfg)
