@@ -66,7 +66,7 @@ class JsonObjects:
         have = self.recorded_imports(model)
         new = sorted(set(have) | set(files))
         if new != have:
-            self.put_object(layout.imports_path(model), canonical_json({"model": model, "files": new}).encode())
+            self.put_object(layout.imports_path(model), canonical_json({"model": model, "files": new}))
         return new
 
 
