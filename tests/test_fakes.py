@@ -500,7 +500,7 @@ def test_other_torch_variant(tmp_path):
 
 def test_activate_in_process(monkeypatch, tmp_path):
     """fakes.env.activate: import the double in this process, switch signature, re-import."""
-    torch = pytest.importorskip("torch")
+    import torch  # a dependency of the package: never skipped
     fakes_env.activate(monkeypatch, "neuron_sdk", signature="2.16", has_device=True)
     import inspect
 
