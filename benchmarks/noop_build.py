@@ -121,6 +121,9 @@ def plain_project(d: Path, n: int) -> None:
 
 def run_once(folder: Path, task: str) -> tuple[float, dict]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    # bytecode caches as a user's Python writes them: with PYTHONDONTWRITEBYTECODE set (as on some CI
+    # images) every run would recompile this project's modules but not doit's installed, precompiled ones
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", PROBE.replace('["build"]', f'["{task}"]')], cwd=folder, env=env,

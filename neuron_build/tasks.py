@@ -26,29 +26,24 @@ environment variable. ``doit build retry_failed=0`` skips targets whose current 
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 import sys
+import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from doit import get_var
+from doit import create_after, get_var
 from doit.cmd_base import NamespaceTaskLoader
 from doit.exceptions import TaskFailed
 
-from neuron_build.build.builder import Builder, Outcome
-from neuron_build.build.local import default_jobs
-from neuron_build.errors import ConfigError, UserError, exit_code
-from neuron_build.evaluate.validate import (
-    artifact_device_kind,
-    is_validated,
-    summary_line,
-    tolerance_for,
-    validate_target,
-)
-from neuron_build.log import configure
-from neuron_build.project.config import load_project
-from neuron_build.status import Verdict
-from neuron_build.store.contract import ArtifactStore
+from neuron_build.build.jobs import default_jobs
+
+if TYPE_CHECKING:  # the Builder, the config schema and validation load when a plan is computed, not on a no-op
+    from neuron_build.build.builder import Builder, Outcome
+    from neuron_build.project.plan_cache import Plan
+    from neuron_build.store.contract import ArtifactStore
 
 __all__ = ["DOIT_CONFIG", "BuildSession", "session", "task_build", "task_validate"]
 
@@ -115,10 +110,21 @@ def _retry_failed_var() -> bool:
     return v is None or str(v).strip().lower() not in ("0", "false", "no", "off")
 
 
+def _config_path() -> str:
+    """The configured ``buckets.toml``: the ``config=`` doit variable, then ``NEURON_BUILD_CONFIG``, then
+    ``buckets.toml`` (outside a doit run, doit's ``get_var`` answers None: the environment decides)."""
+    return get_var("config") or os.environ.get("NEURON_BUILD_CONFIG", "buckets.toml")
+
+
 def _load_builder() -> Builder:
-    """A :class:`Builder` for the configured ``buckets.toml`` (``config=`` doit variable, then
-    ``NEURON_BUILD_CONFIG``, then ``buckets.toml``). A config error prints one message and exits 2."""
-    path = get_var("config", os.environ.get("NEURON_BUILD_CONFIG", "buckets.toml"))
+    """A :class:`Builder` for the configured ``buckets.toml`` (:func:`_config_path`). A config error prints
+    one message and exits 2."""
+    from neuron_build.build.builder import Builder
+    from neuron_build.errors import ConfigError, exit_code
+    from neuron_build.log import configure
+    from neuron_build.project.config import load_project
+
+    path = _config_path()
     try:
         project = load_project(path)
     except ConfigError as e:
@@ -137,6 +143,60 @@ def _push_failed(lines: list[str]) -> TaskFailed:
     return TaskFailed("\n".join(lines))
 
 
+def _cached_plan() -> tuple[Plan, Any] | None:
+    """The plan cache's targets and keys for the configured ``buckets.toml`` and the local store they are
+    checked against, when every input of the cached plan is unchanged (see
+    :mod:`neuron_build.project.plan_cache`); None otherwise (then the build plans as usual)."""
+    from neuron_build.project import plan_cache
+    from neuron_build.store.local import LocalStore
+
+    p = Path(_config_path())
+    try:
+        data = p.read_bytes()
+        resolved = p.resolve()
+    except OSError:
+        return None  # the planning path says what is wrong
+    state = ".neuron-build"
+    if b"state_dir" in data:  # only then is the TOML parsed here (the cache checks the bytes anyway)
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            import tomli as tomllib
+        try:
+            build = tomllib.loads(data.decode("utf-8")).get("build")
+        except ValueError:
+            return None
+        state = build.get("state_dir", state) if isinstance(build, dict) else state
+        if not isinstance(state, str):
+            return None
+    plan, _ = plan_cache.load(resolved.parent / state, resolved, data)
+    if plan is None:
+        return None
+    try:
+        store = LocalStore(Path(plan.store))
+        recorded = {m: store.recorded_imports(m) for m in plan.recorded}
+    except (OSError, ValueError):
+        return None
+    return (plan, store) if plan_cache.recorded_match(plan, recorded) else None
+
+
+def _save_plan(b: Builder) -> None:
+    """Write the plan cache of ``b``'s plan (best effort) when a later no-op may use it: a local store
+    without a remote, the local executor (else the no-op path has more to do than check the store)."""
+    from neuron_build.project import plan_cache
+    from neuron_build.project.keys import KEY_ENV
+    from neuron_build.store.local import LocalStore
+
+    p = b.project
+    if (not isinstance(b.store, LocalStore) or p.remote_url() is not None or p.config.build.executor != "local"
+            or not p.config_sha256):
+        return
+    plan_cache.write(p.state_dir, config_path=p.path, config_sha256=p.config_sha256, log=b.keys.inputs,
+                     env_names=[n for names in KEY_ENV.values() for n in names], recorded=b.keys.recorded,
+                     store=str(b.store.root), backend=b.keys.backend, hardware_target=b.keys.hardware_target,
+                     targets=[(t.id, b.key(t).key) for t in b.targets])
+
+
 def _is_built(store: ArtifactStore, key: str, hits: list[str] | None = None, target_id: str = "") -> bool:
     """``uptodate`` of a ``build:`` task: the store holds a complete artifact for ``key`` here. A hit on a
     read-through store's remote runs the task, which downloads the artifact and verifies every blob. A
@@ -146,6 +206,11 @@ def _is_built(store: ArtifactStore, key: str, hits: list[str] | None = None, tar
     if done and hits is not None:
         hits.append(target_id)
     return done
+
+
+# doit reads the signature of every uptodate callable on every status check (for its magic ``task`` and
+# ``values`` arguments); computed once here instead of 1,000 times on a no-op build of 1,000 targets
+_is_built.__signature__ = inspect.signature(_is_built)  # type: ignore[attr-defined]
 
 
 class BuildSession(NamespaceTaskLoader):
@@ -180,12 +245,18 @@ class BuildSession(NamespaceTaskLoader):
         self.hits: list[str] = []
         self.namespace = {"DOIT_CONFIG": DOIT_CONFIG, "task_build": self.task_build,
                           "task_validate": self.task_validate}
+        self._own_builder = builder is None
+        self._lock = threading.Lock()
+        #: the plan cache's (plan, local store) when this session's build tasks came from it
+        self._plan: tuple[Plan, Any] | None = None
 
     @property
     def builder(self) -> Builder:
-        """The session's Builder (made on first use when none was given)."""
+        """The session's Builder (made on first use when none was given, once for every runner thread)."""
         if self._builder is None:
-            self._builder = _load_builder()
+            with self._lock:
+                if self._builder is None:
+                    self._builder = _load_builder()
         return self._builder
 
     def load_doit_config(self) -> dict[str, Any]:
@@ -218,13 +289,30 @@ class BuildSession(NamespaceTaskLoader):
 
     def flush_hits(self) -> None:
         """Write the cache hits collected so far to the build ledger (one object), then forget them."""
-        if self.hits and self._builder is not None:
-            hits, self.hits[:] = list(self.hits), []
+        if not self.hits:
+            return
+        hits, self.hits[:] = list(self.hits), []
+        if self._builder is not None:
             self._builder.record_cache_hits(hits)
+        elif self._plan is not None:  # a no-op from the plan cache: its keys, its store
+            from neuron_build.store import ledger
+
+            plan, store = self._plan
+            keys = plan.keys()
+            try:
+                ledger.append_cache_hits(store, [(t, keys[t]) for t in hits if t in keys], "LocalExecutor",
+                                         plan.backend)
+            except OSError:
+                pass  # best effort, like every ledger write
 
     # -- build ----------------------------------------------------------------------------------------
     def task_build(self) -> Iterator[dict[str, Any]]:
         """Compile every target of the matrix that the store does not hold yet."""
+        if self._own_builder and self._builder is None:
+            self._plan = _cached_plan()
+            if self._plan is not None:  # nothing the keys read changed: no config parse, no key computed
+                yield from self._tasks_from_plan(*self._plan)
+                return
         b = self.builder
         b.store.clean_staging()
         unpushed = b.push_pending()
@@ -240,9 +328,25 @@ class BuildSession(NamespaceTaskLoader):
                 "uptodate": [(_is_built, [b.store, key, self.hits, t.id])],
             }
         b.keys.save()
+        if self._own_builder:
+            _save_plan(b)
+
+    def _tasks_from_plan(self, plan: Plan, store: Any) -> Iterator[dict[str, Any]]:
+        """The ``build:`` tasks of a cached plan, checked against its local store (the same tasks as the
+        planned ones: an action that runs makes the Builder, which plans again)."""
+        store.clean_staging()
+        for tid, key in plan.targets:
+            yield {
+                "name": tid,
+                "doc": f"compile {tid} ({plan.backend}, {plan.hardware_target})",
+                "actions": [(self._build, [tid])],
+                "uptodate": [(_is_built, [store, key, self.hits, tid])],
+            }
 
     def _build(self, target_id: str):
         b = self.builder
+        if target_id not in b.by_id:  # the plan cache was stale after all (an input changed meanwhile)
+            return TaskFailed(f"{target_id}: no longer in the matrix of {b.project.path}; run the build again")
         _die_with_parent()
         b.announce_backend()  # once per process, on the first compile it runs
         retry = self.retry_failed if self.retry_failed is not None else _retry_failed_var()
@@ -272,8 +376,11 @@ class BuildSession(NamespaceTaskLoader):
         return line
 
     # -- validate -------------------------------------------------------------------------------------
+    @create_after()  # made only when a validate task is selected: `doit build` never builds these 1,000s
     def task_validate(self) -> Iterator[dict[str, Any]]:
         """Check every target's artifact against the eager fp32 CPU reference (builds it first)."""
+        from neuron_build.evaluate.validate import artifact_device_kind, is_validated, tolerance_for
+
         b = self.builder
         kind = artifact_device_kind(b.keys.backend, b.keys.hardware_target)
         for t in b.targets:
@@ -290,6 +397,10 @@ class BuildSession(NamespaceTaskLoader):
             }
 
     def _validate(self, target_id: str):
+        from neuron_build.errors import UserError
+        from neuron_build.evaluate.validate import summary_line, validate_target
+        from neuron_build.status import Verdict
+
         b = self.builder
         t = b.by_id[target_id]
         try:
@@ -322,6 +433,7 @@ def task_build():
     yield from session().task_build()
 
 
+@create_after()
 def task_validate():
     """Check every target's artifact against the eager fp32 CPU reference (builds it first)."""
     yield from session().task_validate()

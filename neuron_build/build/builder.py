@@ -414,13 +414,10 @@ class Builder:
     def record_cache_hits(self, target_ids: list[str]) -> None:
         """Write one ledger object listing a ``cached`` record for each of ``target_ids`` (targets doit found
         up to date without calling :meth:`build`); best effort, like every ledger write."""
-        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
-        host, executor = socket.gethostname(), getattr(self.executor, "name", type(self.executor).__name__)
-        recs = [ledger.LedgerRecord(target=tid, key=self.key(self.by_id[tid]).key, event="cached", status="PASS",
-                                    time=now, host=host, executor=executor, backend=self.keys.backend)
-                for tid in dict.fromkeys(target_ids) if tid in self.by_id]
+        executor = getattr(self.executor, "name", type(self.executor).__name__)
+        hits = [(tid, self.key(self.by_id[tid]).key) for tid in target_ids if tid in self.by_id]
         try:
-            ledger.append_batch(self.store, recs)
+            ledger.append_cache_hits(self.store, hits, executor, self.keys.backend)
         except OSError as e:
             get_logger().warning("could not write the ledger records of the cache hits", error=str(e))
 

@@ -34,6 +34,7 @@ from pydantic import (
 
 from neuron_build.errors import ConfigError
 from neuron_build.project.compiler_args import normalize_compiler_args
+from neuron_build.util import sha256_hex
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -492,10 +493,12 @@ class ConfigFile(_Frozen):
 
 @dataclass(frozen=True)
 class Project:
-    """A loaded ``buckets.toml`` and the folder it lives in (against which relative paths resolve)."""
+    """A loaded ``buckets.toml`` and the folder it lives in (against which relative paths resolve).
+    ``config_sha256``: the sha256 (hex) of the bytes that were parsed (the plan cache keys on it)."""
 
     path: Path
     config: ConfigFile
+    config_sha256: str = ""
 
     @property
     def root(self) -> Path:
@@ -818,8 +821,9 @@ def load_project(path: str | Path | None = None) -> Project:
         where = (f"looked in {p.resolve().parent} and its parents" if path is None
                  else f"looked in {p.resolve().parent}")
         raise ConfigError(shown, [f"file not found; create it, pass -c PATH or set NEURON_BUILD_CONFIG ({where})"])
+    raw = p.read_bytes()
     try:
-        data = tomllib.loads(p.read_bytes().decode("utf-8"))
+        data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise ConfigError(shown, [f"not UTF-8 text: {e}"]) from None
     except tomllib.TOMLDecodeError as e:
@@ -835,4 +839,4 @@ def load_project(path: str | Path | None = None) -> Project:
     faults = _cross_checks(cfg, root)
     if faults:
         raise ConfigError(shown, faults)
-    return Project(path=p.resolve(), config=cfg)
+    return Project(path=p.resolve(), config=cfg, config_sha256=sha256_hex(raw))

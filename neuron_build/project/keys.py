@@ -34,6 +34,7 @@ from typing import Any
 from neuron_build.project.compiler_args import key_args
 from neuron_build.project.config import Project
 from neuron_build.project.matrix import Target
+from neuron_build.project.plan_cache import InputLog
 from neuron_build.project.sources import glob_sources, local_imports
 from neuron_build.project.toolchain import NEURON_BACKENDS, resolve_backend, toolchain_versions, version
 from neuron_build.util import canonical_json, file_sha256, sha256_hex, write_atomic
@@ -85,13 +86,15 @@ def key_env(backend: str, environ: dict[str, str]) -> dict[str, str]:
     return {k: environ[k] for k in sorted(allowed) if k in environ}
 
 
-def digest_entries(root: Path, entry: str, digest) -> dict[str, str]:
+def digest_entries(root: Path, entry: str, digest, observe: Any = None) -> dict[str, str]:
     """The key entries of one ``weights`` item: name -> sha256 (``digest(path)``) of each file.
 
     A file under ``root`` is named by its path relative to ``root``; one outside by its file name only
     (``<outside>/w.bin``), so a moved checkout or another mount computes the same key. A folder means every
     file under it (hidden files and folders left out), in sorted order of their relative paths. A missing
-    path is :data:`MISSING` (the config check reports it as "not found" first).
+    path is :data:`MISSING` (the config check reports it as "not found" first). ``observe`` (an
+    :class:`~neuron_build.project.plan_cache.InputLog`) notes each folder before it is listed and each file
+    before it is read.
     """
     p = Path(entry)
     p = p if p.is_absolute() else root / p
@@ -102,16 +105,33 @@ def digest_entries(root: Path, entry: str, digest) -> dict[str, str]:
         name = f"<outside>/{p.name}"
     except OSError:
         return {entry: MISSING}
+    if observe is not None:
+        observe.folder(p)
     if p.is_dir():
-        out = {}
-        for f in sorted(p.rglob("*"), key=lambda x: x.relative_to(p).as_posix()):
-            rel = f.relative_to(p)
-            if f.is_file() and not any(part.startswith(".") for part in rel.parts):
-                out[f"{name}/{rel.as_posix()}"] = digest(f)
-        return out
+        found: list[tuple[str, Path]] = []
+        if observe is not None:
+            observe.listing(p)
+        for dirpath, dirnames, filenames in os.walk(p):  # top-down: a folder is noted before it is listed
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            if observe is not None:
+                for d in dirnames:
+                    observe.listing(os.path.join(dirpath, d))
+            for fn in filenames:
+                f = Path(dirpath, fn)
+                if not fn.startswith(".") and f.is_file():
+                    found.append((f.relative_to(p).as_posix(), f))
+        return {f"{name}/{rel}": _observed(observe, digest, f) for rel, f in sorted(found)}
+    if observe is not None:
+        observe.file(p)
     if not p.is_file():
         return {name: MISSING}
     return {name: digest(p)}
+
+
+def _observed(observe: Any, digest, f: Path) -> str:
+    if observe is not None:
+        observe.file(f)
+    return digest(f)
 
 
 class DigestCache:
@@ -232,6 +252,8 @@ class KeyMaker:
         #: (component, id of its value) -> (value, canonical JSON, sha256); the value is kept so the id
         #: cannot be reused by another object while the entry lives
         self._json_cache: dict[tuple[str, int], tuple[Any, bytes, str]] = {}
+        #: every file-system fact the keys computed so far depend on (for the plan cache)
+        self.inputs = InputLog()
 
     def static_sources(self, name: str) -> dict[str, str]:
         """Project file (relative POSIX path) -> sha256 of every source a model's factory runs that static
@@ -244,19 +266,23 @@ class KeyMaker:
         p = self.project
         m = p.config.models[name]
         root = p.root.resolve()
-        files = set(local_imports(p.factory_file(name), root, self.exclude, module=m.module))
-        files.update(glob_sources(root, m.sources))
-        sources = {f.relative_to(root).as_posix(): file_sha256(f) for f in sorted(files)}
+        log = self.inputs
+        files = set(local_imports(p.factory_file(name), root, self.exclude, module=m.module, observe=log))
+        if m.sources:
+            globbed = glob_sources(root, m.sources)
+            log.glob(root, m.sources, globbed)
+            files.update(globbed)
+        sources = {f.relative_to(root).as_posix(): _observed(log, file_sha256, f) for f in sorted(files)}
         weights: dict[str, str] = {}
         for w in m.weights:
-            weights.update(digest_entries(root, w, self.digests.digest))
+            weights.update(digest_entries(root, w, self.digests.digest, observe=log))
         packages: dict[str, Any] = {}
         for dist_name in m.packages:
             dist = md.distribution(dist_name)
             pfiles = sorted(f for f in (dist.files or []) if str(f).endswith(WEIGHT_SUFFIXES))
             packages[dist_name] = {
                 "version": dist.version,
-                "weights": {str(f): self.digests.digest(Path(dist.locate_file(f))) for f in pfiles},
+                "weights": {str(f): _observed(log, self.digests.digest, Path(dist.locate_file(f))) for f in pfiles},
             }
         comp = {"factory": m.factory, "kwargs": m.kwargs, "sources": sources, "weights": weights,
                 "packages": packages}
@@ -273,6 +299,7 @@ class KeyMaker:
             if rel in static:
                 continue
             f = root / rel
+            self.inputs.file(f)
             out[rel] = file_sha256(f) if f.is_file() else MISSING
         return out
 

@@ -30,6 +30,7 @@ import sys
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent  # neuron_build/
 
@@ -65,18 +66,28 @@ def _prefixes() -> tuple[Path, ...]:
     return tuple(out)
 
 
-def _module_files(root: Path, parts: list[str]) -> list[Path]:
+def _module_files(root: Path, parts: list[str], observe: Any = None) -> list[Path]:
     """The files importing the dotted module ``parts`` runs, when they exist under ``root``: each
-    package's ``__init__.py`` along the path, and the module itself (``x.py`` or ``x/__init__.py``)."""
+    package's ``__init__.py`` along the path, and the module itself (``x.py`` or ``x/__init__.py``).
+    ``observe`` (an :class:`~neuron_build.project.plan_cache.InputLog`) notes every path looked at."""
     out = []
     for n in range(1, len(parts) + 1):
         cand = root.joinpath(*parts[:n])
         init = cand / "__init__.py"
+        if observe is not None:
+            observe.file(init)
         if init.is_file():
             out.append(init)
-        elif n == len(parts) and cand.with_suffix(".py").is_file():
-            out.append(cand.with_suffix(".py"))
-        elif not cand.is_dir():
+            continue
+        if n == len(parts):
+            if observe is not None:
+                observe.file(cand.with_suffix(".py"))
+            if cand.with_suffix(".py").is_file():
+                out.append(cand.with_suffix(".py"))
+                continue
+        if observe is not None:
+            observe.folder(cand)
+        if not cand.is_dir():
             break  # not a local package from here on (namespace packages are folders without __init__)
     return out
 
@@ -100,12 +111,13 @@ def _star_names(init: Path) -> list[str]:
     return []
 
 
-def module_path(root: Path, module: str) -> list[Path]:
+def module_path(root: Path, module: str, observe: Any = None) -> list[Path]:
     """The files importing the dotted ``module`` runs under ``root`` (package ``__init__`` files first)."""
-    return _module_files(root, module.split("."))
+    return _module_files(root, module.split("."), observe)
 
 
-def local_imports(entry: Path, root: Path, exclude: Iterable[Path] = (), module: str | None = None) -> list[Path]:
+def local_imports(entry: Path, root: Path, exclude: Iterable[Path] = (), module: str | None = None,
+                  observe: Any = None) -> list[Path]:
     """The project files that importing ``entry`` runs, directly or transitively (static, via ast).
 
     Args:
@@ -115,6 +127,8 @@ def local_imports(entry: Path, root: Path, exclude: Iterable[Path] = (), module:
         exclude: folders whose files never count (the store).
         module: ``entry``'s dotted module name (``models.minilm``); default: from its path under ``root``.
             The ``__init__.py`` of every package along it is included.
+        observe: an :class:`~neuron_build.project.plan_cache.InputLog` that notes every file read and every
+            path an import was looked up at, each before it is read (for the plan cache).
 
     Returns:
         Sorted paths, ``entry`` included.
@@ -126,7 +140,9 @@ def local_imports(entry: Path, root: Path, exclude: Iterable[Path] = (), module:
         rel = entry.relative_to(root).with_suffix("").parts
         module = ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
     seen: set[Path] = set()
-    todo = [*module_path(root, module), entry]
+    if observe is not None:
+        observe.file(entry)
+    todo = [*module_path(root, module, observe), entry]
     while todo:
         f = todo.pop()
         if f in seen or not f.is_file() or not is_project_file(f, root, exclude):
@@ -155,11 +171,13 @@ def local_imports(entry: Path, root: Path, exclude: Iterable[Path] = (), module:
                 for a in node.names:
                     if a.name == "*":
                         init = root.joinpath(*mod, "__init__.py")
+                        if observe is not None:
+                            observe.file(init)
                         mods += [mod + [n] for n in _star_names(init)] if init.is_file() else []
                     else:
                         mods.append(mod + [a.name])  # a submodule, when one of that name exists
             for parts in mods:
-                todo.extend(_module_files(root, parts))
+                todo.extend(_module_files(root, parts, observe))
     return sorted(seen)
 
 

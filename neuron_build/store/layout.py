@@ -39,6 +39,9 @@ SHARED_AREAS = ("ac", "cas", "logs", "targets", "results", "releases", "channels
 #: Areas only a local folder has.
 LOCAL_AREAS = ("staging", "views", "locks", "trash", "pending-push")
 
+#: The file name of a manifest in an artifact folder (a view, a pull, a staging folder).
+MANIFEST = "manifest.json"
+
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 

@@ -27,15 +27,13 @@ import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from neuron_build.errors import UserError
 from neuron_build.status import Status
 from neuron_build.store import layout
 from neuron_build.store.contract import Lookup
-from neuron_build.store.manifest import MANIFEST, Manifest
+from neuron_build.store.layout import MANIFEST
 from neuron_build.store.objects import JsonObjects
 from neuron_build.store.records import FailureRecord, TargetRecord
 from neuron_build.util import (
@@ -49,6 +47,9 @@ from neuron_build.util import (
     write_atomic,
     write_json_atomic,
 )
+
+if TYPE_CHECKING:  # pydantic (the manifest model) is imported where a manifest is parsed, never on a no-op
+    from neuron_build.store.manifest import Manifest
 
 #: The manifest field holding the sha256 of the manifest's own canonical JSON (without this field).
 SELF_DIGEST = "manifest_sha256"
@@ -92,6 +93,10 @@ def check_manifest(text: bytes, key: str) -> tuple[Manifest | None, str | None]:
         return None, "manifest does not match its own sha256 (edited or corrupt)"
     if raw.get("key") != key:
         return None, f"manifest names key {str(raw.get('key'))[:16]!r}, not this entry's key"
+    from pydantic import ValidationError
+
+    from neuron_build.store.manifest import Manifest
+
     try:
         man = Manifest.model_validate(raw)
     except ValidationError as e:
@@ -127,7 +132,7 @@ class LocalStore(JsonObjects):
 
     def __init__(self, root: str | Path, read_only: bool = False):
         self.root = Path(root)
-        self.location = str(self.root)
+        self.location = self._root_str = str(self.root)
         self.read_only = read_only
         self._lookup_index: dict[str, Any] | None = None
         if (self.root / "objects").is_dir():
@@ -261,11 +266,12 @@ class LocalStore(JsonObjects):
         """(size, mtime_ns, ctime_ns, inode) of ``key``'s manifest and (size, mtime_ns, inode) of each
         blob (not ctime: hard-linking a blob into a view changes it), or None when one is missing. A
         rewrite, rename or replacement of any of them changes the signature."""
+        base = self._root_str  # plain strings: this runs once per target on every no-op build
         try:
-            st = os.stat(self.path(layout.manifest_path(key)))
+            st = os.stat(f"{base}/{layout.manifest_path(key)}")
             out = [[st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]]
             for sha in shas:
-                st = os.stat(self.path(layout.blob_path(sha)))
+                st = os.stat(f"{base}/{layout.blob_path(sha)}")
                 out.append([st.st_size, st.st_mtime_ns, st.st_ino])
         except OSError:
             return None

@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-MANIFEST = "manifest.json"
+from neuron_build.store.layout import MANIFEST  # noqa: F401  (re-exported: the manifest's file name)
+
 MANIFEST_FORMAT = 1
 #: File names (suffixes) of an artifact folder that are build logs, not artifact files: they are not
 #: byte-stable (times, workdir paths), so they go to ``logs/<key>/`` and no release pins them.
