@@ -180,7 +180,7 @@ def _cached_plan() -> tuple[Plan, Any] | None:
     return (plan, store) if plan_cache.recorded_match(plan, recorded) else None
 
 
-def _save_plan(b: Builder) -> None:
+def _save_plan(b: Builder, interp: dict[str, Any]) -> None:
     """Write the plan cache of ``b``'s plan (best effort) when a later no-op may use it: a local store
     without a remote, the local executor (else the no-op path has more to do than check the store)."""
     from neuron_build.project import plan_cache
@@ -194,7 +194,7 @@ def _save_plan(b: Builder) -> None:
     plan_cache.write(p.state_dir, config_path=p.path, config_sha256=p.config_sha256, log=b.keys.inputs,
                      env_names=[n for names in KEY_ENV.values() for n in names], recorded=b.keys.recorded,
                      store=str(b.store.root), backend=b.keys.backend, hardware_target=b.keys.hardware_target,
-                     targets=[(t.id, b.key(t).key) for t in b.targets])
+                     targets=[(t.id, b.key(t).key) for t in b.targets], interp=interp)
 
 
 def _is_built(store: ArtifactStore, key: str, hits: list[str] | None = None, target_id: str = "") -> bool:
@@ -308,6 +308,9 @@ class BuildSession(NamespaceTaskLoader):
     # -- build ----------------------------------------------------------------------------------------
     def task_build(self) -> Iterator[dict[str, Any]]:
         """Compile every target of the matrix that the store does not hold yet."""
+        from neuron_build.project.plan_cache import interpreter
+
+        interp = interpreter()  # as a later no-op will see it, before planning imports anything
         if self._own_builder and self._builder is None:
             self._plan = _cached_plan()
             if self._plan is not None:  # nothing the keys read changed: no config parse, no key computed
@@ -329,7 +332,7 @@ class BuildSession(NamespaceTaskLoader):
             }
         b.keys.save()
         if self._own_builder:
-            _save_plan(b)
+            _save_plan(b, interp)
 
     def _tasks_from_plan(self, plan: Plan, store: Any) -> Iterator[dict[str, Any]]:
         """The ``build:`` tasks of a cached plan, checked against its local store (the same tasks as the

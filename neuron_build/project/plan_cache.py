@@ -116,7 +116,7 @@ def config_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _interpreter() -> dict[str, Any]:
+def interpreter() -> dict[str, Any]:
     """The interpreter and where it finds packages: ``sys.path`` with each folder's ``mtime_ns``."""
     return {"executable": sys.executable, "version": sys.version,
             "path": [[p, dir_sig(p) if p else None] for p in sys.path]}
@@ -140,7 +140,7 @@ def _code() -> dict[str, list[int]]:
 
 def write(state_dir: Path, *, config_path: Path, config_sha256: str, log: InputLog, env_names: list[str],
           recorded: dict[str, list[str]], store: str, backend: str, hardware_target: str,
-          targets: list[tuple[str, str]]) -> bool:
+          targets: list[tuple[str, str]], interp: dict[str, Any] | None = None) -> bool:
     """Save the plan cache of one plan. Returns whether a usable cache was written (False: the folder is
     not writable, or an input changed within the cache file's timestamp granule; a stale file is removed).
 
@@ -153,10 +153,12 @@ def write(state_dir: Path, *, config_path: Path, config_sha256: str, log: InputL
         store: the local store folder (absolute).
         backend, hardware_target: as resolved for the plan.
         targets: (target id, key) of every target, in matrix order.
+        interp: :func:`interpreter` as it was when planning began (default: now); planning may add to
+            ``sys.path`` (a factory's import), a later no-op checks the path it starts with.
     """
     doc = {
         "format": FORMAT, "config": str(config_path), "config_sha256": config_sha256,
-        "interpreter": _interpreter(), "code": _code(),
+        "interpreter": interp or interpreter(), "code": _code(),
         "env": {n: os.environ.get(n) for n in sorted(set(env_names))},
         "inputs": log.to_json(), "recorded": recorded, "store": store, "backend": backend,
         "hardware_target": hardware_target, "targets": targets,
@@ -214,7 +216,7 @@ def load(state_dir: Path, config_path: Path, config_bytes: bytes) -> tuple[Plan 
             return None, "another format"
         if doc["config"] != str(config_path) or doc["config_sha256"] != config_digest(config_bytes):
             return None, "the config changed"
-        if doc["interpreter"] != _interpreter():
+        if doc["interpreter"] != interpreter():
             return None, "the interpreter or its packages changed"
         if doc["env"] != {n: os.environ.get(n) for n in doc["env"]}:
             return None, "a key environment variable changed"
@@ -245,4 +247,4 @@ def recorded_match(plan: Plan, recorded: dict[str, list[str]]) -> bool:
     return {m: sorted(v) for m, v in plan.recorded.items()} == {m: sorted(v) for m, v in recorded.items()}
 
 
-__all__ = ["PLAN_CACHE", "InputLog", "Plan", "dir_sig", "file_sig", "load", "recorded_match", "write"]
+__all__ = ["PLAN_CACHE", "InputLog", "Plan", "dir_sig", "file_sig", "interpreter", "load", "recorded_match", "write"]
