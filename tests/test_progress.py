@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import select
 import subprocess
 import sys
 import threading
@@ -15,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli, write_tiny_project
+from conftest import REPO, in_a_terminal, run_cli, write_tiny_project
 from rich.console import Console
 
 from neuron_build import log
@@ -155,37 +154,6 @@ def broken(tmp_path_factory) -> Path:
     cfg.write_text(cfg.read_text().replace('factory = "tinylib.other:build"', 'factory = "tinylib.tiny:broken"'))
     (cfg.parent / "dodo.py").write_text("from neuron_build.tasks import *\n")
     return cfg
-
-
-def in_a_terminal(args: list[str], cwd: Path, env: dict | None = None, timeout: float = 300) -> str:
-    """Run ``args`` with stdin, stdout and stderr on a pseudo-terminal (120 columns); return what it wrote."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
-    e = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
-    e.update({"PYTHONPATH": str(REPO), "TERM": "xterm-256color", **(env or {})})
-    p = subprocess.Popen(args, cwd=cwd, env=e, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
-    os.close(slave)
-    buf, deadline = b"", time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([master], [], [], 0.2)
-        if r:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the child closed the terminal
-                break
-            if not chunk:
-                break
-            buf += chunk
-        elif p.poll() is not None:
-            break
-    p.wait(timeout=30)
-    os.close(master)
-    return buf.decode(errors="replace")
 
 
 def test_build_on_a_terminal_shows_what_compiles_and_one_summary(broken):

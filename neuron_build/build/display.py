@@ -101,6 +101,7 @@ class BuildDisplay:
         self._pid = os.getpid()
         self._lock = threading.RLock()
         self._running: dict[str, float] = {}      # target id -> clock() when it started
+        self._where: dict[str, str] = {}          # target id -> where it runs (a Dask worker), when told
         self._times: list[float] = []             # compile seconds of this build's finished compiles
         self._peak_running = 0
         self.done = 0
@@ -129,8 +130,9 @@ class BuildDisplay:
                 self._pending.discard(target_id)
             self.total = max(self.total - 1, self.done + len(self._running))
 
-    def started(self, target_id: str) -> None:
-        """``target_id``'s build starts now (shows as ``compiling <target> (N s)``)."""
+    def started(self, target_id: str, where: str | None = None) -> None:
+        """``target_id``'s build starts now (shows as ``compiling <target> (N s)``, or ``compiling <target>
+        on <where> (N s)`` with a place, e.g. a Dask worker's address)."""
         if not self._mine():
             return
         expected = self._expect(target_id) if self._expect is not None and target_id not in self._expected \
@@ -139,6 +141,8 @@ class BuildDisplay:
             self._expected[target_id] = expected
             self._pending.discard(target_id)
             self._running[target_id] = self._clock()
+            if where:
+                self._where[target_id] = where
             self._peak_running = max(self._peak_running, len(self._running))
             self.total = max(self.total, self.done + len(self._running))
             if self.live and not self._stopped and self._live is None:
@@ -235,7 +239,8 @@ class BuildDisplay:
             for tid, since in items[:MAX_RUNNING_SHOWN]:
                 exp = self._expected.get(tid)
                 usual = f", usually {format_duration(exp)}" if exp else ""
-                lines.append(f"compiling {tid} ({format_duration(now - since)}{usual})")
+                on = f" on {self._where[tid]}" if tid in self._where else ""
+                lines.append(f"compiling {tid}{on} ({format_duration(now - since)}{usual})")
             if len(items) > MAX_RUNNING_SHOWN:
                 lines.append(f"+{len(items) - MAX_RUNNING_SHOWN} more compiling")
             return lines

@@ -86,8 +86,8 @@ class BuildSummary:
         console.print(Text(self.head(), style="bold red" if self.failed else "bold green"))
         if self.failed:
             table = Table(show_edge=False, pad_edge=False, header_style="bold")
-            for name in ("failed target", "status", "reason", "log"):
-                table.add_column(name, overflow="fold")
+            for name in ("failed target", "status", "reason", "log"):  # reasons fold; ids and commands stay whole
+                table.add_column(name, overflow="fold", no_wrap=name != "reason")
             for tid in self.failed:
                 status, reason = self.failures.get(tid, ("not built", ""))
                 table.add_row(tid, Text(status, style="red"), reason, log_command(tid))

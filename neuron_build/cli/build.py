@@ -134,6 +134,14 @@ def cmd_build(args) -> int:
     return ExitCode.OK
 
 
+def _live_display(total: int, slots: int, expected: dict):
+    """The live progress display of a Dask build on a terminal; None elsewhere (the Dask executor's own
+    progress lines then, which name the workers)."""
+    from neuron_build.build.display import BuildDisplay, wants_live
+
+    return BuildDisplay(total, slots, pending=expected) if wants_live(sys.stderr) else None
+
+
 def _build_on_dask(args, b, chosen, before) -> int:
     """``build`` with the Dask executor: one task per target on the cluster, then the usual summary and the
     workers that compiled."""
@@ -142,7 +150,7 @@ def _build_on_dask(args, b, chosen, before) -> int:
     cfg = b.project.config.build
     address = scheduler_address(args.scheduler, cfg.scheduler, b.project.path)
     run = DaskBuild(b, address, retry_failed=not args.no_retry_failed, report=display_note,
-                    connect_timeout_s=cfg.scheduler_timeout_s)
+                    connect_timeout_s=cfg.scheduler_timeout_s, display=_live_display)
     outcomes = run.run(chosen)
     summary = summarize(b, chosen, before, outcomes)
     summary.print()
