@@ -178,7 +178,7 @@ class BuildSession(NamespaceTaskLoader):
         self.display: Any = None
         self._reporter: BuildReporter | None = None
         self.jobs = 1
-        self.pending: dict[str, float | None] = {}
+        self.pending: dict[str, float | None] | None = None  # None: found out as doit checks the tasks
         #: target ids doit found up to date in this session (written to the ledger by :meth:`flush_hits`)
         self.hits: list[str] = []
         self.namespace = {"DOIT_CONFIG": DOIT_CONFIG, "task_build": self.task_build,
@@ -226,8 +226,8 @@ class BuildSession(NamespaceTaskLoader):
 
     def make_display(self, total: int) -> Any:
         """The :class:`~neuron_build.build.display.BuildDisplay` of a run that builds up to ``total`` targets
-        (:attr:`jobs` at once; ETA from the recorded compile times: :attr:`pending`, and each target's
-        last recorded one when it starts)."""
+        (exactly those of :attr:`pending` when set), :attr:`jobs` at once, with an ETA from the recorded
+        compile times (:attr:`pending`'s, and each target's last recorded one when it starts)."""
         from neuron_build.build.display import BuildDisplay
         from neuron_build.build.peaks import expected_compile_time
 
@@ -237,6 +237,7 @@ class BuildSession(NamespaceTaskLoader):
             t = b.by_id[target_id]
             return expected_compile_time(b.store, t.model, t.bucket_id)
 
+        total = len(self.pending) if self.pending is not None else total
         return BuildDisplay(total, slots=self.jobs, expect=expect, pending=self.pending)
 
     def flush_hits(self) -> None:

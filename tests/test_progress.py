@@ -192,7 +192,10 @@ def test_doit_build_prints_the_same_summary(broken):
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("[")]
     m = re.search(r"\n9 targets: (\d) built, (\d) cached, 1 failed\n", r.stdout)
     assert m and int(m[1]) + 1 == len(lines) and int(m[1]) + int(m[2]) == 8, r.stdout[-2000:]
-    assert [ln.split()[0] for ln in lines] == [f"[{i}/{len(lines)}]" for i in range(1, len(lines) + 1)]
+    # doit finds the cached targets as it goes: M starts at the 9 selected and comes down to those compiled
+    done_of = [tuple(map(int, ln.split()[0].strip("[]").split("/"))) for ln in lines]
+    assert [n for n, _ in done_of] == list(range(1, len(lines) + 1))
+    assert all(len(lines) <= m <= 9 for _, m in done_of) and [m for _, m in done_of] == sorted(m for _, m in done_of)[::-1]
     assert r.stdout.count("factory exploded on purpose") == 1 and "TaskFailed" not in r.stdout
     # nor doit's UnmetDependency report of the group task `build`: its failed targets are in the summary
     assert "UnmetDependency" not in r.stdout + r.stderr
@@ -220,3 +223,19 @@ def test_a_noop_build_on_a_terminal_does_not_import_rich(tmp_path):
     (cfg.parent / "tinylib" / "act.py").write_text("def scale(x):\n    return x * 3\n")
     text = in_a_terminal([sys.executable, "-c", NOOP_PROBE, "build:tiny/b1/fp32/p1"], cwd=cfg.parent)
     assert re.search(r"compiling tiny/b1/fp32/p1 \(\d+ s[,)]", SGR.sub("", text)) and "RICH True 0" in text
+
+
+def test_m_of_n_of_m_exact_when_the_targets_to_build_are_known_else_lowered_as_doit_skips():
+    exact = BuildDisplay(2, pending={"m/a": 5.0, "m/b": None}, stream=io.StringIO())
+    exact.skipped("m/c")   # cached, and known not to need a compile: M stays
+    assert exact.total == 2
+    exact.skipped("m/b")   # to build, then found built meanwhile
+    assert exact.total == 1
+    found = BuildDisplay(9, stream=io.StringIO())
+    for t in ("m/a", "m/b"):
+        found.skipped(t)
+    found.started("m/c")
+    assert found.total == 7
+    for t in ("m/d", "m/e", "m/f", "m/g", "m/h", "m/i"):
+        found.skipped(t)
+    assert found.total == 1  # never below what started

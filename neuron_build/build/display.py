@@ -70,15 +70,16 @@ class BuildDisplay:
     """The progress of one build, for people: live on a terminal, plain lines elsewhere.
 
     Args:
-        total: targets this build compiles (M of "N of M"); :meth:`skipped` lowers it for a target found
-            up to date after all, and it never stays below the targets started.
+        total: targets this build compiles (M of "N of M"), or with ``pending`` None an upper bound that
+            :meth:`skipped` lowers for each target found up to date; never below the targets started.
         slots: compiles at once (jobs); the ETA divides the remaining work by it (at least the number of
             compiles seen running at once).
         expect: target id -> its expected compile time in seconds (the last recorded one, see
             :func:`~neuron_build.build.peaks.expected_compile_time`), or None when never recorded;
             called once per target when it starts (in the compile's thread).
-        pending: expected compile times (seconds or None) of targets known to be built but not started
-            yet, by id; targets beyond them count as the mean of the known times.
+        pending: the targets known to be built, by id, with their expected compile times (seconds or
+            None); then ``total`` is their number and :meth:`skipped` lowers it only for one of them.
+            Targets beyond them count as the mean of the known times.
         stream: where the display goes (default ``sys.stderr`` as it is when the display is made).
         live: force the live area on or off (default: :func:`wants_live`).
         console: a ready ``rich.console.Console`` for the live area (tests: ``force_terminal=True`` on a
@@ -94,6 +95,7 @@ class BuildDisplay:
         self._expect = expect
         self._expected: dict[str, float | None] = dict(pending or {})
         self._pending = set(self._expected)
+        self._exact = pending is not None   # total counts exactly the pending targets
         self._stream = stream if stream is not None else sys.stderr  # now: doit swaps sys.stderr per task
         self.live = (console is not None) or (wants_live(self._out()) if live is None else live)
         self._console = console
@@ -126,8 +128,9 @@ class BuildDisplay:
     def skipped(self, target_id: str) -> None:
         """``target_id`` needs no compile after all (doit found it up to date): one fewer to build."""
         with self._lock:
-            if target_id in self._pending:
-                self._pending.discard(target_id)
+            if self._exact and target_id not in self._pending:
+                return  # known not to need a compile: never counted
+            self._pending.discard(target_id)
             self.total = max(self.total - 1, self.done + len(self._running))
 
     def started(self, target_id: str, where: str | None = None) -> None:
