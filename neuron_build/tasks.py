@@ -53,6 +53,14 @@ from neuron_build.store.contract import ArtifactStore
 
 __all__ = ["DOIT_CONFIG", "BuildSession", "session", "task_build", "task_validate"]
 
+class DodoReporter(BuildReporter):
+    """``DOIT_CONFIG``'s reporter: a :class:`~neuron_build.build.report.BuildReporter` over the ``dodo.py``
+    session (:func:`session`) that prints the build's summary at the end."""
+
+    def __init__(self, outstream: Any, options: dict):
+        super().__init__(outstream, options, session=lambda: session(), summary=True)
+
+
 DOIT_CONFIG = {
     "default_tasks": ["build"],
     "continue": True,          # one failed target never stops the others
@@ -63,7 +71,7 @@ DOIT_CONFIG = {
     # ([build] max_host_memory_gb is enforced per compile by the memory budget); `doit -n 1 build` for serial
     "num_process": default_jobs(),
     "par_type": "thread",      # one Builder shared by the runners; each compile is its own worker process
-    "reporter": BuildReporter,  # doit's report, plus the progress display and the build's summary
+    "reporter": DodoReporter,  # doit's report, plus the progress display and the build's summary
 }
 
 

@@ -1,7 +1,7 @@
 """doit's reporter for builds: doit's console report, plus the build's progress display and its summary.
 
-:class:`BuildReporter` is ``DOIT_CONFIG["reporter"]`` (``doit build`` through ``dodo.py``) and the reporter
-``neuron-build build`` runs doit with. Beside what doit's :class:`~doit.reporter.ConsoleReporter` does, it
+:class:`BuildReporter` is the reporter of ``doit build`` through ``dodo.py`` (``DOIT_CONFIG["reporter"]``,
+over the ``dodo.py`` session) and of ``neuron-build build``. Beside what doit's :class:`~doit.reporter.ConsoleReporter` does, it
 
 - makes the session's :class:`~neuron_build.build.display.BuildDisplay` when the run starts (M of "N of
   M": the ``build:`` tasks selected, less those found up to date) and stops it when the run ends, Ctrl-C
@@ -33,26 +33,25 @@ class BuildReporter(ConsoleReporter):
     Args:
         outstream: where doit's report and the summary go (doit passes its ``outfile``).
         options: doit's reporter options (``failure_verbosity``).
-        session: the session whose builds it reports; None: the ``dodo.py`` session
-            (:func:`neuron_build.tasks.session`), and the summary is printed at the end.
-        summary: print the summary at the end (default: when ``session`` is None).
+        session: the session whose builds it reports, or a function that returns it when first needed
+            (``dodo.py``'s: :func:`neuron_build.tasks.session`).
+        summary: print the summary at the end (``doit build``; ``neuron-build build`` prints its own).
     """
 
     desc = "console output with build progress and one summary"
 
-    def __init__(self, outstream: Any, options: dict | None = None, session: Any = None,
-                 summary: bool | None = None):
+    def __init__(self, outstream: Any, options: dict | None = None, session: Any = None, summary: bool = False):
         super().__init__(outstream, options or {})
         self._session = session
-        self.summary = session is None if summary is None else summary
+        self.summary = summary
         self.selected: list[str] = []               # target ids of the build: tasks selected, matrix order
         self.reported: dict[str, str | None] = {}    # target id -> None (passed) or doit's failure message
 
     @property
     def session(self) -> Any:
-        if self._session is None:
-            from neuron_build.tasks import session
-            self._session = session()
+        """The :class:`~neuron_build.tasks.BuildSession` reported on."""
+        if callable(self._session) and not hasattr(self._session, "outcomes"):
+            self._session = self._session()
         return self._session
 
     def initialize(self, tasks: dict, selected_tasks: list[str]) -> None:
@@ -73,7 +72,7 @@ class BuildReporter(ConsoleReporter):
             s.display = s.make_display(len(self.selected))
 
     def _display(self) -> Any:
-        return getattr(self._session if self._session is not None else self.session, "display", None)
+        return getattr(self.session, "display", None)
 
     def skip_uptodate(self, task: Any) -> None:
         tid = _target_of(task)
