@@ -239,3 +239,21 @@ def test_m_of_n_of_m_exact_when_the_targets_to_build_are_known_else_lowered_as_d
     for t in ("m/d", "m/e", "m/f", "m/g", "m/h", "m/i"):
         found.skipped(t)
     assert found.total == 1  # never below what started
+
+
+def test_doit_process_runners_report_progress_and_the_summary_through_doit(tmp_path):
+    cfg = write_tiny_project(tmp_path / "proj")
+    cfg.write_text(cfg.read_text().replace('factory = "tinylib.other:build"', 'factory = "tinylib.tiny:broken"'))
+    (cfg.parent / "dodo.py").write_text("from neuron_build.tasks import *\n")
+    r = subprocess.run([sys.executable, "-m", "doit", "-P", "process", "-n", "2", "build:other/static/fp32/p1",
+                        "build:tiny/b1/fp32/p1"], cwd=cfg.parent, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                       capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr[-2000:]
+    lines = sorted(ln.split()[:3] for ln in r.stderr.splitlines() if ln.startswith("["))
+    assert [ln[0] for ln in lines] == ["[1/2]", "[2/2]"]
+    assert sorted((ln[1], ln[2]) for ln in lines) == [("other/static/fp32/p1", "ERROR"), ("tiny/b1/fp32/p1", "PASS")]
+    assert r.stdout.rstrip().endswith(
+        "2 targets: 1 built, 0 cached, 1 failed\n"
+        "  FAILED other/static/fp32/p1: ERROR: RuntimeError: factory exploded on purpose\n"
+        "    log: neuron-build show other/static/fp32/p1")
+    assert r.stdout.count("factory exploded on purpose") == 1

@@ -138,9 +138,13 @@ class BuildDisplay:
         on <where> (N s)`` with a place, e.g. a Dask worker's address)."""
         if not self._mine():
             return
+        if target_id in self._running:
+            return
         expected = self._expect(target_id) if self._expect is not None and target_id not in self._expected \
             else self._expected.get(target_id)
         with self._lock:
+            if target_id in self._running:
+                return  # told twice (doit's reporter, then the build): it started the first time
             self._expected[target_id] = expected
             self._pending.discard(target_id)
             self._running[target_id] = self._clock()
@@ -153,8 +157,8 @@ class BuildDisplay:
         self.refresh()
 
     def finished(self, out: Any) -> None:
-        """The build of ``out.target`` ended with the :class:`~neuron_build.build.attempt.Outcome` ``out``:
-        one line, ``[3/10] <target> PASS in 41.7 s; 7 left, about 1m05s``."""
+        """The build of ``out.target`` ended with the :class:`~neuron_build.build.attempt.Outcome` ``out``
+        (or anything with its ``target``, ``status``, ``ok``, ``compiled``): one line, ``[3/10] <target> PASS in 41.7 s; 7 left, about 1m05s``."""
         if not self._mine():
             return
         with self._lock:
@@ -163,7 +167,7 @@ class BuildDisplay:
             self.done += 1
             self.failed += 0 if out.ok else 1
             self.total = max(self.total, self.done + len(self._running))
-            ct = (out.metrics or {}).get("compile_time_s")
+            ct = (getattr(out, "metrics", None) or {}).get("compile_time_s")
             if out.compiled and ct:
                 self._times.append(float(ct))
             self.note(self.finished_line(out), status=str(out.status))  # under the lock: lines in order
@@ -220,7 +224,7 @@ class BuildDisplay:
 
     def finished_line(self, out: Any) -> str:
         """``[3/10] <target> PASS in 41.7 s; 7 left, about 1m05s`` (the ETA part when one is known)."""
-        ct = (out.metrics or {}).get("compile_time_s")
+        ct = (getattr(out, "metrics", None) or {}).get("compile_time_s")
         line = f"[{self.done}/{self.total}] {out.target} {out.status}" + (f" in {ct:.1f} s" if ct is not None else "")
         left = self.total - self.done
         eta = self.eta_s()

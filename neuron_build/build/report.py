@@ -82,10 +82,20 @@ class BuildReporter(ConsoleReporter):
         super().skip_uptodate(task)
 
     def execute_task(self, task: Any) -> None:
-        d = self._display()
-        if _target_of(task) is not None and d is not None and d.live:
-            return  # the live display names it
+        tid, d = _target_of(task), self._display()
+        if tid is not None and d is not None:
+            d.started(tid)  # (again in the build itself; a `doit -P process` runner's build cannot tell it)
+            if d.live:
+                return  # the live display names it
         super().execute_task(task)
+
+    def _finished_elsewhere(self, tid: str, msg: str | None) -> None:
+        """A build that ran in a ``doit -P process`` runner: the display learns of its end from doit."""
+        d = self._display()
+        if d is not None and tid not in self.session.outcomes:
+            from neuron_build.build.summary import reported_outcome
+
+            d.finished(reported_outcome(tid, msg))
 
     def write(self, text: str) -> None:
         d = self._display()
@@ -99,6 +109,7 @@ class BuildReporter(ConsoleReporter):
         tid = _target_of(task)
         if tid is not None:
             self.reported[tid] = None
+            self._finished_elsewhere(tid, None)
         super().add_success(task)
 
     def add_failure(self, task: Any, fail: Any) -> None:
@@ -108,6 +119,7 @@ class BuildReporter(ConsoleReporter):
                 return  # the group task: its failed targets are in the summary already
             return super().add_failure(task, fail)
         self.reported[tid] = fail.get_msg()
+        self._finished_elsewhere(tid, self.reported[tid])
         if isinstance(fail, TaskFailed):
             return  # the build's failure, not a bug: the summary prints it, with the command showing its log
         super().add_failure(task, fail)

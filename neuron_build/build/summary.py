@@ -151,4 +151,11 @@ class _Reported:
         return "" if self.msg is None else self._parts()[1]
 
 
-__all__ = ["BuildSummary", "from_outcomes", "log_command"]
+def reported_outcome(target_id: str, msg: str | None) -> Any:
+    """An outcome known only from doit's report of a ``build:`` task: passed (``msg`` None) or failed with
+    doit's message (``<target>: <status>: <reason>``): ``target``, ``ok``, ``compiled``, ``status``,
+    ``reason`` as an :class:`~neuron_build.build.attempt.Outcome` has them."""
+    return _Reported(target_id, msg)
+
+
+__all__ = ["BuildSummary", "from_outcomes", "log_command", "reported_outcome"]
