@@ -53,6 +53,7 @@ from neuron_build.store.contract import ArtifactStore
 
 __all__ = ["DOIT_CONFIG", "BuildSession", "session", "task_build", "task_validate"]
 
+
 class DodoReporter(BuildReporter):
     """``DOIT_CONFIG``'s reporter: a :class:`~neuron_build.build.report.BuildReporter` over the ``dodo.py``
     session (:func:`session`) that prints the build's summary at the end."""
@@ -224,6 +225,7 @@ class BuildSession(NamespaceTaskLoader):
         self.hits.clear()
         # DOIT_CONFIG's reporter would report to the dodo.py session: this run's reports to this session
         self._reporter = BuildReporter(outstream if outstream is not None else sys.stdout, session=self)
+        self.display = None  # the reporter makes this run's
         try:
             return DoitMain(self, extra_config=extra).run(doit_args)
         finally:
