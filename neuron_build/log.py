@@ -18,6 +18,9 @@ from typing import Any
 _log_file: Path | None = None
 _pending: tuple[bool | None, bool] | None = (None, False)  # (json_lines, quiet) not applied to structlog yet
 _configuring = threading.Lock()
+#: while a live progress display shows: where the events rendered for stderr go instead (one call per
+#: event, the rendered line), and info and debug events go to the build log only
+_sink: Any = None
 
 
 def _tee(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -83,17 +86,50 @@ def _apply(structlog, json_lines: bool | None, quiet: bool) -> None:
         colors=use_color(sys.stderr))
 
     def _filter(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
-        if quiet and method in ("debug", "info"):
+        if (quiet or _sink is not None) and method in ("debug", "info"):
             raise structlog.DropEvent
         return event
 
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
                     structlog.processors.TimeStamper(fmt="iso", utc=True), _tee, _filter, renderer],
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=lambda *args: _StderrLogger(structlog),
         cache_logger_on_first_use=False,
     )
     _pending = None
+
+
+def _StderrLogger(structlog: Any) -> Any:
+    """A structlog PrintLogger on ``sys.stderr`` as it is at each event, or on the sink of
+    :func:`divert_stderr` while one is set."""
+    global _StderrLoggerClass
+    if _StderrLoggerClass is None:
+        class StderrLogger(structlog.PrintLogger):
+            def msg(self, message: str) -> None:
+                sink = _sink
+                if sink is not None:
+                    sink(message)
+                    return
+                with self._lock:
+                    print(message, file=sys.stderr, flush=True)
+
+            log = debug = info = warn = warning = msg
+            fatal = failure = err = error = critical = exception = msg
+
+        _StderrLoggerClass = StderrLogger
+    return _StderrLoggerClass(sys.stderr)
+
+
+_StderrLoggerClass: Any = None
+
+
+def divert_stderr(sink: Any) -> None:
+    """While ``sink`` (a callable taking one rendered line) is set, log events meant for stderr go to it,
+    warnings and errors only: a live progress display prints them above its area, and already shows what
+    info events such as ``still compiling`` say. The build log still gets every event. None: back to
+    stderr."""
+    global _sink
+    _sink = sink
 
 
 class LazyLogger:

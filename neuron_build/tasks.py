@@ -39,6 +39,7 @@ from doit.cmd_base import NamespaceTaskLoader
 from doit.exceptions import TaskFailed
 
 from neuron_build.build.jobs import default_jobs
+from neuron_build.build.report import BuildReporter
 
 if TYPE_CHECKING:  # the Builder, the config schema and validation load when a plan is computed, not on a no-op
     from neuron_build.build.builder import Builder, Outcome
@@ -46,6 +47,15 @@ if TYPE_CHECKING:  # the Builder, the config schema and validation load when a p
     from neuron_build.store.contract import ArtifactStore
 
 __all__ = ["DOIT_CONFIG", "BuildSession", "session", "task_build", "task_validate"]
+
+
+class DodoReporter(BuildReporter):
+    """``DOIT_CONFIG``'s reporter: a :class:`~neuron_build.build.report.BuildReporter` over the ``dodo.py``
+    session (:func:`session`) that prints the build's summary at the end."""
+
+    def __init__(self, outstream: Any, options: dict):
+        super().__init__(outstream, options, session=lambda: session(), summary=True)
+
 
 DOIT_CONFIG = {
     "default_tasks": ["build"],
@@ -57,6 +67,7 @@ DOIT_CONFIG = {
     # ([build] max_host_memory_gb is enforced per compile by the memory budget); `doit -n 1 build` for serial
     "num_process": default_jobs(),
     "par_type": "thread",      # one Builder shared by the runners; each compile is its own worker process
+    "reporter": DodoReporter,  # doit's report, plus the progress display and the build's summary
 }
 
 
@@ -236,11 +247,12 @@ class BuildSession(NamespaceTaskLoader):
         self._builder = builder
         self.retry_failed = retry_failed
         self.outcomes: dict[str, Outcome] = {}
-        #: ``progress(line)`` after each target built (``neuron-build build`` prints it on stderr), and
-        #: how many targets this run is expected to build (for "N of M" and the ETA); None: no progress.
-        self.progress: Any = None
-        self.expected = 0
+        #: the progress display of the running build (made by the reporter when doit starts), the
+        #: compiles at once, and the expected compile times (seconds) of the targets known to be built
+        self.display: Any = None
+        self._reporter: BuildReporter | None = None
         self.jobs = 1
+        self.pending: dict[str, float | None] | None = None  # None: found out as doit checks the tasks
         #: target ids doit found up to date in this session (written to the ledger by :meth:`flush_hits`)
         self.hits: list[str] = []
         self.namespace = {"DOIT_CONFIG": DOIT_CONFIG, "task_build": self.task_build,
@@ -260,8 +272,8 @@ class BuildSession(NamespaceTaskLoader):
         return self._builder
 
     def load_doit_config(self) -> dict[str, Any]:
-        """doit's configuration: :data:`DOIT_CONFIG`."""
-        return DOIT_CONFIG
+        """doit's configuration: :data:`DOIT_CONFIG`, with a reporter of this session during :meth:`run`."""
+        return {**DOIT_CONFIG, "reporter": self._reporter} if self._reporter is not None else DOIT_CONFIG
 
     def run(self, target_ids: Sequence[str] | None = None, jobs: int = 1, outstream: Any = None) -> int:
         """Run ``doit run`` over this session: the ``build:`` tasks of ``target_ids`` (None: every target),
@@ -282,10 +294,38 @@ class BuildSession(NamespaceTaskLoader):
         self.outcomes.clear()
         extra = {"run": {"outfile": outstream}} if outstream is not None else None
         self.hits.clear()
+        # DOIT_CONFIG's reporter would report to the dodo.py session: this run's reports to this session
+        self._reporter = BuildReporter(outstream if outstream is not None else sys.stdout, session=self)
+        self.display = None  # the reporter makes this run's
         try:
             return DoitMain(self, extra_config=extra).run(doit_args)
         finally:
+            self._reporter = None
+            if self.display is not None:
+                self.display.stop()  # the reporter did, unless doit failed before it ran
             self.flush_hits()
+
+    def make_display(self, total: int) -> Any:
+        """The :class:`~neuron_build.build.display.BuildDisplay` of a run that builds up to ``total`` targets
+        (exactly those of :attr:`pending` when set), :attr:`jobs` at once, with an ETA from the recorded
+        compile times (:attr:`pending`'s, and each target's last recorded one when it starts)."""
+        from neuron_build.build.display import BuildDisplay
+
+        def expect(target_id: str) -> float | None:  # asked when a target starts: a no-op makes no Builder
+            from neuron_build.build.peaks import expected_compile_time
+
+            b = self.builder
+            t = b.by_id[target_id]
+            return expected_compile_time(b.store, t.model, t.bucket_id)
+
+        total = len(self.pending) if self.pending is not None else total
+        return BuildDisplay(total, slots=self.jobs, expect=expect, pending=self.pending)
+
+    def target_ids(self) -> list[str]:
+        """Every target id of the matrix, in matrix order (a no-op from the plan cache reads them there)."""
+        if self._builder is None and self._plan is not None:
+            return [t for t, _ in self._plan[0].targets]
+        return list(self.builder.by_id)
 
     def flush_hits(self) -> None:
         """Write the cache hits collected so far to the build ledger (one object), then forget them."""
@@ -353,30 +393,19 @@ class BuildSession(NamespaceTaskLoader):
         _die_with_parent()
         b.announce_backend()  # once per process, on the first compile it runs
         retry = self.retry_failed if self.retry_failed is not None else _retry_failed_var()
+        display = self.display
+        if display is not None:
+            display.started(target_id)
         out = b.build(b.by_id[target_id], retry_failed=retry)
         self.outcomes[target_id] = out
-        if self.progress is not None:
-            self.progress(self.progress_line(out))
+        if display is not None:
+            display.finished(out)
         if not out.ok:
             return TaskFailed(f"{target_id}: {out.status}: {out.reason}")
         unpushed = b.push_failure(out.key)
         if unpushed:
             return TaskFailed(f"{target_id}: built, but {unpushed}")
         return {"key": out.key, "status": out.status}
-
-    def progress_line(self, out: Outcome) -> str:
-        """``[3/6] minilm/b8-s32/fp32/o2 PASS in 27.7 s; 3 left, about 83 s`` : N of M done, and an ETA
-        from the mean compile time (seconds) of this run's compiles, divided by the jobs running at once."""
-        done = len(self.outcomes)
-        total = max(self.expected, done)
-        ct = (out.metrics or {}).get("compile_time_s")
-        line = f"[{done}/{total}] {out.target} {out.status}" + (f" in {ct:.1f} s" if ct is not None else "")
-        times = [o.metrics["compile_time_s"] for o in self.outcomes.values()
-                 if o.compiled and (o.metrics or {}).get("compile_time_s") is not None]
-        left = total - done
-        if left > 0 and times:
-            line += f"; {left} left, about {sum(times) / len(times) * left / max(1, self.jobs):.0f} s"
-        return line
 
     # -- validate -------------------------------------------------------------------------------------
     @create_after()  # made only when a validate task is selected: `doit build` never builds these 1,000s

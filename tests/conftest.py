@@ -187,3 +187,39 @@ def s3_bucket(s3_env) -> str:
     name = f"nb-test-{secrets.token_hex(4)}"
     s3_env.client().create_bucket(Bucket=name)
     return name
+
+
+def in_a_terminal(args: list[str], cwd: Path, env: dict | None = None, timeout: float = 300) -> str:
+    """Run ``args`` with stdin, stdout and stderr on a pseudo-terminal (160 columns), in ``env`` (default
+    ``os.environ``; this checkout first on PYTHONPATH; NO_COLOR, FORCE_COLOR, COLUMNS and LINES removed); return what it
+    wrote, escape codes included."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
+    e = {k: v for k, v in (os.environ if env is None else env).items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")}
+    e.update({"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), e.get("PYTHONPATH")) if p),
+              "TERM": "xterm-256color"})
+    p = subprocess.Popen(args, cwd=cwd, env=e, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    buf, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([master], [], [], 0.2)
+        if r:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            buf += chunk
+        elif p.poll() is not None:
+            break
+    p.wait(timeout=30)
+    os.close(master)
+    return buf.decode(errors="replace")

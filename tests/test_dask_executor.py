@@ -8,6 +8,7 @@ records its call), built through ``neuron-build build`` as a user runs it.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
-from conftest import run_cli
+from conftest import in_a_terminal, run_cli
 from daskkit import DaskCluster, calls, compile_processes, dask_env, free_port, write_sleepy_project
 
 from neuron_build.build.progress import BuildProgress, estimate_eta, format_duration, progress_line
@@ -120,6 +121,19 @@ def test_build_on_two_workers_retries_transient_only_then_noop(two_workers, tmp_
     again = cli(cfg, "build", "--no-retry-failed")
     assert "4 targets: 0 built, 3 cached, 1 failed" in again.stdout, again.stdout + again.stderr
     assert len(starts(cfg.parent)) == 5  # the second build compiled nothing
+
+
+def test_build_on_a_terminal_names_the_worker_of_each_running_compile(two_workers, tmp_path):
+    cfg = dask_project(tmp_path / "p", two_workers, seconds=2.5, batches=(1, 2))
+    text = in_a_terminal([sys.executable, "-m", "neuron_build.cli", "-c", str(cfg), "build"], cwd=cfg.parent,
+                         env=dask_env())
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    workers = "|".join(re.escape(a) for a in two_workers.worker_addresses())
+    for t in ("sleepy/b1/fp32/p1", "sleepy/b2/fp32/p1"):
+        assert re.search(rf"compiling {t} on ({workers}) \(\d+ s", plain), plain[-3000:]
+        assert re.search(rf"\[[12]/2\] {t} PASS in \d+\.\d s", plain)
+    assert re.search(r"[01]/2 done", plain) and "2 targets: 2 built, 0 cached, 0 failed" in plain
+    assert "running:" not in plain  # the plain progress lines are for pipes
 
 
 def test_worker_killed_mid_compile_is_rescheduled(two_workers, tmp_path):

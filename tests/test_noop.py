@@ -1,4 +1,4 @@
-"""The no-op path never imports torch; doit works in parallel; plans name what changed."""
+"""The no-op path never imports torch (nor rich); doit works in parallel; plans name what changed."""
 
 from __future__ import annotations
 
@@ -16,21 +16,25 @@ import sys
 from doit.doit_cmd import DoitMain
 from doit.cmd_base import DodoTaskLoader
 rc = DoitMain(DodoTaskLoader()).run(sys.argv[1:])
-print("TORCH", "torch" in sys.modules, rc, file=sys.stderr)
+print("TORCH", "torch" in sys.modules, rc, "rich" in sys.modules, file=sys.stderr)
 '''
 
 
 def probe(cwd: Path, *args: str) -> tuple[bool, int, str]:
+    """Run doit with ``args`` in ``cwd``: (torch imported, exit status, stdout). It fails if rich was
+    imported (the progress display loads it only when a compile starts)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     p = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=cwd, env=env, capture_output=True, text=True)
     line = [ln for ln in p.stderr.splitlines() if ln.startswith("TORCH")][-1].split()
+    assert line[3] == "False", f"doit {' '.join(args)} imported rich"
     return line[1] == "True", int(line[2]), p.stdout
 
 
 def test_import_does_not_import_torch():
-    code = "import sys, neuron_build, neuron_build.tasks, neuron_build.cli; print('torch' in sys.modules)"
+    code = ("import sys, neuron_build, neuron_build.tasks, neuron_build.cli, neuron_build.build.display; "
+            "print('torch' in sys.modules, 'rich' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-    assert out.stdout.strip() == "False", out.stderr
+    assert out.stdout.strip() == "False False", out.stderr
 
 
 def test_doit_list_and_noop_build_do_not_import_torch(tiny):
@@ -49,6 +53,7 @@ def test_doit_list_and_noop_build_do_not_import_torch(tiny):
     torch_loaded, rc, out = probe(tiny.parent, "build")
     assert (torch_loaded, rc) == (False, 0)
     assert out.count("-- build:") == 9 and ".  build:" not in out
+    assert out.endswith("\n9 targets: 0 built, 9 cached, 0 failed\n")  # the summary, also of a no-op
 
 
 def test_changed_bucket_named_in_plan(tiny):

@@ -272,6 +272,10 @@ class DaskBuild:
         retry_failed: compile targets whose current key failed last time (default True).
         report: called with each progress line (e.g. print to stderr); None: log only.
         connect_timeout_s: seconds to wait for the scheduler and for a first worker.
+        display: makes the live progress display of the compiles, ``display(total, slots, expected)``
+            (targets, worker threads, target id -> expected compile seconds or None), e.g. a
+            :class:`~neuron_build.build.display.BuildDisplay`; it may return None. While a live display
+            shows, ``report`` gets no lines (the display prints one per finished target).
 
     Attributes after :meth:`run`:
         outcomes: target id -> Outcome.
@@ -279,8 +283,10 @@ class DaskBuild:
     """
 
     def __init__(self, builder: Any, address: str, retry_failed: bool = True,
-                 report: Callable[[str], None] | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S):
+                 report: Callable[[str], None] | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                 display: Callable[[int, int, dict], Any] | None = None):
         self.b = builder
+        self.display = display
         self.address = address
         self.retry_failed = retry_failed
         self.report = report
@@ -361,6 +367,10 @@ class DaskBuild:
         started: dict[str, float] = {}
         done = failed = 0
         last_state: tuple = ()
+        slots = sum(int(w.get("nthreads", 1)) for w in workers.values()) or 1
+        display = self.display(len(futures), slots, expected) if self.display is not None else None
+        live = display is not None and display.live
+        shown: set[str] = set()
         ac = as_completed(list(futures), loop=client.loop)
         try:
             while done < len(futures):
@@ -371,23 +381,33 @@ class DaskBuild:
                     done += 1
                     failed += 0 if out.ok else 1
                     started.pop(t.id, None)
+                    if display is not None:
+                        if t.id not in shown:
+                            display.started(t.id, where=self.workers.get(t.id))
+                        display.finished(out)
                 running = self._running(client, by_key, started)
-                slots = sum(int(w.get("nthreads", 1)) for w in workers.values()) or 1
+                if display is not None:
+                    for tid in sorted(set(running) - shown):
+                        display.started(tid, where=running[tid])
+                    shown |= set(running)
                 now = time.monotonic()
                 pending = [expected[t.id] for t in todo if t.id not in self.outcomes and t.id not in running]
                 eta = estimate_eta(pending, [(expected[tid], now - started[tid]) for tid in running], slots)
                 state = (done, failed, tuple(sorted(running.items())))
-                if self.report is not None and state != last_state:  # a line per change, not per tick
+                if self.report is not None and not live and state != last_state:  # a line per change, not per tick
                     self.report(progress_line(BuildProgress(len(futures), done, failed, running, eta)))
                 last_state = state
                 if done < len(futures):
                     time.sleep(POLL_S)
         except BaseException:  # Ctrl-C (KeyboardInterrupt) included: cancel everything, then re-raise
-            live = [f for f in futures if not f.done()]
-            self.log.warning("cancelling", tasks=len(live))
-            if live:
-                client.cancel(live, force=True)  # returns once the scheduler took it; workers kill the compiles
+            left = [f for f in futures if not f.done()]
+            self.log.warning("cancelling", tasks=len(left))
+            if left:
+                client.cancel(left, force=True)  # returns once the scheduler took it; workers kill the compiles
             raise
+        finally:
+            if display is not None:
+                display.stop()
 
     def _running(self, client: Any, by_key: dict, started: dict[str, float]) -> dict[str, str]:
         """target id -> worker address of the tasks executing on a worker now (asked of every worker)."""

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field
 
+from neuron_build.build.summary import BuildSummary, log_command
 from neuron_build.cli.app import command, display_note, open_builder, plural, print_json
 from neuron_build.errors import BuildFailed, ExitCode
 from neuron_build.status import DOWNLOADED, TargetState
@@ -41,32 +41,6 @@ def register(add) -> None:
     s.add_argument("patterns", nargs="*", metavar="PATTERN", help="target id globs or model names")
 
 
-@dataclass
-class BuildSummary:
-    """What one ``build`` did to the chosen targets (lists of target ids, in matrix order)."""
-
-    targets: list[str]
-    built: list[str]      # in the store now, not before, and compiled here (or by doit's other runners)
-    reused: list[str]     # compiled by another builder while this one waited for the key's lock
-    failed: list[str]     # not in the store after the build
-    lines: list[str]      # one "FAILED <target>: <status>: <reason>" line per failed target
-    downloaded: list[str] = field(default_factory=list)  # cached: fetched from [build] remote by this build
-    rows: list[dict] = field(default_factory=list)   # build --json: one object per target (see summarize)
-
-    @property
-    def cached(self) -> int:
-        """Targets that were in the store already (or built by another builder meanwhile)."""
-        return len(self.targets) - len(self.built) - len(self.failed)
-
-    def text(self) -> str:
-        """The summary ``build`` prints after doit's output."""
-        head = (f"\n{plural(len(self.targets), 'target')}: {len(self.built)} built, {self.cached} cached"
-                + (f" ({len(self.reused)} built by another builder meanwhile)" if self.reused else "")
-                + (f" ({len(self.downloaded)} downloaded from the remote store)" if self.downloaded else "")
-                + f", {len(self.failed)} failed")
-        return "\n".join([head, *self.lines])
-
-
 def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
     """Compare each chosen target's state before and after the build, with the Outcomes of this run.
 
@@ -82,15 +56,14 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
     reused = [t.id for t in chosen if t.id in outcomes and outcomes[t.id].reason.startswith("reused")]
     downloaded = [t.id for t in chosen if t.id in outcomes and outcomes[t.id].reason == DOWNLOADED]
     failed = [t.id for t in chosen if after[t.id] != TargetState.CACHED]
-    lines = []
+    failures = {}
     for tid in failed:
         o = outcomes.get(tid)
         if o is not None and not o.ok:
-            lines.append(f"  FAILED {tid}: {o.status}: {o.reason}")
+            failures[tid] = (str(o.status), o.reason)
         else:
             f = b.store.failure(tid)
-            lines.append(f"  FAILED {tid}: {f.status if f else 'not built'}: {f.reason if f else ''}")
-        lines.append(f"    log: neuron-build show {tid}")
+            failures[tid] = (str(f.status), f.reason) if f else ("not built", "")
     rows = []
     for t in chosen:
         key = b.key(t).key
@@ -111,14 +84,15 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
                "verdict": "fail" if result == "failed" else "pass", "reason": reason if result == "failed" else "",
                "compile_time_s": None if ct is None else round(float(ct), 3)}
         if result == "failed":
-            row["log"] = f"neuron-build show {t.id}"
+            row["log"] = log_command(t.id)
         rows.append(row)
-    return BuildSummary([t.id for t in chosen], built, reused, failed, lines, downloaded, rows)
+    return BuildSummary([t.id for t in chosen], built, reused, failed, failures, downloaded, rows)
 
 
 @command("build")
 def cmd_build(args) -> int:
     """Compile the targets matching PATTERNs (default: all) through doit."""
+    from neuron_build.build.peaks import expected_compile_time
     from neuron_build.project.matrix import select
     from neuron_build.tasks import BuildSession
 
@@ -133,7 +107,9 @@ def cmd_build(args) -> int:
     session = BuildSession(b, retry_failed=not args.no_retry_failed)
     todo = sum(before[t.id] != TargetState.CACHED for t in chosen)
     jobs = args.jobs or min(b.default_jobs(), max(1, todo))  # no runner threads for nothing to do
-    session.progress, session.jobs, session.expected = display_note, jobs, todo
+    session.jobs = jobs
+    session.pending = {t.id: expected_compile_time(b.store, t.model, t.bucket_id)
+                       for t in chosen if before[t.id] != TargetState.CACHED}
     rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=jobs,
                      outstream=sys.stderr if args.json else None)  # with --json, stdout holds only the JSON
     summary = summarize(b, chosen, before, session.outcomes)
@@ -144,7 +120,7 @@ def cmd_build(args) -> int:
                     "failed": len(summary.failed), "not_pushed": sorted(set(unpushed)),
                     "verdict": "fail" if bad else "pass"})
         return ExitCode.FAILED if bad else ExitCode.OK
-    print(summary.text())
+    summary.print()
     if unpushed:
         print(f"  NOT PUSHED {plural(len(set(unpushed)), 'artifact')} to {b.store.remote_location}: "
               f"{b.store.push_failures[0][1]}; they stay in the local store and the next build (or "
@@ -158,6 +134,14 @@ def cmd_build(args) -> int:
     return ExitCode.OK
 
 
+def _live_display(total: int, slots: int, expected: dict):
+    """The live progress display of a Dask build on a terminal; None elsewhere (the Dask executor's own
+    progress lines then, which name the workers)."""
+    from neuron_build.build.display import BuildDisplay, wants_live
+
+    return BuildDisplay(total, slots, pending=expected) if wants_live(sys.stderr) else None
+
+
 def _build_on_dask(args, b, chosen, before) -> int:
     """``build`` with the Dask executor: one task per target on the cluster, then the usual summary and the
     workers that compiled."""
@@ -166,10 +150,10 @@ def _build_on_dask(args, b, chosen, before) -> int:
     cfg = b.project.config.build
     address = scheduler_address(args.scheduler, cfg.scheduler, b.project.path)
     run = DaskBuild(b, address, retry_failed=not args.no_retry_failed, report=display_note,
-                    connect_timeout_s=cfg.scheduler_timeout_s)
+                    connect_timeout_s=cfg.scheduler_timeout_s, display=_live_display)
     outcomes = run.run(chosen)
     summary = summarize(b, chosen, before, outcomes)
-    print(summary.text())
+    summary.print()
     per_worker: dict[str, int] = {}
     for tid in summary.built:
         w = run.workers.get(tid)

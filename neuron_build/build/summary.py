@@ -1,0 +1,161 @@
+"""The one summary a build prints at its end, for ``neuron-build build`` and ``doit build`` alike::
+
+    3 targets: 2 built, 0 cached, 1 failed
+      FAILED other/static/fp32/p1: ERROR: RuntimeError: factory exploded on purpose
+        log: neuron-build show other/static/fp32/p1
+
+Each failed target once, with its status, its one-line reason and the command that shows its log. On a
+terminal (and with rich installed) the failures are a table instead; colour as
+:func:`neuron_build.log.use_color` says.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from neuron_build.status import DOWNLOADED
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def log_command(target_id: str) -> str:
+    """The command that shows a failed target's status, reason and log file: ``neuron-build show <id>``."""
+    return f"neuron-build show {target_id}"
+
+
+@dataclass
+class BuildSummary:
+    """What one build did to the chosen targets (lists of target ids, in matrix order).
+
+    ``failures``: target id -> (status, one-line reason) of each failed target.
+    """
+
+    targets: list[str]
+    built: list[str]      # in the store now, not before, and compiled here (or by doit's other runners)
+    reused: list[str]     # compiled by another builder while this one waited for the key's lock
+    failed: list[str]     # not in the store after the build
+    failures: dict[str, tuple[str, str]] = field(default_factory=dict)
+    downloaded: list[str] = field(default_factory=list)  # cached: fetched from [build] remote by this build
+    rows: list[dict] = field(default_factory=list)   # build --json: one object per target (see summarize)
+
+    @property
+    def cached(self) -> int:
+        """Targets that were in the store already (or built by another builder meanwhile)."""
+        return len(self.targets) - len(self.built) - len(self.failed)
+
+    @property
+    def lines(self) -> list[str]:
+        """Two lines per failed target: ``  FAILED <target>: <status>: <reason>``, ``    log: <command>``."""
+        out = []
+        for tid in self.failed:
+            status, reason = self.failures.get(tid, ("not built", ""))
+            out += [f"  FAILED {tid}: {status}: {reason}", f"    log: {log_command(tid)}"]
+        return out
+
+    def head(self) -> str:
+        """``3 targets: 2 built, 0 cached, 1 failed`` (with the reused and downloaded counts when any)."""
+        return (f"{_plural(len(self.targets), 'target')}: {len(self.built)} built, {self.cached} cached"
+                + (f" ({len(self.reused)} built by another builder meanwhile)" if self.reused else "")
+                + (f" ({len(self.downloaded)} downloaded from the remote store)" if self.downloaded else "")
+                + f", {len(self.failed)} failed")
+
+    def text(self) -> str:
+        """The summary as plain text (a blank line first, to set it off doit's report)."""
+        return "\n".join(["\n" + self.head(), *self.lines])
+
+    def print(self, stream: Any = None, rich: bool | None = None, width: int | None = None) -> None:
+        """Print the summary on ``stream`` (default stdout): plain :meth:`text`, or with ``rich`` (default:
+        when something failed, ``stream`` is a terminal and rich is installed: never on a no-op build) the
+        head line and a table of the failures, ``width`` columns wide (default: the terminal's)."""
+        from neuron_build.build.display import make_console, wants_live
+
+        s = sys.stdout if stream is None else stream
+        if not (bool(self.failed) and wants_live(s) if rich is None else rich):
+            print(self.text(), file=s, flush=True)
+            return
+        from rich.table import Table
+        from rich.text import Text
+
+        console = make_console(s, terminal=True if rich else None, width=width)
+        console.print()
+        console.print(Text(self.head(), style="bold red" if self.failed else "bold green"))
+        if self.failed:
+            table = Table(show_edge=False, pad_edge=False, header_style="bold")
+            for name in ("failed target", "status", "reason", "log"):  # reasons fold; ids and commands stay whole
+                table.add_column(name, overflow="fold", no_wrap=name != "reason")
+            for tid in self.failed:
+                status, reason = self.failures.get(tid, ("not built", ""))
+                table.add_row(tid, Text(status, style="red"), reason, log_command(tid))
+            console.print(table)
+
+
+def from_outcomes(targets: Iterable[str], outcomes: Mapping[str, Any], hits: Iterable[str] = (),
+                  reported: Mapping[str, str | None] | None = None) -> BuildSummary:
+    """The summary of a ``doit build`` from what its session saw, without reading the store.
+
+    Args:
+        targets: the target ids the build selected, in matrix order.
+        outcomes: target id -> :class:`~neuron_build.build.attempt.Outcome` of each build that ran.
+        hits: target ids doit found up to date (cached).
+        reported: target id -> None (passed) or doit's failure message, for builds that ran where the
+            session could not see their outcome (a ``doit -P process`` runner).
+
+    A selected target with neither an outcome, a hit nor a report did not run (doit stopped first): it
+    counts as failed, ``not built``.
+    """
+    ids, hit, rep = list(targets), set(hits), dict(reported or {})
+    outcomes = dict(outcomes)
+    for t, msg in rep.items():  # seen by doit only: a pass counts as built, a failure keeps doit's message
+        if t not in outcomes and t not in hit:
+            outcomes[t] = _Reported(t, msg)
+    built = [t for t in ids if t in outcomes and outcomes[t].ok and outcomes[t].compiled]
+    reused = [t for t in ids if t in outcomes and outcomes[t].ok and outcomes[t].reason.startswith("reused")]
+    downloaded = [t for t in ids if t in outcomes and outcomes[t].ok and outcomes[t].reason == DOWNLOADED]
+    failed = [t for t in ids if (t in outcomes and not outcomes[t].ok) or (t not in outcomes and t not in hit)]
+    failures = {t: (str(outcomes[t].status), outcomes[t].reason) if t in outcomes else ("not built", "")
+                for t in failed}
+    return BuildSummary(ids, built, reused, failed, failures, downloaded)
+
+
+@dataclass(frozen=True)
+class _Reported:
+    """An outcome known only from doit's report: passed (``msg`` None) or failed with doit's message."""
+
+    target: str
+    msg: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.msg is None
+
+    compiled = True
+
+    def _parts(self) -> tuple[str, str]:
+        """(status, reason) from doit's message, ``<target>: <status>: <reason>`` as the build task words it."""
+        text = (self.msg or "").strip()
+        text = text[len(self.target) + 2:] if text.startswith(f"{self.target}: ") else text
+        status, sep, reason = text.partition(": ")
+        return (status, reason) if sep and status.isupper() else ("FAILED", text)
+
+    @property
+    def status(self) -> str:
+        return "PASS" if self.msg is None else self._parts()[0]
+
+    @property
+    def reason(self) -> str:
+        return "" if self.msg is None else self._parts()[1]
+
+
+def reported_outcome(target_id: str, msg: str | None) -> Any:
+    """An outcome known only from doit's report of a ``build:`` task: passed (``msg`` None) or failed with
+    doit's message (``<target>: <status>: <reason>``): ``target``, ``ok``, ``compiled``, ``status``,
+    ``reason`` as an :class:`~neuron_build.build.attempt.Outcome` has them."""
+    return _Reported(target_id, msg)
+
+
+__all__ = ["BuildSummary", "from_outcomes", "log_command", "reported_outcome"]
