@@ -38,6 +38,7 @@ import importlib.util
 import os
 import re
 from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -156,10 +157,11 @@ def model_files(folder: Path) -> list[Path]:
 _AUTO_DEF = re.compile(r"^(?:class (Auto\w+)\(|(Auto\w+) = )", re.M)
 
 
-def auto_classes() -> list[str] | None:
+@cache
+def auto_classes() -> tuple[str, ...] | None:
     """The ``Auto*`` model classes the installed transformers defines, read from its
-    ``models/auto/modeling_auto.py`` source (nothing imported); None when transformers is not installed
-    or the file is not where it was."""
+    ``models/auto/modeling_auto.py`` source (nothing imported; cached per process); None when
+    transformers is not installed or the file is not where it was."""
     try:
         spec = importlib.util.find_spec("transformers")
     except (ImportError, ValueError):
@@ -171,7 +173,7 @@ def auto_classes() -> list[str] | None:
         text = src.read_text(errors="replace")
     except OSError:
         return None
-    return sorted({a or b for a, b in _AUTO_DEF.findall(text)})
+    return tuple(sorted({a or b for a, b in _AUTO_DEF.findall(text)}))
 
 
 def from_pretrained_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -110,7 +110,7 @@ def test_folder_faults_one_line_each(tmp_path, bert_dir):
     assert load_project(cfg).config.models["bert"].hf == str(bert_dir)
 
 
-def test_factory_or_hf_and_auto_class_faults(tmp_path, bert_dir):
+def test_factory_or_hf_and_auto_class_faults(tmp_path, bert_dir, monkeypatch):
     cfg = project(tmp_path / "p", bert_dir=bert_dir)
     edit(cfg, 'hf = "tinybert"', 'hf = "tinybert"\nfactory = "models.x:build"')
     assert faults_of(cfg) == ["models.bert: gives both factory and hf; keep one (factory builds the module itself, "
@@ -119,8 +119,12 @@ def test_factory_or_hf_and_auto_class_faults(tmp_path, bert_dir):
     assert faults_of(cfg) == ['models.bert: gives neither factory nor hf; add factory = "module.path:function" or '
                               'hf = "<model folder or installed package>"']
     edit(cfg, 'dtypes = ["fp32"]', 'factory = "models.x:build"\noutput = "logits"\ndtypes = ["fp32"]')
-    assert faults_of(cfg) == ["models.bert: output apply to hf models only; remove it or replace factory with hf"]
-    edit(cfg, 'factory = "models.x:build"\noutput = "logits"', 'hf = "tinybert"\nauto_class = "AutoModle"')
+    assert faults_of(cfg) == ["models.bert: output applies to hf models only; remove it or replace factory with hf"]
+    edit(cfg, 'output = "logits"', 'output = "logits"\nauto_class = "AutoModel"')
+    assert faults_of(cfg) == ["models.bert: auto_class and output apply to hf models only; remove them or replace "
+                              "factory with hf"]
+    edit(cfg, 'factory = "models.x:build"\noutput = "logits"\nauto_class = "AutoModel"',
+         'hf = "tinybert"\nauto_class = "AutoModle"')
     assert faults_of(cfg) == ["models.bert.auto_class: transformers has no auto class 'AutoModle'; did you mean "
                               "'AutoModel'? e.g. AutoModel, AutoModelForSequenceClassification, AutoModelForCausalLM"]
     edit(cfg, 'auto_class = "AutoModle"', 'auto_class = "BertModel"')
@@ -130,6 +134,10 @@ def test_factory_or_hf_and_auto_class_faults(tmp_path, bert_dir):
     assert faults_of(cfg) == ['models.bert.output: -1 is not an output field name (e.g. "last_hidden_state") or a '
                               'tuple index (0, 1, ...)']
     edit(cfg, 'output = -1', 'output = 0')
+    monkeypatch.setattr(hf, "auto_classes", lambda: None)
+    assert faults_of(cfg) == ["models.bert.hf: transformers is not installed; install it (pip install transformers) "
+                              "to load hf models"]
+    monkeypatch.undo()
     m = load_project(cfg).config.models["bert"]
     assert m.hf_spec() == {"source": "tinybert", "auto_class": "AutoModelForMaskedLM", "output": 0,
                            "inputs": ["input_ids", "attention_mask"]}

@@ -376,8 +376,9 @@ class ModelSpec(_Frozen):
         if self.factory is not None:
             given = [k for k in ("auto_class", "output") if getattr(self, k) is not None]
             if given:
-                raise ValueError(f"{' and '.join(given)} apply to hf models only; remove {'them' if len(given) > 1 else 'it'} "
-                                 f"or replace factory with hf")
+                many = len(given) > 1
+                raise ValueError(f"{' and '.join(given)} {'apply' if many else 'applies'} to hf models only; "
+                                 f"remove {'them' if many else 'it'} or replace factory with hf")
         return self
 
     @property
