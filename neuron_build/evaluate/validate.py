@@ -462,11 +462,12 @@ def validate_target(project: Project, store: ArtifactStore, target: Target, key:
     rec: dict[str, Any] = {
         "target": target.id, "key": key, "model": target.model, "dtype": target.dtype, "backend": m.backend,
         "device_kind": kind, "host": socket.gethostname(), "time": utc_now(), "seed": validation_seed(key),
-        "reference": {"model": ref_name, "factory": ref_spec.factory, **({"hf": ref_spec.hf_spec()} if ref_spec.hf
-                                                                           else {}), "kwargs": dict(ref_spec.kwargs),
+        "reference": {"model": ref_name, "factory": ref_spec.factory, "kwargs": dict(ref_spec.kwargs),
                       "dtype": "fp32", "device": "cpu"},
         "tolerance": tol, "tolerance_source": tol_src, "outputs": [], "diagnosis": [],
     }
+    if ref_spec.hf is not None:  # an hf reference: what it loads (source, auto class, output, input names)
+        rec["reference"]["hf"] = ref_spec.hf_spec()
     ok, why = can_run_here(kind)
     if ok and kind == "cuda":
         import torch

@@ -4,8 +4,9 @@ Components (each hashed on its own so ``explain`` can say which one changed):
 
 - ``format``: the key format version;
 - ``model``: factory (or, for an hf model, ``hf``: auto class, output, from_pretrained kwargs, the
-  transformers version and the content of the model folder's files, :mod:`neuron_build.hf`), kwargs, ``sources`` (the sha256 of every project file the factory's import runs, read
-  statically, and of the files the model's ``sources`` globs match: :mod:`neuron_build.project.sources`),
+  transformers version and the content of the model folder's files, :mod:`neuron_build.hf`), kwargs,
+  ``sources`` (the sha256 of every project file the factory's import runs, read statically, and of the
+  files the model's ``sources`` globs match: :mod:`neuron_build.project.sources`),
   ``recorded`` (the project files the worker saw imported during an earlier build of the model that no
   static reading finds, e.g. a module loaded by a string), ``weights`` (the content of declared weight
   files and folders) and ``packages`` (the versions of the packages the model names, and the weight files
