@@ -5,6 +5,7 @@ the real pipeline, and serving a pulled release (``BucketedModel.load``) against
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import textwrap
 from pathlib import Path
@@ -237,7 +238,6 @@ def test_load_is_offline_and_returns_the_selected_output(tmp_path, bert_dir, mon
     orig = transformers.AutoModel.from_pretrained
 
     def spy(*args, **kwargs):
-        import os
         calls.append((args, kwargs, os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE")))
         return orig(*args, **kwargs)
 
@@ -312,7 +312,7 @@ def test_hf_model_builds_and_serves(tmp_path, bert_dir):
 
 
 @pytest.mark.slow
-def test_compile_cache_release_of_an_hf_model_loads_without_a_model(tmp_path, bert_dir):
+def test_compile_cache_release_of_an_hf_model_loads_without_a_model(tmp_path, bert_dir, monkeypatch):
     """A compile-cache artifact is a cache: serving rebuilds the module from the recorded ``hf`` (a folder
     relative to ``factory_root``) and compiles it from the installed caches; validation builds the eager hf
     model as its reference (about 90 s)."""
@@ -330,7 +330,10 @@ def test_compile_cache_release_of_an_hf_model_loads_without_a_model(tmp_path, be
                    str(cfg)).returncode == 0
     serve = tmp_path / "serve"
     assert run_cli("pull", "bert", "--channel", "dev", "--dest", str(serve), "-c", str(cfg)).returncode == 0
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # set by the load: restored after the test
+        monkeypatch.delenv(var, raising=False)
     served = BucketedModel.load(serve, factory_root=cfg.parent)
+    assert (os.environ["HF_HUB_OFFLINE"], os.environ["TRANSFORMERS_OFFLINE"]) == ("1", "1")
     assert served.installed.get("inductor", 0) >= 1
     ids, mask = tokens(2, 6, seed=1)
     out = served(ids, mask)
