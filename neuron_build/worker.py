@@ -42,11 +42,12 @@ def run(request_path: str) -> int:
             preflight = getattr(compiler, "preflight", None)
             if preflight is not None:  # toolchain checks before the (possibly slow) model build
                 preflight(req)
-            model = build_model(req.root, req.factory, req.kwargs, req.dtype)
+            model = build_model(req.root, req.factory, req.kwargs, req.dtype, hf=req.hf)
         except CompileFailed:
             raise
         except ImportError as e:
-            raise CompileFailed(Status.ERROR, f"factory {req.factory} does not import: {e}") from e
+            what = f"hf model {req.hf['source']} does not load" if req.hf else f"factory {req.factory} does not import"
+            raise CompileFailed(Status.ERROR, f"{what}: {e}") from e
         inputs = make_inputs(req.inputs, req.seed)
         print(f"model built in {time.monotonic() - t0:.1f} s", flush=True)
         result = compiler.compile(model, inputs, req)

@@ -20,7 +20,8 @@ PKG = REPO / "neuron_build"
 
 #: layer -> module-name prefixes (longest match wins)
 LAYERS = {
-    "core": ["neuron_build", "neuron_build.errors", "neuron_build.status", "neuron_build.util", "neuron_build.log"],
+    "core": ["neuron_build", "neuron_build.errors", "neuron_build.status", "neuron_build.util", "neuron_build.log",
+             "neuron_build.hf"],
     "project": ["neuron_build.project"],
     "store": ["neuron_build.store"],
     "compilers": ["neuron_build.compilers", "neuron_build.worker", "neuron_build.examples", "neuron_build.artifact"],

@@ -244,3 +244,37 @@ def test_doit_noop_build_from_the_cache_and_a_rebuild_after_an_edit(tmp_path):
     (root / "lib" / "lin.py").write_text("import torch\n\n\ndef build():\n    return torch.nn.Linear(4, 5)\n")
     rc, _, _, out = doit()
     assert rc == 0 and ".  build:lin/static/fp32/p1" in out  # the edit is noticed: compiled again
+
+
+def test_an_hf_model_folder_change_is_noticed(tmp_path, monkeypatch):
+    root = tmp_path / "hfproj"
+    (root / "bert").mkdir(parents=True)
+    (root / "bert" / "config.json").write_text('{"model_type": "bert", "hidden_size": 32}\n')
+    (root / "bert" / "model.safetensors").write_bytes(b"\x00" * 128)
+    cfg = root / "buckets.toml"
+    cfg.write_text(textwrap.dedent('''
+        [build]
+        backend = "torchscript"
+        [profiles.p1]
+        compiler_args = ["--optlevel=1"]
+        [models.enc]
+        hf = "bert"
+        dtypes = ["fp32"]
+        profiles = ["p1"]
+        inputs = [{ name = "input_ids", shape = [1, 8], dtype = "int64", range = [0, 100] }]
+    '''))
+    monkeypatch.setenv("NEURON_BUILD_CONFIG", str(cfg))
+    time.sleep(0.05)
+    before = planned_keys()
+    assert cached_keys() == before
+    f = root / "bert" / "config.json"
+    st = f.stat()
+    f.write_text('{"model_type": "bert", "hidden_size": 64}\n')  # same size, mtime put back
+    restore_times(f, st)
+    assert cached_keys() is None
+    after = planned_keys()
+    assert after["enc/static/fp32/p1"] != before["enc/static/fp32/p1"]
+    time.sleep(0.05)
+    planned_keys()
+    (root / "bert" / "generation_config.json").write_text("{}\n")  # a new file from_pretrained reads
+    assert cached_keys() is None

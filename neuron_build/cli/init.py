@@ -28,6 +28,20 @@ profiles = ["o2"]
 inputs = [{ name = "x", shape = ["batch", 256] }]
 buckets = { batch = [1, 8] }
 
+# A Hugging Face model needs no factory: a folder holding config.json and the weights (relative to this
+# file's folder), or an installed package that ships one, loaded offline (see README.md, buckets.toml):
+# [models.encoder]
+# hf = "my-model"                  # the folder or the package
+# auto_class = "AutoModel"         # the default; or AutoModelForSequenceClassification, ...
+# output = "last_hidden_state"     # the default for AutoModel; logits for the AutoModelFor... heads
+# dtypes = ["fp32"]
+# profiles = ["o2"]
+# inputs = [
+#   { name = "input_ids", shape = ["batch", "seq"], dtype = "int64", range = [0, 30522] },
+#   { name = "attention_mask", shape = ["batch", "seq"], dtype = "int64", range = [1, 2] },
+# ]
+# buckets = { batch = [1], seq = [128] }
+
 [release]
 channels = ["dev", "staging", "prod"]
 '''

@@ -45,6 +45,9 @@ def enter_stage(name: str) -> None:
 class CompileRequest:
     """Everything the worker needs to compile one target; written to ``request.json``.
 
+    ``factory`` (``module.path:function``) builds the model, or, for an hf model, ``hf`` (the record of
+    :func:`neuron_build.hf.spec`) names the Hugging Face model it loads (``factory`` is then None); ``kwargs``
+    go to the factory or to ``from_pretrained``.
     ``inputs`` are concrete input specs (``name``, ``shape``, ``dtype``, ``range``). ``out_dir`` receives
     the artifact's files; ``work_dir`` is the compiler workdir (absolute). ``seed`` makes the example inputs.
     """
@@ -52,7 +55,7 @@ class CompileRequest:
     target: str
     key: str
     root: str
-    factory: str
+    factory: str | None
     kwargs: dict[str, Any]
     dtype: str
     inputs: list[dict[str, Any]]
@@ -65,6 +68,7 @@ class CompileRequest:
     work_dir: str
     seed: int
     options: dict[str, Any] = field(default_factory=dict)
+    hf: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

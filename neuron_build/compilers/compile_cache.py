@@ -391,10 +391,14 @@ def serving_settings(backend: str, request: CompileRequest, env: Mapping[str, st
     and copied into releases: ``torch_compile`` (:func:`torch_compile_kwargs`), ``env`` (the compiler
     settings that must be set, exactly, before the model is compiled: they are part of TorchNeuron's cache
     key), ``device`` (``cpu``, ``cuda`` or ``neuron``), ``grad`` (``no_grad``: warmed under it), and the model
-    as built: ``factory``, ``kwargs``, ``dtype``."""
+    as built: ``factory``, ``kwargs``, ``dtype``, and for an hf model ``hf`` (:func:`neuron_build.hf.spec`:
+    the folder or package as written in buckets.toml, the auto class, the output, the input names)."""
     device = "neuron" if backend == "torchneuron" else request.hardware_target
-    return {"torch_compile": torch_compile_kwargs(backend), "env": dict(sorted(env.items())), "device": device,
-            "grad": "no_grad", "factory": request.factory, "kwargs": dict(request.kwargs), "dtype": request.dtype}
+    out = {"torch_compile": torch_compile_kwargs(backend), "env": dict(sorted(env.items())), "device": device,
+           "grad": "no_grad", "factory": request.factory, "kwargs": dict(request.kwargs), "dtype": request.dtype}
+    if request.hf is not None:
+        out["hf"] = dict(request.hf)
+    return out
 
 
 __all__ = ["BLOB", "CACHE_BACKENDS", "LOADER", "KERNEL_DIR", "NEFF_DIR", "CompileCacheCompiler", "apply_serving_env", "capture",

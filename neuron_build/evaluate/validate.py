@@ -243,9 +243,9 @@ class Prepared:
         return self.project.config.models[self.target.model]
 
     @property
-    def factory(self) -> str:
-        """The artifact's factory, as recorded in its key (what was compiled)."""
-        return self.manifest.key_details["model"]["factory"]
+    def factory(self) -> str | None:
+        """The artifact's factory, as recorded in its key (what was compiled); None for an hf model."""
+        return self.manifest.key_details["model"].get("factory")
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -270,11 +270,11 @@ class Prepared:
         from neuron_build.examples import build_model
 
         if model is None:
-            factory, kw = self.factory, (self.kwargs if kwargs is None else kwargs)
+            factory, kw, hf = self.factory, (self.kwargs if kwargs is None else kwargs), self.model_spec.hf_spec()
         else:
             spec = self.project.config.models[model]
-            factory, kw = spec.factory, (dict(spec.kwargs) if kwargs is None else kwargs)
-        return build_model(self.project.root, factory, kw, dtype).to(device)
+            factory, kw, hf = spec.factory, (dict(spec.kwargs) if kwargs is None else kwargs), spec.hf_spec()
+        return build_model(self.project.root, factory, kw, dtype, hf=hf).to(device)
 
     def load_artifact(self):
         """Load the artifact onto its device and return a callable.
@@ -343,12 +343,16 @@ def _max_rel(out, ref) -> float:
     return max(r["rel_l2_error"] for r in rows)
 
 
-def _factory_defaults(root, factory: str) -> dict[str, Any]:
-    """The keyword defaults of a factory function ({} when it cannot be inspected)."""
+def _factory_defaults(root, factory: str | None) -> dict[str, Any]:
+    """The keyword defaults of a factory function ({} when it cannot be inspected; for an hf model,
+    :data:`neuron_build.hf.DEFAULT_KWARGS`)."""
     import inspect
 
     from neuron_build.examples import load_factory
 
+    if factory is None:
+        from neuron_build.hf import DEFAULT_KWARGS
+        return dict(DEFAULT_KWARGS)
     try:
         sig = inspect.signature(load_factory(root, factory))
     except (ImportError, TypeError, ValueError):
@@ -462,6 +466,8 @@ def validate_target(project: Project, store: ArtifactStore, target: Target, key:
                       "dtype": "fp32", "device": "cpu"},
         "tolerance": tol, "tolerance_source": tol_src, "outputs": [], "diagnosis": [],
     }
+    if ref_spec.hf is not None:  # an hf reference: what it loads (source, auto class, output, input names)
+        rec["reference"]["hf"] = ref_spec.hf_spec()
     ok, why = can_run_here(kind)
     if ok and kind == "cuda":
         import torch

@@ -265,9 +265,14 @@ class InputSpec(_Frozen):
 
 
 class ModelSpec(_Frozen):
-    """``[models.NAME]``: a factory, its inputs, its buckets and what it is built for.
+    """``[models.NAME]``: a factory (or a Hugging Face model), its inputs, its buckets and what it is built for.
 
-    ``factory`` is ``module.path:function`` relative to the folder of ``buckets.toml``. ``buckets`` maps
+    ``factory`` is ``module.path:function`` relative to the folder of ``buckets.toml``, called with
+    ``kwargs``. Instead of a factory, ``hf`` names a Hugging Face model folder (relative to the config's
+    folder, or absolute) or an installed package that ships one, loaded offline with the transformers
+    ``auto_class`` (default ``AutoModel``), ``kwargs`` passed to ``from_pretrained``, and ``output`` (a
+    field name or a tuple index) selecting what the module returns (see :mod:`neuron_build.hf`); exactly one
+    of ``factory`` and ``hf`` is given. ``buckets`` maps
     each bucket dim to its values; a model's buckets are their product. ``weights`` are extra files
     or folders (paths relative to the config's folder, or absolute) whose content is part of the key (a folder:
     every file under it); ``sources`` are globs (relative to the config's folder, ``**`` recursing) of
@@ -286,7 +291,10 @@ class ModelSpec(_Frozen):
     wrong path).
     """
 
-    factory: StrictStr
+    factory: StrictStr | None = None
+    hf: StrictStr | None = None
+    auto_class: StrictStr | None = None
+    output: StrictStr | int | None = None
     kwargs: dict[str, Any] = {}
     dtypes: tuple[Dtype, ...] = Field(min_length=1)
     profiles: tuple[StrictStr, ...] = Field(min_length=1)
@@ -302,7 +310,9 @@ class ModelSpec(_Frozen):
 
     @field_validator("factory")
     @classmethod
-    def _factory(cls, v: str) -> str:
+    def _factory(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         mod, sep, fn = v.partition(":")
         if not sep or not fn.isidentifier() or not all(p.isidentifier() for p in mod.split(".")):
             raise ValueError(f"{v!r} is not 'module.path:function' (e.g. 'models.minilm:build')")
@@ -340,13 +350,55 @@ class ModelSpec(_Frozen):
                 raise ValueError(f"{k} = {x}: a relative L2 tolerance is between 0 and 1 (e.g. 2e-2)")
         return v
 
+    @field_validator("auto_class")
+    @classmethod
+    def _auto_class(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"Auto[A-Za-z0-9]*", v):
+            raise ValueError(f"{v!r} is not a transformers auto class; give one such as \"AutoModel\" or "
+                             f"\"AutoModelForSequenceClassification\"")
+        return v
+
+    @field_validator("output")
+    @classmethod
+    def _output(cls, v: str | int | None) -> str | int | None:
+        if isinstance(v, int) and v < 0 or isinstance(v, str) and not v.isidentifier():
+            raise ValueError(f"{v!r} is not an output field name (e.g. \"last_hidden_state\") or a tuple index "
+                             f"(0, 1, ...)")
+        return v
+
+    @model_validator(mode="after")
+    def _factory_or_hf(self) -> ModelSpec:
+        if self.factory is None and self.hf is None:
+            raise ValueError("gives neither factory nor hf; add factory = \"module.path:function\" or "
+                             "hf = \"<model folder or installed package>\"")
+        if self.factory is not None and self.hf is not None:
+            raise ValueError("gives both factory and hf; keep one (factory builds the module itself, hf loads "
+                             "a Hugging Face model folder)")
+        if self.factory is not None:
+            given = [k for k in ("auto_class", "output") if getattr(self, k) is not None]
+            if given:
+                many = len(given) > 1
+                raise ValueError(f"{' and '.join(given)} {'apply' if many else 'applies'} to hf models only; "
+                                 f"remove {'them' if many else 'it'} or replace factory with hf")
+        return self
+
     @property
     def module(self) -> str:
-        return self.factory.partition(":")[0]
+        """The factory's module (``models.minilm``); empty for an hf model."""
+        return (self.factory or "").partition(":")[0]
 
     @property
     def function(self) -> str:
-        return self.factory.partition(":")[2]
+        return (self.factory or "").partition(":")[2]
+
+    def hf_spec(self) -> dict[str, Any] | None:
+        """The ``hf`` record of an hf model (:func:`neuron_build.hf.spec`: source, auto class, output, input
+        names), None for a factory model."""
+        if self.hf is None:
+            return None
+        from neuron_build import hf
+
+        return hf.spec(self.hf, self.auto_class, self.output, [i.name for i in self.inputs])
 
 
 def _specifiers(v: dict[str, str], where: str = "") -> dict[str, str]:
@@ -522,7 +574,13 @@ class Project:
         return self.config.build.remote
 
     def factory_file(self, model: str) -> Path:
-        """The source file of a model's factory module (``models.minilm`` -> ``<root>/models/minilm.py``)."""
+        """The source file of a model's factory module (``models.minilm`` -> ``<root>/models/minilm.py``).
+
+        Raises:
+            ValueError: the model is an hf model (it has no factory).
+        """
+        if self.config.models[model].factory is None:
+            raise ValueError(f"model {model!r} is an hf model; it has no factory file")
         mod = self.config.models[model].module
         base = self.root.joinpath(*mod.split("."))
         pkg = base / "__init__.py"
@@ -688,7 +746,7 @@ def _cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
                 faults.append(f"{toml_path(at + ('packages', i))}: package '{pkg}' is not installed; "
                               f"install it (pip install {pkg}) or remove it")
         faults.extend(_check_reference(cfg, mname, m, at))
-        faults.extend(_check_factory(m, root, at))
+        faults.extend(_check_factory(m, root, at) if m.factory is not None else _check_hf(m, root, at))
     return faults
 
 
@@ -751,6 +809,30 @@ def _check_factory(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
                           f"import: syntax error at line {e.lineno}: {e.msg}")
             continue
         faults.extend(_missing_imports(dep_tree, dep, root, where, via=path))
+    return faults
+
+
+def _check_hf(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
+    """Statically check an hf model: its folder (or package) resolves to a folder with config.json and
+    weights, transformers is installed and defines the auto class. Nothing is imported."""
+    from neuron_build import hf
+
+    faults = []
+    try:
+        hf.resolve(m.hf or "", root)
+    except hf.HFSourceError as e:
+        faults.append(f"{toml_path(at + ('hf',))}: {e}")
+    known = hf.auto_classes()
+    if known is None:
+        faults.append(f"{toml_path(at + ('hf',))}: transformers is not installed; install it (pip install "
+                      f"transformers) to load hf models")
+    else:
+        name = m.auto_class or hf.DEFAULT_AUTO_CLASS
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            faults.append(f"{toml_path(at + ('auto_class',))}: transformers has no auto class '{name}'; {hint}"
+                          f"e.g. AutoModel, AutoModelForSequenceClassification, AutoModelForCausalLM")
     return faults
 
 

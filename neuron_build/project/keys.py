@@ -3,8 +3,10 @@
 Components (each hashed on its own so ``explain`` can say which one changed):
 
 - ``format``: the key format version;
-- ``model``: factory, kwargs, ``sources`` (the sha256 of every project file the factory's import runs, read
-  statically, and of the files the model's ``sources`` globs match: :mod:`neuron_build.project.sources`),
+- ``model``: factory (or, for an hf model, ``hf``: auto class, output, from_pretrained kwargs, the
+  transformers version and the content of the model folder's files, :mod:`neuron_build.hf`), kwargs,
+  ``sources`` (the sha256 of every project file the factory's import runs, read statically, and of the
+  files the model's ``sources`` globs match: :mod:`neuron_build.project.sources`),
   ``recorded`` (the project files the worker saw imported during an earlier build of the model that no
   static reading finds, e.g. a module loaded by a string), ``weights`` (the content of declared weight
   files and folders) and ``packages`` (the versions of the packages the model names, and the weight files
@@ -267,7 +269,8 @@ class KeyMaker:
         m = p.config.models[name]
         root = p.root.resolve()
         log = self.inputs
-        files = set(local_imports(p.factory_file(name), root, self.exclude, module=m.module, observe=log))
+        files = (set(local_imports(p.factory_file(name), root, self.exclude, module=m.module, observe=log))
+                 if m.factory is not None else set())
         if m.sources:
             globbed = glob_sources(root, m.sources)
             log.glob(root, m.sources, globbed)
@@ -284,10 +287,36 @@ class KeyMaker:
                 "version": dist.version,
                 "weights": {str(f): _observed(log, self.digests.digest, Path(dist.locate_file(f))) for f in pfiles},
             }
-        comp = {"factory": m.factory, "kwargs": m.kwargs, "sources": sources, "weights": weights,
-                "packages": packages}
+        if m.hf is None:
+            comp = {"factory": m.factory, "kwargs": m.kwargs, "sources": sources, "weights": weights,
+                    "packages": packages}
+        else:
+            comp = {"hf": self._hf(m, root), "kwargs": m.kwargs, "sources": sources, "weights": weights,
+                    "packages": packages}
         self._static_cache[name] = comp
         return comp
+
+    def _hf(self, m, root: Path) -> dict[str, Any]:
+        """The ``hf`` part of an hf model's ``model`` component: the auto class, the output, the effective
+        from_pretrained kwargs, the transformers version and ``files`` (file name -> sha256 of each file of
+        :func:`neuron_build.hf.model_files`). Not the folder's location nor the ``hf`` value: the same
+        files in another folder or another venv's package give the same key."""
+        from neuron_build import hf
+
+        spec = m.hf_spec()
+        log = self.inputs  # for the plan cache, each noted before it is read
+        log.folder(root / m.hf)  # is it a folder here (else a package name)?
+        if not hf.is_path(m.hf, root):
+            for pkg in hf.package_folders(m.hf):
+                log.listing(pkg)  # which of its folders holds config.json
+                for sub in (d for d in pkg.iterdir() if d.is_dir()):
+                    log.listing(sub)
+        folder = hf.resolve(m.hf, root)
+        log.listing(folder)
+        kwargs = {k: v for k, v in hf.from_pretrained_kwargs(m.kwargs).items() if k != "local_files_only"}
+        return {"auto_class": spec["auto_class"], "output": spec["output"], "from_pretrained": kwargs,
+                "transformers": version("transformers"),
+                "files": {f.name: _observed(log, self.digests.digest, f) for f in hf.model_files(folder)}}
 
     def recorded_digests(self, name: str, files: list[str] | None = None) -> dict[str, str]:
         """Recorded file -> sha256 (:data:`MISSING` for a file gone since) for the files recorded for a

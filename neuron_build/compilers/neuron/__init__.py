@@ -221,13 +221,14 @@ class RankModelFactory:
     ``(model, {})`` (no input/output aliases). Picklable, for ranks that run in spawned processes."""
 
     root: str
-    factory: str
+    factory: str | None
     kwargs: dict
     dtype: str
+    hf: dict | None = None
 
     def __call__(self):
         from neuron_build.examples import build_model
-        return build_model(self.root, self.factory, self.kwargs, self.dtype), {}
+        return build_model(self.root, self.factory, self.kwargs, self.dtype, hf=self.hf), {}
 
 
 class NeuronCompiler:
@@ -349,7 +350,8 @@ class NeuronCompiler:
         try:
             with monitor, torch.no_grad():
                 if tp > 1:
-                    factory = RankModelFactory(request.root, request.factory, dict(request.kwargs), request.dtype)
+                    factory = RankModelFactory(request.root, request.factory, dict(request.kwargs), request.dtype,
+                                               request.hf)
                     traced = fn(factory, example_inputs, **kwargs)
                 else:
                     traced = fn(model, example_inputs, **kwargs)
