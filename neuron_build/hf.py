@@ -266,6 +266,7 @@ def build(hf: dict[str, Any], kwargs: dict[str, Any], root: str | Path):
         raise ImportError(f"hf model {hf['source']!r}: {e}") from None
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()  # no "Loading weights: 100%" bars in build/bench output
     name = hf.get("auto_class") or DEFAULT_AUTO_CLASS
     cls = getattr(transformers, name, None) if name.startswith("Auto") else None
     if cls is None or not hasattr(cls, "from_pretrained"):

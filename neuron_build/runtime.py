@@ -454,8 +454,10 @@ def _compile_events(backend: str):
 
 
 def warmup(folder: str | Path, model: Any = None, *, factory_root: str | Path | None = None) -> dict[str, Any]:
-    """Load a pulled compile-cache or torchneuron release (:meth:`BucketedModel.load`) and call each
-    bucket once on inputs of its exact shapes, then :data:`STEADY_CALLS` more times.
+    """Load a pulled release (:meth:`BucketedModel.load`) and call each bucket once on inputs of its exact
+    shapes, then :data:`STEADY_CALLS` more times. For compile-cache and torchneuron releases (caches) this
+    is what a fresh replica pays; for inductor (AOTInductor) and torchscript releases (compiled models) it
+    shows that loading compiles nothing either (the Inductor counters).
 
     Meant for a fresh process (``neuron-build warmup DIR`` runs one, with empty compiler caches), so that
     every hit comes from the pulled files. Compiles and hits per bucket: Inductor's
@@ -470,7 +472,7 @@ def warmup(folder: str | Path, model: Any = None, *, factory_root: str | Path | 
         "compiles_total", "zero_compiles"}``; latencies in seconds (steady: the median).
 
     Raises:
-        UserError: the folder holds no compile-cache or torchneuron release.
+        UserError: the folder holds no pulled release (see :meth:`BucketedModel.load`).
     """
     import statistics
     import time
@@ -481,9 +483,8 @@ def warmup(folder: str | Path, model: Any = None, *, factory_root: str | Path | 
     from neuron_build.examples import make_inputs
 
     bm = BucketedModel.load(folder, model, factory_root=factory_root)
-    if bm.release.get("serving") is None:
-        raise UserError(f"{folder}: release {bm.release.get('release')} is a {bm.release.get('backend')} release; "
-                        f"warmup is for compile-cache and torchneuron releases (their artifacts are caches)")
+    # an AOTInductor or TorchScript release holds compiled models: its warm-up shows that loading and calling
+    # them compiles nothing either (Inductor's counters and kernel files stay as they were)
     backend = bm.release["backend"]
     snap, delta = _compile_events(backend)
     rows = []

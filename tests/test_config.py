@@ -186,3 +186,33 @@ def test_modules_the_factory_imports_must_import_too(tiny):
         "models.tiny.factory: tinylib/tiny.py does not import: 'tinylib.gone' (line 39) not found under tinylib/",
         "models.tiny.factory: tinylib/act.py (imported by tinylib/tiny.py) does not import: module "
         "'not_installed_abc' (line 1) is not installed"]
+
+
+def test_a_boolean_is_not_a_number(tiny):
+    edit(tiny, "timeout_s = 120", "timeout_s = true")
+    with pytest.raises(ConfigError) as e:
+        load_project(tiny)
+    assert e.value.faults == ["build.timeout_s: must be a number, not true/false"]
+    edit(tiny, "timeout_s = true", "timeout_s = 600")
+    assert load_project(tiny).config.build.timeout_s == 600.0
+
+
+def test_an_absolute_missing_weights_path_and_a_byte_order_mark(tiny):
+    edit(tiny, 'factory = "tinylib.other:build"', 'factory = "tinylib.other:build"\nweights = ["/nonexistent/w.bin"]')
+    with pytest.raises(ConfigError) as e:
+        load_project(tiny)
+    assert e.value.faults == ["models.other.weights[0]: '/nonexistent/w.bin' not found; give an existing file or folder"]
+    tiny.write_bytes(b"\xef\xbb\xbf" + tiny.read_bytes())
+    with pytest.raises(ConfigError) as e:
+        load_project(tiny)
+    assert e.value.faults[0].startswith("not valid TOML: ")
+    assert e.value.faults[0].endswith("the file starts with a UTF-8 byte-order mark, which TOML does not allow: "
+                                      "save it as UTF-8 without BOM")
+
+
+def test_a_factory_kwarg_it_does_not_take_is_a_config_error(tiny):
+    edit(tiny, "kwargs = { width = 16 }", "kwargs = { widht = 16 }")
+    with pytest.raises(ConfigError) as e:
+        load_project(tiny)
+    assert e.value.faults == ["models.tiny.kwargs.widht: tinylib.tiny:build takes no argument 'widht'; "
+                              "did you mean 'width'?"]

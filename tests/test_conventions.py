@@ -134,11 +134,25 @@ def test_init_scaffolds_a_project_that_plans_and_never_overwrites(tmp_path, caps
     assert main(["init", str(root)]) == 0
     out = capsys.readouterr().out
     assert f"created {root / 'buckets.toml'}" in out and f"created {root / 'models' / 'example.py'}" in out
+    assert f"next: cd {root} && neuron-build plan && neuron-build build" in out
     project = load_project(root / "buckets.toml")
     assert list(project.config.models) == ["mlp"]
     assert (root / "dodo.py").read_text().startswith("from neuron_build.tasks import *")
     (root / "models" / "example.py").write_text("# mine\n")
     assert main(["init", str(root)]) == 2
     err = capsys.readouterr().err
-    assert "buckets.toml, dodo.py, models/__init__.py, models/example.py already exist(s)" in err
+    assert "buckets.toml, dodo.py, models/__init__.py, models/example.py already exist;" in err
+    (root / "dodo.py").unlink()
+    (root / "buckets.toml").unlink()
+    (root / "models" / "__init__.py").unlink()
+    assert main(["init", str(root)]) == 2
+    assert "models/example.py already exists;" in capsys.readouterr().err
     assert (root / "models" / "example.py").read_text() == "# mine\n"
+
+
+def test_the_backend_note_never_precedes_a_usage_error(tmp_path):
+    cfg = write_tiny_project(tmp_path / "proj")
+    cfg.write_text(cfg.read_text().replace('backend = "torchscript"', 'backend = "auto"'))
+    r = run_cli("build", "-c", str(cfg), "nosuchmodel")
+    assert r.returncode == 2 and "no target matches 'nosuchmodel'" in r.stderr
+    assert "backend auto" not in r.stdout + r.stderr

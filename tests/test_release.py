@@ -725,6 +725,11 @@ def test_cli_release_flow_and_history(proj, tmp_path):
     r = run_cli("pull", "tiny", "--channel", "prod", "--dest", str(dest), *c)
     assert r.returncode == 0, r.stderr
     assert json.loads((dest / "release.json").read_text())["release"] == r1
+    from neuron_build.runtime import warmup  # a release of compiled models warms up too: nothing compiles
+
+    rep = warmup(dest)
+    assert (rep["backend"], rep["zero_compiles"], rep["compiles_total"]) == ("torchscript", True, 0)
+    assert [b["compiles"] for b in rep["buckets"]] == [0] * len(rep["buckets"]) and rep["buckets"]
 
     hist = json.loads(run_cli("history", "tiny", "--channel", "prod", "--json", *c).stdout)["history"]
     assert [(h["action"], h["from"], h["to"], h["who"]) for h in hist] == [

@@ -97,10 +97,11 @@ def cmd_build(args) -> int:
     from neuron_build.tasks import BuildSession
 
     b = open_builder(args, quiet=True if args.json else None)
-    b.announce_backend()
-    chosen = select(b.targets, args.patterns)
+    chosen = select(b.targets, args.patterns)  # a pattern that matches nothing is an error before any note
     before = {t.id: b.state(t) for t in chosen}
     b.keys.save()
+    if any(s != TargetState.CACHED for s in before.values()):
+        b.announce_backend()  # once, and only when something compiles
     cfg = b.project.config.build
     if (args.executor or cfg.executor) == "dask":
         return _build_on_dask(args, b, chosen, before)

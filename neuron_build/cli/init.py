@@ -81,7 +81,8 @@ def scaffold(root: Path) -> list[str]:
         raise UserError(f"{root} is a file; give a folder for the new project")
     there = [rel for rel in FILES if (root / rel).exists()]
     if there:
-        raise UserError(f"{root}: {', '.join(there)} already exist(s); init writes nothing over existing files "
+        verb = "exists" if len(there) == 1 else "exist"
+        raise UserError(f"{root}: {', '.join(there)} already {verb}; init writes nothing over existing files "
                         f"(remove them or choose another folder)")
     out = []
     for rel, text in FILES.items():
@@ -103,5 +104,6 @@ def cmd_init(args) -> int:
         return ExitCode.OK
     for p in written:
         print(f"created {p}")
-    print(f"next: cd {root} && neuron-build plan && neuron-build build")
+    cd = "" if root.resolve() == Path.cwd().resolve() else f"cd {root} && "
+    print(f"next: {cd}neuron-build plan && neuron-build build")
     return ExitCode.OK

@@ -17,10 +17,11 @@ import typing
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PositiveInt,
@@ -55,6 +56,16 @@ DeviceKind = Literal["cpu", "cuda", "neuron"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _DIM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _not_bool(v: Any) -> Any:
+    if isinstance(v, bool):  # TOML true/false would pass as 1.0/0.0 where ints are allowed for floats
+        raise ValueError("must be a number, not true/false")
+    return v
+
+
+#: A float setting that also takes an integer (``timeout_s = 600``), never a boolean.
+Number = Annotated[float, BeforeValidator(_not_bool)]
 
 
 def _no_duplicates(v: tuple[str, ...]) -> tuple[str, ...]:
@@ -101,15 +112,15 @@ class BuildSettings(_Frozen):
     backend: Backend = "auto"
     target: NeuronTarget = "trn1"
     device: Device = "cpu"
-    timeout_s: float = Field(default=3600.0, gt=0, strict=False)
+    timeout_s: Number = Field(default=3600.0, gt=0, strict=False)
     transient_retries: int = Field(default=2, ge=0, le=10, strict=True)
-    heartbeat_s: float = Field(default=15.0, gt=0, strict=False)
+    heartbeat_s: Number = Field(default=15.0, gt=0, strict=False)
     state_dir: StrictStr = ".neuron-build"
-    max_host_memory_gb: float | None = Field(default=None, gt=0, strict=False)
-    default_compile_memory_gb: float = Field(default=4.0, gt=0, strict=False)
+    max_host_memory_gb: Number | None = Field(default=None, gt=0, strict=False)
+    default_compile_memory_gb: Number = Field(default=4.0, gt=0, strict=False)
     executor: Executor = "local"
     scheduler: StrictStr | None = None
-    scheduler_timeout_s: float = Field(default=10.0, gt=0, strict=False)
+    scheduler_timeout_s: Number = Field(default=10.0, gt=0, strict=False)
 
     @field_validator("scheduler")
     @classmethod
@@ -442,10 +453,10 @@ class ReleaseSettings(_Frozen):
     channels: tuple[StrictStr, ...] = Field(default=("dev", "staging", "prod"), min_length=1)
     allow_skip: StrictBool = False
     max_artifacts_per_model: int = Field(default=3, ge=1, strict=True)
-    max_op_count_regression: float = Field(default=0.10, ge=0, strict=False)
-    max_latency_ratio: float = Field(default=1.3, gt=0, strict=False)
-    latency_confidence: float = Field(default=0.95, gt=0, lt=1, strict=False)
-    max_compile_time_p95_s: float = Field(default=400.0, gt=0, strict=False)
+    max_op_count_regression: Number = Field(default=0.10, ge=0, strict=False)
+    max_latency_ratio: Number = Field(default=1.3, gt=0, strict=False)
+    latency_confidence: Number = Field(default=0.95, gt=0, lt=1, strict=False)
+    max_compile_time_p95_s: Number = Field(default=400.0, gt=0, strict=False)
     serving_device_kind: DeviceKind = "cpu"
     channel_device_kind: dict[str, DeviceKind] = {}
     serving: dict[StrictStr, StrictStr] = {}
@@ -521,16 +532,16 @@ class MonitoringSettings(_Frozen):
     (MB = 1e6 bytes) in all; the oldest go first.
     """
 
-    max_failure_rate: float = Field(default=0.05, ge=0, le=1, strict=False)
-    max_compile_time_p95_s: float = Field(default=400.0, gt=0, strict=False)
-    max_recompiles_per_hour: float = Field(default=2, ge=0, strict=False)
+    max_failure_rate: Number = Field(default=0.05, ge=0, le=1, strict=False)
+    max_compile_time_p95_s: Number = Field(default=400.0, gt=0, strict=False)
+    max_recompiles_per_hour: Number = Field(default=2, ge=0, strict=False)
     max_artifacts_per_model: int = Field(default=3, ge=1, strict=True)
-    max_hbm_fraction: float = Field(default=0.60, gt=0, le=1, strict=False)
-    neuroncore_hbm_gb: float = Field(default=16.0, gt=0, strict=False)
-    max_p99_ratio: float = Field(default=1.3, gt=0, strict=False)
-    min_neuroncore_utilisation: float = Field(default=0.40, ge=0, le=1, strict=False)
+    max_hbm_fraction: Number = Field(default=0.60, gt=0, le=1, strict=False)
+    neuroncore_hbm_gb: Number = Field(default=16.0, gt=0, strict=False)
+    max_p99_ratio: Number = Field(default=1.3, gt=0, strict=False)
+    min_neuroncore_utilisation: Number = Field(default=0.40, ge=0, le=1, strict=False)
     keep_failed_workdirs: int = Field(default=3, ge=0, strict=True)
-    failed_workdirs_max_mb: float = Field(default=1000.0, ge=0, strict=False)
+    failed_workdirs_max_mb: Number = Field(default=1000.0, ge=0, strict=False)
 
 
 class ConfigFile(_Frozen):
@@ -729,7 +740,8 @@ def _cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
                     faults.append(f"{toml_path(at + ('weights', i))}: folder '{w}' holds no files; "
                                   f"put the weight files in it or remove the entry")
             elif not wp.is_file():
-                faults.append(f"{toml_path(at + ('weights', i))}: '{w}' not found (relative to {root}); "
+                where = "" if Path(w).is_absolute() else f" (relative to {root})"
+                faults.append(f"{toml_path(at + ('weights', i))}: '{w}' not found{where}; "
                               f"give an existing file or folder")
         for i, g in enumerate(m.sources):
             if Path(g).is_absolute() or ".." in Path(g).parts:
@@ -776,6 +788,23 @@ def _check_reference(cfg: ConfigFile, mname: str, m: ModelSpec, at: tuple[Any, .
     return []
 
 
+def _unknown_kwargs(m: ModelSpec, tree: ast.Module, at: tuple[Any, ...]) -> list[str]:
+    """``kwargs`` the factory function does not take (read from its ``def``; with a ``**kwargs`` parameter, a
+    class, an assigned or a decorated factory is not checked), each with the closest parameter name."""
+    fn = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and n.name == m.function), None)
+    if fn is None or fn.args.kwarg is not None or fn.decorator_list:  # a decorator may change the signature
+        return []
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)]
+    out = []
+    for k in m.kwargs:
+        if k not in params:
+            close = difflib.get_close_matches(k, params, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"it takes: {', '.join(params) or 'no arguments'}"
+            out.append(f"{toml_path(at + ('kwargs', k))}: {m.factory} takes no argument '{k}'; {hint}")
+    return out
+
+
 def _check_factory(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
     """Statically check that a factory will import: the module file exists under ``root``, parses, defines
     the function, and every module it imports is findable. Nothing is imported or executed."""
@@ -795,6 +824,7 @@ def _check_factory(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
     if m.function not in defined:
         faults.append(f"{where}: {path.relative_to(root)} defines no '{m.function}'; "
                       f"defined: {', '.join(sorted(defined)) or 'nothing'}")
+    faults.extend(_unknown_kwargs(m, tree, at))
     faults.extend(_missing_imports(tree, path, root, where))
     # modules under the models folder that the factory imports must import too
     from neuron_build.project.sources import local_imports
@@ -909,7 +939,9 @@ def load_project(path: str | Path | None = None) -> Project:
     except UnicodeDecodeError as e:
         raise ConfigError(shown, [f"not UTF-8 text: {e}"]) from None
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(shown, [f"not valid TOML: {e}"]) from None
+        bom = "; the file starts with a UTF-8 byte-order mark, which TOML does not allow: save it as UTF-8 " \
+              "without BOM" if raw.startswith(b"\xef\xbb\xbf") else ""
+        raise ConfigError(shown, [f"not valid TOML: {e}{bom}"]) from None
     if not data:
         raise ConfigError(shown, ["the file is empty; it needs at least one [profiles.NAME] and one "
                                   "[models.NAME] table (see buckets.toml in the neuron-build repository)"])

@@ -64,8 +64,8 @@ def run_fresh(folder: str | Path, factory_root: str | Path | None = None, env: d
         return json.loads(proc.stdout)
     except ValueError:
         lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-        raise UserError(f"warmup of {folder} failed (exit {proc.returncode}): "
-                        f"{lines[-1] if lines else 'no output'}") from None
+        last = lines[-1].removeprefix("error: ") if lines else "no output"  # the child's own "error: "
+        raise UserError(f"warmup of {folder} failed (exit {proc.returncode}): {last}") from None
 
 
 def warmup_verdict(store: ArtifactStore, release: Release, device_kind: str, factory_root: str | Path | None = None,
@@ -86,7 +86,8 @@ def warmup_verdict(store: ArtifactStore, release: Release, device_kind: str, fac
     from neuron_build.release.pull import pull_release  # noqa: I001  (pull imports the store records only)
 
     if release.backend not in CACHE_BACKENDS:
-        return (True, f"a {release.backend} release holds compiled models, not caches: nothing to "
+        article = "an" if release.backend[:1] in "aeiou" else "a"
+        return (True, f"{article} {release.backend} release holds compiled models, not caches: nothing to "
                          "warm", {"applies": False})
     kind = artifact_device_kind(release.backend, release.hardware_target)
     figures: dict[str, Any] = {"applies": True, "device_kind": device_kind, "release_device_kind": kind}
