@@ -411,7 +411,12 @@ class BuildSession(NamespaceTaskLoader):
     @create_after()  # made only when a validate task is selected: `doit build` never builds these 1,000s
     def task_validate(self) -> Iterator[dict[str, Any]]:
         """Check every target's artifact against the eager fp32 CPU reference (builds it first)."""
-        from neuron_build.evaluate.validate import artifact_device_kind, is_validated, tolerance_for
+        from neuron_build.evaluate.validate import (
+            artifact_device_kind,
+            is_validated,
+            reference_model_hash,
+            tolerance_for,
+        )
 
         b = self.builder
         kind = artifact_device_kind(b.keys.backend, b.keys.hardware_target)
@@ -419,12 +424,15 @@ class BuildSession(NamespaceTaskLoader):
             key = b.key(t).key
             spec = b.project.config.models[t.model]
             tol, _ = tolerance_for(spec, t.model, t.dtype)
+            ref = spec.reference or t.model
             yield {
                 "name": t.id,
                 "doc": f"validate {t.id} on {kind} against the fp32 CPU reference",
                 "actions": [(self._validate, [t.id])],
                 "task_dep": [f"build:{t.id}"],
-                "uptodate": [(is_validated, [b.store, key, kind, tol, spec.reference or t.model])],
+                # the reference by name and by content (its kwargs, factory, sources, weights)
+                "uptodate": [(is_validated, [b.store, key, kind, tol, ref,
+                                             reference_model_hash(b.keys, ref)])],
                 "verbosity": 2,
             }
 
@@ -436,7 +444,7 @@ class BuildSession(NamespaceTaskLoader):
         b = self.builder
         t = b.by_id[target_id]
         try:
-            rec = validate_target(b.project, b.store, t, b.key(t).key)
+            rec = validate_target(b.project, b.store, t, b.key(t).key, keys=b.keys)
         except UserError as e:
             return TaskFailed(str(e))
         print(summary_line(rec))
