@@ -26,6 +26,7 @@ environment variable. ``doit build retry_failed=0`` skips targets whose current 
 from __future__ import annotations
 
 import atexit
+import functools
 import inspect
 import os
 import sys
@@ -99,6 +100,46 @@ def _unmet_dependency_is_a_failure() -> None:
 
 
 _unmet_dependency_is_a_failure()
+
+
+def _usage_errors_exit_2() -> None:
+    """Make doit exit 2, not 3, on a usage error found once ``dodo.py`` is loaded: an unknown task
+    (``doit build:nosuch``), a task option it does not take (``doit build --no-retry``), an invalid task.
+
+    doit's ``DoitMain.run`` prints ``ERROR: <message>`` and returns 3 for those, the code the README
+    reserves for gate refusals. It catches them around the command, which runs before this module is
+    imported (by ``dodo.py``), so this wraps ``Run._execute``, called after the import, where doit's
+    task selection raises them: the same ``ERROR:`` line goes to stderr and the command returns 2.
+    Applied once, when this module is imported.
+    """
+    from doit.cmd_run import Run
+    from doit.cmdparse import CmdParseError
+    from doit.exceptions import InvalidCommand, InvalidDodoFile, InvalidTask
+
+    orig = Run._execute
+    if getattr(orig, "_neuron_build", False):
+        return
+
+    @functools.wraps(orig)
+    def execute(self, *args, **kwargs):
+        try:
+            return orig(self, *args, **kwargs)
+        except (CmdParseError, InvalidDodoFile, InvalidCommand, InvalidTask) as err:
+            if isinstance(err, InvalidCommand):  # as DoitMain.run words it: was `run` named?
+                err.bin_name = getattr(self, "bin_name", "doit")
+                f = sys._getframe(1)
+                while f is not None and not ("cmd_name" in f.f_locals and "specified_run" in f.f_locals):
+                    f = f.f_back
+                if f is not None:
+                    err.cmd_used = f.f_locals["cmd_name"] if f.f_locals["specified_run"] else None
+            sys.stderr.write(f"ERROR: {err}\n")
+            return 2
+
+    execute._neuron_build = True  # type: ignore[attr-defined]
+    Run._execute = execute
+
+
+_usage_errors_exit_2()
 
 _MAIN_PID = os.getpid()
 _pdeathsig_set = False
@@ -280,7 +321,8 @@ class BuildSession(NamespaceTaskLoader):
         ``jobs`` at once (threads of this process). Outcomes land in :attr:`outcomes` (cleared first).
         ``outstream``: where doit's own report goes (default stdout; ``build --json`` sends it to stderr).
 
-        Returns doit's exit status (0 ok, 1 a task failed, 2/3 doit errors).
+        Returns doit's exit status (0 ok, 1 a task failed, 2 a usage error or a task error, 3 an
+        unexpected doit error).
         """
         from doit.doit_cmd import DoitMain
 
@@ -396,7 +438,8 @@ class BuildSession(NamespaceTaskLoader):
         display = self.display
         if display is not None:
             display.started(target_id)
-        out = b.build(b.by_id[target_id], retry_failed=retry)
+        out = b.build(b.by_id[target_id], retry_failed=retry,
+                      no_retry_option="--no-retry-failed" if self.retry_failed is not None else "retry_failed=0")
         self.outcomes[target_id] = out
         if display is not None:
             display.finished(out)
