@@ -104,7 +104,8 @@ _unmet_dependency_is_a_failure()
 
 def _usage_errors_exit_2() -> None:
     """Make doit exit 2, not 3, on a usage error found once ``dodo.py`` is loaded: an unknown task
-    (``doit build:nosuch``), a task option it does not take (``doit build --no-retry``), an invalid task.
+    (``doit build:nosuch``), a task option it does not take (``doit build --no-retry``), an invalid task;
+    and exit 130 on Ctrl-C, without the KeyboardInterrupt traceback (as ``neuron-build build``).
 
     doit's ``DoitMain.run`` prints ``ERROR: <message>`` and returns 3 for those, the code the README
     reserves for gate refusals. It catches them around the command, which runs before this module is
@@ -134,6 +135,8 @@ def _usage_errors_exit_2() -> None:
                     err.cmd_used = f.f_locals["cmd_name"] if f.f_locals["specified_run"] else None
             sys.stderr.write(f"ERROR: {err}\n")
             return 2
+        except KeyboardInterrupt:  # Ctrl-C: the reporter's summary names the interrupted targets
+            return 130
 
     execute._neuron_build = True  # type: ignore[attr-defined]
     Run._execute = execute
@@ -340,7 +343,10 @@ class BuildSession(NamespaceTaskLoader):
         self._reporter = BuildReporter(outstream if outstream is not None else sys.stdout, session=self)
         self.display = None  # the reporter makes this run's
         try:
-            return DoitMain(self, extra_config=extra).run(doit_args)
+            rc = DoitMain(self, extra_config=extra).run(doit_args)
+            if rc == 130:  # Ctrl-C, which doit's run now returns (see _usage_errors_exit_2): the caller's again
+                raise KeyboardInterrupt
+            return rc
         finally:
             self._reporter = None
             if self.display is not None:

@@ -140,6 +140,9 @@ def test_summary_of_a_doit_run_counts_what_did_not_run_and_reports_of_other_proc
                         "  FAILED m/b: TIMEOUT: compile timed out after 120 s\n    log: neuron-build show m/b\n"
                         "  FAILED m/e: ERROR: OSError: disk full\n    log: neuron-build show m/e\n"
                         "  FAILED m/f: not built: \n    log: neuron-build show m/f")
+    s2 = from_outcomes(["m/a", "m/f"], outcomes, interrupted=True)  # Ctrl-C: m/f did not finish
+    assert s2.lines == ["  FAILED m/f: INTERRUPTED: Ctrl-C stopped the build before it finished",
+                        "    log: neuron-build show m/f"]
     out = io.StringIO()
     s.print(out, rich=True, width=120)
     table = out.getvalue()

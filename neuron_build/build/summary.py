@@ -95,7 +95,7 @@ class BuildSummary:
 
 
 def from_outcomes(targets: Iterable[str], outcomes: Mapping[str, Any], hits: Iterable[str] = (),
-                  reported: Mapping[str, str | None] | None = None) -> BuildSummary:
+                  reported: Mapping[str, str | None] | None = None, interrupted: bool = False) -> BuildSummary:
     """The summary of a ``doit build`` from what its session saw, without reading the store.
 
     Args:
@@ -105,8 +105,9 @@ def from_outcomes(targets: Iterable[str], outcomes: Mapping[str, Any], hits: Ite
         reported: target id -> None (passed) or doit's failure message, for builds that ran where the
             session could not see their outcome (a ``doit -P process`` runner).
 
-    A selected target with neither an outcome, a hit nor a report did not run (doit stopped first): it
-    counts as failed, ``not built``.
+    A selected target with neither an outcome, a hit nor a report did not run or did not finish: it
+    counts as failed, ``INTERRUPTED`` when ``interrupted`` (Ctrl-C stopped the build), else ``not built``
+    (doit stopped first).
     """
     ids, hit, rep = list(targets), set(hits), dict(reported or {})
     outcomes = dict(outcomes)
@@ -117,7 +118,9 @@ def from_outcomes(targets: Iterable[str], outcomes: Mapping[str, Any], hits: Ite
     reused = [t for t in ids if t in outcomes and outcomes[t].ok and outcomes[t].reason.startswith("reused")]
     downloaded = [t for t in ids if t in outcomes and outcomes[t].ok and outcomes[t].reason == DOWNLOADED]
     failed = [t for t in ids if (t in outcomes and not outcomes[t].ok) or (t not in outcomes and t not in hit)]
-    failures = {t: (str(outcomes[t].status), outcomes[t].reason) if t in outcomes else ("not built", "")
+    unfinished = (("INTERRUPTED", "Ctrl-C stopped the build before it finished") if interrupted
+                  else ("not built", ""))
+    failures = {t: (str(outcomes[t].status), outcomes[t].reason) if t in outcomes else unfinished
                 for t in failed}
     return BuildSummary(ids, built, reused, failed, failures, downloaded)
 
