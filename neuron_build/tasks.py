@@ -105,7 +105,8 @@ _unmet_dependency_is_a_failure()
 def _usage_errors_exit_2() -> None:
     """Make doit exit 2, not 3, on a usage error found once ``dodo.py`` is loaded: an unknown task
     (``doit build:nosuch``), a task option it does not take (``doit build --no-retry``), an invalid task;
-    and exit 130 on Ctrl-C, without the KeyboardInterrupt traceback (as ``neuron-build build``).
+    and exit 130 on Ctrl-C, 141 when the reader of stdout went away (a closed pipe), without a traceback
+    (as ``neuron-build build``).
 
     doit's ``DoitMain.run`` prints ``ERROR: <message>`` and returns 3 for those, the code the README
     reserves for gate refusals. It catches them around the command, which runs before this module is
@@ -137,6 +138,10 @@ def _usage_errors_exit_2() -> None:
             return 2
         except KeyboardInterrupt:  # Ctrl-C: the reporter's summary names the interrupted targets
             return 130
+        except BrokenPipeError:  # the reader went away (`doit build | head -1`): 141, as a shell's SIGPIPE
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail again
+            return 141
 
     execute._neuron_build = True  # type: ignore[attr-defined]
     Run._execute = execute
@@ -346,6 +351,8 @@ class BuildSession(NamespaceTaskLoader):
             rc = DoitMain(self, extra_config=extra).run(doit_args)
             if rc == 130:  # Ctrl-C, which doit's run now returns (see _usage_errors_exit_2): the caller's again
                 raise KeyboardInterrupt
+            if rc == 141:  # the same for a closed pipe
+                raise BrokenPipeError(32, "Broken pipe")
             return rc
         finally:
             self._reporter = None

@@ -114,3 +114,27 @@ def test_neuron_build_build_ctrl_c_exits_130_without_a_summary(tmp_path):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130, out + err
     assert "Traceback" not in err and "failed" not in out, out + err
+
+
+def _first_line_then_close(cmd: list[str]) -> tuple[int, str, str]:
+    """Run ``cmd`` as ``cmd | head -1`` does: read one line of its stdout, close the pipe, wait."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read()
+    return p.wait(timeout=300), first, err
+
+
+def test_a_closed_pipe_exits_141_without_a_traceback(tmp_path):
+    cfg = write_tiny_project(tmp_path / "p")
+    rc, first, err = _first_line_then_close(
+        [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "--dir", str(cfg.parent),
+         "build:tiny/b1/fp32/p1", "build:tiny/b4/fp32/p1", f"config={cfg}"])
+    assert first.startswith(".  build:tiny/b"), first
+    assert rc == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    rc, first, err = _first_line_then_close(
+        [sys.executable, "-m", "neuron_build.cli", "build", "-c", str(cfg), "tiny/b1/bf16/p1", "tiny/b4/bf16/p1"])
+    assert first.startswith(".  build:tiny/b"), first
+    assert rc == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
