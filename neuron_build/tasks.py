@@ -10,7 +10,7 @@ until the end of the run, and a second process that finishes meanwhile dies with
 
 ``validate:<target id>`` depends on ``build:<target id>`` and is up to date when the store holds a
 validation of the current key on the device kind the artifact runs on, made with the current tolerance
-and reference model, that need not be repeated (a pass, or "not validated" on a host that still cannot
+and reference model (by name and by content: its ``model`` key component), that need not be repeated (a pass, or "not validated" on a host that still cannot
 run it; a failure is never up to date). Validation imports
 torch inside its action only, so ``doit list`` and a no-op ``doit build`` stay torch-free.
 
@@ -476,19 +476,21 @@ class BuildSession(NamespaceTaskLoader):
 
         b = self.builder
         kind = artifact_device_kind(b.keys.backend, b.keys.hardware_target)
+        ref_hash: dict[str, str] = {}  # reference model -> reference_model_hash (one per model, not target)
         for t in b.targets:
             key = b.key(t).key
             spec = b.project.config.models[t.model]
             tol, _ = tolerance_for(spec, t.model, t.dtype)
             ref = spec.reference or t.model
+            if ref not in ref_hash:
+                ref_hash[ref] = reference_model_hash(b.keys, ref)
             yield {
                 "name": t.id,
                 "doc": f"validate {t.id} on {kind} against the fp32 CPU reference",
                 "actions": [(self._validate, [t.id])],
                 "task_dep": [f"build:{t.id}"],
                 # the reference by name and by content (its kwargs, factory, sources, weights)
-                "uptodate": [(is_validated, [b.store, key, kind, tol, ref,
-                                             reference_model_hash(b.keys, ref)])],
+                "uptodate": [(is_validated, [b.store, key, kind, tol, ref, ref_hash[ref]])],
                 "verbosity": 2,
             }
 
