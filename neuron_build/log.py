@@ -21,6 +21,9 @@ _configuring = threading.Lock()
 #: while a live progress display shows: where the events rendered for stderr go instead (one call per
 #: event, the rendered line), and info and debug events go to the build log only
 _sink: Any = None
+#: events that go to the build log only while a live progress display shows: the display's line for the
+#: target and the build's summary already say it (``compile failed``: status, reason, log command)
+SHOWN_BY_DISPLAY = frozenset({"compile failed"})
 
 
 def _tee(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -88,6 +91,8 @@ def _apply(structlog, json_lines: bool | None, quiet: bool) -> None:
     def _filter(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
         if (quiet or _sink is not None) and method in ("debug", "info"):
             raise structlog.DropEvent
+        if _sink is not None and event.get("event") in SHOWN_BY_DISPLAY:
+            raise structlog.DropEvent
         return event
 
     structlog.configure(
@@ -125,9 +130,9 @@ _StderrLoggerClass: Any = None
 
 def divert_stderr(sink: Any) -> None:
     """While ``sink`` (a callable taking one rendered line) is set, log events meant for stderr go to it,
-    warnings and errors only: a live progress display prints them above its area, and already shows what
-    info events such as ``still compiling`` say. The build log still gets every event. None: back to
-    stderr."""
+    warnings and errors only, less those of :data:`SHOWN_BY_DISPLAY`: a live progress display prints them
+    above its area, and already shows what info events such as ``still compiling`` say (the summary a
+    failed compile's reason). The build log still gets every event. None: back to stderr."""
     global _sink
     _sink = sink
 

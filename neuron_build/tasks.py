@@ -10,7 +10,7 @@ until the end of the run, and a second process that finishes meanwhile dies with
 
 ``validate:<target id>`` depends on ``build:<target id>`` and is up to date when the store holds a
 validation of the current key on the device kind the artifact runs on, made with the current tolerance
-and reference model, that need not be repeated (a pass, or "not validated" on a host that still cannot
+and reference model (by name and by content: its ``model`` key component), that need not be repeated (a pass, or "not validated" on a host that still cannot
 run it; a failure is never up to date). Validation imports
 torch inside its action only, so ``doit list`` and a no-op ``doit build`` stay torch-free.
 
@@ -26,6 +26,7 @@ environment variable. ``doit build retry_failed=0`` skips targets whose current 
 from __future__ import annotations
 
 import atexit
+import functools
 import inspect
 import os
 import sys
@@ -99,6 +100,54 @@ def _unmet_dependency_is_a_failure() -> None:
 
 
 _unmet_dependency_is_a_failure()
+
+
+def _usage_errors_exit_2() -> None:
+    """Make doit exit 2, not 3, on a usage error found once ``dodo.py`` is loaded: an unknown task
+    (``doit build:nosuch``), a task option it does not take (``doit build --no-retry``), an invalid task;
+    and exit 130 on Ctrl-C, 141 when the reader of stdout went away (a closed pipe), without a traceback
+    (as ``neuron-build build``).
+
+    doit's ``DoitMain.run`` prints ``ERROR: <message>`` and returns 3 for those, the code the README
+    reserves for gate refusals. It catches them around the command, which runs before this module is
+    imported (by ``dodo.py``), so this wraps ``Run._execute``, called after the import, where doit's
+    task selection raises them: the same ``ERROR:`` line goes to stderr and the command returns 2.
+    Applied once, when this module is imported.
+    """
+    from doit.cmd_run import Run
+    from doit.cmdparse import CmdParseError
+    from doit.exceptions import InvalidCommand, InvalidDodoFile, InvalidTask
+
+    orig = Run._execute
+    if getattr(orig, "_neuron_build", False):
+        return
+
+    @functools.wraps(orig)
+    def execute(self, *args, **kwargs):
+        try:
+            return orig(self, *args, **kwargs)
+        except (CmdParseError, InvalidDodoFile, InvalidCommand, InvalidTask) as err:
+            if isinstance(err, InvalidCommand):  # as DoitMain.run words it: was `run` named?
+                err.bin_name = getattr(self, "bin_name", "doit")
+                f = sys._getframe(1)
+                while f is not None and not ("cmd_name" in f.f_locals and "specified_run" in f.f_locals):
+                    f = f.f_back
+                if f is not None:
+                    err.cmd_used = f.f_locals["cmd_name"] if f.f_locals["specified_run"] else None
+            sys.stderr.write(f"ERROR: {err}\n")
+            return 2
+        except KeyboardInterrupt:  # Ctrl-C: the reporter's summary names the interrupted targets
+            return 130
+        except BrokenPipeError:  # the reader went away (`doit build | head -1`): 141, as a shell's SIGPIPE
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail again
+            return 141
+
+    execute._neuron_build = True  # type: ignore[attr-defined]
+    Run._execute = execute
+
+
+_usage_errors_exit_2()
 
 _MAIN_PID = os.getpid()
 _pdeathsig_set = False
@@ -280,7 +329,8 @@ class BuildSession(NamespaceTaskLoader):
         ``jobs`` at once (threads of this process). Outcomes land in :attr:`outcomes` (cleared first).
         ``outstream``: where doit's own report goes (default stdout; ``build --json`` sends it to stderr).
 
-        Returns doit's exit status (0 ok, 1 a task failed, 2/3 doit errors).
+        Returns doit's exit status (0 ok, 1 a task failed, 2 a usage error or a task error, 3 an
+        unexpected doit error).
         """
         from doit.doit_cmd import DoitMain
 
@@ -298,7 +348,12 @@ class BuildSession(NamespaceTaskLoader):
         self._reporter = BuildReporter(outstream if outstream is not None else sys.stdout, session=self)
         self.display = None  # the reporter makes this run's
         try:
-            return DoitMain(self, extra_config=extra).run(doit_args)
+            rc = DoitMain(self, extra_config=extra).run(doit_args)
+            if rc == 130:  # Ctrl-C, which doit's run now returns (see _usage_errors_exit_2): the caller's again
+                raise KeyboardInterrupt
+            if rc == 141:  # the same for a closed pipe
+                raise BrokenPipeError(32, "Broken pipe")
+            return rc
         finally:
             self._reporter = None
             if self.display is not None:
@@ -396,7 +451,8 @@ class BuildSession(NamespaceTaskLoader):
         display = self.display
         if display is not None:
             display.started(target_id)
-        out = b.build(b.by_id[target_id], retry_failed=retry)
+        out = b.build(b.by_id[target_id], retry_failed=retry,
+                      no_retry_option="--no-retry-failed" if self.retry_failed is not None else "retry_failed=0")
         self.outcomes[target_id] = out
         if display is not None:
             display.finished(out)
@@ -411,20 +467,30 @@ class BuildSession(NamespaceTaskLoader):
     @create_after()  # made only when a validate task is selected: `doit build` never builds these 1,000s
     def task_validate(self) -> Iterator[dict[str, Any]]:
         """Check every target's artifact against the eager fp32 CPU reference (builds it first)."""
-        from neuron_build.evaluate.validate import artifact_device_kind, is_validated, tolerance_for
+        from neuron_build.evaluate.validate import (
+            artifact_device_kind,
+            is_validated,
+            reference_model_hash,
+            tolerance_for,
+        )
 
         b = self.builder
         kind = artifact_device_kind(b.keys.backend, b.keys.hardware_target)
+        ref_hash: dict[str, str] = {}  # reference model -> reference_model_hash (one per model, not target)
         for t in b.targets:
             key = b.key(t).key
             spec = b.project.config.models[t.model]
             tol, _ = tolerance_for(spec, t.model, t.dtype)
+            ref = spec.reference or t.model
+            if ref not in ref_hash:
+                ref_hash[ref] = reference_model_hash(b.keys, ref)
             yield {
                 "name": t.id,
                 "doc": f"validate {t.id} on {kind} against the fp32 CPU reference",
                 "actions": [(self._validate, [t.id])],
                 "task_dep": [f"build:{t.id}"],
-                "uptodate": [(is_validated, [b.store, key, kind, tol, spec.reference or t.model])],
+                # the reference by name and by content (its kwargs, factory, sources, weights)
+                "uptodate": [(is_validated, [b.store, key, kind, tol, ref, ref_hash[ref]])],
                 "verbosity": 2,
             }
 
@@ -436,7 +502,7 @@ class BuildSession(NamespaceTaskLoader):
         b = self.builder
         t = b.by_id[target_id]
         try:
-            rec = validate_target(b.project, b.store, t, b.key(t).key)
+            rec = validate_target(b.project, b.store, t, b.key(t).key, keys=b.keys)
         except UserError as e:
             return TaskFailed(str(e))
         print(summary_line(rec))

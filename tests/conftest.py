@@ -189,8 +189,9 @@ def s3_bucket(s3_env) -> str:
     return name
 
 
-def in_a_terminal(args: list[str], cwd: Path, env: dict | None = None, timeout: float = 300) -> str:
-    """Run ``args`` with stdin, stdout and stderr on a pseudo-terminal (160 columns), in ``env`` (default
+def in_a_terminal(args: list[str], cwd: Path, env: dict | None = None, timeout: float = 300,
+                  columns: int = 160) -> str:
+    """Run ``args`` with stdin, stdout and stderr on a pseudo-terminal (``columns`` wide), in ``env`` (default
     ``os.environ``; this checkout first on PYTHONPATH; NO_COLOR, FORCE_COLOR, COLUMNS and LINES removed); return what it
     wrote, escape codes included."""
     import fcntl
@@ -201,7 +202,7 @@ def in_a_terminal(args: list[str], cwd: Path, env: dict | None = None, timeout: 
     import time
 
     master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     e = {k: v for k, v in (os.environ if env is None else env).items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")}
     e.update({"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), e.get("PYTHONPATH")) if p),
               "TERM": "xterm-256color"})

@@ -140,6 +140,9 @@ def test_summary_of_a_doit_run_counts_what_did_not_run_and_reports_of_other_proc
                         "  FAILED m/b: TIMEOUT: compile timed out after 120 s\n    log: neuron-build show m/b\n"
                         "  FAILED m/e: ERROR: OSError: disk full\n    log: neuron-build show m/e\n"
                         "  FAILED m/f: not built: \n    log: neuron-build show m/f")
+    s2 = from_outcomes(["m/a", "m/f"], outcomes, interrupted=True)  # Ctrl-C: m/f did not finish
+    assert s2.lines == ["  FAILED m/f: INTERRUPTED: Ctrl-C stopped the build before it finished",
+                        "    log: neuron-build show m/f"]
     out = io.StringIO()
     s.print(out, rich=True, width=120)
     table = out.getvalue()
@@ -168,8 +171,27 @@ def test_build_on_a_terminal_shows_what_compiles_and_one_summary(broken):
     assert "TaskFailed" not in plain and "UnmetDependency" not in plain  # doit's own report of the failure
     assert "2 targets: 1 built, 0 cached, 1 failed" in plain
     assert plain.count("neuron-build show other/static/fp32/p1") == 1  # the summary's table, once
-    row = [ln for ln in plain.splitlines() if "neuron-build show other/static/fp32/p1" in ln][0]
-    assert "other/static/fp32/p1" in row and "ERROR" in row and "factory exploded on purpose" in row
+    lines = plain.splitlines()
+    at = [i for i, ln in enumerate(lines) if "log: neuron-build show other/static/fp32/p1" in ln][0]
+    row = lines[at - 1]  # the reason's line, the command showing the log below it
+    assert "other/static/fp32/p1" in row and "ERROR" in row and "RuntimeError: factory exploded on purpose" in row
+    assert plain.count("factory exploded on purpose") == 1  # not also as a `compile failed` log event
+
+
+def test_a_failure_on_an_80_column_terminal_is_shown_once_its_reason_on_one_line(broken):
+    text = in_a_terminal([sys.executable, "-m", "neuron_build.cli", "build", "-c", str(broken), "other"],
+                         cwd=broken.parent, columns=80)
+    plain = SGR.sub("", text).replace("\r", "")
+    assert plain.count("factory exploded on purpose") == 1, plain[-3000:]
+    lines = plain.splitlines()
+    row = [ln for ln in lines if "factory exploded on purpose" in ln][0]
+    assert row.split() == ["other/static/fp32/p1", "│", "ERROR", "│", "RuntimeError:", "factory", "exploded",
+                           "on", "purpose"], row
+    assert lines[lines.index(row) + 1].split() == ["│", "│", "log:", "neuron-build", "show", "other/static/fp32/p1"]
+    assert "compile failed" not in plain
+    assert re.search(r"\[1/1\] other/static/fp32/p1 ERROR in \d+\.\d s", plain)
+    log = (broken.parent / ".neuron-build" / "build.log").read_text()
+    assert '"event": "compile failed"' in log  # the build log still has the event
     assert "\x1b[?25h" in text  # the cursor is shown again when the live area goes
 
 

@@ -298,8 +298,10 @@ def test_tolerance_override_and_stored_record(tmp_path):
     assert set(stored["outputs"][0]) >= {"name", "max_abs_error", "rel_l2_error", "cosine_similarity",
                                          "tolerance", "pass"}
     assert stored["seed"] == int(key[8:16], 16) and stored["key"] == key
+    from neuron_build.evaluate.validate import reference_model_hash
     assert stored["reference"] == {"model": "naive", "factory": "models.rmsnorm:naive",
-                                   "kwargs": {"dim": DIM, "eps": 1e-6}, "dtype": "fp32", "device": "cpu"}
+                                   "kwargs": {"dim": DIM, "eps": 1e-6}, "dtype": "fp32", "device": "cpu",
+                                   "model_hash": reference_model_hash(b.keys, "naive")}
     assert stored["device"] == "cpu" and stored["host"] and stored["time"]
     # results never change the key, nor the object
     assert b.store.is_complete(key) and not (b.store.artifact_dir(key) / "validation").exists()
@@ -509,3 +511,70 @@ def test_integer_inputs_stay_in_range_and_pass(tmp_path):
     assert [o["name"] for o in rec["outputs"]] == ["output0", "output1"]
     assert rec["outputs"][1]["rel_l2_error"] == 0.0 and rec["outputs"][1]["dtype"] == "int64"
     assert 0 < rec["outputs"][0]["rel_l2_error"] < 2e-2  # bf16 weights against the fp32 reference
+
+
+REF_CONFIG = f'''
+[build]
+backend = "torchscript"
+
+[profiles.p1]
+compiler_args = ["--optlevel=1"]
+
+[models.naive]
+factory = "models.rmsnorm:naive"
+kwargs = {{ dim = {DIM}, eps = 1e-6 }}
+dtypes = ["fp32"]
+profiles = ["p1"]
+inputs = [{{ name = "x", shape = [4, {DIM}] }}]
+
+[models.fused]
+factory = "models.rmsnorm:fused"
+kwargs = {{ dim = {DIM}, eps = 1e-6 }}
+dtypes = ["fp32"]
+profiles = ["p1"]
+inputs = [{{ name = "x", shape = [4, {DIM}] }}]
+reference = "naive"
+'''
+
+
+def test_doit_validate_is_stale_when_the_reference_model_changes(tmp_path):
+    """A pass recorded against the reference model is not up to date once the reference's content
+    (here its kwargs) changes, though its name and the validated target's key stay the same."""
+    cfg = write_rms_project(tmp_path / "p")
+    cfg.write_text(REF_CONFIG)
+
+    def doit_validate():
+        return subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "--dir",
+                               str(cfg.parent), "validate:fused/static/fp32/p1", f"config={cfg}"],
+                              capture_output=True, text=True, timeout=600)
+
+    r = doit_validate()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ".  validate:fused/static/fp32/p1" in r.stdout
+    b = Builder(load_project(cfg))
+    t = b.by_id["fused/static/fp32/p1"]
+    key = b.key(t).key
+    stored = b.store.result(key, "validation", "cpu")
+    from neuron_build.evaluate.validate import reference_model_hash
+    h = reference_model_hash(b.keys, "naive")
+    assert stored["verdict"] == "pass" and stored["reference"]["model_hash"] == h
+    assert is_validated(b.store, key, "cpu", 1e-4, "naive", h)
+    r = doit_validate()
+    assert r.returncode == 0 and "-- validate:fused/static/fp32/p1" in r.stdout, r.stdout + r.stderr
+
+    cfg.write_text(REF_CONFIG.replace(f"dim = {DIM}, eps = 1e-6 }}\ndtypes = [\"fp32\"]\nprofiles = [\"p1\"]\n"
+                                      f"inputs = [{{ name = \"x\", shape = [4, {DIM}] }}]\n\n[models.fused]",
+                                      f"dim = {DIM}, eps = 1.0 }}\ndtypes = [\"fp32\"]\nprofiles = [\"p1\"]\n"
+                                      f"inputs = [{{ name = \"x\", shape = [4, {DIM}] }}]\n\n[models.fused]"))
+    assert 'eps = 1.0' in cfg.read_text()
+    b2 = Builder(load_project(cfg))
+    assert b2.key(b2.by_id["fused/static/fp32/p1"]).key == key  # the validated target's key is unchanged
+    h2 = reference_model_hash(b2.keys, "naive")
+    assert h2 != h and not is_validated(b2.store, key, "cpu", 1e-4, "naive", h2)
+    r = doit_validate()
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert ".  validate:fused/static/fp32/p1" in r.stdout
+    assert "FAIL  fused/static/fp32/p1: output0 rel L2 error 4.5e-01 > tolerance 1.0e-04" in r.stdout
+    stored = b2.store.result(key, "validation", "cpu")
+    assert stored["verdict"] == "fail" and stored["reference"]["kwargs"] == {"dim": DIM, "eps": 1.0}
+    assert stored["reference"]["model_hash"] == h2

@@ -171,7 +171,7 @@ class Builder:
                 for key, reason in push_all()]
 
     # -- building ----------------------------------------------------------------------------
-    def build(self, target: Target, retry_failed: bool = True) -> Outcome:
+    def build(self, target: Target, retry_failed: bool = True, no_retry_option: str = "--no-retry-failed") -> Outcome:
         """Build one target unless the store already holds its artifact.
 
         The compile runs under the key's cross-process lock (:class:`~neuron_build.store.locks.KeyLock`): a
@@ -181,7 +181,8 @@ class Builder:
         Never raises for a compile failure (a full disk included): the failure is recorded under the
         target and returned. Transient failures (exit status 70) are retried up to ``[build]
         transient_retries`` times. With ``retry_failed`` False, a target whose current key failed last
-        time is not compiled again (its recorded failure is returned).
+        time is not compiled again (its recorded failure is returned, its reason naming
+        ``no_retry_option``, the option that asked for that: ``retry_failed=0`` under doit).
         """
         ki = self.key(target)
         ctx = BuildContext(target, ki, get_logger(target=target.id, key=ki.key[:12]))
@@ -200,7 +201,7 @@ class Builder:
             if fail and fail.key == ki.key:
                 ctx.log.info("not retried: failed last time", status=fail.status)
                 return Outcome(target.id, ki.key, as_status(fail.status),
-                               f"not retried (--no-retry-failed); failed last time: {fail.reason}")
+                               f"not retried ({no_retry_option}); failed last time: {fail.reason}")
         cfg = self.project.config.build
         lock = self.store.key_lock(ki.key, target=target.id, heartbeat_s=cfg.heartbeat_s)
         try:

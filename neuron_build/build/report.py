@@ -14,6 +14,7 @@ over the ``dodo.py`` session) and of ``neuron-build build``. Beside what doit's 
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from doit.exceptions import TaskFailed, UnmetDependency
@@ -134,7 +135,9 @@ class BuildReporter(ConsoleReporter):
         if self.summary and self.selected:
             from neuron_build.build.summary import from_outcomes
 
-            summary = from_outcomes(self.selected, s.outcomes, s.hits, self.reported)
+            # called from doit's `finally`: a Ctrl-C is still on its way up
+            interrupted = isinstance(sys.exc_info()[1], KeyboardInterrupt)
+            summary = from_outcomes(self.selected, s.outcomes, s.hits, self.reported, interrupted=interrupted)
             self.outstream.flush()
             summary.print(self.outstream)
 

@@ -71,7 +71,8 @@ class BuildSummary:
     def print(self, stream: Any = None, rich: bool | None = None, width: int | None = None) -> None:
         """Print the summary on ``stream`` (default stdout): plain :meth:`text`, or with ``rich`` (default:
         when something failed, ``stream`` is a terminal and rich is installed: never on a no-op build) the
-        head line and a table of the failures, ``width`` columns wide (default: the terminal's)."""
+        head line and a table of the failures (target, status, then the reason with the command showing the
+        log on the line below it), ``width`` columns wide (default: the terminal's)."""
         from neuron_build.build.display import make_console, wants_live
 
         s = sys.stdout if stream is None else stream
@@ -85,17 +86,22 @@ class BuildSummary:
         console.print()
         console.print(Text(self.head(), style="bold red" if self.failed else "bold green"))
         if self.failed:
+            # the reason gets the room (an 80-column terminal included), the command showing the log goes
+            # on the line below it, whole: ids and commands never fold mid-word while there is room
             table = Table(show_edge=False, pad_edge=False, header_style="bold")
-            for name in ("failed target", "status", "reason", "log"):  # reasons fold; ids and commands stay whole
-                table.add_column(name, overflow="fold", no_wrap=name != "reason")
+            table.add_column("failed target", overflow="fold", no_wrap=True)
+            table.add_column("status", no_wrap=True)
+            table.add_column("reason and log", overflow="fold", ratio=1)
             for tid in self.failed:
                 status, reason = self.failures.get(tid, ("not built", ""))
-                table.add_row(tid, Text(status, style="red"), reason, log_command(tid))
+                cell = Text(reason)
+                cell.append(("\n" if reason else "") + f"log: {log_command(tid)}", style="dim")
+                table.add_row(tid, Text(status, style="red"), cell)
             console.print(table)
 
 
 def from_outcomes(targets: Iterable[str], outcomes: Mapping[str, Any], hits: Iterable[str] = (),
-                  reported: Mapping[str, str | None] | None = None) -> BuildSummary:
+                  reported: Mapping[str, str | None] | None = None, interrupted: bool = False) -> BuildSummary:
     """The summary of a ``doit build`` from what its session saw, without reading the store.
 
     Args:
@@ -105,8 +111,9 @@ def from_outcomes(targets: Iterable[str], outcomes: Mapping[str, Any], hits: Ite
         reported: target id -> None (passed) or doit's failure message, for builds that ran where the
             session could not see their outcome (a ``doit -P process`` runner).
 
-    A selected target with neither an outcome, a hit nor a report did not run (doit stopped first): it
-    counts as failed, ``not built``.
+    A selected target with neither an outcome, a hit nor a report did not run or did not finish: it
+    counts as failed, ``INTERRUPTED`` when ``interrupted`` (Ctrl-C stopped the build), else ``not built``
+    (doit stopped first).
     """
     ids, hit, rep = list(targets), set(hits), dict(reported or {})
     outcomes = dict(outcomes)
@@ -117,7 +124,9 @@ def from_outcomes(targets: Iterable[str], outcomes: Mapping[str, Any], hits: Ite
     reused = [t for t in ids if t in outcomes and outcomes[t].ok and outcomes[t].reason.startswith("reused")]
     downloaded = [t for t in ids if t in outcomes and outcomes[t].ok and outcomes[t].reason == DOWNLOADED]
     failed = [t for t in ids if (t in outcomes and not outcomes[t].ok) or (t not in outcomes and t not in hit)]
-    failures = {t: (str(outcomes[t].status), outcomes[t].reason) if t in outcomes else ("not built", "")
+    unfinished = (("INTERRUPTED", "Ctrl-C stopped the build before it finished") if interrupted
+                  else ("not built", ""))
+    failures = {t: (str(outcomes[t].status), outcomes[t].reason) if t in outcomes else unfinished
                 for t in failed}
     return BuildSummary(ids, built, reused, failed, failures, downloaded)
 

@@ -154,7 +154,7 @@ def bench_selected(b, chosen, *, warmup: int, iters: int | None, eager: bool = T
                                     progress_factory=progress, wrap=wrap, **adaptive)
     for (t, key), rec in zip(items, list(run.records), strict=True):
         if compare:
-            rec["validation"] = validate_target(b.project, b.store, t, key)
+            rec["validation"] = validate_target(b.project, b.store, t, key, keys=b.keys)
         if profile:
             prof = profile_target(b.project, b.store, t, key, profile, iters=iters, warmup=warmup)
             rec["profile"] = {"dir": prof["dir"], "top_ops": prof["top_ops"][:5]}

@@ -67,7 +67,7 @@ def validate_selected(b, chosen, progress: Callable[[str], None] | None = None) 
             if progress:
                 progress(f"NOT BUILT  {t.id}: run `neuron-build build {t.id}` (or `doit validate:{t.id}`)")
             continue
-        rec = validate_target(b.project, b.store, t, key)
+        rec = validate_target(b.project, b.store, t, key, keys=b.keys)
         run.records.append(rec)
         if progress:
             progress(summary_line(rec))

@@ -88,18 +88,33 @@ def can_run_here(device_kind: str) -> tuple[bool, str | None]:
     return True, None
 
 
+def reference_model_hash(keys, name: str) -> str:
+    """sha256 (hex) of the canonical JSON of model ``name``'s ``model`` key component
+    (:meth:`neuron_build.project.keys.KeyMaker.model_component` of ``keys``, a ``KeyMaker``): the
+    reference model's identity by content (factory, kwargs, sources, weights), which a validation record
+    notes so that a changed reference makes it stale. Torch-free."""
+    from neuron_build.util import canonical_json, sha256_hex
+
+    return sha256_hex(canonical_json(keys.model_component(name)))
+
+
 def is_validated(store: RecordStore, key: str, device_kind: str, tolerance: float | None = None,
-                 reference: str | None = None) -> bool:
+                 reference: str | None = None, reference_hash: str | None = None) -> bool:
     """True when the store holds a validation of ``key`` on ``device_kind`` that need not be repeated on
     this host: a pass, or ``not_validated`` where this host still cannot run the artifact. A failed
     verdict is never up to date (validation runs again), nor is one made with another ``tolerance`` or
-    ``reference`` model than given (both live in buckets.toml, outside the key). Torch-free."""
+    ``reference`` model than given (both live in buckets.toml, outside the key), nor, with
+    ``reference_hash`` (:func:`reference_model_hash`), one made against another content of the reference
+    model (its kwargs, factory, sources or weights changed since). Torch-free."""
     r = store.result(key, "validation", device_kind)
     if r is None:
         return False
     if tolerance is not None and r.get("tolerance") != tolerance:
         return False
-    if reference is not None and (r.get("reference") or {}).get("model") != reference:
+    ref = r.get("reference") or {}
+    if reference is not None and ref.get("model") != reference:
+        return False
+    if reference_hash is not None and ref.get("model_hash") != reference_hash:
         return False
     if r.get("verdict") == Verdict.PASS:
         return True
@@ -436,8 +451,12 @@ def diagnose(p: Prepared, ref_out, tolerance: float) -> tuple[list[str], dict[st
     return notes, figs
 
 
-def validate_target(project: Project, store: ArtifactStore, target: Target, key: str, record: bool = True) -> dict[str, Any]:
+def validate_target(project: Project, store: ArtifactStore, target: Target, key: str, record: bool = True,
+                    keys=None) -> dict[str, Any]:
     """Validate one target's artifact and (with ``record``) store the result.
+
+    ``keys`` is the ``KeyMaker`` the caller's keys come from (default: a new one for ``project``); the
+    record's ``reference.model_hash`` is :func:`reference_model_hash` of it.
 
     Returns:
         The result record: ``verdict`` (``pass``/``fail``/``not_validated``), ``reason`` (None on a pass;
@@ -459,11 +478,14 @@ def validate_target(project: Project, store: ArtifactStore, target: Target, key:
     tol, tol_src = tolerance_for(spec, target.model, target.dtype)
     ref_name = spec.reference or target.model
     ref_spec = project.config.models[ref_name]
+    if keys is None:
+        from neuron_build.project.keys import KeyMaker
+        keys = KeyMaker(project)
     rec: dict[str, Any] = {
         "target": target.id, "key": key, "model": target.model, "dtype": target.dtype, "backend": m.backend,
         "device_kind": kind, "host": socket.gethostname(), "time": utc_now(), "seed": validation_seed(key),
         "reference": {"model": ref_name, "factory": ref_spec.factory, "kwargs": dict(ref_spec.kwargs),
-                      "dtype": "fp32", "device": "cpu"},
+                      "dtype": "fp32", "device": "cpu", "model_hash": reference_model_hash(keys, ref_name)},
         "tolerance": tol, "tolerance_source": tol_src, "outputs": [], "diagnosis": [],
     }
     if ref_spec.hf is not None:  # an hf reference: what it loads (source, auto class, output, input names)
