@@ -382,6 +382,28 @@ class BuildSession(NamespaceTaskLoader):
             return [t for t, _ in self._plan[0].targets]
         return list(self.builder.by_id)
 
+    def to_build(self, target_ids: Sequence[str]) -> dict[str, float | None] | None:
+        """Which of ``target_ids`` the store does not hold: target id -> the expected compile time (seconds,
+        the last recorded one of its model and bucket; None when never recorded), so progress counts N of
+        M exactly from the start. None when that is not cheap to tell (a store with a remote, whose hits
+        only the tasks' checks find). Asks the store's lookup index, as the tasks' checks do."""
+        if self._builder is None and self._plan is not None:
+            plan, store = self._plan
+            keys = plan.keys()
+            missing = [t for t in target_ids if t in keys and not store.is_cached(keys[t])]
+        else:
+            b = self.builder
+            if getattr(b.store, "remote_location", None):
+                return None
+            missing = [t for t in target_ids if t in b.by_id and not b.store.is_cached(b.key(b.by_id[t]).key)]
+        if not missing:
+            return {}
+        from neuron_build.build.peaks import expected_compile_time
+
+        b = self.builder  # something compiles: the Builder is made now anyway
+        return {t: expected_compile_time(b.store, b.by_id[t].model, b.by_id[t].bucket_id)
+                for t in missing if t in b.by_id}
+
     def flush_hits(self) -> None:
         """Write the cache hits collected so far to the build ledger (one object), then forget them."""
         if not self.hits:

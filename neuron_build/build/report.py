@@ -70,6 +70,8 @@ class BuildReporter(ConsoleReporter):
         order = s.target_ids()
         self.selected = [t for t in order if t in wanted] + sorted(wanted - set(order))
         if self.selected:
+            if getattr(s, "pending", None) is None and hasattr(s, "to_build"):  # doit build: M exact from the start
+                s.pending = s.to_build(self.selected)
             s.display = s.make_display(len(self.selected))
 
     def _display(self) -> Any:
