@@ -257,12 +257,14 @@ def _save_plan(b: Builder, interp: dict[str, Any]) -> None:
                      targets=[(t.id, b.key(t).key) for t in b.targets], interp=interp)
 
 
-def _is_built(store: ArtifactStore, key: str, hits: list[str] | None = None, target_id: str = "") -> bool:
+def _is_built(store: ArtifactStore, key: str, hits: list[str] | None = None, target_id: str = "",
+              known: set[str] | None = None) -> bool:
     """``uptodate`` of a ``build:`` task: the store holds a complete artifact for ``key`` here. A hit on a
     read-through store's remote runs the task, which downloads the artifact and verifies every blob. A
     plain function, not a bound method: doit inspects every uptodate callable's signature on every no-op run.
-    A hit is added to ``hits`` (the session writes them to the build ledger when the build ends)."""
-    done = store.is_cached(key)
+    A hit is added to ``hits`` (the session writes them to the build ledger when the build ends). ``known``:
+    keys this run's reporter found in the store just before (:meth:`BuildSession.to_build`), not asked twice."""
+    done = (known is not None and key in known) or store.is_cached(key)
     if done and hits is not None:
         hits.append(target_id)
     return done
@@ -307,6 +309,8 @@ class BuildSession(NamespaceTaskLoader):
         self.namespace = {"DOIT_CONFIG": DOIT_CONFIG, "task_build": self.task_build,
                           "task_validate": self.task_validate}
         self._own_builder = builder is None
+        #: keys :meth:`to_build` found in the store this run (their tasks' checks do not ask again)
+        self._known: set[str] = set()
         self._lock = threading.Lock()
         #: the plan cache's (plan, local store) when this session's build tasks came from it
         self._plan: tuple[Plan, Any] | None = None
@@ -344,6 +348,7 @@ class BuildSession(NamespaceTaskLoader):
         self.outcomes.clear()
         extra = {"run": {"outfile": outstream}} if outstream is not None else None
         self.hits.clear()
+        self._known.clear()
         # DOIT_CONFIG's reporter would report to the dodo.py session: this run's reports to this session
         self._reporter = BuildReporter(outstream if outstream is not None else sys.stdout, session=self)
         self.display = None  # the reporter makes this run's
@@ -390,12 +395,19 @@ class BuildSession(NamespaceTaskLoader):
         if self._builder is None and self._plan is not None:
             plan, store = self._plan
             keys = plan.keys()
-            missing = [t for t in target_ids if t in keys and not store.is_cached(keys[t])]
         else:
             b = self.builder
             if getattr(b.store, "remote_location", None):
                 return None
-            missing = [t for t in target_ids if t in b.by_id and not b.store.is_cached(b.key(b.by_id[t]).key)]
+            store, keys = b.store, {t: b.key(b.by_id[t]).key for t in target_ids if t in b.by_id}
+        missing = []
+        for t in target_ids:
+            if t not in keys:
+                continue
+            if store.is_cached(keys[t]):
+                self._known.add(keys[t])  # the task's own check need not ask again
+            else:
+                missing.append(t)
         if not missing:
             return {}
         from neuron_build.build.peaks import expected_compile_time
@@ -445,7 +457,7 @@ class BuildSession(NamespaceTaskLoader):
                 "name": t.id,
                 "doc": f"compile {t.id} ({b.keys.backend}, {b.keys.hardware_target})",
                 "actions": [(self._build, [t.id])],
-                "uptodate": [(_is_built, [b.store, key, self.hits, t.id])],
+                "uptodate": [(_is_built, [b.store, key, self.hits, t.id, self._known])],
             }
         b.keys.save()
         if self._own_builder:
@@ -460,7 +472,7 @@ class BuildSession(NamespaceTaskLoader):
                 "name": tid,
                 "doc": f"compile {tid} ({plan.backend}, {plan.hardware_target})",
                 "actions": [(self._build, [tid])],
-                "uptodate": [(_is_built, [store, key, self.hits, tid])],
+                "uptodate": [(_is_built, [store, key, self.hits, tid, self._known])],
             }
 
     def _build(self, target_id: str):
