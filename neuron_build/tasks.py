@@ -396,7 +396,15 @@ class BuildSession(NamespaceTaskLoader):
         display = self.display
         if display is not None:
             display.started(target_id)
-        out = b.build(b.by_id[target_id], retry_failed=retry)
+        try:
+            out = b.build(b.by_id[target_id], retry_failed=retry)
+        except Exception as e:  # a bug or an unforeseen OSError: the summary names it (doit shows the traceback)
+            from neuron_build.build.attempt import Outcome
+            from neuron_build.status import Status
+            text = str(e).strip().splitlines()
+            self.outcomes[target_id] = Outcome(target_id, b.key(b.by_id[target_id]).key, Status.ERROR,
+                                               type(e).__name__ + (f": {text[0]}" if text else ""))
+            raise
         self.outcomes[target_id] = out
         if display is not None:
             display.finished(out)

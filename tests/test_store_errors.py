@@ -1,0 +1,123 @@
+"""A store that cannot be used (a file, a missing folder, a read-only folder, a --store that is no store), and
+a bad ``[build] state_dir``: one line naming the location, what is wrong and the fix, exit 2; never a
+traceback nor an empty failure reason."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+from conftest import run_cli, write_tiny_project
+
+from neuron_build.cli import main
+
+OTHER = "other/static/fp32/p1"
+
+
+def with_build(cfg: Path, line: str) -> Path:
+    """``cfg`` with ``line`` added first under ``[build]``."""
+    cfg.write_text(cfg.read_text().replace("[build]\n", f"[build]\n{line}\n", 1))
+    return cfg
+
+
+@pytest.fixture
+def file_store(tmp_path: Path) -> Path:
+    """A tiny project whose ``[build] store`` is an existing file ``sf``."""
+    cfg = with_build(write_tiny_project(tmp_path / "p"), 'store = "sf"')
+    (cfg.parent / "sf").write_text("not a store\n")
+    return cfg
+
+
+def test_a_store_that_is_a_file_is_one_line_exit_2_for_build(file_store):
+    r = run_cli("build", OTHER, "-c", str(file_store), timeout=300)
+    sf = file_store.parent / "sf"
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (f"error: store {sf} is a file, not a folder; set [build] store (buckets.toml) "
+                                f"or --store to a folder")
+    assert "Traceback" not in r.stdout + r.stderr and sf.read_text() == "not a store\n"
+
+
+@pytest.mark.parametrize("command", [["ls"], ["verify"], ["verify", "--deep"], ["gc", "--dry-run"], ["plan"]])
+def test_ls_verify_gc_refuse_a_store_that_is_a_file(file_store, capsys, command):
+    rc = main([*command, "-c", str(file_store)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert f"error: store {file_store.parent / 'sf'} is a file, not a folder;" in err
+
+
+def test_a_store_inside_a_file_is_refused(tmp_path, capsys):
+    cfg = with_build(write_tiny_project(tmp_path / "p"), 'store = "sf/artifacts"')
+    (cfg.parent / "sf").write_text("x")
+    assert main(["ls", "-c", str(cfg)]) == 2
+    assert (f"error: store {cfg.parent / 'sf' / 'artifacts'} is inside {cfg.parent / 'sf'}, a file, not a folder"
+            in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("command", [["verify"], ["gc", "--dry-run"]])
+def test_verify_and_gc_refuse_a_missing_store(tmp_path, capsys, command):
+    cfg = with_build(write_tiny_project(tmp_path / "p"), 'store = "typo"')
+    rc = main([*command, "-c", str(cfg)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.strip() == (f"error: store {cfg.parent / 'typo'} does not exist (nothing was built into it); set "
+                           "[build] store (buckets.toml) to the store's folder, or run `neuron-build build` first")
+    assert not (cfg.parent / "typo").exists()
+
+
+def test_a_read_only_store_that_must_be_written_fails_in_one_line(tmp_path):
+    """A store this process may not write (here: opened read-only, as a read-only mount is): the target
+    that needs compiling fails with one line naming the store and the target, nothing compiled."""
+    from neuron_build.build.builder import Builder
+    from neuron_build.project.config import load_project
+    from neuron_build.status import Status
+    from neuron_build.store import open_store
+
+    cfg = write_tiny_project(tmp_path / "p")
+    (cfg.parent / "artifacts").mkdir()
+    project = load_project(cfg)
+    b = Builder(project, store=open_store(project.store_url(), read_only=True))
+    out = b.build(b.by_id[OTHER])
+    assert out.status == Status.ERROR and not out.compiled
+    assert out.reason == (f"store {cfg.parent / 'artifacts'} is read-only: cannot compile {OTHER} into it; make it "
+                          "writable, or set [build] store (buckets.toml) to a folder this user may write")
+    assert not (cfg.parent / "artifacts" / "locks").exists()
+
+
+def test_a_lock_the_file_system_refuses_is_the_read_only_line(tmp_path, monkeypatch):
+    """``OSError: [Errno 30] Read-only file system`` taking the key's lock (a read-only mount)."""
+    from neuron_build.build.builder import Builder
+    from neuron_build.project.config import load_project
+    from neuron_build.status import Status
+    from neuron_build.store.locks import KeyLock
+
+    cfg = write_tiny_project(tmp_path / "p")
+    b = Builder(load_project(cfg))
+
+    def refuse(self):
+        raise OSError(errno.EROFS, "Read-only file system", str(self.path))
+
+    monkeypatch.setattr(KeyLock, "acquire", refuse)
+    out = b.build(b.by_id[OTHER])
+    store = cfg.parent / "artifacts"
+    assert out.status == Status.ERROR
+    assert out.reason.startswith(f"store {store} is read-only (Read-only file system: {store}/locks/")
+    assert out.reason.endswith(f".lock): cannot compile {OTHER} into it; make it writable, or set [build] store "
+                               "(buckets.toml) to a folder this user may write")
+
+
+def test_an_unforeseen_error_is_named_in_the_summary(tmp_path, monkeypatch, capsys):
+    """An exception with no message raised while building a target: the FAILED line names its type, never
+    ``not built: `` and nothing."""
+    from neuron_build.build.builder import Builder
+
+    cfg = write_tiny_project(tmp_path / "p")
+
+    def boom(self, target, retry_failed=True):
+        raise NotImplementedError()
+
+    monkeypatch.setattr(Builder, "build", boom)
+    rc = main(["build", OTHER, "-c", str(cfg)])
+    out = capsys.readouterr()
+    assert rc == 1
+    assert f"FAILED {OTHER}: ERROR: NotImplementedError\n" in out.out + out.err
