@@ -121,3 +121,28 @@ def test_an_unforeseen_error_is_named_in_the_summary(tmp_path, monkeypatch, caps
     out = capsys.readouterr()
     assert rc == 1
     assert f"FAILED {OTHER}: ERROR: NotImplementedError\n" in out.out + out.err
+
+
+@pytest.mark.parametrize("make, why", [
+    (None, "no such folder"),
+    ("file", "a file, not a folder"),
+    ("folder", "the folder holds none of ac/, cas/, releases/, channels/"),
+])
+def test_pull_from_a_store_path_that_holds_no_store_says_so(tmp_path, capsys, make, why):
+    where = tmp_path / "store"
+    if make == "file":
+        where.write_text("x")
+    elif make == "folder":
+        (where / "models").mkdir(parents=True)
+    rc = main(["pull", "minilm", "--channel", "prod", "--dest", str(tmp_path / "pp"), "--store", str(where)])
+    assert rc == 2
+    assert capsys.readouterr().err.strip() == (f"error: --store {where}: no store there ({why}); give the folder or "
+                                               "URL of the store the releases were promoted in")
+    assert not (tmp_path / "pp").exists()
+
+
+def test_pull_from_a_real_but_empty_store_still_names_the_channel(tmp_path, capsys):
+    """A folder that is a store (it has ``channels/``) with nothing promoted: the channel's own message."""
+    (tmp_path / "store" / "channels").mkdir(parents=True)
+    rc = main(["pull", "minilm", "--channel", "prod", "--dest", str(tmp_path / "pp"), "--store", str(tmp_path / "store")])
+    assert rc == 2 and "channel minilm/prod holds no release; promote one into it first" in capsys.readouterr().err
