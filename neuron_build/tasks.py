@@ -138,6 +138,7 @@ def _load_builder() -> Builder:
     path = _config_path()
     try:
         project = load_project(path)
+        project.make_state_dir()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(exit_code(e))

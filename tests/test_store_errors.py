@@ -5,10 +5,13 @@ traceback nor an empty failure reason."""
 from __future__ import annotations
 
 import errno
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, write_tiny_project
+from conftest import REPO, run_cli, write_tiny_project
 
 from neuron_build.cli import main
 
@@ -146,3 +149,27 @@ def test_pull_from_a_real_but_empty_store_still_names_the_channel(tmp_path, caps
     (tmp_path / "store" / "channels").mkdir(parents=True)
     rc = main(["pull", "minilm", "--channel", "prod", "--dest", str(tmp_path / "pp"), "--store", str(tmp_path / "store")])
     assert rc == 2 and "channel minilm/prod holds no release; promote one into it first" in capsys.readouterr().err
+
+
+def test_a_state_dir_that_cannot_be_created_is_a_config_error(tmp_path, capsys):
+    cfg = with_build(write_tiny_project(tmp_path / "p"), 'state_dir = "/proc/nope"')
+    assert main(["plan", "-c", str(cfg)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {cfg}: invalid configuration\n  build.state_dir: '/proc/nope' (/proc/nope): cannot create it (No such "
+        "file or directory); set it to a folder this user may write (default \".neuron-build\")\n")
+
+
+@pytest.mark.parametrize("how", ["plan", "doit"])
+def test_a_state_dir_that_is_a_file_is_a_config_error(tmp_path, how):
+    cfg = with_build(write_tiny_project(tmp_path / "p"), 'state_dir = "sfile"')
+    (cfg.parent / "sfile").write_text("x")
+    if how == "plan":
+        r = run_cli("plan", "-c", str(cfg))
+    else:
+        r = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "--dir", str(cfg.parent),
+                            "build"], text=True, capture_output=True, timeout=300,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 2, r.stderr
+    assert (f"  build.state_dir: 'sfile' ({cfg.parent / 'sfile'}) is a file, not a folder; set it to a folder "
+            "(default \".neuron-build\")\n") in r.stderr
+    assert "Traceback" not in r.stderr and (cfg.parent / "sfile").read_text() == "x"
