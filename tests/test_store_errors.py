@@ -168,7 +168,7 @@ def test_a_state_dir_that_is_a_file_is_a_config_error(tmp_path, how):
     else:
         r = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "--dir", str(cfg.parent),
                             "build"], text=True, capture_output=True, timeout=300,
-                           env={**os.environ, "PYTHONPATH": str(REPO)})
+                           env={**os.environ, "PYTHONPATH": str(REPO), "NEURON_BUILD_CONFIG": str(cfg)})
     assert r.returncode == 2, r.stderr
     assert (f"  build.state_dir: 'sfile' ({cfg.parent / 'sfile'}) is a file, not a folder; set it to a folder "
             "(default \".neuron-build\")\n") in r.stderr
