@@ -173,3 +173,35 @@ def test_a_state_dir_that_is_a_file_is_a_config_error(tmp_path, how):
     assert (f"  build.state_dir: 'sfile' ({cfg.parent / 'sfile'}) is a file, not a folder; set it to a folder "
             "(default \".neuron-build\")\n") in r.stderr
     assert "Traceback" not in r.stderr and (cfg.parent / "sfile").read_text() == "x"
+
+
+def test_the_fix_for_a_flipped_byte_in_a_blob_is_one_that_works(tmp_path):
+    """One byte of a blob flipped (same size): a build alone calls the target cached, so verify's fix names
+    ``verify --deep --repair`` first; following it, the build compiles the target again and verify is clean."""
+    import json
+
+    from neuron_build.store import layout
+    from neuron_build.store.local import LocalStore
+
+    cfg = write_tiny_project(tmp_path / "p")
+    c = ["-c", str(cfg)]
+    assert run_cli("build", OTHER, *c).returncode == 0
+    store = LocalStore(cfg.parent / "artifacts")
+    man = json.loads(next((store.root / "ac").rglob("*.json")).read_text())
+    blob = store.path(layout.blob_path(man["files"]["model.pt"]["sha256"]))
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.chmod(0o644)
+    blob.write_bytes(bytes(data))
+
+    r = run_cli("verify", "--deep", "--json", *c)
+    fix = json.loads(r.stdout)["bad"][0]["fix"]
+    assert r.returncode == 1 and fix == ("`neuron-build verify --deep --repair` (moves the damaged blob to "
+                                         f"quarantine/), then `neuron-build build {OTHER}` compiles it again")
+    r = run_cli("build", OTHER, *c)
+    assert "0 built, 1 cached" in r.stdout  # why a rebuild alone is not the fix
+    assert run_cli("verify", "--deep", "--repair", *c).returncode == 1
+    r = run_cli("build", OTHER, *c)
+    assert r.returncode == 0 and "1 built, 0 cached" in r.stdout, r.stdout + r.stderr
+    r = run_cli("verify", "--deep", *c)
+    assert r.returncode == 0, r.stdout
