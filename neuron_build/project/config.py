@@ -89,8 +89,8 @@ class BuildSettings(_Frozen):
     straight into the store, so it must be one every worker reaches at the same location.
     ``scheduler_timeout_s`` is how long, in seconds, the client waits for the scheduler to answer and
     for a first worker to join.
-    ``store`` is the local store folder (relative to the config's folder), or a URL (``s3://bucket/prefix``)
-    for a host that keeps no local copy. ``remote`` (a URL: ``s3://``, ``gs://``, ``file://``, any fsspec
+    ``store`` is the local store folder (relative to the config's folder; a ``file://`` URL is taken as its
+    path; any other URL is refused: remote stores go in ``remote``). ``remote`` (a URL: ``s3://``, ``gs://``, ``file://``, any fsspec
     protocol) is a shared store the local one caches: a build looks up locally, then on the remote, and
     pushes what it compiled. ``remote_options`` are passed to fsspec as storage options (e.g.
     ``{profile = "ci"}`` or ``{client_kwargs = {region_name = "us-west-2"}}``); the standard AWS variables
@@ -578,8 +578,8 @@ class Project:
         return self.state_dir
 
     def store_url(self) -> str:
-        """``[build] store``: a local path (or ``file://`` URL) resolved against the config's folder, or a
-        remote URL (``s3://bucket/prefix``) as given, for a host that keeps no local copy."""
+        """``[build] store``: a local path (or ``file://`` URL) resolved against the config's folder (the
+        config check refuses any other URL; one would be returned as given)."""
         s = self.config.build.store
         if "://" in s and not s.startswith("file://"):
             return s
