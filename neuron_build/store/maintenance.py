@@ -167,6 +167,15 @@ def blob_fix(target: str | None, damage: str, pinned_by: list[str] | tuple[str, 
             f"{model} && neuron-build promote {model} RELEASE --to CHANNEL`)")
 
 
+def orphan_blob_fix(target: str | None) -> str:
+    """The one-line fix for a missing or damaged blob that releases pin but no stored artifact lists (the
+    target was built again since, to other bytes): no build writes it again, only a new release heals."""
+    build = f"`neuron-build build {target}`" if target else "`neuron-build build`"
+    model = target.split("/")[0] if target else "MODEL"
+    return (f"no build writes this blob again ({build} made another artifact since): make and promote a new "
+            f"release (`neuron-build release {model} && neuron-build promote {model} RELEASE --to CHANNEL`)")
+
+
 def verify_store(store: LocalStore, deep: bool = False, repair: bool = False) -> VerifyReport:
     """Check every manifest of the action cache and every blob a manifest or a release lists.
 
@@ -221,7 +230,7 @@ def verify_store(store: LocalStore, deep: bool = False, repair: bool = False) ->
             continue
         name, target = pins.names.get(sha), pins.targets.get(sha)
         blobs[sha] = BadObject(sha, target, f"{name}: {why}", kind="blob", pinned_by=list(who),
-                               fix=blob_fix(target, found.damage, who))
+                               fix=orphan_blob_fix(target))
         rep.bad.append(blobs[sha])
     rep.blobs_checked = len({s for s, _ in checked_blobs})
     if repair:

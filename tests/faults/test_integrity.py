@@ -230,6 +230,9 @@ def test_a_promoted_release_survives_damage_verify_rebuild_or_is_reported(tmp_pa
     assert rc == 1 and [(b["key"], b["pinned_by"]) for b in rep["bad"]] == [
         (blobs["noisy"].name, [f"release noisy/{rel['noisy']}", "channel noisy/dev"])]
     assert rep["bad"][0]["reason"].startswith("model.pt: blob ") and "is 100 bytes" in rep["bad"][0]["reason"]
+    assert rep["bad"][0]["fix"] == (  # the rebuild did not heal it: no loop on "rebuild"
+        "no build writes this blob again (`neuron-build build noisy/n1/fp32/p` made another artifact since): make "
+        "and promote a new release (`neuron-build release noisy && neuron-build promote noisy RELEASE --to CHANNEL`)")
     assert blob_file(store, keys["noisy/n1/fp32/p"]) != blobs["noisy"]  # the rebuild's new digest
     doc = json.loads(run_cli("pull", "quick", "--channel", "dev", "--dest", str(tmp_path / "serve"),
                              "--json", *c).stdout)
