@@ -128,10 +128,10 @@ def _config_path() -> str:
 
 
 def _load_builder() -> Builder:
-    """A :class:`Builder` for the configured ``buckets.toml`` (:func:`_config_path`). A config error prints
-    one message and exits 2."""
+    """A :class:`Builder` for the configured ``buckets.toml`` (:func:`_config_path`). A config error (or a
+    store that cannot be opened: a file, the old layout) prints one message and exits 2."""
     from neuron_build.build.builder import Builder
-    from neuron_build.errors import ConfigError, exit_code
+    from neuron_build.errors import ConfigError, UserError, exit_code
     from neuron_build.log import configure
     from neuron_build.project.config import load_project
 
@@ -147,7 +147,11 @@ def _load_builder() -> Builder:
         from neuron_build.log import get_logger
         get_logger().warning("doit build compiles on this host; `neuron-build build` sends compiles to the Dask "
                              "cluster ([build] executor = \"dask\")")
-    return Builder(project)
+    try:
+        return Builder(project)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(exit_code(e))
 
 
 def _push_failed(lines: list[str]) -> TaskFailed:

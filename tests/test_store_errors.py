@@ -32,8 +32,16 @@ def file_store(tmp_path: Path) -> Path:
     return cfg
 
 
-def test_a_store_that_is_a_file_is_one_line_exit_2_for_build(file_store):
-    r = run_cli("build", OTHER, "-c", str(file_store), timeout=300)
+def doit(cfg: Path, *args: str) -> subprocess.CompletedProcess:
+    """``doit -f dodo.py --dir <project> ARGS`` for the project of ``cfg``, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "--dir", str(cfg.parent), *args],
+                          text=True, capture_output=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "NEURON_BUILD_CONFIG": str(cfg)})
+
+
+@pytest.mark.parametrize("how", ["neuron-build", "doit"])
+def test_a_store_that_is_a_file_is_one_line_exit_2_for_build(file_store, how):
+    r = run_cli("build", OTHER, "-c", str(file_store), timeout=300) if how == "neuron-build" else doit(file_store, "build")
     sf = file_store.parent / "sf"
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (f"error: store {sf} is a file, not a folder; set [build] store (buckets.toml) "
@@ -166,9 +174,7 @@ def test_a_state_dir_that_is_a_file_is_a_config_error(tmp_path, how):
     if how == "plan":
         r = run_cli("plan", "-c", str(cfg))
     else:
-        r = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "--dir", str(cfg.parent),
-                            "build"], text=True, capture_output=True, timeout=300,
-                           env={**os.environ, "PYTHONPATH": str(REPO), "NEURON_BUILD_CONFIG": str(cfg)})
+        r = doit(cfg, "build")
     assert r.returncode == 2, r.stderr
     assert (f"  build.state_dir: 'sfile' ({cfg.parent / 'sfile'}) is a file, not a folder; set it to a folder "
             "(default \".neuron-build\")\n") in r.stderr
