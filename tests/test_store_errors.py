@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -223,3 +225,29 @@ def test_the_readme_says_what_a_url_as_build_store_does(tmp_path, capsys):
     assert main(["plan", "-c", str(cfg)]) == 2
     assert ("build.store: 's3://mybucket/neuron': remote (fsspec) stores are not supported yet; use a local folder"
             in capsys.readouterr().err)
+
+
+def test_a_read_only_store_folder_as_an_unprivileged_user_fails_in_one_line():
+    """The store folder is ``chmod 0555`` and the build runs as an unprivileged user (``nobody`` when the tests
+    run as root, who ignores permissions): the target fails with the read-only line, no traceback, exit 1."""
+    shared = Path(tempfile.mkdtemp(prefix="nb-ro-", dir="/tmp"))  # pytest's tmp folders are private
+    try:
+        os.chmod(shared, 0o755)
+        cfg = write_tiny_project(shared / "p")
+        store = cfg.parent / "artifacts"
+        store.mkdir()
+        if os.geteuid() == 0:
+            subprocess.run(["chown", "-R", "65534:65534", str(cfg.parent)], check=True)
+        store.chmod(0o555)
+        cmd = [sys.executable, "-m", "neuron_build.cli", "build", OTHER, "-c", str(cfg)]
+        if os.geteuid() == 0:
+            cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+        r = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1"), text=True,
+                           capture_output=True, timeout=300)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert (f"  FAILED {OTHER}: ERROR: store {store} is read-only: cannot compile {OTHER} into it; make it "
+                "writable, or set [build] store (buckets.toml) to a folder this user may write\n") in r.stdout
+        assert "Traceback" not in r.stdout + r.stderr and list(store.iterdir()) == []
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(shared)], check=False)
+        shutil.rmtree(shared, ignore_errors=True)
