@@ -18,6 +18,9 @@ from typing import Any
 
 from neuron_build.status import DOWNLOADED
 
+#: The reason of a failed target that left no outcome (its build did not run, or stopped before the end).
+NOT_RUN = "the build stopped before this target finished (see the errors above)"
+
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
@@ -53,7 +56,7 @@ class BuildSummary:
         """Two lines per failed target: ``  FAILED <target>: <status>: <reason>``, ``    log: <command>``."""
         out = []
         for tid in self.failed:
-            status, reason = self.failures.get(tid, ("not built", ""))
+            status, reason = self.failures.get(tid, ("not built", NOT_RUN))
             out += [f"  FAILED {tid}: {status}: {reason}", f"    log: {log_command(tid)}"]
         return out
 
@@ -89,7 +92,7 @@ class BuildSummary:
             for name in ("failed target", "status", "reason", "log"):  # reasons fold; ids and commands stay whole
                 table.add_column(name, overflow="fold", no_wrap=name != "reason")
             for tid in self.failed:
-                status, reason = self.failures.get(tid, ("not built", ""))
+                status, reason = self.failures.get(tid, ("not built", NOT_RUN))
                 table.add_row(tid, Text(status, style="red"), reason, log_command(tid))
             console.print(table)
 
@@ -117,7 +120,7 @@ def from_outcomes(targets: Iterable[str], outcomes: Mapping[str, Any], hits: Ite
     reused = [t for t in ids if t in outcomes and outcomes[t].ok and outcomes[t].reason.startswith("reused")]
     downloaded = [t for t in ids if t in outcomes and outcomes[t].ok and outcomes[t].reason == DOWNLOADED]
     failed = [t for t in ids if (t in outcomes and not outcomes[t].ok) or (t not in outcomes and t not in hit)]
-    failures = {t: (str(outcomes[t].status), outcomes[t].reason) if t in outcomes else ("not built", "")
+    failures = {t: (str(outcomes[t].status), outcomes[t].reason) if t in outcomes else ("not built", NOT_RUN)
                 for t in failed}
     return BuildSummary(ids, built, reused, failed, failures, downloaded)
 
