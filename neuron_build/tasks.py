@@ -177,16 +177,17 @@ def _config_path() -> str:
 
 
 def _load_builder() -> Builder:
-    """A :class:`Builder` for the configured ``buckets.toml`` (:func:`_config_path`). A config error prints
-    one message and exits 2."""
+    """A :class:`Builder` for the configured ``buckets.toml`` (:func:`_config_path`). A config error (or a
+    store that cannot be opened: a file, the old layout) prints one message and exits 2."""
     from neuron_build.build.builder import Builder
-    from neuron_build.errors import ConfigError, exit_code
+    from neuron_build.errors import ConfigError, UserError, exit_code
     from neuron_build.log import configure
     from neuron_build.project.config import load_project
 
     path = _config_path()
     try:
         project = load_project(path)
+        project.make_state_dir()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(exit_code(e))
@@ -195,7 +196,11 @@ def _load_builder() -> Builder:
         from neuron_build.log import get_logger
         get_logger().warning("doit build compiles on this host; `neuron-build build` sends compiles to the Dask "
                              "cluster ([build] executor = \"dask\")")
-    return Builder(project)
+    try:
+        return Builder(project)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(exit_code(e))
 
 
 def _push_failed(lines: list[str]) -> TaskFailed:
@@ -485,8 +490,17 @@ class BuildSession(NamespaceTaskLoader):
         display = self.display
         if display is not None:
             display.started(target_id)
-        out = b.build(b.by_id[target_id], retry_failed=retry,
-                      no_retry_option="--no-retry-failed" if self.retry_failed is not None else "retry_failed=0")
+        try:
+            out = b.build(b.by_id[target_id], retry_failed=retry,
+                          no_retry_option="--no-retry-failed" if self.retry_failed is not None
+                          else "retry_failed=0")
+        except Exception as e:  # a bug or an unforeseen OSError: the summary names it (doit shows the traceback)
+            from neuron_build.build.attempt import Outcome
+            from neuron_build.status import Status
+            text = str(e).strip().splitlines()
+            self.outcomes[target_id] = Outcome(target_id, b.key(b.by_id[target_id]).key, Status.ERROR,
+                                               type(e).__name__ + (f": {text[0]}" if text else ""))
+            raise
         self.outcomes[target_id] = out
         if display is not None:
             display.finished(out)

@@ -139,7 +139,8 @@ def test_summary_of_a_doit_run_counts_what_did_not_run_and_reports_of_other_proc
     assert s.text() == ("\n6 targets: 1 built, 2 cached (1 built by another builder meanwhile), 3 failed\n"
                         "  FAILED m/b: TIMEOUT: compile timed out after 120 s\n    log: neuron-build show m/b\n"
                         "  FAILED m/e: ERROR: OSError: disk full\n    log: neuron-build show m/e\n"
-                        "  FAILED m/f: not built: \n    log: neuron-build show m/f")
+                        "  FAILED m/f: not built: the build stopped before this target finished (see the errors "
+                        "above)\n    log: neuron-build show m/f")
     s2 = from_outcomes(["m/a", "m/f"], outcomes, interrupted=True)  # Ctrl-C: m/f did not finish
     assert s2.lines == ["  FAILED m/f: INTERRUPTED: Ctrl-C stopped the build before it finished",
                         "    log: neuron-build show m/f"]

@@ -616,7 +616,11 @@ def test_pull_verifies_and_refuses_tampered_object(proj, tmp_path):
     with pytest.raises(UserError) as ei:
         pull(store, "tiny", "dev", dest, settings)
     assert (f"tiny/b1/fp32/p1 (key {r1['artifacts'][0]['key'][:12]}): model.pt (blob {victim.name[:16]}...) in "
-            f"{store.location} does not match its sha256: the stored blob is damaged") in str(ei.value)
+            f"{store.location} does not match its sha256: the stored blob is damaged; `neuron-build verify --deep "
+            f"--repair` (moves the damaged blob to quarantine/), then `neuron-build build tiny/b1/fp32/p1` compiles it "
+            f"again; unless that compile is byte-identical (AOTInductor's is not) it is a new artifact the release "
+            f"does not pin: make and promote a new release (`neuron-build release tiny && neuron-build promote tiny "
+            f"RELEASE --to dev`)") == str(ei.value)
     assert tree(dest) == before
     assert sorted(p.name for p in dest.parent.iterdir()) == ["tiny"]  # no staging folder left behind
     # the CLI says the same, exit 2, and a fresh DIR is not created
@@ -627,8 +631,14 @@ def test_pull_verifies_and_refuses_tampered_object(proj, tmp_path):
 
     # a missing blob
     victim.unlink()
-    with pytest.raises(UserError, match=r"tiny/b1/fp32/p1 .*model.pt \(blob .*\) is missing from the store"):
+    with pytest.raises(UserError) as ei:
         pull(store, "tiny", "dev", dest, settings)
+    assert str(ei.value) == (
+        f"tiny/b1/fp32/p1 (key {r1['artifacts'][0]['key'][:12]}): model.pt (blob {victim.name[:16]}...) is missing "
+        f"from the store {store.location}; `neuron-build build tiny/b1/fp32/p1` compiles it again; unless that "
+        f"compile is byte-identical (AOTInductor's is not) it is a new artifact the release does not pin: make and "
+        f"promote a new release (`neuron-build release tiny && neuron-build promote tiny RELEASE --to dev`), or "
+        f"promote another release")
     assert tree(dest) == before
 
 

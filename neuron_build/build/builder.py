@@ -13,6 +13,7 @@ records failures and publishes artifacts.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import re
 import shutil
 import socket
@@ -203,6 +204,8 @@ class Builder:
                 return Outcome(target.id, ki.key, as_status(fail.status),
                                f"not retried ({no_retry_option}); failed last time: {fail.reason}")
         cfg = self.project.config.build
+        if getattr(self.store, "read_only", False):
+            return self._read_only(ctx)
         lock = self.store.key_lock(ki.key, target=target.id, heartbeat_s=cfg.heartbeat_s)
         try:
             with disk_full("taking the key's lock", lock.path, prefer_filename=False):
@@ -210,6 +213,10 @@ class Builder:
         except DiskFull as e:
             ctx.log.error("compile failed", status=Status.ERROR, reason=str(e))
             return Outcome(target.id, ki.key, Status.ERROR, str(e))
+        except OSError as e:
+            if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            return self._read_only(ctx, e)
         with lock:
             found = self.store.repair(ki.key)
             if found.hit:
@@ -223,6 +230,15 @@ class Builder:
             peak = expected_peak(self.store, target.model, target.bucket_id, int(cfg.default_compile_memory_gb * GB))
             with self.memory.reserve(peak.bytes, target.id, ctx.log, peak.source):
                 return self._build_locked(ctx)
+
+    def _read_only(self, ctx: BuildContext, error: OSError | None = None) -> Outcome:
+        """The outcome of a target that must be compiled into a store this process may not write (opened
+        read-only, a read-only mount, no write permission): one line, nothing compiled."""
+        why = f" ({error.strerror}: {error.filename})" if error is not None and error.filename else ""
+        reason = (f"store {self.store.location} is read-only{why}: cannot compile {ctx.target.id} into it; "
+                  f"make it writable, or set [build] store (buckets.toml) to a folder this user may write")
+        ctx.log.error("compile failed", status=Status.ERROR, reason=reason)
+        return Outcome(ctx.target.id, ctx.ki.key, Status.ERROR, reason)
 
     def _build_locked(self, ctx: BuildContext) -> Outcome:
         """Compile (holding the key's lock), retrying transient failures. What changed since the target's

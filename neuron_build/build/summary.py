@@ -18,6 +18,9 @@ from typing import Any
 
 from neuron_build.status import DOWNLOADED
 
+#: The reason of a failed target that left no outcome (its build did not run, or stopped before the end).
+NOT_RUN = "the build stopped before this target finished (see the errors above)"
+
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
@@ -53,7 +56,7 @@ class BuildSummary:
         """Two lines per failed target: ``  FAILED <target>: <status>: <reason>``, ``    log: <command>``."""
         out = []
         for tid in self.failed:
-            status, reason = self.failures.get(tid, ("not built", ""))
+            status, reason = self.failures.get(tid, ("not built", NOT_RUN))
             out += [f"  FAILED {tid}: {status}: {reason}", f"    log: {log_command(tid)}"]
         return out
 
@@ -93,7 +96,7 @@ class BuildSummary:
             table.add_column("status", no_wrap=True)
             table.add_column("reason and log", overflow="fold", ratio=1)
             for tid in self.failed:
-                status, reason = self.failures.get(tid, ("not built", ""))
+                status, reason = self.failures.get(tid, ("not built", NOT_RUN))
                 cell = Text(reason)
                 cell.append(("\n" if reason else "") + f"log: {log_command(tid)}", style="dim")
                 table.add_row(tid, Text(status, style="red"), cell)
@@ -125,7 +128,7 @@ def from_outcomes(targets: Iterable[str], outcomes: Mapping[str, Any], hits: Ite
     downloaded = [t for t in ids if t in outcomes and outcomes[t].ok and outcomes[t].reason == DOWNLOADED]
     failed = [t for t in ids if (t in outcomes and not outcomes[t].ok) or (t not in outcomes and t not in hit)]
     unfinished = (("INTERRUPTED", "Ctrl-C stopped the build before it finished") if interrupted
-                  else ("not built", ""))
+                  else ("not built", NOT_RUN))
     failures = {t: (str(outcomes[t].status), outcomes[t].reason) if t in outcomes else unfinished
                 for t in failed}
     return BuildSummary(ids, built, reused, failed, failures, downloaded)

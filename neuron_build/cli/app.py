@@ -63,7 +63,7 @@ def open_builder(args: argparse.Namespace, *, backend: str | None = None, quiet:
     from neuron_build.log import configure
 
     project = open_project(args)
-    configure(project.state_dir / "build.log", quiet=getattr(args, "json", False) if quiet is None else quiet)
+    configure(project.make_state_dir() / "build.log", quiet=getattr(args, "json", False) if quiet is None else quiet)
     return Builder(project, backend=backend)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from neuron_build.build.summary import BuildSummary, log_command
+from neuron_build.build.summary import NOT_RUN, BuildSummary, log_command
 from neuron_build.cli.app import command, display_note, open_builder, plural, print_json
 from neuron_build.errors import BuildFailed, ExitCode
 from neuron_build.status import DOWNLOADED, TargetState
@@ -63,7 +63,7 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
             failures[tid] = (str(o.status), o.reason)
         else:
             f = b.store.failure(tid)
-            failures[tid] = (str(f.status), f.reason) if f else ("not built", "")
+            failures[tid] = (str(f.status), f.reason) if f else ("not built", NOT_RUN)
     rows = []
     for t in chosen:
         key = b.key(t).key
@@ -74,7 +74,7 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
             "cached" if result != "failed" else None, "", None)
         if result == "failed" and o is None:
             f = b.store.failure(t.id)
-            status, reason = (str(f.status), f.reason) if f else ("not built", "")
+            status, reason = (str(f.status), f.reason) if f else ("not built", NOT_RUN)
         if result == "cached" or (result == "reused" and ct is None):
             m = b.store.manifest(key)
             ct = m.metrics.compile_time_s if m else None

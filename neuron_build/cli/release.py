@@ -16,7 +16,7 @@ from neuron_build.cli.app import (
     open_project_store,
     print_json,
 )
-from neuron_build.errors import ExitCode
+from neuron_build.errors import ExitCode, UserError
 
 BACKENDS = ("auto", "neuron", "inductor", "torchscript")
 DEVICE_KINDS = ("cpu", "cuda", "neuron")
@@ -254,6 +254,32 @@ def cmd_history(args) -> int:
     return ExitCode.OK
 
 
+def given_store(location: str) -> str:
+    """``--store LOCATION`` as given, once checked: a local path (or ``file://`` URL) must be a folder holding
+    a store (one of the areas of :data:`neuron_build.store.layout.SHARED_AREAS`, or its ``store-id.json``).
+
+    Raises:
+        UserError: the path does not exist, is a file, or is a folder that holds no store (exit 2).
+    """
+    from pathlib import Path
+
+    from neuron_build.store import is_url, layout
+
+    if is_url(location) and not location.startswith("file://"):
+        return location
+    root = Path(location.removeprefix("file://"))
+    if not root.exists():
+        why = "no such folder"
+    elif not root.is_dir():
+        why = "a file, not a folder"
+    elif not any((root / a).is_dir() for a in layout.SHARED_AREAS) and not (root / "store-id.json").is_file():
+        why = "the folder holds none of ac/, cas/, releases/, channels/"
+    else:
+        return location
+    raise UserError(f"--store {location}: no store there ({why}); give the folder or URL of the store the "
+                    f"releases were promoted in")
+
+
 @command("pull")
 def cmd_pull(args) -> int:
     """Materialise a channel's release in a folder for a serving host."""
@@ -261,7 +287,7 @@ def cmd_pull(args) -> int:
 
     if args.store:  # a deploy host with only the URL: no project, any channel the store holds
         from neuron_build.store import open_store
-        store, settings = open_store(args.store), None
+        store, settings = open_store(given_store(args.store)), None
     else:
         project, store = open_project_store(args)
         require_model(project, args.model)

@@ -33,7 +33,19 @@ def chosen_store(b, remote: bool):
             raise UserError(f"{b.project.path}: no [build] remote to work on; drop --remote, or add e.g. "
                             "remote = \"s3://bucket/prefix\" under [build]")
         return b.store.remote
-    return getattr(b.store, "local", b.store)
+    return require_existing(getattr(b.store, "local", b.store))
+
+
+def require_existing(store):
+    """``store`` itself when it exists; a missing local store folder is a user error (a typo in ``[build]
+    store`` would otherwise verify or collect an empty store and report success)."""
+    from pathlib import Path
+
+    root = getattr(store, "root", None)
+    if isinstance(root, Path) and not root.is_dir():
+        raise UserError(f"store {root} does not exist (nothing was built into it); set [build] store "
+                        f"(buckets.toml) to the store's folder, or run `neuron-build build` first")
+    return store
 
 
 @command("verify")

@@ -100,8 +100,8 @@ class BuildSettings(_Frozen):
     straight into the store, so it must be one every worker reaches at the same location.
     ``scheduler_timeout_s`` is how long, in seconds, the client waits for the scheduler to answer and
     for a first worker to join.
-    ``store`` is the local store folder (relative to the config's folder), or a URL (``s3://bucket/prefix``)
-    for a host that keeps no local copy. ``remote`` (a URL: ``s3://``, ``gs://``, ``file://``, any fsspec
+    ``store`` is the local store folder (relative to the config's folder; a ``file://`` URL is taken as its
+    path; any other URL is refused: remote stores go in ``remote``). ``remote`` (a URL: ``s3://``, ``gs://``, ``file://``, any fsspec
     protocol) is a shared store the local one caches: a build looks up locally, then on the remote, and
     pushes what it compiled. ``remote_options`` are passed to fsspec as storage options (e.g.
     ``{profile = "ci"}`` or ``{client_kwargs = {region_name = "us-west-2"}}``); the standard AWS variables
@@ -572,9 +572,25 @@ class Project:
         """Folder for the build log and digest cache (``.neuron-build`` beside the config)."""
         return self.root / self.config.build.state_dir
 
+    def make_state_dir(self) -> Path:
+        """Create :attr:`state_dir` (and the folders above it) when missing; returns it.
+
+        Raises:
+            ConfigError: it cannot be created (a read-only or virtual file system such as ``/proc``, no
+                permission, a file in the way); the fault names ``build.state_dir`` and the fix.
+        """
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(str(self.path), [
+                f"build.state_dir: {self.config.build.state_dir!r} ({self.state_dir}): cannot create it "
+                f"({e.strerror or type(e).__name__}); set it to a folder this user may write "
+                f"(default \".neuron-build\")"]) from None
+        return self.state_dir
+
     def store_url(self) -> str:
-        """``[build] store``: a local path (or ``file://`` URL) resolved against the config's folder, or a
-        remote URL (``s3://bucket/prefix``) as given, for a host that keeps no local copy."""
+        """``[build] store``: a local path (or ``file://`` URL) resolved against the config's folder (the
+        config check refuses any other URL; one would be returned as given)."""
         s = self.config.build.store
         if "://" in s and not s.startswith("file://"):
             return s
@@ -708,6 +724,14 @@ def _cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
     if "://" in cfg.build.store and not cfg.build.store.startswith("file://"):
         faults.append(f"build.store: {cfg.build.store!r}: remote (fsspec) stores are not supported yet; "
                       f"use a local folder such as \"artifacts\" (a shared file system mount works)")
+    state = root / cfg.build.state_dir
+    for p in (state, *state.parents):
+        if p.exists():
+            if not p.is_dir():
+                where = "is a file" if p == state else f"is inside {p}, a file"
+                faults.append(f"build.state_dir: {cfg.build.state_dir!r} ({state}) {where}, not a folder; set "
+                              f"it to a folder (default \".neuron-build\")")
+            break
     for name in [*cfg.profiles, *cfg.models]:
         if not _NAME.match(name):
             faults.append(f"{toml_path((name,))}: name {name!r} may hold only letters, digits, '_', '.', '-'")

@@ -106,6 +106,15 @@ def check_dest(dest: str | Path) -> Path:
     return dest
 
 
+def pinned_fix(target: str, damage: str, channel: str | None) -> str:
+    """The fix for a blob of ``target`` that a release (in ``channel``) pins, for ``damage``
+    (as :func:`neuron_build.store.maintenance.blob_fix`), naming the channel when there is one."""
+    from neuron_build.store.maintenance import blob_fix
+
+    fix = blob_fix(target, damage, ["release"])
+    return fix.replace("--to CHANNEL", f"--to {channel}") if channel else fix
+
+
 def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
          settings: ReleaseSettings | None = None, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Write the release a channel holds into ``dest``: ``<bucket id>/<files>`` (with the artifact's
@@ -170,13 +179,12 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
                     store.get_blob(ent["sha256"], staging / rel_name)
                 except FileNotFoundError:
                     raise UserError(f"{what}: {name} (blob {ent['sha256'][:16]}...) is missing from the store "
-                                    f"{store.location}; rebuild it (`neuron-build build {a.target}`) or "
-                                    f"promote another release") from None
+                                    f"{store.location}; {pinned_fix(a.target, 'missing', channel)}, "
+                                    f"or promote another release") from None
                 except ValueError:
                     raise UserError(f"{what}: {name} (blob {ent['sha256'][:16]}...) in {store.location} does "
-                                    f"not match its sha256: the stored blob is damaged. `neuron-build build "
-                                    f"{a.target}` heals a deterministic file; otherwise cut and promote a new "
-                                    f"release (`neuron-build verify` names what it breaks)") from None
+                                    f"not match its sha256: the stored blob is damaged; "
+                                    f"{pinned_fix(a.target, 'hashes to', channel)}") from None
                 written.append(rel_name)
             mf = store.raw_manifest(a.key)
             found = store.lookup(a.key)

@@ -109,6 +109,15 @@ def check_manifest(text: bytes, key: str) -> tuple[Manifest | None, str | None]:
     return man, None
 
 
+def not_a_folder(path: Path) -> Path | None:
+    """The first existing path of ``path`` and the folders above it when it is not a folder (a file, a
+    device), else None (``path`` is a folder, or it is missing under a folder)."""
+    for p in (path, *path.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
+
+
 class ReadOnlyStore(OSError):
     """A write was asked of a store opened read-only (or on a read-only folder)."""
 
@@ -126,8 +135,9 @@ class LocalStore(JsonObjects):
         read_only: as given (an addition to the contract: callers may check it).
 
     Raises:
-        UserError: the folder has the layout of neuron-build before the action cache (an ``objects/``
-            area): no migration; the message says to rebuild it or move it aside.
+        UserError: ``root`` (or a folder above it) is a file, not a folder; or the folder has the layout of
+            neuron-build before the action cache (an ``objects/`` area): no migration; the message says to
+            rebuild it or move it aside.
     """
 
     def __init__(self, root: str | Path, read_only: bool = False):
@@ -135,6 +145,11 @@ class LocalStore(JsonObjects):
         self.location = self._root_str = str(self.root)
         self.read_only = read_only
         self._lookup_index: dict[str, Any] | None = None
+        not_folder = not_a_folder(self.root)
+        if not_folder is not None:
+            what = "is a file" if not_folder == self.root else f"is inside {not_folder}, a file"
+            raise UserError(f"store {self.root} {what}, not a folder; set [build] store (buckets.toml) or "
+                            f"--store to a folder")
         if (self.root / "objects").is_dir():
             raise UserError(f"store at {self.root} has the old layout (objects/); rebuild it or move it aside "
                             f"(e.g. `mv {self.root} {self.root}.old`, then `neuron-build build`)")

@@ -145,13 +145,35 @@ class VerifyReport:
                 "bad": [asdict(b) for b in self.bad], "problems": self.problems}
 
 
-def _blob_fix(target: str | None, pinned_by: list[str]) -> str:
+def blob_fix(target: str | None, damage: str, pinned_by: list[str] | tuple[str, ...] = ()) -> str:
+    """The one-line fix for a blob that is missing or damaged (``damage``: its reason from
+    :meth:`~neuron_build.store.local.LocalStore.blob_damage`) of ``target``'s artifact, pinned by the
+    releases and channels ``pinned_by``.
+
+    A blob whose bytes changed but not its size passes the cheap check a build makes, so the build would
+    call it cached: ``verify --deep --repair`` must move it to quarantine/ first. A rebuild heals a release
+    that pins the blob only when the compile gives the same bytes (torchscript does; AOTInductor does
+    not): otherwise the rebuilt artifact is a new one, and only a new release promoted heals the channel.
+    """
     build = f"`neuron-build build {target}`" if target else "`neuron-build build`"
+    hidden = "hashes to" in damage or "unreadable" in damage  # only a deep check sees it
+    step = (f"`neuron-build verify --deep --repair` (moves the damaged blob to quarantine/), then {build}"
+            if hidden else build)
     if not pinned_by:
-        return f"{build} compiles it again"
-    return (f"rebuild: {build} writes the blob again and heals every release that pins it when the file is "
-            f"deterministic; otherwise cut and promote a new release (`neuron-build release MODEL`, "
-            f"`neuron-build promote MODEL RELEASE --to CHANNEL`)")
+        return f"{step} compiles it again"
+    model = target.split("/")[0] if target else "MODEL"
+    return (f"{step} compiles it again; unless that compile is byte-identical (AOTInductor's is not) it is a "
+            f"new artifact the release does not pin: make and promote a new release (`neuron-build release "
+            f"{model} && neuron-build promote {model} RELEASE --to CHANNEL`)")
+
+
+def orphan_blob_fix(target: str | None) -> str:
+    """The one-line fix for a missing or damaged blob that releases pin but no stored artifact lists (the
+    target was built again since, to other bytes): no build writes it again, only a new release heals."""
+    build = f"`neuron-build build {target}`" if target else "`neuron-build build`"
+    model = target.split("/")[0] if target else "MODEL"
+    return (f"no build writes this blob again ({build} made another artifact since): make and promote a new "
+            f"release (`neuron-build release {model} && neuron-build promote {model} RELEASE --to CHANNEL`)")
 
 
 def verify_store(store: LocalStore, deep: bool = False, repair: bool = False) -> VerifyReport:
@@ -188,7 +210,7 @@ def verify_store(store: LocalStore, deep: bool = False, repair: bool = False) ->
             if bad is None:
                 who = pins.blobs.get(found.blob, [])
                 bad = blobs[found.blob] = BadObject(found.blob, target, found.damage, kind="blob",
-                                                    pinned_by=list(who), fix=_blob_fix(target, who))
+                                                    pinned_by=list(who), fix=blob_fix(target, found.damage, who))
                 rep.bad.append(bad)
             bad.keys.append(key)
             if repair:
@@ -208,7 +230,7 @@ def verify_store(store: LocalStore, deep: bool = False, repair: bool = False) ->
             continue
         name, target = pins.names.get(sha), pins.targets.get(sha)
         blobs[sha] = BadObject(sha, target, f"{name}: {why}", kind="blob", pinned_by=list(who),
-                               fix=_blob_fix(target, who))
+                               fix=orphan_blob_fix(target))
         rep.bad.append(blobs[sha])
     rep.blobs_checked = len({s for s, _ in checked_blobs})
     if repair:

@@ -136,7 +136,9 @@ def test_damage_is_reported_never_served_and_rebuilt(built, tmp_path):
     blob = next(b for b in rep["bad"] if b["kind"] == "blob")
     assert rc == 1 and blob["key"] == flip.name and sorted(blob["keys"]) == sorted(keys[t] for t in sharing)
     assert blob["reason"].startswith("model.pt: blob ") and "hashes to" in blob["reason"]
-    assert blob["pinned_by"] == [] and blob["fix"].endswith("compiles it again")
+    assert blob["pinned_by"] == [] and blob["fix"] == (
+        f"`neuron-build verify --deep --repair` (moves the damaged blob to quarantine/), then "
+        f"`neuron-build build {blob['target']}` compiles it again")  # a build alone calls it cached
     assert not (store.root / "quarantine").exists()
 
     rc, rep = verify(cfg, deep=True, repair=True)
@@ -212,10 +214,13 @@ def test_a_promoted_release_survives_damage_verify_rebuild_or_is_reported(tmp_pa
     for m, b in blobs.items():
         assert bad[b.name]["pinned_by"] == [f"release {m}/{rel[m]}", f"channel {m}/dev"]
         assert bad[b.name]["kind"] == "blob" and bad[b.name]["target"] == f"{m}/n1/fp32/p"
-        assert bad[b.name]["fix"].startswith(f"rebuild: `neuron-build build {m}/n1/fp32/p` writes the blob again")
-        assert "otherwise cut and promote a new release" in bad[b.name]["fix"]
+        assert bad[b.name]["fix"] == (
+            f"`neuron-build build {m}/n1/fp32/p` compiles it again; unless that compile is byte-identical "
+            f"(AOTInductor's is not) it is a new artifact the release does not pin: make and promote a new release "
+            f"(`neuron-build release {m} && neuron-build promote {m} RELEASE --to CHANNEL`)")
     text = run_cli("verify", *c).stdout
-    assert f"pinned by release quick/{rel['quick']}, channel quick/dev" in text and "fix: rebuild" in text
+    assert f"pinned by release quick/{rel['quick']}, channel quick/dev" in text
+    assert "fix: `neuron-build build quick/n1/fp32/p` compiles it again;" in text
     r = run_cli("pull", "quick", "--channel", "dev", "--dest", str(tmp_path / "serve"), *c)
     assert r.returncode == 2 and "does not match its sha256: the stored blob is damaged" in r.stderr
 
@@ -225,6 +230,9 @@ def test_a_promoted_release_survives_damage_verify_rebuild_or_is_reported(tmp_pa
     assert rc == 1 and [(b["key"], b["pinned_by"]) for b in rep["bad"]] == [
         (blobs["noisy"].name, [f"release noisy/{rel['noisy']}", "channel noisy/dev"])]
     assert rep["bad"][0]["reason"].startswith("model.pt: blob ") and "is 100 bytes" in rep["bad"][0]["reason"]
+    assert rep["bad"][0]["fix"] == (  # the rebuild did not heal it: no loop on "rebuild"
+        "no build writes this blob again (`neuron-build build noisy/n1/fp32/p` made another artifact since): make "
+        "and promote a new release (`neuron-build release noisy && neuron-build promote noisy RELEASE --to CHANNEL`)")
     assert blob_file(store, keys["noisy/n1/fp32/p"]) != blobs["noisy"]  # the rebuild's new digest
     doc = json.loads(run_cli("pull", "quick", "--channel", "dev", "--dest", str(tmp_path / "serve"),
                              "--json", *c).stdout)
