@@ -209,6 +209,7 @@ def test_build_through_a_pipe_prints_plain_lines_and_each_failure_once(broken):
 
 
 def test_doit_build_prints_the_same_summary(broken):
+    assert run_cli("build", "-c", str(broken), "tiny/b1/fp32/p1").returncode == 0  # at least one cached
     r = subprocess.run([sys.executable, "-m", "doit", "-n", "2", "build"], cwd=broken.parent,
                        env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True)
     assert r.returncode == 1, r.stderr[-2000:]

@@ -126,7 +126,7 @@ def test_an_unforeseen_error_is_named_in_the_summary(tmp_path, monkeypatch, caps
 
     cfg = write_tiny_project(tmp_path / "p")
 
-    def boom(self, target, retry_failed=True):
+    def boom(self, target, retry_failed=True, **options):
         raise NotImplementedError()
 
     monkeypatch.setattr(Builder, "build", boom)
