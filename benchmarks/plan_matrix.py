@@ -74,7 +74,7 @@ def time_plan(cfg: Path, runs: int) -> dict:
         walls.append(time.perf_counter() - t0)
         if p.returncode != 0:
             raise SystemExit(f"plan failed:\n{p.stderr[-2000:]}")
-        rows = json.loads(p.stdout)
+        rows = json.loads(p.stdout)["targets"]  # plan --json: {"schema", "targets": [...]}
     states: dict[str, int] = {}
     for r in rows:
         states[r["state"]] = states.get(r["state"], 0) + 1
