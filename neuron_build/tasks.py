@@ -344,6 +344,9 @@ class BuildSession(NamespaceTaskLoader):
         from doit.doit_cmd import DoitMain
 
         b = self.builder
+        # for the processes this run starts (doit -P process runners); put back afterwards, so a caller that
+        # runs builds in-process (tests, a notebook) does not point later subprocesses at this project
+        config_before = os.environ.get("NEURON_BUILD_CONFIG")
         os.environ["NEURON_BUILD_CONFIG"] = str(b.project.path)
         doit_args = ["run", "--db-file", ":memory:"]  # see the module docstring: one db per process
         # always explicit: DOIT_CONFIG's parallel default must not override jobs=1 (-n 0: doit's serial runner)
@@ -365,6 +368,10 @@ class BuildSession(NamespaceTaskLoader):
                 raise BrokenPipeError(32, "Broken pipe")
             return rc
         finally:
+            if config_before is None:
+                os.environ.pop("NEURON_BUILD_CONFIG", None)
+            else:
+                os.environ["NEURON_BUILD_CONFIG"] = config_before
             self._reporter = None
             if self.display is not None:
                 self.display.stop()  # the reporter did, unless doit failed before it ran

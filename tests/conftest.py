@@ -224,3 +224,12 @@ def in_a_terminal(args: list[str], cwd: Path, env: dict | None = None, timeout: 
     p.wait(timeout=30)
     os.close(master)
     return buf.decode(errors="replace")
+
+
+@pytest.fixture(autouse=True)
+def _no_config_left_set():
+    """No test (nor the code it runs in-process) leaves ``NEURON_BUILD_CONFIG`` changed: every later
+    subprocess of the same pytest worker would build that project instead of its own."""
+    before = os.environ.get("NEURON_BUILD_CONFIG")
+    yield
+    assert os.environ.get("NEURON_BUILD_CONFIG") == before, "NEURON_BUILD_CONFIG was left changed"
