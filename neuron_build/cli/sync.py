@@ -25,7 +25,7 @@ def register(add) -> None:
 def _pair(args):
     """(builder, local store, remote store) of the project; a user error when no remote is configured."""
     b = open_builder(args)
-    local, remote = getattr(b.store, "local", None), getattr(b.store, "remote", None)
+    local, remote = b.store.local_tier, b.store.remote_tier
     if remote is None:
         raise UserError(f"{b.project.path}: no [build] remote to copy to or from; add e.g. "
                         "remote = \"s3://bucket/prefix\" under [build]")

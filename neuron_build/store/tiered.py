@@ -58,6 +58,29 @@ class ReadThroughStore:
         self._warn = warn or _log_warning
         self._pending: set[str] | None = None
 
+    # -- the tiers (the contract's Tiers) ----------------------------------------------------------
+    @property
+    def read_only(self) -> bool:
+        return self.local.read_only
+
+    @property
+    def local_tier(self) -> LocalStore:
+        return self.local
+
+    @property
+    def remote_tier(self) -> ArtifactStore:
+        return self.remote
+
+    @property
+    def folder(self) -> Path | None:
+        return self.local.folder
+
+    def log_file(self, key: str, name: str) -> Path:
+        here = self.local.log_file(key, name)
+        if here.exists() or self.remote_down is not None:
+            return here
+        return self._read(lambda: self.remote.log_file(key, name), here)
+
     # -- failing open ----------------------------------------------------------------------------
     def _read(self, fn: Callable[[], T], default: T) -> T:
         """``fn()`` against the remote; on a store error or OSError warn once and return ``default``."""
@@ -89,6 +112,9 @@ class ReadThroughStore:
             return replace(here, location="local")
         there = self._read(lambda: self.remote.lookup(key, deep), None)
         if there is None or not there.hit:
+            if there is not None and there.damage is not None and not self.remote.read_only:
+                self._read(lambda: self.remote.repair(key, deep), None)  # never served again, by any host
+                return here if here.damage is not None else there
             return here
         if self.fetch(key):
             got = self.local.lookup(key)
@@ -137,7 +163,12 @@ class ReadThroughStore:
         return dest
 
     def quarantine(self, key: str, reason: str) -> str | None:
-        return self.local.quarantine(key, reason)
+        """Quarantine both copies (the remote's failing open: it is warned about, never raised)."""
+        here = self.local.quarantine(key, reason)
+        there = None
+        if not self.remote.read_only:
+            there = self._read(lambda: self.remote.quarantine(key, reason), None)
+        return here or there
 
     def clean_staging(self) -> int:
         return self.local.clean_staging()
