@@ -28,11 +28,10 @@ from typing import TYPE_CHECKING, Any
 from neuron_build.errors import StoreError
 from neuron_build.store import layout
 from neuron_build.store.contract import Lookup
-from neuron_build.store.digests import SELF_DIGEST, check_manifest, manifest_digest, utc_now_us
+from neuron_build.store.digests import SELF_DIGEST, check_manifest, manifest_digest
 from neuron_build.store.layout import MANIFEST
 from neuron_build.store.medium import Medium
-from neuron_build.store.objects import JsonObjects, parse_object
-from neuron_build.store.records import FailureRecord, TargetRecord
+from neuron_build.store.objects import JsonObjects
 from neuron_build.util import file_sha256, fsync_path, json_bytes, temp_name, write_atomic
 
 if TYPE_CHECKING:
@@ -133,15 +132,6 @@ class Store(JsonObjects):
         """Delete the object at ``path`` only while its token is ``token``; False otherwise."""
         self._writable()
         return self.medium.delete(path, token)
-
-    def _many_json(self, rels: list[str]) -> list[Any]:
-        out = []
-        for data in self.medium.get_many(rels):
-            try:
-                out.append(json.loads(data) if data is not None else None)
-            except ValueError:
-                out.append(None)
-        return out
 
     # -- blobs ------------------------------------------------------------------------------------
     def blob_size(self, sha256: str) -> int | None:
@@ -474,113 +464,6 @@ class Store(JsonObjects):
     def memory_budget(self, max_bytes: int | None, heartbeat_s: float = 15.0) -> Any:
         """The host-memory ledger of this host (in the local cache: host memory is no shared thing)."""
         return self.cache.memory_budget(max_bytes, heartbeat_s=heartbeat_s)
-
-    # -- records ----------------------------------------------------------------------------------
-    def _get_json(self, rel: str) -> Any | None:
-        data = self.get_object(rel)
-        if data is None:
-            return None
-        try:
-            return json.loads(data)
-        except ValueError:
-            return None
-
-    def _records(self, name: str, model: str | None, bucket_id: str | None) -> Iterator[tuple[str, Any]]:
-        base = "targets" + (f"/{model}" if model is not None else "") + (
-            f"/{bucket_id}" if model is not None and bucket_id is not None else "")
-        rels = [r for r in self.list_objects(base) if r.rsplit("/", 1)[-1] == name]
-        for rel, raw in zip(rels, self._many_json(rels), strict=True):
-            yield rel[len("targets/"):].rsplit("/", 1)[0], raw
-
-    def put_target(self, record: TargetRecord) -> None:
-        self.put_object(layout.target_path(record.target), json_bytes(record.to_json()))
-
-    def target(self, target_id: str) -> TargetRecord | None:
-        return TargetRecord.from_json(self._get_json(layout.target_path(target_id)))
-
-    def put_failure(self, record: FailureRecord, log: bytes) -> None:
-        self.put_object(layout.target_path(record.target, "failure.log"), log)
-        self.put_object(layout.target_path(record.target, "failure.json"), json_bytes(record.to_json()))
-
-    def failure(self, target_id: str) -> FailureRecord | None:
-        return FailureRecord.from_json(self._get_json(layout.target_path(target_id, "failure.json")))
-
-    def failures(self, model: str, bucket_id: str | None = None) -> Iterator[FailureRecord]:
-        for _, raw in self._records("failure.json", model, bucket_id):
-            rec = FailureRecord.from_json(raw)
-            if rec is not None:
-                yield rec
-
-    def clear_failure(self, target_id: str) -> None:
-        for name in ("failure.json", "failure.log"):
-            rel = layout.target_path(target_id, name)
-            if self.medium.size(rel) is not None:
-                self.delete_object(rel)
-
-    def put_result(self, key: str, kind: str, name: str, result: dict[str, Any]) -> None:
-        self.put_object(layout.result_path(key, kind, name), json_bytes(result))
-
-    def result(self, key: str, kind: str, name: str) -> dict[str, Any] | None:
-        return self._get_json(layout.result_path(key, kind, name))
-
-    def results(self, key: str, kind: str) -> dict[str, dict[str, Any]]:
-        rels = [r for r in self.list_objects(f"results/{key}/{kind}") if r.endswith(".json") and r.count("/") == 3]
-        return {r.rsplit("/", 1)[-1][:-5]: v for r, v in zip(rels, self._many_json(rels), strict=True)
-                if v is not None}
-
-    # -- releases, channels and their history ----------------------------------------------------
-    def put_release(self, model: str, release_id: str, record: dict[str, Any]) -> bool:
-        return self.put_object(layout.release_path(model, release_id), json_bytes(record), create_only=True)
-
-    def release(self, model: str, release_id: str) -> dict[str, Any] | None:
-        return self._get_json(layout.release_path(model, release_id))
-
-    def _named(self, base: str) -> list[str]:
-        return [r for r in self.list_objects(base) if r.count("/") == 2 and r.endswith(".json")]
-
-    def release_ids(self, model: str, prefix: str = "") -> list[str]:
-        return sorted(n for n in (r.rsplit("/", 1)[-1][:-5] for r in self._named(f"releases/{model}"))
-                      if n.startswith(prefix))
-
-    def releases(self, model: str | None = None) -> Iterator[tuple[str, str, Any]]:
-        rels = self._named("releases" if model is None else f"releases/{model}")
-        for rel, raw in zip(rels, self._many_json(rels), strict=True):
-            _, m, name = rel.split("/")
-            yield m, name[:-5], raw
-
-    def channel(self, model: str, channel: str) -> dict[str, Any] | None:
-        raw = self._get_json(layout.channel_path(model, channel))
-        return raw if isinstance(raw, dict) else None
-
-    def channels(self) -> Iterator[tuple[str, str, Any]]:
-        rels = self._named("channels")
-        for rel, raw in zip(rels, self._many_json(rels), strict=True):
-            _, m, name = rel.split("/")
-            yield m, name[:-5], raw
-
-    def channel_ref(self, model: str, channel: str) -> tuple[dict[str, Any] | None, str | None]:
-        """The pointer and its token (S3: the ETag; else the sha256 of its bytes). An unparsable pointer
-        reads as (None, token), so a swap may replace it."""
-        data, token = self.object_ref(layout.channel_path(model, channel))
-        if data is None:
-            return None, None
-        return parse_object(data), token
-
-    def swap_channel(self, model: str, channel: str, pointer: dict[str, Any], expected: str | None) -> bool:
-        return self.swap_object(layout.channel_path(model, channel), json_bytes(pointer), expected)
-
-    def append_history(self, model: str, channel: str, entry: dict[str, Any]) -> None:
-        """Write ``entry`` as a new object ``<history_dir>/<UTC time>-<token>.json``, create-only: two
-        writers never overwrite each other, and names sort by time."""
-        stamp = utc_now_us()
-        data = json.dumps(entry, sort_keys=False, default=str).encode() + b"\n"
-        while not self.put_object(f"{layout.history_dir(model, channel)}/{stamp}-{secrets.token_hex(4)}.json",
-                                  data, create_only=True):
-            pass  # a token collision: draw another
-
-    def history(self, model: str, channel: str) -> list[dict[str, Any]]:
-        rels = [r for r in self.list_objects(layout.history_dir(model, channel)) if r.endswith(".json")]
-        return [e for e in self._many_json(rels) if isinstance(e, dict)]
 
 
 __all__ = ["HEAL_ROUNDS", "ReadOnlyStore", "Store"]
