@@ -84,18 +84,14 @@ def cmd_verify(args) -> int:
 def cmd_gc(args) -> int:
     """Remove what no release, channel or current target references, and leftovers; exit 1 when something
     could not be removed (each listed with its reason)."""
-    from neuron_build.store.maintenance import collect_garbage
+    from neuron_build.store.gc import collect_garbage
 
     b = open_builder(args)
     store = chosen_store(b, args.remote)
     current = {b.key(t).key for t in b.targets}
     b.keys.save()
-    if args.remote:
-        from neuron_build.store.remote_gc import collect_remote_garbage
-        rep = collect_remote_garbage(store, keep_keys=current, keep_days=args.keep_days, dry_run=args.dry_run)
-    else:
-        rep = collect_garbage(store, keep_keys=current, keep_days=args.keep_days, dry_run=args.dry_run,
-                              current_targets=[t.id for t in b.targets])
+    rep = collect_garbage(store, keep_keys=current, keep_days=args.keep_days, dry_run=args.dry_run,
+                          current_targets=[t.id for t in b.targets])
     code = ExitCode.FAILED if rep.failed else ExitCode.OK
     if args.json:
         print_json(rep.to_json())
