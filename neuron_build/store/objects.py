@@ -190,11 +190,16 @@ class JsonObjects:
     def append_history(self, model: str, channel: str, entry: dict[str, Any]) -> None:
         """Write ``entry`` as a new object ``<history_dir>/<UTC time>-<token>.json``, create-only: two
         writers never overwrite each other, and names sort by time."""
+        self.put_history_entry(model, channel, entry)
+
+    def put_history_entry(self, model: str, channel: str, entry: dict[str, Any]) -> tuple[str, bytes]:
+        """:meth:`append_history`; returns the object written (its path and bytes), for a mirror."""
         stamp = utc_now_us()
         data = json.dumps(entry, sort_keys=False, default=str).encode() + b"\n"
-        while not self.put_object(f"{layout.history_dir(model, channel)}/{stamp}-{secrets.token_hex(4)}.json",
-                                  data, create_only=True):
-            pass  # a token collision: draw another
+        while True:
+            rel = f"{layout.history_dir(model, channel)}/{stamp}-{secrets.token_hex(4)}.json"
+            if self.put_object(rel, data, create_only=True):
+                return rel, data  # else a token collision: draw another
 
     def history(self, model: str, channel: str) -> list[dict[str, Any]]:
         rels = [r for r in self.list_objects(layout.history_dir(model, channel)) if r.endswith(".json")]
