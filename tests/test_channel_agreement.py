@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from test_release import ACTOR, built, ctx, make, proj  # noqa: F401 (fixtures)
+from test_release import built, ctx, make, proj  # noqa: F401 (fixtures)
 
 from neuron_build.errors import UserError
 from neuron_build.release.channels import promote, release_stack, rollback
@@ -46,7 +46,7 @@ def _host(tmp_path, name: str, url: str) -> ReadThroughStore:
     return ReadThroughStore(LocalStore(tmp_path / name / "artifacts"), RemoteStore(url, cache_dir=tmp_path / name / "c"))
 
 
-def test_two_hosts_promote_through_lost_answers_into_one_unbroken_history(proj, tmp_path):
+def test_two_hosts_promote_through_lost_answers_into_one_unbroken_history(proj, tmp_path):  # noqa: F811
     project, _, local, settings = ctx(proj)
     url = f"file://{tmp_path}/shared"
     r1, r2 = make(proj), make(proj, "bf16")
@@ -91,7 +91,7 @@ def test_two_hosts_promote_through_lost_answers_into_one_unbroken_history(proj, 
     assert channel_pointer(shared, "tiny", "dev")["release"] == first["to"]
 
 
-def test_local_channels_are_shared_by_push_before_the_pair_promotes(proj, tmp_path):
+def test_local_channels_are_shared_by_push_before_the_pair_promotes(proj, tmp_path):  # noqa: F811
     project, _, local, settings = ctx(proj)
     r1, r2 = make(proj), make(proj, "bf16")
     promote(local, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True, reason="before the remote")
