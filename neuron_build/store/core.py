@@ -256,7 +256,7 @@ class Store(JsonObjects):
 
     def keys(self) -> list[str]:
         out = []
-        for rel in self.list_objects("ac"):
+        for rel in self.list_objects(layout.ac_dir()):
             parts = rel.split("/")
             if (len(parts) == 3 and parts[2].endswith(".json") and layout.is_digest(parts[2][:-5])
                     and parts[2][:2] == parts[1]):
@@ -264,7 +264,7 @@ class Store(JsonObjects):
         return sorted(out)
 
     def find_keys(self, prefix: str) -> list[str]:
-        names = (rel.rsplit("/", 1)[-1] for rel in self.list_objects(f"ac/{prefix[:2]}"))
+        names = (rel.rsplit("/", 1)[-1] for rel in self.list_objects(layout.ac_dir(prefix)))
         return sorted(n[:-5] for n in names if n.endswith(".json") and n.startswith(prefix) and layout.is_digest(n[:-5]))
 
     def manifests(self) -> Iterator[Manifest]:
@@ -348,8 +348,8 @@ class Store(JsonObjects):
     def _quarantine_object(self, rel: str, name: str, reason: str) -> str | None:
         """Move the object at ``rel`` to ``quarantine/<name>.<token>/`` (a rename where the medium has
         one) and write ``reason.txt`` beside it (best effort on a full disk). None when it was gone."""
-        dest = f"quarantine/{name}.{secrets.token_hex(4)}"
-        inner = "manifest.json" if rel.startswith("ac/") else rel.rsplit("/", 1)[-1]
+        dest = layout.quarantine_dir(name, secrets.token_hex(4))
+        inner = MANIFEST if rel.startswith(layout.AC_DIR + "/") else rel.rsplit("/", 1)[-1]
         if not self.medium.move(rel, f"{dest}/{inner}"):
             return None
         try:

@@ -113,7 +113,7 @@ def plan_gc(store: Any, roots: Roots, keep_days: float = 7.0, now: float | None 
     kept: set[str] = set()
     dropped: set[str] = set()
     users: dict[str, set[str]] = {}
-    for rel in store.list_objects("ac"):
+    for rel in store.list_objects(layout.ac_dir()):
         parts = rel.split("/")
         key = parts[-1][:-5] if parts[-1].endswith(".json") else ""
         if not (len(parts) == 3 and layout.is_digest(key) and key[:2] == parts[1]):
@@ -133,7 +133,7 @@ def plan_gc(store: Any, roots: Roots, keep_days: float = 7.0, now: float | None 
             rep.kept_young += 1
             kept.add(key)
             continue
-        extra = store.list_objects(f"logs/{key}") + store.list_objects(f"results/{key}")
+        extra = store.list_objects(layout.logs_dir(key)) + store.list_objects(layout.results_dir(key))
         size = sum(store.medium.size(r) or 0 for r in [rel, *extra])
         if store.folder is not None:
             size += tree_bytes(store.view_dir(key))
@@ -146,7 +146,7 @@ def plan_gc(store: Any, roots: Roots, keep_days: float = 7.0, now: float | None 
         rep.removed.append(item)
         dropped.add(key)
     live = {sha for sha, who in users.items() if who & kept} | roots.blobs
-    for rel in store.list_objects("cas"):
+    for rel in store.list_objects(layout.CAS_DIR):
         parts = rel.split("/")
         sha = parts[-1]
         if not (len(parts) == 3 and layout.is_digest(sha) and sha[:2] == parts[1]):
@@ -163,14 +163,14 @@ def plan_gc(store: Any, roots: Roots, keep_days: float = 7.0, now: float | None 
         item = Removal("blob", rel, store.blob_size(sha) or 0, why)
         plan.blobs.append((sha, need, item))
         rep.removed.append(item)
-    keys_logged = sorted({r.split("/")[1] for r in store.list_objects("logs") if r.count("/") >= 2})
+    keys_logged = sorted({r.split("/")[1] for r in store.list_objects(layout.logs_dir()) if r.count("/") >= 2})
     for key in keys_logged:
         if key in kept or key in dropped or not layout.is_digest(key):
             continue
-        objs = store.list_objects(f"logs/{key}")
-        item = Removal("logs", f"logs/{key}", sum(store.medium.size(r) or 0 for r in objs),
+        objs = store.list_objects(layout.logs_dir(key))
+        item = Removal("logs", layout.logs_dir(key), sum(store.medium.size(r) or 0 for r in objs),
                        "its key has no artifact", key=key)
-        plan.extras[f"logs/{key}"] = objs
+        plan.extras[layout.logs_dir(key)] = objs
         rep.removed.append(item)
     if store.folder is not None:
         plan_local(store, plan, kept | dropped, keep_days, now)
@@ -217,7 +217,7 @@ def apply_gc(store: Any, plan: GcPlan) -> GcReport:
     for sha, need, item in plan.blobs:
         if sha in kept_blobs:
             continue
-        trash = f"trash/{sha}.{secrets.token_hex(4)}"
+        trash = layout.trash_path(sha, secrets.token_hex(4))
         try:
             if medium.move(item.path, trash):
                 moved.append((sha, trash, need, item))
@@ -239,7 +239,7 @@ def apply_gc(store: Any, plan: GcPlan) -> GcReport:
                 rep.failed.append(Unremoved(item.kind, item.path, f"{_err(e)} (moved to {trash})"))
                 continue
             rep.removed.append(item)
-    for key in [k for k in plan.extras if k.startswith("logs/")]:
+    for key in [k for k in plan.extras if k.startswith(layout.logs_dir() + "/")]:
         item = next(r for r in plan.report.removed if r.kind == "logs" and r.path == key)
         if store.raw_manifest(item.key) is not None:
             continue  # its key was published since the plan

@@ -104,8 +104,7 @@ class JsonObjects:
             return None
 
     def _records(self, name: str, model: str | None, bucket_id: str | None) -> Iterator[tuple[str, Any]]:
-        base = "targets" + (f"/{model}" if model is not None else "") + (
-            f"/{bucket_id}" if model is not None and bucket_id is not None else "")
+        base = layout.targets_dir(model, bucket_id)
         rels = [r for r in self.list_objects(base) if r.rsplit("/", 1)[-1] == name]
         for rel, raw in zip(rels, self._many_json(rels), strict=True):
             yield rel[len("targets/"):].rsplit("/", 1)[0], raw
@@ -142,7 +141,7 @@ class JsonObjects:
         return self._get_json(layout.result_path(key, kind, name))
 
     def results(self, key: str, kind: str) -> dict[str, dict[str, Any]]:
-        rels = [r for r in self.list_objects(f"results/{key}/{kind}") if r.endswith(".json") and r.count("/") == 3]
+        rels = [r for r in self.list_objects(layout.results_dir(key, kind)) if r.endswith(".json") and r.count("/") == 3]
         return {r.rsplit("/", 1)[-1][:-5]: v for r, v in zip(rels, self._many_json(rels), strict=True)
                 if v is not None}
 
@@ -157,11 +156,11 @@ class JsonObjects:
         return [r for r in self.list_objects(base) if r.count("/") == 2 and r.endswith(".json")]
 
     def release_ids(self, model: str, prefix: str = "") -> list[str]:
-        return sorted(n for n in (r.rsplit("/", 1)[-1][:-5] for r in self._named(f"releases/{model}"))
+        return sorted(n for n in (r.rsplit("/", 1)[-1][:-5] for r in self._named(layout.releases_dir(model)))
                       if n.startswith(prefix))
 
     def releases(self, model: str | None = None) -> Iterator[tuple[str, str, Any]]:
-        rels = self._named("releases" if model is None else f"releases/{model}")
+        rels = self._named(layout.releases_dir(model))
         for rel, raw in zip(rels, self._many_json(rels), strict=True):
             _, m, name = rel.split("/")
             yield m, name[:-5], raw
@@ -171,7 +170,7 @@ class JsonObjects:
         return raw if isinstance(raw, dict) else None
 
     def channels(self) -> Iterator[tuple[str, str, Any]]:
-        rels = self._named("channels")
+        rels = self._named(layout.CHANNELS_DIR)
         for rel, raw in zip(rels, self._many_json(rels), strict=True):
             _, m, name = rel.split("/")
             yield m, name[:-5], raw
