@@ -179,14 +179,16 @@ def _said(p: tuple[str, int] | None) -> str:
 
 def channel_disagreement(ahead: ArtifactStore, behind: ArtifactStore, model: str, channel: str) -> str | None:
     """Why the channel in ``behind`` cannot follow the one in ``ahead`` (one line naming both stores), or
-    None when it can: ``behind`` has no pointer, holds the same release at the same version, or holds a
-    release and version that ``ahead``'s history passed through (it is only behind)."""
+    None when it can: ``behind`` has no pointer, holds the same release at the same version, or an older
+    version that ``ahead``'s history does not contradict (it is only behind: another host moved it on).
+    A pointer ``ahead`` lacks, one at the same or a later version holding another release, or one whose
+    version ``ahead``'s history shows holding another release, disagrees."""
     a = _pointer(ahead.channel_ref(model, channel)[0])
     b = _pointer(behind.channel_ref(model, channel)[0])
     if b is None or a == b:
         return None
-    if a is not None and b[1] < a[1] and any(
-            e.get("version") == b[1] and e.get("to") == b[0] and e.get("action") in ("promote", "rollback")
+    if a is not None and b[1] < a[1] and not any(
+            e.get("version") == b[1] and e.get("to") != b[0] and e.get("action") in ("promote", "rollback")
             for e in ahead.history(model, channel)):
         return None
     if a is None:
