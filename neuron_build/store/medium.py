@@ -175,8 +175,12 @@ class FolderMedium(Medium):
 
     def put_file(self, rel, src, create_only=False):
         """Link (or copy) ``src`` to a temporary name, fsync, make it read-only (blobs are immutable and
-        views hard-link them), then rename (or, create-only, link) it into place."""
+        views hard-link them), then rename it into place. Create-only keeps an existing name (False); the
+        files written this way are content-addressed, so two writers racing past that check write the same
+        bytes and the later rename is harmless."""
         dest = self.path(rel)
+        if create_only and os.path.lexists(dest):
+            return False
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_name(dest)
         try:
@@ -189,13 +193,7 @@ class FolderMedium(Medium):
                 os.chmod(tmp, 0o444)
             except OSError:
                 pass
-            if create_only:
-                try:
-                    os.link(tmp, dest)
-                except FileExistsError:
-                    return False
-            else:
-                os.replace(tmp, dest)
+            os.replace(tmp, dest)
         finally:
             tmp.unlink(missing_ok=True)
         try:
