@@ -250,15 +250,13 @@ def _save_plan(b: Builder, interp: dict[str, Any]) -> None:
     without a remote, the local executor (else the no-op path has more to do than check the store)."""
     from neuron_build.project import plan_cache
     from neuron_build.project.keys import KEY_ENV
-    from neuron_build.store.local import LocalStore
-
     p = b.project
-    if (not isinstance(b.store, LocalStore) or p.remote_url() is not None or p.config.build.executor != "local"
+    if (b.store.folder is None or b.store.remote_location is not None or p.remote_url() is not None or p.config.build.executor != "local"
             or not p.config_sha256):
         return
     plan_cache.write(p.state_dir, config_path=p.path, config_sha256=p.config_sha256, log=b.keys.inputs,
                      env_names=[n for names in KEY_ENV.values() for n in names], recorded=b.keys.recorded,
-                     store=str(b.store.root), backend=b.keys.backend, hardware_target=b.keys.hardware_target,
+                     store=str(b.store.folder), backend=b.keys.backend, hardware_target=b.keys.hardware_target,
                      targets=[(t.id, b.key(t).key) for t in b.targets], interp=interp)
 
 
@@ -409,7 +407,7 @@ class BuildSession(NamespaceTaskLoader):
             keys = plan.keys()
         else:
             b = self.builder
-            if getattr(b.store, "remote_location", None):
+            if b.store.remote_location:
                 return None
             store, keys = b.store, {t: b.key(b.by_id[t]).key for t in target_ids if t in b.by_id}
         missing = []

@@ -156,7 +156,7 @@ class Builder:
     def push_failure(self, key: str) -> str | None:
         """Why ``key``'s artifact, built in this process, is not on the remote store (one line with the
         fix), or None (pushed, or no remote)."""
-        for k, reason in getattr(self.store, "push_failures", ()):
+        for k, reason in self.store.push_failures:
             if k == key:
                 return (f"its push to {self.store.remote_location} failed: {reason}; it stays in the local "
                         "store and the next build (or `neuron-build push`) pushes it")
@@ -165,11 +165,8 @@ class Builder:
     def push_pending(self) -> list[str]:
         """Push what earlier builds on this host could not push. Returns one line per artifact that still
         failed (empty when everything is on the remote, or there is no remote)."""
-        push_all = getattr(self.store, "push_pending", None)
-        if push_all is None:
-            return []
         return [f"{key[:16]}: push to {self.store.remote_location} failed again: {reason}"
-                for key, reason in push_all()]
+                for key, reason in self.store.push_pending()]
 
     # -- building ----------------------------------------------------------------------------
     def build(self, target: Target, retry_failed: bool = True, no_retry_option: str = "--no-retry-failed") -> Outcome:
@@ -191,7 +188,7 @@ class Builder:
         if found.hit:
             self._remember(ctx, Status.PASS)
             if found.location == "remote":
-                ctx.log.info("downloaded", remote=getattr(self.store, "remote_location", None))
+                ctx.log.info("downloaded", remote=self.store.remote_location)
                 self._record(ctx, "downloaded", Status.PASS, manifest=found.manifest)
                 return Outcome(target.id, ki.key, BuildResult.CACHED, DOWNLOADED)
             self._record(ctx, "cached", Status.PASS, manifest=found.manifest)
@@ -204,7 +201,7 @@ class Builder:
                 return Outcome(target.id, ki.key, as_status(fail.status),
                                f"not retried ({no_retry_option}); failed last time: {fail.reason}")
         cfg = self.project.config.build
-        if getattr(self.store, "read_only", False):
+        if self.store.read_only:
             return self._read_only(ctx)
         lock = self.store.key_lock(ki.key, target=target.id, heartbeat_s=cfg.heartbeat_s)
         try:

@@ -114,7 +114,7 @@ def cmd_build(args) -> int:
     rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=jobs,
                      outstream=sys.stderr if args.json else None)  # with --json, stdout holds only the JSON
     summary = summarize(b, chosen, before, session.outcomes)
-    unpushed = [k for k, _ in getattr(b.store, "push_failures", ())]
+    unpushed = [k for k, _ in b.store.push_failures]
     if args.json:
         bad = bool(summary.failed or unpushed or rc != 0)
         print_json({"targets": summary.rows, "built": len(summary.built), "cached": summary.cached,

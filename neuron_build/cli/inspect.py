@@ -100,7 +100,7 @@ def format_explain(b, t) -> str:
     state = b.state(t)
     out = [f"target  {t.id}\nkey     {ki.key}\nstate   {state}"]
     m = b.store.manifest(ki.key) if state == TargetState.CACHED else None
-    if m is not None and m.logs and hasattr(b.store, "log_file"):
+    if m is not None and m.logs:
         out.append(f"logs    {b.store.log_file(ki.key, 'worker.log').parent} ({', '.join(m.logs)})")
     if rec:
         out.append(f"last    {rec.key} ({rec.status}, {rec.time})")
@@ -242,7 +242,7 @@ def cmd_show(args) -> int:
     if args.json:
         print_json(m.model_dump(mode="json"))
     else:
-        log_dir = b.store.log_file(key, "worker.log").parent if hasattr(b.store, "log_file") else None
+        log_dir = b.store.log_file(key, "worker.log").parent
         print(format_manifest(m, log_dir))
     return ExitCode.OK
 

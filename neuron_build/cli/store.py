@@ -29,20 +29,18 @@ def chosen_store(b, remote: bool):
     """The store a maintenance command works on: the local one (of a read-through pair too), or with
     ``remote`` the project's ``[build] remote`` (a user error when it has none)."""
     if remote:
-        if getattr(b.store, "remote", None) is None:
+        if b.store.remote_tier is None:
             raise UserError(f"{b.project.path}: no [build] remote to work on; drop --remote, or add e.g. "
                             "remote = \"s3://bucket/prefix\" under [build]")
-        return b.store.remote
-    return require_existing(getattr(b.store, "local", b.store))
+        return b.store.remote_tier
+    return require_existing(b.store.local_tier)
 
 
 def require_existing(store):
     """``store`` itself when it exists; a missing local store folder is a user error (a typo in ``[build]
     store`` would otherwise verify or collect an empty store and report success)."""
-    from pathlib import Path
-
-    root = getattr(store, "root", None)
-    if isinstance(root, Path) and not root.is_dir():
+    root = store.folder
+    if root is not None and not root.is_dir():
         raise UserError(f"store {root} does not exist (nothing was built into it); set [build] store "
                         f"(buckets.toml) to the store's folder, or run `neuron-build build` first")
     return store
@@ -56,7 +54,7 @@ def cmd_verify(args) -> int:
 
     b = open_builder(args)
     store = chosen_store(b, args.remote)
-    if args.repair and getattr(store, "read_only", False):
+    if args.repair and store.read_only:
         raise UserError(f"store at {store.location} is read-only; verify --repair moves damaged objects "
                         f"and cannot here (run verify without --repair to report them)")
     rep = verify_store(store, deep=args.deep, repair=args.repair)
@@ -86,18 +84,14 @@ def cmd_verify(args) -> int:
 def cmd_gc(args) -> int:
     """Remove what no release, channel or current target references, and leftovers; exit 1 when something
     could not be removed (each listed with its reason)."""
-    from neuron_build.store.maintenance import collect_garbage
+    from neuron_build.store.gc import collect_garbage
 
     b = open_builder(args)
     store = chosen_store(b, args.remote)
     current = {b.key(t).key for t in b.targets}
     b.keys.save()
-    if args.remote:
-        from neuron_build.store.remote_gc import collect_remote_garbage
-        rep = collect_remote_garbage(store, keep_keys=current, keep_days=args.keep_days, dry_run=args.dry_run)
-    else:
-        rep = collect_garbage(store, keep_keys=current, keep_days=args.keep_days, dry_run=args.dry_run,
-                              current_targets=[t.id for t in b.targets])
+    rep = collect_garbage(store, keep_keys=current, keep_days=args.keep_days, dry_run=args.dry_run,
+                          current_targets=[t.id for t in b.targets])
     code = ExitCode.FAILED if rep.failed else ExitCode.OK
     if args.json:
         print_json(rep.to_json())

@@ -25,7 +25,7 @@ def register(add) -> None:
 def _pair(args):
     """(builder, local store, remote store) of the project; a user error when no remote is configured."""
     b = open_builder(args)
-    local, remote = getattr(b.store, "local", None), getattr(b.store, "remote", None)
+    local, remote = b.store.local_tier, b.store.remote_tier
     if remote is None:
         raise UserError(f"{b.project.path}: no [build] remote to copy to or from; add e.g. "
                         "remote = \"s3://bucket/prefix\" under [build]")
@@ -35,6 +35,8 @@ def _pair(args):
 def _print(verb: str, rep, where: str) -> None:
     for key, reason in rep.failed:
         print(f"FAILED {key[:16]}: {reason}")
+    for line in rep.disagree:
+        print(f"REFUSED {line}")
     print(f"{verb} {plural(len(rep.copied), 'artifact')} ({plural(rep.blobs, 'blob')}, {mib(rep.bytes)}) "
           f"{'to' if verb == 'pushed' else 'from'} {where}; {len(rep.present)} there already, "
           f"{plural(rep.records, 'record')} copied, {len(rep.failed)} failed")
@@ -43,27 +45,28 @@ def _print(verb: str, rep, where: str) -> None:
 @command("push")
 def cmd_push(args) -> int:
     """Upload what the remote lacks: artifacts (blobs first, manifests last), then records."""
-    from neuron_build.store.sync import copy_keys, copy_records
+    from neuron_build.store.sync import copy_channels, copy_keys, copy_records
 
     b, local, remote = _pair(args)
     keys = local.keys() if args.all else [b.key(t).key for t in b.targets]
     keys = [k for k in keys if local.lookup(k).hit]
     rep = copy_keys(local, remote, keys)
     copy_records(local, remote, rep.copied + rep.present, rep)
+    copy_channels(local, remote, rep)  # the local channels a project had before its remote, with history
     for key in rep.copied + rep.present:  # a push that succeeds settles what earlier builds left pending
         local.delete_object(f"pending-push/{key}")
     if args.json:
         print_json({"remote": remote.location, **rep.to_json()})
     else:
         _print("pushed", rep, remote.location)
-    return ExitCode.FAILED if rep.failed else ExitCode.OK
+    return ExitCode.FAILED if rep.failed or rep.disagree else ExitCode.OK
 
 
 @command("fetch")
 def cmd_fetch(args) -> int:
     """Download the chosen targets' artifacts (and every release and channel pointer) from the remote."""
     from neuron_build.project.matrix import select
-    from neuron_build.store.sync import copy_keys, copy_records
+    from neuron_build.store.sync import copy_channels, copy_keys, copy_records
 
     b, local, remote = _pair(args)
     chosen = select(b.targets, args.patterns)
@@ -76,15 +79,11 @@ def cmd_fetch(args) -> int:
                 keys.append(art["key"])
     rep = copy_keys(remote, local, keys)
     copy_records(remote, local, rep.copied + rep.present, rep)
-    for model, channel, _ in list(remote.channels()):  # the local copy of a pointer follows the remote's
-        pointer, _tag = remote.channel_ref(model, channel)
-        mine, token = local.channel_ref(model, channel)
-        if pointer is not None and pointer != mine and local.swap_channel(model, channel, pointer, token):
-            rep.records += 1
+    copy_channels(remote, local, rep)  # the local copy of a channel follows the remote's, history first
     if args.json:
         print_json({"remote": remote.location, "not_on_remote": missing, **rep.to_json()})
     else:
         _print("fetched", rep, remote.location)
         if missing:
             print(f"{plural(missing, 'target')} not on the remote (build them with `neuron-build build`)")
-    return ExitCode.FAILED if rep.failed else ExitCode.OK
+    return ExitCode.FAILED if rep.failed or rep.disagree else ExitCode.OK

@@ -13,11 +13,12 @@ history.
 from __future__ import annotations
 
 import datetime as _dt
+import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from neuron_build.errors import ExitCode, UserError
+from neuron_build.errors import ExitCode, StoreError, UserError
 from neuron_build.log import get_logger
 from neuron_build.project.config import ReleaseSettings
 from neuron_build.release.gates import GATES, WAIVABLE, evaluate_gates, format_gates
@@ -148,8 +149,13 @@ def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str
         extra["waivers"] = [{"gate": g, "reason": r} for g, r in waivers.items()]
     if rolled:
         extra["rolled_back"] = rolled
+    op = new_op()
+    done: HistoryEntry | None = None  # the entry of the last swap we sent (its answer may be lost)
     for attempt in range(1, SWAP_ATTEMPTS + 1):
         raw, token = store.channel_ref(model, to)
+        if done is not None and is_ours(raw, op):  # an earlier swap was applied; its answer was lost
+            store.append_history(model, to, done.to_json())
+            return done.to_json()
         seen = ChannelPointer.from_json(raw)
         seen_version = seen.version if seen else 0
         baseline = get_release(store, model, seen.release) if seen else None
@@ -180,11 +186,12 @@ def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str
                 why += (f"\nre-measure both in one session with `neuron-build bench {model} --against {to}`, "
                         f"or pass --waive latency --reason TEXT (recorded in the history)")
             _refuse(store, entry, why, seen_version)
-        entry = replace(entry, version=seen_version + 1)
+        entry = replace(entry, version=seen_version + 1, extra={**entry.extra, "op": op})
         pointer = ChannelPointer(model=model, channel=to, release=rel.id, version=seen_version + 1,
                                  previous=entry.from_, action="promote", time=entry.time, who=entry.who,
-                                 reason=reason).to_json()
-        if store.swap_channel(model, to, pointer, token):
+                                 reason=reason, extra={"op": op}).to_json()
+        done = entry
+        if swap(store, model, to, pointer, token, op):
             store.append_history(model, to, entry.to_json())
             return entry.to_json()
         get_logger(model=model, channel=to).info(
@@ -230,8 +237,13 @@ def rollback(store: ArtifactStore, settings: ReleaseSettings, model: str, channe
             not end at the pointer's release; or the restored release's artifacts are gone from the store.
     """
     check_channel(settings, channel, "--channel")
+    op = new_op()
+    done: HistoryEntry | None = None
     for attempt in range(1, SWAP_ATTEMPTS + 1):
         raw, token = store.channel_ref(model, channel)
+        if done is not None and is_ours(raw, op):  # an earlier swap was applied; its answer was lost
+            store.append_history(model, channel, done.to_json())
+            return done.to_json()
         ptr = ChannelPointer.from_json(raw)
         if not ptr:
             raise UserError(f"channel {model}/{channel} holds no release; nothing to roll back")
@@ -249,17 +261,51 @@ def rollback(store: ArtifactStore, settings: ReleaseSettings, model: str, channe
                             f"store: {', '.join(gone)}; rebuild them or promote another release")
         version = ptr.version + 1
         entry = HistoryEntry(time=utc_now(), who=actor(), action="rollback", model=model, channel=channel,
-                             from_=ptr.release, to=target.id, reason=reason, version=version)
+                             from_=ptr.release, to=target.id, reason=reason, version=version, extra={"op": op})
         pointer = ChannelPointer(model=model, channel=channel, release=target.id, version=version,
                                  previous=ptr.release, action="rollback", time=entry.time, who=entry.who,
-                                 reason=reason).to_json()
-        if store.swap_channel(model, channel, pointer, token):
+                                 reason=reason, extra={"op": op}).to_json()
+        done = entry
+        if swap(store, model, channel, pointer, token, op):
             store.append_history(model, channel, entry.to_json())
             return entry.to_json()
         get_logger(model=model, channel=channel).info("channel moved during the rollback; checking again",
                                                       attempt=attempt)
     raise UserError(f"{model}/{channel} moved {SWAP_ATTEMPTS} times while this rollback was being checked "
                     f"(compare-and-swap lost each time); nothing changed. Re-run the rollback")
+
+
+def new_op() -> str:
+    """A fresh operation id (16 hex chars): a promotion or rollback writes it into the pointer it swaps
+    in and into its history entry, so that it can tell its own swap when the answer to it was lost."""
+    return secrets.token_hex(8)
+
+
+def is_ours(raw: Any, op: str) -> bool:
+    """Does the pointer ``raw`` carry the operation id ``op`` (it is the swap of this operation)?"""
+    return isinstance(raw, dict) and raw.get("op") == op
+
+
+def swap(store: ArtifactStore, model: str, channel: str, pointer: dict[str, Any], token: str | None,
+         op: str) -> bool:
+    """Compare-and-swap the pointer; True when the channel now holds ``pointer``. A wire fault whose
+    request may have been applied (a reset after the server wrote it) reads the pointer back: when it
+    carries ``op`` the swap was ours and it counts as done; when it does not, the swap lost (False) and the
+    caller checks again; when the pointer cannot be read either, the fault is raised.
+
+    Raises:
+        StoreError: the swap failed and the pointer cannot be read back.
+    """
+    try:
+        return store.swap_channel(model, channel, pointer, token)
+    except StoreError as first:
+        try:
+            raw, _ = store.channel_ref(model, channel)
+        except StoreError:
+            raise first from None
+        get_logger(model=model, channel=channel).warning(
+            "the answer to a channel swap was lost; read the pointer back", error=str(first), ours=is_ours(raw, op))
+        return is_ours(raw, op)
 
 
 def missing_artifacts(store: ArtifactStore, rel) -> list[str]:

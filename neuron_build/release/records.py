@@ -354,7 +354,12 @@ def get_pointer(store: ArtifactStore, model: str, channel: str) -> ChannelPointe
 def get_history(store: ArtifactStore, model: str, channel: str) -> list[HistoryEntry]:
     """Every history entry of a channel, oldest first (unparsable lines and lines of another shape are
     skipped)."""
-    return [e for e in map(HistoryEntry.from_json, store.history(model, channel)) if e is not None]
+    entries = [e for e in map(HistoryEntry.from_json, store.history(model, channel)) if e is not None]
+    # by the version each produced (a refusal after the version it was refused at), then as stored: two
+    # hosts whose entries were written in another order than their swaps won still replay as one chain
+    order = {id(e): i for i, e in enumerate(entries)}
+    return sorted(entries, key=lambda e: (e.version if e.version is not None else -1,
+                                          e.action not in ("promote", "rollback"), order[id(e)]))
 
 
 def channel_pointer(store: ArtifactStore, model: str, channel: str) -> dict[str, Any] | None:

@@ -49,7 +49,7 @@ def cached_store(location: str | Path, remote: str | None, options: dict[str, An
     ``remote`` URL when one is set (a :class:`~neuron_build.store.tiered.ReadThroughStore`), else the store
     at ``location`` alone. ``options``: ``[build] remote_options``."""
     store = open_store(location, options=options)
-    if remote is None or not isinstance(store, LocalStore):
+    if remote is None or store.folder is None:
         return store
     from neuron_build.store.tiered import ReadThroughStore
     return ReadThroughStore(store, open_store(remote, options=options))

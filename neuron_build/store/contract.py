@@ -341,9 +341,55 @@ class ObjectIO(Protocol):
 
 
 @runtime_checkable
-class ArtifactStore(ActionCache, RecordStore, ReleaseStore, Coordination, ObjectIO, Protocol):
-    """A whole store: the four narrow protocols above, each usable alone as a parameter type by code that
+class Tiers(Protocol):
+    """Where a store is and what it is in front of: every store answers these, so no caller probes an
+    implementation (``getattr``, ``isinstance``). A read-through pair (:mod:`neuron_build.store.tiered`)
+    answers for its two tiers; a single store is its own local tier and has no remote."""
+
+    #: The store serves reads only: every write raises, ``repair`` only reports.
+    read_only: bool
+    #: (key, one-line reason) of artifacts built here whose push to the remote failed in this process.
+    push_failures: list[tuple[str, str]]
+
+    @property
+    def remote_location(self) -> str | None:
+        """The URL of the shared store this one reads through to, or None."""
+        ...
+
+    @property
+    def local_tier(self) -> ArtifactStore:
+        """The store on this host that builds stage and publish into (the store itself, or the local
+        store of a read-through pair)."""
+        ...
+
+    @property
+    def remote_tier(self) -> ArtifactStore | None:
+        """The shared store of a read-through pair, else None."""
+        ...
+
+    @property
+    def folder(self) -> Path | None:
+        """The local folder of a folder store (of the local tier of a pair), else None."""
+        ...
+
+    def pending(self) -> set[str]:
+        """Keys built here whose push to the remote has not succeeded yet (empty without a remote)."""
+        ...
+
+    def push_pending(self) -> list[tuple[str, str]]:
+        """Retry the pending pushes; (key, reason) of those that failed again (empty without a remote)."""
+        ...
+
+    def log_file(self, key: str, name: str) -> Path:
+        """A local file of the build log ``name`` of ``key``'s artifact (it may not exist)."""
+        ...
+
+
+@runtime_checkable
+class ArtifactStore(ActionCache, RecordStore, ReleaseStore, Coordination, ObjectIO, Tiers, Protocol):
+    """A whole store: the narrow protocols above, each usable alone as a parameter type by code that
     needs only that part (see the module docstring for the invariants of every call)."""
 
 
-__all__ = ["ActionCache", "ArtifactStore", "Coordination", "Lookup", "ObjectIO", "RecordStore", "ReleaseStore"]
+__all__ = ["ActionCache", "ArtifactStore", "Coordination", "Lookup", "ObjectIO", "RecordStore", "ReleaseStore",
+           "Tiers"]

@@ -50,6 +50,51 @@ def is_digest(name: str) -> bool:
     return bool(_HEX64.match(name))
 
 
+#: The action cache's area and the content-addressed store's.
+AC_DIR = "ac"
+CAS_DIR = "cas"
+#: The areas of releases and channels.
+RELEASES_DIR = "releases"
+CHANNELS_DIR = "channels"
+
+
+def ac_dir(prefix: str = "") -> str:
+    """The action cache (``ac``), or the folder of keys starting with ``prefix[:2]`` (``ac/<prefix[:2]>``)."""
+    return f"{AC_DIR}/{prefix[:2]}" if prefix else AC_DIR
+
+
+def logs_dir(key: str | None = None) -> str:
+    """The build logs of ``key``'s artifact (``logs/<key>``), or the logs area (``logs``)."""
+    return f"logs/{key}" if key else "logs"
+
+
+def results_dir(key: str, kind: str | None = None) -> str:
+    """The results of ``key``'s artifact (``results/<key>``), of one kind (``results/<key>/<kind>``)."""
+    return f"results/{key}/{kind}" if kind else f"results/{key}"
+
+
+def targets_dir(model: str | None = None, bucket_id: str | None = None) -> str:
+    """The target records of every target, of one model's, or of one bucket's (``targets[/m[/b]]``)."""
+    return "targets" + (f"/{model}" if model is not None else "") + (
+        f"/{bucket_id}" if model is not None and bucket_id is not None else "")
+
+
+def releases_dir(model: str | None = None) -> str:
+    """Every release record (``releases``), or one model's (``releases/<model>``)."""
+    return f"{RELEASES_DIR}/{model}" if model is not None else RELEASES_DIR
+
+
+def quarantine_dir(name: str, token: str) -> str:
+    """Where a damaged object named ``name`` goes, with its ``reason.txt``: ``quarantine/<name>.<token>``."""
+    return f"quarantine/{name}.{token}"
+
+
+def trash_path(name: str, token: str) -> str:
+    """Where gc moves an object it is about to delete, for a second look: ``trash/<name>.<token>`` (on a
+    remote too, for the moment between the move and the delete)."""
+    return f"trash/{name}.{token}"
+
+
 def manifest_path(key: str) -> str:
     """The action-cache entry of ``key``: ``ac/<key[:2]>/<key>.json``."""
     return f"ac/{key[:2]}/{key}.json"
@@ -133,6 +178,8 @@ def failure_entry_path(target_id: str, entry: str, name: str = "entry.json") -> 
 
 
 __all__ = [
+    "AC_DIR", "CAS_DIR", "CHANNELS_DIR", "RELEASES_DIR", "ac_dir", "logs_dir", "quarantine_dir", "releases_dir",
+    "results_dir", "targets_dir", "trash_path",
     "FAILURES_DIR", "LEDGER_DIR", "LOCAL_AREAS", "SHARED_AREAS", "STORE_ID_PATH", "blob_path", "channel_path", "failure_entry_path",
     "failures_dir", "history_dir", "imports_path", "is_digest", "lease_path", "ledger_day_dir", "ledger_path",
     "log_path", "manifest_path", "release_path", "result_path", "target_path",

@@ -1,7 +1,8 @@
 """Cross-process coordination of builders that share a store: per-key compile locks and a host-memory
 budget.
 
-Both live under ``<store>/locks/``:
+A folder store keeps them under ``<store>/locks/``; a store at a URL has the lease objects
+``leases/<key>.json`` (:class:`LeaseLock`), since file locks do not cross hosts:
 
 - ``<key>.lock``: an exclusive ``flock`` (through the ``filelock`` library) held while one builder compiles
   and publishes ``key``; ``<key>.owner.json`` beside it records the holder (pid, host, process start time,
@@ -21,65 +22,25 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
+import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from neuron_build.errors import StoreError
 from neuron_build.log import get_logger
-from neuron_build.util import is_disk_full, read_json, utc_now, write_json_atomic
+from neuron_build.store import layout
+from neuron_build.store.budget import GB, MemoryBudget
+from neuron_build.store.owners import _me, owner_alive
+from neuron_build.util import json_bytes, read_json, write_json_atomic
 
 if TYPE_CHECKING:
     from filelock import FileLock
 
-GB = 10**9
+#: Seconds a compile lease lasts without renewal; the holder renews it every quarter of this.
+LEASE_TTL_S = 60.0
 
 
-
-
-def _proc_start(pid: int) -> float | None:
-    """Start time of a process (seconds since the epoch, as psutil reports it), or None when it is gone."""
-    try:
-        import psutil
-        return psutil.Process(pid).create_time()
-    except Exception:
-        return None
-
-
-_starts: dict[int, float | None] = {}
-
-
-def _my_start() -> float | None:
-    """This process's start time (psutil is imported on first use, not on the no-op path)."""
-    pid = os.getpid()
-    if pid not in _starts:
-        _starts[pid] = _proc_start(pid)
-    return _starts[pid]
-
-
-def owner_alive(owner: dict[str, Any]) -> bool | None:
-    """Is the process an owner record names still running? None when it ran on another host (unknown).
-
-    A record names a process by pid and start time, so a reused pid does not count as alive.
-    """
-    if owner.get("host") != socket.gethostname():
-        return None
-    pid = owner.get("pid")
-    if not isinstance(pid, int):
-        return False
-    start = _proc_start(pid)
-    if start is None:
-        return False
-    rec = owner.get("proc_start")
-    return rec is None or abs(start - rec) < 1.0
-
-
-def _me(**extra: Any) -> dict[str, Any]:
-    pid = os.getpid()
-    return {"pid": pid, "host": socket.gethostname(),
-            "proc_start": _my_start(), "since": utc_now(), **extra}
 
 
 _MY_PID = os.getpid()
@@ -248,130 +209,144 @@ def _who(owner: dict[str, Any] | None) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------------
 # host memory
 
-class MemoryBudget:
-    """A cross-process bound on the summed expected peak memory of the compiles running on this host.
 
-    The ledger ``<store>/locks/memory.json`` lists reservations ``{id, pid, host, proc_start, bytes,
-    target, state, since, seq}``; it is read and written under ``<store>/locks/memory.lock``. Reservations
-    of processes that are no longer running on this host are dropped by whoever reads the ledger next.
-    Waiting compiles are admitted first come, first served; a compile is admitted when the running
-    reservations on this host plus its own fit in ``max_bytes``, or when nothing else runs on this host
-    (a compile larger than the bound still runs, alone).
+class LeaseLock:
+    """The exclusive compile lock of one key across hosts: a lease object ``leases/<key>.json`` holding its
+    owner (host, pid, process start, a random token, target, since) and its expiry (``expires``, seconds
+    since the epoch). The same interface as :class:`~neuron_build.store.locks.KeyLock`.
+
+    Taken create-only; renewed by a heartbeat thread every quarter of ``ttl_s`` through compare-and-swap
+    on its token (S3: the ETag); released on exit by a conditional delete. A lease that expired (its
+    holder died or lost the network) or whose owner is dead on this host is taken over by
+    compare-and-swap, so of two waiters exactly one wins. A holder whose renewal fails logs it and keeps
+    compiling; a rival can take the lease only after it has expired.
 
     Args:
-        store_root: the store folder.
-        max_bytes: the bound in bytes, or None for no bound (``reserve`` then does nothing).
-        poll_s: seconds between admission attempts while waiting.
-        heartbeat_s: seconds between "still waiting for host memory" events.
+        store: the store the lease lives in (any :class:`~neuron_build.store.core.Store`).
+        key: the artifact key.
+        target: the target id (informational, in the lease).
+        poll_s: seconds between attempts while waiting.
+        heartbeat_s: seconds between "still waiting for lock" events.
+        ttl_s: seconds a lease lasts without renewal.
+
+    Attributes after entering:
+        waited_s: seconds spent waiting. waited_for: the lease of the holder it waited for (or None).
+        stale: leases of dead or expired holders that it took over.
     """
 
-    def __init__(self, store_root: str | Path, max_bytes: int | None, poll_s: float = 0.25,
-                 heartbeat_s: float = 15.0):
-        self.dir = Path(store_root) / "locks"
-        self.path = self.dir / "memory.json"
-        self.max_bytes = max_bytes
-        self.poll_s, self.heartbeat_s = poll_s, heartbeat_s
+    def __init__(self, store: Any, key: str, target: str = "", poll_s: float = 0.2,
+                 heartbeat_s: float = 15.0, ttl_s: float = LEASE_TTL_S):
+        self.store, self.key, self.target = store, key, target
+        self.path = f"{store.location}/{layout.lease_path(key)}"
+        self.rel = layout.lease_path(key)
+        self.poll_s, self.heartbeat_s, self.ttl_s = poll_s, heartbeat_s, ttl_s
+        self.waited_s = 0.0
+        self.waited_for: dict[str, Any] | None = None
+        self.stale: list[dict[str, Any]] = []
+        self._token = secrets.token_hex(8)
+        self._etag: str | None = None
+        self._held = False
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        self._mutex = threading.Lock()
+        self._log = get_logger(target=target or None, key=key[:12])
 
-    @contextmanager
-    def _ledger(self) -> Iterator[dict[str, Any]]:
-        from filelock import FileLock
+    def _lease(self) -> bytes:
+        return json_bytes(_me(token=self._token, key=self.key, target=self.target,
+                              expires=time.time() + self.ttl_s, ttl_s=self.ttl_s))
 
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self.dir / "memory.lock")):
-            raw = read_json(self.path)
-            led = raw if isinstance(raw, dict) and isinstance(raw.get("reservations"), list) else {"reservations": []}
-            before = json.dumps(led, sort_keys=True)
-            led["reservations"] = [r for r in led["reservations"]
-                                   if isinstance(r, dict) and owner_alive(r) is not False]
-            yield led
-            if json.dumps(led, sort_keys=True) != before:
-                write_json_atomic(self.path, led)
-
-    def reservations(self) -> list[dict[str, Any]]:
-        """The live reservations (running and waiting) of every host."""
-        with self._ledger() as led:
-            return list(led["reservations"])
-
-    @contextmanager
-    def reserve(self, nbytes: int, target: str = "", log=None, source: str = "") -> Iterator[dict[str, Any]]:
-        """Hold a reservation of ``nbytes`` for the duration of the ``with`` block, waiting for admission.
-
-        Yields a dict: ``waited_s`` (seconds spent waiting) and ``in_use_bytes`` (what the other running
-        compiles on this host had reserved when this one was admitted).
-        """
-        info: dict[str, Any] = {"waited_s": 0.0, "in_use_bytes": 0}
-        if self.max_bytes is None:
-            yield info
-            return
-        log = log or get_logger(target=target or None)
-        rid = f"{os.getpid()}-{secrets.token_hex(6)}"
-        host = socket.gethostname()
-        entry = _me(id=rid, bytes=int(nbytes), target=target, state="waiting", seq=time.time_ns())
-        registered = False
+    def owner(self) -> dict[str, Any] | None:
+        """The current lease, or None."""
+        data = self.store.get_object(self.rel)
         try:
+            rec = json.loads(data) if data is not None else None
+        except ValueError:
+            return None
+        return rec if isinstance(rec, dict) else None
+
+    def _ref(self) -> tuple[dict[str, Any] | None, str | None, bool]:
+        data, token = self.store.object_ref(self.rel)
+        if data is None:
+            return None, None, False
+        try:
+            rec = json.loads(data)
+        except ValueError:
+            return None, token, True
+        return (rec if isinstance(rec, dict) else None), token, True
+
+    def acquire(self) -> LeaseLock:
+        t0 = time.monotonic()
+        next_beat = None
+        while True:
+            data = self._lease()
+            if self.store.put_object(self.rel, data, create_only=True):
+                _, self._etag = self.store.object_ref(self.rel)
+                break
+            rec, token, present = self._ref()
+            if not present:
+                continue  # released between our two calls: try again at once
+            expired = rec is None or not isinstance(rec.get("expires"), int | float) or rec["expires"] < time.time()
+            dead = rec is not None and owner_alive(rec) is False
+            if expired or dead:
+                if self.store.swap_object(self.rel, data, token):
+                    _, self._etag = self.store.object_ref(self.rel)
+                    self.stale.append(rec or {})
+                    self._log.warning("took over a stale compile lease", **_who(rec),
+                                      why="expired" if expired else "its owner is dead on this host")
+                    break
+                continue
+            now = time.monotonic()
+            if next_beat is None:
+                self.waited_for = rec
+                self._log.info("waiting for lock", **_who(rec), lock=self.path)
+                next_beat = now + self.heartbeat_s
+            elif now >= next_beat:
+                self._log.info("still waiting for lock", waited_s=round(now - t0), **_who(rec))
+                next_beat = now + self.heartbeat_s
+            time.sleep(self.poll_s)
+        self.waited_s = time.monotonic() - t0
+        self._held = True
+        self._stop.clear()
+        self._beat = threading.Thread(target=self._renew_loop, name=f"lease-{self.key[:12]}", daemon=True)
+        self._beat.start()
+        return self
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl_s / 4):
+            with self._mutex:
+                if not self._held:
+                    return
+                try:
+                    if self.store.swap_object(self.rel, self._lease(), self._etag):
+                        _, self._etag = self.store.object_ref(self.rel)
+                    else:
+                        self._log.warning("compile lease lost (another builder took it over)", lock=self.path)
+                        self._held = False
+                        return
+                except StoreError as e:
+                    self._log.warning("could not renew the compile lease", error=str(e), lock=self.path)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join(timeout=5)
+            self._beat = None
+        with self._mutex:
+            if not self._held:
+                return
+            self._held = False
             try:
-                with self._ledger() as led:
-                    led["reservations"].append(entry)
-                registered = True
-            except OSError as e:
-                if not is_disk_full(e):
-                    raise
-                log.warning("host-memory ledger not writable (disk full); compiling without a reservation",
-                            error=str(e))
-            t0 = time.monotonic()
-            next_beat = None
-            while registered:
-                try:
-                    admitted = self._try_admit(rid, host, entry, nbytes, info)
-                except OSError as e:
-                    if not is_disk_full(e):
-                        raise
-                    log.warning("host-memory ledger not writable (disk full); compiling without waiting",
-                                error=str(e))
-                    break
-                if admitted:
-                    break
-                running, in_use, queued = info.pop("_running"), info.pop("_in_use"), info.pop("_queued")
-                now = time.monotonic()
-                if next_beat is None or now >= next_beat:
-                    log.info("waiting for host memory" if next_beat is None else "still waiting for host memory",
-                             need_gb=round(nbytes / GB, 3), in_use_gb=round(in_use / GB, 3),
-                             max_host_memory_gb=round(self.max_bytes / GB, 3), running=running,
-                             queued_before=queued, estimate=source or None)
-                    next_beat = now + self.heartbeat_s
-                time.sleep(self.poll_s)
-            info["waited_s"] = round(time.monotonic() - t0, 3)
-            yield info
-        finally:
-            if registered:
-                try:
-                    with self._ledger() as led:
-                        led["reservations"] = [r for r in led["reservations"] if r.get("id") != rid]
-                except OSError as e:  # a full disk: the entry is dropped once this process has exited
-                    log.warning("could not release the host-memory reservation", error=str(e))
+                if self._etag is not None:
+                    self.store.delete_object_if(self.rel, self._etag)
+            except StoreError as e:  # it expires by itself
+                self._log.warning("could not release the compile lease", error=str(e), lock=self.path)
 
-    def _try_admit(self, rid: str, host: str, entry: dict[str, Any], nbytes: int, info: dict[str, Any]) -> bool:
-        """One admission attempt under the ledger lock; True when admitted (the entry is then running)."""
-        with self._ledger() as led:
-            mine = [r for r in led["reservations"] if r.get("host") == host]
-            running = [r for r in mine if r.get("state") == "running"]
-            waiting = sorted((r for r in mine if r.get("state") == "waiting"),
-                             key=lambda r: (r.get("seq", 0), r.get("id", "")))
-            in_use = sum(int(r.get("bytes", 0)) for r in running)
-            info["_running"], info["_in_use"] = len(running), in_use
-            info["_queued"] = sum(1 for r in waiting if (r.get("seq", 0), r.get("id", "")) < (entry["seq"], rid))
-            if not any(r.get("id") == rid for r in mine):  # dropped (e.g. the ledger was reset): queue again
-                led["reservations"].append(entry)
-            elif waiting and waiting[0].get("id") == rid and (not running or in_use + nbytes <= self.max_bytes):
-                for r in led["reservations"]:
-                    if r.get("id") == rid:
-                        r["state"] = "running"
-                        r["since"] = utc_now()
-                info["in_use_bytes"] = in_use
-                for k in ("_running", "_in_use", "_queued"):
-                    info.pop(k)
-                return True
-            return False
+    def __enter__(self) -> LeaseLock:
+        return self if self._held else self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
 
 
-__all__ = ["KeyLock", "MemoryBudget", "owner_alive", "GB"]
+
+__all__ = ["GB", "LEASE_TTL_S", "KeyLock", "LeaseLock", "MemoryBudget", "owner_alive"]

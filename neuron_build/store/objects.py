@@ -1,19 +1,22 @@
-"""What a store implements the same way whatever it is made of: the records and manifests that are whole
-small JSON objects, written and read through its :class:`~neuron_build.store.contract.ObjectIO`
-primitives. :class:`~neuron_build.store.local.LocalStore` and :class:`~neuron_build.store.remote.RemoteStore`
-both take these from :class:`JsonObjects` and keep only what their medium changes.
+"""The records of a store, whole small JSON objects at layout paths, written and read through its
+:class:`~neuron_build.store.contract.ObjectIO` primitives: target and failure records, recorded imports,
+results, release records (written once), channel pointers (moved by compare-and-swap) and their history
+(one create-only object per entry). :class:`~neuron_build.store.core.Store` takes them from
+:class:`JsonObjects`; its medium decides nothing here.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 from neuron_build.store import layout
-from neuron_build.store.records import TargetRecord
-from neuron_build.util import canonical_json
+from neuron_build.store.digests import utc_now_us
+from neuron_build.store.records import FailureRecord, TargetRecord
+from neuron_build.util import canonical_json, json_bytes
 
 
 def parse_object(data: bytes | None) -> dict[str, Any] | None:
@@ -28,9 +31,11 @@ def parse_object(data: bytes | None) -> dict[str, Any] | None:
 
 
 class JsonObjects:
-    """Manifests, target records and recorded imports over ``get_object`` / ``put_object`` and
-    ``_records(name, model, bucket_id)`` (the implementation's listing of ``targets/``: (target id, raw
-    JSON) pairs in target-id order)."""
+    """Every record over the ObjectIO primitives (``get_object``, ``put_object``, ``list_objects``,
+    ``delete_object``) and ``object_ref`` / ``swap_object`` (versions for compare-and-swap),
+    ``get_many`` of the medium (many small reads at once)."""
+
+    medium: Any
 
     def get_object(self, path: str) -> bytes | None:  # provided by the implementation
         raise NotImplementedError
@@ -38,8 +43,27 @@ class JsonObjects:
     def put_object(self, path: str, data: bytes, create_only: bool = False) -> bool:  # provided likewise
         raise NotImplementedError
 
-    def _records(self, name: str, model: str | None, bucket_id: str | None) -> Iterator[tuple[str, Any]]:
+    def list_objects(self, prefix: str) -> list[str]:  # provided likewise
         raise NotImplementedError
+
+    def delete_object(self, path: str) -> bool:  # provided likewise
+        raise NotImplementedError
+
+    def object_ref(self, path: str) -> tuple[bytes | None, str | None]:  # provided likewise
+        raise NotImplementedError
+
+    def swap_object(self, path: str, data: bytes, expected: str | None) -> bool:  # provided likewise
+        raise NotImplementedError
+
+    def _many_json(self, rels: list[str]) -> list[Any]:
+        out = []
+        for data in self.medium.get_many(rels):
+            try:
+                out.append(json.loads(data) if data is not None else None)
+            except ValueError:
+                out.append(None)
+        return out
+
 
     def raw_manifest(self, key: str) -> dict[str, Any] | None:
         """The stored manifest of ``key`` as parsed JSON, unchecked; None when absent or not a JSON object."""
@@ -68,6 +92,117 @@ class JsonObjects:
         if new != have:
             self.put_object(layout.imports_path(model), canonical_json({"model": model, "files": new}))
         return new
+
+    # -- records ----------------------------------------------------------------------------------
+    def _get_json(self, rel: str) -> Any | None:
+        data = self.get_object(rel)
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            return None
+
+    def _records(self, name: str, model: str | None, bucket_id: str | None) -> Iterator[tuple[str, Any]]:
+        base = layout.targets_dir(model, bucket_id)
+        rels = [r for r in self.list_objects(base) if r.rsplit("/", 1)[-1] == name]
+        for rel, raw in zip(rels, self._many_json(rels), strict=True):
+            yield rel[len("targets/"):].rsplit("/", 1)[0], raw
+
+    def put_target(self, record: TargetRecord) -> None:
+        self.put_object(layout.target_path(record.target), json_bytes(record.to_json()))
+
+    def target(self, target_id: str) -> TargetRecord | None:
+        return TargetRecord.from_json(self._get_json(layout.target_path(target_id)))
+
+    def put_failure(self, record: FailureRecord, log: bytes) -> None:
+        self.put_object(layout.target_path(record.target, "failure.log"), log)
+        self.put_object(layout.target_path(record.target, "failure.json"), json_bytes(record.to_json()))
+
+    def failure(self, target_id: str) -> FailureRecord | None:
+        return FailureRecord.from_json(self._get_json(layout.target_path(target_id, "failure.json")))
+
+    def failures(self, model: str, bucket_id: str | None = None) -> Iterator[FailureRecord]:
+        for _, raw in self._records("failure.json", model, bucket_id):
+            rec = FailureRecord.from_json(raw)
+            if rec is not None:
+                yield rec
+
+    def clear_failure(self, target_id: str) -> None:
+        for name in ("failure.json", "failure.log"):
+            rel = layout.target_path(target_id, name)
+            if self.get_object(rel) is not None:
+                self.delete_object(rel)
+
+    def put_result(self, key: str, kind: str, name: str, result: dict[str, Any]) -> None:
+        self.put_object(layout.result_path(key, kind, name), json_bytes(result))
+
+    def result(self, key: str, kind: str, name: str) -> dict[str, Any] | None:
+        return self._get_json(layout.result_path(key, kind, name))
+
+    def results(self, key: str, kind: str) -> dict[str, dict[str, Any]]:
+        rels = [r for r in self.list_objects(layout.results_dir(key, kind)) if r.endswith(".json") and r.count("/") == 3]
+        return {r.rsplit("/", 1)[-1][:-5]: v for r, v in zip(rels, self._many_json(rels), strict=True)
+                if v is not None}
+
+    # -- releases, channels and their history ----------------------------------------------------
+    def put_release(self, model: str, release_id: str, record: dict[str, Any]) -> bool:
+        return self.put_object(layout.release_path(model, release_id), json_bytes(record), create_only=True)
+
+    def release(self, model: str, release_id: str) -> dict[str, Any] | None:
+        return self._get_json(layout.release_path(model, release_id))
+
+    def _named(self, base: str) -> list[str]:
+        return [r for r in self.list_objects(base) if r.count("/") == 2 and r.endswith(".json")]
+
+    def release_ids(self, model: str, prefix: str = "") -> list[str]:
+        return sorted(n for n in (r.rsplit("/", 1)[-1][:-5] for r in self._named(layout.releases_dir(model)))
+                      if n.startswith(prefix))
+
+    def releases(self, model: str | None = None) -> Iterator[tuple[str, str, Any]]:
+        rels = self._named(layout.releases_dir(model))
+        for rel, raw in zip(rels, self._many_json(rels), strict=True):
+            _, m, name = rel.split("/")
+            yield m, name[:-5], raw
+
+    def channel(self, model: str, channel: str) -> dict[str, Any] | None:
+        raw = self._get_json(layout.channel_path(model, channel))
+        return raw if isinstance(raw, dict) else None
+
+    def channels(self) -> Iterator[tuple[str, str, Any]]:
+        rels = self._named(layout.CHANNELS_DIR)
+        for rel, raw in zip(rels, self._many_json(rels), strict=True):
+            _, m, name = rel.split("/")
+            yield m, name[:-5], raw
+
+    def channel_ref(self, model: str, channel: str) -> tuple[dict[str, Any] | None, str | None]:
+        """The pointer and its token (S3: the ETag; else the sha256 of its bytes). An unparsable pointer
+        reads as (None, token), so a swap may replace it."""
+        data, token = self.object_ref(layout.channel_path(model, channel))
+        if data is None:
+            return None, None
+        return parse_object(data), token
+
+    def swap_channel(self, model: str, channel: str, pointer: dict[str, Any], expected: str | None) -> bool:
+        return self.swap_object(layout.channel_path(model, channel), json_bytes(pointer), expected)
+
+    def append_history(self, model: str, channel: str, entry: dict[str, Any]) -> None:
+        """Write ``entry`` as a new object ``<history_dir>/<UTC time>-<token>.json``, create-only: two
+        writers never overwrite each other, and names sort by time."""
+        self.put_history_entry(model, channel, entry)
+
+    def put_history_entry(self, model: str, channel: str, entry: dict[str, Any]) -> tuple[str, bytes]:
+        """:meth:`append_history`; returns the object written (its path and bytes), for a mirror."""
+        stamp = utc_now_us()
+        data = json.dumps(entry, sort_keys=False, default=str).encode() + b"\n"
+        while True:
+            rel = f"{layout.history_dir(model, channel)}/{stamp}-{secrets.token_hex(4)}.json"
+            if self.put_object(rel, data, create_only=True):
+                return rel, data  # else a token collision: draw another
+
+    def history(self, model: str, channel: str) -> list[dict[str, Any]]:
+        rels = [r for r in self.list_objects(layout.history_dir(model, channel)) if r.endswith(".json")]
+        return [e for e in self._many_json(rels) if isinstance(e, dict)]
 
 
 __all__ = ["JsonObjects", "parse_object"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neuron_build.store import layout
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.layout import log_path
 
@@ -37,12 +38,17 @@ class SyncReport:
     blobs: int = 0
     bytes: int = 0
     records: int = 0
+    #: one line per channel whose pointer and history disagree between the two stores (nothing copied)
+    disagree: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The report as the ``--json`` of push and fetch print it (sizes in bytes)."""
-        return {"copied": self.copied, "present": self.present,
-                "failed": [{"key": k, "reason": r} for k, r in self.failed],
-                "blobs": self.blobs, "bytes": self.bytes, "records": self.records}
+        out = {"copied": self.copied, "present": self.present,
+               "failed": [{"key": k, "reason": r} for k, r in self.failed],
+               "blobs": self.blobs, "bytes": self.bytes, "records": self.records}
+        if self.disagree:
+            out["channels_disagree"] = self.disagree
+        return out
 
 
 def _entries(raw: dict[str, Any]) -> list[tuple[str, int]]:
@@ -160,9 +166,74 @@ def copy_records(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str], re
                 report.records += 1
 
 
+def _pointer(raw: Any) -> tuple[str, int] | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("release"), str):
+        return None
+    v = raw.get("version")
+    return raw["release"], v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _said(p: tuple[str, int] | None) -> str:
+    return "no release" if p is None else f"{p[0]} (version {p[1]})"
+
+
+def channel_disagreement(ahead: ArtifactStore, behind: ArtifactStore, model: str, channel: str) -> str | None:
+    """Why the channel in ``behind`` cannot follow the one in ``ahead`` (one line naming both stores), or
+    None when it can: ``behind`` has no pointer, holds the same release at the same version, or an older
+    version that ``ahead``'s history does not contradict (it is only behind: another host moved it on).
+    A pointer ``ahead`` lacks, one at the same or a later version holding another release, or one whose
+    version ``ahead``'s history shows holding another release, disagrees."""
+    a = _pointer(ahead.channel_ref(model, channel)[0])
+    b = _pointer(behind.channel_ref(model, channel)[0])
+    if b is None or a == b:
+        return None
+    if a is not None and b[1] < a[1] and not any(
+            e.get("version") == b[1] and e.get("to") != b[0] and e.get("action") in ("promote", "rollback")
+            for e in ahead.history(model, channel)):
+        return None
+    if a is None:
+        return (f"channel {model}/{channel}: {behind.location} holds {_said(b)} but {ahead.location} holds none; "
+                f"run `neuron-build push --all` first, so the remote has the channel with its history")
+    return (f"channel {model}/{channel}: {ahead.location} holds {_said(a)} but {behind.location} holds {_said(b)}, "
+            f"and the histories disagree; nothing was changed. Promote the release you want on one side, or move "
+            f"{layout.channel_path(model, channel)} aside on the other")
+
+
+def copy_channel(src: ArtifactStore, dst: ArtifactStore, model: str, channel: str, report: SyncReport) -> bool:
+    """Copy a channel from ``src`` to ``dst`` so that its pointer and its history agree there: every
+    history entry ``dst`` lacks first (same names, create-only), then the pointer (compare-and-swap). A
+    ``dst`` pointer that disagrees (:func:`channel_disagreement`) is left as it is and the one line is added
+    to ``report.disagree``. Returns True when ``dst`` now follows ``src``."""
+    why = channel_disagreement(src, dst, model, channel)
+    if why is not None:
+        report.disagree.append(why)
+        return False
+    pointer, _ = src.channel_ref(model, channel)
+    if pointer is None:
+        return True
+    hdir = layout.history_dir(model, channel)
+    have = set(dst.list_objects(hdir))
+    for rel in src.list_objects(hdir):
+        if rel not in have:
+            data = src.get_object(rel)
+            if data is not None and dst.put_object(rel, data, create_only=True):
+                report.records += 1
+    mine, token = dst.channel_ref(model, channel)
+    if mine != pointer and dst.swap_channel(model, channel, pointer, token):
+        report.records += 1
+    return True
+
+
+def copy_channels(src: ArtifactStore, dst: ArtifactStore, report: SyncReport) -> None:
+    """:func:`copy_channel` of every channel ``src`` holds."""
+    for model, channel, _ in list(src.channels()):
+        copy_channel(src, dst, model, channel, report)
+
+
 def _one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return (text[0] if text else type(e).__name__)[:300]
 
 
-__all__ = ["SyncReport", "copy_blob", "copy_key", "copy_keys", "copy_records"]
+__all__ = ["SyncReport", "channel_disagreement", "copy_blob", "copy_channel", "copy_channels", "copy_key", "copy_keys",
+           "copy_records"]

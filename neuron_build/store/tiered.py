@@ -19,10 +19,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from neuron_build.store import layout
 from neuron_build.store.contract import ArtifactStore, Lookup
 from neuron_build.store.local import LocalStore
 from neuron_build.store.records import FailureRecord, TargetRecord
 from neuron_build.store.sync import SyncReport, copy_key
+from neuron_build.util import json_bytes
 
 T = TypeVar("T")
 
@@ -58,6 +60,29 @@ class ReadThroughStore:
         self._warn = warn or _log_warning
         self._pending: set[str] | None = None
 
+    # -- the tiers (the contract's Tiers) ----------------------------------------------------------
+    @property
+    def read_only(self) -> bool:
+        return self.local.read_only
+
+    @property
+    def local_tier(self) -> LocalStore:
+        return self.local
+
+    @property
+    def remote_tier(self) -> ArtifactStore:
+        return self.remote
+
+    @property
+    def folder(self) -> Path | None:
+        return self.local.folder
+
+    def log_file(self, key: str, name: str) -> Path:
+        here = self.local.log_file(key, name)
+        if here.exists() or self.remote_down is not None:
+            return here
+        return self._read(lambda: self.remote.log_file(key, name), here)
+
     # -- failing open ----------------------------------------------------------------------------
     def _read(self, fn: Callable[[], T], default: T) -> T:
         """``fn()`` against the remote; on a store error or OSError warn once and return ``default``."""
@@ -89,6 +114,9 @@ class ReadThroughStore:
             return replace(here, location="local")
         there = self._read(lambda: self.remote.lookup(key, deep), None)
         if there is None or not there.hit:
+            if there is not None and there.damage is not None and not self.remote.read_only:
+                self._read(lambda: self.remote.repair(key, deep), None)  # never served again, by any host
+                return here if here.damage is not None else there
             return here
         if self.fetch(key):
             got = self.local.lookup(key)
@@ -137,7 +165,12 @@ class ReadThroughStore:
         return dest
 
     def quarantine(self, key: str, reason: str) -> str | None:
-        return self.local.quarantine(key, reason)
+        """Quarantine both copies (the remote's failing open: it is warned about, never raised)."""
+        here = self.local.quarantine(key, reason)
+        there = None
+        if not self.remote.read_only:
+            there = self._read(lambda: self.remote.quarantine(key, reason), None)
+        return here or there
 
     def clean_staging(self) -> int:
         return self.local.clean_staging()
@@ -309,10 +342,41 @@ class ReadThroughStore:
         return self.remote.channel_ref(model, channel)
 
     def swap_channel(self, model: str, channel: str, pointer: dict[str, Any], expected: str | None) -> bool:
-        return self.remote.swap_channel(model, channel, pointer, expected)
+        """Swap the remote's pointer (the one every host shares) and mirror it into the local store. A local
+        channel that the remote's does not account for (made before the remote was added, or moved on this
+        host alone) is refused in one line naming both stores: a swap would leave the two disagreeing.
+
+        Raises:
+            UserError: the local and the remote channel disagree.
+        """
+        from neuron_build.store.sync import channel_disagreement
+        why = channel_disagreement(self.remote, self.local, model, channel)
+        if why is not None:
+            from neuron_build.errors import UserError
+            raise UserError(why)
+        if not self.remote.swap_channel(model, channel, pointer, expected):
+            return False
+        self._mirror(lambda: self.local.put_object(layout.channel_path(model, channel), json_bytes(pointer)))
+        return True
 
     def append_history(self, model: str, channel: str, entry: dict[str, Any]) -> None:
-        self.remote.append_history(model, channel, entry)
+        """Add the entry to the remote's history, and the same object to the local mirror."""
+        rel, data = self.remote.put_history_entry(model, channel, entry)
+        self._mirror(lambda: self.local.put_object(rel, data, create_only=True))
+
+    def put_history_entry(self, model: str, channel: str, entry: dict[str, Any]) -> tuple[str, bytes]:
+        rel, data = self.remote.put_history_entry(model, channel, entry)
+        self._mirror(lambda: self.local.put_object(rel, data, create_only=True))
+        return rel, data
+
+    def _mirror(self, write: Callable[[], Any]) -> None:
+        """A best-effort write of the local mirror of a channel (a warning when it fails)."""
+        if self.local.read_only:
+            return
+        try:
+            write()
+        except Exception as e:
+            self._warn(f"could not mirror a channel into {self.location} ({one_line(e)}); the remote's is kept")
 
     def history(self, model: str, channel: str) -> list[dict[str, Any]]:
         return self.remote.history(model, channel)

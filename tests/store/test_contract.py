@@ -90,8 +90,24 @@ def _s3(tmp_path: Path) -> Case:
     return Case(store, *_remote_hooks(store))
 
 
+def _read_through(tmp_path: Path) -> Case:
+    """A local store read through to a memory:// remote: damage reaches both copies (a tamperer of one
+    copy only is healed by the other, which is the point of the pair), the snapshot covers both."""
+    from neuron_build.store.tiered import ReadThroughStore
+
+    local, remote = _local(tmp_path / "here"), _memory(tmp_path / "there")
+    store = ReadThroughStore(local.store, remote.store)
+
+    def damage(key: str, name: str, data: bytes) -> None:
+        for c in (local, remote):
+            if c.store.raw_manifest(key) is not None:
+                c.damage(key, name, data)
+
+    return Case(store, damage, lambda: [local.snapshot(), remote.snapshot()])
+
+
 _S3_BUCKET: list[str] = []
-IMPLEMENTATIONS = {"local": _local, "memory": _memory, "file-url": _file, "s3": _s3}
+IMPLEMENTATIONS = {"local": _local, "memory": _memory, "file-url": _file, "s3": _s3, "read-through": _read_through}
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))

@@ -55,17 +55,17 @@ def test_the_server_stopping_mid_upload_leaves_nothing_published(s3_bucket, s3_e
     own = S3Server().start()
     aws_env(monkeypatch, own.url, tmp_path)
     s = RemoteStore(f"s3://{s3_bucket}/p", FAST, cache_dir=tmp_path / "c")
-    real_upload = s.io.upload
+    real_upload = s.io._put_file
     calls = []
 
-    def upload_then_stop(src, rel, create_only):
+    def upload_then_stop(rel, src, create_only):
         calls.append(rel)
-        done = real_upload(src, rel, create_only)
+        done = real_upload(rel, src, create_only)
         if len(calls) == 1:
             own.stop()  # the endpoint goes away after the first blob
         return done
 
-    monkeypatch.setattr(s.io, "upload", upload_then_stop)
+    monkeypatch.setattr(s.io, "_put_file", upload_then_stop)
     with pytest.raises(StoreUnreachable) as e:
         publish(s, KEY_A, FILES)
     assert e.value.writing is True and f"s3://{s3_bucket}/p: cannot reach the endpoint {own.url} (" in str(e.value)
