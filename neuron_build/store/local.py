@@ -36,6 +36,7 @@ from neuron_build.store.contract import Lookup
 from neuron_build.store.layout import MANIFEST
 from neuron_build.store.objects import JsonObjects
 from neuron_build.store.records import FailureRecord, TargetRecord
+from neuron_build.store.trust import check_files, manifest_problem
 from neuron_build.util import (
     canonical_json,
     file_sha256,
@@ -89,8 +90,12 @@ def check_manifest(text: bytes, key: str) -> tuple[Manifest | None, str | None]:
         return None, f"manifest is not valid JSON ({e})"
     if not isinstance(raw, dict):
         return None, "manifest is not a JSON object"
-    if SELF_DIGEST in raw and raw[SELF_DIGEST] != manifest_digest(raw):
+    if SELF_DIGEST not in raw:
+        return None, f"manifest has no {SELF_DIGEST} of its own (not sealed by neuron-build: not trusted)"
+    if raw[SELF_DIGEST] != manifest_digest(raw):
         return None, "manifest does not match its own sha256 (edited or corrupt)"
+    if (why := manifest_problem(raw)) is not None:  # the trust boundary: names become paths only after it
+        return None, f"manifest is refused: {why}"
     if raw.get("key") != key:
         return None, f"manifest names key {str(raw.get('key'))[:16]!r}, not this entry's key"
     from pydantic import ValidationError
@@ -376,7 +381,7 @@ class LocalStore(JsonObjects):
         text = self.get_object(layout.manifest_path(key))
         if text is None:
             raise FileNotFoundError(errno.ENOENT, f"no artifact for key {key[:12]} in {self.root}")
-        files = (json.loads(text).get("files") or {})
+        files = check_files(json.loads(text).get("files") or {}, key, str(self.root))  # names become paths
         view = self.view_dir(key)
         if self._view_fresh(view, text, files):
             return view
@@ -581,7 +586,7 @@ class LocalStore(JsonObjects):
     # -- records ----------------------------------------------------------------------------------
     def _put_json(self, rel: str, obj: Any, create_only: bool = False) -> bool:
         self._writable()
-        return write_json_atomic(self.path(rel), obj, create_only=create_only)
+        return write_json_atomic(self._object_file(rel), obj, create_only=create_only)  # refuses '..', '/x'
 
     def put_target(self, record: TargetRecord) -> None:
         self._put_json(layout.target_path(record.target), record.to_json())

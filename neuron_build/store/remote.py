@@ -53,6 +53,7 @@ from neuron_build.store.local import LocalStore, ReadOnlyStore, check_manifest, 
 from neuron_build.store.manifest import MANIFEST, Manifest
 from neuron_build.store.objects import JsonObjects
 from neuron_build.store.records import FailureRecord, TargetRecord
+from neuron_build.store.trust import check_files
 from neuron_build.util import file_sha256, fsync_path, json_bytes, sha256_hex, temp_name, write_atomic
 
 #: botocore's retry policy for every S3 call (s3fs and boto3 alike): ``standard`` mode retries
@@ -797,7 +798,7 @@ class RemoteStore(JsonObjects):
         text = self.get_object(layout.manifest_path(key))
         if text is None:
             raise FileNotFoundError(errno.ENOENT, f"no artifact for key {key[:12]} in {self.url}")
-        files = json.loads(text).get("files") or {}
+        files = check_files(json.loads(text).get("files") or {}, key, self.url)  # names become paths after a check
         view = self.view_dir(key)
         if self._view_fresh(view, text, files):
             return view
