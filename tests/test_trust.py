@@ -119,7 +119,7 @@ def manifest_raw(files: dict[str, str]) -> dict:
 
 @pytest.mark.parametrize("name", ["../../../../x", "a/../../../../../x", "{tmp}/abs/x"])
 def test_a_manifest_naming_paths_outside_is_never_served_nor_viewed(where, tmp_path, name):
-    from neuron_build.store.trust import UntrustedRecord
+    from neuron_build.trust import UntrustedRecord
 
     loc, store = where
     name = name.replace("{tmp}", str(tmp_path))
@@ -161,7 +161,7 @@ def pulled_folder(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("edit", ["artifact", "bucket-id", "symlink"])
 def test_load_refuses_a_pulled_release_json_naming_paths_outside(tmp_path, edit):
     from neuron_build.runtime import BucketedModel
-    from neuron_build.store.trust import UntrustedRecord
+    from neuron_build.trust import UntrustedRecord
 
     dest = pulled_folder(tmp_path)
     outside = tmp_path / "outside.pt"

@@ -36,7 +36,7 @@ from neuron_build.store.contract import Lookup
 from neuron_build.store.layout import MANIFEST
 from neuron_build.store.objects import JsonObjects
 from neuron_build.store.records import FailureRecord, TargetRecord
-from neuron_build.store.trust import check_files, manifest_problem
+from neuron_build.trust import check_files, manifest_problem
 from neuron_build.util import (
     canonical_json,
     file_sha256,

@@ -48,12 +48,13 @@ from typing import Any
 
 from neuron_build.errors import StoreDenied, StoreError, StoreFailed, StoreMissing, StoreUnreachable
 from neuron_build.store import layout
+from neuron_build.store.aws_profile import check_profile
 from neuron_build.store.contract import Lookup
 from neuron_build.store.local import LocalStore, ReadOnlyStore, check_manifest, is_key, utc_now_us
 from neuron_build.store.manifest import MANIFEST, Manifest
 from neuron_build.store.objects import JsonObjects
 from neuron_build.store.records import FailureRecord, TargetRecord
-from neuron_build.store.trust import check_files
+from neuron_build.trust import check_files
 from neuron_build.util import file_sha256, fsync_path, json_bytes, sha256_hex, temp_name, write_atomic
 
 #: botocore's retry policy for every S3 call (s3fs and boto3 alike): ``standard`` mode retries
@@ -499,6 +500,7 @@ def _s3_clients(url: str, options: dict[str, Any]) -> tuple[Any, Any, str | None
         from neuron_build.errors import UserError
         raise UserError(f"{url}: an s3:// store needs s3fs and boto3 ({e.name} is missing); install them with "
                         f"`pip install 'neuron-build[s3]'`")
+    check_profile(url, options)  # a missing AWS profile: one line (exit 2), not botocore's ProfileNotFound
     global _LOADER
     opts = copy.deepcopy(dict(options))
     cfg = {"retries": dict(RETRIES), "connect_timeout": CONNECT_TIMEOUT_S, "read_timeout": READ_TIMEOUT_S,

@@ -16,7 +16,7 @@ from typing import Any
 
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.layout import log_path
-from neuron_build.store.trust import name_problem, release_problem, target_id_problem
+from neuron_build.trust import name_problem, release_problem, target_id_problem
 
 
 @dataclass

@@ -14,7 +14,7 @@ A record that fails is refused with :class:`UntrustedRecord` (exit 1: a check fa
 record, the store and the offending value. Lookups report such a manifest as damage (a miss, never served).
 Writers never create symlinks, and :func:`inside` refuses a path that leaves its folder through one.
 
-Domain code: no torch, no pydantic (the no-op build imports this).
+Core: no torch, no pydantic (the no-op build imports this); the store, release and runtime layers use it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.errors import NeuronBuildError
-from neuron_build.store.layout import is_digest
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_digest(name: str) -> bool:
+    """Is ``name`` a key or a blob digest (64 lowercase hex chars)?"""
+    return len(name) == 64 and set(name) <= _HEX
 
 
 class UntrustedRecord(NeuronBuildError):
