@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.artifact import load_artifact, release_version_problem
+from neuron_build.cpu_isa import isa_problem, package_cpu_isa
 from neuron_build.errors import UserError
 from neuron_build.examples import torch_dtype
 
@@ -159,6 +160,10 @@ class BucketedModel:
             model._load_cached(user_model, factory_root, neff_cache_dir)
             return model
         for b in model.buckets:
+            isa = package_cpu_isa(b.artifact) if str(b.artifact).endswith(".pt2") else None
+            problem = isa_problem(isa, f"{b.artifact} (bucket {b.id} of release {release.get('release')})") if isa else None
+            if problem:
+                raise UserError(problem)
             model._modules[b.id] = load_artifact(b.artifact, b.loader, release.get("backend", ""))
         return model
 
@@ -345,14 +350,14 @@ class BucketedModel:
 # -- compile-cache and torchneuron releases ---------------------------------------------------------
 def check_pulled(release: Any, root: Path) -> None:
     """Check the names a pulled ``release.json`` (in folder ``root``) turns into paths before any is opened:
-    bucket ids, file names and model files are relative paths inside ``root`` (:mod:`neuron_build.store.trust`),
+    bucket ids, file names and model files are relative paths inside ``root`` (:mod:`neuron_build.trust`),
     and no file listed is reached through a symlink that leaves ``root``.
 
     Raises:
         UntrustedRecord: one line naming ``release.json`` and the offending name.
         UserError: ``release.json`` is not a pulled release (no ``buckets`` list).
     """
-    from neuron_build.store.trust import UntrustedRecord, check_release, refusal
+    from neuron_build.trust import UntrustedRecord, check_release, refusal
 
     where = str(root / "release.json")
     if not isinstance(release, dict) or not isinstance(release.get("buckets"), list):
