@@ -181,3 +181,47 @@ def test_load_refuses_a_pulled_release_json_naming_paths_outside(tmp_path, edit)
     msg = str(e.value)
     assert msg.startswith("release 'r-0000000000000008' of 'tiny' in ") and str(dest / "release.json") in msg
     assert "\n" not in msg
+
+
+def test_promote_and_rollback_refuse_a_pointer_naming_a_path(tmp_path):
+    """A channel pointer whose release (or previous release) is a path is refused by every command that
+    follows it, before the release id becomes a path."""
+    from conftest import write_tiny_project
+
+    cfg = write_tiny_project(tmp_path / "p", extra='\n[release]\nchannels = ["dev", "prod"]\n')
+    store = open_store(cfg.parent / "artifacts")
+    store.put_object("channels/tiny/dev.json", json.dumps(
+        {"model": "tiny", "channel": "dev", "release": "r-0000000000000009", "previous": "../../../etc/x",
+         "version": 2}).encode())
+    for args in (("promote", "tiny", "--from", "dev", "--to", "prod"), ("history", "tiny", "--channel", "dev")):
+        r = run_cli(*args, "-c", str(cfg))
+        if args[0] == "history":  # a listing of entries: no pointer followed
+            assert r.returncode == 0, r.stderr
+            continue
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+        assert r.stderr.startswith(f"error: channel pointer tiny/dev in {cfg.parent / 'artifacts'} is refused: "
+                                   f"previous '../../../etc/x' holds a path separator"), r.stderr
+
+
+def test_a_release_id_from_a_history_entry_or_the_command_line_never_becomes_a_path(tmp_path):
+    from neuron_build.release.records import get_release
+    from neuron_build.trust import UntrustedRecord
+
+    store = open_store(tmp_path / "store")
+    outside = tmp_path / "x.json"
+    outside.write_text(json.dumps(release_record("r-0000000000000010", "b1", "model.pt")))
+    with pytest.raises(UntrustedRecord) as e:
+        get_release(store, "tiny", "../../x")  # releases/tiny/../../x.json is tmp_path/x.json
+    assert str(e.value).startswith(f"release '../../x' of 'tiny' in {tmp_path / 'store'} is refused: release "
+                                   f"'../../x' holds a path separator")
+
+
+def test_warmup_refuses_a_tampered_pulled_folder_in_one_line(tmp_path):
+    dest = pulled_folder(tmp_path)
+    doc = json.loads((dest / "release.json").read_text())
+    doc["buckets"][0]["files"] = {"../../x": doc["buckets"][0]["files"]["b1/model.pt"]}
+    (dest / "release.json").write_text(json.dumps(doc))
+    r = run_cli("warmup", str(dest))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr  # the fresh process's line
+    assert r.stderr.startswith(f"error: warmup of {dest} failed (exit 1): release 'r-0000000000000008' of 'tiny' "
+                               f"in {dest / 'release.json'} is refused: file name '../../x' leaves its folder"), r.stderr
