@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.artifact import load_artifact, release_version_problem
+from neuron_build.cpu_isa import isa_problem, package_cpu_isa
 from neuron_build.errors import UserError
 from neuron_build.examples import torch_dtype
 
@@ -142,6 +143,7 @@ class BucketedModel:
         except (OSError, ValueError) as e:
             raise UserError(f"{root / 'release.json'}: cannot read it ({e}); pull a release into {root} with "
                             f"`neuron-build pull MODEL --channel C --dest {root}`") from None
+        check_pulled(release, root)
         problem = release_version_problem(
             release.get("backend", ""), release.get("toolchain") or {},
             [(b.get("loader", ""), b.get("artifact", "")) for b in release["buckets"]],
@@ -158,6 +160,10 @@ class BucketedModel:
             model._load_cached(user_model, factory_root, neff_cache_dir)
             return model
         for b in model.buckets:
+            isa = package_cpu_isa(b.artifact) if str(b.artifact).endswith(".pt2") else None
+            problem = isa_problem(isa, f"{b.artifact} (bucket {b.id} of release {release.get('release')})") if isa else None
+            if problem:
+                raise UserError(problem)
             model._modules[b.id] = load_artifact(b.artifact, b.loader, release.get("backend", ""))
         return model
 
@@ -342,6 +348,31 @@ class BucketedModel:
 
 
 # -- compile-cache and torchneuron releases ---------------------------------------------------------
+def check_pulled(release: Any, root: Path) -> None:
+    """Check the names a pulled ``release.json`` (in folder ``root``) turns into paths before any is opened:
+    bucket ids, file names and model files are relative paths inside ``root`` (:mod:`neuron_build.trust`),
+    and no file listed is reached through a symlink that leaves ``root``.
+
+    Raises:
+        UntrustedRecord: one line naming ``release.json`` and the offending name.
+        UserError: ``release.json`` is not a pulled release (no ``buckets`` list).
+    """
+    from neuron_build.trust import UntrustedRecord, check_release, refusal
+
+    where = str(root / "release.json")
+    if not isinstance(release, dict) or not isinstance(release.get("buckets"), list):
+        raise UserError(f"{where}: not a pulled release (no buckets list); pull a release into {root} with "
+                        f"`neuron-build pull MODEL --channel C --dest {root}`")
+    what = f"release {release.get('release')!r} of {release.get('model')!r}"
+    check_release(release, what, where)
+    top = root.resolve()
+    for b in release["buckets"]:
+        for name in [*b.get("files", {}), b.get("artifact") or ""]:
+            p = (root / name).resolve() if name else top
+            if p != top and top not in p.parents:
+                raise UntrustedRecord(refusal(what, where, f"file {name!r} resolves to {p}, outside {top}"))
+
+
 def install_release(folder: str | Path, neff_cache_dir: str | Path | None = None) -> dict[str, Any]:
     """For your own serving code: make this process hit a pulled compile-cache or torchneuron release's
     caches (environment, NEFF cache folder or Inductor kernels, ``load_cache_artifacts`` of every bucket:
@@ -369,6 +400,7 @@ def install_release(folder: str | Path, neff_cache_dir: str | Path | None = None
     if serving is None:
         raise UserError(f"{root}: a {release.get('backend')} release holds compiled models, not caches; load it "
                         f"with BucketedModel.load")
+    check_pulled(release, root)
     installed, neff_dir, _env = install_from_caches([root / b["id"] for b in release["buckets"]], serving,
                                                     release.get("backend", ""), neff_cache_dir)
     return {**serving, "installed": installed, "neff_cache_dir": str(neff_dir) if neff_dir else None}
@@ -521,4 +553,4 @@ def warmup(folder: str | Path, model: Any = None, *, factory_root: str | Path | 
             "env": bm.serving_env, "buckets": rows, "compiles_total": total, "zero_compiles": total == 0}
 
 
-__all__ = ["Bucket", "BucketError", "BucketedModel", "install_release", "serving_device", "serving_model", "warmup"]
+__all__ = ["Bucket", "BucketError", "BucketedModel", "check_pulled", "install_release", "serving_device", "serving_model", "warmup"]

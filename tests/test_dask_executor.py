@@ -370,3 +370,82 @@ def test_scheduler_address_precedence(monkeypatch):
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS")
     with pytest.raises(UserError, match=r"b\.toml: executor dask needs a scheduler"):
         scheduler_address(None, None, "b.toml")
+
+
+# -- memory ---------------------------------------------------------------------------------------------------
+HOG_MODEL = '''
+import json, os, time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+def hog(mib: int = 800, width: int = 4):
+    with open(HERE / "calls.jsonl", "a") as f:
+        f.write(json.dumps({"event": "start", "pid": os.getpid()}) + "\\n")
+    block = bytearray(mib * 2**20)
+    for i in range(0, len(block), 4096):  # touch every page: resident, not just reserved
+        block[i] = 1
+    time.sleep(3)
+    torch.manual_seed(0)
+    return torch.nn.Linear(width, width)
+'''
+
+
+def test_a_compile_over_the_dask_workers_memory_limit_is_stopped_and_not_retried(tmp_path):
+    """A worker started with --memory-limit 600MB and a compile whose factory holds 800 MiB (plus torch):
+    the compile runs outside the worker's own accounting, so the executor bounds its process tree; it is
+    stopped, reported as out of memory with both figures, and the next build does not submit it again
+    to a worker of that size."""
+    from distributed import LocalCluster
+
+    from neuron_build.build.builder import Builder
+    from neuron_build.build.dask_executor import DaskBuild
+    from neuron_build.project.config import load_project
+
+    cfg = write_sleepy_project(tmp_path / "p", batches=(1,))
+    (cfg.parent / "sleepylib" / "hog.py").write_text(HOG_MODEL)
+    cfg.write_text(cfg.read_text().replace('factory = "sleepylib.models:build"', 'factory = "sleepylib.hog:hog"')
+                   .replace("kwargs = { seconds = 1.0 }", "kwargs = { mib = 800 }"))
+    env_before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = dask_env()["PYTHONPATH"]
+    lines: list[str] = []
+    try:
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, memory_limit="600MB",
+                          dashboard_address=None, host="127.0.0.1") as lc:
+            b = Builder(load_project(cfg))
+            t0 = time.monotonic()
+            out = DaskBuild(b, lc.scheduler_address).run(b.targets)["sleepy/b1/fp32/p1"]
+            took = time.monotonic() - t0
+            assert str(out.status) == "KILLED", out.reason
+            m = re.match(r"out of memory: the compile's process tree reached (\d+) MiB \((\d+) bytes\), above the "
+                         r"memory limit of Dask worker tcp://127\.0\.0\.1:\d+ \(--memory-limit\) of 572 MiB "
+                         r"\(600000000 bytes\); stopped, and not retried on a worker of this size", out.reason)
+            assert m, out.reason
+            peak = int(m.group(2))
+            assert peak > 600_000_000 and int(m.group(1)) == round(peak / 2**20)
+            print(f"\nover-limit compile: limit 600000000 bytes (572 MiB), peak {peak} bytes "
+                  f"({peak / 2**20:.0f} MiB), stopped after {took:.1f} s")
+            fail = b.store.failure("sleepy/b1/fp32/p1")
+            assert fail is not None and fail.peak_rss_bytes == peak and str(fail.status) == "KILLED"
+            assert len(calls(cfg.parent)) == 1
+            again = DaskBuild(load_builder(cfg), lc.scheduler_address, report=lines.append).run(b.targets)
+            out2 = again["sleepy/b1/fp32/p1"]
+            assert str(out2.status) == "KILLED" and out2.reason.startswith(
+                f"not retried: its last compile ran out of memory at {peak / 2**20:.0f} MiB ({peak} bytes) and the "
+                f"largest Dask worker may use 572 MiB (600000000 bytes)"), out2.reason
+            assert len(calls(cfg.parent)) == 1  # nothing compiled the second time
+            assert any(ln.startswith("  FAILED sleepy/b1/fp32/p1: KILLED: not retried") for ln in lines)
+    finally:
+        if env_before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = env_before
+
+
+def load_builder(cfg: Path):
+    from neuron_build.build.builder import Builder
+    from neuron_build.project.config import load_project
+    return Builder(load_project(cfg))

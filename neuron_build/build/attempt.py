@@ -71,6 +71,8 @@ def as_status(value: Any) -> Status:
 def classify(run: CompileRun, timeout_s: float, free_bytes: int | None = None, folder: str | Path = "") -> Classification:
     """What a worker's run means, by today's rules, first match wins:
 
+    0. the executor stopped it over its memory bound (``out_of_memory``): KILLED, "out of memory: ..."
+       with the peak and the bound (MiB and bytes, :func:`out_of_memory_reason`);
     1. the executor stopped it: TIMEOUT, "stopped after <timeout_s> s (timeout_s under [build])";
     2. exit 0 with a ``result.json``: PASS;
     3. killed by a signal: KILLED, "killed by SIG..." (+ the OOM-killer note for SIGKILL) and the peak memory;
@@ -89,7 +91,10 @@ def classify(run: CompileRun, timeout_s: float, free_bytes: int | None = None, f
         folder: the attempt's staging folder, named in the disk-full reason.
     """
     error = run.error or {}
-    if run.timed_out:
+    if run.out_of_memory and run.memory_limit_bytes:
+        status, reason = Status.KILLED, out_of_memory_reason(run.peak_rss_bytes, run.memory_limit_bytes,
+                                                             run.memory_limit_of)
+    elif run.timed_out:
         status, reason = Status.TIMEOUT, f"stopped after {timeout_s:g} s (timeout_s under [build])"
     elif run.exit_code == 0 and run.result is not None:
         status, reason = Status.PASS, ""
@@ -114,6 +119,17 @@ def classify(run: CompileRun, timeout_s: float, free_bytes: int | None = None, f
         if full:
             status, reason = Status.ERROR, f"{full} while compiling; free space and build again ({reason})"
     return Classification(status, reason)
+
+
+#: The words every out-of-memory reason starts with (the Dask client looks for them in failure records).
+OUT_OF_MEMORY = "out of memory"
+
+
+def out_of_memory_reason(peak: int, limit: int, limit_of: str) -> str:
+    """The reason of a compile stopped over its memory bound: both figures, in MiB and bytes."""
+    return (f"{OUT_OF_MEMORY}: the compile's process tree reached {peak / 2**20:.0f} MiB ({peak} bytes), above "
+            f"{limit_of} of {limit / 2**20:.0f} MiB ({limit} bytes); stopped, and not retried on a worker of "
+            f"this size: give it a worker with more memory (dask worker --memory-limit, --resources memory_gb=N)")
 
 
 def disk_full_note(log: bytes, free_bytes: int | None, folder: str | Path) -> str | None:
@@ -184,11 +200,13 @@ def disk_full(stage: str, where: Any | Callable[[], Any], prefer_filename: bool 
 
 
 __all__ = [
+    "OUT_OF_MEMORY",
     "TRANSIENT_EXIT",
     "Classification",
     "DiskFull",
     "Outcome",
     "as_status",
+    "out_of_memory_reason",
     "classify",
     "disk_full",
     "disk_full_note",

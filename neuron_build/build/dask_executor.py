@@ -175,7 +175,9 @@ def _builder_for(job: dict[str, Any], worker: Any):
             project = load_project(job["config"])
             cfg = project.config.build
             store = open_spec(StoreSpec(**job["store"]))
-            executor = LocalExecutor(cfg.timeout_s, cfg.heartbeat_s, should_stop=lambda: task_cancelled(worker))
+            limit, limit_of = worker_memory_limit(worker)
+            executor = LocalExecutor(cfg.timeout_s, cfg.heartbeat_s, should_stop=lambda: task_cancelled(worker),
+                                     memory_limit_bytes=limit, memory_limit_of=limit_of)
             b = Builder(project, backend=job["backend"], executor=executor, store=store, host_memory=False,
                         transient_retries=0, provenance={"executor": "dask", "worker": worker.address,
                                                          "scheduler": job.get("scheduler")})
@@ -183,6 +185,34 @@ def _builder_for(job: dict[str, Any], worker: Any):
                 _builders.pop(next(iter(_builders)))
             _builders[ident] = b
     return b
+
+
+def memory_bound(memory_limit: Any, resources: dict | None) -> int | None:
+    """The memory a compile on a worker may use, bytes: the smaller of its ``--memory-limit`` (bytes; 0 or
+    None: none) and its :data:`MEMORY_RESOURCE` resource (GB = 1e9 bytes); None when it has neither."""
+    figures = []
+    if isinstance(memory_limit, (int, float)) and memory_limit > 0:
+        figures.append(int(memory_limit))
+    gb = (resources or {}).get(MEMORY_RESOURCE)
+    if isinstance(gb, (int, float)) and gb > 0:
+        figures.append(int(gb * GB))
+    return min(figures) if figures else None
+
+
+def worker_memory_limit(worker: Any) -> tuple[int | None, str]:
+    """(bytes, whose bound) a compile subprocess on this Dask worker is held to: see :func:`memory_bound`.
+    The compile runs outside the worker's own memory accounting (Dask watches the worker process only), so
+    the executor enforces it on the subprocess's tree."""
+    try:
+        ml = worker.memory_manager.memory_limit
+    except AttributeError:
+        ml = getattr(worker, "memory_limit", None)
+    res = dict(getattr(worker.state, "total_resources", None) or {})
+    bound = memory_bound(ml, res)
+    if bound is None:
+        return None, ""
+    which = "--memory-limit" if isinstance(ml, (int, float)) and ml > 0 and int(ml) == bound else MEMORY_RESOURCE
+    return bound, f"the memory limit of Dask worker {worker.address} ({which})"
 
 
 def task_cancelled(worker: Any) -> bool:
@@ -333,6 +363,21 @@ class DaskBuild:
                 "backend": b.keys.backend, "store": {"location": spec.location, "options": spec.options}, "store_id": ident,
                 "retry_failed": self.retry_failed, "build_id": build_id, "scheduler": self.address}
 
+    def _too_big(self, t: Target, largest: int) -> str | None:
+        """Why ``t`` is not submitted: its current key's last compile ran out of memory on a worker whose
+        bound was at least ``largest`` (the largest bound of the workers now, bytes; 0: none bounded), so
+        it would again. None when it may be submitted."""
+        from neuron_build.build.attempt import OUT_OF_MEMORY
+
+        fail = self.b.store.failure(t.id)
+        if (fail is None or fail.key != self.b.key(t).key or not str(fail.reason).startswith(OUT_OF_MEMORY)
+                or not largest or fail.peak_rss_bytes <= largest):
+            return None
+        return (f"not retried: its last compile ran {OUT_OF_MEMORY} at {fail.peak_rss_bytes / 2**20:.0f} MiB "
+                f"({fail.peak_rss_bytes} bytes) and the largest Dask worker may use {largest / 2**20:.0f} MiB "
+                f"({largest} bytes); add a worker with more memory (dask worker --memory-limit, --resources "
+                f"memory_gb=N), or build it here with --executor local")
+
     def _resources(self, t: Target, workers: dict) -> dict[str, float] | None:
         """``{"memory_gb": expected peak}`` when some worker advertises memory, capped at the largest."""
         mems = [float((w.get("resources") or {}).get(MEMORY_RESOURCE)) for w in workers.values()
@@ -355,7 +400,17 @@ class DaskBuild:
         build_id = secrets.token_hex(4)
         retries = b.project.config.build.transient_retries
         futures: dict[Any, Target] = {}
-        for t in todo:
+        largest = max((memory_bound(w.get("memory_limit"), w.get("resources")) or 0 for w in workers.values()),
+                      default=0)
+        for t in list(todo):
+            why = self._too_big(t, largest)
+            if why is not None:  # not retried on the same worker size
+                self.outcomes[t.id] = Outcome(t.id, b.key(t).key, Status.KILLED, why)
+                self.log.error(str(Status.KILLED), target=t.id, reason=why)
+                if self.report is not None:
+                    self.report(f"  FAILED {t.id}: KILLED: {why}")
+                todo.remove(t)
+                continue
             res = self._resources(t, workers)
             fut = client.submit(compile_task, self._job(t, spec, ident, build_id), pure=False, retries=retries,
                                 key=f"neuron-build-{t.id}-{b.key(t).key[:12]}-{build_id}",
@@ -455,9 +510,11 @@ __all__ = [
     "compile_task",
     "connect",
     "executing_keys",
+    "memory_bound",
     "open_spec",
     "probe_store",
     "scheduler_address",
     "shared_store_spec",
     "task_cancelled",
+    "worker_memory_limit",
 ]

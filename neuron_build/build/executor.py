@@ -41,6 +41,10 @@ class CompileRun:
         error: the content of the worker's ``error.json`` (status, reason, details), or None.
         compiler_log: the compiler's own log named by ``error["details"]["compiler_log"]`` (bytes), or None
             when the worker named none or it could not be read.
+        memory_limit_bytes: the memory bound the executor held the worker's process tree to, bytes (None:
+            unbounded); ``memory_limit_of`` names whose bound it is (e.g. a Dask worker's ``--memory-limit``).
+        out_of_memory: the tree's resident memory passed ``memory_limit_bytes``: the executor killed it
+            (or it ended above the bound between two samples); ``peak_rss_bytes`` is above the bound.
     """
 
     exit_code: int | None
@@ -51,6 +55,9 @@ class CompileRun:
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     compiler_log: bytes | None = None
+    memory_limit_bytes: int | None = None
+    memory_limit_of: str = ""
+    out_of_memory: bool = False
 
 
 #: The run of a compile that never started (no room to prepare it).

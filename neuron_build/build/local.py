@@ -45,12 +45,19 @@ class LocalExecutor:
         heartbeat_s: how often a ``still compiling`` event (elapsed seconds, peak MiB) is logged, seconds.
         should_stop: polled every 0.2 s while the worker runs (optional); when it returns True the
             worker's process group is SIGKILLed and :class:`CompileCancelled` is raised.
+        memory_limit_bytes: bound on the resident memory of the worker's process tree, bytes (None:
+            unbounded). Sampled every 0.2 s: past it the process group is SIGKILLed and the run comes back
+            with ``out_of_memory`` True; a run that ends with a peak above it (``ru_maxrss``, between two
+            samples) is out of memory too. ``memory_limit_of`` names whose bound it is, for the reason.
     """
 
-    def __init__(self, timeout_s: float, heartbeat_s: float, should_stop: Callable[[], bool] | None = None):
+    def __init__(self, timeout_s: float, heartbeat_s: float, should_stop: Callable[[], bool] | None = None,
+                 memory_limit_bytes: int | None = None, memory_limit_of: str = "the executor's memory limit"):
         self.timeout_s = timeout_s
         self.heartbeat_s = heartbeat_s
         self.should_stop = should_stop
+        self.memory_limit_bytes = memory_limit_bytes if memory_limit_bytes and memory_limit_bytes > 0 else None
+        self.memory_limit_of = memory_limit_of
 
     def run(self, request: CompileRequest, work_dir: Path, log: Any) -> CompileRun:
         """Write ``request.json`` into ``work_dir``, run the worker on it with its output in ``worker.log``
@@ -76,6 +83,7 @@ class LocalExecutor:
                                     cwd=str(work_dir), env=env, start_new_session=True,
                                     preexec_fn=partial(die_with_parent, os.getpid()))  # noqa: PLW1509
             peak, timed_out, next_beat = 0, False, t0 + self.heartbeat_s
+            limit, oom = self.memory_limit_bytes, False
             status = None
             try:
                 while True:
@@ -84,6 +92,13 @@ class LocalExecutor:
                         peak = max(peak, ru.ru_maxrss * 1024)
                         break
                     peak = max(peak, _tree_rss(proc.pid))
+                    if limit is not None and peak > limit:  # over the bound: stop it now
+                        oom = True
+                        _kill_group(proc.pid)
+                        _, status, ru = os.wait4(proc.pid, 0)
+                        log.warning("compile over its memory limit: killed", peak_rss_mb=round(peak / 2**20),
+                                    limit_mb=round(limit / 2**20), limit_of=self.memory_limit_of)
+                        break
                     now = time.monotonic()
                     if now - t0 > self.timeout_s:
                         timed_out = True
@@ -109,8 +124,11 @@ class LocalExecutor:
         result = read_json(work_dir / "result.json")
         error = read_json(work_dir / "error.json")
         named = ((error or {}).get("details") or {}).get("compiler_log")
+        oom = oom or (limit is not None and peak > limit)  # ended above the bound between two samples
         return CompileRun(exit_code=proc.returncode, wall_s=wall, peak_rss_bytes=peak, timed_out=timed_out,
-                          log=worker_log, result=result, error=error, compiler_log=_compiler_log(work_dir, named))
+                          log=worker_log, result=result, error=error, compiler_log=_compiler_log(work_dir, named),
+                          memory_limit_bytes=limit, memory_limit_of=self.memory_limit_of if limit else "",
+                          out_of_memory=oom)
 
 
 _libc: Any = None

@@ -13,7 +13,7 @@ import os
 import sys
 
 from neuron_build.cli.app import COMMANDS, CURRENT_COMMAND, display_error
-from neuron_build.errors import BuildFailed, NeuronBuildError, exit_code
+from neuron_build.errors import BuildFailed, ExitCode, NeuronBuildError, exit_code
 
 #: The command modules, in the order their commands appear in ``--help``: each defines ``register(add)``,
 #: where ``add(name, help)`` returns an argparse sub-parser, and decorates its handlers with
@@ -63,6 +63,23 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+#: What each command writes into the store (for the one line a read-only store gets).
+WRITES = {"release": "a release record", "promote": "the channel pointer and its history",
+          "rollback": "the channel pointer and its history", "validate": "validation results",
+          "bench": "benchmark results", "build": "artifacts", "push": "artifacts", "fetch": "artifacts",
+          "gc": "its removals", "verify": "quarantined objects"}
+
+
+def read_only_line(command: str, e: OSError) -> str:
+    """The one line for a command that had to write into a read-only store (``e``: the
+    :class:`~neuron_build.store.local.ReadOnlyStore` raised, whose text names the store)."""
+    text = str(e.strerror or e)
+    store = text.removeprefix("store ").split(" is opened read-only")[0] if text.startswith("store ") else "the store"
+    what = WRITES.get(command, "its records")
+    return (f"store {store} is read-only: `neuron-build {command}` writes {what} into it; make it writable (or run "
+            f"as a user who may write it), or point [build] store (buckets.toml) or --store at a writable store")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one ``neuron-build`` command (``argv``: the arguments after the program name; default
     ``sys.argv[1:]``) and return its exit status (:class:`neuron_build.errors.ExitCode`)."""
@@ -83,6 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail again
         return exit_code(e)
+    except OSError as e:
+        from neuron_build.store.local import ReadOnlyStore
+
+        if args.debug or not isinstance(e, ReadOnlyStore):
+            raise
+        display_error(read_only_line(args.command, e), prefix="error")
+        return int(ExitCode.USAGE)
 
 
 __all__ = ["COMMAND_MODULES", "main", "parser"]

@@ -88,6 +88,20 @@ SCHEMA_VERSION = 1
 CURRENT_COMMAND: list[str] = []
 
 
+def require_writable(store: ArtifactStore) -> None:
+    """Stop before any work when ``store`` was opened read-only (a folder this user may not write): the
+    command's one line is printed by :func:`neuron_build.cli.main` (exit 2).
+
+    Raises:
+        ReadOnlyStore: the store is read-only.
+    """
+    if getattr(store, "read_only", False):  # the read-through store has no such flag yet (issue 20, item 1)
+        import errno
+
+        from neuron_build.store.local import ReadOnlyStore
+        raise ReadOnlyStore(errno.EROFS, f"store {store.location} is opened read-only")
+
+
 def schema_id(name: str | None = None) -> str:
     """``neuron-build/<name>/v<SCHEMA_VERSION>``; ``name`` defaults to the command being run."""
     return f"neuron-build/{name or (CURRENT_COMMAND[-1] if CURRENT_COMMAND else 'output')}/v{SCHEMA_VERSION}"
@@ -151,5 +165,6 @@ def mib(n: int) -> str:
 
 
 __all__ = ["COMMANDS", "CURRENT_COMMAND", "SCHEMA_VERSION", "Handler", "command", "display_error", "display_line",
+           "require_writable",
            "display_note", "human_age", "json_doc", "mib", "open_builder", "open_project", "open_project_store",
            "plural", "print_json", "schema_id", "seconds"]

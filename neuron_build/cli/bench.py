@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neuron_build.cli.app import command, display_note, open_builder, print_json
+from neuron_build.cli.app import command, display_note, open_builder, print_json, require_writable
 from neuron_build.errors import ExitCode, UserError
 
 
@@ -189,6 +189,7 @@ def cmd_bench(args) -> int:
     if args.profile:
         check_profile_dir(args.profile)
     b = open_builder(args)
+    require_writable(b.store)  # before any benchmark or validation runs
     chosen = select(b.targets, list(args.patterns) + list(args.compare))
     run = bench_selected(b, chosen, warmup=args.warmup, iters=args.iters, eager=not args.no_eager,
                          compare=bool(args.compare), profile=args.profile,

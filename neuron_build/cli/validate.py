@@ -17,6 +17,7 @@ from neuron_build.cli.app import (
     display_note,
     open_builder,
     print_json,
+    require_writable,
 )
 from neuron_build.errors import ExitCode
 from neuron_build.status import Verdict
@@ -83,6 +84,7 @@ def cmd_validate(args) -> int:
     from neuron_build.project.matrix import select
 
     b = open_builder(args)
+    require_writable(b.store)  # before any benchmark or validation runs
     run = validate_selected(b, select(b.targets, args.patterns), progress=None if args.json else display_line)
     if args.json:
         print_json(run.records, "records")

@@ -90,6 +90,11 @@ class InductorCompiler:
         enter_stage("count")
         ops, breakdown = count_package_kernels(out)
         print(f"op count {ops} ({breakdown['fused']} fused, {breakdown['extern']} extern)", flush=True)
-        return CompileResult(op_count=ops, op_count_source=OP_COUNT_SOURCE,
-                             details={"artifact": "model.pt2", "loader": "torch._inductor.aoti_load_package",
-                                      "exported_nodes": len(ep.graph.nodes), "op_breakdown": breakdown})
+        from neuron_build.cpu_isa import package_cpu_isa
+
+        isa = package_cpu_isa(out)  # -march=native: the package needs a host with this ISA
+        details = {"artifact": "model.pt2", "loader": "torch._inductor.aoti_load_package",
+                   "exported_nodes": len(ep.graph.nodes), "op_breakdown": breakdown}
+        if isa is not None:
+            details["cpu_isa"] = isa
+        return CompileResult(op_count=ops, op_count_source=OP_COUNT_SOURCE, details=details)

@@ -13,7 +13,8 @@ Components (each hashed on its own so ``explain`` can say which one changed):
   they ship);
 - ``inputs``: the target dtype and each input's concrete shape, dtype and range;
 - ``compiler``: backend, hardware target, normalised compiler args (without ``--verbose``), profile
-  options (``inline_weights_to_neff``, ``tp_degree``);
+  options (``inline_weights_to_neff``, ``tp_degree``); for AOTInductor on CPU (built with ``-march=native``)
+  also ``cpu_isa``, the build host's CPU ISA (:mod:`neuron_build.cpu_isa`);
 - ``env``: the environment variables of :data:`KEY_ENV` for the backend (an allow-list: logging, debug,
   cache and runtime settings such as ``TORCH_LOGS`` or ``NEURON_RT_*`` never count);
 - ``toolchain``: compiler versions (torch; torch-neuronx, neuronx-cc, neuronx-distributed, libneuronxla
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_build.cpu_isa import host_cpu_isa
 from neuron_build.project.compiler_args import key_args
 from neuron_build.project.config import Project
 from neuron_build.project.matrix import Target
@@ -42,6 +44,9 @@ from neuron_build.project.toolchain import NEURON_BACKENDS, resolve_backend, too
 from neuron_build.util import canonical_json, file_sha256, sha256_hex, write_atomic
 
 KEY_FORMAT = 2
+#: (backend, device) pairs whose artifacts are compiled for the build host's CPU (``-march=native``): their
+#: ``compiler`` component carries ``cpu_isa`` (:mod:`neuron_build.cpu_isa`).
+ISA_BOUND = {("inductor", "cpu")}
 COMPONENTS = ("format", "model", "inputs", "compiler", "env", "toolchain")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".h5", ".msgpack", ".gguf", ".npz", ".npy")
 #: The weight entry of a file that does not exist (the key changes when it appears).
@@ -249,6 +254,9 @@ class KeyMaker:
         self._static_cache: dict[str, dict[str, Any]] = {}
         self._model_cache: dict[str, dict[str, Any]] = {}
         self._toolchain = toolchain_versions(self.backend)
+        #: the build host's CPU ISA, in the key of AOTInductor CPU packages (built with -march=native)
+        self.cpu_isa: str | None = (host_cpu_isa(self.environ) if (self.backend, self.hardware_target) in ISA_BOUND
+                                    else None)
         self._env = key_env(self.backend, self.environ)
         self._compiler_cache: dict[str, dict[str, Any]] = {}
         #: (component, id of its value) -> (value, canonical JSON, sha256); the value is kept so the id
@@ -357,6 +365,8 @@ class KeyMaker:
                 "backend": self.backend, "hardware_target": self.hardware_target,
                 "compiler_args": list(key_args(prof.compiler_args)),
                 "inline_weights_to_neff": prof.inline_weights_to_neff, "tp_degree": prof.tp_degree}
+            if self.cpu_isa is not None:
+                comp["cpu_isa"] = self.cpu_isa
         return {
             "format": KEY_FORMAT,
             "model": self.model_component(target.model, recorded),
@@ -395,5 +405,5 @@ class KeyMaker:
         self.digests.save()
 
 
-__all__ = ["COMPONENTS", "KEY_ENV", "MISSING", "DigestCache", "KeyInfo", "KeyMaker", "canonical_json", "diff_components",
+__all__ = ["COMPONENTS", "ISA_BOUND", "KEY_ENV", "MISSING", "DigestCache", "KeyInfo", "KeyMaker", "canonical_json", "diff_components",
            "digest_entries", "file_sha256", "key_env", "version"]

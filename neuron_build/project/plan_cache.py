@@ -18,7 +18,7 @@ fact the keys depend on, each observed *before* it is read (stat, then read, as 
 :func:`write` saves that log with the config's sha256, the interpreter, ``sys.path`` and the
 ``mtime_ns`` of each of its folders (installing, upgrading or removing a package changes them: that covers
 torch, the Neuron toolchain and every ``packages`` entry), the environment variables of the key's
-allow-list, the stat of every neuron-build module, the recorded imports of each model in the store and
+allow-list, the host's CPU ISA (:mod:`neuron_build.cpu_isa`), the stat of every neuron-build module, the recorded imports of each model in the store and
 the targets with their keys. :func:`load` returns them only if every one of those still matches; anything
 else (or any doubt: an unreadable file, another format) is a miss, and the build plans as before.
 
@@ -39,6 +39,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from neuron_build.cpu_isa import host_cpu_isa
 from neuron_build.util import write_atomic
 
 #: The file in the project's state folder.
@@ -161,7 +162,7 @@ def write(state_dir: Path, *, config_path: Path, config_sha256: str, log: InputL
         "interpreter": interp or interpreter(), "code": _code(),
         "env": {n: os.environ.get(n) for n in sorted(set(env_names))},
         "inputs": log.to_json(), "recorded": recorded, "store": store, "backend": backend,
-        "hardware_target": hardware_target, "targets": targets,
+        "hardware_target": hardware_target, "targets": targets, "cpu_isa": host_cpu_isa(),
     }
     path = state_dir / PLAN_CACHE
     try:
@@ -220,6 +221,8 @@ def load(state_dir: Path, config_path: Path, config_bytes: bytes) -> tuple[Plan 
             return None, "the interpreter or its packages changed"
         if doc["env"] != {n: os.environ.get(n) for n in doc["env"]}:
             return None, "a key environment variable changed"
+        if doc.get("cpu_isa") != host_cpu_isa():  # in the key of AOTInductor CPU targets
+            return None, "the host's CPU ISA changed"
         if doc["code"] != _code():
             return None, "neuron-build changed"
         inputs = doc["inputs"]

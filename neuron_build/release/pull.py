@@ -23,6 +23,7 @@ from neuron_build.project.config import ReleaseSettings
 from neuron_build.release.records import actor, check_channel, get_pointer, get_release
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.manifest import MANIFEST
+from neuron_build.trust import check_name, check_release
 from neuron_build.util import fsync_path, read_json, swap_in_folder, utc_now, write_json_atomic
 
 PULL_FORMAT = 1
@@ -143,9 +144,12 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
     """
     if settings is not None:
         check_channel(settings, channel, "--channel")
+    check_name(model, "model", f"channel {model}/{channel}", store.location)
+    check_name(channel, "channel", f"channel {model}/{channel}", store.location)
     ptr = get_pointer(store, model, channel)
     if not ptr:
         raise UserError(f"channel {model}/{channel} holds no release; promote one into it first")
+    check_name(ptr.release, "release", f"channel pointer {model}/{channel}", store.location)  # before any path
     rel = get_release(store, model, ptr.release)
     return pull_release(store, rel, dest, channel=channel, channel_version=ptr.version, warn=warn)
 
@@ -159,6 +163,7 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
         UserError: as :func:`pull`.
     """
     model = rel.model
+    check_release(rel.to_json(), f"release {rel.id!r} of {model!r}", store.location)  # names become paths
     problem = release_version_problem(rel.backend, rel.toolchain, [(a.loader, a.artifact) for a in rel.artifacts],
                                       f"release {rel.id} of {model} ({channel or 'not in a channel'})")
     if problem:

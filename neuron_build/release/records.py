@@ -347,8 +347,20 @@ def release_id(content: dict[str, Any]) -> str:
 
 def get_pointer(store: ArtifactStore, model: str, channel: str) -> ChannelPointer | None:
     """The pointer of a channel, or None when the channel has never held a release (or its pointer is
-    unreadable)."""
-    return ChannelPointer.from_json(store.channel(model, channel))
+    unreadable).
+
+    Raises:
+        UntrustedRecord: the pointer names a release (or a previous one) that is not a plain name, e.g.
+            ``../../x`` (release ids become paths: :mod:`neuron_build.trust`).
+    """
+    from neuron_build.trust import check_name
+
+    ptr = ChannelPointer.from_json(store.channel(model, channel))
+    if ptr is not None:
+        for field_name, value in (("release", ptr.release), ("previous", ptr.previous)):
+            if value is not None:
+                check_name(value, field_name, f"channel pointer {model}/{channel}", store.location)
+    return ptr
 
 
 def get_history(store: ArtifactStore, model: str, channel: str) -> list[HistoryEntry]:
@@ -582,7 +594,11 @@ def get_release(store: ArtifactStore, model: str, ref: str) -> Release:
 
     Raises:
         UserError: no such release, the prefix is ambiguous, or the release's record is unreadable.
+        UntrustedRecord: ``ref`` (typed, or read from a pointer or a history entry) is not a plain name.
     """
+    from neuron_build.trust import check_name
+
+    check_name(ref, "release", f"release {ref!r} of {model!r}", store.location)  # before it becomes a path
     rel = find_release(store, model, ref)
     if rel is not None:
         return rel

@@ -32,6 +32,7 @@ from neuron_build.store.digests import SELF_DIGEST, check_manifest, manifest_dig
 from neuron_build.store.layout import MANIFEST
 from neuron_build.store.medium import Medium
 from neuron_build.store.objects import JsonObjects
+from neuron_build.trust import check_files
 from neuron_build.util import file_sha256, fsync_path, json_bytes, temp_name, write_atomic
 
 if TYPE_CHECKING:
@@ -397,7 +398,7 @@ class Store(JsonObjects):
         text = self.get_object(layout.manifest_path(key))
         if text is None:
             raise FileNotFoundError(errno.ENOENT, f"no artifact for key {key[:12]} in {self.location}")
-        files = json.loads(text).get("files") or {}
+        files = check_files(json.loads(text).get("files") or {}, key, self.location)  # names become paths
         view = self.view_dir(key)
         if self._view_fresh(view, text, files):
             return view

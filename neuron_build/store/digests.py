@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from neuron_build.status import Status
 from neuron_build.store import layout
+from neuron_build.trust import manifest_problem
 from neuron_build.util import canonical_json, sha256_hex
 
 if TYPE_CHECKING:
@@ -49,8 +50,12 @@ def check_manifest(text: bytes, key: str) -> tuple[Manifest | None, str | None]:
         return None, f"manifest is not valid JSON ({e})"
     if not isinstance(raw, dict):
         return None, "manifest is not a JSON object"
-    if SELF_DIGEST in raw and raw[SELF_DIGEST] != manifest_digest(raw):
+    if SELF_DIGEST not in raw:
+        return None, f"manifest has no {SELF_DIGEST} of its own (not sealed by neuron-build: not trusted)"
+    if raw[SELF_DIGEST] != manifest_digest(raw):
         return None, "manifest does not match its own sha256 (edited or corrupt)"
+    if (why := manifest_problem(raw)) is not None:  # the trust boundary: names become paths only after it
+        return None, f"manifest is refused: {why}"
     if raw.get("key") != key:
         return None, f"manifest names key {str(raw.get('key'))[:16]!r}, not this entry's key"
     from pydantic import ValidationError

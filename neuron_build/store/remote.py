@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from neuron_build.store.aws_profile import check_profile
 from neuron_build.store.core import Store
 from neuron_build.store.local import LocalStore
 from neuron_build.store.locks import LEASE_TTL_S, LeaseLock
@@ -87,6 +88,7 @@ def _s3_clients(url: str, options: dict[str, Any]) -> tuple[Any, Any, str | None
         from neuron_build.errors import UserError
         raise UserError(f"{url}: an s3:// store needs s3fs and boto3 ({e.name} is missing); install them with "
                         f"`pip install 'neuron-build[s3]'`")
+    check_profile(url, options)  # a missing AWS profile: one line (exit 2), not botocore's ProfileNotFound
     global _LOADER
     opts = copy.deepcopy(dict(options))
     cfg = {"retries": dict(RETRIES), "connect_timeout": CONNECT_TIMEOUT_S, "read_timeout": READ_TIMEOUT_S,

@@ -17,6 +17,7 @@ from typing import Any
 from neuron_build.store import layout
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.layout import log_path
+from neuron_build.trust import name_problem, release_problem, target_id_problem
 
 
 @dataclass
@@ -149,7 +150,7 @@ def copy_records(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str], re
     records are written once: an existing one is never replaced)."""
     wanted = set(keys)
     for rec in src.all_targets():
-        if rec.key in wanted:
+        if rec.key in wanted and target_id_problem(rec.target) is None:  # an untrusted name is not copied
             mine = dst.target(rec.target)
             if mine is None or mine.key != rec.key:
                 dst.put_target(rec)
@@ -162,6 +163,8 @@ def copy_records(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str], re
                     report.records += 1
     if releases:
         for model, rid, record in src.releases():
+            if name_problem(model) or name_problem(rid) or not isinstance(record, dict) or release_problem(record):
+                continue  # a record with names that would become paths outside the store: never copied
             if record is not None and dst.release(model, rid) is None and dst.put_release(model, rid, record):
                 report.records += 1
 
