@@ -95,7 +95,7 @@ def require_writable(store: ArtifactStore) -> None:
     Raises:
         ReadOnlyStore: the store is read-only.
     """
-    if getattr(store, "read_only", False):  # the read-through store has no such flag yet (issue 20, item 1)
+    if store.read_only:
         import errno
 
         from neuron_build.store.local import ReadOnlyStore

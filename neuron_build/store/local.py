@@ -36,6 +36,7 @@ from neuron_build.store.digests import SELF_DIGEST, check_manifest, is_key, mani
 from neuron_build.store.layout import MANIFEST
 from neuron_build.store.medium import SWAP_LOCK_TIMEOUT_S as CHANNEL_LOCK_TIMEOUT_S
 from neuron_build.store.medium import FolderMedium
+from neuron_build.trust import check_files
 from neuron_build.util import fsync_path, read_json, write_atomic
 
 #: The lookup index of the no-op fast path (:meth:`LocalStore.is_cached`): local-only, rebuilt by publishing.
@@ -183,7 +184,7 @@ class LocalStore(Store):
         text = self.get_object(layout.manifest_path(key))
         if text is None:
             raise FileNotFoundError(errno.ENOENT, f"no artifact for key {key[:12]} in {self.root}")
-        files = (json.loads(text).get("files") or {})
+        files = check_files(json.loads(text).get("files") or {}, key, str(self.root))  # names become paths
         view = self.view_dir(key)
         if self._view_fresh(view, text, files):
             return view

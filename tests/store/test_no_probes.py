@@ -14,8 +14,9 @@ from neuron_build.store.remote import RemoteStore
 from neuron_build.store.tiered import ReadThroughStore
 
 PKG = Path(__file__).resolve().parents[2] / "neuron_build"
-#: getattr/hasattr on something named like a store, isinstance/type checks against a store class
-PROBE = re.compile(r"(getattr|hasattr)\([^,()]*store[^,()]*,|isinstance\([^)]*Store\b|type\([^)]*store[^)]*\)\s*(is|==)")
+#: getattr/hasattr on something named like a store, isinstance/type checks against a store class (not an
+#: error class such as ReadOnlyStore)
+PROBE = re.compile(r"(getattr|hasattr)\([^,()]*store[^,()]*,|isinstance\([^)]*\b(LocalStore|RemoteStore|ReadThroughStore|ArtifactStore|Store)\b|type\([^)]*store[^)]*\)\s*(is|==)")
 
 
 def probes() -> list[str]:
