@@ -53,14 +53,16 @@ from neuron_build.store.local import LocalStore, ReadOnlyStore, check_manifest, 
 from neuron_build.store.manifest import MANIFEST, Manifest
 from neuron_build.store.objects import JsonObjects
 from neuron_build.store.records import FailureRecord, TargetRecord
+from neuron_build.store.wire import WireSettings
 from neuron_build.util import file_sha256, fsync_path, json_bytes, sha256_hex, temp_name, write_atomic
 
 #: botocore's retry policy for every S3 call (s3fs and boto3 alike): ``standard`` mode retries
-#: connection errors, 5xx and throttling (503 SlowDown) with exponential backoff and jitter.
-RETRIES = {"total_max_attempts": 4, "mode": "standard"}
-#: Seconds to wait for a TCP connection to the endpoint / for a response.
-CONNECT_TIMEOUT_S = 5
-READ_TIMEOUT_S = 60
+#: connection errors, 5xx and throttling (503 SlowDown) with exponential backoff and jitter. The defaults
+#: of :class:`~neuron_build.store.wire.WireSettings` (``[build] remote_options`` sets them).
+RETRIES = WireSettings().retries()
+#: Seconds to wait for a TCP connection to the endpoint / for a response (or upload progress).
+CONNECT_TIMEOUT_S = WireSettings.connect_timeout_s
+READ_TIMEOUT_S = WireSettings.read_timeout_s
 #: Seconds a compile lease lasts without renewal; the holder renews it every quarter of this.
 LEASE_TTL_S = 60.0
 #: Chunk size of streaming hashes, bytes.
@@ -499,9 +501,8 @@ def _s3_clients(url: str, options: dict[str, Any]) -> tuple[Any, Any, str | None
         raise UserError(f"{url}: an s3:// store needs s3fs and boto3 ({e.name} is missing); install them with "
                         f"`pip install 'neuron-build[s3]'`")
     global _LOADER
-    opts = copy.deepcopy(dict(options))
-    cfg = {"retries": dict(RETRIES), "connect_timeout": CONNECT_TIMEOUT_S, "read_timeout": READ_TIMEOUT_S,
-           **(opts.pop("config_kwargs", None) or {})}
+    wire, opts = WireSettings.from_options(copy.deepcopy(dict(options)))
+    cfg = {**(opts.pop("config_kwargs", None) or {}), **wire.aiobotocore_config()}  # every call bounded
     client_kwargs = dict(opts.pop("client_kwargs", None) or {})
     endpoint = opts.pop("endpoint_url", None) or client_kwargs.pop("endpoint_url", None)
     from aiobotocore.session import AioSession
@@ -518,7 +519,7 @@ def _s3_clients(url: str, options: dict[str, Any]) -> tuple[Any, Any, str | None
                                     aws_secret_access_key=opts.get("secret"), aws_session_token=opts.get("token"))
     session._session.register_component("data_loader", _LOADER)
     client = session.client("s3", endpoint_url=endpoint, region_name=client_kwargs.get("region_name"),
-                            config=Config(**cfg))
+                            config=Config(**{k: v for k, v in cfg.items() if k != "http_session_cls"}))
     made = (fs, client, endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
     with _CLIENTS_LOCK:
         return _CLIENTS.setdefault(ident, made)
@@ -555,16 +556,17 @@ class RemoteStore(JsonObjects):
         self.cache = LocalStore(Path(cache_dir) if cache_dir else cache_root(self.url))
         proto, _, rest = self.url.partition("://")
         self.endpoint: str | None = None
+        #: timeouts and retries of every call (:mod:`neuron_build.store.wire`); ``fs_options``: the rest
+        self.wire, fs_options = WireSettings.from_options(self.options)
         #: attempts the client library makes per request (botocore's total_max_attempts), for messages
-        retries = (self.options.get("config_kwargs") or {}).get("retries") or RETRIES
-        self.attempts = int(retries.get("total_max_attempts") or int(retries.get("max_attempts", 3)) + 1)
+        self.attempts = self.wire.attempts
         if proto in ("s3", "s3a"):
             fs, client, self.endpoint = _s3_clients(self.url, self.options)
             self.io: _Backend = _S3(fs, rest, client)
         else:
             import fsspec
             try:
-                fs, root = fsspec.core.url_to_fs(self.url, **self.options)
+                fs, root = fsspec.core.url_to_fs(self.url, **fs_options)
             except (ValueError, ImportError) as e:
                 from neuron_build.errors import UserError
                 raise UserError(f"{self.url}: not a store URL fsspec can open ({e}); use s3://bucket/prefix, "

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neuron_build.errors import StoreUnreachable
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.layout import log_path
 
@@ -29,6 +30,8 @@ class SyncReport:
             for them (they are retried by the next copy).
         blobs: blobs written; ``bytes``: their total size in bytes.
         records: target records, results and release records copied.
+        unreachable: the reason a copy stopped because a store could not be reached (a connection
+            error or a timeout after the client's retries), or None.
     """
 
     copied: list[str] = field(default_factory=list)
@@ -37,6 +40,7 @@ class SyncReport:
     blobs: int = 0
     bytes: int = 0
     records: int = 0
+    unreachable: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The report as the ``--json`` of push and fetch print it (sizes in bytes)."""
@@ -122,6 +126,8 @@ def copy_key(src: ArtifactStore, dst: ArtifactStore, key: str, scratch: Path, re
         return False
     except Exception as e:  # a store error, an OSError, a digest mismatch: the next copy retries
         report.failed.append((key, _one_line(e)))
+        if isinstance(e, StoreUnreachable):
+            report.unreachable = report.unreachable or _one_line(e)
         return False
     report.copied.append(key)
     return True
