@@ -339,7 +339,10 @@ class ReadThroughStore:
 
     # -- coordination: this host's ----------------------------------------------------------------
     def key_lock(self, key: str, target: str = "", heartbeat_s: float = 15.0) -> Any:
-        return self.local.key_lock(key, target=target, heartbeat_s=heartbeat_s)
+        """This host's lock of ``key``, then the remote's lease (:class:`~.shared_lock.SharedKeyLock`):
+        hosts that share the remote compile a key once."""
+        from neuron_build.store.shared_lock import SharedKeyLock
+        return SharedKeyLock(self, key, target=target, heartbeat_s=heartbeat_s)
 
     def memory_budget(self, max_bytes: int | None, heartbeat_s: float = 15.0) -> Any:
         return self.local.memory_budget(max_bytes, heartbeat_s=heartbeat_s)
