@@ -68,11 +68,12 @@ class SharedKeyLock:
             lease = store.remote.key_lock(self.key, target=self.target, heartbeat_s=self.heartbeat_s)
             return lease.acquire()
         except (StoreError, OSError) as e:  # as reads of the remote do: fail open
-            from neuron_build.store.tiered import one_line
+            text = str(e).strip().splitlines()
+            why = text[0] if text else type(e).__name__
             if isinstance(e, StoreUnreachable):
-                store._unreachable(one_line(e))
+                store._unreachable(why)
             else:
-                store._warn(f"no compile lease on {store.remote_location} for key {self.key[:16]} ({one_line(e)}); "
+                store._warn(f"no compile lease on {store.remote_location} for key {self.key[:16]} ({why}); "
                             "compiling under this host's lock only")
             return None
 

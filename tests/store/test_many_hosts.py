@@ -5,6 +5,7 @@ host's lease expires and another builder takes over."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from collections import Counter
@@ -72,7 +73,7 @@ def test_two_hosts_on_one_remote_compile_each_key_once(tmp_path, s3_env, s3_buck
 def test_a_dead_hosts_lease_expires_and_another_builder_takes_over(tmp_path, s3_env, s3_bucket):
     cfg = host(tmp_path / "a", s3_bucket, n=1, seconds=0)
     tid, key = next(iter(keys_of(cfg).items()))
-    ttl = 4.0
+    ttl = 15.0  # longer than the build takes to reach the lock on a loaded machine
     # the lease a build host left when it died (another host: its pid cannot be checked from here)
     lease = {"pid": 4242, "host": "build-host-that-died", "proc_start": 1.0, "since": "2026-12-01T00:00:00Z",
              "token": "0123456789abcdef", "key": key, "target": tid, "expires": time.time() + ttl, "ttl_s": 60.0}
@@ -88,6 +89,33 @@ def test_a_dead_hosts_lease_expires_and_another_builder_takes_over(tmp_path, s3_
     took_over = events(state, "took over a stale compile lease")
     assert len(took_over) == 1 and took_over[0]["why"] == "expired", took_over
     assert compile_counts(state) == {tid: 1}
-    assert took >= ttl - 1  # it waited for the expiry, not less
+    started = dt.datetime.fromisoformat(events(state, "compiling")[0]["timestamp"].replace("Z", "+00:00"))
+    assert started.timestamp() >= lease["expires"]  # it waited for the expiry, not less
+    assert took < ttl + 60
     assert client.list_objects_v2(Bucket=s3_bucket, Prefix="team/leases/").get("KeyCount", 0) == 0
     assert client.head_object(Bucket=s3_bucket, Key=f"team/ac/{key[:2]}/{key}.json")["ContentLength"] > 0
+
+
+def test_the_lease_fails_open_when_the_remote_cannot_be_reached(tmp_path, s3_env, monkeypatch):
+    from s3server import free_port
+
+    from neuron_build.store import LocalStore
+    from neuron_build.store.remote import RemoteStore, clear_client_cache
+    from neuron_build.store.tiered import ReadThroughStore
+    from tests.conftest import aws_env
+
+    aws_env(monkeypatch, f"http://127.0.0.1:{free_port()}", tmp_path)  # nothing listens there
+    clear_client_cache()
+    warned: list[str] = []
+    remote = RemoteStore("s3://nb-bucket/team", {"connect_timeout_s": 1, "read_timeout_s": 1, "attempts": 2},
+                         cache_dir=tmp_path / "cache")
+    store = ReadThroughStore(LocalStore(tmp_path / "local"), remote, warn=warned.append)
+    key = "ab" * 32
+    with store.key_lock(key, target="t") as lock:  # the compile goes on under this host's lock
+        assert lock.lease is None and lock.local.owner()["target"] == "t"
+    assert store.unreachable is not None and "cannot reach the endpoint" in store.unreachable
+    assert len(warned) == 1 and warned[0].startswith("remote store s3://nb-bucket/team cannot be reached (")
+    t0 = time.monotonic()
+    with store.key_lock(key, target="t") as lock:  # given up for the rest of the process: no second wait
+        assert lock.lease is None
+    assert time.monotonic() - t0 < 0.5 and len(warned) == 1
