@@ -134,10 +134,15 @@ def copy_key(src: ArtifactStore, dst: ArtifactStore, key: str, scratch: Path, re
 
 
 def copy_keys(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str]) -> SyncReport:
-    """:func:`copy_key` for each of ``keys`` (deduplicated, in order)."""
+    """:func:`copy_key` for each of ``keys`` (deduplicated, in order). Once a store could not be reached
+    (``report.unreachable``), the keys left are listed as failed with that reason without a try: a dark
+    network costs one bounded wait (:mod:`neuron_build.store.wire`), not one per key."""
     report = SyncReport()
     with tempfile.TemporaryDirectory(prefix="neuron-build-sync.") as scratch:
         for key in dict.fromkeys(keys):
+            if report.unreachable is not None:
+                report.failed.append((key, report.unreachable))
+                continue
             copy_key(src, dst, key, Path(scratch), report)
     return report
 

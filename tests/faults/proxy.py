@@ -9,7 +9,8 @@ Modes (:class:`TcpFaultProxy`):
   a TCP RST (``SO_LINGER`` 0) once ``after_bytes`` more bytes of it have been forwarded: a reset mid-transfer;
 - ``black_hole(match, after_bytes)``: once a connection has sent ``match`` and ``after_bytes`` more, nothing
   is forwarded any more, on any connection: open ones are neither read nor answered, new ones are accepted
-  and ignored (a network that swallows packets: the client's writes stall once the socket buffers are full).
+  and ignored (a network that swallows packets: the client's writes stall once the socket buffers are full);
+  :meth:`~TcpFaultProxy.heal` closes what it swallowed, on both sides.
 
 ``match`` is a byte string looked for in what the client sends (an HTTP request line such as
 ``b"PUT /bucket/team/cas/"``); None matches the first bytes of any connection. The proxy's sockets have
@@ -63,6 +64,7 @@ class TcpFaultProxy:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._open: list[socket.socket] = []
+        self._ignored: list[socket.socket] = []  # accepted while the black hole was open
         self._thread = threading.Thread(target=self._accept_loop, name="tcp-fault-proxy", daemon=True)
 
     # -- control ---------------------------------------------------------------------------------
@@ -83,10 +85,15 @@ class TcpFaultProxy:
         self._thread.join(timeout=5)
 
     def heal(self) -> None:
-        """Forward everything again from now on (connections swallowed by a black hole stay dead)."""
+        """Forward everything again from now on. Connections swallowed by a black hole are closed on both
+        sides (their clients gave up; a server drops such connections by its own timeout), so a server
+        never waits for the rest of a body that will not come."""
         with self._lock:
             self._delay, self._reset, self._hole, self.holed = 0.0, None, None, False
             self._delays_left = None
+            ignored, self._ignored = self._ignored, []
+        for s in ignored:
+            _close(s)
 
     def delay(self, seconds: float, times: int | None = None) -> None:
         """Wait ``seconds`` before forwarding each chunk (either way); only the next ``times`` chunks when
@@ -123,28 +130,40 @@ class TcpFaultProxy:
                 self._open.append(client)
                 holed = self.holed
             if holed:
+                with self._lock:
+                    self._ignored.append(client)
                 continue  # accepted, never read, never answered
             try:
-                server = socket.create_connection(self.upstream, timeout=10)
-            except OSError:
+                self._serve(client)
+            except Exception as e:  # never let the accept loop die: a dead loop looks like a black hole
+                import sys
+                print(f"tcp fault proxy: cannot forward a connection: {e!r}", file=sys.stderr)
                 _close(client)
-                continue
-            server.settimeout(None)
-            server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUFFER)
-            server.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, BUFFER)
-            with self._lock:
-                self._open.append(server)
-            conn = _Conn()
-            threading.Thread(target=self._pump, args=(client, server, conn, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, conn, False), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        server = socket.create_connection(self.upstream, timeout=10)
+        server.settimeout(None)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUFFER)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, BUFFER)
+        with self._lock:
+            self._open.append(server)
+        conn = _Conn()
+        threading.Thread(target=self._pump, args=(client, server, conn, True), daemon=True).start()
+        threading.Thread(target=self._pump, args=(server, client, conn, False), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, conn: _Conn, upstream: bool) -> None:
         """Copy ``src`` to ``dst`` chunk by chunk, applying the faults (``upstream``: client to server)."""
         try:
             while not self._stop.is_set() and not conn.closed:
                 if self.holed:
+                    conn.swallowed = True
                     time.sleep(0.05)  # swallowed: neither read nor answered
                     continue
+                if conn.swallowed:  # healed since: this connection stays dead, on both sides
+                    conn.closed = True
+                    _close(src)
+                    _close(dst)
+                    return
                 r, _, _ = select.select([src], [], [], 0.1)
                 if not r:
                     continue
@@ -166,6 +185,7 @@ class TcpFaultProxy:
                     if data is None:
                         return
                 if self.holed:
+                    conn.swallowed = True
                     continue
                 dst.sendall(data)
         except OSError:
@@ -216,6 +236,7 @@ class _Conn:
 
     def __init__(self):
         self.closed = False
+        self.swallowed = False  # it was open while the black hole was
         self.tail = b""
         self.reset_left: int | None = None
         self.hole_left: int | None = None

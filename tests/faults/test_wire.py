@@ -151,3 +151,31 @@ def test_delays_within_the_timeouts_pass_and_a_stall_longer_than_them_is_retried
     assert store.release("m", "r-1") == {"id": "r-1"}  # (a read: the late first attempt changes nothing)
     assert time.monotonic() - t0 >= 2  # it waited out the read timeout, then the retry answered
     assert proxy.connections > before  # on a new connection
+
+
+def test_a_black_hole_in_a_multipart_upload_ends_within_the_push_bound(tmp_path, s3_env, s3_bucket, proxy,
+                                                                       monkeypatch):
+    from neuron_build.errors import StoreUnreachable
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    store = _store(s3_bucket, tmp_path)
+    sha, path = _blob(tmp_path, 11)
+    rel = f"cas/{sha[:2]}/{sha}"
+    # 5 MiB parts (s3fs's own 50 MiB parts would need a 100 MiB blob): the first part goes dark after 1 MiB,
+    # then the abort of the upload meets the same black hole
+    proxy.black_hole(b"partNumber=", after_bytes=1 << 20)
+    with pytest.raises(StoreUnreachable) as e:
+        with store._wire(f"uploading {rel}", writing=True):
+            store.io.fs.put_file(str(path), store.io.full(rel), mode="create", chunksize=5 << 20)
+    after_hole = time.monotonic() - proxy.holed_at
+    settings = store.wire
+    print(f"multipart: ended {after_hole:.1f} s after the black hole (bound {settings.push_bound_s():g} s)")
+    assert after_hole <= settings.push_bound_s() + 1
+    assert "ReadTimeoutError" in str(e.value) or "cannot reach the endpoint" in str(e.value)
+    proxy.heal()
+    assert store.blob_size(sha) is None  # nothing half-published
+    proxy.reset(b"partNumber=2", after_bytes=1 << 20)  # a reset mid-part is retried
+    with store._wire(f"uploading {rel}", writing=True):
+        store.io.fs.put_file(str(path), store.io.full(rel), mode="create", chunksize=5 << 20)
+    assert proxy.resets == 1
+    assert store.blob_damage(sha, path.stat().st_size, deep=True) is None
