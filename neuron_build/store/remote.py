@@ -25,7 +25,8 @@ this store's local cache folder (``$XDG_CACHE_HOME`` or ``~/.cache``, then
 Faults on the wire are raised as :class:`~neuron_build.errors.StoreError` subclasses, one line naming the
 URL and the fix, with ``writing`` telling a failed read (a read-through cache fails open) from a failed
 write. Retries with backoff are botocore's (``standard`` mode, :data:`RETRIES`); s3fs's own retry loop is
-turned off so the two do not multiply.
+turned off so the two do not multiply. Every call is bounded (timeouts, attempts, an upload watchdog):
+:mod:`neuron_build.store.wire`.
 
 s3fs and boto3 are imported only when an ``s3://`` store is opened (the ``s3`` extra).
 """
@@ -503,6 +504,9 @@ def _s3_clients(url: str, options: dict[str, Any]) -> tuple[Any, Any, str | None
     global _LOADER
     wire, opts = WireSettings.from_options(copy.deepcopy(dict(options)))
     cfg = {**(opts.pop("config_kwargs", None) or {}), **wire.aiobotocore_config()}  # every call bounded
+    theirs = (options.get("config_kwargs") or {}).get("retries")  # a retry mode of the user's own is kept
+    if isinstance(theirs, dict) and theirs.get("mode"):
+        cfg["retries"] = {**cfg["retries"], "mode": theirs["mode"]}
     client_kwargs = dict(opts.pop("client_kwargs", None) or {})
     endpoint = opts.pop("endpoint_url", None) or client_kwargs.pop("endpoint_url", None)
     from aiobotocore.session import AioSession
