@@ -126,6 +126,9 @@ def cmd_build(args) -> int:
         print(f"  NOT PUSHED {plural(len(set(unpushed)), 'artifact')} to {b.store.remote_location}: "
               f"{b.store.push_failures[0][1]}; they stay in the local store and the next build (or "
               "`neuron-build push`) pushes them")
+        by_key = {b.key(t).key: t.id for t in chosen}
+        for key in dict.fromkeys(unpushed):
+            print(f"    not pushed: {by_key.get(key, '?')} (key {key[:16]})")
     if summary.failed:
         raise BuildFailed(f"{len(summary.failed)} target(s) failed")
     if unpushed:

@@ -106,6 +106,8 @@ class BuildSettings(_Frozen):
     pushes what it compiled. ``remote_options`` are passed to fsspec as storage options (e.g.
     ``{profile = "ci"}`` or ``{client_kwargs = {region_name = "us-west-2"}}``); the standard AWS variables
     (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``, ...) apply as s3fs and boto3 read them.
+    Three of them are neuron-build's and bound every call to S3 (``neuron_build.store.wire``, which checks
+    them): ``connect_timeout_s`` (5), ``read_timeout_s`` (30) and ``attempts`` (4).
     """
 
     store: StrictStr = "artifacts"

@@ -285,6 +285,9 @@ class LeaseLock:
             rec, token, present = self._ref()
             if not present:
                 continue  # released between our two calls: try again at once
+            if rec is not None and rec.get("token") == self._token:  # ours: the answer to our put was lost
+                self._etag = token
+                break
             expired = rec is None or not isinstance(rec.get("expires"), int | float) or rec["expires"] < time.time()
             dead = rec is not None and owner_alive(rec) is False
             if expired or dead:
@@ -325,6 +328,12 @@ class LeaseLock:
                         return
                 except StoreError as e:
                     self._log.warning("could not renew the compile lease", error=str(e), lock=self.path)
+
+    def abandon(self) -> None:
+        """Stop renewing the lease without a call to the store (which cannot be reached): it expires
+        ``ttl_s`` after its last renewal."""
+        self._stop.set()
+        self._held = False  # (no mutex: a renewal stuck on the wire must not hold this up)
 
     def release(self) -> None:
         self._stop.set()

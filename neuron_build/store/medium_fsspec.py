@@ -8,7 +8,7 @@ conditional delete is ``DeleteObject(IfMatch=...)``. On other filesystems the to
 bytes: ``memory://`` swaps under a process lock, ``file://`` under a file lock (as a folder does); a
 filesystem with neither refuses a swap with a clear error rather than risk a lost update.
 
-Every call's exceptions pass through :func:`neuron_build.store.wire.wire` (one-line store errors naming
+Every call's exceptions pass through :func:`neuron_build.store.wire_errors.wire` (one-line store errors naming
 the URL and the fix).
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from neuron_build.errors import StoreError
 from neuron_build.store.medium import CHUNK, FolderMedium, Medium, sort_key
-from neuron_build.store.wire import _chain, _is_missing_bucket, wire
+from neuron_build.store.wire_errors import _chain, _is_missing_bucket, wire
 from neuron_build.util import file_sha256, fsync_path, sha256_hex, temp_name
 
 #: Blobs downloaded at once by :meth:`S3Medium.get_files`.

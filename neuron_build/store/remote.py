@@ -12,8 +12,9 @@ host-local, in a :class:`~neuron_build.store.local.LocalStore` in this store's l
 (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``neuron-build/remote/<sha256 of the URL>/``).
 
 Faults on the wire are raised as :class:`~neuron_build.errors.StoreError` subclasses
-(:mod:`neuron_build.store.wire`). Retries with backoff are botocore's (``standard`` mode, :data:`RETRIES`);
-s3fs's own retry loop is turned off so the two do not multiply. s3fs and boto3 are imported only when an
+(:mod:`neuron_build.store.wire_errors`). Retries with backoff are botocore's (``standard`` mode, :data:`RETRIES`);
+s3fs's own retry loop is turned off so the two do not multiply. Every call is bounded (timeouts, attempts, an
+upload watchdog): :mod:`neuron_build.store.wire`. s3fs and boto3 are imported only when an
 ``s3://`` store is opened (the ``s3`` extra).
 """
 
@@ -31,15 +32,17 @@ from neuron_build.store.core import Store
 from neuron_build.store.local import LocalStore
 from neuron_build.store.locks import LEASE_TTL_S, LeaseLock
 from neuron_build.store.medium_fsspec import DOWNLOADS, FsspecMedium, S3Medium, fsspec_medium
-from neuron_build.store.wire import wire_error
+from neuron_build.store.wire import WireSettings
+from neuron_build.store.wire_errors import wire_error
 from neuron_build.util import sha256_hex
 
 #: botocore's retry policy for every S3 call (s3fs and boto3 alike): ``standard`` mode retries
-#: connection errors, 5xx and throttling (503 SlowDown) with exponential backoff and jitter.
-RETRIES = {"total_max_attempts": 4, "mode": "standard"}
-#: Seconds to wait for a TCP connection to the endpoint / for a response.
-CONNECT_TIMEOUT_S = 5
-READ_TIMEOUT_S = 60
+#: connection errors, 5xx and throttling (503 SlowDown) with exponential backoff and jitter. The defaults
+#: of :class:`~neuron_build.store.wire.WireSettings` (``[build] remote_options`` sets them).
+RETRIES = WireSettings().retries()
+#: Seconds to wait for a TCP connection to the endpoint / for a response (or upload progress).
+CONNECT_TIMEOUT_S = WireSettings.connect_timeout_s
+READ_TIMEOUT_S = WireSettings.read_timeout_s
 
 
 def cache_root(url: str) -> Path:
@@ -90,9 +93,11 @@ def _s3_clients(url: str, options: dict[str, Any]) -> tuple[Any, Any, str | None
                         f"`pip install 'neuron-build[s3]'`")
     check_profile(url, options)  # a missing AWS profile: one line (exit 2), not botocore's ProfileNotFound
     global _LOADER
-    opts = copy.deepcopy(dict(options))
-    cfg = {"retries": dict(RETRIES), "connect_timeout": CONNECT_TIMEOUT_S, "read_timeout": READ_TIMEOUT_S,
-           **(opts.pop("config_kwargs", None) or {})}
+    wire, opts = WireSettings.from_options(copy.deepcopy(dict(options)))
+    cfg = {**(opts.pop("config_kwargs", None) or {}), **wire.aiobotocore_config()}  # every call bounded
+    theirs = (options.get("config_kwargs") or {}).get("retries")  # a retry mode of the user's own is kept
+    if isinstance(theirs, dict) and theirs.get("mode"):
+        cfg["retries"] = {**cfg["retries"], "mode": theirs["mode"]}
     client_kwargs = dict(opts.pop("client_kwargs", None) or {})
     endpoint = opts.pop("endpoint_url", None) or client_kwargs.pop("endpoint_url", None)
     from aiobotocore.session import AioSession
@@ -109,7 +114,7 @@ def _s3_clients(url: str, options: dict[str, Any]) -> tuple[Any, Any, str | None
                                     aws_secret_access_key=opts.get("secret"), aws_session_token=opts.get("token"))
     session._session.register_component("data_loader", _LOADER)
     client = session.client("s3", endpoint_url=endpoint, region_name=client_kwargs.get("region_name"),
-                            config=Config(**cfg))
+                            config=Config(**{k: v for k, v in cfg.items() if k != "http_session_cls"}))
     made = (fs, client, endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
     with _CLIENTS_LOCK:
         return _CLIENTS.setdefault(ident, made)
@@ -141,15 +146,16 @@ class RemoteStore(Store):
         self.url = url.rstrip("/")
         self.options = copy.deepcopy(dict(options or {}))  # botocore rewrites a retries dict in place
         proto, _, rest = self.url.partition("://")
+        #: timeouts and retries of every call (:mod:`neuron_build.store.wire`); ``fs_options``: the rest
+        self.wire, fs_options = WireSettings.from_options(self.options)
         #: attempts the client library makes per request (botocore's total_max_attempts), for messages
-        retries = (self.options.get("config_kwargs") or {}).get("retries") or RETRIES
-        self.attempts = int(retries.get("total_max_attempts") or int(retries.get("max_attempts", 3)) + 1)
+        self.attempts = self.wire.attempts
         self.endpoint: str | None = None
         if proto in ("s3", "s3a"):
             fs, client, self.endpoint = _s3_clients(self.url, self.options)
             medium: FsspecMedium = S3Medium(fs, rest, self.url, client, self.endpoint, self.attempts)
         else:
-            medium = fsspec_medium(self.url, self.options)
+            medium = fsspec_medium(self.url, fs_options)
         self.io = medium
         super().__init__(medium, self.url, read_only,
                          cache=LocalStore(Path(cache_dir) if cache_dir else cache_root(self.url)))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neuron_build.errors import StoreUnreachable
 from neuron_build.store import layout
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.layout import log_path
@@ -31,6 +32,8 @@ class SyncReport:
             for them (they are retried by the next copy).
         blobs: blobs written; ``bytes``: their total size in bytes.
         records: target records, results and release records copied.
+        unreachable: the reason a copy stopped because a store could not be reached (a connection
+            error or a timeout after the client's retries), or None.
     """
 
     copied: list[str] = field(default_factory=list)
@@ -39,6 +42,7 @@ class SyncReport:
     blobs: int = 0
     bytes: int = 0
     records: int = 0
+    unreachable: str | None = None
     #: one line per channel whose pointer and history disagree between the two stores (nothing copied)
     disagree: list[str] = field(default_factory=list)
 
@@ -129,16 +133,23 @@ def copy_key(src: ArtifactStore, dst: ArtifactStore, key: str, scratch: Path, re
         return False
     except Exception as e:  # a store error, an OSError, a digest mismatch: the next copy retries
         report.failed.append((key, _one_line(e)))
+        if isinstance(e, StoreUnreachable):
+            report.unreachable = report.unreachable or _one_line(e)
         return False
     report.copied.append(key)
     return True
 
 
 def copy_keys(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str]) -> SyncReport:
-    """:func:`copy_key` for each of ``keys`` (deduplicated, in order)."""
+    """:func:`copy_key` for each of ``keys`` (deduplicated, in order). Once a store could not be reached
+    (``report.unreachable``), the keys left are listed as failed with that reason without a try: a dark
+    network costs one bounded wait (:mod:`neuron_build.store.wire`), not one per key."""
     report = SyncReport()
     with tempfile.TemporaryDirectory(prefix="neuron-build-sync.") as scratch:
         for key in dict.fromkeys(keys):
+            if report.unreachable is not None:
+                report.failed.append((key, report.unreachable))
+                continue
             copy_key(src, dst, key, Path(scratch), report)
     return report
 

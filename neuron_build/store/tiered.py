@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from neuron_build.errors import StoreUnreachable
 from neuron_build.store import layout
 from neuron_build.store.contract import ArtifactStore, Lookup
 from neuron_build.store.local import LocalStore
@@ -57,6 +58,10 @@ class ReadThroughStore:
         self.push_failures: list[tuple[str, str]] = []
         #: The reason the remote was given up on for reads in this process, or None.
         self.remote_down: str | None = None
+        #: The reason the remote was found unreachable (a connection error or a timeout after the
+        #: client's retries, :mod:`~neuron_build.store.wire`) in this process, or None: from then on no
+        #: call goes to it (pushes are left pending), so a dark network costs a build one bounded wait.
+        self.unreachable: str | None = None
         self._warn = warn or _log_warning
         self._pending: set[str] | None = None
 
@@ -92,6 +97,8 @@ class ReadThroughStore:
             return fn()
         except Exception as e:  # store errors, OSError, botocore errors: all fail open for reads
             self.remote_down = one_line(e)
+            if isinstance(e, StoreUnreachable):
+                self.unreachable = self.remote_down
             self._warn(f"remote store {self.remote_location} cannot be read ({self.remote_down}); "
                        "going on with the local store only")
             return default
@@ -211,8 +218,13 @@ class ReadThroughStore:
         """Upload ``key``'s local artifact to the remote (blobs first, manifest last). A failure is kept in
         :attr:`push_failures` and in a local marker, so the next build retries it."""
         report = SyncReport()
-        with tempfile.TemporaryDirectory(prefix="neuron-build-push.") as scratch:
-            ok = copy_key(self.local, self.remote, key, Path(scratch), report, heal=True)
+        if self.unreachable is not None:  # found dark earlier in this process: no second wait
+            ok, report.failed = False, [(key, self.unreachable)]
+        else:
+            with tempfile.TemporaryDirectory(prefix="neuron-build-push.") as scratch:
+                ok = copy_key(self.local, self.remote, key, Path(scratch), report, heal=True)
+            if report.unreachable is not None:
+                self._unreachable(report.unreachable)
         marker = f"{PENDING}/{key}"
         if ok:
             if key in self.pending():
@@ -224,6 +236,14 @@ class ReadThroughStore:
         self.local.put_object(marker, (reason + "\n").encode())
         self.pending().add(key)
         return False
+
+    def _unreachable(self, reason: str) -> None:
+        """Give the remote up for the rest of this process (reads and writes): it could not be reached."""
+        self.unreachable = reason
+        if self.remote_down is None:
+            self.remote_down = reason
+            self._warn(f"remote store {self.remote_location} cannot be reached ({reason}); going on with the "
+                       "local store only (the next build pushes what this one could not)")
 
     def push_pending(self) -> list[tuple[str, str]]:
         """Retry every push an earlier build on this host left pending. Returns (key, reason) of those
@@ -383,7 +403,10 @@ class ReadThroughStore:
 
     # -- coordination: this host's ----------------------------------------------------------------
     def key_lock(self, key: str, target: str = "", heartbeat_s: float = 15.0) -> Any:
-        return self.local.key_lock(key, target=target, heartbeat_s=heartbeat_s)
+        """This host's lock of ``key``, then the remote's lease (:class:`~.shared_lock.SharedKeyLock`):
+        hosts that share the remote compile a key once."""
+        from neuron_build.store.shared_lock import SharedKeyLock
+        return SharedKeyLock(self, key, target=target, heartbeat_s=heartbeat_s)
 
     def memory_budget(self, max_bytes: int | None, heartbeat_s: float = 15.0) -> Any:
         return self.local.memory_budget(max_bytes, heartbeat_s=heartbeat_s)

@@ -1,105 +1,262 @@
-"""Faults on the wire: what s3fs, boto3 and fsspec raise, mapped to one-line
-:class:`~neuron_build.errors.StoreError` subclasses naming the URL and the fix (``writing`` tells a failed
-read, which a read-through cache fails open on, from a failed write).
+"""Every call to a remote store bounded: timeouts and retries of the S3 clients, and the bound they put on
+a build whose pushes cannot finish.
+
+Both S3 clients of a :class:`~neuron_build.store.remote.RemoteStore` (s3fs over aiobotocore/aiohttp for
+blobs, listings and reads; boto3 over urllib3 for the small objects whose ETag matters) get the same
+:class:`WireSettings`:
+
+- ``connect_timeout_s``: seconds to open a TCP connection to the endpoint;
+- ``read_timeout_s``: seconds without a byte of the answer (botocore's ``read_timeout``), and seconds
+  without progress of a request body being sent (:class:`WatchedSession`): aiohttp starts its read timer
+  only once a body has been written, so without this watchdog an upload into a network that stopped
+  taking bytes waits forever, however short ``read_timeout`` is (measured here: an 8 MiB blob through a
+  black hole with ``read_timeout = 2`` was still waiting after 60 s);
+- ``attempts``: requests per call, the first included (botocore ``standard`` retry mode: connection errors,
+  timeouts, 5xx and throttling are retried with exponential backoff and jitter); s3fs's own retry loop is
+  turned off so the two do not multiply.
+
+Multipart uploads (s3fs sends files of 100 MiB and more in 50 MiB parts) get the same bounds per part.
+
+They are set in ``[build] remote_options`` (seconds; all optional)::
+
+    remote_options = { connect_timeout_s = 5, read_timeout_s = 30, attempts = 4 }
+
+and taken out of the options before the rest is given to fsspec. botocore's own ``config_kwargs``
+(``connect_timeout``, ``read_timeout``, ``retries``) still work and win over these.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import asyncio
+import io
+from dataclasses import dataclass
+from typing import Any
 
-from neuron_build.errors import StoreDenied, StoreError, StoreFailed, StoreMissing, StoreUnreachable
-
-#: Attempts per request when the caller does not say (botocore ``standard`` mode's default here).
-DEFAULT_ATTEMPTS = 4
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
+#: ``[build] remote_options`` keys that are this module's (taken out before the options reach fsspec).
+OPTION_KEYS = ("connect_timeout_s", "read_timeout_s", "attempts")
+#: botocore's standard-mode backoff before retry n (1-based) is at most min(2 ** (n - 1), 20) seconds.
+MAX_BACKOFF_S = 20.0
+#: Bytes a watched request body hands to aiohttp at a time (progress is seen per piece).
+PIECE = 64 * 1024
 
 
-def wire_error(exc: BaseException, url: str, what: str, writing: bool, endpoint: str | None = None,
-               attempts: int = DEFAULT_ATTEMPTS) -> StoreError | None:
-    """The :class:`~neuron_build.errors.StoreError` for an exception raised by s3fs, boto3 or fsspec, or
-    None when it is no fault of the wire (e.g. an absent object, a lost compare-and-swap).
+@dataclass(frozen=True)
+class WireSettings:
+    """Timeouts and retries of every call to a remote store (S3).
 
-    Messages read ``<url>: <what went wrong> (<operation>); <the fix>``.
-
-    Args:
-        exc: what the client library raised.
-        url: the store's URL, named in the message.
-        what: the operation, e.g. ``"reading ac/ab/ab...json"``.
-        writing: whether the operation writes (see :class:`~neuron_build.errors.StoreError`).
-        endpoint: the endpoint the client talks to, when known (``AWS_ENDPOINT_URL``).
-        attempts: how many attempts the client library made per request (``total_max_attempts``).
+    Attributes:
+        connect_timeout_s: seconds to open a connection.
+        read_timeout_s: seconds without a byte of the answer, or without progress of a body being sent.
+        attempts: requests per call, the first included (>= 1).
     """
-    if isinstance(exc, StoreError):
-        return exc
-    at = f" {endpoint}" if endpoint else ""
-    chain = list(_chain(exc))
-    code, status = "", None
-    for e in chain:  # s3fs turns a ClientError into an OSError: the code is on its cause
-        resp = getattr(e, "response", None)
-        if isinstance(resp, dict):
-            code = code or str((resp.get("Error") or {}).get("Code") or "")
-            status = status or (resp.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-    names = {type(e).__name__ for e in chain}
-    if names & {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}:
-        return StoreDenied(f"{url}: no credentials found ({what}); set AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
-                           f"AWS_SECRET_ACCESS_KEY, or give them in [build] remote_options", url, writing)
-    if any(_is_missing_bucket(e) for e in chain):
-        bucket = url.split("://", 1)[-1].split("/", 1)[0]
-        return StoreMissing(f"{url}: bucket {bucket!r} does not exist{' at' + at if at else ''} ({what}); "
-                            f"create it (`aws s3 mb s3://{bucket}`) or fix the store URL", url, writing)
-    if (code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
-                 "AllAccessDisabled", "403") or status == 403 or any(isinstance(e, PermissionError) for e in chain)):
-        fix = ("use credentials that may write to it, or open the store read-only" if writing
-               else "check AWS_PROFILE / AWS_ACCESS_KEY_ID and the bucket policy")
-        return StoreDenied(f"{url}: access denied{' (' + code + ')' if code and code != '403' else ''} ({what}); "
-                           f"{fix}", url, writing)
-    if code in ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "ServiceUnavailable",
-                "InternalError", "500", "502", "503", "504") or (isinstance(status, int) and status >= 500):
-        kind = "throttled (503 SlowDown)" if code == "SlowDown" else f"server error ({status or ''} {code})".replace(
-            "( ", "(")
-        return StoreFailed(f"{url}: {kind} after {attempts} attempts with backoff ({what}); retry later "
-                           f"(nothing half-published is left)", url, writing)
-    unreachable = {"EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ReadTimeoutError",
-                   "ClientConnectorError", "ServerDisconnectedError", "ClientOSError", "ProxyConnectionError",
-                   "ServerTimeoutError"}
-    hit = [e for e in chain if type(e).__name__ in unreachable or isinstance(e, ConnectionError | TimeoutError)]
-    if hit:
-        return StoreUnreachable(f"{url}: cannot reach the endpoint{at} ({what}: {type(hit[0]).__name__}); check the "
-                                f"network and AWS_ENDPOINT_URL (or endpoint_url in [build] remote_options)",
-                                url, writing)
+
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0
+    attempts: int = 4
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any] | None) -> tuple[WireSettings, dict[str, Any]]:
+        """The settings in ``[build] remote_options`` and the options left for fsspec.
+
+        botocore's ``config_kwargs`` (``connect_timeout``, ``read_timeout``, ``retries`` with
+        ``total_max_attempts`` or ``max_attempts``) win over the ``*_s`` keys, as a user who wrote them
+        expects.
+
+        Raises:
+            UserError: a setting that is not a positive number (``attempts``: a whole number >= 1).
+        """
+        rest = dict(options or {})
+        got: dict[str, Any] = {}
+        for name in OPTION_KEYS:
+            if name in rest:
+                got[name] = rest.pop(name)
+        cfg = rest.get("config_kwargs") or {}
+        if isinstance(cfg, dict):
+            for ours, theirs in (("connect_timeout_s", "connect_timeout"), ("read_timeout_s", "read_timeout")):
+                if cfg.get(theirs) is not None:
+                    got[ours] = cfg[theirs]
+            retries = cfg.get("retries")
+            if isinstance(retries, dict):
+                if retries.get("total_max_attempts") is not None:
+                    got["attempts"] = retries["total_max_attempts"]
+                elif retries.get("max_attempts") is not None:
+                    got["attempts"] = _whole(retries["max_attempts"], "config_kwargs.retries.max_attempts", 0) + 1
+        for name, value in got.items():
+            if name == "attempts":
+                got[name] = _whole(value, name, 1)
+            elif isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                from neuron_build.errors import UserError
+                raise UserError(f"[build] remote_options: {name} = {value!r} is not a positive number of seconds; "
+                                f"give e.g. {name} = {getattr(cls, name)}")
+        return cls(**got), rest
+
+    # -- the clients' configuration --------------------------------------------------------------------
+    def retries(self) -> dict[str, Any]:
+        """botocore's ``retries`` option: ``standard`` mode, :attr:`attempts` in all."""
+        return {"total_max_attempts": self.attempts, "mode": "standard"}
+
+    def botocore_config(self) -> dict[str, Any]:
+        """``botocore.config.Config`` keyword arguments (the boto3 client)."""
+        return {"connect_timeout": self.connect_timeout_s, "read_timeout": self.read_timeout_s,
+                "retries": self.retries()}
+
+    def aiobotocore_config(self) -> dict[str, Any]:
+        """s3fs ``config_kwargs`` (``aiobotocore.config.AioConfig``): :meth:`botocore_config` and the
+        upload watchdog (:class:`WatchedSession`)."""
+        return {**self.botocore_config(), "http_session_cls": watched_session()}
+
+    # -- bounds (seconds) ------------------------------------------------------------------------------
+    def backoff_s(self) -> float:
+        """The most botocore sleeps between the attempts of one call."""
+        return sum(min(2.0 ** (n - 1), MAX_BACKOFF_S) for n in range(1, self.attempts))
+
+    def attempt_bound_s(self) -> float:
+        """The longest one request waits on a network that went dark: connecting, then either no
+        progress of its body or no byte of its answer."""
+        return self.connect_timeout_s + self.read_timeout_s
+
+    def call_bound_s(self) -> float:
+        """The longest one call (all its attempts and the backoff between them) waits on a dark network."""
+        return self.attempts * self.attempt_bound_s() + self.backoff_s()
+
+    def push_bound_s(self) -> float:
+        """The longest a build job waits on a dark network before it gives the remote up: two calls (a
+        multipart upload's part, then its abort); the rest of the build skips the remote."""
+        return 2 * self.call_bound_s()
+
+    def describe(self) -> str:
+        """One line: the settings and the bound they give."""
+        return (f"connect {self.connect_timeout_s:g} s, read {self.read_timeout_s:g} s, {self.attempts} attempts "
+                f"per call: a call ends within {self.call_bound_s():g} s, a push that cannot finish within "
+                f"{self.push_bound_s():g} s")
+
+
+def _whole(value: Any, name: str, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        from neuron_build.errors import UserError
+        raise UserError(f"[build] remote_options: {name} = {value!r} is not a whole number >= {least}; "
+                        f"give e.g. attempts = {WireSettings.attempts}")
+    return value
+
+
+# ------------------------------------------------------------------------------------------------------
+# the upload watchdog
+
+def _session_base() -> type:
+    from aiobotocore.httpsession import AIOHTTPSession
+    return AIOHTTPSession
+
+
+class _Progress:
+    """When a watched body last handed bytes on, and whether it is all sent (loop time, seconds)."""
+
+    def __init__(self, now: float):
+        self.last = now
+        self.pieces = 0
+        self.done = False
+
+
+class _WatchedBody:
+    """A request body given to aiohttp :data:`PIECE` bytes at a time; each piece asked for is progress
+    (aiohttp asks for the next one once the previous one left its buffer)."""
+
+    def __init__(self, body: Any, progress: _Progress, loop: asyncio.AbstractEventLoop):
+        self.body, self.progress, self.loop = body, progress, loop
+
+    async def _pieces(self):
+        body = self.body
+        if isinstance(body, io.IOBase):
+            while piece := body.read(PIECE):
+                self._moved()
+                yield piece
+        else:
+            view = memoryview(body)
+            for at in range(0, len(view), PIECE):
+                self._moved()
+                yield bytes(view[at:at + PIECE])
+        self._moved()
+        self.progress.done = True
+
+    def _moved(self) -> None:
+        self.progress.last = self.loop.time()
+        self.progress.pieces += 1
+
+    def __aiter__(self):
+        return self._pieces()
+
+
+class _Stalled(Exception):
+    """A request body made no progress for the read timeout."""
+
+
+def _watched_send_class() -> type:
+    base = _session_base()
+
+    class WatchedSession(base):  # type: ignore[misc, valid-type]
+        """aiobotocore's HTTP session, with a watchdog on request bodies: a body that makes no progress for
+        the read timeout (``read_timeout_s``) fails the attempt with botocore's ``ReadTimeoutError``, which
+        botocore retries like any read timeout. Bodies below one :data:`PIECE` are left alone (the socket
+        buffer takes them whole, then the read timeout applies)."""
+
+        async def send(self, request):
+            body = request.body
+            stall = self._timeout.sock_read
+            size = _size(body)
+            if not stall or size is None or size <= PIECE:
+                return await super().send(request)
+            loop = asyncio.get_running_loop()
+            if isinstance(body, io.IOBase):
+                start = body.tell()
+            progress = _Progress(loop.time())
+            request.body = _WatchedBody(body, progress, loop)
+            task = asyncio.ensure_future(super().send(request))
+            try:
+                while True:
+                    allowed = stall + ((self._timeout.sock_connect or 0) if progress.pieces == 0 else 0)
+                    left = progress.last + allowed - loop.time()
+                    if progress.done:
+                        return await task
+                    if left <= 0:
+                        task.cancel()
+                        try:
+                            await task
+                        except BaseException:  # noqa: BLE001 - the cancelled attempt's own error
+                            pass
+                        from botocore.exceptions import ReadTimeoutError
+                        raise ReadTimeoutError(endpoint_url=request.url,
+                                               error=f"no progress sending the request body for {stall:g} s")
+                    done, _ = await asyncio.wait({task}, timeout=left)
+                    if done:
+                        return task.result()
+            finally:
+                request.body = body
+                if isinstance(body, io.IOBase):
+                    body.seek(start)
+
+    WatchedSession.__qualname__ = WatchedSession.__name__ = "WatchedSession"
+    return WatchedSession
+
+
+def _size(body: Any) -> int | None:
+    if isinstance(body, bytes | bytearray | memoryview):
+        return len(body)
+    if isinstance(body, io.IOBase) and body.seekable():
+        here = body.tell()
+        end = body.seek(0, io.SEEK_END)
+        body.seek(here)
+        return end - here
     return None
 
 
-def _is_missing_bucket(e: BaseException) -> bool:
-    resp = getattr(e, "response", None)
-    code = ((resp.get("Error") or {}).get("Code") if isinstance(resp, dict) else None)
-    return code == "NoSuchBucket" or "specified bucket does not exist" in str(e).lower()
+_WATCHED: list[type] = []
 
 
-@contextmanager
-def wire(url: str, what: str, writing: bool = False, endpoint: str | None = None,
-         attempts: int = DEFAULT_ATTEMPTS) -> Iterator[None]:
-    """Turn a client library's exception inside the block into a :class:`~neuron_build.errors.StoreError`
-    (see :func:`wire_error`); other exceptions of botocore, aiohttp, urllib3 or s3fs become a
-    :class:`~neuron_build.errors.StoreFailed`; the rest (an absent object, a ValueError) pass unchanged."""
-    try:
-        yield
-    except Exception as e:
-        err = wire_error(e, url, what, writing, endpoint, attempts)
-        if err is not None:
-            raise err from None
-        if type(e).__module__.split(".")[0] in ("botocore", "aiobotocore", "aiohttp", "urllib3", "s3fs"):
-            raise StoreFailed(f"{url}: {type(e).__name__} ({what}: {e}); retry, or run with --debug "
-                              f"for details", url, writing) from e
-        raise
+def watched_session() -> type:
+    """The :class:`WatchedSession` class (made on first use: aiobotocore is imported only for an s3://
+    store)."""
+    if not _WATCHED:
+        _WATCHED.append(_watched_send_class())
+    return _WATCHED[0]
 
 
-__all__ = ["wire", "wire_error"]
+__all__ = ["OPTION_KEYS", "WireSettings", "watched_session"]
