@@ -165,7 +165,7 @@ def test_a_black_hole_in_a_multipart_upload_ends_within_the_push_bound(tmp_path,
     # then the abort of the upload meets the same black hole
     proxy.black_hole(b"partNumber=", after_bytes=1 << 20)
     with pytest.raises(StoreUnreachable) as e:
-        with store._wire(f"uploading {rel}", writing=True):
+        with store.io.wire(f"uploading {rel}", writing=True):
             store.io.fs.put_file(str(path), store.io.full(rel), mode="create", chunksize=5 << 20)
     after_hole = time.monotonic() - proxy.holed_at
     settings = store.wire
@@ -175,7 +175,7 @@ def test_a_black_hole_in_a_multipart_upload_ends_within_the_push_bound(tmp_path,
     proxy.heal()
     assert store.blob_size(sha) is None  # nothing half-published
     proxy.reset(b"partNumber=2", after_bytes=1 << 20)  # a reset mid-part is retried
-    with store._wire(f"uploading {rel}", writing=True):
+    with store.io.wire(f"uploading {rel}", writing=True):
         store.io.fs.put_file(str(path), store.io.full(rel), mode="create", chunksize=5 << 20)
     assert proxy.resets == 1
     assert store.blob_damage(sha, path.stat().st_size, deep=True) is None
