@@ -38,7 +38,11 @@ def run(request_path: str) -> int:
         enter_stage("model")
         try:
             from neuron_build.examples import build_model, make_inputs
-            compiler = load_compiler(req.backend)
+            if req.options.get("task") == "text-generation":  # prefill / decode graphs of a decoder LM
+                from neuron_build.compilers.textgen import textgen_compiler
+                compiler = textgen_compiler(req.backend)
+            else:
+                compiler = load_compiler(req.backend)
             preflight = getattr(compiler, "preflight", None)
             if preflight is not None:  # toolchain checks before the (possibly slow) model build
                 preflight(req)
