@@ -142,3 +142,51 @@ def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], 
 
 
 __all__ = ["partners", "validate_textgen"]
+
+
+def bench_callables(project, store, target: Target, key: str, manifest):
+    """What the benchmark times for a text-generation graph: ``(compiled, eager, inputs)``, each callable
+    taking ``inputs`` (``input_ids``, ``cache_position``) and returning the next token ids (argmax of the
+    last position's logits). Prefill: the prompt of the bucket's full length (its median is the time to
+    first token); decode: one token at position ``max_seq_len // 2`` (its median is the per-token decode
+    latency; ``batch`` tokens per call). The eager side is transformers' static-cache wrapper of the eager
+    model in the target dtype, uncompiled: the same work without the compiler."""
+    import json
+
+    import torch
+
+    from neuron_build.compilers.textgen import causal_lm, graph_inputs, static_wrapper
+    from neuron_build.compilers.textgen_serve import AOTIStates
+    from neuron_build.examples import build_model
+
+    spec = project.config.models[target.model]
+    sizes = dict(target.bucket)
+    b, L = sizes["batch"], int(spec.max_seq_len)
+    kw = graph_inputs(target.graph, b, sizes["seq"] if target.graph == "prefill" else L // 2)
+    kw["input_ids"] = torch.randint(3, 100, tuple(kw["input_ids"].shape), generator=torch.Generator().manual_seed(0))
+    d = store.artifact_dir(key)
+    info = json.loads((d / "textgen.json").read_text())
+
+    def lm():
+        return causal_lm(build_model(project.root, spec.factory, dict(spec.kwargs), target.dtype, hf=spec.hf_spec()))
+
+    if manifest.backend == "compile-cache":
+        from neuron_build.compilers.compile_cache import install_from_caches
+
+        serving = manifest.compiler["serving"]
+        install_from_caches([d], serving, manifest.backend)
+        runner = torch.compile(static_wrapper(lm(), b, L), **serving["torch_compile"])
+    else:
+        runner = AOTIStates().load(d / "model.pt2", d / info["weights"], key, info)
+    ref = static_wrapper(lm(), b, L)
+
+    def compiled(ids, pos):
+        return runner(input_ids=ids, cache_position=pos)[:, -1].argmax(-1)
+
+    def eager(ids, pos):
+        return ref(input_ids=ids, cache_position=pos)[:, -1].argmax(-1)
+
+    return compiled, eager, (kw["input_ids"], kw["cache_position"])
+
+
+__all__ += ["bench_callables"]

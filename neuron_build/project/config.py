@@ -771,9 +771,11 @@ def _cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
                               f"defined profiles: {', '.join(profiles)}")
         if m.is_textgen or m.max_seq_len is not None or m.decode_buckets:
             faults.extend(_check_textgen(cfg, m, at))
-        if not m.inputs and not m.is_textgen:
+        # without inputs, max_seq_len says the table meant task = "text-generation" (the one fault above)
+        meant_textgen = m.is_textgen or (not m.inputs and (m.max_seq_len is not None or bool(m.decode_buckets)))
+        if not m.inputs and not meant_textgen:
             faults.append(f"{toml_path(at + ('inputs',))}: required key is missing; add it")
-        used: list[str] = list(m.buckets) if m.is_textgen else []
+        used: list[str] = list(m.buckets) if meant_textgen else []
         for i, inp in enumerate(m.inputs):
             for d in inp.dims:
                 if d not in m.buckets:
