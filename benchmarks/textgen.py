@@ -83,13 +83,14 @@ def main(argv: list[str] | None = None) -> int:
         for s in sorted(dict(t.bucket)["seq"] for t in group if t.graph == "prefill"):
             p = torch.randint(3, int(lm.config.vocab_size), (batch, s), generator=g)
             eng.generate(p, max_new_tokens=1)
-            row["ttft_s"][f"seq{s}"] = {"compiled": round(med(lambda p=p: eng.generate(p, max_new_tokens=1)), 6),
+            row["ttft_s"][f"seq{s}"] = {"compiled": round(med(lambda eng=eng, p=p: eng.generate(p, max_new_tokens=1)), 6),
                                         "eager": round(med(lambda p=p: eager_gen(p, 1)), 6)}
         s0 = min(eng.seqs)
         n = min(args.new_tokens, spec.max_seq_len - s0)
         p = torch.randint(3, int(lm.config.vocab_size), (batch, s0), generator=g)
         equal = torch.equal(eng.generate(p, max_new_tokens=n), eager_gen(p, n)) if dtype == "fp32" else None
-        tc, te = med(lambda: eng.generate(p, max_new_tokens=n)), med(lambda: eager_gen(p, n))
+        tc = med(lambda eng=eng, p=p, n=n: eng.generate(p, max_new_tokens=n))
+        te = med(lambda p=p, n=n: eager_gen(p, n))
         t1c, t1e = row["ttft_s"][f"seq{s0}"]["compiled"], row["ttft_s"][f"seq{s0}"]["eager"]
         row.update({
             "prompt": s0, "generated": n, "tokens_equal_to_eager": equal,

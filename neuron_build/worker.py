@@ -46,7 +46,8 @@ def run(request_path: str) -> int:
             preflight = getattr(compiler, "preflight", None)
             if preflight is not None:  # toolchain checks before the (possibly slow) model build
                 preflight(req)
-            model = build_model(req.root, req.factory, req.kwargs, req.dtype, hf=req.hf)
+            model = (build_model(req.root, req.factory, req.kwargs, req.dtype, hf=req.hf)
+                     if getattr(compiler, "needs_module", True) else None)
         except CompileFailed:
             raise
         except ImportError as e:

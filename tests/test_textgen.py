@@ -123,3 +123,29 @@ def test_too_long_prompt_is_one_line_with_the_fix(built):
         bm.generate(torch.ones(1, 16, dtype=torch.long), max_new_tokens=60)
     with pytest.raises(Exception, match="is a text-generation release: call generate"):
         bm(torch.ones(2, 8, dtype=torch.long))
+
+
+def test_compile_cache_release_warms_up_with_zero_compiles(tmp_path):
+    """A compile-cache release of a text-generation model (batch 1, seq 8: 2 graphs): the promotion's warm-up
+    gate and `warmup --json` in a fresh process hit the caches for both graphs and compile nothing."""
+    cfg = textgen_kit.write_project(tmp_path / "proj", backend="compile-cache",
+                                    llama_buckets="{ batch = [1], seq = [8] }", gpt2=False)
+    r = cli(cfg, "build", "-n", "2")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    m = json.loads(cli(cfg, "show", "llama/decode-b1/fp32/p1", "--json").stdout)
+    assert m["compiler"]["artifact"] == "compile_cache.bin" and m["compiler"]["textgen"]["graph"] == "decode"
+    rel = json.loads(cli(cfg, "release", "llama", "--json").stdout)
+    r = cli(cfg, "promote", "llama", rel["id"], "--to", "dev", "--allow-unvalidated", "--reason", "warm-up only",
+            "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    gate = next(g for g in json.loads(r.stdout)["gates"] if g["name"] == "warmup")
+    assert gate["passed"] is True and gate["figures"]["buckets"]["prefill-b1-s8"]["compiles"] == 0
+    dest = tmp_path / "serve"
+    assert cli(cfg, "pull", "llama", "--channel", "dev", "--dest", str(dest)).returncode == 0
+    r = run_cli("warmup", str(dest), "--json", "--factory-root", str(cfg.parent), cwd=tmp_path, env=textgen_kit.ENV)
+    assert r.returncode == 0, r.stdout + r.stderr
+    w = json.loads(r.stdout)
+    assert w["zero_compiles"] is True and w["compiles_total"] == 0
+    (b,) = w["buckets"]
+    assert b["id"] == "prefill-b1-s8" and b["cache_hits"] == 2  # the prefill and the decode graph
+    assert w["installed"]["inductor"] >= 2

@@ -241,6 +241,9 @@ def textgen_compiler(backend: str):
         return TextGenInductorCompiler()
     if backend == "compile-cache":
         return TextGenCompileCacheCompiler()
+    if backend == "neuron":  # NxDI: every bucket of a batch size in one compile
+        from neuron_build.compilers.neuron.nxdi import NxDICompiler
+        return NxDICompiler()
     raise CompileFailed(Status.ERROR, f"text-generation models build with backend inductor or compile-cache, "
                         f"not {backend}; set backend = \"inductor\" under [build]")
 

@@ -58,7 +58,7 @@ TEXT_GENERATION = "text-generation"
 #: The auto class a text-generation hf model loads with (the default for ``task = "text-generation"``).
 CAUSAL_LM = "AutoModelForCausalLM"
 #: The backends that build text-generation models (the static-cache export of transformers).
-TEXTGEN_BACKENDS = ("auto", "inductor", "compile-cache")
+TEXTGEN_BACKENDS = ("auto", "inductor", "compile-cache", "neuron")
 #: Where an artifact is validated, benchmarked and served (see :mod:`neuron_build.release.gates`).
 DeviceKind = Literal["cpu", "cuda", "neuron"]
 
@@ -308,7 +308,8 @@ class ModelSpec(_Frozen):
     ``max_seq_len`` positions: ``buckets = { batch = [...], seq = [...] }`` are the prefill (context
     encoding) buckets, and one decode (token generation) graph per batch size runs against the cache
     (:mod:`neuron_build.compilers.textgen`). Such a model has no ``inputs`` (they follow from the task);
-    ``decode_buckets`` (cache lengths, NxDI's token-generation buckets) are reserved for the neuron backend.
+    ``decode_buckets`` (cache lengths, NxDI's token-generation buckets) apply to the neuron backend, where
+    NxDI compiles all buckets of one batch size in one target (:mod:`neuron_build.project.textgen`).
     ``tolerance.bf16`` is then the relative L2 error allowed on the logits of the first generated token.
 
     Serving options, read by :class:`neuron_build.runtime.BucketedModel` and recorded in each release
@@ -847,14 +848,14 @@ def _check_textgen(cfg: ConfigFile, m: ModelSpec, at: tuple[Any, ...]) -> list[s
         if m.max_seq_len is not None and c > m.max_seq_len:
             faults.append(f"{w('decode_buckets', i)}: {c} is longer than max_seq_len = {m.max_seq_len}; "
                           f"lower it or raise max_seq_len")
-    if m.decode_buckets and cfg.build.backend in TEXTGEN_BACKENDS:
+    if m.decode_buckets and cfg.build.backend != "neuron":
         faults.append(f"{w('decode_buckets')}: the {cfg.build.backend} backend decodes against the whole KV "
                       f"cache (max_seq_len); remove it (token-generation buckets over cache length are NxDI's, "
                       f"for backend = \"neuron\")")
     if cfg.build.backend not in TEXTGEN_BACKENDS:
         faults.append(f"{w('task')}: text-generation models build with backend inductor or compile-cache "
-                      f"(transformers' static-cache export); [build] backend is \"{cfg.build.backend}\": set "
-                      f"backend = \"inductor\" (NxDI for backend = \"neuron\" is not built yet)")
+                      f"(transformers' static-cache export) or neuron (NxDI); [build] backend is "
+                      f"\"{cfg.build.backend}\": set backend = \"inductor\" or \"neuron\"")
     if m.hf is not None and m.auto_class not in (None, CAUSAL_LM):
         faults.append(f"{w('auto_class')}: a text-generation model loads with {CAUSAL_LM}; remove "
                       f"auto_class or set it to \"{CAUSAL_LM}\"")

@@ -367,13 +367,17 @@ class KeyMaker:
             "toolchain": self._toolchain,
         }
 
-    @staticmethod
-    def _inputs(target: Target, m) -> dict[str, Any]:
+    def _inputs(self, target: Target, m) -> dict[str, Any]:
         """The ``inputs`` component; a text-generation graph adds ``graph`` and ``max_seq_len`` (the KV
         cache's length, part of every graph's shapes)."""
         comp: dict[str, Any] = {"dtype": target.dtype, "inputs": [i.to_json() for i in target.inputs(m)]}
         if target.graph:
             comp.update(graph=target.graph, max_seq_len=m.max_seq_len)
+        if target.graph == "nxdi":  # NxDI's NeuronConfig (tp_degree, buckets, dtype, sampling, LNC)
+            from neuron_build.project.textgen import neuron_config
+            comp["neuron_config"] = neuron_config(m, dict(target.bucket)["batch"], target.dtype,
+                                                  self.project.config.profiles[target.profile].tp_degree,
+                                                  self.hardware_target)
         return comp
 
     def key(self, target: Target, recorded: list[str] | None = None) -> KeyInfo:

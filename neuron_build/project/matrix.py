@@ -8,7 +8,9 @@ A text-generation model (``task = "text-generation"``) has two graphs: one **pre
 bucket (``llama/prefill-b1-s16/fp32/p1``) and one **decode** target per batch size
 (``llama/decode-b1/fp32/p1``, one token against the whole KV cache). The graph leads the bucket id, so ids
 keep their four parts (the store's per-target folders, the ledger, failures and release folders read them
-so); :attr:`Target.graph` is ``prefill`` or ``decode`` there, ``forward`` for every other model.
+so); :attr:`Target.graph` is ``prefill`` or ``decode`` there, ``forward`` for every other model. On the
+neuron backend NxDI compiles all graphs of a batch size at once: one ``nxdi`` target per batch size
+(``llama/nxdi-b1/bf16/p1``).
 """
 
 from __future__ import annotations
@@ -85,6 +87,9 @@ class Target:
         graph takes ``input_ids`` (int64 ``[batch, seq]``; ``[batch, 1]`` for decode) and ``cache_position``
         (int64 ``[seq]``; ``[1]``), the KV cache being state shared by the graphs of one batch size."""
         sizes = dict(self.bucket)
+        if self.graph == "nxdi":
+            return (ConcreteInput("input_ids", (sizes["batch"], max(spec.buckets.get("seq", (1,)))), "int64",
+                                  TOKEN_RANGE),)
         if self.graph:
             n = sizes.get("seq", 1)
             return (ConcreteInput("input_ids", (sizes["batch"], n), "int64", TOKEN_RANGE),
@@ -110,7 +115,7 @@ def expand(project: Project) -> list[Target]:
     out: list[Target] = []
     for name, m in project.config.models.items():
         if m.is_textgen:
-            out.extend(textgen_targets(name, m))
+            out.extend(textgen_targets(name, m, nxdi=project.config.build.backend == "neuron"))
             continue
         dims = list(m.buckets)
         combos = list(itertools.product(*(m.buckets[d] for d in dims)))
@@ -121,13 +126,17 @@ def expand(project: Project) -> list[Target]:
     return out
 
 
-def textgen_targets(name: str, m: ModelSpec) -> list[Target]:
+def textgen_targets(name: str, m: ModelSpec, nxdi: bool = False) -> list[Target]:
     """The targets of a text-generation model: per dtype and profile, a prefill target per (batch, seq)
-    bucket, then a decode target per batch size."""
+    bucket, then a decode target per batch size. With ``nxdi`` (backend neuron), one ``nxdi`` target per
+    batch size (``llama/nxdi-b1/bf16/p1``): NxDI compiles every prefill and decode bucket of it at once."""
     out = []
     batches, seqs = m.buckets.get("batch", (1,)), m.buckets.get("seq", ())
     for dtype in m.dtypes:
         for profile in m.profiles:
+            if nxdi:
+                out.extend(Target(name, (("batch", b),), dtype, profile, "nxdi") for b in batches)
+                continue
             for b in batches:
                 for s in seqs:
                     out.append(Target(name, (("batch", b), ("seq", s)), dtype, profile, "prefill"))
