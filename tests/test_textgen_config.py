@@ -124,8 +124,8 @@ def test_plan_json_rows_carry_the_graph(proj):
      '(token-generation buckets over cache length are NxDI\'s, for backend = "neuron")'),
     ('backend = "inductor"', 'backend = "torchscript"',
      'models.llama.task: text-generation models build with backend inductor or compile-cache (transformers\' '
-     'static-cache export); [build] backend is "torchscript": set backend = "inductor" (NxDI for backend = '
-     '"neuron" is not built yet)'),
+     'static-cache export) or neuron (NxDI); [build] backend is "torchscript": set backend = "inductor" or '
+     '"neuron"'),
 ])
 def test_misuse_is_one_line_naming_the_key(proj, old, new, fault):
     edit(proj, old, new)
