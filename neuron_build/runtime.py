@@ -100,9 +100,9 @@ class BucketedModel:
         self.specs: list[dict[str, Any]] = list(release["inputs"])
         self.truncate: bool = bool(release.get("truncate", False))
         self.convert_dtypes: bool = bool(release.get("convert_dtypes", False))
-        bs = [Bucket(b["id"], {d: int(b["sizes"][d]) for d in self.dims}, tuple(b["inputs"]),
+        bs = [Bucket(b["id"], {d: int(b["sizes"][d]) for d in self.dims if d in b["sizes"]}, tuple(b["inputs"]),
                      self.root / b["artifact"], b["loader"]) for b in release["buckets"]]
-        self.buckets: list[Bucket] = sorted(bs, key=lambda b: (b.total, tuple(b.sizes[d] for d in self.dims)))
+        self.buckets: list[Bucket] = sorted(bs, key=lambda b: (b.total, tuple(b.sizes.get(d, 0) for d in self.dims)))
         self._modules: dict[str, Any] = dict(modules or {})
         lead = {spec["shape"][0] if spec["shape"] else None for spec in self.specs}
         #: The bucket dim split into chunks when a batch is larger than every bucket: ``batch`` when it is
@@ -112,6 +112,8 @@ class BucketedModel:
         self.installed: dict[str, int] = {}
         self.serving_env: dict[str, str] = {}
         self.neff_cache_dir: Path | None = None
+        #: A text-generation release's engine (:mod:`neuron_build.compilers.textgen_serve`), else None.
+        self.textgen: Any = None
 
     @classmethod
     def load(cls, folder: str | Path, model: Any = None, *, factory_root: str | Path | None = None,
@@ -156,6 +158,14 @@ class BucketedModel:
                 if not p.is_file() or p.stat().st_size != ent["size"]:
                     raise UserError(f"{p}: missing or not {ent['size']} bytes as release.json lists; pull again")
         model = cls(release, root)
+        if release.get("textgen") is not None:  # prefill + decode graphs: served by generate()
+            from neuron_build.compilers.textgen_serve import release_engine
+
+            if release.get("serving") is not None:
+                model.device = serving_device(release["serving"])
+            model.textgen, model.installed = release_engine(
+                release, root, lambda: serving_model(release["serving"], user_model, factory_root))
+            return model
         if release.get("serving") is not None:
             model._load_cached(user_model, factory_root, neff_cache_dir)
             return model
@@ -269,6 +279,30 @@ class BucketedModel:
         return self.route(shapes)[0].id
 
     # -- running --------------------------------------------------------------------------------
+    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 20, eos_token_id: int | None = None):
+        """Greedy generation from a text-generation release: prefill in the smallest bucket that holds the
+        prompt, then decode steps against the KV cache the graphs share; equal token for token to
+        transformers' ``generate(do_sample=False)`` of the eager model (rules:
+        :mod:`neuron_build.compilers.textgen_serve`).
+
+        Args:
+            input_ids: int64 ``[batch, prompt_len]``; attention_mask: optional 0/1 of the same shape (left or
+                right padding); max_new_tokens: new tokens per row; eos_token_id: stop a row there (None:
+                exactly ``max_new_tokens``).
+
+        Returns:
+            int64 ``[batch, prompt_len + new]``: the prompt followed by the new tokens.
+
+        Raises:
+            BucketError: not a text-generation release.
+            GenerateError: a prompt longer than every prefill bucket, or more tokens than the cache holds.
+        """
+        if self.textgen is None:
+            raise BucketError(f"{self.release['model']} is not a text-generation release; call the model "
+                              f"instead of generate()")
+        return self.textgen.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                                     eos_token_id=eos_token_id)
+
     def __call__(self, *inputs):
         """Run the model on ``inputs`` (tensors, in input order): route, pad, run, slice back; a batch
         larger than every bucket runs in chunks whose outputs are concatenated along the batch dim.
@@ -280,6 +314,9 @@ class BucketedModel:
             BucketError: see :meth:`route`; or an input's dtype differs from the artifact's and
                 ``convert_dtypes`` is off.
         """
+        if self.textgen is not None:
+            raise BucketError(f"{self.release['model']} is a text-generation release: call "
+                              f"generate(input_ids, max_new_tokens=N)")
         want = self._sizes([tuple(t.shape) for t in inputs])
         sizes = self.chunks(want) if self.batch_dim else []
         if len(sizes) <= 1:
@@ -520,7 +557,7 @@ def warmup(folder: str | Path, model: Any = None, *, factory_root: str | Path | 
     backend = bm.release["backend"]
     snap, delta = _compile_events(backend)
     rows = []
-    for b in bm.buckets:
+    for b in ([] if bm.textgen is not None else bm.buckets):
         # values do not change the compiled graph, shapes and dtypes do; a pulled bucket keeps no value ranges,
         # so integer inputs (token ids, masks) are drawn from [0, 2), valid for any vocabulary
         specs = [{**i, "range": i.get("range") or [0, 2]} for i in b.inputs]
@@ -544,6 +581,8 @@ def warmup(folder: str | Path, model: Any = None, *, factory_root: str | Path | 
         rows.append({"id": b.id, "shapes": [list(i["shape"]) for i in b.inputs], "compiles": compiles,
                      "cache_hits": hits, "first_call_s": round(first, 6), "steady_call_s": round(med, 6),
                      "first_over_steady": round(first / med, 1) if med > 0 else None, **extra})
+    if bm.textgen is not None:  # a text-generation release: one short generate() per prefill bucket
+        rows = _warm_textgen(bm, snap, delta, sync)
     note = None
     if bm.release.get("serving", {}).get("device") == "neuron" and bm.device != "neuron":
         note = "no NeuronCore here: ran on CPU tensors"
@@ -551,6 +590,40 @@ def warmup(folder: str | Path, model: Any = None, *, factory_root: str | Path | 
     return {"schema": WARMUP_SCHEMA, "release": bm.release.get("release"), "model": bm.release.get("model"),
             "backend": backend, "device": bm.device, "device_note": note, "installed": bm.installed,
             "env": bm.serving_env, "buckets": rows, "compiles_total": total, "zero_compiles": total == 0}
+
+
+def _warm_textgen(bm: BucketedModel, snap, delta, sync) -> list[dict[str, Any]]:
+    """Warm-up rows of a text-generation release: per prefill bucket, a prompt of its full length through
+    ``generate(max_new_tokens=2)`` (the prefill graph, then the decode graph of its batch size), first and
+    steady time in seconds, compiles and cache hits."""
+    import statistics
+    import time
+
+    import torch
+
+    rows = []
+    eng = bm.textgen
+    for b in bm.buckets:
+        if b.id not in bm.release["textgen"]["graphs"] or bm.release["textgen"]["graphs"][b.id] != "prefill":
+            continue
+        batch, seq = b.sizes["batch"], int(b.inputs[0]["shape"][1])
+        ids = torch.ones(batch, seq, dtype=torch.long)
+        before = snap()
+        t0 = time.perf_counter()
+        eng.generate(ids, max_new_tokens=2)
+        sync(bm.device)
+        first = time.perf_counter() - t0
+        compiles, hits, extra = delta(before)
+        steady = []
+        for _ in range(STEADY_CALLS):
+            t0 = time.perf_counter()
+            eng.generate(ids, max_new_tokens=2)
+            steady.append(time.perf_counter() - t0)
+        med = statistics.median(steady)
+        rows.append({"id": b.id, "shapes": [[batch, seq]], "compiles": compiles, "cache_hits": hits,
+                     "first_call_s": round(first, 6), "steady_call_s": round(med, 6),
+                     "first_over_steady": round(first / med, 1) if med > 0 else None, **extra})
+    return rows
 
 
 __all__ = ["Bucket", "BucketError", "BucketedModel", "check_pulled", "install_release", "serving_device", "serving_model", "warmup"]

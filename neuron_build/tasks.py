@@ -520,6 +520,7 @@ class BuildSession(NamespaceTaskLoader):
     @create_after()  # made only when a validate task is selected: `doit build` never builds these 1,000s
     def task_validate(self) -> Iterator[dict[str, Any]]:
         """Check every target's artifact against the eager fp32 CPU reference (builds it first)."""
+        from neuron_build.evaluate.textgen_validate import partners
         from neuron_build.evaluate.validate import (
             artifact_device_kind,
             is_validated,
@@ -541,7 +542,8 @@ class BuildSession(NamespaceTaskLoader):
                 "name": t.id,
                 "doc": f"validate {t.id} on {kind} against the fp32 CPU reference",
                 "actions": [(self._validate, [t.id])],
-                "task_dep": [f"build:{t.id}"],
+                # a text-generation graph is validated with its partner graphs: build them all first
+                "task_dep": [f"build:{x.id}" for x in (partners(b.targets, t) if t.graph else [t])],
                 # the reference by name and by content (its kwargs, factory, sources, weights)
                 "uptodate": [(is_validated, [b.store, key, kind, tol, ref, ref_hash[ref]])],
                 "verbosity": 2,

@@ -38,11 +38,16 @@ def run(request_path: str) -> int:
         enter_stage("model")
         try:
             from neuron_build.examples import build_model, make_inputs
-            compiler = load_compiler(req.backend)
+            if req.options.get("task") == "text-generation":  # prefill / decode graphs of a decoder LM
+                from neuron_build.compilers.textgen import textgen_compiler
+                compiler = textgen_compiler(req.backend)
+            else:
+                compiler = load_compiler(req.backend)
             preflight = getattr(compiler, "preflight", None)
             if preflight is not None:  # toolchain checks before the (possibly slow) model build
                 preflight(req)
-            model = build_model(req.root, req.factory, req.kwargs, req.dtype, hf=req.hf)
+            model = (build_model(req.root, req.factory, req.kwargs, req.dtype, hf=req.hf)
+                     if getattr(compiler, "needs_module", True) else None)
         except CompileFailed:
             raise
         except ImportError as e:

@@ -26,7 +26,7 @@ def register(add) -> None:
 
 # -- plan -----------------------------------------------------------------------------------------------
 def plan_rows(b) -> list[dict[str, Any]]:
-    """One row per target: ``{"target", "key", "state", "changed": [component], "changed_detail": [line]}``,
+    """One row per target: ``{"target", "graph" (forward, prefill or decode), "key", "state", "changed": [component], "changed_detail": [line]}``,
     plus ``location`` for a cached target (``local``, or ``remote`` when only ``[build] remote`` holds it),
     ``compared_with`` (the target whose record the key was compared with, when not itself) and
     ``failure`` (for a failed target: status, reason, attempts_total, exit_code, time)."""
@@ -35,7 +35,7 @@ def plan_rows(b) -> list[dict[str, Any]]:
         ki = b.key(t)
         state = b.state(t)
         changed, since = b.changed(t)
-        row = {"target": t.id, "key": ki.key, "state": state,
+        row = {"target": t.id, "graph": t.graph_name, "key": ki.key, "state": state,
                "changed": [c.split(":")[0] for c in changed], "changed_detail": changed}
         if state == TargetState.CACHED:
             row["location"] = b.planner.location(t) or "local"

@@ -318,18 +318,23 @@ def bench_targets(project, store: ArtifactStore, items: Sequence[tuple[Any, str]
     inputs: list[tuple] = []
     syncs: list[Callable[[], None]] = []
     names: list[str] = []
-    for (target, _key), p in zip(items, preps, strict=True):
+    textgen: dict[int, tuple] = {}  # item index -> (compiled, eager, inputs) of a prefill or decode graph
+    for idx, ((target, key), p) in enumerate(zip(items, preps, strict=True)):
         sync, sync_name = device_sync(p.device_kind)
-        fn = p.load_artifact()
+        if getattr(target, "graph", ""):
+            from neuron_build.evaluate.textgen_validate import bench_callables
+
+            textgen[idx] = bench_callables(project, store, target, key, p.manifest)
+        fn = textgen[idx][0] if idx in textgen else p.load_artifact()
         fns.append(wrap(target, fn) if wrap else fn)
-        inputs.append(p.device_inputs())
+        inputs.append(textgen[idx][2] if idx in textgen else p.device_inputs())
         syncs.append(sync)
         names.append(sync_name)
     n_art = len(fns)
     if eager:
-        for (target, _key), p, sync in zip(items, preps, syncs[:n_art], strict=True):
-            fns.append(p.eager(target.dtype, device=p.device))
-            inputs.append(p.device_inputs())
+        for idx, ((target, _key), p, sync) in enumerate(zip(items, preps, syncs[:n_art], strict=True)):
+            fns.append(textgen[idx][1] if idx in textgen else p.eager(target.dtype, device=p.device))
+            inputs.append(textgen[idx][2] if idx in textgen else p.device_inputs())
             syncs.append(sync)
     desc = (f"{items[0][0].id}" if len(items) == 1 else f"{len(items)} targets") + (" + eager" if eager else "")
     bar = progress_factory(warmup + iters if iters else None, desc) if progress_factory else None
@@ -367,6 +372,13 @@ def bench_targets(project, store: ArtifactStore, items: Sequence[tuple[Any, str]
             rec["eager"] = {"latency_ms": _round(es), "throughput_per_s": round(p.batch * 1000.0 / es["mean"], 6),
                             "device": p.device, "dtype": target.dtype}
             rec["speedup_vs_eager"] = round(es["p50"] / stats["p50"], 6)
+        if idx in textgen:  # prefill: time to first token; decode: per-token latency, tokens per second
+            tg = {"graph": target.graph, "p50_ms": round(stats["p50"], 6), "p99_ms": round(stats["p99"], 6)}
+            if target.graph == "prefill":
+                tg["ttft_ms"] = tg["p50_ms"]
+            else:
+                tg["tokens_per_s"] = round(p.batch * 1000.0 / stats["p50"], 3)
+            rec["textgen"] = tg
         rec["samples_ms"] = [round(x, 5) for x in compiled_ms]
         if record:
             store.put_result(key, "bench", f"{p.device_kind}--{host}", rec)

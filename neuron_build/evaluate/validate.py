@@ -503,6 +503,22 @@ def validate_target(project: Project, store: ArtifactStore, target: Target, key:
 
     import torch
 
+    if target.graph:  # a prefill or decode graph: greedy generation with its partner graphs
+        from neuron_build.evaluate.textgen_validate import validate_textgen
+
+        rec.update(device="cpu", torch=torch.__version__)
+        try:
+            validate_textgen(project, store, target, keys, rec, tol, validation_seed(key), compare_tensors)
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001  graphs that do not load or run have failed validation
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: the graphs did not load or run: "
+                                                     f"{type(e).__name__}: {first}")
+        rec["elapsed_s"] = round(time.monotonic() - t0, 3)
+        if record:
+            store.put_result(key, "validation", kind, _json_safe(rec))
+        return rec
     p = prepare(project, store, target, key)
     rec["device"] = p.device if p.device != "cuda" else f"cuda:{torch.cuda.current_device()}"
     rec["torch"] = torch.__version__

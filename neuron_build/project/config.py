@@ -51,6 +51,14 @@ Backend = Literal["auto", "neuron", "torchneuron", "inductor", "compile-cache", 
 NeuronTarget = Literal["trn1", "trn1n", "trn2", "trn3", "inf2"]
 Device = Literal["cpu", "cuda"]
 Executor = Literal["local", "dask"]
+#: ``task`` of a model table: ``forward`` (the default: one graph, the model's forward) or
+#: ``text-generation`` (a decoder LM: prefill and decode graphs over one static KV cache).
+Task = Literal["forward", "text-generation"]
+TEXT_GENERATION = "text-generation"
+#: The auto class a text-generation hf model loads with (the default for ``task = "text-generation"``).
+CAUSAL_LM = "AutoModelForCausalLM"
+#: The backends that build text-generation models (the static-cache export of transformers).
+TEXTGEN_BACKENDS = ("auto", "inductor", "compile-cache", "neuron")
 #: Where an artifact is validated, benchmarked and served (see :mod:`neuron_build.release.gates`).
 DeviceKind = Literal["cpu", "cuda", "neuron"]
 
@@ -297,6 +305,15 @@ class ModelSpec(_Frozen):
     model is validated against (e.g. a fused variant against its written-out version); it must take the
     same inputs (names, shapes, dtypes, ranges). Neither is part of the key.
 
+    ``task = "text-generation"`` makes a decoder LM (an ``hf`` model loaded with ``AutoModelForCausalLM``,
+    or a factory returning a transformers causal LM) two kinds of graph over one static KV cache of
+    ``max_seq_len`` positions: ``buckets = { batch = [...], seq = [...] }`` are the prefill (context
+    encoding) buckets, and one decode (token generation) graph per batch size runs against the cache
+    (:mod:`neuron_build.compilers.textgen`). Such a model has no ``inputs`` (they follow from the task);
+    ``decode_buckets`` (cache lengths, NxDI's token-generation buckets) apply to the neuron backend, where
+    NxDI compiles all buckets of one batch size in one target (:mod:`neuron_build.project.textgen`).
+    ``tolerance.bf16`` is then the relative L2 error allowed on the logits of the first generated token.
+
     Serving options, read by :class:`neuron_build.runtime.BucketedModel` and recorded in each release
     (never part of the key): ``truncate`` lets an input longer than the largest bucket be cut to it
     (default: a clear error); ``convert_dtypes`` lets an input of another dtype than the artifact's be
@@ -311,7 +328,7 @@ class ModelSpec(_Frozen):
     kwargs: dict[str, Any] = {}
     dtypes: tuple[Dtype, ...] = Field(min_length=1)
     profiles: tuple[StrictStr, ...] = Field(min_length=1)
-    inputs: tuple[InputSpec, ...] = Field(min_length=1)
+    inputs: tuple[InputSpec, ...] = ()
     buckets: dict[str, tuple[PositiveInt, ...]] = {}
     weights: tuple[StrictStr, ...] = ()
     sources: tuple[StrictStr, ...] = ()
@@ -320,6 +337,14 @@ class ModelSpec(_Frozen):
     truncate: StrictBool = False
     convert_dtypes: StrictBool = False
     reference: StrictStr | None = None
+    task: Task | None = None
+    max_seq_len: PositiveInt | None = Field(default=None, strict=True)
+    decode_buckets: tuple[PositiveInt, ...] = ()
+
+    @property
+    def is_textgen(self) -> bool:
+        """True for a text-generation model (``task = "text-generation"``): prefill and decode graphs."""
+        return self.task == TEXT_GENERATION
 
     @field_validator("factory")
     @classmethod
@@ -411,6 +436,8 @@ class ModelSpec(_Frozen):
             return None
         from neuron_build import hf
 
+        if self.is_textgen:
+            return hf.spec(self.hf, self.auto_class or CAUSAL_LM, "logits", ["input_ids", "cache_position"])
         return hf.spec(self.hf, self.auto_class, self.output, [i.name for i in self.inputs])
 
 
@@ -745,7 +772,13 @@ def _cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
                 hint = f"did you mean '{close[0]}'? " if close else ""
                 faults.append(f"{toml_path(at + ('profiles', i))}: unknown profile '{p}'; {hint}"
                               f"defined profiles: {', '.join(profiles)}")
-        used: list[str] = []
+        if m.is_textgen or m.max_seq_len is not None or m.decode_buckets:
+            faults.extend(_check_textgen(cfg, m, at))
+        # without inputs, max_seq_len says the table meant task = "text-generation" (the one fault above)
+        meant_textgen = m.is_textgen or (not m.inputs and (m.max_seq_len is not None or bool(m.decode_buckets)))
+        if not m.inputs and not meant_textgen:
+            faults.append(f"{toml_path(at + ('inputs',))}: required key is missing; add it")
+        used: list[str] = list(m.buckets) if meant_textgen else []
         for i, inp in enumerate(m.inputs):
             for d in inp.dims:
                 if d not in m.buckets:
@@ -785,6 +818,57 @@ def _cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
                               f"install it (pip install {pkg}) or remove it")
         faults.extend(_check_reference(cfg, mname, m, at))
         faults.extend(_check_factory(m, root, at) if m.factory is not None else _check_hf(m, root, at))
+    return faults
+
+
+def _check_textgen(cfg: ConfigFile, m: ModelSpec, at: tuple[Any, ...]) -> list[str]:
+    """The keys of a text-generation model (or those given without ``task = "text-generation"``)."""
+    w = lambda *k: toml_path(at + k)  # noqa: E731
+    if not m.is_textgen:
+        given = "max_seq_len" if m.max_seq_len is not None else "decode_buckets"
+        return [f"{w(given)}: applies to task = \"text-generation\" only; remove it or add "
+                f"task = \"text-generation\" to {toml_path(at)}"]
+    faults = []
+    if m.max_seq_len is None:
+        faults.append(f"{w('max_seq_len')}: required for task = \"text-generation\" (the KV cache length in "
+                      f"tokens: prompt plus new tokens); add it, e.g. max_seq_len = 2048")
+    if m.inputs:
+        faults.append(f"{w('inputs')}: a text-generation model's inputs follow from the task (token ids, cache "
+                      f"positions, the KV cache); remove it")
+    dims = list(m.buckets)
+    if sorted(dims) != ["batch", "seq"]:
+        faults.append(f"{w('buckets')}: a text-generation model's buckets are the prefill buckets "
+                      f"{{ batch = [...], seq = [...] }}; got {{ {', '.join(dims) or 'nothing'} }}: "
+                      f"give exactly batch and seq")
+    elif m.max_seq_len is not None:
+        for i, s in enumerate(m.buckets["seq"]):
+            if s >= m.max_seq_len:
+                faults.append(f"{w('buckets', 'seq', i)}: a prompt of {s} tokens leaves no room in the KV "
+                              f"cache of max_seq_len = {m.max_seq_len} for a new token; lower it below "
+                              f"{m.max_seq_len} or raise max_seq_len")
+    for i, c in enumerate(m.decode_buckets):
+        if m.max_seq_len is not None and c > m.max_seq_len:
+            faults.append(f"{w('decode_buckets', i)}: {c} is longer than max_seq_len = {m.max_seq_len}; "
+                          f"lower it or raise max_seq_len")
+    if m.decode_buckets and cfg.build.backend != "neuron":
+        faults.append(f"{w('decode_buckets')}: the {cfg.build.backend} backend decodes against the whole KV "
+                      f"cache (max_seq_len); remove it (token-generation buckets over cache length are NxDI's, "
+                      f"for backend = \"neuron\")")
+    if cfg.build.backend not in TEXTGEN_BACKENDS:
+        faults.append(f"{w('task')}: text-generation models build with backend inductor or compile-cache "
+                      f"(transformers' static-cache export) or neuron (NxDI); [build] backend is "
+                      f"\"{cfg.build.backend}\": set backend = \"inductor\" or \"neuron\"")
+    if m.hf is not None and m.auto_class not in (None, CAUSAL_LM):
+        faults.append(f"{w('auto_class')}: a text-generation model loads with {CAUSAL_LM}; remove "
+                      f"auto_class or set it to \"{CAUSAL_LM}\"")
+    if m.output is not None:
+        faults.append(f"{w('output')}: a text-generation model's graphs return the logits; remove output")
+    if m.reference is not None:
+        faults.append(f"{w('reference')}: a text-generation model is validated against its own eager "
+                      f"generate(); remove reference")
+    if m.truncate:
+        faults.append(f"{w('truncate')}: a prompt is never cut; remove truncate (a prompt longer than every "
+                      f"seq bucket is refused with the fix)")
     return faults
 
 

@@ -11,7 +11,8 @@ Components (each hashed on its own so ``explain`` can say which one changed):
   static reading finds, e.g. a module loaded by a string), ``weights`` (the content of declared weight
   files and folders) and ``packages`` (the versions of the packages the model names, and the weight files
   they ship);
-- ``inputs``: the target dtype and each input's concrete shape, dtype and range;
+- ``inputs``: the target dtype and each input's concrete shape, dtype and range (for a text-generation
+  graph also ``graph``, prefill or decode, and ``max_seq_len``, the static KV cache's length);
 - ``compiler``: backend, hardware target, normalised compiler args (without ``--verbose``), profile
   options (``inline_weights_to_neff``, ``tp_degree``); for AOTInductor on CPU (built with ``-march=native``)
   also ``cpu_isa``, the build host's CPU ISA (:mod:`neuron_build.cpu_isa`);
@@ -370,11 +371,24 @@ class KeyMaker:
         return {
             "format": KEY_FORMAT,
             "model": self.model_component(target.model, recorded),
-            "inputs": {"dtype": target.dtype, "inputs": [i.to_json() for i in target.inputs(m)]},
+            "inputs": self._inputs(target, m),
             "compiler": comp,
             "env": self._env,
             "toolchain": self._toolchain,
         }
+
+    def _inputs(self, target: Target, m) -> dict[str, Any]:
+        """The ``inputs`` component; a text-generation graph adds ``graph`` and ``max_seq_len`` (the KV
+        cache's length, part of every graph's shapes)."""
+        comp: dict[str, Any] = {"dtype": target.dtype, "inputs": [i.to_json() for i in target.inputs(m)]}
+        if target.graph:
+            comp.update(graph=target.graph, max_seq_len=m.max_seq_len)
+        if target.graph == "nxdi":  # NxDI's NeuronConfig (tp_degree, buckets, dtype, sampling, LNC)
+            from neuron_build.project.textgen import neuron_config
+            comp["neuron_config"] = neuron_config(m, dict(target.bucket)["batch"], target.dtype,
+                                                  self.project.config.profiles[target.profile].tp_degree,
+                                                  self.hardware_target)
+        return comp
 
     def key(self, target: Target, recorded: list[str] | None = None) -> KeyInfo:
         """The target's :class:`KeyInfo` (``recorded`` as for :meth:`details`).

@@ -3,6 +3,14 @@
 A target id reads ``<model>/<bucket id>/<dtype>/<profile>`` (``minilm/b8-s128/bf16/o2``). The backend and
 hardware target are build-wide settings: they are part of every key, not of the id, so switching backend
 keeps the ids and changes the keys.
+
+A text-generation model (``task = "text-generation"``) has two graphs: one **prefill** target per prefill
+bucket (``llama/prefill-b1-s16/fp32/p1``) and one **decode** target per batch size
+(``llama/decode-b1/fp32/p1``, one token against the whole KV cache). The graph leads the bucket id, so ids
+keep their four parts (the store's per-target folders, the ledger, failures and release folders read them
+so); :attr:`Target.graph` is ``prefill`` or ``decode`` there, ``forward`` for every other model. On the
+neuron backend NxDI compiles all graphs of a batch size at once: one ``nxdi`` target per batch size
+(``llama/nxdi-b1/bf16/p1``).
 """
 
 from __future__ import annotations
@@ -16,6 +24,12 @@ from functools import cached_property
 
 from neuron_build.errors import UserError
 from neuron_build.project.config import INTEGER_DTYPES, ModelSpec, Project
+
+#: The graphs of a text-generation model, in build order.
+TEXTGEN_GRAPHS = ("prefill", "decode")
+#: Token ids in the example inputs of a text-generation graph are drawn from ``[0, 2)``: valid for any
+#: vocabulary (values never change a compiled graph; shapes and dtypes do).
+TOKEN_RANGE = (0.0, 2.0)
 
 
 @dataclass(frozen=True)
@@ -48,11 +62,20 @@ class Target:
     bucket: tuple[tuple[str, int], ...]
     dtype: str
     profile: str
+    #: ``""`` for a model's only forward; ``prefill`` or ``decode`` for a text-generation model.
+    graph: str = ""
 
     @cached_property
     def bucket_id(self) -> str:
-        """The bucket's id (``b8-s512``), computed once."""
-        return bucket_id(self.bucket)
+        """The bucket's id (``b8-s512``; ``prefill-b1-s16``, ``decode-b1`` for a text-generation graph),
+        computed once."""
+        bid = bucket_id(self.bucket)
+        return f"{self.graph}-{bid}" if self.graph else bid
+
+    @property
+    def graph_name(self) -> str:
+        """The graph this target compiles: ``forward``, ``prefill`` or ``decode``."""
+        return self.graph or "forward"
 
     @cached_property
     def id(self) -> str:
@@ -60,8 +83,17 @@ class Target:
         return f"{self.model}/{self.bucket_id}/{self.dtype}/{self.profile}"
 
     def inputs(self, spec: ModelSpec) -> tuple[ConcreteInput, ...]:
-        """The model's inputs with this bucket's sizes and this target's dtype filled in."""
+        """The model's inputs with this bucket's sizes and this target's dtype filled in. A text-generation
+        graph takes ``input_ids`` (int64 ``[batch, seq]``; ``[batch, 1]`` for decode) and ``cache_position``
+        (int64 ``[seq]``; ``[1]``), the KV cache being state shared by the graphs of one batch size."""
         sizes = dict(self.bucket)
+        if self.graph == "nxdi":
+            return (ConcreteInput("input_ids", (sizes["batch"], max(spec.buckets.get("seq", (1,)))), "int64",
+                                  TOKEN_RANGE),)
+        if self.graph:
+            n = sizes.get("seq", 1)
+            return (ConcreteInput("input_ids", (sizes["batch"], n), "int64", TOKEN_RANGE),
+                    ConcreteInput("cache_position", (n,), "int64", (0.0, float(spec.max_seq_len or n))))
         return tuple(
             ConcreteInput(name=i.name, shape=tuple(sizes[d] if isinstance(d, str) else d for d in i.shape),
                           dtype=i.dtype or self.dtype, range=i.range)
@@ -82,12 +114,34 @@ def expand(project: Project) -> list[Target]:
     """All targets of the matrix, in config order (model, dtype, profile, then buckets in value order)."""
     out: list[Target] = []
     for name, m in project.config.models.items():
+        if m.is_textgen:
+            out.extend(textgen_targets(name, m, nxdi=project.config.build.backend == "neuron"))
+            continue
         dims = list(m.buckets)
         combos = list(itertools.product(*(m.buckets[d] for d in dims)))
         for dtype in m.dtypes:
             for profile in m.profiles:
                 for values in combos:
                     out.append(Target(name, tuple(zip(dims, values, strict=True)), dtype, profile))
+    return out
+
+
+def textgen_targets(name: str, m: ModelSpec, nxdi: bool = False) -> list[Target]:
+    """The targets of a text-generation model: per dtype and profile, a prefill target per (batch, seq)
+    bucket, then a decode target per batch size. With ``nxdi`` (backend neuron), one ``nxdi`` target per
+    batch size (``llama/nxdi-b1/bf16/p1``): NxDI compiles every prefill and decode bucket of it at once."""
+    out = []
+    batches, seqs = m.buckets.get("batch", (1,)), m.buckets.get("seq", ())
+    for dtype in m.dtypes:
+        for profile in m.profiles:
+            if nxdi:
+                out.extend(Target(name, (("batch", b),), dtype, profile, "nxdi") for b in batches)
+                continue
+            for b in batches:
+                for s in seqs:
+                    out.append(Target(name, (("batch", b), ("seq", s)), dtype, profile, "prefill"))
+            for b in batches:
+                out.append(Target(name, (("batch", b),), dtype, profile, "decode"))
     return out
 
 

@@ -212,6 +212,8 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
                "backend": rel.backend, "hardware_target": rel.hardware_target, "dims": rt["dims"],
                "inputs": rt["inputs"], "truncate": rt["truncate"], "convert_dtypes": rt["convert_dtypes"],
                "buckets": buckets, "toolchain": rel.toolchain, "pulled": utc_now(), "pulled_by": actor()}
+        if rt.get("textgen") is not None:  # prefill and decode graphs: BucketedModel.generate
+            doc["textgen"] = rt["textgen"]
         if rt.get("serving") is not None:  # compile-cache / torchneuron: how serving rebuilds and compiles the model
             doc["serving"] = rt["serving"]
         (staging / "release.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -548,6 +548,10 @@ def create_release(builder, model: str, dtype: str | None = None, profile: str |
         "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype or dtype, "pad": i.pad_value}
                    for i in spec.inputs],
         "truncate": spec.truncate, "convert_dtypes": spec.convert_dtypes}
+    if spec.is_textgen:  # prefill and decode graphs: what generate() routes by
+        runtime["inputs"] = [{"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64", "pad": 0}]
+        runtime["textgen"] = {"max_seq_len": spec.max_seq_len,
+                              "graphs": {t.bucket_id: t.graph for t, _, _ in found}}
     first = found[0][2]
     serving = (first.compiler or {}).get("serving")
     if serving is not None:  # compile-cache / torchneuron: the artifact is a cache; serving rebuilds the model

@@ -1,0 +1,253 @@
+"""Text-generation graphs: prefill and decode of a transformers causal LM over one static KV cache.
+
+A text-generation model (``task = "text-generation"`` in buckets.toml) is compiled as two kinds of graph,
+each a target of its own (:mod:`neuron_build.project.matrix`):
+
+- **prefill** at a bucket ``(batch, seq)``: ``input_ids`` int64 ``[batch, seq]`` (the prompt right-padded
+  to ``seq``) and ``cache_position`` int64 ``[seq]`` (``0..seq-1``) -> logits ``[batch, seq, vocab]``; it
+  writes the prompt's keys and values into the cache;
+- **decode** at a batch size: ``input_ids`` ``[batch, 1]`` and ``cache_position`` ``[1]`` -> logits
+  ``[batch, 1, vocab]``, one token against the whole cache.
+
+Both are exported with transformers' own exportable wrapper,
+``transformers.integrations.executorch.TorchExportableModuleWithStaticCache`` (a ``StaticCache`` of
+``max_seq_len`` positions held as buffers ``key_cache_<i>``, ``value_cache_<i>``, ``cumulative_length_<i>``),
+through ``torch.export.export(..., strict=True)``: with ``strict=False`` the cache's ``cumulative_length``
+tensors are lifted as constants and AOTInductor fails on their mutation [measured: shared notes 2.3].
+Pad slots of a right-padded prompt are masked by position and overwritten by the decode steps.
+
+The **inductor** backend compiles each graph with AOTInductor to ``model.pt2`` *without* its weights
+(``aot_inductor.package_constants_in_so = False``); the weights go to ``weights.safetensors`` beside it
+(one tensor per FQN of the exported program, cloned, no metadata). Every graph of one model and dtype
+writes byte-identical weights, and the store's CAS keeps a blob once by its sha256, so a release holds the
+weights once however many graphs it pins. At load time the weights and the KV state are handed to each
+graph with ``load_constants(..., user_managed=True)``: the prefill graphs of a batch size and its decode
+graph share one state (:mod:`neuron_build.compilers.textgen_serve`), as NxD shares one state set per rank
+across its submodels [code: shared notes 1.5].
+
+The **compile-cache** backend warms ``torch.compile(wrapper, backend="inductor", fullgraph=True,
+dynamic=False)`` on the graph's shapes and captures the caches as for other models
+(:mod:`neuron_build.compilers.compile_cache`); serving rebuilds the wrapper from the recorded model and hits
+them.
+
+``textgen.json`` in each artifact records the graph, the bucket, ``max_seq_len``, the state's tensors
+(name, shape, dtype) and the files. Torch and transformers are imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from neuron_build.compilers.base import CompileFailed, CompileRequest, CompileResult, enter_stage
+from neuron_build.status import Status
+
+#: The artifact file describing a text-generation graph.
+INFO = "textgen.json"
+#: The weights of an inductor text-generation graph (shared by every graph of the model and dtype).
+WEIGHTS = "weights.safetensors"
+#: Buffer name prefixes of the wrapper's static KV cache (the state, never weights).
+STATE_PREFIXES = ("key_cache_", "value_cache_", "cumulative_length_")
+EXPORT = "transformers.integrations.executorch.TorchExportableModuleWithStaticCache + torch.export(strict=True)"
+
+
+def causal_lm(model):
+    """The transformers causal LM inside ``model`` (the module :func:`neuron_build.hf.build` wraps, or a
+    factory's model), set up for a static cache: ``use_cache`` on, ``generation_config.cache_implementation
+    = "static"`` (the wrapper asserts it [measured]).
+
+    Raises:
+        CompileFailed: ERROR when the module is not a transformers model with a generation config.
+    """
+    lm = getattr(model, "model", None) if type(model).__name__ == "HFOutput" else model
+    if lm is None or getattr(lm, "generation_config", None) is None or not hasattr(lm, "config"):
+        raise CompileFailed(Status.ERROR, f"a text-generation model must be a transformers causal LM (e.g. from "
+                            f"AutoModelForCausalLM); got {type(model).__name__}")
+    lm.config.use_cache = True
+    lm.generation_config.cache_implementation = "static"
+    return lm
+
+
+def static_wrapper(lm, batch: int, max_seq_len: int):
+    """transformers' ``TorchExportableModuleWithStaticCache`` of ``lm`` for ``batch`` rows and a cache of
+    ``max_seq_len`` positions (its KV buffers zeroed)."""
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+    w = TorchExportableModuleWithStaticCache(lm, batch_size=batch, max_cache_len=max_seq_len)
+    reset_state(w)
+    return w.eval()
+
+
+def reset_state(wrapper) -> None:
+    """Zero the wrapper's KV cache buffers: the wrapper never clears K/V between sequences [measured]."""
+    for name, buf in wrapper.named_buffers():
+        if name.startswith(STATE_PREFIXES):
+            buf.zero_()
+
+
+def graph_inputs(graph: str, batch: int, seq: int) -> dict[str, Any]:
+    """The example kwargs of a graph: prefill ``input_ids`` zeros ``[batch, seq]`` and ``cache_position``
+    ``0..seq-1``; decode ``[batch, 1]`` and ``[seq]`` (any position: values do not change the graph)."""
+    import torch
+
+    if graph == "prefill":
+        return {"input_ids": torch.zeros(batch, seq, dtype=torch.long), "cache_position": torch.arange(seq)}
+    return {"input_ids": torch.zeros(batch, 1, dtype=torch.long), "cache_position": torch.tensor([seq])}
+
+
+def state_spec(wrapper) -> list[dict[str, Any]]:
+    """The KV state's tensors: ``[{"name", "shape", "dtype"}]`` (torch dtype names without ``torch.``)."""
+    return [{"name": n, "shape": list(b.shape), "dtype": str(b.dtype).removeprefix("torch.")}
+            for n, b in wrapper.named_buffers() if n.startswith(STATE_PREFIXES)]
+
+
+def export_graph(wrapper, graph: str, batch: int, seq: int):
+    """``torch.export.export(wrapper, (), kwargs, strict=True)`` of one graph (see :func:`graph_inputs`)."""
+    import torch
+
+    with torch.no_grad():
+        return torch.export.export(wrapper, (), graph_inputs(graph, batch, seq), strict=True)
+
+
+def weights_of(ep) -> dict[str, Any]:
+    """The exported program's weights by FQN (parameters, persistent buffers and lifted constants, the KV
+    state left out), each cloned and contiguous (tied weights become separate, identical tensors)."""
+    out = {}
+    for src in (ep.state_dict, ep.constants):
+        for k, v in src.items():
+            if not k.startswith(STATE_PREFIXES) and hasattr(v, "detach"):
+                out[k] = v.detach().clone().contiguous()
+    return dict(sorted(out.items()))
+
+
+def _options(request: CompileRequest) -> tuple[str, int, int, int]:
+    o = request.options
+    return str(o["graph"]), int(o["batch"]), int(o["seq"]), int(o["max_seq_len"])
+
+
+class TextGenInductorCompiler:
+    """Prefill or decode graph -> AOTInductor ``model.pt2`` (no weights inside) + ``weights.safetensors``."""
+
+    name = "inductor"
+
+    def compile(self, model, example_inputs, request: CompileRequest) -> CompileResult:
+        import torch
+        from safetensors.torch import save_file
+
+        from neuron_build.compilers.inductor import OP_COUNT_SOURCE, count_package_kernels
+
+        if request.hardware_target != "cpu":
+            raise CompileFailed(Status.ERROR, "text-generation graphs build for device = \"cpu\" only; set "
+                                "device = \"cpu\" under [build]")
+        graph, batch, seq, max_seq_len = _options(request)
+        lm = causal_lm(model)
+        wrapper = static_wrapper(lm, batch, max_seq_len)
+        print(f"{graph} graph: batch {batch}, {'seq ' + str(seq) if graph == 'prefill' else 'one token'}, "
+              f"KV cache {max_seq_len} positions; {EXPORT}", flush=True)
+        enter_stage("export")
+        ep = export_graph(wrapper, graph, batch, seq)
+        print(f"exported graph: {len(ep.graph.nodes)} nodes; AOTInductor compile for cpu (weights outside)",
+              flush=True)
+        out = Path(request.out_dir)
+        enter_stage("compile")
+        torch._inductor.aoti_compile_and_package(
+            ep, package_path=str(out / "model.pt2"),
+            inductor_configs={"aot_inductor.package_constants_in_so": False})
+        enter_stage("save")
+        weights = weights_of(ep)
+        save_file(weights, str(out / WEIGHTS))
+        info = {"graph": graph, "batch": batch, "seq": seq if graph == "prefill" else 1,
+                "max_seq_len": max_seq_len, "state": state_spec(wrapper), "weights": WEIGHTS,
+                "artifact": "model.pt2", "export": EXPORT}
+        (out / INFO).write_text(json.dumps(info, indent=2) + "\n")
+        enter_stage("count")
+        ops, breakdown = count_package_kernels(out / "model.pt2")
+        print(f"op count {ops}; weights {len(weights)} tensors", flush=True)
+        return CompileResult(op_count=ops, op_count_source=OP_COUNT_SOURCE, details={
+            "artifact": "model.pt2", "loader": "torch._inductor.aoti_load_package", "textgen": info,
+            "exported_nodes": len(ep.graph.nodes), "op_breakdown": breakdown})
+
+
+class TextGenCompileCacheCompiler:
+    """Prefill or decode graph -> ``torch.compile`` caches of the static-cache wrapper
+    (:class:`neuron_build.compilers.compile_cache.CompileCacheCompiler`'s files)."""
+
+    name = "compile-cache"
+
+    def preflight(self, request: CompileRequest) -> None:
+        from neuron_build.compilers.compile_cache import CompileCacheCompiler
+
+        CompileCacheCompiler().preflight(request)
+
+    def compile(self, model, example_inputs, request: CompileRequest) -> CompileResult:
+        import torch
+
+        from neuron_build.compilers import compile_cache as cc
+
+        if request.hardware_target != "cpu":
+            raise CompileFailed(Status.ERROR, "text-generation graphs build for device = \"cpu\" only; set "
+                                "device = \"cpu\" under [build]")
+        graph, batch, seq, max_seq_len = _options(request)
+        wrapper = static_wrapper(causal_lm(model), batch, max_seq_len)
+        kwargs = cc.torch_compile_kwargs("compile-cache")
+        torch._dynamo.reset()
+        before, n0 = cc.compile_counters(), cc.n_graph_rows()
+        print(f"{graph} graph: torch.compile({kwargs}) of the static-cache wrapper, batch {batch}, KV cache "
+              f"{max_seq_len}", flush=True)
+        enter_stage("compile")
+        compiled = torch.compile(wrapper, **kwargs)
+        inputs = graph_inputs(graph, batch, seq)
+        try:
+            with torch.no_grad():
+                compiled(**inputs)
+        except Exception as e:
+            brk = cc.graph_break(e)
+            if brk:
+                raise CompileFailed(Status.ERROR, f"graph break: {brk}", 1, {"graph_break": brk}) from e
+            raise
+        counts = cc.counter_delta(before, cc.compile_counters())
+        rows = cc.graph_rows(n0)
+        enter_stage("save")
+        out = Path(request.out_dir)
+        blob = cc.capture(out)
+        cache_dir = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        kernels = []
+        for src in cc.kernel_files(cache_dir):
+            rel = f"{cc.KERNEL_DIR}/{src.relative_to(cache_dir).as_posix()}"
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, out / rel)
+            kernels.append(rel)
+        info = {"graph": graph, "batch": batch, "seq": seq if graph == "prefill" else 1,
+                "max_seq_len": max_seq_len, "state": state_spec(wrapper), "artifact": cc.BLOB}
+        (out / INFO).write_text(json.dumps(info, indent=2) + "\n")
+        ops = sum(int(r["op_count"] or 0) for r in rows) if rows else None
+        serving = cc.serving_settings("compile-cache", request, env=cc.inductor_env(os.environ))
+        serving["textgen"] = {"max_seq_len": max_seq_len}
+        return CompileResult(op_count=ops, op_count_source=cc.OP_COUNT_SOURCE if rows else None, details={
+            "artifact": cc.BLOB, "loader": cc.LOADER, "artifact_kind": "compile-cache", "textgen": info,
+            "serving": serving, "graphs": rows, "cache": blob, "counters": counts, "kernels": kernels})
+
+
+def textgen_compiler(backend: str):
+    """The compiler of a text-generation graph for ``backend``.
+
+    Raises:
+        CompileFailed: ERROR for a backend that does not build text-generation graphs.
+    """
+    if backend == "inductor":
+        return TextGenInductorCompiler()
+    if backend == "compile-cache":
+        return TextGenCompileCacheCompiler()
+    if backend == "neuron":  # NxDI: every bucket of a batch size in one compile
+        from neuron_build.compilers.neuron.nxdi import NxDICompiler
+        return NxDICompiler()
+    raise CompileFailed(Status.ERROR, f"text-generation models build with backend inductor or compile-cache, "
+                        f"not {backend}; set backend = \"inductor\" under [build]")
+
+
+__all__ = ["INFO", "STATE_PREFIXES", "WEIGHTS", "TextGenCompileCacheCompiler", "TextGenInductorCompiler",
+           "causal_lm", "export_graph", "graph_inputs", "reset_state", "state_spec", "static_wrapper",
+           "textgen_compiler", "weights_of"]

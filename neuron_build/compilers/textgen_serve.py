@@ -1,0 +1,338 @@
+"""Greedy generation from compiled prefill and decode graphs (:mod:`neuron_build.compilers.textgen`).
+
+:class:`TextGenEngine` holds, per batch size, the prefill graphs (one per seq bucket), the decode graph
+and **one** KV state they share. ``generate`` is greedy decoding, equal token for token to transformers'
+``generate(do_sample=False)`` of the eager model in fp32 [measured: shared notes 2.1, and the tests]:
+
+1. Each row's prompt is its tokens where ``attention_mask`` is 1 (all of them without a mask; a row's
+   real tokens must be contiguous: left or right padding). Rows are grouped by prompt length, since the
+   graphs take one ``cache_position`` for the whole batch.
+2. A group runs in chunks of the largest batch size (a chunk smaller than every batch bucket it fits is
+   padded with copies of its first row, whose outputs are dropped), in the smallest prefill bucket whose
+   ``seq`` holds the prompt: the prompt is right-padded with token 0 to ``seq`` (pad positions are masked by
+   position and later overwritten by the decode steps).
+3. The state is zeroed, prefill runs at positions ``0..seq-1`` and the first new token is the argmax of the
+   logits at the prompt's last position; each decode step feeds the last token at position ``n``,
+   ``n+1``, ... (``n`` = the prompt length; transformers' own exportable ``generate`` helper skips a slot
+   here and diverges [measured]).
+4. With ``eos_token_id``, a row that produced it gets ``eos_token_id`` from then on, and generation stops
+   when every row has (as transformers pads finished rows with its pad token, which defaults to eos).
+   Without it, exactly ``max_new_tokens`` are generated.
+
+The result is ``input_ids`` (as given, padding included) followed by the new tokens: ``[batch,
+prompt_len + new]`` int64, like transformers' ``generate``. Nothing compiles here: AOTInductor graphs are
+loaded, compile-cache graphs hit the installed caches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neuron_build.errors import UserError
+
+
+class GenerateError(UserError):
+    """A request the compiled graphs cannot serve (prompt longer than every bucket, more tokens than the
+    KV cache holds, a malformed mask); one line with the fix."""
+
+
+@dataclass
+class GraphSet:
+    """The graphs of one batch size: ``prefill`` seq -> callable, ``decode`` callable, ``reset`` zeroing
+    their shared KV state. Callables take ``input_ids`` and ``cache_position`` keywords, return logits."""
+
+    batch: int
+    prefill: dict[int, Callable[..., Any]] = field(default_factory=dict)
+    decode: Callable[..., Any] | None = None
+    reset: Callable[[], None] = lambda: None
+
+
+def _dtype(name: str):
+    import torch
+    return getattr(torch, name)
+
+
+class AOTIStates:
+    """Loads AOTInductor text-generation graphs and shares weights (once per weights file content) and a
+    KV state (once per batch size) between them through ``load_constants(..., user_managed=True)``."""
+
+    def __init__(self) -> None:
+        self.weights: dict[str, dict[str, Any]] = {}
+        self.states: dict[int, dict[str, Any]] = {}
+
+    def state(self, batch: int, spec: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        if batch not in self.states:
+            self.states[batch] = {s["name"]: torch.zeros(s["shape"], dtype=_dtype(s["dtype"])) for s in spec}
+        return self.states[batch]
+
+    def load(self, package: Path, weights: Path, weights_id: str, info: dict[str, Any]):
+        """Load ``package`` (a ``.pt2``) and give it the weights of ``weights`` (read once per
+        ``weights_id``, e.g. the file's sha256) and the KV state of its batch size.
+
+        Raises:
+            UserError: the package needs a constant that neither the weights nor the state hold.
+        """
+        import torch
+        from safetensors.torch import load_file
+
+        runner = torch._inductor.aoti_load_package(str(package))
+        if weights_id not in self.weights:
+            self.weights[weights_id] = load_file(str(weights))
+        state = self.state(int(info["batch"]), info["state"])
+        have = {**self.weights[weights_id], **state}
+        fqns = list(runner.get_constant_fqns())
+        missing = [f for f in fqns if f not in have]
+        if missing:
+            raise UserError(f"{package}: its graph needs constants {', '.join(missing[:5])} that {weights.name} "
+                            f"does not hold; pull the release again")
+        runner.load_constants({f: have[f] for f in fqns}, check_full_update=False, user_managed=True)
+        return runner
+
+    def reset(self, batch: int) -> Callable[[], None]:
+        def zero() -> None:
+            for t in self.states.get(batch, {}).values():
+                t.zero_()
+        return zero
+
+
+class TextGenEngine:
+    """Greedy generation over compiled graphs (see the module docstring).
+
+    Args:
+        groups: batch size -> :class:`GraphSet` (each with a decode graph and at least one prefill graph).
+        max_seq_len: the KV cache length in tokens.
+        name: the model's name, for messages.
+    """
+
+    def __init__(self, groups: dict[int, GraphSet], max_seq_len: int, name: str = "model"):
+        self.groups = dict(sorted(groups.items()))
+        self.max_seq_len = int(max_seq_len)
+        self.name = name
+        self.seqs = sorted({s for g in self.groups.values() for s in g.prefill})
+        for b, g in self.groups.items():
+            if g.decode is None or not g.prefill:
+                raise UserError(f"{name}: batch size {b} has {'no decode graph' if g.decode is None else 'no prefill graph'};"
+                                f" release both graphs of every bucket")
+
+    # -- routing ------------------------------------------------------------------------------------
+    def prefill_bucket(self, batch: int, n: int) -> int:
+        """The smallest prefill ``seq`` of batch size ``batch`` that holds a prompt of ``n`` tokens.
+
+        Raises:
+            GenerateError: the prompt is longer than every prefill bucket.
+        """
+        fits = [s for s in sorted(self.groups[batch].prefill) if s >= n]
+        if not fits:
+            raise GenerateError(
+                f"a prompt of {n} tokens is longer than every prefill bucket of {self.name} (seq = {self.seqs}); "
+                f"add a seq bucket >= {n} (below max_seq_len = {self.max_seq_len}) to [models.{self.name}] "
+                f"buckets in buckets.toml, then build, release, promote and pull again")
+        return fits[0]
+
+    def chunks(self, rows: int) -> list[tuple[int, int]]:
+        """(rows, batch bucket) per chunk: chunks of the largest batch size, each in the smallest batch
+        bucket that holds it."""
+        top = max(self.groups)
+        sizes = [top] * (rows // top) + ([rows % top] if rows % top else [])
+        return [(k, min(b for b in self.groups if b >= k)) for k in sizes]
+
+    # -- generation ---------------------------------------------------------------------------------
+    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 20, eos_token_id: int | None = None):
+        """Greedy generation (module docstring).
+
+        Args:
+            input_ids: int64 ``[batch, prompt_len]``.
+            attention_mask: optional ``[batch, prompt_len]`` of 0/1 (left or right padding).
+            max_new_tokens: new tokens per row (at least 1).
+            eos_token_id: stop a row at this token (then padded with it); None: never stop early.
+
+        Returns:
+            int64 ``[batch, prompt_len + new]``: ``input_ids`` then the new tokens.
+
+        Raises:
+            GenerateError: a malformed request, a prompt longer than every bucket, or more tokens than the
+                KV cache holds.
+        """
+        import torch
+
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            raise GenerateError("input_ids must be a 2-D tensor [batch, prompt_len] of token ids")
+        if max_new_tokens < 1:
+            raise GenerateError(f"max_new_tokens is {max_new_tokens}; give at least 1")
+        ids = input_ids.to(torch.long).cpu()
+        prompts = self._prompts(ids, attention_mask)
+        by_len: dict[int, list[int]] = {}
+        for i, p in enumerate(prompts):
+            by_len.setdefault(len(p), []).append(i)
+        new: list[list[int]] = [[] for _ in prompts]
+        for n, rows in sorted(by_len.items()):
+            if n + max_new_tokens > self.max_seq_len:
+                raise GenerateError(
+                    f"a prompt of {n} tokens plus max_new_tokens = {max_new_tokens} exceeds the KV cache of "
+                    f"{self.name} (max_seq_len = {self.max_seq_len}); ask for at most {self.max_seq_len - n} "
+                    f"new tokens, or raise max_seq_len in [models.{self.name}] and rebuild")
+            start = 0
+            for k, bb in self.chunks(len(rows)):
+                part = rows[start:start + k]
+                start += k
+                toks = torch.stack([prompts[i] for i in part] + [prompts[part[0]]] * (bb - k))
+                out = self._run(self.groups[bb], toks, max_new_tokens, eos_token_id)
+                for j, i in enumerate(part):
+                    new[i] = out[j]
+        longest = max(len(t) for t in new)
+        fill = eos_token_id if eos_token_id is not None else 0
+        tail = torch.tensor([t + [fill] * (longest - len(t)) for t in new], dtype=torch.long)
+        return torch.cat([ids, tail], dim=1)
+
+    def _prompts(self, ids, mask) -> list:
+        import torch
+
+        if mask is None:
+            return [row for row in ids]
+        mask = torch.as_tensor(mask).cpu()
+        if tuple(mask.shape) != tuple(ids.shape):
+            raise GenerateError(f"attention_mask has shape {list(mask.shape)}; it must match input_ids "
+                                f"{list(ids.shape)}")
+        out = []
+        for r in range(ids.shape[0]):
+            where = torch.nonzero(mask[r]).flatten()
+            if where.numel() == 0:
+                raise GenerateError(f"row {r} of attention_mask is all zeros; every row needs a prompt")
+            lo, hi = int(where[0]), int(where[-1]) + 1
+            if int(mask[r, lo:hi].sum()) != hi - lo:
+                raise GenerateError(f"row {r} of attention_mask has holes; pad on the left or the right only")
+            out.append(ids[r, lo:hi])
+        return out
+
+    def _run(self, g: GraphSet, toks, max_new: int, eos: int | None) -> list[list[int]]:
+        import torch
+
+        rows, n = toks.shape
+        s = self.prefill_bucket(g.batch, n)
+        x = torch.zeros(rows, s, dtype=torch.long)
+        x[:, :n] = toks
+        g.reset()
+        with torch.no_grad():
+            logits = g.prefill[s](input_ids=x, cache_position=torch.arange(s))
+            tok = logits[:, n - 1].argmax(-1)
+            done = torch.zeros(rows, dtype=torch.bool)
+            out = []
+            for step in range(max_new):
+                if eos is not None:
+                    tok = torch.where(done, torch.full_like(tok, eos), tok)
+                    done = done | (tok == eos)
+                out.append(tok)
+                if step == max_new - 1 or (eos is not None and bool(done.all())):
+                    break
+                logits = g.decode(input_ids=tok[:, None], cache_position=torch.tensor([n + step]))
+                tok = logits[:, -1].argmax(-1)
+        return torch.stack(out, 1).tolist()
+
+    def first_logits(self, tokens) -> Any:
+        """fp32 logits of the first new token for prompts of one length (``[rows, prompt_len]`` int64; rows
+        at most the largest batch size): ``[rows, vocab]``. For validation's logits error."""
+        import torch
+
+        rows, n = tokens.shape
+        bb = min(b for b in self.groups if b >= rows)
+        g = self.groups[bb]
+        s = self.prefill_bucket(bb, n)
+        x = torch.zeros(bb, s, dtype=torch.long)
+        x[:rows, :n] = tokens
+        g.reset()
+        with torch.no_grad():
+            logits = g.prefill[s](input_ids=x, cache_position=torch.arange(s))
+        g.reset()
+        return logits[:rows, n - 1].float()
+
+
+def aoti_engine(graphs: Sequence[tuple[dict[str, Any], Path, Path, str]], max_seq_len: int,
+                name: str) -> TextGenEngine:
+    """An engine over AOTInductor graphs.
+
+    Args:
+        graphs: per graph ``(textgen info, model.pt2 path, weights.safetensors path, weights id)``; the info
+            is the artifact's ``textgen.json`` (graph, batch, seq, state).
+    """
+    states = AOTIStates()
+    groups: dict[int, GraphSet] = {}
+    for info, package, weights, wid in graphs:
+        b = int(info["batch"])
+        g = groups.setdefault(b, GraphSet(b, reset=states.reset(b)))
+        runner = states.load(package, weights, wid, info)
+        if info["graph"] == "prefill":
+            g.prefill[int(info["seq"])] = runner
+        else:
+            g.decode = runner
+    return TextGenEngine(groups, max_seq_len, name)
+
+
+def compiled_engine(lm, batches: Sequence[int], seqs: Sequence[int], max_seq_len: int, compile_kwargs: dict,
+                    name: str) -> TextGenEngine:
+    """An engine over ``torch.compile`` of transformers' static-cache wrapper of ``lm``, one per batch size
+    (its buffers are the KV state its prefill and decode calls share); call after the caches are installed
+    (:func:`neuron_build.compilers.compile_cache.install_from_caches`) so that every graph is a cache hit."""
+    import torch
+
+    from neuron_build.compilers.textgen import reset_state, static_wrapper
+
+    groups = {}
+    for b in sorted(set(batches)):
+        w = static_wrapper(lm, b, max_seq_len)
+        fn = torch.compile(w, **compile_kwargs)
+        groups[b] = GraphSet(b, prefill={s: fn for s in seqs}, decode=fn, reset=lambda w=w: reset_state(w))
+    return TextGenEngine(groups, max_seq_len, name)
+
+
+__all__ = ["AOTIStates", "GenerateError", "GraphSet", "TextGenEngine", "aoti_engine", "compiled_engine"]
+
+
+def release_engine(release: dict[str, Any], root: Path, build_lm: Callable[[], Any] | None = None):
+    """The engine of a pulled text-generation release (``release.json`` content, its folder ``root``).
+
+    AOTInductor releases load each bucket folder's ``model.pt2`` with its ``weights.safetensors`` (read once
+    per content, by the sha256 release.json lists) and ``textgen.json``. Compile-cache releases install
+    every bucket's caches first (:func:`neuron_build.compilers.compile_cache.install_from_caches`), then
+    compile the model ``build_lm()`` returns (the recorded one) once per batch size.
+
+    Returns:
+        (the :class:`TextGenEngine`, installed cache entries per type: empty for AOTInductor).
+
+    Raises:
+        UserError: a bucket folder lacks ``textgen.json`` (not a text-generation artifact).
+    """
+    import json
+
+    name, tg = release.get("model", "model"), release["textgen"]
+    infos = []
+    for b in release["buckets"]:
+        f = root / b["id"] / "textgen.json"
+        try:
+            infos.append((b, json.loads(f.read_text())))
+        except (OSError, ValueError) as e:
+            raise UserError(f"{f}: cannot read it ({e}); pull the release again") from None
+    backend = release.get("backend", "")
+    if backend == "compile-cache":
+        from neuron_build.compilers.compile_cache import install_from_caches
+        from neuron_build.compilers.textgen import causal_lm
+
+        serving = release["serving"]
+        installed, _, _ = install_from_caches([root / b["id"] for b, _ in infos], serving, backend)
+        lm = causal_lm(build_lm())
+        batches = [int(i["batch"]) for _, i in infos]
+        seqs = sorted({int(i["seq"]) for _, i in infos if i["graph"] == "prefill"})
+        return compiled_engine(lm, batches, seqs, int(tg["max_seq_len"]), serving["torch_compile"], name), installed
+    graphs = []
+    for b, info in infos:
+        wname = f"{b['id']}/{info.get('weights', 'weights.safetensors')}"
+        wid = (b.get("files", {}).get(wname) or {}).get("sha256") or wname
+        graphs.append((info, root / b["artifact"], root / wname, wid))
+    return aoti_engine(graphs, int(tg["max_seq_len"]), name), {}
+
+
+__all__ += ["release_engine"]

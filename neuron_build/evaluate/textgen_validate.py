@@ -1,0 +1,192 @@
+"""Validation of a text-generation graph: greedy generation from the compiled graphs against
+transformers' ``generate(do_sample=False)`` of the eager fp32 model on the CPU.
+
+A graph cannot run alone (prefill fills the KV cache, decode reads it), so each target is checked with
+its partner of the same model, dtype, profile and batch size: a prefill target with the decode graph, a
+decode target with the smallest prefill bucket. Both must be built (``doit validate`` builds them first).
+
+Scenarios (rows of the record's ``outputs``): at the target's batch size, prompts of two lengths (the
+prefill bucket's ``seq`` and half of it; for a decode target 1 and the prefill bucket's ``seq``) drawn
+from the seed :func:`neuron_build.evaluate.validate.validation_seed`, each generating
+``min(8, max_seq_len - length)`` new tokens with ``eos`` off on both sides (``min_new_tokens``). Per row:
+
+- ``tokens_equal`` and ``first_diff``: the first new-token position where the compiled tokens differ from
+  the eager ones (None when equal), and ``new_tokens``;
+- ``rel_l2_error``, ``max_abs_error``, ``cosine_similarity``: the logits of the first new token (the
+  prefill graph's logits at the prompt's last position, fp32) against the eager fp32 model's.
+
+Verdict: **fp32** passes when every row's tokens are equal, token for token; **bf16/fp16** pass when every
+row's first-token logits error is within the model's ``tolerance`` for the dtype (default 2e-2): greedy
+tokens of a reduced-precision model legitimately drift, and ``first_diff`` says where.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from neuron_build.errors import UserError
+from neuron_build.project.matrix import Target
+
+
+def partners(targets: list[Target], target: Target) -> list[Target]:
+    """The graphs ``target`` runs with: every text-generation target of its model, dtype, profile and batch
+    size (itself included), prefill first by seq, then decode."""
+    b = dict(target.bucket)["batch"]
+    same = [t for t in targets if t.graph and t.model == target.model and t.dtype == target.dtype
+            and t.profile == target.profile and dict(t.bucket)["batch"] == b]
+    return sorted(same, key=lambda t: (t.graph != "prefill", dict(t.bucket).get("seq", 0)))
+
+
+def _engine(project, store, spec, target: Target, chosen: list[tuple[Target, str, Any]], backend: str):
+    import json
+
+    from neuron_build.compilers.textgen_serve import aoti_engine, compiled_engine
+
+    if backend == "compile-cache":
+        from neuron_build.compilers.compile_cache import install_from_caches
+        from neuron_build.compilers.textgen import causal_lm
+        from neuron_build.examples import build_model
+
+        serving = chosen[0][2].compiler["serving"]
+        install_from_caches([store.artifact_dir(k) for _, k, _ in chosen], serving, backend)
+        lm = causal_lm(build_model(project.root, spec.factory, dict(spec.kwargs), target.dtype, hf=spec.hf_spec()))
+        seqs = [dict(t.bucket)["seq"] for t, _, _ in chosen if t.graph == "prefill"]
+        return compiled_engine(lm, [dict(target.bucket)["batch"]], seqs, spec.max_seq_len,
+                               serving["torch_compile"], target.model)
+    graphs = []
+    for _t, k, m in chosen:
+        d = store.artifact_dir(k)
+        info = json.loads((d / "textgen.json").read_text())
+        graphs.append((info, d / "model.pt2", d / info["weights"], m.files[info["weights"]].sha256))
+    return aoti_engine(graphs, spec.max_seq_len, target.model)
+
+
+def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], tol: float, seed: int,
+                     compare_tensors) -> dict[str, Any]:
+    """Fill ``rec`` (the record :func:`neuron_build.evaluate.validate.validate_target` started) with the
+    rows and verdict of a text-generation target (module docstring); ``seed`` draws the prompts,
+    ``compare_tensors`` is :func:`neuron_build.evaluate.validate.compare_tensors`.
+
+    Raises:
+        UserError: a partner graph is not built.
+    """
+    import torch
+
+    from neuron_build.examples import build_model
+    from neuron_build.project.matrix import expand
+    from neuron_build.status import Verdict
+
+    spec = project.config.models[target.model]
+    group = partners(expand(project), target)
+    prefills = [t for t in group if t.graph == "prefill"]
+    decode = [t for t in group if t.graph == "decode"]
+    if target.graph == "prefill":
+        use = [target] + decode
+        s = dict(target.bucket)["seq"]
+        lengths = sorted({s, max(1, s // 2)})
+    else:
+        use = prefills[:1] + [target]
+        s = dict(prefills[0].bucket)["seq"] if prefills else 1
+        lengths = sorted({1, s})
+    chosen = []
+    for t in use:
+        k = keys.key(t).key
+        m = store.manifest(k)
+        if m is None:
+            raise UserError(f"{target.id} is validated with {t.id}, which is not built for its current key "
+                            f"{k[:12]}; run `neuron-build build {target.model}` (or `doit validate`)")
+        chosen.append((t, k, m))
+    engine = _engine(project, store, spec, target, chosen, chosen[0][2].backend)
+    ref = build_model(project.root, spec.factory, dict(spec.kwargs), "fp32", hf=spec.hf_spec())
+    from neuron_build.compilers.textgen import causal_lm
+    ref = causal_lm(ref)
+    ref.generation_config.cache_implementation = None  # the reference runs transformers' default generate()
+    batch = dict(target.bucket)["batch"]
+    vocab = int(ref.config.vocab_size)
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in lengths:
+        new = max(1, min(8, spec.max_seq_len - n))
+        prompt = torch.randint(0, vocab, (batch, n), generator=g)
+        with torch.no_grad():
+            want = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
+                                min_new_tokens=new, do_sample=False, pad_token_id=0)
+            ref_logits = ref(input_ids=prompt).logits[:, -1].float()
+        got = engine.generate(prompt, max_new_tokens=new)
+        logits = engine.first_logits(prompt)
+        a, b = got[:, n:], want[:, n:]
+        diff = (a != b).any(0).nonzero().flatten() if a.shape == b.shape else torch.tensor([0])
+        m = compare_tensors(logits, ref_logits)
+        equal = bool(a.shape == b.shape and torch.equal(a, b))
+        ok = equal if target.dtype == "fp32" else (math.isfinite(m["rel_l2_error"]) and m["rel_l2_error"] <= tol)
+        rows.append({"name": f"generate b{batch} prompt {n} +{new} tokens", "shape": list(got.shape),
+                     "dtype": target.dtype, "tokens_equal": equal,
+                     "first_diff": int(diff[0]) if diff.numel() else None, "new_tokens": new,
+                     "max_abs_error": m["max_abs_error"], "rel_l2_error": m["rel_l2_error"],
+                     "cosine_similarity": m["cosine_similarity"], "ref_l2_norm": m["ref_l2_norm"],
+                     "tolerance": tol, "pass": ok})
+    rec["outputs"] = rows
+    rec["partners"] = [t.id for t, _, _ in chosen]
+    rec["measure"] = ("fp32: greedy tokens equal to the eager model's generate(); bf16/fp16: relative L2 error of "
+                      "the first new token's logits within the tolerance (first_diff: the first differing token)")
+    bad = [r for r in rows if not r["pass"]]
+    if not bad:
+        rec.update(verdict=Verdict.PASS, reason=None)
+    else:
+        r = bad[0]
+        why = (f"tokens differ from the eager generate() from new token {r['first_diff']} on" if target.dtype == "fp32"
+               else f"first-token logits rel L2 error {r['rel_l2_error']:.2e} > tolerance {tol:.1e}")
+        rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: {r['name']}: {why}")
+    return rec
+
+
+__all__ = ["partners", "validate_textgen"]
+
+
+def bench_callables(project, store, target: Target, key: str, manifest):
+    """What the benchmark times for a text-generation graph: ``(compiled, eager, inputs)``, each callable
+    taking ``inputs`` (``input_ids``, ``cache_position``) and returning the next token ids (argmax of the
+    last position's logits). Prefill: the prompt of the bucket's full length (its median is the time to
+    first token); decode: one token at position ``max_seq_len // 2`` (its median is the per-token decode
+    latency; ``batch`` tokens per call). The eager side is transformers' static-cache wrapper of the eager
+    model in the target dtype, uncompiled: the same work without the compiler."""
+    import json
+
+    import torch
+
+    from neuron_build.compilers.textgen import causal_lm, graph_inputs, static_wrapper
+    from neuron_build.compilers.textgen_serve import AOTIStates
+    from neuron_build.examples import build_model
+
+    spec = project.config.models[target.model]
+    sizes = dict(target.bucket)
+    b, L = sizes["batch"], int(spec.max_seq_len)
+    kw = graph_inputs(target.graph, b, sizes["seq"] if target.graph == "prefill" else L // 2)
+    kw["input_ids"] = torch.randint(3, 100, tuple(kw["input_ids"].shape), generator=torch.Generator().manual_seed(0))
+    d = store.artifact_dir(key)
+    info = json.loads((d / "textgen.json").read_text())
+
+    def lm():
+        return causal_lm(build_model(project.root, spec.factory, dict(spec.kwargs), target.dtype, hf=spec.hf_spec()))
+
+    if manifest.backend == "compile-cache":
+        from neuron_build.compilers.compile_cache import install_from_caches
+
+        serving = manifest.compiler["serving"]
+        install_from_caches([d], serving, manifest.backend)
+        runner = torch.compile(static_wrapper(lm(), b, L), **serving["torch_compile"])
+    else:
+        runner = AOTIStates().load(d / "model.pt2", d / info["weights"], key, info)
+    ref = static_wrapper(lm(), b, L)
+
+    def compiled(ids, pos):
+        return runner(input_ids=ids, cache_position=pos)[:, -1].argmax(-1)
+
+    def eager(ids, pos):
+        return ref(input_ids=ids, cache_position=pos)[:, -1].argmax(-1)
+
+    return compiled, eager, (kw["input_ids"], kw["cache_position"])
+
+
+__all__ += ["bench_callables"]

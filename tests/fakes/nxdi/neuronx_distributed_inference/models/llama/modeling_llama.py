@@ -1,0 +1,121 @@
+"""LlamaInferenceConfig and NeuronLlamaForCausalLM: compile(dir) and load(dir) as NxDI's application base
+does them (shared notes 1.4, NxDI models/application_base.py, NxD trace/model_builder.py), with the
+neuronx-cc double on PATH compiling each submodel's buckets. Files compile() writes:
+
+    <compiled dir>/neuron_config.json        the full InferenceConfig (json, indent 2, sorted keys)
+    <compiled dir>/model.pt                  one archive holding every NEFF (here: a JSON index + the NEFFs)
+    $BASE_COMPILE_WORK_DIR (default /tmp/nxd_model/), removed first:
+        neuron_config.json
+        <tag>/_tp0_bk<i>/model/graph.hlo, graph.neff, log-neuron-cc.txt, neuron_config.json
+
+Log lines (stdout): ``Generating HLOs for the following models: ['context_encoding_model',
+'token_generation_model']``, ``Started compilation for all HLOs``, ``Finished Compilation for all HLOs in
+<s> seconds``, ``Finished building model in <s> seconds``. A compile failure raises
+``RuntimeError("neuronx-cc failed with <status>")`` as NxD's compile helper does [guess on the wording].
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import time
+
+from neuronx_distributed_inference.models.config import InferenceConfig, record
+
+CTE, TKG = "context_encoding_model", "token_generation_model"
+
+
+class LlamaInferenceConfig(InferenceConfig):
+    def get_required_attributes(self):
+        return ["hidden_size", "num_attention_heads", "num_hidden_layers", "num_key_value_heads", "pad_token_id",
+                "vocab_size", "max_position_embeddings", "rope_theta", "rms_norm_eps", "hidden_act"]
+
+
+def _compiler_args(nc, tag: str) -> str:
+    """NxDI ModelWrapper's default compiler args (shared notes 1.6), then NxD's --verbose=35."""
+    tiling = 1 if tag == TKG else nc.cc_pipeline_tiling_factor
+    args = (f"--auto-cast=none --model-type=transformer --tensorizer-options='--enable-ccop-compute-overlap "
+            f"--cc-pipeline-tiling-factor={tiling} --vectorize-strided-dma ' --lnc={nc.logical_nc_config}")
+    if tag == CTE:
+        args += " -O1 --internal-hlo2tensorizer-options='--modular-flow-mac-threshold=10 --verify-hlo=true'"
+    else:
+        args += " -O2 --internal-hlo2tensorizer-options='--verify-hlo=true'"
+    return args + " --verbose=35"
+
+
+class NeuronLlamaForCausalLM:
+    _config_cls = LlamaInferenceConfig
+
+    def __init__(self, model_path, config=None):
+        self.model_path = model_path
+        self.config = config if config is not None else self._config_cls.load(model_path)
+        self.neuron_config = self.config.neuron_config
+        self.is_loaded_to_neuron = False
+
+    def buckets(self):
+        nc = self.neuron_config
+        if not nc.enable_bucketing:
+            return {CTE: [nc.max_context_length], TKG: [nc.max_length]}
+        return {CTE: nc.context_encoding_buckets or [nc.max_context_length],
+                TKG: nc.token_generation_buckets or [nc.max_length]}
+
+    def compile(self, compiled_model_path, debug=False, pre_shard_weights_hook=None, dry_run=False):
+        record("compile", app=type(self).__name__, model_path=self.model_path, compiled_model_path=compiled_model_path,
+               debug=debug, dry_run=dry_run)
+        t0 = time.monotonic()
+        self.config.save(compiled_model_path)
+        work = os.environ.get("BASE_COMPILE_WORK_DIR", "/tmp/nxd_model/")
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        self.config.save(work)
+        nc = self.neuron_config
+        target = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+        print(f"Generating HLOs for the following models: {[CTE, TKG]}", flush=True)
+        neffs = {}
+        plan = []
+        for tag, buckets in self.buckets().items():
+            for i, n in enumerate(buckets):
+                d = os.path.join(work, tag, f"_tp0_bk{i}")
+                os.makedirs(os.path.join(d, "model"))
+                rows = nc.batch_size
+                cols = n if tag == CTE else 1
+                with open(os.path.join(d, "model", "graph.hlo"), "w") as f:
+                    f.write(f"HloModule {tag}_bk{i}\n" + "".join(
+                        f"op {k} dot [{rows},{cols},{self.config.hidden_size}]\n" for k in range(2 * self.config.num_hidden_layers)))
+                self.config.save(d)
+                plan.append((tag, i, n, d))
+        if dry_run:
+            return
+        print("Started compilation for all HLOs", flush=True)
+        for tag, i, n, d in plan:
+            cmd = ["neuronx-cc", "compile", os.path.join(d, "model", "graph.hlo"), "--framework", "XLA", "--target",
+                   target, *_split(_compiler_args(nc, tag)), "--output", os.path.join(d, "graph.neff"),
+                   f"--logfile={os.path.join(d, 'log-neuron-cc.txt')}"]
+            status = subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode
+            if status != 0:
+                raise RuntimeError(f"neuronx-cc failed with {status}")
+            with open(os.path.join(d, "graph.neff"), "rb") as f:
+                neffs[f"{tag}/_tp0_bk{i}"] = {"bucket": n, "neff": base64.b64encode(f.read()).decode()}
+        print(f"Finished Compilation for all HLOs in {time.monotonic() - t0:.1f} seconds", flush=True)
+        with open(os.path.join(compiled_model_path, "model.pt"), "w") as f:
+            json.dump({"format": "fake-nxd-model", "tp_degree": nc.tp_degree, "neffs": neffs}, f)
+        print(f"Finished building model in {time.monotonic() - t0:.1f} seconds", flush=True)
+
+    def is_compiled(self, compiled_model_path):
+        return os.path.exists(os.path.join(compiled_model_path, "model.pt"))
+
+    def load(self, compiled_model_path, start_rank_id=None, local_ranks_size=None, skip_warmup=False):
+        record("load", compiled_model_path=compiled_model_path)
+        if not self.is_compiled(compiled_model_path):
+            raise FileNotFoundError(f"{compiled_model_path}/model.pt not found; compile the model first")
+        with open(os.path.join(compiled_model_path, "model.pt")) as f:
+            self.traced_model = json.load(f)
+        self.is_loaded_to_neuron = True
+
+
+def _split(args: str) -> list[str]:
+    import shlex
+    return shlex.split(args)
