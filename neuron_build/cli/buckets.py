@@ -19,8 +19,8 @@ One dim: the exact optimum (dynamic programming over the observed values, or wit
 the values rounded up to multiples of M, which is still exact over sizes that are multiples of M).
 Several dims (the default for a model with several bucket dims; --dim picks some, the others are
 left as they are and summed out): for every split K1 x K2 ... <= K of the NEFF budget, exact
-(every list of the other dims enumerated, the dim with most values solved exactly) when that is at
-most 200000 lists x distinct shapes; otherwise coordinate descent: each dim re-solved exactly given
+(every list of the other dims enumerated, the dim with most values solved exactly) while those
+lists x distinct shapes are at most 200000; otherwise coordinate descent: each dim re-solved exactly given
 the others until nothing improves (padding never rises; not always the joint optimum). The method
 used is printed. Traffic files: what BucketedModel.save_traffic writes; any number, summed."""
 

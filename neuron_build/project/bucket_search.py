@@ -24,8 +24,8 @@ with ``j`` and each row is found by divide and conquer: O(K m log m) in exact in
 budget into list lengths ``k_1 x ... x k_n <= K``: with every dim's list but the one with the most
 candidates fixed, the best list of that last dim is the one-dim optimum with weights ``count * prod of
 the other dims' bucket sizes``, so enumerating the other dims' lists (each holding its largest candidate)
-and solving the last dim exactly is exact; it is done when that enumeration times the distinct value
-tuples of the traffic is at most :data:`JOINT_EXACT_LIMIT`. Otherwise **coordinate descent**: start from each dim's one-dim
+and solving the last dim exactly is exact; it is done for each split of the other dims' list lengths
+whose enumeration times the distinct value tuples of the traffic is at most :data:`JOINT_EXACT_LIMIT`. Otherwise **coordinate descent**: start from each dim's one-dim
 optimum of its own counts, then re-solve one dim at a time exactly (the weighted one-dim optimum given
 the others) until no step lowers the padding; each step is exact, so the padding never rises, and the
 result is a list no single dim's change improves, not always the joint optimum. The method used is
@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from neuron_build.project.config import ModelSpec
     from neuron_build.traffic import ModelTraffic
 
-#: The exact joint search of one budget split is done when (lists of the non-last dims to enumerate) x
-#: (distinct value tuples in the traffic) is at most this; else coordinate descent.
+#: The exact joint search of one split of the other dims' list lengths is done when (lists of those dims to
+#: enumerate) x (distinct value tuples in the traffic) is at most this; else coordinate descent.
 JOINT_EXACT_LIMIT = 200_000
 #: The most rounds of coordinate descent.
 DESCENT_ROUNDS = 50
@@ -228,27 +228,9 @@ def _lists_of(values: Sequence[int], k: int) -> list[list[int]]:
     return [sorted([*combo, top]) for combo in itertools.combinations(rest, k - 1)]
 
 
-def _best_split(counts, cands: list[list[int]], ks: tuple[int, ...], multiple) -> tuple[int, list[list[int]], str]:
-    """The best lists of lengths ``ks``: (cost, lists, method)."""
+def _descent(counts, ks: tuple[int, ...], multiple) -> tuple[int, list[list[int]], str]:
+    """Coordinate descent for lists of lengths ``ks``, from the per-dim optima of each dim's own counts."""
     n = len(ks)
-    last = max(range(n), key=lambda i: len(cands[i]))
-    others = [i for i in range(n) if i != last]
-    combos = math.prod(math.comb(len(cands[i]) - 1, ks[i] - 1) for i in others)
-    if combos * len(counts) <= JOINT_EXACT_LIMIT:
-        best: tuple[int, list[list[int]]] | None = None
-        for pick in itertools.product(*(_lists_of(cands[i], ks[i]) for i in others)):
-            lists: list[list[int]] = [[] for _ in range(n)]
-            for i, lst in zip(others, pick, strict=True):
-                lists[i] = lst
-            lists[last] = [max(cands[last])]   # placeholder: _dim_weights ignores dim `last`
-            res = optimal_lists(_dim_weights(counts, lists, last), ks[last], multiple)
-            cost, sizes = res[ks[last] - 1]
-            if best is None or cost < best[0]:
-                lists[last] = sizes
-                best = (cost, [list(x) for x in lists])
-        assert best is not None
-        return best[0], best[1], "exact"
-    # coordinate descent from the per-dim optima of each dim's own counts
     lists = []
     for i in range(n):
         marg: dict[int, int] = {}
@@ -265,6 +247,46 @@ def _best_split(counts, cands: list[list[int]], ks: tuple[int, ...], multiple) -
         if not improved:
             break
     return cost, lists, "coordinate-descent"
+
+
+def _splits(counts, cands: list[list[int]], max_buckets: int, multiple) -> dict:
+    """The best lists for every split of list lengths ``ks`` with ``prod(ks) <= max_buckets``:
+    ``{ks: (cost, lists, method)}``."""
+    n = len(cands)
+    if n == 1:
+        res = optimal_lists({v[0]: c for v, c in counts.items()}, max_buckets, multiple)
+        return {(k,): (cost, [sizes], "exact") for k, (cost, sizes) in enumerate(res, 1)}
+    last = max(range(n), key=lambda i: len(cands[i]))
+    others = [i for i in range(n) if i != last]
+    out: dict[tuple[int, ...], tuple[int, list[list[int]], str]] = {}
+    for oks in itertools.product(*(range(1, min(max_buckets, len(cands[i])) + 1) for i in others)):
+        room = max_buckets // math.prod(oks)
+        if room < 1:
+            continue
+        combos = math.prod(math.comb(len(cands[i]) - 1, k - 1) for i, k in zip(others, oks, strict=True))
+
+        def full(kl: int, oks=oks) -> tuple[int, ...]:
+            ks = [0] * n
+            for i, k in zip(others, oks, strict=True):
+                ks[i] = k
+            ks[last] = kl
+            return tuple(ks)
+
+        if combos * len(counts) > JOINT_EXACT_LIMIT:
+            for kl in range(1, min(room, len(cands[last])) + 1):
+                out[full(kl)] = _descent(counts, full(kl), multiple)
+            continue
+        for pick in itertools.product(*(_lists_of(cands[i], k) for i, k in zip(others, oks, strict=True))):
+            lists: list[list[int]] = [[] for _ in range(n)]
+            for i, lst in zip(others, pick, strict=True):
+                lists[i] = lst
+            lists[last] = [max(cands[last])]   # a placeholder: _dim_weights leaves dim `last` out
+            res = optimal_lists(_dim_weights(counts, lists, last), room, multiple)
+            for kl, (cost, sizes) in enumerate(res, 1):
+                ks = full(kl)
+                if ks not in out or cost < out[ks][0]:
+                    out[ks] = (cost, [*lists[:last], sizes, *lists[last + 1:]], "exact")
+    return out
 
 
 def suggest(counts: Mapping[tuple[int, ...], int], dims: Sequence[str], max_buckets: int,
@@ -289,20 +311,15 @@ def suggest(counts: Mapping[tuple[int, ...], int], dims: Sequence[str], max_buck
     n = len(dims)
     real = sum(c * math.prod(v) for v, c in counts.items())
     cands = [sorted({round_up(v[i], multiple) for v in counts}) for i in range(n)]
-    splits: dict[tuple[int, ...], tuple[int, list[list[int]], str]] = {}
-    for ks in itertools.product(*(range(1, min(max_buckets, len(c)) + 1) for c in cands)):
-        if math.prod(ks) <= max_buckets:
-            if n == 1:
-                cost, sizes = optimal_lists({v[0]: c for v, c in counts.items()}, ks[0], multiple)[ks[0] - 1]
-                splits[ks] = (cost, [sizes], "exact")
-            else:
-                splits[ks] = _best_split(counts, cands, ks, multiple)
+    splits = _splits(counts, cands, max_buckets, multiple)
     full = math.prod(len(c) for c in cands)
     out: list[tuple[Evaluation, str]] = []
     for budget in range(1, min(max_buckets, full) + 1):
         fits = [(cost, math.prod(ks), ks) for ks, (cost, _l, _m) in splits.items() if math.prod(ks) <= budget]
         cost, _neffs, ks = min(fits)
-        _c, lists, method = splits[ks]
+        lists = splits[ks][1]
+        # the optimum only when every split within the budget was searched exactly
+        method = "exact" if all(splits[k][2] == "exact" for _c, _n, k in fits) else "coordinate-descent"
         out.append((Evaluation({d: list(lst) for d, lst in zip(dims, lists, strict=True)}, cost - real, real),
                     method))
     return out
