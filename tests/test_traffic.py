@@ -84,7 +84,7 @@ def test_divide_and_conquer_equals_the_plain_dynamic_programme_on_300_values():
         assert c == sum(w * min(s for s in sizes if s >= v) for v, w in weights.items())
 
 
-def brute_2d(counts: dict[tuple[int, int], int], k: int) -> int:
+def brute_2d(counts: dict[tuple[int, int], int], k: int, seq_multiple: int = 1) -> int:
     bmax, smax = max(v[0] for v in counts), max(v[1] for v in counts)
     best = None
     for nb in range(1, k + 1):
@@ -92,7 +92,7 @@ def brute_2d(counts: dict[tuple[int, int], int], k: int) -> int:
             for lb in itertools.combinations(range(1, bmax + 1), nb):
                 if lb[-1] < bmax:
                     continue
-                for ls in itertools.combinations(range(1, smax + 1), ns):
+                for ls in itertools.combinations(range(seq_multiple, round_up(smax, seq_multiple) + 1, seq_multiple), ns):
                     if ls[-1] < smax:
                         continue
                     p = sum(c * (min(x for x in lb if x >= b) * min(x for x in ls if x >= s) - b * s)
@@ -118,6 +118,15 @@ def test_joint_search_exact_equals_brute_force_and_descent_never_beats_it(counts
     assert h.padded >= want and h.neffs <= k
     assert evaluate(counts, ["batch", "seq"], h.buckets).padded == h.padded
     assert hmethod in ("exact", "coordinate-descent")
+
+
+def test_multiple_rounds_the_sequence_dim_not_the_batch_dim():
+    rng = random.Random(5)
+    counts = {(rng.randint(1, 4), rng.randint(1, 11)): rng.randint(1, 9) for _ in range(12)}
+    for k in (2, 3, 4):
+        best, method = suggest(counts, ["batch", "seq"], k, [None, 4])[-1]
+        assert method == "exact" and best.padded == brute_2d(counts, k, seq_multiple=4)
+        assert all(s % 4 == 0 for s in best.buckets["seq"])
 
 
 def test_current_buckets_chunks_truncation_and_unserved():

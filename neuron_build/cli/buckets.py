@@ -53,7 +53,8 @@ def register(add) -> None:
     p.add_argument("--max-buckets", type=_positive, required=True, metavar="K",
                    help="the most buckets (NEFFs per dtype and profile) over the searched dims")
     p.add_argument("--multiple", type=_positive, metavar="M",
-                   help="every suggested size a multiple of M (compilers prefer 64 or 128)")
+                   help="every suggested size a multiple of M (compilers prefer 64 or 128); with several "
+                        "dims searched, batch sizes are not rounded")
     p.add_argument("--json", action="store_true")
     p.add_argument("--write", action="store_true",
                    help="write the suggestion into buckets.toml (comments kept) and print the plan's difference")

@@ -228,7 +228,7 @@ def _lists_of(values: Sequence[int], k: int) -> list[list[int]]:
     return [sorted([*combo, top]) for combo in itertools.combinations(rest, k - 1)]
 
 
-def _descent(counts, ks: tuple[int, ...], multiple) -> tuple[int, list[list[int]], str]:
+def _descent(counts, ks: tuple[int, ...], mults) -> tuple[int, list[list[int]], str]:
     """Coordinate descent for lists of lengths ``ks``, from the per-dim optima of each dim's own counts."""
     n = len(ks)
     lists = []
@@ -236,12 +236,12 @@ def _descent(counts, ks: tuple[int, ...], multiple) -> tuple[int, list[list[int]
         marg: dict[int, int] = {}
         for v, c in counts.items():
             marg[v[i]] = marg.get(v[i], 0) + c
-        lists.append(optimal_lists(marg, ks[i], multiple)[ks[i] - 1][1])
+        lists.append(optimal_lists(marg, ks[i], mults[i])[ks[i] - 1][1])
     cost = _cost(counts, lists)
     for _ in range(DESCENT_ROUNDS):
         improved = False
         for i in range(n):
-            c_i, sizes = optimal_lists(_dim_weights(counts, lists, i), ks[i], multiple)[ks[i] - 1]
+            c_i, sizes = optimal_lists(_dim_weights(counts, lists, i), ks[i], mults[i])[ks[i] - 1]
             if c_i < cost:
                 lists[i], cost, improved = sizes, c_i, True
         if not improved:
@@ -249,12 +249,12 @@ def _descent(counts, ks: tuple[int, ...], multiple) -> tuple[int, list[list[int]
     return cost, lists, "coordinate-descent"
 
 
-def _splits(counts, cands: list[list[int]], max_buckets: int, multiple) -> dict:
+def _splits(counts, cands: list[list[int]], max_buckets: int, mults) -> dict:
     """The best lists for every split of list lengths ``ks`` with ``prod(ks) <= max_buckets``:
     ``{ks: (cost, lists, method)}``."""
     n = len(cands)
     if n == 1:
-        res = optimal_lists({v[0]: c for v, c in counts.items()}, max_buckets, multiple)
+        res = optimal_lists({v[0]: c for v, c in counts.items()}, max_buckets, mults[0])
         return {(k,): (cost, [sizes], "exact") for k, (cost, sizes) in enumerate(res, 1)}
     last = max(range(n), key=lambda i: len(cands[i]))
     others = [i for i in range(n) if i != last]
@@ -274,14 +274,14 @@ def _splits(counts, cands: list[list[int]], max_buckets: int, multiple) -> dict:
 
         if combos * len(counts) > JOINT_EXACT_LIMIT:
             for kl in range(1, min(room, len(cands[last])) + 1):
-                out[full(kl)] = _descent(counts, full(kl), multiple)
+                out[full(kl)] = _descent(counts, full(kl), mults)
             continue
         for pick in itertools.product(*(_lists_of(cands[i], k) for i, k in zip(others, oks, strict=True))):
             lists: list[list[int]] = [[] for _ in range(n)]
             for i, lst in zip(others, pick, strict=True):
                 lists[i] = lst
             lists[last] = [max(cands[last])]   # a placeholder: _dim_weights leaves dim `last` out
-            res = optimal_lists(_dim_weights(counts, lists, last), room, multiple)
+            res = optimal_lists(_dim_weights(counts, lists, last), room, mults[last])
             for kl, (cost, sizes) in enumerate(res, 1):
                 ks = full(kl)
                 if ks not in out or cost < out[ks][0]:
@@ -290,7 +290,7 @@ def _splits(counts, cands: list[list[int]], max_buckets: int, multiple) -> dict:
 
 
 def suggest(counts: Mapping[tuple[int, ...], int], dims: Sequence[str], max_buckets: int,
-            multiple: int | None = None) -> list[tuple[Evaluation, str]]:
+            multiple: int | None | Sequence[int | None] = None) -> list[tuple[Evaluation, str]]:
     """The best buckets for each NEFF budget n = 1 .. ``max_buckets``: ``[(evaluation, method)]`` (entries
     stop once every candidate has its own bucket: more NEFFs cannot lower the padding further).
 
@@ -298,7 +298,7 @@ def suggest(counts: Mapping[tuple[int, ...], int], dims: Sequence[str], max_buck
         counts: value tuple over ``dims`` -> requests (values >= 1).
         dims: the searched bucket dims.
         max_buckets: the most buckets (NEFFs per dtype and profile: the product of the list lengths).
-        multiple: every size a multiple of this (None: any size).
+        multiple: every size a multiple of this (None: any size), or one such per dim of ``dims``.
 
     Raises:
         ValueError: no traffic, or ``max_buckets`` < 1.
@@ -310,8 +310,9 @@ def suggest(counts: Mapping[tuple[int, ...], int], dims: Sequence[str], max_buck
         raise ValueError("no requests in the traffic")
     n = len(dims)
     real = sum(c * math.prod(v) for v, c in counts.items())
-    cands = [sorted({round_up(v[i], multiple) for v in counts}) for i in range(n)]
-    splits = _splits(counts, cands, max_buckets, multiple)
+    mults = list(multiple) if isinstance(multiple, (list, tuple)) else [multiple] * n
+    cands = [sorted({round_up(v[i], mults[i]) for v in counts}) for i in range(n)]
+    splits = _splits(counts, cands, max_buckets, mults)
     full = math.prod(len(c) for c in cands)
     out: list[tuple[Evaluation, str]] = []
     for budget in range(1, min(max_buckets, full) + 1):
@@ -341,7 +342,8 @@ def suggestion(spec: ModelSpec, traffic: ModelTraffic, dims: Sequence[str], max_
         traffic: its summed traffic (every stored shape must have every dim of ``dims``).
         dims: the searched bucket dims (the others are left as they are and summed out).
         max_buckets: the most buckets over ``dims`` (the product of their list lengths).
-        multiple: every suggested size a multiple of this.
+        multiple: every suggested size a multiple of this, except the batch dim's when other dims are
+            searched too (batch sizes are small; compilers want multiples along sequence dims).
 
     Returns:
         ``{"dims", "requests", "distinct", "method", "current", "suggested", "curve"}``: ``current`` and
@@ -355,7 +357,8 @@ def suggestion(spec: ModelSpec, traffic: ModelTraffic, dims: Sequence[str], max_
     counts = traffic.counts(dims)
     current = evaluate(counts, dims, {d: list(spec.buckets[d]) for d in dims}, batch_dim=batch_dim_of(spec),
                        truncate=spec.truncate)
-    curve = suggest(counts, dims, max_buckets, multiple)
+    mults = [None if d == "batch" and len(dims) > 1 else multiple for d in dims]
+    curve = suggest(counts, dims, max_buckets, mults)
     rows, prev = [], None
     for n, (ev, method) in enumerate(curve, 1):
         r = ev.padding_ratio
