@@ -394,3 +394,49 @@ def test_served_traffic_gives_the_brute_force_optimum_and_the_current_padding(tm
     assert sug[1][:4] == ["current", "batch=[1, 4]", "2", f"{100 * cur / real:.2f} %"]
     assert sug[2][0] == "suggested" and sug[2][3] == f"{100 * two['padding_ratio']:.2f} %"
     assert math.isclose(float(sug[2][3].rstrip(" %")), 100 * brute_1d(counts, 2, None) / real, abs_tol=0.005)
+
+
+ENC = '''
+[models.enc]
+factory = "tinylib.tiny:build"
+dtypes = ["fp32"]
+profiles = ["p1"]
+inputs = [
+  { name = "ids", shape = ["batch", "seq"], dtype = "int64", range = [0, 100] },
+  { name = "mask", shape = ["batch", "seq"], dtype = "int64", range = [0, 2] },
+  { name = "feats", shape = ["batch", "seq", 4] },
+]
+buckets = { batch = [1, 2, 4], seq = [8, 16] }
+'''
+
+
+def test_one_dim_of_a_two_dim_release_served_and_suggested(tmp_path):
+    """``--dim seq`` on a batch x seq model: the seq padding of the served requests, unserved ones counted."""
+    import torch
+    from test_runtime import fake_model
+
+    from neuron_build.runtime import BucketError
+
+    cfg = write_tiny_project(tmp_path / "proj", extra=ENC)
+    m, _ = fake_model()
+    rng = random.Random(2)
+    served = []
+    for _ in range(80):
+        b, s = rng.choice([1, 1, 2, 3, 6]), rng.choice([1, 3, 5, 8, 9, 12, 16, 20])
+        try:
+            m(torch.zeros(b, s, dtype=torch.int64), torch.zeros(b, s, dtype=torch.int64), torch.zeros(b, s, 4))
+        except BucketError:
+            assert s > 16
+        served.append(s)
+    f = m.save_traffic(tmp_path / "t.jsonl")
+    r = run_cli("buckets", "suggest", "enc", "--traffic", str(f), "--dim", "seq", "--max-buckets", "2", "--json",
+                "-c", str(cfg))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    ok = [s for s in served if s <= 16]
+    cur = sum(min(x for x in (8, 16) if x >= s) - s for s in ok)
+    assert doc["current"] == {**doc["current"], "buckets": {"seq": [8, 16]}, "padded": cur, "real": sum(ok),
+                                   "padding_ratio": cur / sum(ok), "unserved": len(served) - len(ok)}
+    counts = {s: served.count(s) for s in set(served)}
+    assert doc["suggested"]["padded"] == brute_1d(counts, 2, None) and doc["suggested"]["unserved"] == 0
+    assert doc["other_dims"] == {"batch": [1, 2, 4]} and doc["dims"] == ["seq"]
