@@ -34,6 +34,9 @@ Routing rules, per call:
    ``[3, 384]``). Outputs that share no such prefix with any input are returned as they are.
 7. **Chunks.** With a split batch, each output that leads with the chunk's batch size is concatenated
    along dim 0 across chunks; any other output is the first chunk's.
+8. **Traffic.** Every call is counted per request shape (as asked) and bucket, with the padding it cost
+   (:mod:`neuron_build.traffic`; bounded memory): :meth:`BucketedModel.traffic`,
+   :meth:`BucketedModel.save_traffic`, and Prometheus metrics when loaded with ``metrics=REGISTRY``.
 
 The serving options (``pad``, ``truncate``, ``convert_dtypes``, the inputs and buckets) are read from the
 pulled ``release.json``, which ``neuron-build release`` recorded from ``buckets.toml``: changing them in
@@ -53,6 +56,7 @@ from neuron_build.artifact import load_artifact, release_version_problem
 from neuron_build.cpu_isa import isa_problem, package_cpu_isa
 from neuron_build.errors import UserError
 from neuron_build.examples import torch_dtype
+from neuron_build.traffic import DEFAULT_MAX_SHAPES, TrafficRecorder
 
 
 class BucketError(UserError):
@@ -93,7 +97,8 @@ class BucketedModel:
         dims: the bucket dim names.
     """
 
-    def __init__(self, release: dict[str, Any], root: Path, modules: dict[str, Any] | None = None):
+    def __init__(self, release: dict[str, Any], root: Path, modules: dict[str, Any] | None = None, *,
+                 metrics: Any = None, max_shapes: int = DEFAULT_MAX_SHAPES):
         self.release = release
         self.root = Path(root)
         self.dims: list[str] = list(release["dims"])
@@ -114,10 +119,15 @@ class BucketedModel:
         self.neff_cache_dir: Path | None = None
         #: A text-generation release's engine (:mod:`neuron_build.compilers.textgen_serve`), else None.
         self.textgen: Any = None
+        #: The traffic this model served (:mod:`neuron_build.traffic`); ``metrics``: a prometheus_client
+        #: registry to export it on (None: no metrics); ``max_shapes``: distinct shapes kept.
+        self.traffic_recorder = TrafficRecorder(release["model"], release.get("release"), self.dims,
+                                                max_shapes=max_shapes, metrics=metrics)
 
     @classmethod
     def load(cls, folder: str | Path, model: Any = None, *, factory_root: str | Path | None = None,
-             neff_cache_dir: str | Path | None = None) -> BucketedModel:
+             neff_cache_dir: str | Path | None = None, metrics: Any = None,
+             max_shapes: int = DEFAULT_MAX_SHAPES) -> BucketedModel:
         """Load a folder written by ``neuron-build pull``: ``release.json`` and every bucket's artifact.
 
         For a compile-cache or torchneuron release the artifacts are caches, so the model is needed too:
@@ -130,6 +140,7 @@ class BucketedModel:
         the buckets' NEFF files are gathered into ``neff_cache_dir`` (default: a new temporary folder)
         which ``TORCH_NEURONX_NEFF_CACHE_DIR`` then names; the model, cast to the recorded dtype, is
         compiled with the recorded ``torch.compile`` settings. Nothing compiles until the first call.
+        ``metrics`` and ``max_shapes``: the traffic counts' Prometheus registry and cap (see :meth:`traffic`).
 
         Raises:
             UserError: no ``release.json``; this host's installed versions cannot load the artifacts (one
@@ -157,7 +168,7 @@ class BucketedModel:
                 p = root / name
                 if not p.is_file() or p.stat().st_size != ent["size"]:
                     raise UserError(f"{p}: missing or not {ent['size']} bytes as release.json lists; pull again")
-        model = cls(release, root)
+        model = cls(release, root, metrics=metrics, max_shapes=max_shapes)
         if release.get("textgen") is not None:  # prefill + decode graphs: served by generate()
             from neuron_build.compilers.textgen_serve import release_engine
 
@@ -300,8 +311,25 @@ class BucketedModel:
         if self.textgen is None:
             raise BucketError(f"{self.release['model']} is not a text-generation release; call the model "
                               f"instead of generate()")
-        return self.textgen.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                                     eos_token_id=eos_token_id)
+        out = self.textgen.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                                    eos_token_id=eos_token_id)
+        self._record_prompts(input_ids, attention_mask)
+        return out
+
+    def _record_prompts(self, input_ids, attention_mask) -> None:
+        """Count each prompt of a served ``generate`` call in the traffic: its length against the prefill
+        bucket that took it (the smallest seq bucket that holds it, as the engine routes)."""
+        import torch
+
+        lengths = ([int(n) for n in torch.as_tensor(attention_mask).sum(dim=1).tolist()]
+                   if attention_mask is not None else [int(input_ids.shape[1])] * int(input_ids.shape[0]))
+        graphs = self.release["textgen"]["graphs"]
+        prefill = sorted((b for b in self.buckets if graphs.get(b.id) == "prefill" and "seq" in b.sizes),
+                         key=lambda b: (b.sizes["seq"], b.sizes.get("batch", 1)))
+        for n in lengths:
+            fit = [b for b in prefill if b.sizes["seq"] >= n]
+            sizes = {"batch": 1, "seq": n} if "batch" in self.dims else {"seq": n}
+            self.record_traffic(sizes, [(fit[0], sizes)] if fit else [])
 
     def __call__(self, *inputs):
         """Run the model on ``inputs`` (tensors, in input order): route, pad, run, slice back; a batch
@@ -320,15 +348,50 @@ class BucketedModel:
         want = self._sizes([tuple(t.shape) for t in inputs])
         sizes = self.chunks(want) if self.batch_dim else []
         if len(sizes) <= 1:
-            bucket, cut = self._route_sizes(want, want)
-            return self._run(bucket, cut, inputs)
-        outs, start = [], 0
+            bucket, cut = self._routed(want, want)
+            out = self._run(bucket, cut, inputs)
+            self.record_traffic(want, [(bucket, cut)])
+            return out
+        outs, start, runs = [], 0, []
         for n in sizes:
             part = tuple(t[start:start + n] for t in inputs)
-            bucket, cut = self._route_sizes({**want, self.batch_dim: n}, want)
+            bucket, cut = self._routed({**want, self.batch_dim: n}, want)
             outs.append((n, self._run(bucket, cut, part)))
+            runs.append((bucket, cut))
             start += n
+        self.record_traffic(want, runs)
         return self._join(outs)
+
+    # -- traffic --------------------------------------------------------------------------------
+    def _routed(self, want: dict[str, int], request: dict[str, int]) -> tuple[Bucket, dict[str, int]]:
+        """:meth:`_route_sizes`, counting a request no bucket can serve before the error goes up."""
+        try:
+            return self._route_sizes(want, request)
+        except BucketError:
+            self.record_traffic(request, [])
+            raise
+
+    def record_traffic(self, sizes: Mapping[str, int], runs: Sequence[tuple[Bucket, Mapping[str, int]]]) -> None:
+        """Count one request in :attr:`traffic_recorder`: ``sizes`` as asked (per bucket dim), ``runs`` the
+        ``(bucket, run sizes)`` of each bucket call it took (empty: no bucket could serve it). A
+        text-generation path calls it once per prompt with the prefill bucket:
+        ``self.record_traffic({"batch": 1, "seq": prompt_len}, [(bucket, cut_sizes)])``."""
+        self.traffic_recorder.record(
+            sizes, runs[0][0].id if runs else None, [(b.id, b.sizes, cut) for b, cut in runs],
+            truncated=any(cut.get(d, n) != n for _b, cut in runs for d, n in sizes.items() if d != self.batch_dim))
+
+    def traffic(self) -> dict[str, Any]:
+        """The traffic served so far: calls per request shape and bucket with the padding they cost, and
+        per bucket ``calls``, ``elements`` (real bucket-dim positions), ``padded`` and ``padding_ratio``;
+        see :meth:`neuron_build.traffic.TrafficRecorder.snapshot`. At most ``max_shapes`` distinct shapes
+        are kept; calls of further new shapes count in ``overflow_calls``."""
+        return self.traffic_recorder.snapshot()
+
+    def save_traffic(self, path: str | Path, *, reset: bool = False) -> Path:
+        """Write :meth:`traffic` to ``path`` as JSON lines (atomically), for ``neuron-build buckets suggest
+        --traffic`` and ``report --html --traffic``; files of many replicas and days sum. ``reset``:
+        start counting afresh once written."""
+        return self.traffic_recorder.save(path, reset=reset)
 
     def _join(self, outs: list[tuple[int, Any]]):
         import torch

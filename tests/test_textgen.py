@@ -89,6 +89,9 @@ def test_generate_on_the_pulled_release_equals_transformers(built):
                                 min_new_tokens=10, do_sample=False, pad_token_id=0)
             got = bm.generate(prompt, max_new_tokens=10)
             assert got.dtype == torch.long and torch.equal(got, want), (model, batch, n)
+    # generate() records each prompt's length against the prefill bucket that took it (gpt2's cases)
+    assert {s["sizes"]["seq"]: s["count"] for s in bm.traffic()["shapes"]} == {3: 1, 8: 2}
+    assert bm.traffic()["calls"] == 3 and bm.traffic()["unserved"] == 0
     # left padding with an attention mask: each row equals its unpadded generation
     bm = BucketedModel.load(built["pulled"]["llama"][1])
     ref = textgen_kit.eager(root / "hf-llama")

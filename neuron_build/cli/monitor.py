@@ -27,6 +27,9 @@ def register(add) -> None:
         if name == "report":
             s.add_argument("--json", action="store_true")
             s.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page with charts")
+            s.add_argument("--traffic", nargs="+", metavar="TRAFFIC",
+                           help="with --html: serving traffic files (BucketedModel.save_traffic); the page shows "
+                                "the padding per bucket and the suggested buckets")
         else:
             s.add_argument("--output", "-o", metavar="FILE",
                            help="write to FILE (atomically, for a textfile collector) instead of stdout")
@@ -63,11 +66,13 @@ def cmd_report(args) -> int:
     figures, not a failed command)."""
     from neuron_build.evaluate.monitoring import format_text
 
+    if args.traffic and not args.html:
+        raise UserError("--traffic adds a section to the HTML page; give --html FILE too")
     rep, _ = _report(args)
     if args.html:
         try:
             from neuron_build.evaluate.report_html import render_html
-            page = render_html(rep)
+            page = render_html(rep, _traffic_sections(args))
         except ImportError as e:
             raise UserError(f"--html needs matplotlib ({e}); install it with pip install 'neuron-build[report]'") from None
         out = Path(args.html)
@@ -79,6 +84,17 @@ def cmd_report(args) -> int:
     else:
         print(format_text(rep))
     return ExitCode.OK
+
+
+def _traffic_sections(args) -> list[str]:
+    """The report page's traffic section for ``--traffic FILE...`` (none without)."""
+    if not args.traffic:
+        return []
+    from neuron_build.cli.app import open_project
+    from neuron_build.evaluate.traffic_html import traffic_section
+    from neuron_build.traffic import load_traffic
+
+    return [traffic_section(open_project(args), load_traffic(args.traffic))]
 
 
 @command("metrics")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import html
 import io
 import re
+from collections.abc import Sequence
 
 from neuron_build.evaluate.monitoring import Report
 
@@ -90,8 +91,9 @@ def _bar_chart(labels: list[str], values: list[float], xlabel: str, empty: str) 
     return _svg(fig)
 
 
-def render_html(rep: Report) -> str:
-    """The report as one HTML page (text): the checklist table, the per-target table and the four charts.
+def render_html(rep: Report, sections: Sequence[str] = ()) -> str:
+    """The report as one HTML page (text): the checklist table, the per-target table and the four charts,
+    then ``sections`` (HTML fragments, e.g. :func:`neuron_build.evaluate.traffic_html.traffic_section`).
 
     Raises:
         ImportError: matplotlib is not installed (the ``report`` extra).
@@ -150,6 +152,7 @@ def render_html(rep: Report) -> str:
 </table>
 <h2>Charts</h2>
 {figs}
+{''.join(sections)}
 </body></html>
 """
     return re.sub(r"<!--.*?-->", "", page, flags=re.S)

@@ -1,0 +1,216 @@
+"""``neuron-build buckets suggest MODEL --traffic FILE... --max-buckets K [--dim D] [--multiple M] [--json]
+[--write]``: the buckets that minimise padding on recorded serving traffic (:mod:`neuron_build.traffic`,
+:mod:`neuron_build.project.bucket_search`), beside the current buckets' padding; ``--write`` puts them into
+``buckets.toml`` (comments kept) and prints the plan's difference."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from neuron_build.cli.app import command, display_note, open_project, plural, print_json
+from neuron_build.errors import ExitCode, UserError
+
+SUGGEST_HELP = """\
+Padding ratio over the searched dims: sum(count * (prod bucket - prod value)) / sum(count * prod value)
+over the requests the buckets serve (one dim: sum(count * (bucket - value)) / sum(count * value)).
+A suggestion serves every request in one call (its largest size >= the largest value seen).
+One dim: the exact optimum (dynamic programming over the observed values, or with --multiple over
+the values rounded up to multiples of M, which is still exact over sizes that are multiples of M).
+Several dims (the default for a model with several bucket dims; --dim picks some, the others are
+left as they are and summed out): for every split K1 x K2 ... <= K of the NEFF budget, exact
+(every list of the other dims enumerated, the dim with most values solved exactly) while those
+lists x distinct shapes are at most 200000; otherwise coordinate descent: each dim re-solved exactly given
+the others until nothing improves (padding never rises; not always the joint optimum). The method
+used is printed. Traffic files: what BucketedModel.save_traffic writes; any number, summed."""
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not 1 or more")
+    return n
+
+
+def register(add) -> None:
+    """Add the ``buckets`` command and its ``suggest`` sub-command."""
+    s = add("buckets", "buckets from serving traffic: suggest the ones with the least padding")
+    sub = s.add_subparsers(dest="buckets_command", required=True, metavar="SUBCOMMAND")
+    p = sub.add_parser("suggest", help="the buckets that minimise padding on recorded traffic for K NEFFs",
+                       description="The buckets that minimise padding on recorded traffic for K NEFFs, beside "
+                                   "the current buckets' padding.", epilog=SUGGEST_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-c", "--config", default=argparse.SUPPRESS, help="path of buckets.toml")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--traffic", nargs="+", required=True, metavar="FILE",
+                   help="traffic files written by BucketedModel.save_traffic (summed)")
+    p.add_argument("--dim", action="append", metavar="DIM",
+                   help="search this bucket dim (repeat for several; default: every bucket dim of the model)")
+    p.add_argument("--max-buckets", type=_positive, required=True, metavar="K",
+                   help="the most buckets (NEFFs per dtype and profile) over the searched dims")
+    p.add_argument("--multiple", type=_positive, metavar="M",
+                   help="every suggested size a multiple of M (compilers prefer 64 or 128); with several "
+                        "dims searched, batch sizes are not rounded")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--write", action="store_true",
+                   help="write the suggestion into buckets.toml (comments kept) and print the plan's difference")
+
+
+def _traffic(model: str, files: list[str], dims: list[str]):
+    """The model's traffic summed over ``files``, each checked: its model and its dims."""
+    from neuron_build.traffic import read_traffic_file
+
+    total = None
+    for f in files:
+        got = read_traffic_file(f)
+        other = [m for m in got if m != model]
+        if other:
+            raise UserError(f"{f}: holds traffic of model '{other[0]}', not '{model}'; pass only {model}'s "
+                            f"traffic files")
+        mt = got[model]
+        for key, _b in mt.shapes:
+            have = [d for d, _n in key]
+            missing = [d for d in dims if d not in have]
+            if missing:
+                raise UserError(f"{f}: its requests have dims {have}, not '{missing[0]}'; the release it served "
+                                f"had other bucket dims than buckets.toml now (give --dim of {', '.join(have)})")
+        if total is None:
+            total = mt
+        else:
+            total.add(mt)
+    return total
+
+
+def _fmt_buckets(b: dict) -> str:
+    return " ".join(f"{d}={list(v)}" for d, v in b.items())
+
+
+def _pct(r: float | None) -> str:
+    return "-" if r is None else f"{100 * r:.2f} %"
+
+
+@command("buckets")
+def cmd_buckets(args) -> int:
+    """``buckets suggest``: print (or ``--json``) the current and suggested buckets and the per-K curve;
+    ``--write`` edits ``buckets.toml``. Exit 0; 2 for a user error (one line)."""
+    from neuron_build.project.bucket_search import suggestion
+
+    project = open_project(args)
+    models = project.config.models
+    if args.model not in models:
+        raise UserError(f"unknown model '{args.model}'; {project.path} has: {', '.join(models)}")
+    spec = models[args.model]
+    if not spec.buckets:
+        raise UserError(f"model '{args.model}' has no bucket dims (its inputs have fixed shapes); nothing to suggest")
+    dims = list(dict.fromkeys(args.dim or spec.buckets))
+    for d in dims:
+        if d not in spec.buckets:
+            raise UserError(f"'{d}' is not a bucket dim of model '{args.model}' (its bucket dims: "
+                            f"{', '.join(spec.buckets)}); give --dim {' or --dim '.join(spec.buckets)}")
+    mt = _traffic(args.model, args.traffic, dims)
+    try:
+        doc = suggestion(spec, mt, dims, args.max_buckets, args.multiple)
+    except ValueError as e:
+        raise UserError(f"{', '.join(args.traffic)}: {e}; serve some requests first") from None
+    other = [d for d in spec.buckets if d not in dims]
+    out = {"schema": "neuron-build/buckets-suggest/v1", "model": args.model, "files": list(args.traffic),
+           "releases": mt.releases, "overflow_calls": mt.overflow_calls, "max_buckets": args.max_buckets,
+           "multiple": args.multiple, "other_dims": {d: list(spec.buckets[d]) for d in other}, **doc}
+    if args.write:
+        out["written"] = _write(project, args.model, doc)
+    if args.json:
+        print_json(out)
+        return ExitCode.OK
+    print(format_suggestion(out))
+    w = out.get("written")
+    if w:
+        print(format_written(w))
+    elif not args.write:
+        print(f"next: add --write to put the suggested buckets into {project.path.name}, then `neuron-build build "
+              f"{args.model}` compiles only the new targets")
+    return ExitCode.OK
+
+
+def format_suggestion(out: dict) -> str:
+    """The text of ``buckets suggest``: the traffic, current vs suggested, and the padding per NEFF budget."""
+    cur, sug = out["current"], out["suggested"]
+    head = (f"{out['model']}: {out['requests']:,} requests ({out['distinct']} distinct over "
+            f"{', '.join(out['dims'])}) from {plural(len(out['files']), 'traffic file')}")
+    rows = [("", "buckets", "NEFFs", "padding", "unserved"),
+            ("current", _fmt_buckets(cur["buckets"]), str(cur["neffs"]), _pct(cur["padding_ratio"]),
+             f"{cur['unserved']:,}"),
+            ("suggested", _fmt_buckets(sug["buckets"]), str(sug["neffs"]), _pct(sug["padding_ratio"]),
+             f"{sug['unserved']:,}")]
+    w = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = [head] + ["  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip() for r in rows]
+    lines.append(f"method: {out['method']}" + (f"; sizes multiples of {out['multiple']}" if out["multiple"] else ""))
+    notes = []
+    if cur["chunked"]:
+        notes.append(f"{cur['chunked']:,} requests run in batch chunks with the current buckets")
+    if cur["truncated"]:
+        notes.append(f"{cur['truncated']:,} requests cut to the largest current bucket (truncate = true)")
+    if out["overflow_calls"]:
+        notes.append(f"{out['overflow_calls']:,} calls beyond the recorders' shape cap are not in the counts")
+    if out["other_dims"]:
+        notes.append("NEFFs are over the searched dims; times " + " x ".join(
+            f"{len(v)} ({d})" for d, v in out["other_dims"].items()) + " for the dims left as they are")
+    lines += [f"note: {n}" for n in notes]
+    lines.append("")
+    lines.append("NEFFs  padding    the last NEFF buys  buckets")
+    for r in out["curve"]:
+        gain = "" if r["gain"] is None else f"-{100 * r['gain']:.2f} points"
+        lines.append(f"{r['budget']:<5}  {_pct(r['padding_ratio']):<9}  {gain:<18}  {_fmt_buckets(r['buckets'])}"
+                     + ("" if r["method"] == "exact" else f"  ({r['method']})"))
+    if len(out["curve"]) < out["max_buckets"]:
+        lines.append(f"(more NEFFs than {len(out['curve'])} cannot lower the padding: every value has its own bucket)")
+    return "\n".join(lines)
+
+
+def _write(project, model: str, doc: dict) -> dict:
+    """Write the suggested buckets into the project's ``buckets.toml`` (checked first: a config that would
+    not load is never written) and return the plan's difference."""
+    from neuron_build.project.config import load_project
+    from neuron_build.project.config_edit import set_buckets
+    from neuron_build.project.matrix import expand
+    from neuron_build.util import temp_name, write_atomic
+
+    new = doc["suggested"]["buckets"]
+    old_targets = [t.id for t in expand(project) if t.model == model]
+    unchanged = all(sorted(project.config.models[model].buckets[d]) == v for d, v in new.items())
+    if unchanged:
+        return {"file": str(project.path), "changed": False, "added": [], "kept": old_targets, "removed": []}
+    text = set_buckets(project.path, model, new)
+    tmp = temp_name(project.path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        checked = load_project(tmp)
+    finally:
+        tmp.unlink(missing_ok=True)
+    write_atomic(project.path, text.encode("utf-8"))
+    new_targets = [t.id for t in expand(checked) if t.model == model]
+    was = {d: list(project.config.models[model].buckets[d]) for d in new}
+    return {"file": str(project.path), "changed": True, "buckets": new, "was": was,
+            "added": [t for t in new_targets if t not in old_targets],
+            "kept": [t for t in new_targets if t in old_targets],
+            "removed": [t for t in old_targets if t not in new_targets]}
+
+
+def format_written(w: dict) -> str:
+    """The text of ``--write``: what changed in the file and the targets added, kept and removed."""
+    name = Path(w["file"]).name
+    if not w["changed"]:
+        return f"{name} already holds these buckets; nothing written"
+    lines = [f"wrote {w['file']}: " + ", ".join(f"{d} = {v} (was {w['was'][d]})" for d, v in w["buckets"].items()),
+             f"plan: {len(w['added'])} added, {len(w['kept'])} kept, {len(w['removed'])} no longer in the matrix"]
+    lines += [f"  + {t}" for t in w["added"]] + [f"  = {t}" for t in w["kept"]] + [f"  - {t}" for t in w["removed"]]
+    lines.append("next: `neuron-build build` compiles the added targets (and kept ones never built); the artifacts "
+                 "of removed ones stay in the store until `neuron-build gc`")
+    display_note(f"edited {name} in place; comments and layout kept")
+    return "\n".join(lines)
+
+
+__all__ = ["format_suggestion", "format_written", "register"]
