@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from chromium import Browser
 from conftest import run_cli, write_tiny_project
 from test_config import edit
 
@@ -94,3 +95,109 @@ def test_releases_diff_names_changed_buckets_and_key_components(flow):
     assert "no release 'r-00000000'" in r.stderr
     # listing still works
     assert [x["id"] for x in json.loads(cli(cfg, "releases", "tiny", "--json").stdout)["releases"]] == [r1, r2]
+
+
+def test_registry_page_renders_in_chromium_with_the_json_figures(flow, tmp_path):
+    cfg, r1, r2 = flow["cfg"], flow["r1"], flow["r2"]
+    page = tmp_path / "report.html"
+    doc = json.loads(cli(cfg, "report", "--json", "--html", str(page)).stdout)
+    (reg,) = [m for m in doc["registry"]["models"] if m["model"] == "tiny"]
+    assert [(c["channel"], c["release"], c["version"]) for c in reg["channels"]] == [
+        ("dev", r2, 2), ("staging", r1, 3), ("prod", None, None)]
+    # oldest first (history times are whole seconds: entries of one second keep channel order)
+    tl = reg["timeline"]
+    assert [e["time"] for e in tl] == sorted(e["time"] for e in tl)
+    per_channel = {c: [(e["action"], e["to"]) for e in tl if e["channel"] == c] for c in ("dev", "staging", "prod")}
+    assert per_channel == {"dev": [("promote", r1), ("promote", r2)],
+                           "staging": [("promote", r1), ("promote", r2), ("rollback", r1)],
+                           "prod": [("refuse", r2)]}
+    (refusal,) = [e for e in tl if e["action"] == "refuse"]
+    assert refusal["failed_gates"] == ["channel_order"] and "prod" in refusal["refused"]
+    (back,) = [e for e in tl if e["action"] == "rollback"]
+    assert (back["from"], back["to"], back["reason"]) == (r2, r1, "p99 regression on canary")
+    rels = {r["id"]: r for r in reg["releases"]}
+    assert [b["target"] for b in rels[r2]["buckets"]] == ["tiny/b1/fp32/p1", "tiny/b4/fp32/p1", "tiny/b8/fp32/p1"]
+    assert [b["in_matrix"] for b in rels[r2]["buckets"]] == [True, True, False]   # bucket 8 left the matrix
+    assert rels[r2]["rolled_back"][0]["channel"] == "staging" and rels[r1]["channels"] == ["staging"]
+    others = [m for m in doc["registry"]["models"] if m["model"] == "other"]
+    assert others and others[0]["releases"] == []
+
+    with Browser() as b:
+        got = b.load(page)
+        assert got["errors"] == [] and got["requests"] == [page.resolve().as_uri()]
+        channels = b.evaluate("[...document.querySelectorAll('#channels-tiny tr')].slice(1).map("
+                              "tr => [...tr.cells].slice(0, 3).map(td => td.textContent))")
+        last_move = b.evaluate("[...document.querySelectorAll('#channels-tiny tr')].slice(1).map("
+                               "tr => tr.cells[3].textContent)")
+        timeline = b.evaluate("[...document.querySelectorAll('#timeline-tiny tr')].slice(1).map("
+                              "tr => [...tr.cells].map(td => td.textContent))")
+        cells = b.evaluate("[...document.querySelectorAll('#releases-tiny tr.bucket')].map(tr => ({"
+                           "release: tr.dataset.release, target: tr.dataset.target, gone: tr.classList.contains('gone'), "
+                           "text: tr.textContent, figures: Object.fromEntries([...tr.querySelectorAll('td[data-field]')]"
+                           ".map(td => [td.dataset.field, [td.dataset.value, td.textContent]]))}))")
+        charts = b.evaluate("Object.fromEntries([...document.querySelectorAll('#registry-tiny figure')].map(f => [f.id, {"
+                            "width: f.querySelector('svg').getBoundingClientRect().width, "
+                            "lines: f.querySelectorAll('svg path').length, text: f.querySelector('svg').textContent}]))")
+        empty = b.evaluate("[...document.querySelectorAll('#registry p.empty')].map(p => [p.id, p.textContent])")
+        legend_overlap = b.evaluate(
+            "(() => { const f = document.querySelector('#chart-latency-tiny svg'); const r = f.getBoundingClientRect();"
+            " return [...f.querySelectorAll('text')].filter(t => t.textContent.includes('tiny/b')).map(t => {"
+            " const q = t.getBoundingClientRect(); return q.right <= r.right + 1 && q.width > 0; }); })()")
+    assert channels == [["dev", r2, "2"], ["staging", r1, "3"], ["prod", "(empty)", "—"]]
+    assert last_move == ["promoted", "rolled back", "—"]
+    action = {"promote": "promoted", "refuse": "refused", "rollback": "rolled back"}
+    assert [(row[0], row[1], row[2], row[3]) for row in timeline] == [
+        (e["time"], e["channel"], action[e["action"]], f"{e['from'] or '(empty)'} → {e['to']}") for e in tl]
+    (refused_row,) = [row for row in timeline if row[2] == "refused"]
+    (back_row,) = [row for row in timeline if row[2] == "rolled back"]
+    assert refused_row[6] == "failed: channel_order" and back_row[7] == "p99 regression on canary"
+    # every bucket row holds the JSON's numbers
+    assert [(c["release"], c["target"]) for c in cells] == [
+        (r, b["target"]) for r in (r1, r2) for b in rels[r]["buckets"]]
+    for c in cells:
+        (bj,) = [x for x in rels[c["release"]]["buckets"] if x["target"] == c["target"]]
+        (bench,) = bj["bench"].values()
+        assert bj["op_count"] > 0 and c["figures"]["op_count"] == [repr(bj["op_count"]), str(bj["op_count"])]
+        assert c["figures"]["artifact_bytes"] == [repr(bj["artifact_bytes"]), f"{bj['artifact_bytes']:,}"]
+        assert c["figures"]["compile_time_s"] == [repr(bj["compile_time_s"]), f"{bj['compile_time_s']:.2f}"]
+        assert c["figures"]["p50_ms"] == [repr(bench["p50_ms"]), f"{bench['p50_ms']:.4g}"]
+        assert c["figures"]["p99_ms"] == [repr(bench["p99_ms"]), f"{bench['p99_ms']:.4g}"]
+        assert "cpu pass" in c["text"]
+        assert c["gone"] == (not bj["in_matrix"]) and (("no longer in the matrix" in c["text"]) == c["gone"])
+    assert [c["target"] for c in cells if c["gone"]] == ["tiny/b8/fp32/p1"]
+    # the charts: drawn by matplotlib, one legend entry per target, b8 marked, legend inside the page
+    assert set(charts) == {"chart-latency-tiny", "chart-ops-tiny"}
+    for ch in charts.values():
+        assert ch["width"] > 300 and ch["lines"] > 5
+        assert "tiny/b1/fp32/p1" in ch["text"] and "tiny/b8/fp32/p1 (no longer in the matrix)" in ch["text"]
+        assert r1[:10] in ch["text"] and r2[:10] in ch["text"]
+    assert "latency (ms)" in charts["chart-latency-tiny"]["text"] and "op count" in charts["chart-ops-tiny"]["text"]
+    assert legend_overlap and all(legend_overlap)
+    # a model without releases is one line, not an empty chart
+    assert ["", "no releases yet (`neuron-build release other`)"] in empty
+
+
+def test_registry_charts_with_many_targets_and_none(tmp_path):
+    """The legend of a chart with 40 targets spreads over columns beside the axes; a chart without a figure
+    to draw is one line."""
+    from neuron_build.evaluate.registry import render_registry
+
+    rels = [{"id": f"r-{i:016x}", "dtype": "fp32", "profile": "p1", "backend": "inductor", "channels": [],
+             "rolled_back": [], "gates": [],
+             "buckets": [{"bucket_id": f"b{j}", "target": f"m/b{j}/fp32/p1", "key": "ab" * 32, "in_matrix": j < 30,
+                          "op_count": 10 + j + i, "compile_time_s": 1.0, "artifact_bytes": 100,
+                          "validation": {}, "bench": {}} for j in range(40)]} for i in range(3)]
+    doc = {"models": [{"model": "m", "in_config": True, "channels": [], "timeline": [], "releases": rels}]}
+    page = tmp_path / "many.html"
+    page.write_text(f"<!DOCTYPE html><html><body>{render_registry(doc)}</body></html>")
+    with Browser() as b:
+        assert b.load(page)["errors"] == []
+        ops = b.evaluate("(() => { const s = document.querySelector('#chart-ops-m svg'); const r = s.getBoundingClientRect();"
+                         " const ts = [...s.querySelectorAll('text')].filter(t => t.textContent.startsWith('m/b'));"
+                         " return {n: ts.length, xs: new Set(ts.map(t => Math.round(t.getBoundingClientRect().left))).size,"
+                         " inside: ts.every(t => t.getBoundingClientRect().right <= r.right + 1),"
+                         " bottom: Math.max(...ts.map(t => t.getBoundingClientRect().bottom)) <= r.bottom + 1}; })()")
+        latency = b.evaluate("document.querySelector('#chart-latency-m').outerHTML")
+    assert ops == {"n": 40, "xs": 3, "inside": True, "bottom": True}
+    assert latency == ('<p class="empty" id="chart-latency-m">no benchmark recorded for m\'s releases '
+                       '(run `neuron-build bench`)</p>')

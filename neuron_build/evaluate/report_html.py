@@ -90,8 +90,10 @@ def _bar_chart(labels: list[str], values: list[float], xlabel: str, empty: str) 
     return _svg(fig)
 
 
-def render_html(rep: Report) -> str:
-    """The report as one HTML page (text): the checklist table, the per-target table and the four charts.
+def render_html(rep: Report, registry: dict | None = None) -> str:
+    """The report as one HTML page (text): the checklist table, the per-target table and the four charts;
+    with ``registry`` (:func:`neuron_build.release.registry.registry_doc`) also the registry section
+    (:mod:`neuron_build.evaluate.registry`).
 
     Raises:
         ImportError: matplotlib is not installed (the ``report`` extra).
@@ -150,9 +152,18 @@ def render_html(rep: Report) -> str:
 </table>
 <h2>Charts</h2>
 {figs}
+{_registry_section(registry)}
 </body></html>
 """
     return re.sub(r"<!--.*?-->", "", page, flags=re.S)
+
+
+def _registry_section(registry: dict | None) -> str:
+    if registry is None:
+        return ""
+    from neuron_build.evaluate.registry import render_registry
+
+    return render_registry(registry)
 
 
 __all__ = ["CHARTS", "render_html"]

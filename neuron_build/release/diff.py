@@ -57,8 +57,11 @@ def resolve_release(store: ArtifactStore, ref: str, models: list[str]) -> Releas
                     f"more, or MODEL@CHANNEL); list them with `neuron-build releases MODEL`")
 
 
-def _side(store: ArtifactStore, rel: Release, art) -> dict[str, Any]:
-    """One bucket of one release: its figures, the live results first, the release's record second."""
+def bucket_figures(store: ArtifactStore, rel: Release, art) -> dict[str, Any]:
+    """The figures of one bucket (``art``, a :class:`ReleaseArtifact`) of ``rel``: ``target``, ``key``,
+    ``op_count``, ``compile_time_s`` (seconds), ``artifact_bytes`` (bytes: the sum of its files),
+    ``validation`` (device kind -> ``{"verdict", "error"}``) and ``bench`` (record name -> ``{"p50_ms",
+    "p99_ms"}``). The store's current results first, the figures recorded in the release second."""
     recorded = (rel.metrics.get("artifacts") or {}).get(art.target) or {}
     man = store.manifest(art.key)
     mt = man.metrics if man is not None else None
@@ -144,8 +147,8 @@ def diff_releases(store: ArtifactStore, a: Release, b: Release, channels: list[s
         else:
             key, state = None, "added" if xa is None else "removed"
         buckets.append({"bucket_id": bid, "state": state, "key": key,
-                        "a": _side(store, a, xa) if xa is not None else None,
-                        "b": _side(store, b, xb) if xb is not None else None})
+                        "a": bucket_figures(store, a, xa) if xa is not None else None,
+                        "b": bucket_figures(store, b, xb) if xb is not None else None})
     pkgs = sorted(set(a.toolchain) | set(b.toolchain))
     changed_tc = {p: [a.toolchain.get(p), b.toolchain.get(p)] for p in pkgs if a.toolchain.get(p) != b.toolchain.get(p)}
     return {"schema": DIFF_SCHEMA, "a": _about(a, store, channels), "b": _about(b, store, channels),
@@ -221,4 +224,4 @@ def format_diff(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DIFF_SCHEMA", "diff_releases", "format_diff", "gate_verdicts", "resolve_release"]
+__all__ = ["DIFF_SCHEMA", "bucket_figures", "diff_releases", "format_diff", "gate_verdicts", "resolve_release"]
