@@ -311,7 +311,9 @@ def given_store(location: str) -> str:
 
 @command("pull")
 def cmd_pull(args) -> int:
-    """Materialise a channel's release in a folder for a serving host."""
+    """Materialise a channel's release in a folder for a serving host; progress on stderr
+    (:mod:`neuron_build.cli.transfer`)."""
+    from neuron_build.cli.transfer import TransferDisplay
     from neuron_build.release import pull, require_model
 
     if args.store:  # a deploy host with only the URL: no project, any channel the store holds
@@ -322,7 +324,7 @@ def cmd_pull(args) -> int:
         require_model(project, args.model)
         settings = project.config.release
     doc = pull(store, args.model, args.channel, args.dest, settings,
-               warn=lambda line: print(f"warning: {line}", file=sys.stderr))
+               warn=lambda line: print(f"warning: {line}", file=sys.stderr), progress=TransferDisplay("pull"))
     if args.json:
         print_json(doc)
         return ExitCode.OK

@@ -48,13 +48,15 @@ def _print(verb: str, rep, where: str) -> None:
 
 @command("push")
 def cmd_push(args) -> int:
-    """Upload what the remote lacks: artifacts (blobs first, manifests last), then records."""
+    """Upload what the remote lacks: artifacts (blobs first, manifests last), then records; progress on
+    stderr (:mod:`neuron_build.cli.transfer`)."""
+    from neuron_build.cli.transfer import TransferDisplay
     from neuron_build.store.sync import copy_keys, copy_records
 
     b, local, remote = _pair(args)
     keys = local.keys() if args.all else [b.key(t).key for t in b.targets]
     keys = [k for k in keys if local.lookup(k).hit]
-    rep = copy_keys(local, remote, keys)
+    rep = copy_keys(local, remote, keys, progress=TransferDisplay("push"))
     copy_records(local, remote, rep.copied + rep.present, rep)
     for key in rep.copied + rep.present:  # a push that succeeds settles what earlier builds left pending
         local.delete_object(f"pending-push/{key}")
@@ -67,7 +69,9 @@ def cmd_push(args) -> int:
 
 @command("fetch")
 def cmd_fetch(args) -> int:
-    """Download the chosen targets' artifacts (and every release and channel pointer) from the remote."""
+    """Download the chosen targets' artifacts (and every release and channel pointer) from the remote;
+    progress on stderr (:mod:`neuron_build.cli.transfer`)."""
+    from neuron_build.cli.transfer import TransferDisplay
     from neuron_build.project.matrix import select
     from neuron_build.store.sync import copy_keys, copy_records
 
@@ -80,7 +84,7 @@ def cmd_fetch(args) -> int:
         for art in (record or {}).get("artifacts") or []:
             if isinstance(art, dict) and isinstance(art.get("key"), str):
                 keys.append(art["key"])
-    rep = copy_keys(remote, local, keys)
+    rep = copy_keys(remote, local, keys, progress=TransferDisplay("fetch"))
     copy_records(remote, local, rep.copied + rep.present, rep)
     for model, channel, _ in list(remote.channels()):  # the local copy of a pointer follows the remote's
         pointer, _tag = remote.channel_ref(model, channel)

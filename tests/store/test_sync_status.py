@@ -105,3 +105,44 @@ def test_status_against_the_remote(tmp_path, s3_env, s3_bucket):
     assert (dev["local"]["release"], dev["local"]["version"], dev["remote"]["release"], dev["remote"]["version"]) == (
         r1, 1, r2, 2)
     assert f"channel tiny/dev differs: here {r1} v1, remote {r2} v2" in nb(a, "status", "--remote").stdout
+
+
+def test_push_fetch_and_pull_print_one_line_per_file_when_piped_and_a_bar_on_a_terminal(tmp_path):
+    import re
+    import sys
+
+    from conftest import in_a_terminal
+
+    url = (tmp_path / "shared").as_uri()
+    a = checkout(tmp_path / "a", url, "1, 4")
+    offline = a.read_text().replace(f'remote = "{url}"\n', "")
+    a.write_text(offline)
+    nb(a, "build")
+    a.write_text(MATRIX.format(remote=url, buckets="1, 4"))
+    r = nb(a, "push", "--json")
+    rep = json.loads(r.stdout)
+    line = re.compile(r"^push tiny/b[14]/fp32/p1 (\S+): ([\d,]+) bytes \((\d+)/(\d+) files, ([\d,]+) of ([\d,]+) bytes"
+                      r"(, ETA \d+ s)?\)$")
+    lines = [m for m in map(line.match, r.stderr.splitlines()) if m]
+    assert len(lines) == rep["blobs"] > 0 and len(lines) == len([x for x in r.stderr.splitlines() if x.startswith("push ")])
+    assert sum(int(m[2].replace(",", "")) for m in lines) == rep["bytes"]
+    assert [int(m[3]) for m in lines] == list(range(1, len(lines) + 1))        # counted in order
+    assert lines[-1][5] == lines[-1][6] and int(lines[-1][4]) == len(lines)   # the last: all bytes of all files
+    assert nb(a, "push").stderr.count("push tiny/") == 0                        # nothing left to copy: no line
+
+    b = checkout(tmp_path / "b", url, "1, 4")
+    r = nb(b, "fetch", "--json")
+    got = [x for x in r.stderr.splitlines() if x.startswith("fetch tiny/")]
+    assert len(got) == json.loads(r.stdout)["blobs"] == rep["blobs"]
+    r1 = nb(b, "release", "tiny", "-q").stdout.strip()
+    nb(b, "promote", "tiny", r1, "--to", "dev", "--allow-unvalidated", "--reason", "progress test")
+    r = nb(b, "pull", "tiny", "--channel", "dev", "--dest", str(tmp_path / "serve"))
+    pulled = [x for x in r.stderr.splitlines() if x.startswith("pull tiny/")]
+    assert len(pulled) == 2
+    assert re.match(r"pull tiny/b4/fp32/p1 model\.pt: [\d,]+ bytes \(2/2 files, ([\d,]+) of \1 bytes", pulled[-1])
+
+    # on a terminal: rich's bar with the bytes (no per-file lines)
+    out = in_a_terminal([sys.executable, "-m", "neuron_build.cli", "pull", "tiny", "--channel", "dev", "--dest",
+                         str(tmp_path / "serve"), "-c", str(b)], cwd=tmp_path)
+    assert "pulled " + r1 in out and "pull tiny/b1/fp32/p1 model.pt:" not in out
+    assert re.search(r"\d+(\.\d+)?/\d+(\.\d+)? kB", out), out
