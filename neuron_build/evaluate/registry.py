@@ -26,7 +26,8 @@ import math
 import re
 from typing import Any
 
-from neuron_build.evaluate.report_html import _figure, _svg
+from neuron_build.evaluate.charts import figure as _figure
+from neuron_build.evaluate.charts import svg as _svg
 
 CSS = """
 section.registry-model { margin: 1.5em 0 3em; }
