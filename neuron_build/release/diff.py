@@ -95,13 +95,16 @@ def _key_change(store: ArtifactStore, a, b) -> dict[str, Any]:
                                                          mb.component_hashes)}
 
 
-def gate_verdicts(store: ArtifactStore, rel: Release, channels: list[str]) -> list[dict[str, Any]]:
+def gate_verdicts(store: ArtifactStore, rel: Release, channels: list[str],
+                  histories: dict[str, list] | None = None) -> list[dict[str, Any]]:
     """Every promotion and refused promotion of ``rel`` into one of ``channels``, channel by channel in the
-    order given, oldest first within a channel (history times have whole seconds: across channels they tie):
+    order given, oldest first within a channel (history times have whole seconds: across channels they tie);
+    ``histories`` (channel -> :class:`HistoryEntry` list) saves reading them again:
     ``{"channel", "action", "time", "who", "version", "gates": [{"name", "verdict", "message"}]}``."""
     out = []
     for c in channels:
-        for e in get_history(store, rel.model, c):
+        hist = histories[c] if histories is not None and c in histories else get_history(store, rel.model, c)
+        for e in hist:
             if e.to == rel.id and e.action in ("promote", "refuse"):
                 out.append({"channel": c, "action": e.action, "time": e.time, "who": e.who, "version": e.version,
                             "gates": [{"name": g.get("name"), "verdict": g.get("verdict")

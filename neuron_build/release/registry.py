@@ -12,16 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from neuron_build.release.channels import rollbacks_of
 from neuron_build.release.diff import bucket_figures, gate_verdicts
 from neuron_build.release.records import get_history, get_pointer, releases_of
 from neuron_build.store.contract import ArtifactStore
 
 
-def _timeline(store: ArtifactStore, model: str, channels: list[str]) -> list[dict[str, Any]]:
+def _timeline(histories: dict[str, list]) -> list[dict[str, Any]]:
     rows = []
-    for c in channels:
-        for e in get_history(store, model, c):
+    for c, hist in histories.items():
+        for e in hist:
             failed = [g.get("name") for g in e.gates or [] if isinstance(g, dict) and g.get("passed") is False]
             waived = [g.get("name") for g in e.gates or [] if isinstance(g, dict) and g.get("verdict") == "waived"]
             rows.append({"time": e.time, "channel": c, "action": e.action, "from": e.from_, "to": e.to,
@@ -46,6 +45,7 @@ def model_registry(store: ArtifactStore, settings, model: str, current: set[str]
     for r in rows:
         if r["release"]:
             holding.setdefault(r["release"], []).append(r["channel"])
+    histories = {c: get_history(store, model, c) for c in channels}  # read once: each is a listing on S3
     releases = []
     for rel in releases_of(store, model):
         buckets = []
@@ -56,9 +56,12 @@ def model_registry(store: ArtifactStore, settings, model: str, current: set[str]
                          "hardware_target": rel.hardware_target, "created": rel.created, "creator": rel.creator,
                          "git_commit": rel.git_commit, "toolchain": rel.toolchain,
                          "channels": holding.get(rel.id, []),
-                         "rolled_back": rollbacks_of(store, settings, model, rel.id),
-                         "gates": gate_verdicts(store, rel, channels), "buckets": buckets})
-    return {"model": model, "channels": rows, "timeline": _timeline(store, model, channels), "releases": releases}
+                         "rolled_back": sorted(({"channel": c, "time": e.time, "who": e.who, "reason": e.reason}
+                                                for c, hist in histories.items() for e in hist
+                                                if e.action == "rollback" and e.from_ == rel.id),
+                                               key=lambda r: r["time"] or ""),
+                         "gates": gate_verdicts(store, rel, channels, histories), "buckets": buckets})
+    return {"model": model, "channels": rows, "timeline": _timeline(histories), "releases": releases}
 
 
 def registry_doc(store: ArtifactStore, settings, models: Iterable[str], current: Iterable[str]) -> dict[str, Any]:
@@ -73,7 +76,8 @@ def registry_doc(store: ArtifactStore, settings, models: Iterable[str], current:
         ``{"models": [{"model", "in_config", "channels": [{"channel", "declared", "release", "version",
         "action", "time", "who"}], "timeline": [{"time", "channel", "action", "from", "to", "version", "who",
         "reason", "refused", "failed_gates", "waived_gates"}], "releases": [{"id", "dtype", "profile",
-        "backend", "created", "channels", "rolled_back", "gates", "buckets": [{"bucket_id", "target", "key",
+        "backend", "created", "channels", "rolled_back" (``[{"channel", "time", "who", "reason"}]``, as
+        :func:`neuron_build.release.channels.rollbacks_of`), "gates", "buckets": [{"bucket_id", "target", "key",
         "in_matrix", "op_count", "compile_time_s" (s), "artifact_bytes" (bytes), "validation": {kind:
         {"verdict", "error"}}, "bench": {name: {"p50_ms", "p99_ms"}}}]}]}]}``; releases oldest first.
     """
