@@ -29,7 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "neuron_build.cli.serve",       # warmup
     "neuron_build.cli.buckets",     # buckets suggest
     "neuron_build.cli.store",       # verify, gc
-    "neuron_build.cli.sync",        # push, fetch
+    "neuron_build.cli.sync",        # push, fetch, status
     "neuron_build.cli.monitor",     # failures, report, metrics
     "neuron_build.cli.init",        # init
     "neuron_build.cli.completion",  # completion

@@ -69,10 +69,11 @@ def cmd_report(args) -> int:
     if args.traffic and not args.html:
         raise UserError("--traffic adds a section to the HTML page; give --html FILE too")
     rep, _ = _report(args)
+    registry = _registry(args)
     if args.html:
         try:
             from neuron_build.evaluate.report_html import render_html
-            page = render_html(rep, _traffic_sections(args))
+            page = render_html(rep, _traffic_sections(args), registry)
         except ImportError as e:
             raise UserError(f"--html needs matplotlib ({e}); install it with pip install 'neuron-build[report]'") from None
         out = Path(args.html)
@@ -80,7 +81,7 @@ def cmd_report(args) -> int:
         write_atomic(out, page.encode())
         display_note(f"wrote {out} ({mib(len(page.encode()))}, self-contained)")
     if args.json:
-        print_json(rep.to_json())
+        print_json({**rep.to_json(), "registry": registry})
     else:
         print(format_text(rep))
     return ExitCode.OK
@@ -95,6 +96,15 @@ def _traffic_sections(args) -> list[str]:
     from neuron_build.traffic import load_traffic
 
     return [traffic_section(open_project(args), load_traffic(args.traffic))]
+
+
+def _registry(args) -> dict:
+    """The registry of the project's models (:func:`neuron_build.release.registry.registry_doc`)."""
+    from neuron_build.project.matrix import expand
+    from neuron_build.release.registry import registry_doc
+
+    project, store = open_project_store(args)
+    return registry_doc(store, project.config.release, project.config.models, (t.id for t in expand(project)))
 
 
 @command("metrics")

@@ -13,6 +13,7 @@ from neuron_build.cli.app import (
     human_age,
     mib,
     open_builder,
+    open_project,
     open_project_store,
     print_json,
 )
@@ -54,8 +55,12 @@ def register(add) -> None:
     s.add_argument("--reason", default="")
     s.add_argument("--json", action="store_true")
 
-    s = add("releases", "list a model's releases, the channels holding each, and which were rolled back")
-    s.add_argument("model", metavar="MODEL")
+    s = add("releases", "list a model's releases, the channels holding each, and which were rolled back; "
+                        "`releases diff A B` compares two releases bucket by bucket")
+    s.add_argument("model", metavar="MODEL", help="a model, or `diff` followed by two releases")
+    s.add_argument("refs", nargs="*", metavar="A B",
+                   help="with diff: two releases, each a release id (or a prefix of 8+ characters), "
+                        "MODEL@CHANNEL or MODEL@RELEASE")
     s.add_argument("--json", action="store_true")
 
     s = add("channels", "show each channel's release and age")
@@ -195,9 +200,15 @@ def release_rows(store, settings, model: str) -> list[dict]:
 
 @command("releases")
 def cmd_releases(args) -> int:
-    """A model's releases, oldest first, with the channels that hold each and its rollbacks."""
+    """A model's releases, oldest first, with the channels that hold each and its rollbacks (or, as
+    ``releases diff A B``, :func:`cmd_releases_diff`)."""
     from neuron_build.release import require_model
 
+    if args.model == "diff" and (args.refs or "diff" not in open_project(args).config.models):
+        return cmd_releases_diff(args)
+    if args.refs:
+        raise UserError(f"releases {args.model}: unexpected {' '.join(args.refs)}; list with `releases MODEL`, "
+                        f"compare with `releases diff A B`")
     project, store = open_project_store(args)
     require_model(project, args.model)
     rows = release_rows(store, project.config.release, args.model)
@@ -214,6 +225,24 @@ def cmd_releases(args) -> int:
               f"{human_age(r['age_s'])} ago by {r['creator']}  channels: {', '.join(r['channels']) or '-'}{mark}")
     if not rows:
         print(f"model '{args.model}' has no releases yet; make one with `neuron-build release {args.model}`")
+    return ExitCode.OK
+
+
+def cmd_releases_diff(args) -> int:
+    """``releases diff A B [--json]``: two releases bucket by bucket (:mod:`neuron_build.release.diff`)."""
+    from neuron_build.release.diff import diff_releases, format_diff, resolve_release
+
+    if len(args.refs) != 2:
+        raise UserError(f"releases diff needs two releases (got {len(args.refs)}): "
+                        f"`neuron-build releases diff A B`, each a release id, a prefix or MODEL@CHANNEL")
+    project, store = open_project_store(args)
+    models = list(project.config.models)
+    a, b = (resolve_release(store, ref, models) for ref in args.refs)
+    doc = diff_releases(store, a, b, list(project.config.release.channels))
+    if args.json:
+        print_json(doc)
+    else:
+        print(format_diff(doc))
     return ExitCode.OK
 
 
@@ -282,7 +311,9 @@ def given_store(location: str) -> str:
 
 @command("pull")
 def cmd_pull(args) -> int:
-    """Materialise a channel's release in a folder for a serving host."""
+    """Materialise a channel's release in a folder for a serving host; progress on stderr
+    (:mod:`neuron_build.cli.transfer`)."""
+    from neuron_build.cli.transfer import TransferDisplay
     from neuron_build.release import pull, require_model
 
     if args.store:  # a deploy host with only the URL: no project, any channel the store holds
@@ -293,7 +324,7 @@ def cmd_pull(args) -> int:
         require_model(project, args.model)
         settings = project.config.release
     doc = pull(store, args.model, args.channel, args.dest, settings,
-               warn=lambda line: print(f"warning: {line}", file=sys.stderr))
+               warn=lambda line: print(f"warning: {line}", file=sys.stderr), progress=TransferDisplay("pull"))
     if args.json:
         print_json(doc)
         return ExitCode.OK

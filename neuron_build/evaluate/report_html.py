@@ -91,9 +91,11 @@ def _bar_chart(labels: list[str], values: list[float], xlabel: str, empty: str) 
     return _svg(fig)
 
 
-def render_html(rep: Report, sections: Sequence[str] = ()) -> str:
-    """The report as one HTML page (text): the checklist table, the per-target table and the four charts,
-    then ``sections`` (HTML fragments, e.g. :func:`neuron_build.evaluate.traffic_html.traffic_section`).
+def render_html(rep: Report, sections: Sequence[str] = (), registry: dict | None = None) -> str:
+    """The report as one HTML page (text): the checklist table, the per-target table and the four charts;
+    with ``registry`` (:func:`neuron_build.release.registry.registry_doc`) also the registry section
+    (:mod:`neuron_build.evaluate.registry`), then ``sections`` (HTML fragments, e.g.
+    :func:`neuron_build.evaluate.traffic_html.traffic_section`).
 
     Raises:
         ImportError: matplotlib is not installed (the ``report`` extra).
@@ -152,10 +154,19 @@ def render_html(rep: Report, sections: Sequence[str] = ()) -> str:
 </table>
 <h2>Charts</h2>
 {figs}
+{_registry_section(registry)}
 {''.join(sections)}
 </body></html>
 """
     return re.sub(r"<!--.*?-->", "", page, flags=re.S)
+
+
+def _registry_section(registry: dict | None) -> str:
+    if registry is None:
+        return ""
+    from neuron_build.evaluate.registry import render_registry
+
+    return render_registry(registry)
 
 
 __all__ = ["CHARTS", "render_html"]

@@ -23,6 +23,7 @@ from neuron_build.project.config import ReleaseSettings
 from neuron_build.release.records import actor, check_channel, get_pointer, get_release
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.manifest import MANIFEST
+from neuron_build.store.sync import TransferProgress
 from neuron_build.trust import check_name, check_release
 from neuron_build.util import fsync_path, read_json, swap_in_folder, utc_now, write_json_atomic
 
@@ -117,7 +118,8 @@ def pinned_fix(target: str, damage: str, channel: str | None) -> str:
 
 
 def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
-         settings: ReleaseSettings | None = None, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+         settings: ReleaseSettings | None = None, warn: Callable[[str], None] | None = None,
+         progress: TransferProgress | None = None) -> dict[str, Any]:
     """Write the release a channel holds into ``dest``: ``<bucket id>/<files>`` (with the artifact's
     ``manifest.json``), ``release.json`` and the pull's marker :data:`MARKER` (release id and the files
     it wrote).
@@ -132,6 +134,8 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
         settings: when given, ``channel`` must be one of its declared channels.
         warn: called with one line for what was skipped: an artifact's manifest that is damaged in the
             store or no longer lists the files the release pins (the bucket is pulled without it).
+        progress: told of the files and bytes to copy, then of each file copied
+            (:class:`~neuron_build.store.sync.TransferProgress`).
 
     Returns:
         The content of ``release.json`` (see :mod:`neuron_build.runtime`).
@@ -151,11 +155,12 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
         raise UserError(f"channel {model}/{channel} holds no release; promote one into it first")
     check_name(ptr.release, "release", f"channel pointer {model}/{channel}", store.location)  # before any path
     rel = get_release(store, model, ptr.release)
-    return pull_release(store, rel, dest, channel=channel, channel_version=ptr.version, warn=warn)
+    return pull_release(store, rel, dest, channel=channel, channel_version=ptr.version, warn=warn, progress=progress)
 
 
 def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | None = None,
-                 channel_version: int | None = None, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+                 channel_version: int | None = None, warn: Callable[[str], None] | None = None,
+                 progress: TransferProgress | None = None) -> dict[str, Any]:
     """Write one release (a :class:`neuron_build.release.records.Release`) into ``dest``, as :func:`pull`
     does for the release a channel holds (the warm-up gate pulls a release before it is in a channel).
 
@@ -174,6 +179,9 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
     staging = dest.parent / f".{dest.name}.pull.{os.getpid()}.{secrets.token_hex(4)}"
     staging.mkdir()
     written: list[str] = []
+    if progress is not None:
+        pinned = [int(ent.get("size") or 0) for a in rel.artifacts for ent in a.files.values()]
+        progress.begin(len(pinned), sum(pinned))
     try:
         buckets = []
         for a in rel.artifacts:
@@ -191,6 +199,8 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
                                     f"not match its sha256: the stored blob is damaged; "
                                     f"{pinned_fix(a.target, 'hashes to', channel)}") from None
                 written.append(rel_name)
+                if progress is not None:
+                    progress.file(a.target, name, int(ent.get("size") or 0), True)
             mf = store.raw_manifest(a.key)
             found = store.lookup(a.key)
             if found.hit and isinstance(mf, dict) and mf.get("files") == a.files:
@@ -231,6 +241,9 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        if progress is not None:
+            progress.end()
     return doc
 
 

@@ -56,12 +56,34 @@ class SyncReport:
         return out
 
 
+class TransferProgress:
+    """What a long copy (push, fetch, pull) reports as it goes: this base reports nothing; the CLI's
+    :class:`neuron_build.cli.transfer.TransferDisplay` draws it. Granularity is one file (one blob): a
+    blob is copied by one contract call.
+    """
+
+    def begin(self, files: int, nbytes: int) -> None:
+        """Called once before the first file: ``files`` files of ``nbytes`` bytes to copy in all."""
+
+    def file(self, target: str, name: str, size: int, copied: bool) -> None:
+        """Called after each file: ``name`` of ``target``'s artifact, ``size`` bytes; ``copied`` False
+        when the destination held it already (nothing was transferred; not part of :meth:`begin`'s count)."""
+
+    def end(self) -> None:
+        """Called once after the last file (also when the copy stopped early)."""
+
+
 def _entries(raw: dict[str, Any]) -> list[tuple[str, int]]:
     """(sha256, size) of every blob a raw manifest's ``files`` names."""
+    return [(sha, size) for _, sha, size in _named_entries(raw)]
+
+
+def _named_entries(raw: dict[str, Any]) -> list[tuple[str, str, int]]:
+    """(file name, sha256, size) of every blob a raw manifest's ``files`` names."""
     out = []
-    for ent in (raw.get("files") or {}).values():
+    for name, ent in (raw.get("files") or {}).items():
         if isinstance(ent, dict) and isinstance(ent.get("sha256"), str):
-            out.append((ent["sha256"], int(ent.get("size", -1))))
+            out.append((str(name), ent["sha256"], int(ent.get("size", -1))))
     return out
 
 
@@ -88,7 +110,7 @@ def copy_blob(src: ArtifactStore, dst: ArtifactStore, sha256: str, scratch: Path
 
 
 def copy_key(src: ArtifactStore, dst: ArtifactStore, key: str, scratch: Path, report: SyncReport,
-             heal: bool = False) -> bool:
+             heal: bool = False, progress: TransferProgress | None = None) -> bool:
     """Copy the artifact of ``key`` from ``src`` to ``dst`` unless ``dst`` holds it complete: its blobs
     (those ``dst`` lacks or holds with another size) first, its manifest last.
 
@@ -108,12 +130,17 @@ def copy_key(src: ArtifactStore, dst: ArtifactStore, key: str, scratch: Path, re
         if raw is None or not src.lookup(key).hit:
             report.failed.append((key, f"{src.location} holds no complete artifact for key {key[:16]}"))
             return False
-        for sha, size in _entries(raw):
+        target = str(raw.get("target") or key[:16])
+        for name, sha, size in _named_entries(raw):
             if not heal and dst.blob_size(sha) == size:
+                if progress is not None:
+                    progress.file(target, name, max(size, 0), False)
                 continue
             written = copy_blob(src, dst, sha, scratch)
             report.blobs += 1 if written else 0
             report.bytes += written
+            if progress is not None:
+                progress.file(target, name, written or max(size, 0), bool(written))
         for name in raw.get("logs") or {}:  # the build's logs: copied when there, never required
             log = src.get_object(log_path(key, name))
             if log is not None:
@@ -140,17 +167,35 @@ def copy_key(src: ArtifactStore, dst: ArtifactStore, key: str, scratch: Path, re
     return True
 
 
-def copy_keys(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str]) -> SyncReport:
+def copy_keys(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str],
+              progress: TransferProgress | None = None) -> SyncReport:
     """:func:`copy_key` for each of ``keys`` (deduplicated, in order). Once a store could not be reached
     (``report.unreachable``), the keys left are listed as failed with that reason without a try: a dark
-    network costs one bounded wait (:mod:`neuron_build.store.wire`), not one per key."""
+    network costs one bounded wait (:mod:`neuron_build.store.wire`), not one per key.
+
+    With ``progress``, what is to copy is counted first (the blobs of the keys ``dst`` lacks, by their
+    manifests in ``src``, that ``dst`` does not hold with their size, each blob once: the files and bytes
+    :meth:`TransferProgress.begin` is given), then every file is reported as it goes."""
     report = SyncReport()
-    with tempfile.TemporaryDirectory(prefix="neuron-build-sync.") as scratch:
-        for key in dict.fromkeys(keys):
-            if report.unreachable is not None:
-                report.failed.append((key, report.unreachable))
-                continue
-            copy_key(src, dst, key, Path(scratch), report)
+    todo = list(dict.fromkeys(keys))
+    if progress is not None:
+        blobs: dict[str, int] = {}
+        for key in todo:
+            raw = None if dst.lookup(key).hit else src.raw_manifest(key)
+            for _, sha, size in _named_entries(raw or {}):
+                if sha not in blobs and dst.blob_size(sha) != size:
+                    blobs[sha] = max(size, 0)
+        progress.begin(len(blobs), sum(blobs.values()))
+    try:
+        with tempfile.TemporaryDirectory(prefix="neuron-build-sync.") as scratch:
+            for key in todo:
+                if report.unreachable is not None:  # a dark network costs one bounded wait, not one per key
+                    report.failed.append((key, report.unreachable))
+                    continue
+                copy_key(src, dst, key, Path(scratch), report, progress=progress)
+    finally:
+        if progress is not None:
+            progress.end()
     return report
 
 
@@ -249,5 +294,5 @@ def _one_line(e: BaseException) -> str:
     return (text[0] if text else type(e).__name__)[:300]
 
 
-__all__ = ["SyncReport", "channel_disagreement", "copy_blob", "copy_channel", "copy_channels", "copy_key", "copy_keys",
-           "copy_records"]
+__all__ = ["SyncReport", "TransferProgress", "channel_disagreement", "copy_blob", "copy_channel", "copy_channels",
+           "copy_key", "copy_keys", "copy_records"]
