@@ -21,6 +21,7 @@ import time
 import traceback
 from pathlib import Path
 
+from neuron_build.compilers import graph_key
 from neuron_build.status import Status
 from neuron_build.util import write_json_atomic
 
@@ -50,7 +51,16 @@ def run(request_path: str) -> int:
             raise CompileFailed(Status.ERROR, f"{what}: {e}") from e
         inputs = make_inputs(req.inputs, req.seed)
         print(f"model built in {time.monotonic() - t0:.1f} s", flush=True)
+        if (req.options or {}).get(graph_key.OPTION) and req.backend in graph_key.NO_GRAPH_KEY:
+            print(f"no graph key for backend {req.backend}: {graph_key.NO_GRAPH_KEY[req.backend]}; compiling",
+                  flush=True)
         result = compiler.compile(model, inputs, req)
+    except graph_key.GraphHit as e:  # the graph index holds this graph's artifact: nothing compiled
+        write_json_atomic(work / "result.json", {"op_count": None, "op_count_source": None, "details": {},
+                                                 "imported": _imported(req, work), "graph_key": e.graph_key,
+                                                 "graph_hit": True})
+        print(f"graph unchanged: done in {time.monotonic() - t0:.1f} s without compiling", flush=True)
+        return 0
     except CompileFailed as e:
         print(f"compile failed: {e.status}: {e.reason}", flush=True)
         write_json_atomic(work / "error.json", {"status": e.status, "reason": e.reason, "details": e.details})
@@ -62,12 +72,27 @@ def run(request_path: str) -> int:
         write_json_atomic(work / "error.json", {"status": Status.ERROR, "reason": f"{type(e).__name__}: {first}"[:500],
                                      "details": {}})
         return 1
-    from neuron_build.project.sources import recorded_files
-    imported = recorded_files(sys.modules.values(), Path(req.root), exclude=[work.parent, Path(req.out_dir).parent])
+    graph = _graph_file(work)
     write_json_atomic(work / "result.json", {"op_count": result.op_count, "op_count_source": result.op_count_source,
-                                  "details": result.details, "imported": imported})
+                                  "details": result.details, "imported": _imported(req, work),
+                                  "graph_key": graph.get("graph_key"), "graph_hit": False})
     print(f"compile done in {time.monotonic() - t0:.1f} s", flush=True)
     return 0
+
+
+def _imported(req, work: Path) -> list[str]:
+    """The project files (relative POSIX paths) imported while the model was built and compiled."""
+    from neuron_build.project.sources import recorded_files
+    return recorded_files(sys.modules.values(), Path(req.root), exclude=[work.parent, Path(req.out_dir).parent])
+
+
+def _graph_file(work: Path) -> dict:
+    """What the backend wrote about its graph key (:data:`graph_key.GRAPH_FILE`), or {}."""
+    try:
+        raw = json.loads((work / graph_key.GRAPH_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import errno
+import json
+import os
 import re
 import shutil
 import socket
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from neuron_build import __version__
 from neuron_build.build.attempt import (
     Classification,
     DiskFull,
@@ -35,6 +38,7 @@ from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun, Executo
 from neuron_build.build.local import LocalExecutor, default_jobs
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.planner import Planner
+from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import STAGE_PREFIX, CompileRequest
 from neuron_build.log import get_logger
 from neuron_build.project.config import Project
@@ -42,13 +46,16 @@ from neuron_build.project.keys import COMPONENTS, KeyInfo
 from neuron_build.project.matrix import Target
 from neuron_build.project.toolchain import announce_backend, neuron_status
 from neuron_build.status import DOWNLOADED, BuildResult, Status, TargetState
-from neuron_build.store import cached_store, ledger
+from neuron_build.store import cached_store, graph_index, ledger
 from neuron_build.store import failures as kept_failures
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.locks import GB
 from neuron_build.store.manifest import Manifest, Metrics, is_log_name
 from neuron_build.store.records import FailureRecord, TargetRecord
 from neuron_build.util import file_sha256, utc_now
+
+#: Set to 0 (or false, no, off) to turn the graph key off for one build (benchmarks, a suspected bad reuse).
+GRAPH_KEY_ENV = "NEURON_BUILD_GRAPH_KEY"
 
 
 @dataclass(frozen=True)
@@ -293,10 +300,17 @@ class Builder:
                 obj.mkdir()
                 work.mkdir()
                 req = self.request(ctx.target, ctx.ki, obj, work)
+                self._graph_option(ctx, req, work)
                 ctx.log.info("compiling", backend=req.backend, hardware_target=req.hardware_target,
                              attempt=ctx.attempt)
                 run = self.executor.run(req, work, ctx.log)
                 done = self._finish(ctx, req, run, obj)
+                if done is None:  # the graph index entry was stale: compile after all
+                    shutil.rmtree(obj, ignore_errors=True)
+                    obj.mkdir()
+                    req.options[graph_key.OPTION]["no_reuse"] = True
+                    run = self.executor.run(req, work, ctx.log)
+                    done = self._finish(ctx, req, run, obj)
         except DiskFull as e:
             done = self._fail(ctx, Classification(Status.ERROR, str(e)), NOT_RUN)
         finally:
@@ -312,11 +326,15 @@ class Builder:
             return done.outcome
         return done
 
-    def _finish(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path) -> Outcome | Unrecorded:
-        """Classify the worker's run, then publish the artifact (PASS) or record the failure."""
+    def _finish(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path) -> Outcome | Unrecorded | None:
+        """Classify the worker's run, then publish the artifact (PASS), publish the artifact of the same
+        graph (the worker found its graph key in the index), or record the failure. None: the index
+        entry the worker found is stale (its artifact is gone): the caller compiles."""
         verdict = classify(run, self.project.config.build.timeout_s, free_space(obj), obj.parent)
         if verdict.status == Status.PASS:
             try:
+                if (run.result or {}).get("graph_hit"):
+                    return self._reuse_graph(ctx, req, run, obj)
                 return self._publish(ctx, req, run, obj)
             except DiskFull as e:
                 verdict = Classification(Status.ERROR, str(e))
@@ -372,11 +390,108 @@ class Builder:
             self.store.publish(obj, ctx.ki.key)
         self.store.clear_failure(ctx.target.id)
         self._remember(ctx, Status.PASS)
+        self._index_graph(ctx, req, (run.result or {}).get("graph_key"))
         self._record(ctx, "compile", Status.PASS, run=run, metrics=metrics)
         ctx.log.info("built", compile_time_s=metrics["compile_time_s"], op_count=metrics["op_count"],
                      artifact_mb=round(metrics["artifact_bytes"] / 2**20, 2),
                      peak_rss_mb=round(run.peak_rss_bytes / 2**20))
         return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, compiled=True, metrics=metrics)
+
+    # -- the graph key (the second level) ------------------------------------------------------------
+    def graph_keys_on(self) -> bool:
+        """Is the graph key on: ``[build] graph_key`` and not ``NEURON_BUILD_GRAPH_KEY=0``?"""
+        env = os.environ.get(GRAPH_KEY_ENV, "").strip().lower()
+        return bool(self.project.config.build.graph_key) and env not in ("0", "false", "no", "off")
+
+    def _graph_option(self, ctx: BuildContext, req: CompileRequest, work: Path) -> None:
+        """Ask the worker for the graph key (:mod:`neuron_build.compilers.graph_key`): the source key's
+        non-model components, and the graph keys the index holds now (``known-graphs.json`` in the
+        workdir). A store whose index cannot be listed gives an empty list (the target compiles)."""
+        if not self.graph_keys_on():
+            return
+        try:
+            known = graph_index.known(self.store)
+        except OSError as e:
+            ctx.log.warning("could not list the graph index; compiling", error=str(e))
+            known = []
+        path = work / "known-graphs.json"
+        path.write_text(json.dumps(known))
+        req.options[graph_key.OPTION] = {"base": graph_key.base_of(ctx.ki.details), "known": str(path)}
+
+    def _index_graph(self, ctx: BuildContext, req: CompileRequest, gk: str | None) -> None:
+        """Record graph key ``gk`` -> the key just published in the graph index (an entry whose artifact
+        is gone is replaced); best effort."""
+        if not gk or not self.graph_keys_on():
+            return
+        entry = graph_index.GraphEntry(graph_key=gk, key=ctx.ki.key, target=ctx.target.id, backend=req.backend,
+                                       time=utc_now())
+        try:
+            old = graph_index.lookup(self.store, gk)
+            stale = old is not None and old.key != ctx.ki.key and not self.store.is_complete(old.key)
+            graph_index.record(self.store, entry, replace=stale or old is None)
+        except (OSError, ValueError) as e:
+            ctx.log.warning("could not record the graph key", graph_key=gk[:12], error=str(e))
+
+    def _reuse_graph(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path) -> Outcome | None:
+        """Publish ``ctx``'s key over the blobs of the artifact compiled from the same graph (the worker
+        found its graph key in the index): the files are copied from that artifact, the manifest gets
+        ``graph_key`` and ``reused_from``, nothing is compiled. None when the entry is stale (no entry,
+        or its artifact is not complete here): the caller compiles.
+
+        Raises:
+            DiskFull: the file system filled up; nothing was published.
+        """
+        result = run.result or {}
+        gk = result.get("graph_key")
+        entry = graph_index.lookup(self.store, gk) if gk else None
+        found = self.store.repair(entry.key) if entry is not None else None
+        if entry is None or found is None or not found.hit:
+            ctx.log.warning("graph index entry is stale; compiling", graph_key=(gk or "")[:12])
+            return None
+        old = found.manifest
+        with disk_full("recording the imported files", ctx.target.id):
+            ctx = self._complete_key(ctx, result.get("imported") or [])
+        if ctx.ki.key == entry.key:  # the completed key is the one the index names: it is there already
+            return self._adopt(ctx, run, entry.key, gk, old)
+        src = self.store.artifact_dir(entry.key)
+        with disk_full("writing the artifact", obj):
+            for name in old.files:
+                dest = obj / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(src / name, dest)
+                except OSError:
+                    shutil.copyfile(src / name, dest)
+            (obj / WORKER_LOG).write_bytes(run.log)
+        metrics = {**old.metrics.model_dump(), "status": Status.PASS, "compile_time_s": round(run.wall_s, 3),
+                   "peak_rss_bytes": run.peak_rss_bytes, "exit_code": run.exit_code, "attempts": ctx.attempt,
+                   "reason": None}
+        files = {n: e.model_dump() for n, e in old.files.items()}
+        logs = {WORKER_LOG: {"sha256": file_sha256(obj / WORKER_LOG), "size": (obj / WORKER_LOG).stat().st_size}}
+        t = ctx.target
+        manifest = Manifest(
+            key=ctx.ki.key, target=t.id, model=t.model, bucket=dict(t.bucket), dtype=t.dtype, profile=t.profile,
+            backend=req.backend, hardware_target=req.hardware_target, key_details=ctx.ki.details,
+            component_hashes=ctx.ki.hashes, files=files, logs=logs, metrics=Metrics(**metrics),
+            toolchain=dict(old.toolchain), compiler=dict(old.compiler), created=utc_now(), host=socket.gethostname(),
+            graph_key=gk, reused_from=entry.key, neuron_build_version=__version__, **self.provenance)
+        with disk_full("writing the manifest", obj):
+            self.store.seal(obj, manifest)
+        with disk_full("publishing", obj):
+            self.store.publish(obj, ctx.ki.key)
+        return self._adopt(ctx, run, entry.key, gk, old, metrics)
+
+    def _adopt(self, ctx: BuildContext, run: CompileRun, reused: str, gk: str, old: Manifest,
+               metrics: dict | None = None) -> Outcome:
+        """Record a graph reuse of ``reused`` (the target record, the ledger) and return its outcome."""
+        metrics = metrics or {**old.metrics.model_dump(), "compile_time_s": round(run.wall_s, 3)}
+        self.store.clear_failure(ctx.target.id)
+        self._remember(ctx, Status.PASS)
+        self._record(ctx, "graph-reused", Status.PASS, run=run, metrics=metrics, reused_from=reused, graph_key=gk)
+        ctx.log.info("source changed, graph unchanged", reused=reused[:12], graph_key=gk[:12],
+                     seconds=round(run.wall_s, 1))
+        return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, f"graph unchanged: reused {reused}",
+                       compiled=False, metrics=metrics)
 
     def _complete_key(self, ctx: BuildContext, imported: list[str]) -> BuildContext:
         """The context with the key completed by the project files the compile imported (``imported``,
@@ -424,7 +539,8 @@ class Builder:
             profile=target.profile, backend=req.backend, hardware_target=req.hardware_target,
             key_details=ki.details, component_hashes=ki.hashes, files=files, logs=logs, metrics=Metrics(**metrics),
             toolchain={**ki.details["toolchain"], **extra_toolchain}, compiler=details, created=utc_now(),
-            host=socket.gethostname(), **self.provenance)
+            host=socket.gethostname(), graph_key=result.get("graph_key"), neuron_build_version=__version__,
+            **self.provenance)
         self.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last
 
     # -- the ledger and the kept failure workdirs ------------------------------------------------------
@@ -463,7 +579,7 @@ class Builder:
     def _record(self, ctx: BuildContext, event: str, status: Status, *, reason: str = "",
                 stage: tuple[str | None, str | None, str | None] = (None, None, None), run: CompileRun | None = None,
                 details: dict | None = None, metrics: dict | None = None, manifest: Manifest | None = None,
-                workdir: str | None = None) -> None:
+                workdir: str | None = None, reused_from: str | None = None, graph_key: str | None = None) -> None:
         """Append one record to the store's ledger (:mod:`neuron_build.store.ledger`); best effort: a store
         that cannot be written is logged, never a failure of the build."""
         m = metrics or (manifest.metrics.model_dump() if manifest is not None else {})
@@ -477,7 +593,7 @@ class Builder:
             compile_time_s=round(run.wall_s, 3) if run is not None and event == "compile" else None,
             peak_rss_bytes=run.peak_rss_bytes if run is not None and event == "compile" else None,
             hbm_peak_bytes=hbm_estimate(diags), op_count=m.get("op_count"), artifact_bytes=m.get("artifact_bytes"),
-            changed=ctx.changed, workdir=workdir)
+            changed=ctx.changed, workdir=workdir, reused_from=reused_from, graph_key=graph_key)
         try:
             ledger.append(self.store, rec)
         except OSError as e:

@@ -106,6 +106,9 @@ class BuildSettings(_Frozen):
     pushes what it compiled. ``remote_options`` are passed to fsspec as storage options (e.g.
     ``{profile = "ci"}`` or ``{client_kwargs = {region_name = "us-west-2"}}``); the standard AWS variables
     (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``, ...) apply as s3fs and boto3 read them.
+    ``graph_key`` (default true) turns on the second level of the key: on a source-key miss the worker
+    captures the graph and reuses an artifact compiled from the same graph instead of compiling
+    (``NEURON_BUILD_GRAPH_KEY=0`` in the environment turns it off for one build).
     """
 
     store: StrictStr = "artifacts"
@@ -118,6 +121,7 @@ class BuildSettings(_Frozen):
     state_dir: StrictStr = ".neuron-build"
     max_host_memory_gb: Number | None = Field(default=None, gt=0, strict=False)
     default_compile_memory_gb: Number = Field(default=4.0, gt=0, strict=False)
+    graph_key: StrictBool = True
     executor: Executor = "local"
     scheduler: StrictStr | None = None
     scheduler_timeout_s: Number = Field(default=10.0, gt=0, strict=False)

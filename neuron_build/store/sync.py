@@ -139,7 +139,7 @@ def copy_keys(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str]) -> Sy
 def copy_records(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str], report: SyncReport,
                  releases: bool = True) -> None:
     """Copy what describes the copied artifacts: the target records pointing at ``keys``, their
-    validation and benchmark results and (``releases``) every release record ``dst`` lacks (release
+    validation and benchmark results, the graph index entries pointing at them, and (``releases``) every release record ``dst`` lacks (release
     records are written once: an existing one is never replaced)."""
     wanted = set(keys)
     for rec in src.all_targets():
@@ -154,6 +154,8 @@ def copy_records(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str], re
                 if dst.result(key, kind, name) != result:
                     dst.put_result(key, kind, name, result)
                     report.records += 1
+    from neuron_build.store import graph_index
+    report.records += graph_index.copy_entries(src, dst, wanted)
     if releases:
         for model, rid, record in src.releases():
             if record is not None and dst.release(model, rid) is None and dst.put_release(model, rid, record):
