@@ -22,7 +22,8 @@ edits"):
   counter of class names (``___torch_mangle_N``) too.
 - ``neuron``: the HLO module ``torch_neuronx.trace`` writes for neuronx-cc (``model/graph.hlo``), with
   metadata (``metadata={...}``: op names and source file and line) and comments removed, and the weight
-  files it references by content.
+  files it references by content. The module exists only inside ``torch_neuronx.trace``, which also runs
+  neuronx-cc, so this key is recorded (manifest, index) after the compile and never skips one.
 - ``torchneuron``: no stable graph key (the graph goes to the backend inside ``torch.compile``): the
   worker says so and compiles, as before.
 
@@ -241,6 +242,8 @@ def torchscript_document(graph: Any) -> dict[str, Any]:
         return ids[u]
 
     inputs = [[vid(v), _ts_type(v)] for v in graph.inputs()]
+    if inputs and inputs[0][1].startswith("__torch__."):  # the module itself: its class's import path is
+        inputs[0][1] = "module"                           # no part of the frozen graph's computation
 
     def walk(block_nodes) -> list:
         out = []
@@ -298,6 +301,25 @@ def hlo_document(model_dir: str | Path) -> dict[str, Any]:
     return {"kind": "hlo", "module": module, "weights": weights}
 
 
+def capture_document(backend: str, model: Any, example_inputs: tuple) -> dict[str, Any]:
+    """The canonical document of ``model`` on ``example_inputs`` as ``backend`` captures it, without
+    compiling: ``torch.jit.trace`` + ``torch.jit.freeze`` for ``torchscript``, ``torch.export`` for
+    ``inductor`` and ``compile-cache`` (tests and benchmarks compare keys with it).
+
+    Raises:
+        NoGraphKey: another backend, or a graph without a canonical form.
+    """
+    import torch
+
+    with torch.no_grad():
+        if backend == "torchscript":
+            frozen = torch.jit.freeze(torch.jit.trace(model, example_inputs, check_trace=False).eval())
+            return torchscript_document(frozen.graph)
+        if backend in ("inductor", "compile-cache"):
+            return export_document(torch.export.export(model, example_inputs, strict=False))
+    raise NoGraphKey(f"backend {backend} has no graph to capture outside its compile")
+
+
 # -- the key --------------------------------------------------------------------------------------------
 
 def graph_key(document: dict[str, Any], base: dict[str, Any]) -> str:
@@ -314,7 +336,7 @@ def base_of(details: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in details.items() if k not in ("model", "format")}
 
 
-def checkpoint(request: Any, document_of: Any) -> str | None:
+def checkpoint(request: Any, document_of: Any, reuse: bool = True) -> str | None:
     """Called by a backend once it holds the graph it compiles, before compiling it.
 
     Makes the graph key when the request asks for one (:data:`OPTION`), writes :data:`GRAPH_FILE`
@@ -325,6 +347,8 @@ def checkpoint(request: Any, document_of: Any) -> str | None:
         request: the :class:`~neuron_build.compilers.base.CompileRequest`.
         document_of: a callable returning the canonical document (one of the ``*_document`` functions
             applied to the graph); a :class:`NoGraphKey` it raises means "compile".
+        reuse: False where the graph is only seen after the compile (the XLA trace path: the HLO module
+            exists inside ``torch_neuronx.trace``): the key is recorded for the index, never a hit.
 
     Returns:
         The graph key, or None (not asked for, or the graph has no canonical form).
@@ -349,7 +373,7 @@ def checkpoint(request: Any, document_of: Any) -> str | None:
     write_json_atomic(out, {"graph_key": key, "seconds": seconds})
     print(f"graph key {key[:12]} ({seconds:.2f} s)", flush=True)
     known = opts.get("known")
-    if known and not opts.get("no_reuse"):
+    if reuse and known and not opts.get("no_reuse"):
         try:
             keys = set(json.loads(Path(known).read_text()))
         except (OSError, ValueError):
@@ -360,6 +384,6 @@ def checkpoint(request: Any, document_of: Any) -> str | None:
     return key
 
 
-__all__ = ["BEFORE_COMPILE", "GRAPH_FILE", "GRAPH_KEY_FORMAT", "NO_GRAPH_KEY", "OPTION", "GraphHit", "NoGraphKey",
+__all__ = ["BEFORE_COMPILE", "capture_document", "GRAPH_FILE", "GRAPH_KEY_FORMAT", "NO_GRAPH_KEY", "OPTION", "GraphHit", "NoGraphKey",
            "base_of", "checkpoint", "export_document", "graph_key", "hlo_document", "tensor_digest",
            "torchscript_document"]
