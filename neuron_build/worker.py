@@ -3,8 +3,11 @@
 Reads a :class:`~neuron_build.compilers.base.CompileRequest`, builds the model from its factory, makes the
 example inputs, runs the backend, and writes ``result.json`` (op count, its source, backend details, and
 ``imported``: the project files, relative to the project folder, that were imported while the model was
-built and compiled, so the next plan can key on modules no static reading finds) into the request's
-work_dir. On failure it writes ``error.json`` (status, reason, details) there and exits with
+built and compiled, so the next plan can key on modules no static reading finds; ``reads``: the project
+files the factory opened, the environment variables it read and the distributions the build imported,
+:mod:`neuron_build.project.reads`; ``graph_key`` and ``graph_hit``: the graph key the backend made, and
+whether the graph index held it, :mod:`neuron_build.compilers.graph_key`, in which case nothing was
+compiled) into the request's work_dir. On failure it writes ``error.json`` (status, reason, details) there and exits with
 the failure's exit status: 1 for a compiler error, 3 for a missing toolchain, 70 for a transient tool
 failure, 137 for a compiler killed by SIGKILL. Everything it prints goes to the worker log
 (``worker.log`` in the artifact, ``failure.log`` beside a failure record).
@@ -33,6 +36,9 @@ def run(request_path: str) -> int:
     req = CompileRequest(**json.loads(Path(request_path).read_text()))
     work = Path(req.work_dir)
     t0 = time.monotonic()
+    from neuron_build.project.reads import ReadRecorder
+    modules_before = list(sys.modules)
+    recorder = ReadRecorder(req.root, exclude=[work.parent, Path(req.out_dir).parent])
     print(f"neuron-build worker: target {req.target} key {req.key[:12]} backend {req.backend} "
           f"({req.hardware_target}) dtype {req.dtype}", flush=True)
     try:
@@ -43,7 +49,8 @@ def run(request_path: str) -> int:
             preflight = getattr(compiler, "preflight", None)
             if preflight is not None:  # toolchain checks before the (possibly slow) model build
                 preflight(req)
-            model = build_model(req.root, req.factory, req.kwargs, req.dtype, hf=req.hf)
+            with recorder:  # what the factory opens and which variables it reads
+                model = build_model(req.root, req.factory, req.kwargs, req.dtype, hf=req.hf)
         except CompileFailed:
             raise
         except ImportError as e:
@@ -58,7 +65,7 @@ def run(request_path: str) -> int:
     except graph_key.GraphHit as e:  # the graph index holds this graph's artifact: nothing compiled
         write_json_atomic(work / "result.json", {"op_count": None, "op_count_source": None, "details": {},
                                                  "imported": _imported(req, work), "graph_key": e.graph_key,
-                                                 "graph_hit": True})
+                                                 "graph_hit": True, "reads": recorder.to_json(modules_before)})
         print(f"graph unchanged: done in {time.monotonic() - t0:.1f} s without compiling", flush=True)
         return 0
     except CompileFailed as e:
@@ -75,7 +82,8 @@ def run(request_path: str) -> int:
     graph = _graph_file(work)
     write_json_atomic(work / "result.json", {"op_count": result.op_count, "op_count_source": result.op_count_source,
                                   "details": result.details, "imported": _imported(req, work),
-                                  "graph_key": graph.get("graph_key"), "graph_hit": False})
+                                  "graph_key": graph.get("graph_key"), "graph_hit": False,
+                                  "reads": recorder.to_json(modules_before)})
     print(f"compile done in {time.monotonic() - t0:.1f} s", flush=True)
     return 0
 

@@ -41,6 +41,7 @@ from neuron_build.build.planner import Planner
 from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import STAGE_PREFIX, CompileRequest
 from neuron_build.log import get_logger
+from neuron_build.project import reads as _reads
 from neuron_build.project.config import Project
 from neuron_build.project.keys import COMPONENTS, KeyInfo
 from neuron_build.project.matrix import Target
@@ -48,6 +49,7 @@ from neuron_build.project.toolchain import announce_backend, neuron_status
 from neuron_build.status import DOWNLOADED, BuildResult, Status, TargetState
 from neuron_build.store import cached_store, graph_index, ledger
 from neuron_build.store import failures as kept_failures
+from neuron_build.store import reads as store_reads
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.locks import GB
 from neuron_build.store.manifest import Manifest, Metrics, is_log_name
@@ -381,7 +383,7 @@ class Builder:
         metrics = {"status": Status.PASS, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss_bytes,
                    "exit_code": run.exit_code, "attempts": ctx.attempt}
         with disk_full("recording the imported files", ctx.target.id):
-            ctx = self._complete_key(ctx, (run.result or {}).get("imported") or [])
+            ctx = self._complete_key(ctx, (run.result or {}).get("imported") or [], (run.result or {}).get("reads"))
         with disk_full("writing the artifact", obj):
             (obj / WORKER_LOG).write_bytes(run.log)
         with disk_full("writing the manifest", obj):
@@ -450,7 +452,7 @@ class Builder:
             return None
         old = found.manifest
         with disk_full("recording the imported files", ctx.target.id):
-            ctx = self._complete_key(ctx, result.get("imported") or [])
+            ctx = self._complete_key(ctx, result.get("imported") or [], result.get("reads"))
         if ctx.ki.key == entry.key:  # the completed key is the one the index names: it is there already
             return self._adopt(ctx, run, entry.key, gk, old)
         src = self.store.artifact_dir(entry.key)
@@ -493,7 +495,7 @@ class Builder:
         return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, f"graph unchanged: reused {reused}",
                        compiled=False, metrics=metrics)
 
-    def _complete_key(self, ctx: BuildContext, imported: list[str]) -> BuildContext:
+    def _complete_key(self, ctx: BuildContext, imported: list[str], reads: dict | None = None) -> BuildContext:
         """The context with the key completed by the project files the compile imported (``imported``,
         relative POSIX paths from the worker's ``result.json``).
 
@@ -507,14 +509,23 @@ class Builder:
         static = self.keys.static_sources(model)
         planned = set(ctx.ki.details["model"].get("recorded", {}))
         extra = {f for f in imported if f not in static and not f.startswith("../")}
-        if extra <= planned:
+        planned_reads = ctx.ki.details["model"].get("reads") or {}
+        new_reads = {k: sorted(set(v) - set(planned_reads.get(k) or {})) for k, v in _reads.merge(reads).items()}
+        if extra <= planned and not any(new_reads.values()):
             return ctx
-        union = set(self.store.add_recorded_imports(model, sorted(extra))) | planned | extra
+        union = set(planned)
+        if not extra <= planned:
+            union = set(self.store.add_recorded_imports(model, sorted(extra))) | planned | extra
         self.keys.recorded[model] = sorted(union)
+        all_reads = self.keys.reads.get(model) or _reads.empty()
+        if any(new_reads.values()):
+            all_reads = _reads.merge(store_reads.add_recorded_reads(self.store, model, _reads.merge(reads)),
+                                     {k: sorted(v) for k, v in planned_reads.items()})
+        self.keys.reads[model] = all_reads
         self.keys.forget_model(model)
-        ki = self.keys.key(ctx.target, recorded=sorted(union))
-        ctx.log.info("key completed by recorded imports", planned_key=ctx.ki.key[:12], key=ki.key[:12],
-                     recorded=sorted(extra - planned))
+        ki = self.keys.key(ctx.target, recorded=sorted(union), reads=all_reads)
+        ctx.log.info("key completed by recorded imports and reads", planned_key=ctx.ki.key[:12], key=ki.key[:12],
+                     recorded=sorted(extra - planned), reads={k: v for k, v in new_reads.items() if v})
         self.planner.set_key(ctx.target, ki)
         return replace(ctx, ki=ki, log=ctx.log.bind(key=ki.key[:12]))
 

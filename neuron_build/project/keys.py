@@ -8,7 +8,9 @@ Components (each hashed on its own so ``explain`` can say which one changed):
   ``sources`` (the sha256 of every project file the factory's import runs, read statically, and of the
   files the model's ``sources`` globs match: :mod:`neuron_build.project.sources`),
   ``recorded`` (the project files the worker saw imported during an earlier build of the model that no
-  static reading finds, e.g. a module loaded by a string), ``weights`` (the content of declared weight
+  static reading finds, e.g. a module loaded by a string), ``reads`` (when recorded: the project files the
+  factory opened, the environment variables it read and the distributions the build imported, each by
+  content, value or version: :mod:`neuron_build.project.reads`), ``weights`` (the content of declared weight
   files and folders) and ``packages`` (the versions of the packages the model names, and the weight files
   they ship);
 - ``inputs``: the target dtype and each input's concrete shape, dtype and range;
@@ -234,10 +236,14 @@ class KeyMaker:
         recorded: model name -> the project files (POSIX paths relative to the project folder) the worker
             recorded as imported by earlier builds of the model (the planner reads them from the store).
         exclude: folders whose files are never sources (the store).
+        reads: model name -> what earlier builds of its factory read besides imports (files, environment
+            variables, distributions: :mod:`neuron_build.project.reads`; the planner reads them from the
+            store); keyed as the model component's ``reads`` when there are any.
     """
 
     def __init__(self, project: Project, backend: str | None = None, environ: dict[str, str] | None = None,
-                 recorded: dict[str, list[str]] | None = None, exclude: tuple[Path, ...] = ()):
+                 recorded: dict[str, list[str]] | None = None, exclude: tuple[Path, ...] = (),
+                 reads: dict[str, dict[str, list[str]]] | None = None):
         self.project = project
         build = project.config.build
         self.backend, self.backend_note = resolve_backend(backend or build.backend, build.target)
@@ -245,6 +251,7 @@ class KeyMaker:
         self.environ = dict(os.environ if environ is None else environ)
         self.digests = DigestCache(project.state_dir / "digests.json")
         self.recorded: dict[str, list[str]] = dict(recorded or {})
+        self.reads: dict[str, dict[str, list[str]]] = dict(reads or {})
         self.exclude = (project.state_dir, *exclude)
         self._static_cache: dict[str, dict[str, Any]] = {}
         self._model_cache: dict[str, dict[str, Any]] = {}
@@ -332,16 +339,32 @@ class KeyMaker:
             out[rel] = file_sha256(f) if f.is_file() else MISSING
         return out
 
-    def model_component(self, name: str, recorded: list[str] | None = None) -> dict[str, Any]:
-        """The ``model`` component of one model (cached unless ``recorded`` overrides the recorded set)."""
-        if recorded is None and name in self._model_cache:
+    def read_digests(self, name: str, reads: dict[str, list[str]] | None = None) -> dict[str, Any] | None:
+        """The ``reads`` entry of a model's component (:func:`neuron_build.project.reads.digests` of
+        ``reads``, default :attr:`reads`), or None when nothing is recorded."""
+        from neuron_build.project import reads as _reads
+
+        rec = self.reads.get(name) if reads is None else reads
+        if not rec or not any(rec.get(k) for k in _reads.KINDS):
+            return None
+        return _reads.digests(self.project.root.resolve(), rec, self.environ, self.digests.digest, observe=self.inputs)
+
+    def model_component(self, name: str, recorded: list[str] | None = None,
+                        reads: dict[str, list[str]] | None = None) -> dict[str, Any]:
+        """The ``model`` component of one model (cached unless ``recorded`` or ``reads`` override the
+        recorded sets)."""
+        if recorded is None and reads is None and name in self._model_cache:
             return self._model_cache[name]
         comp = {**self._static(name), "recorded": self.recorded_digests(name, recorded)}
-        if recorded is None:
+        r = self.read_digests(name, reads)
+        if r is not None:
+            comp["reads"] = r
+        if recorded is None and reads is None:
             self._model_cache[name] = comp
         return comp
 
-    def details(self, target: Target, recorded: list[str] | None = None) -> dict[str, Any]:
+    def details(self, target: Target, recorded: list[str] | None = None,
+                reads: dict[str, list[str]] | None = None) -> dict[str, Any]:
         """The key details of a target: a dict of the components in :data:`COMPONENTS`.
 
         Args:
@@ -359,20 +382,21 @@ class KeyMaker:
                 "inline_weights_to_neff": prof.inline_weights_to_neff, "tp_degree": prof.tp_degree}
         return {
             "format": KEY_FORMAT,
-            "model": self.model_component(target.model, recorded),
+            "model": self.model_component(target.model, recorded, reads),
             "inputs": {"dtype": target.dtype, "inputs": [i.to_json() for i in target.inputs(m)]},
             "compiler": comp,
             "env": self._env,
             "toolchain": self._toolchain,
         }
 
-    def key(self, target: Target, recorded: list[str] | None = None) -> KeyInfo:
+    def key(self, target: Target, recorded: list[str] | None = None,
+            reads: dict[str, list[str]] | None = None) -> KeyInfo:
         """The target's :class:`KeyInfo` (``recorded`` as for :meth:`details`).
 
         The key is the sha256 of the canonical JSON of the details; that JSON is assembled from each
         component's canonical JSON (sorted keys make it compositional), and the components shared by many
         targets (model, env, toolchain, a profile's compiler options) are serialised once."""
-        d = self.details(target, recorded)
+        d = self.details(target, recorded, reads)
         texts, hashes = {}, {}
         for c in COMPONENTS:
             cache_key = (c, id(d[c])) if c != "inputs" else None
