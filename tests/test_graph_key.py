@@ -246,3 +246,21 @@ def test_the_hlo_key_of_the_neuron_double_survives_a_cosmetic_edit(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     k = json.loads(proc.stdout.strip().splitlines()[-1])
     assert k["neutral"] == k["net"] and k["act"] != k["net"]
+
+
+def test_a_new_artifact_format_of_the_backend_changes_both_keys(tiny, monkeypatch):
+    from neuron_build.project import keys
+    from neuron_build.project.config import load_project
+
+    def key():
+        km = keys.KeyMaker(load_project(tiny))
+        from neuron_build.project.matrix import expand
+        t = expand(km.project)[0]
+        return km.key(t)
+
+    before = key()
+    monkeypatch.setitem(keys.ARTIFACT_FORMAT, "torchscript", keys.ARTIFACT_FORMAT["torchscript"] + 1)
+    after = key()
+    assert keys.diff_components(before.details, after.details) == ["compiler: artifact_format"]
+    assert graph_key.graph_key({}, graph_key.base_of(before.details)) != graph_key.graph_key(
+        {}, graph_key.base_of(after.details))

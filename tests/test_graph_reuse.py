@@ -126,6 +126,8 @@ def check_reuse(tmp_path: Path, backend: str, batches: str, n: int) -> None:
     m = json.loads(run_cli("show", tid, "--json", "-c", str(cfg)).stdout)
     man = m.get("manifest", m)
     assert man["reused_from"] == doc["graph"]["reused_from"] and len(man["graph_key"]) == 64
+    from neuron_build import __version__
+    assert man["neuron_build_version"] == __version__
     src.write_text(NEUTRAL.replace("torch.relu(", "torch.tanh("))  # a graph change
     counts = build_and_count(cfg)
     assert (counts["compiles"], counts["graph_reused"]) == (n, 0)

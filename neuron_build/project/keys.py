@@ -15,7 +15,8 @@ Components (each hashed on its own so ``explain`` can say which one changed):
   they ship);
 - ``inputs``: the target dtype and each input's concrete shape, dtype and range;
 - ``compiler``: backend, hardware target, normalised compiler args (without ``--verbose``), profile
-  options (``inline_weights_to_neff``, ``tp_degree``);
+  options (``inline_weights_to_neff``, ``tp_degree``), and the version of what the backend writes
+  (:data:`ARTIFACT_FORMAT`);
 - ``env``: the environment variables of :data:`KEY_ENV` for the backend (an allow-list: logging, debug,
   cache and runtime settings such as ``TORCH_LOGS`` or ``NEURON_RT_*`` never count);
 - ``toolchain``: compiler versions (torch; torch-neuronx, neuronx-cc, neuronx-distributed, libneuronxla
@@ -44,6 +45,11 @@ from neuron_build.project.toolchain import NEURON_BACKENDS, resolve_backend, too
 from neuron_build.util import canonical_json, file_sha256, sha256_hex, write_atomic
 
 KEY_FORMAT = 2
+#: What each backend writes, versioned: bump a backend's entry whenever the files it writes for the same
+#: model change (another file, another layout, another saver), so no artifact of the old form is served
+#: under a new key, nor reused by the graph key (whose base holds the ``compiler`` component). Part of the
+#: ``compiler`` component as ``artifact_format``.
+ARTIFACT_FORMAT = {"inductor": 1, "compile-cache": 1, "torchscript": 1, "neuron": 1, "torchneuron": 1}
 COMPONENTS = ("format", "model", "inputs", "compiler", "env", "toolchain")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".h5", ".msgpack", ".gguf", ".npz", ".npy")
 #: The weight entry of a file that does not exist (the key changes when it appears).
@@ -379,7 +385,8 @@ class KeyMaker:
             comp = self._compiler_cache[target.profile] = {
                 "backend": self.backend, "hardware_target": self.hardware_target,
                 "compiler_args": list(key_args(prof.compiler_args)),
-                "inline_weights_to_neff": prof.inline_weights_to_neff, "tp_degree": prof.tp_degree}
+                "inline_weights_to_neff": prof.inline_weights_to_neff, "tp_degree": prof.tp_degree,
+                "artifact_format": ARTIFACT_FORMAT.get(self.backend, 1)}
         return {
             "format": KEY_FORMAT,
             "model": self.model_component(target.model, recorded, reads),
@@ -419,5 +426,5 @@ class KeyMaker:
         self.digests.save()
 
 
-__all__ = ["COMPONENTS", "KEY_ENV", "MISSING", "DigestCache", "KeyInfo", "KeyMaker", "canonical_json", "diff_components",
+__all__ = ["ARTIFACT_FORMAT", "COMPONENTS", "KEY_ENV", "MISSING", "DigestCache", "KeyInfo", "KeyMaker", "canonical_json", "diff_components",
            "digest_entries", "file_sha256", "key_env", "version"]
