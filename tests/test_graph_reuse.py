@@ -140,3 +140,31 @@ def test_torchscript_graph_neutral_edit_compiles_nothing_and_a_graph_change_reco
 @pytest.mark.slow
 def test_inductor_graph_neutral_edit_compiles_nothing_and_a_graph_change_recompiles_the_model(tmp_path):
     check_reuse(tmp_path, "inductor", "1", 1)
+
+
+def test_two_targets_with_identical_graphs_compile_once(tmp_path):
+    """Two models built by the same factory (their sources and target ids differ, their graphs do not)."""
+    from conftest import write_tiny_project
+
+    from neuron_build.build.builder import Builder
+    from neuron_build.project.config import load_project
+    from neuron_build.store import ledger
+
+    cfg = write_tiny_project(tmp_path / "proj", extra='''
+        [models.twin]
+        factory = "tinylib.twin:build"
+        dtypes = ["fp32"]
+        profiles = ["p1"]
+        inputs = [{ name = "x", shape = [2, 16] }]
+    ''')
+    other = (cfg.parent / "tinylib" / "other.py").read_text()
+    (cfg.parent / "tinylib" / "twin.py").write_text("# the same model, another module\n" + other)
+    b = Builder(load_project(cfg))
+    first, second = (b.build(b.by_id[t]) for t in ("other/static/fp32/p1", "twin/static/fp32/p1"))
+    assert (first.compiled, second.compiled) == (True, False) and first.key != second.key
+    assert second.reason == f"graph unchanged: reused {first.key}"
+    events = [(r.target, r.event) for r in ledger.read(b.store)]
+    assert events == [("other/static/fp32/p1", "compile"), ("twin/static/fp32/p1", "graph-reused")]
+    m = b.store.manifest(second.key)
+    assert m.reused_from == first.key and m.graph_key == b.store.manifest(first.key).graph_key
+    assert {n: e.sha256 for n, e in m.files.items()} == {n: e.sha256 for n, e in b.store.manifest(first.key).files.items()}
