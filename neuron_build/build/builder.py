@@ -177,8 +177,30 @@ class Builder:
         push_all = getattr(self.store, "push_pending", None)
         if push_all is None:
             return []
+        pending = set(getattr(self.store, "pending", set)())
+        failed = push_all()
+        self._push_model_records(pending - {k for k, _ in failed})
         return [f"{key[:16]}: push to {self.store.remote_location} failed again: {reason}"
-                for key, reason in push_all()]
+                for key, reason in failed]
+
+    def _push_model_records(self, keys: set[str]) -> None:
+        """Copy what builds recorded per model (imports, reads) for the models of ``keys`` (just pushed) to
+        the remote: those artifacts' keys include them, so another host plans the same keys only with them.
+        Best effort."""
+        local, remote = getattr(self.store, "local", None), getattr(self.store, "remote", None)
+        if not keys or local is None or remote is None:
+            return
+        try:
+            models = {m.model for m in (local.manifest(k) for k in keys) if m is not None}
+            for model in sorted(models):
+                imports = local.recorded_imports(model)
+                if imports:
+                    remote.add_recorded_imports(model, imports)
+                reads = store_reads.recorded_reads(local, model)
+                if any(reads.values()):
+                    store_reads.add_recorded_reads(remote, model, reads)
+        except Exception as e:  # the remote went away again: the next push retries nothing of this, say so
+            get_logger().warning("could not push the recorded imports and reads", error=str(e))
 
     # -- building ----------------------------------------------------------------------------
     def build(self, target: Target, retry_failed: bool = True, no_retry_option: str = "--no-retry-failed") -> Outcome:

@@ -155,7 +155,19 @@ def copy_records(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str], re
                     dst.put_result(key, kind, name, result)
                     report.records += 1
     from neuron_build.store import graph_index
+    from neuron_build.store.reads import add_recorded_reads, recorded_reads
     report.records += graph_index.copy_entries(src, dst, wanted)
+    # what builds of each model recorded (imports, reads): the keys of the copied artifacts include them
+    for model in sorted({m.model for m in (src.manifest(k) for k in wanted) if m is not None}):
+        imports = src.recorded_imports(model)
+        if imports and not set(imports) <= set(dst.recorded_imports(model)):
+            dst.add_recorded_imports(model, imports)
+            report.records += 1
+        reads = recorded_reads(src, model)
+        if any(reads.values()):
+            had = recorded_reads(dst, model)
+            if add_recorded_reads(dst, model, reads) != had:
+                report.records += 1
     if releases:
         for model, rid, record in src.releases():
             if record is not None and dst.release(model, rid) is None and dst.put_release(model, rid, record):
