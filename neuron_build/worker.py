@@ -51,6 +51,9 @@ def run(request_path: str) -> int:
                 preflight(req)
             with recorder:  # what the factory opens and which variables it reads
                 model = build_model(req.root, req.factory, req.kwargs, req.dtype, hf=req.hf)
+            # the distributions the model's build imported (not the compile's: a compile and a graph reuse
+            # of one model record the same set, so no target's key moves when another compiles)
+            reads = recorder.to_json(modules_before)
         except CompileFailed:
             raise
         except ImportError as e:
@@ -65,7 +68,7 @@ def run(request_path: str) -> int:
     except graph_key.GraphHit as e:  # the graph index holds this graph's artifact: nothing compiled
         write_json_atomic(work / "result.json", {"op_count": None, "op_count_source": None, "details": {},
                                                  "imported": _imported(req, work), "graph_key": e.graph_key,
-                                                 "graph_hit": True, "reads": recorder.to_json(modules_before)})
+                                                 "graph_hit": True, "reads": reads})
         print(f"graph unchanged: done in {time.monotonic() - t0:.1f} s without compiling", flush=True)
         return 0
     except CompileFailed as e:
@@ -83,7 +86,7 @@ def run(request_path: str) -> int:
     write_json_atomic(work / "result.json", {"op_count": result.op_count, "op_count_source": result.op_count_source,
                                   "details": result.details, "imported": _imported(req, work),
                                   "graph_key": graph.get("graph_key"), "graph_hit": False,
-                                  "reads": recorder.to_json(modules_before)})
+                                  "reads": reads})
     print(f"compile done in {time.monotonic() - t0:.1f} s", flush=True)
     return 0
 

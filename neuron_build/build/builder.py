@@ -250,6 +250,11 @@ class Builder:
             return self._read_only(ctx, e)
         with lock:
             found = self.store.repair(ki.key)
+            if not found.hit:  # the lock holder may have published under the key its compile completed
+                done = self._completed_meanwhile(ctx)
+                if done is not None:
+                    ctx, found = done
+                    ki = ctx.ki
             if found.hit:
                 self._remember(ctx, Status.PASS)
                 self._record(ctx, "reused", Status.PASS, manifest=found.manifest)
@@ -420,6 +425,55 @@ class Builder:
                      artifact_mb=round(metrics["artifact_bytes"] / 2**20, 2),
                      peak_rss_mb=round(run.peak_rss_bytes / 2**20))
         return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, compiled=True, metrics=metrics)
+
+    def _completed_meanwhile(self, ctx: BuildContext) -> tuple[BuildContext, Any] | None:
+        """When the model's recorded imports or reads in the store changed since this builder planned
+        (another builder compiled the model and completed its key), the key recomputed with them, if the
+        store holds it: (context with that key, its lookup). None otherwise."""
+        t = ctx.target
+        recorded = self.store.recorded_imports(t.model)
+        reads = store_reads.recorded_reads(self.store, t.model)
+        if sorted(recorded) == sorted(self.keys.recorded.get(t.model, [])) and \
+                reads == _reads.merge(self.keys.reads.get(t.model)):
+            return None
+        ki = self.keys.key(t, recorded=recorded, reads=reads)
+        found = self.store.repair(ki.key)
+        if not found.hit:
+            return None
+        self.keys.recorded[t.model], self.keys.reads[t.model] = recorded, reads
+        self.keys.forget_model(t.model)
+        self.planner.set_key(t, ki)
+        return replace(ctx, ki=ki, log=ctx.log.bind(key=ki.key[:12])), found
+
+    def use_records(self, target: Target, recorded: list[str], reads: dict[str, list[str]]) -> None:
+        """Key ``target``'s model with these recorded imports and reads (a Dask worker takes the ones the
+        client planned with, so both compute one key even when a build completed the records since)."""
+        model = target.model
+        reads = _reads.merge(reads)
+        if sorted(self.keys.recorded.get(model, [])) == sorted(recorded) and \
+                _reads.merge(self.keys.reads.get(model)) == reads:
+            return
+        self.keys.recorded[model] = sorted(recorded)
+        self.keys.reads[model] = reads
+        self.keys.forget_model(model)
+        for t in self.targets:
+            if t.model == model:
+                self.planner.forget(t)
+
+    def adopt_key(self, target: Target, key: str) -> bool:
+        """Take ``key``, which another process (a Dask worker) built ``target`` under after completing the
+        planned key with what the compile recorded (imports, reads), as the target's key here: the model's
+        records are read again from the store and the key recomputed; adopted only when it comes out as
+        ``key``. Returns whether it did."""
+        model = target.model
+        self.keys.recorded[model] = self.store.recorded_imports(model)
+        self.keys.reads[model] = store_reads.recorded_reads(self.store, model)
+        self.keys.forget_model(model)
+        ki = self.keys.key(target)
+        if ki.key != key:
+            return False
+        self.planner.set_key(target, ki)
+        return True
 
     # -- the graph key (the second level) ------------------------------------------------------------
     def graph_keys_on(self) -> bool:

@@ -50,6 +50,10 @@ class Planner:
             ki = self._keyinfo[target.id] = self.keys.key(target)
         return ki
 
+    def forget(self, target: Target) -> None:
+        """Drop the target's computed key (it is computed again on next use)."""
+        self._keyinfo.pop(target.id, None)
+
     def set_key(self, target: Target, ki: KeyInfo) -> None:
         """Replace the target's key for the rest of this planner's life (the builder does, when a compile
         recorded imports the planned key did not hold, and it published under the completed key)."""

@@ -3,13 +3,14 @@ plan (the first level's last holes, the way recorded imports close the hole of a
 
 Three kinds, recorded by :class:`ReadRecorder` in the worker while the factory runs:
 
-- ``files``: project files it opens (an audit hook on ``open``: ``open()``, ``io.open``, ``np.load``,
-  ``torch.load`` all raise it), as POSIX paths relative to the project folder; Python sources are left out
+- ``files``: project files it opens for reading (an audit hook on ``open``: ``open()``, ``io.open``,
+  ``np.load``, ``torch.load`` all raise it; a file opened to write or append, a log, is not an input), as POSIX paths relative to the project folder; Python sources are left out
   (imports are recorded and keyed as sources), so are files of installed distributions, hidden folders,
   the store and the compile's own folders;
 - ``env``: the environment variables read through ``os.environ`` / ``os.getenv`` by project code (the
   caller's frame is a project file: what torch or transformers read for themselves is not the factory's);
-- ``dists``: the distributions whose modules the build imported
+- ``dists``: the distributions whose modules building the model imported (the factory call, not the compile:
+  a compile and a graph reuse record the same set)
   (``importlib.metadata.packages_distributions()`` over the new entries of ``sys.modules``), so a numpy
   upgrade changes the key without ``packages = [...]``; neuron-build itself is left out (the manifest
   records its version).
@@ -40,7 +41,13 @@ def _audit(event: str, args: tuple) -> None:
     if event != "open" or not _HOOKED:
         return
     path = args[0] if args else None
-    if isinstance(path, (str, bytes, os.PathLike)):
+    mode = args[1] if len(args) > 1 else None
+    flags = args[2] if len(args) > 2 else 0
+    if isinstance(mode, str):
+        reading = not any(c in mode for c in "wax+")
+    else:  # os.open: no mode, the flags say it
+        reading = isinstance(flags, int) and not flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    if reading and isinstance(path, (str, bytes, os.PathLike)):
         for r in _HOOKED:
             r._opened(path)
 
