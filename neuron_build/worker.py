@@ -37,7 +37,6 @@ def run(request_path: str) -> int:
     work = Path(req.work_dir)
     t0 = time.monotonic()
     from neuron_build.project.reads import ReadRecorder
-    modules_before = list(sys.modules)
     recorder = ReadRecorder(req.root, exclude=[work.parent, Path(req.out_dir).parent])
     print(f"neuron-build worker: target {req.target} key {req.key[:12]} backend {req.backend} "
           f"({req.hardware_target}) dtype {req.dtype}", flush=True)
@@ -49,6 +48,7 @@ def run(request_path: str) -> int:
             preflight = getattr(compiler, "preflight", None)
             if preflight is not None:  # toolchain checks before the (possibly slow) model build
                 preflight(req)
+            modules_before = list(sys.modules)  # after the backend's own imports (preflight)
             with recorder:  # what the factory opens and which variables it reads
                 model = build_model(req.root, req.factory, req.kwargs, req.dtype, hf=req.hf)
             # the distributions the model's build imported (not the compile's: a compile and a graph reuse

@@ -353,6 +353,8 @@ class KeyMaker:
         rec = self.reads.get(name) if reads is None else reads
         if not rec or not any(rec.get(k) for k in _reads.KINDS):
             return None
+        keyed = {n.replace("_", "-").lower() for n in self._toolchain}  # versions the toolchain holds already
+        rec = {**rec, "dists": [d for d in rec.get("dists", []) if d.replace("_", "-").lower() not in keyed]}
         return _reads.digests(self.project.root.resolve(), rec, self.environ, self.digests.digest, observe=self.inputs)
 
     def model_component(self, name: str, recorded: list[str] | None = None,
