@@ -241,8 +241,8 @@ def test_the_hlo_key_of_the_neuron_double_survives_a_cosmetic_edit(tmp_path):
     ''')
     env = neuron_env("neuron_sdk")
     env["PYTHONPATH"] = os.pathsep.join([env.get("PYTHONPATH", ""), str(Path(__file__).resolve().parents[1])])
-    proc = subprocess.run([sys.executable, "-c", script, str(src), str(tmp_path / "work")], env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", script, str(src), str(tmp_path / "work")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)  # the double's compiler logs to its cwd
     assert proc.returncode == 0, proc.stderr[-3000:]
     k = json.loads(proc.stdout.strip().splitlines()[-1])
     assert k["neutral"] == k["net"] and k["act"] != k["net"]
