@@ -240,9 +240,13 @@ def _cached_plan() -> tuple[Plan, Any] | None:
     try:
         store = LocalStore(Path(plan.store))
         recorded = {m: store.recorded_imports(m) for m in plan.recorded}
+        if not plan_cache.recorded_match(plan, recorded):
+            return None
+        from neuron_build.store.reads import recorded_reads
+        reads = {m: recorded_reads(store, m) for m in plan.recorded}
     except (OSError, ValueError):
         return None
-    return (plan, store) if plan_cache.recorded_match(plan, recorded) else None
+    return (plan, store) if plan_cache.reads_match(plan, reads) else None
 
 
 def _save_plan(b: Builder, interp: dict[str, Any]) -> None:
@@ -257,7 +261,7 @@ def _save_plan(b: Builder, interp: dict[str, Any]) -> None:
     plan_cache.write(p.state_dir, config_path=p.path, config_sha256=p.config_sha256, log=b.keys.inputs,
                      env_names=[n for names in KEY_ENV.values() for n in names], recorded=b.keys.recorded,
                      store=str(b.store.folder), backend=b.keys.backend, hardware_target=b.keys.hardware_target,
-                     targets=[(t.id, b.key(t).key) for t in b.targets], interp=interp)
+                     targets=[(t.id, b.key(t).key) for t in b.targets], interp=interp, reads=b.keys.reads)
 
 
 def _is_built(store: ArtifactStore, key: str, hits: list[str] | None = None, target_id: str = "",

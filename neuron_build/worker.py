@@ -3,8 +3,11 @@
 Reads a :class:`~neuron_build.compilers.base.CompileRequest`, builds the model from its factory, makes the
 example inputs, runs the backend, and writes ``result.json`` (op count, its source, backend details, and
 ``imported``: the project files, relative to the project folder, that were imported while the model was
-built and compiled, so the next plan can key on modules no static reading finds) into the request's
-work_dir. On failure it writes ``error.json`` (status, reason, details) there and exits with
+built and compiled, so the next plan can key on modules no static reading finds; ``reads``: the project
+files the factory opened, the environment variables it read and the distributions the build imported,
+:mod:`neuron_build.project.reads`; ``graph_key`` and ``graph_hit``: the graph key the backend made, and
+whether the graph index held it, :mod:`neuron_build.compilers.graph_key`, in which case nothing was
+compiled) into the request's work_dir. On failure it writes ``error.json`` (status, reason, details) there and exits with
 the failure's exit status: 1 for a compiler error, 3 for a missing toolchain, 70 for a transient tool
 failure, 137 for a compiler killed by SIGKILL. Everything it prints goes to the worker log
 (``worker.log`` in the artifact, ``failure.log`` beside a failure record).
@@ -21,6 +24,7 @@ import time
 import traceback
 from pathlib import Path
 
+from neuron_build.compilers import graph_key
 from neuron_build.status import Status
 from neuron_build.util import write_json_atomic
 
@@ -32,6 +36,8 @@ def run(request_path: str) -> int:
     req = CompileRequest(**json.loads(Path(request_path).read_text()))
     work = Path(req.work_dir)
     t0 = time.monotonic()
+    from neuron_build.project.reads import ReadRecorder
+    recorder = ReadRecorder(req.root, exclude=[work.parent, Path(req.out_dir).parent])
     print(f"neuron-build worker: target {req.target} key {req.key[:12]} backend {req.backend} "
           f"({req.hardware_target}) dtype {req.dtype}", flush=True)
     try:
@@ -46,8 +52,13 @@ def run(request_path: str) -> int:
             preflight = getattr(compiler, "preflight", None)
             if preflight is not None:  # toolchain checks before the (possibly slow) model build
                 preflight(req)
-            model = (build_model(req.root, req.factory, req.kwargs, req.dtype, hf=req.hf)
-                     if getattr(compiler, "needs_module", True) else None)
+            modules_before = list(sys.modules)  # after the backend's own imports (preflight)
+            with recorder:  # what the factory opens and which variables it reads
+                model = (build_model(req.root, req.factory, req.kwargs, req.dtype, hf=req.hf)
+                         if getattr(compiler, "needs_module", True) else None)
+            # the distributions the model's build imported (not the compile's: a compile and a graph reuse
+            # of one model record the same set, so no target's key moves when another compiles)
+            reads = recorder.to_json(modules_before)
         except CompileFailed:
             raise
         except ImportError as e:
@@ -55,7 +66,16 @@ def run(request_path: str) -> int:
             raise CompileFailed(Status.ERROR, f"{what}: {e}") from e
         inputs = make_inputs(req.inputs, req.seed)
         print(f"model built in {time.monotonic() - t0:.1f} s", flush=True)
+        if (req.options or {}).get(graph_key.OPTION) and req.backend in graph_key.NO_GRAPH_KEY:
+            print(f"no graph key for backend {req.backend}: {graph_key.NO_GRAPH_KEY[req.backend]}; compiling",
+                  flush=True)
         result = compiler.compile(model, inputs, req)
+    except graph_key.GraphHit as e:  # the graph index holds this graph's artifact: nothing compiled
+        write_json_atomic(work / "result.json", {"op_count": None, "op_count_source": None, "details": {},
+                                                 "imported": _imported(req, work), "graph_key": e.graph_key,
+                                                 "graph_hit": True, "reads": reads})
+        print(f"graph unchanged: done in {time.monotonic() - t0:.1f} s without compiling", flush=True)
+        return 0
     except CompileFailed as e:
         print(f"compile failed: {e.status}: {e.reason}", flush=True)
         write_json_atomic(work / "error.json", {"status": e.status, "reason": e.reason, "details": e.details})
@@ -67,12 +87,28 @@ def run(request_path: str) -> int:
         write_json_atomic(work / "error.json", {"status": Status.ERROR, "reason": f"{type(e).__name__}: {first}"[:500],
                                      "details": {}})
         return 1
-    from neuron_build.project.sources import recorded_files
-    imported = recorded_files(sys.modules.values(), Path(req.root), exclude=[work.parent, Path(req.out_dir).parent])
+    graph = _graph_file(work)
     write_json_atomic(work / "result.json", {"op_count": result.op_count, "op_count_source": result.op_count_source,
-                                  "details": result.details, "imported": imported})
+                                  "details": result.details, "imported": _imported(req, work),
+                                  "graph_key": graph.get("graph_key"), "graph_hit": False,
+                                  "reads": reads})
     print(f"compile done in {time.monotonic() - t0:.1f} s", flush=True)
     return 0
+
+
+def _imported(req, work: Path) -> list[str]:
+    """The project files (relative POSIX paths) imported while the model was built and compiled."""
+    from neuron_build.project.sources import recorded_files
+    return recorded_files(sys.modules.values(), Path(req.root), exclude=[work.parent, Path(req.out_dir).parent])
+
+
+def _graph_file(work: Path) -> dict:
+    """What the backend wrote about its graph key (:data:`graph_key.GRAPH_FILE`), or {}."""
+    try:
+        raw = json.loads((work / graph_key.GRAPH_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import errno
+import json
+import os
 import re
 import shutil
 import socket
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from neuron_build import __version__
 from neuron_build.build.attempt import (
     Classification,
     DiskFull,
@@ -35,20 +38,26 @@ from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun, Executo
 from neuron_build.build.local import LocalExecutor, default_jobs
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.planner import Planner
+from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import STAGE_PREFIX, CompileRequest
 from neuron_build.log import get_logger
+from neuron_build.project import reads as _reads
 from neuron_build.project.config import Project
 from neuron_build.project.keys import COMPONENTS, KeyInfo
 from neuron_build.project.matrix import Target
 from neuron_build.project.toolchain import announce_backend, neuron_status
 from neuron_build.status import DOWNLOADED, BuildResult, Status, TargetState
-from neuron_build.store import cached_store, ledger
+from neuron_build.store import cached_store, graph_index, ledger
 from neuron_build.store import failures as kept_failures
+from neuron_build.store import reads as store_reads
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.locks import GB
 from neuron_build.store.manifest import Manifest, Metrics, is_log_name
 from neuron_build.store.records import FailureRecord, TargetRecord
 from neuron_build.util import file_sha256, utc_now
+
+#: Set to 0 (or false, no, off) to turn the graph key off for one build (benchmarks, a suspected bad reuse).
+GRAPH_KEY_ENV = "NEURON_BUILD_GRAPH_KEY"
 
 
 @dataclass(frozen=True)
@@ -165,8 +174,30 @@ class Builder:
     def push_pending(self) -> list[str]:
         """Push what earlier builds on this host could not push. Returns one line per artifact that still
         failed (empty when everything is on the remote, or there is no remote)."""
+        pending = set(self.store.pending())
+        failed = self.store.push_pending()
+        self._push_model_records(pending - {k for k, _ in failed})
         return [f"{key[:16]}: push to {self.store.remote_location} failed again: {reason}"
-                for key, reason in self.store.push_pending()]
+                for key, reason in failed]
+
+    def _push_model_records(self, keys: set[str]) -> None:
+        """Copy what builds recorded per model (imports, reads) for the models of ``keys`` (just pushed) to
+        the remote: those artifacts' keys include them, so another host plans the same keys only with them.
+        Best effort."""
+        local, remote = self.store.local_tier, self.store.remote_tier
+        if not keys or remote is None:
+            return
+        try:
+            models = {m.model for m in (local.manifest(k) for k in keys) if m is not None}
+            for model in sorted(models):
+                imports = local.recorded_imports(model)
+                if imports:
+                    remote.add_recorded_imports(model, imports)
+                reads = store_reads.recorded_reads(local, model)
+                if any(reads.values()):
+                    store_reads.add_recorded_reads(remote, model, reads)
+        except Exception as e:  # the remote went away again: the next push retries nothing of this, say so
+            get_logger().warning("could not push the recorded imports and reads", error=str(e))
 
     # -- building ----------------------------------------------------------------------------
     def build(self, target: Target, retry_failed: bool = True, no_retry_option: str = "--no-retry-failed") -> Outcome:
@@ -216,6 +247,11 @@ class Builder:
             return self._read_only(ctx, e)
         with lock:
             found = self.store.repair(ki.key)
+            if not found.hit:  # the lock holder may have published under the key its compile completed
+                done = self._completed_meanwhile(ctx)
+                if done is not None:
+                    ctx, found = done
+                    ki = ctx.ki
             if found.hit:
                 self._remember(ctx, Status.PASS)
                 self._record(ctx, "reused", Status.PASS, manifest=found.manifest)
@@ -290,10 +326,17 @@ class Builder:
                 obj.mkdir()
                 work.mkdir()
                 req = self.request(ctx.target, ctx.ki, obj, work)
+                self._graph_option(ctx, req, work)
                 ctx.log.info("compiling", backend=req.backend, hardware_target=req.hardware_target,
                              attempt=ctx.attempt)
                 run = self.executor.run(req, work, ctx.log)
                 done = self._finish(ctx, req, run, obj)
+                if done is None:  # the graph index entry was stale: compile after all
+                    shutil.rmtree(obj, ignore_errors=True)
+                    obj.mkdir()
+                    req.options[graph_key.OPTION]["no_reuse"] = True
+                    run = self.executor.run(req, work, ctx.log)
+                    done = self._finish(ctx, req, run, obj)
         except DiskFull as e:
             done = self._fail(ctx, Classification(Status.ERROR, str(e)), NOT_RUN)
         finally:
@@ -309,11 +352,15 @@ class Builder:
             return done.outcome
         return done
 
-    def _finish(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path) -> Outcome | Unrecorded:
-        """Classify the worker's run, then publish the artifact (PASS) or record the failure."""
+    def _finish(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path) -> Outcome | Unrecorded | None:
+        """Classify the worker's run, then publish the artifact (PASS), publish the artifact of the same
+        graph (the worker found its graph key in the index), or record the failure. None: the index
+        entry the worker found is stale (its artifact is gone): the caller compiles."""
         verdict = classify(run, self.project.config.build.timeout_s, free_space(obj), obj.parent)
         if verdict.status == Status.PASS:
             try:
+                if (run.result or {}).get("graph_hit"):
+                    return self._reuse_graph(ctx, req, run, obj)
                 return self._publish(ctx, req, run, obj)
             except DiskFull as e:
                 verdict = Classification(Status.ERROR, str(e))
@@ -360,7 +407,7 @@ class Builder:
         metrics = {"status": Status.PASS, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss_bytes,
                    "exit_code": run.exit_code, "attempts": ctx.attempt}
         with disk_full("recording the imported files", ctx.target.id):
-            ctx = self._complete_key(ctx, (run.result or {}).get("imported") or [])
+            ctx = self._complete_key(ctx, (run.result or {}).get("imported") or [], (run.result or {}).get("reads"))
         with disk_full("writing the artifact", obj):
             (obj / WORKER_LOG).write_bytes(run.log)
         with disk_full("writing the manifest", obj):
@@ -369,13 +416,159 @@ class Builder:
             self.store.publish(obj, ctx.ki.key)
         self.store.clear_failure(ctx.target.id)
         self._remember(ctx, Status.PASS)
+        self._index_graph(ctx, req, (run.result or {}).get("graph_key"))
         self._record(ctx, "compile", Status.PASS, run=run, metrics=metrics)
         ctx.log.info("built", compile_time_s=metrics["compile_time_s"], op_count=metrics["op_count"],
                      artifact_mb=round(metrics["artifact_bytes"] / 2**20, 2),
                      peak_rss_mb=round(run.peak_rss_bytes / 2**20))
         return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, compiled=True, metrics=metrics)
 
-    def _complete_key(self, ctx: BuildContext, imported: list[str]) -> BuildContext:
+    def _completed_meanwhile(self, ctx: BuildContext) -> tuple[BuildContext, Any] | None:
+        """When the model's recorded imports or reads in the store changed since this builder planned
+        (another builder compiled the model and completed its key), the key recomputed with them, if the
+        store holds it: (context with that key, its lookup). None otherwise."""
+        t = ctx.target
+        recorded = self.store.recorded_imports(t.model)
+        reads = store_reads.recorded_reads(self.store, t.model)
+        if sorted(recorded) == sorted(self.keys.recorded.get(t.model, [])) and \
+                reads == _reads.merge(self.keys.reads.get(t.model)):
+            return None
+        ki = self.keys.key(t, recorded=recorded, reads=reads)
+        found = self.store.repair(ki.key)
+        if not found.hit:
+            return None
+        self.keys.recorded[t.model], self.keys.reads[t.model] = recorded, reads
+        self.keys.forget_model(t.model)
+        self.planner.set_key(t, ki)
+        return replace(ctx, ki=ki, log=ctx.log.bind(key=ki.key[:12])), found
+
+    def use_records(self, target: Target, recorded: list[str], reads: dict[str, list[str]]) -> None:
+        """Key ``target``'s model with these recorded imports and reads (a Dask worker takes the ones the
+        client planned with, so both compute one key even when a build completed the records since)."""
+        model = target.model
+        reads = _reads.merge(reads)
+        if sorted(self.keys.recorded.get(model, [])) == sorted(recorded) and \
+                _reads.merge(self.keys.reads.get(model)) == reads:
+            return
+        self.keys.recorded[model] = sorted(recorded)
+        self.keys.reads[model] = reads
+        self.keys.forget_model(model)
+        for t in self.targets:
+            if t.model == model:
+                self.planner.forget(t)
+
+    def adopt_key(self, target: Target, key: str) -> bool:
+        """Take ``key``, which another process (a Dask worker) built ``target`` under after completing the
+        planned key with what the compile recorded (imports, reads), as the target's key here: the model's
+        records are read again from the store and the key recomputed; adopted only when it comes out as
+        ``key``. Returns whether it did."""
+        model = target.model
+        self.keys.recorded[model] = self.store.recorded_imports(model)
+        self.keys.reads[model] = store_reads.recorded_reads(self.store, model)
+        self.keys.forget_model(model)
+        ki = self.keys.key(target)
+        if ki.key != key:
+            return False
+        self.planner.set_key(target, ki)
+        return True
+
+    # -- the graph key (the second level) ------------------------------------------------------------
+    def graph_keys_on(self) -> bool:
+        """Is the graph key on: ``[build] graph_key`` and not ``NEURON_BUILD_GRAPH_KEY=0``?"""
+        env = os.environ.get(GRAPH_KEY_ENV, "").strip().lower()
+        return bool(self.project.config.build.graph_key) and env not in ("0", "false", "no", "off")
+
+    def _graph_option(self, ctx: BuildContext, req: CompileRequest, work: Path) -> None:
+        """Ask the worker for the graph key (:mod:`neuron_build.compilers.graph_key`): the source key's
+        non-model components, and the graph keys the index holds now (``known-graphs.json`` in the
+        workdir). A store whose index cannot be listed gives an empty list (the target compiles)."""
+        if not self.graph_keys_on():
+            return
+        try:
+            known = graph_index.known(self.store)
+        except OSError as e:
+            ctx.log.warning("could not list the graph index; compiling", error=str(e))
+            known = []
+        path = work / "known-graphs.json"
+        path.write_text(json.dumps(known))
+        req.options[graph_key.OPTION] = {"base": graph_key.base_of(ctx.ki.details), "known": str(path)}
+
+    def _index_graph(self, ctx: BuildContext, req: CompileRequest, gk: str | None) -> None:
+        """Record graph key ``gk`` -> the key just published in the graph index (an entry whose artifact
+        is gone is replaced); best effort."""
+        if not gk or not self.graph_keys_on():
+            return
+        entry = graph_index.GraphEntry(graph_key=gk, key=ctx.ki.key, target=ctx.target.id, backend=req.backend,
+                                       time=utc_now())
+        try:
+            old = graph_index.lookup(self.store, gk)
+            stale = old is not None and old.key != ctx.ki.key and not self.store.is_complete(old.key)
+            graph_index.record(self.store, entry, replace=stale or old is None)
+        except (OSError, ValueError) as e:
+            ctx.log.warning("could not record the graph key", graph_key=gk[:12], error=str(e))
+
+    def _reuse_graph(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path) -> Outcome | None:
+        """Publish ``ctx``'s key over the blobs of the artifact compiled from the same graph (the worker
+        found its graph key in the index): the files are copied from that artifact, the manifest gets
+        ``graph_key`` and ``reused_from``, nothing is compiled. None when the entry is stale (no entry,
+        or its artifact is not complete here): the caller compiles.
+
+        Raises:
+            DiskFull: the file system filled up; nothing was published.
+        """
+        result = run.result or {}
+        gk = result.get("graph_key")
+        entry = graph_index.lookup(self.store, gk) if gk else None
+        found = self.store.repair(entry.key) if entry is not None else None
+        if entry is None or found is None or not found.hit:
+            ctx.log.warning("graph index entry is stale; compiling", graph_key=(gk or "")[:12])
+            return None
+        old = found.manifest
+        with disk_full("recording the imported files", ctx.target.id):
+            ctx = self._complete_key(ctx, result.get("imported") or [], result.get("reads"))
+        if ctx.ki.key == entry.key:  # the completed key is the one the index names: it is there already
+            return self._adopt(ctx, run, entry.key, gk, old)
+        src = self.store.artifact_dir(entry.key)
+        with disk_full("writing the artifact", obj):
+            for name in old.files:
+                dest = obj / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(src / name, dest)
+                except OSError:
+                    shutil.copyfile(src / name, dest)
+            (obj / WORKER_LOG).write_bytes(run.log)
+        metrics = {**old.metrics.model_dump(), "status": Status.PASS, "compile_time_s": round(run.wall_s, 3),
+                   "peak_rss_bytes": run.peak_rss_bytes, "exit_code": run.exit_code, "attempts": ctx.attempt,
+                   "reason": None}
+        files = {n: e.model_dump() for n, e in old.files.items()}
+        logs = {WORKER_LOG: {"sha256": file_sha256(obj / WORKER_LOG), "size": (obj / WORKER_LOG).stat().st_size}}
+        t = ctx.target
+        manifest = Manifest(
+            key=ctx.ki.key, target=t.id, model=t.model, bucket=dict(t.bucket), dtype=t.dtype, profile=t.profile,
+            backend=req.backend, hardware_target=req.hardware_target, key_details=ctx.ki.details,
+            component_hashes=ctx.ki.hashes, files=files, logs=logs, metrics=Metrics(**metrics),
+            toolchain=dict(old.toolchain), compiler=dict(old.compiler), created=utc_now(), host=socket.gethostname(),
+            graph_key=gk, reused_from=entry.key, neuron_build_version=__version__, **self.provenance)
+        with disk_full("writing the manifest", obj):
+            self.store.seal(obj, manifest)
+        with disk_full("publishing", obj):
+            self.store.publish(obj, ctx.ki.key)
+        return self._adopt(ctx, run, entry.key, gk, old, metrics)
+
+    def _adopt(self, ctx: BuildContext, run: CompileRun, reused: str, gk: str, old: Manifest,
+               metrics: dict | None = None) -> Outcome:
+        """Record a graph reuse of ``reused`` (the target record, the ledger) and return its outcome."""
+        metrics = metrics or {**old.metrics.model_dump(), "compile_time_s": round(run.wall_s, 3)}
+        self.store.clear_failure(ctx.target.id)
+        self._remember(ctx, Status.PASS)
+        self._record(ctx, "graph-reused", Status.PASS, run=run, metrics=metrics, reused_from=reused, graph_key=gk)
+        ctx.log.info("source changed, graph unchanged", reused=reused[:12], graph_key=gk[:12],
+                     seconds=round(run.wall_s, 1))
+        return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, f"graph unchanged: reused {reused}",
+                       compiled=False, metrics=metrics)
+
+    def _complete_key(self, ctx: BuildContext, imported: list[str], reads: dict | None = None) -> BuildContext:
         """The context with the key completed by the project files the compile imported (``imported``,
         relative POSIX paths from the worker's ``result.json``).
 
@@ -389,14 +582,23 @@ class Builder:
         static = self.keys.static_sources(model)
         planned = set(ctx.ki.details["model"].get("recorded", {}))
         extra = {f for f in imported if f not in static and not f.startswith("../")}
-        if extra <= planned:
+        planned_reads = ctx.ki.details["model"].get("reads") or {}
+        new_reads = {k: sorted(set(v) - set(planned_reads.get(k) or {})) for k, v in _reads.merge(reads).items()}
+        if extra <= planned and not any(new_reads.values()):
             return ctx
-        union = set(self.store.add_recorded_imports(model, sorted(extra))) | planned | extra
+        union = set(planned)
+        if not extra <= planned:
+            union = set(self.store.add_recorded_imports(model, sorted(extra))) | planned | extra
         self.keys.recorded[model] = sorted(union)
+        all_reads = self.keys.reads.get(model) or _reads.empty()
+        if any(new_reads.values()):
+            all_reads = _reads.merge(store_reads.add_recorded_reads(self.store, model, _reads.merge(reads)),
+                                     {k: sorted(v) for k, v in planned_reads.items()})
+        self.keys.reads[model] = all_reads
         self.keys.forget_model(model)
-        ki = self.keys.key(ctx.target, recorded=sorted(union))
-        ctx.log.info("key completed by recorded imports", planned_key=ctx.ki.key[:12], key=ki.key[:12],
-                     recorded=sorted(extra - planned))
+        ki = self.keys.key(ctx.target, recorded=sorted(union), reads=all_reads)
+        ctx.log.info("key completed by recorded imports and reads", planned_key=ctx.ki.key[:12], key=ki.key[:12],
+                     recorded=sorted(extra - planned), reads={k: v for k, v in new_reads.items() if v})
         self.planner.set_key(ctx.target, ki)
         return replace(ctx, ki=ki, log=ctx.log.bind(key=ki.key[:12]))
 
@@ -421,7 +623,8 @@ class Builder:
             profile=target.profile, backend=req.backend, hardware_target=req.hardware_target,
             key_details=ki.details, component_hashes=ki.hashes, files=files, logs=logs, metrics=Metrics(**metrics),
             toolchain={**ki.details["toolchain"], **extra_toolchain}, compiler=details, created=utc_now(),
-            host=socket.gethostname(), **self.provenance)
+            host=socket.gethostname(), graph_key=result.get("graph_key"), neuron_build_version=__version__,
+            **self.provenance)
         self.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last
 
     # -- the ledger and the kept failure workdirs ------------------------------------------------------
@@ -460,7 +663,7 @@ class Builder:
     def _record(self, ctx: BuildContext, event: str, status: Status, *, reason: str = "",
                 stage: tuple[str | None, str | None, str | None] = (None, None, None), run: CompileRun | None = None,
                 details: dict | None = None, metrics: dict | None = None, manifest: Manifest | None = None,
-                workdir: str | None = None) -> None:
+                workdir: str | None = None, reused_from: str | None = None, graph_key: str | None = None) -> None:
         """Append one record to the store's ledger (:mod:`neuron_build.store.ledger`); best effort: a store
         that cannot be written is logged, never a failure of the build."""
         m = metrics or (manifest.metrics.model_dump() if manifest is not None else {})
@@ -474,7 +677,7 @@ class Builder:
             compile_time_s=round(run.wall_s, 3) if run is not None and event == "compile" else None,
             peak_rss_bytes=run.peak_rss_bytes if run is not None and event == "compile" else None,
             hbm_peak_bytes=hbm_estimate(diags), op_count=m.get("op_count"), artifact_bytes=m.get("artifact_bytes"),
-            changed=ctx.changed, workdir=workdir)
+            changed=ctx.changed, workdir=workdir, reused_from=reused_from, graph_key=graph_key)
         try:
             ledger.append(self.store, rec)
         except OSError as e:

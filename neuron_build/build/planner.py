@@ -11,6 +11,7 @@ from neuron_build.project.keys import COMPONENTS, KeyInfo, KeyMaker, diff_compon
 from neuron_build.project.matrix import Target, expand
 from neuron_build.status import TargetState
 from neuron_build.store.contract import ArtifactStore
+from neuron_build.store.reads import recorded_reads
 from neuron_build.store.records import TargetRecord
 from neuron_build.util import canonical_json, sha256_hex
 
@@ -33,7 +34,9 @@ class Planner:
         self.project = project
         self.store = store
         recorded = {m: store.recorded_imports(m) for m in project.config.models}
-        self.keys = KeyMaker(project, backend=backend, recorded=recorded, exclude=(Path(project.store_url()),))
+        reads = {m: recorded_reads(store, m) for m in project.config.models}
+        self.keys = KeyMaker(project, backend=backend, recorded=recorded, exclude=(Path(project.store_url()),),
+                             reads=reads)
         self.targets = expand(project)
         self.by_id = {t.id: t for t in self.targets}
         self._keyinfo: dict[str, KeyInfo] = {}
@@ -46,6 +49,10 @@ class Planner:
         if ki is None:
             ki = self._keyinfo[target.id] = self.keys.key(target)
         return ki
+
+    def forget(self, target: Target) -> None:
+        """Drop the target's computed key (it is computed again on next use)."""
+        self._keyinfo.pop(target.id, None)
 
     def set_key(self, target: Target, ki: KeyInfo) -> None:
         """Replace the target's key for the rest of this planner's life (the builder does, when a compile

@@ -45,6 +45,7 @@ class BuildSummary:
     failures: dict[str, tuple[str, str]] = field(default_factory=dict)
     downloaded: list[str] = field(default_factory=list)  # cached: fetched from [build] remote by this build
     rows: list[dict] = field(default_factory=list)   # build --json: one object per target (see summarize)
+    graph_reused: list[str] = field(default_factory=list)  # source changed, graph unchanged: nothing compiled
 
     @property
     def cached(self) -> int:

@@ -45,7 +45,8 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
     """Compare each chosen target's state before and after the build, with the Outcomes of this run.
 
     ``rows`` (``build --json``), one per chosen target in matrix order: ``id``, ``key``, ``result``
-    (``built``, ``cached``, ``reused``: built by another builder meanwhile, ``failed``), ``status`` (the
+    (``built``, ``cached``, ``reused``: built by another builder meanwhile, ``graph-reused``: the source
+    changed, the graph did not, nothing compiled, ``failed``), ``status`` (the
     compile's :class:`~neuron_build.status.Status`, or ``cached``), ``verdict`` (``pass``: the store holds
     it; ``fail``), ``reason`` (one line; empty when built or cached), ``compile_time_s`` (seconds of this
     build's compile, or of the stored artifact's for a cached one; None when failed before compiling)
@@ -54,6 +55,7 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
     built = [t.id for t in chosen if after[t.id] == TargetState.CACHED
              and (outcomes[t.id].compiled if t.id in outcomes else before[t.id] != TargetState.CACHED)]
     reused = [t.id for t in chosen if t.id in outcomes and outcomes[t.id].reason.startswith("reused")]
+    graph_reused = [t.id for t in chosen if t.id in outcomes and outcomes[t.id].reason.startswith("graph unchanged")]
     downloaded = [t.id for t in chosen if t.id in outcomes and outcomes[t.id].reason == DOWNLOADED]
     failed = [t.id for t in chosen if after[t.id] != TargetState.CACHED]
     failures = {}
@@ -69,7 +71,7 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
         key = b.key(t).key
         o = outcomes.get(t.id)
         result = ("failed" if t.id in failed else "reused" if t.id in reused else "built" if t.id in built
-                  else "cached")
+                  else "graph-reused" if t.id in graph_reused else "cached")
         status, reason, ct = (str(o.status), o.reason, (o.metrics or {}).get("compile_time_s")) if o else (
             "cached" if result != "failed" else None, "", None)
         if result == "failed" and o is None:
@@ -86,7 +88,7 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
         if result == "failed":
             row["log"] = log_command(t.id)
         rows.append(row)
-    return BuildSummary([t.id for t in chosen], built, reused, failed, failures, downloaded, rows)
+    return BuildSummary([t.id for t in chosen], built, reused, failed, failures, downloaded, rows, graph_reused)
 
 
 @command("build")
@@ -118,6 +120,7 @@ def cmd_build(args) -> int:
     if args.json:
         bad = bool(summary.failed or unpushed or rc != 0)
         print_json({"targets": summary.rows, "built": len(summary.built), "cached": summary.cached,
+                    "graph_reused": len(summary.graph_reused),
                     "failed": len(summary.failed), "not_pushed": sorted(set(unpushed)),
                     "verdict": "fail" if bad else "pass"})
         return ExitCode.FAILED if bad else ExitCode.OK

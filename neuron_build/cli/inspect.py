@@ -102,6 +102,10 @@ def format_explain(b, t) -> str:
     m = b.store.manifest(ki.key) if state == TargetState.CACHED else None
     if m is not None and m.logs:
         out.append(f"logs    {b.store.log_file(ki.key, 'worker.log').parent} ({', '.join(m.logs)})")
+    if m is not None and m.reused_from:
+        out.append(f"graph   source changed, graph unchanged: reused {m.reused_from} (graph key {m.graph_key})")
+    elif m is not None and m.graph_key:
+        out.append(f"graph   compiled; graph key {m.graph_key}")
     if rec:
         out.append(f"last    {rec.key} ({rec.status}, {rec.time})")
     elif since:
@@ -122,7 +126,8 @@ def explain_doc(b, t) -> dict[str, Any]:
     last build, or None), ``compared_with`` (the target id the key was compared with), ``changed`` (one
     line per changed component and sub-key), and ``components``: one per key component, in key order,
     ``{"name", "changed", "old", "new", "old_hash", "new_hash"}`` (``old``: its value in the last build's
-    key details, None when there is none)."""
+    key details, None when there is none), and ``graph``: ``{"graph_key", "reused_from", "summary"}`` of
+    the cached artifact (None when it has no graph key)."""
     from neuron_build.project.keys import COMPONENTS
 
     ki = b.key(t)
@@ -137,9 +142,16 @@ def explain_doc(b, t) -> dict[str, Any]:
         comps.append({"name": c, "changed": any(x.split(":")[0] == c for x in changed),
                       "old": old_details.get(c), "new": ki.details.get(c),
                       "old_hash": old_hashes.get(c), "new_hash": ki.hashes[c]})
-    return {"target": t.id, "key": ki.key, "state": str(b.state(t)),
+    state = b.state(t)
+    m = b.store.manifest(ki.key) if state == TargetState.CACHED else None
+    graph = None
+    if m is not None and (m.graph_key or m.reused_from):
+        graph = {"graph_key": m.graph_key, "reused_from": m.reused_from,
+                 "summary": (f"source changed, graph unchanged: reused {m.reused_from}" if m.reused_from
+                             else "compiled")}
+    return {"target": t.id, "key": ki.key, "state": str(state),
             "last": {"key": rec.key, "status": str(rec.status), "time": rec.time} if rec else None,
-            "compared_with": since, "changed": changed, "components": comps}
+            "compared_with": since, "changed": changed, "components": comps, "graph": graph}
 
 
 @command("explain")

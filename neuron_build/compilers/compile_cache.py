@@ -46,6 +46,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import CompileFailed, CompileRequest, CompileResult
 from neuron_build.status import Status
 
@@ -344,6 +345,8 @@ class CompileCacheCompiler:
         model = model.to(device)
         inputs = tuple(t.to(device) for t in example_inputs)
         kwargs = torch_compile_kwargs(self.name)
+        if self.name == "compile-cache":  # torchneuron: no graph key (graph_key.NO_GRAPH_KEY)
+            graph_key.checkpoint(request, lambda: self._graph_document(model, inputs, request))
         torch._dynamo.reset()
         before, n0 = compile_counters(), n_graph_rows()
         print(f"torch.compile({kwargs}) on {device}: inputs {[tuple(t.shape) for t in inputs]}", flush=True)
@@ -377,6 +380,26 @@ class CompileCacheCompiler:
             "first_call_s": round(first_s, 6), "steady_call_s": round(steady_s, 6),
             "metrics": {"graph_count": len(rows)},
         })
+
+
+    @staticmethod
+    def _graph_document(model, inputs, request: CompileRequest) -> dict:
+        """The graph key's document of a compile-cache target: the ``torch.export`` program Dynamo would
+        capture, plus what the serving host rebuilds the model from (the factory and its kwargs, recorded
+        in the artifact's ``compiler.serving``).
+
+        Raises:
+            NoGraphKey: the model does not export as one graph.
+        """
+        import torch
+
+        try:
+            with torch.no_grad():
+                ep = torch.export.export(model, inputs, strict=False)
+        except Exception as e:
+            raise graph_key.NoGraphKey(f"torch.export failed ({type(e).__name__})") from e
+        return {**graph_key.export_document(ep),
+                "serving": {"factory": request.factory, "kwargs": dict(request.kwargs), "hf": request.hf}}
 
 
 def inductor_env(environ: Mapping[str, str]) -> dict[str, str]:

@@ -14,6 +14,7 @@ import zipfile
 from collections import Counter
 from pathlib import Path
 
+from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import CompileFailed, CompileRequest, CompileResult, enter_stage
 from neuron_build.status import Status
 
@@ -84,6 +85,7 @@ class InductorCompiler:
         with torch.no_grad():
             ep = torch.export.export(model, example_inputs, strict=False)
         print(f"exported graph: {len(ep.graph.nodes)} nodes; AOTInductor compile for {device}", flush=True)
+        graph_key.checkpoint(request, lambda: graph_key.export_document(ep))  # a hit stops before compiling
         out = Path(request.out_dir) / "model.pt2"
         enter_stage("compile")  # compiles and writes model.pt2 in one call
         torch._inductor.aoti_compile_and_package(ep, package_path=str(out))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import CompileRequest, CompileResult, enter_stage
 
 OP_COUNT_SOURCE = "torchscript-frozen-graph: non-prim operator nodes"
@@ -50,6 +51,8 @@ class TorchScriptCompiler:
             traced = torch.jit.trace(model, example_inputs, check_trace=False)
             enter_stage("compile")
             frozen = torch.jit.freeze(traced.eval())
+        # the frozen graph is what is saved: key it before writing anything (a hit stops here)
+        graph_key.checkpoint(request, lambda: graph_key.torchscript_document(frozen.graph))
         out = Path(request.out_dir) / "model.pt"
         enter_stage("save")
         torch.jit.save(frozen, str(out))

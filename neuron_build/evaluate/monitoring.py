@@ -96,7 +96,8 @@ class Report:
         recs = self.records
         return {"records": len(recs), "compiles": sum(r.is_compile for r in recs),
                 "failed": sum(r.is_compile and not r.ok for r in recs),
-                "cached": sum(r.event == "cached" for r in recs), "reused": sum(r.event == "reused" for r in recs)}
+                "cached": sum(r.event == "cached" for r in recs), "reused": sum(r.event == "reused" for r in recs),
+                "graph_reused": sum(r.event == "graph-reused" for r in recs)}
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "store": self.location,
@@ -286,7 +287,8 @@ def format_text(rep: Report) -> str:
     c = rep.counts()
     since = rep.since.strftime("%Y-%m-%d %H:%M UTC") if rep.since else "the beginning"
     lines = [f"build ledger of {rep.location or 'the store'} since {since}: {c['compiles']} compiles "
-             f"({c['failed']} failed), {c['cached']} cache hits, {c['reused']} reuses", ""]
+             f"({c['failed']} failed), {c['cached']} cache hits, {c['reused']} reuses, "
+             f"{c['graph_reused']} graph reuses", ""]
     rows = [("signal", "figure", "limit", "verdict", "action")]
     for s in rep.signals:
         fig = "-" if s.value is None else f"{s.value:g}"

@@ -7,7 +7,8 @@ Metric families (labels in braces), names as exposed:
 
 - ``neuron_build_report_window_seconds``: the window's length (0: the whole ledger).
 - ``neuron_build_compiles{status}``: compile attempts in the window by status (PASS, ERROR, ...).
-- ``neuron_build_cache_lookups{event}``: cache hits (``cached``) and reuses of another builder's compile (``reused``).
+- ``neuron_build_cache_lookups{event}``: cache hits (``cached``), reuses of another builder's compile (``reused``)
+  and graph reuses (``graph-reused``: the source key missed, an artifact of the same graph was reused).
 - ``neuron_build_compile_failures{target,stage}``: failed compile attempts by target and failure stage.
 - ``neuron_build_signal_value{signal}``: each measured checklist figure (ratios as fractions, seconds, counts).
 - ``neuron_build_signal_limit{signal}``: its threshold from ``[monitoring]``.
@@ -46,8 +47,9 @@ def openmetrics_text(rep: Report, window_s: float = 0.0) -> bytes:
     compiles = gauge("neuron_build_compiles", "compile attempts in the window by status", ("status",))
     for status, n in sorted(Counter(r.status for r in rep.records if r.is_compile).items()):
         compiles.labels(status).set(n)
-    lookups = gauge("neuron_build_cache_lookups", "cache hits (cached) and reuses (reused) in the window", ("event",))
-    for event in ("cached", "reused"):
+    lookups = gauge("neuron_build_cache_lookups", "cache hits (cached), reuses (reused) and graph reuses "
+                    "(graph-reused: source changed, graph unchanged) in the window", ("event",))
+    for event in ("cached", "reused", "graph-reused"):
         lookups.labels(event).set(sum(r.event == event for r in rep.records))
     fails = gauge("neuron_build_compile_failures", "failed compile attempts by target and failure stage",
                   ("target", "stage"))

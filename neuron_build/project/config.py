@@ -116,6 +116,9 @@ class BuildSettings(_Frozen):
     (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``, ...) apply as s3fs and boto3 read them.
     Three of them are neuron-build's and bound every call to S3 (``neuron_build.store.wire``, which checks
     them): ``connect_timeout_s`` (5), ``read_timeout_s`` (30) and ``attempts`` (4).
+    ``graph_key`` (default true) turns on the second level of the key: on a source-key miss the worker
+    captures the graph and reuses an artifact compiled from the same graph instead of compiling
+    (``NEURON_BUILD_GRAPH_KEY=0`` in the environment turns it off for one build).
     """
 
     store: StrictStr = "artifacts"
@@ -128,6 +131,7 @@ class BuildSettings(_Frozen):
     state_dir: StrictStr = ".neuron-build"
     max_host_memory_gb: Number | None = Field(default=None, gt=0, strict=False)
     default_compile_memory_gb: Number = Field(default=4.0, gt=0, strict=False)
+    graph_key: StrictBool = True
     executor: Executor = "local"
     scheduler: StrictStr | None = None
     scheduler_timeout_s: Number = Field(default=10.0, gt=0, strict=False)

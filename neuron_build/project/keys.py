@@ -8,14 +8,17 @@ Components (each hashed on its own so ``explain`` can say which one changed):
   ``sources`` (the sha256 of every project file the factory's import runs, read statically, and of the
   files the model's ``sources`` globs match: :mod:`neuron_build.project.sources`),
   ``recorded`` (the project files the worker saw imported during an earlier build of the model that no
-  static reading finds, e.g. a module loaded by a string), ``weights`` (the content of declared weight
+  static reading finds, e.g. a module loaded by a string), ``reads`` (when recorded: the project files the
+  factory opened, the environment variables it read and the distributions the build imported, each by
+  content, value or version: :mod:`neuron_build.project.reads`), ``weights`` (the content of declared weight
   files and folders) and ``packages`` (the versions of the packages the model names, and the weight files
   they ship);
 - ``inputs``: the target dtype and each input's concrete shape, dtype and range (for a text-generation
   graph also ``graph``, prefill or decode, and ``max_seq_len``, the static KV cache's length);
 - ``compiler``: backend, hardware target, normalised compiler args (without ``--verbose``), profile
-  options (``inline_weights_to_neff``, ``tp_degree``); for AOTInductor on CPU (built with ``-march=native``)
-  also ``cpu_isa``, the build host's CPU ISA (:mod:`neuron_build.cpu_isa`);
+  options (``inline_weights_to_neff``, ``tp_degree``), and the version of what the backend writes
+  (:data:`ARTIFACT_FORMAT`); for AOTInductor on CPU (built with ``-march=native``) also ``cpu_isa``, the
+  build host's CPU ISA (:mod:`neuron_build.cpu_isa`);
 - ``env``: the environment variables of :data:`KEY_ENV` for the backend (an allow-list: logging, debug,
   cache and runtime settings such as ``TORCH_LOGS`` or ``NEURON_RT_*`` never count);
 - ``toolchain``: compiler versions (torch; torch-neuronx, neuronx-cc, neuronx-distributed, libneuronxla
@@ -48,6 +51,11 @@ KEY_FORMAT = 2
 #: (backend, device) pairs whose artifacts are compiled for the build host's CPU (``-march=native``): their
 #: ``compiler`` component carries ``cpu_isa`` (:mod:`neuron_build.cpu_isa`).
 ISA_BOUND = {("inductor", "cpu")}
+#: What each backend writes, versioned: bump a backend's entry whenever the files it writes for the same
+#: model change (another file, another layout, another saver), so no artifact of the old form is served
+#: under a new key, nor reused by the graph key (whose base holds the ``compiler`` component). Part of the
+#: ``compiler`` component as ``artifact_format``.
+ARTIFACT_FORMAT = {"inductor": 1, "compile-cache": 1, "torchscript": 1, "neuron": 1, "torchneuron": 1}
 COMPONENTS = ("format", "model", "inputs", "compiler", "env", "toolchain")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".h5", ".msgpack", ".gguf", ".npz", ".npy")
 #: The weight entry of a file that does not exist (the key changes when it appears).
@@ -240,10 +248,14 @@ class KeyMaker:
         recorded: model name -> the project files (POSIX paths relative to the project folder) the worker
             recorded as imported by earlier builds of the model (the planner reads them from the store).
         exclude: folders whose files are never sources (the store).
+        reads: model name -> what earlier builds of its factory read besides imports (files, environment
+            variables, distributions: :mod:`neuron_build.project.reads`; the planner reads them from the
+            store); keyed as the model component's ``reads`` when there are any.
     """
 
     def __init__(self, project: Project, backend: str | None = None, environ: dict[str, str] | None = None,
-                 recorded: dict[str, list[str]] | None = None, exclude: tuple[Path, ...] = ()):
+                 recorded: dict[str, list[str]] | None = None, exclude: tuple[Path, ...] = (),
+                 reads: dict[str, dict[str, list[str]]] | None = None):
         self.project = project
         build = project.config.build
         self.backend, self.backend_note = resolve_backend(backend or build.backend, build.target)
@@ -251,6 +263,7 @@ class KeyMaker:
         self.environ = dict(os.environ if environ is None else environ)
         self.digests = DigestCache(project.state_dir / "digests.json")
         self.recorded: dict[str, list[str]] = dict(recorded or {})
+        self.reads: dict[str, dict[str, list[str]]] = dict(reads or {})
         self.exclude = (project.state_dir, *exclude)
         self._static_cache: dict[str, dict[str, Any]] = {}
         self._model_cache: dict[str, dict[str, Any]] = {}
@@ -341,16 +354,34 @@ class KeyMaker:
             out[rel] = file_sha256(f) if f.is_file() else MISSING
         return out
 
-    def model_component(self, name: str, recorded: list[str] | None = None) -> dict[str, Any]:
-        """The ``model`` component of one model (cached unless ``recorded`` overrides the recorded set)."""
-        if recorded is None and name in self._model_cache:
+    def read_digests(self, name: str, reads: dict[str, list[str]] | None = None) -> dict[str, Any] | None:
+        """The ``reads`` entry of a model's component (:func:`neuron_build.project.reads.digests` of
+        ``reads``, default :attr:`reads`), or None when nothing is recorded."""
+        from neuron_build.project import reads as _reads
+
+        rec = self.reads.get(name) if reads is None else reads
+        if not rec or not any(rec.get(k) for k in _reads.KINDS):
+            return None
+        keyed = {n.replace("_", "-").lower() for n in self._toolchain}  # versions the toolchain holds already
+        rec = {**rec, "dists": [d for d in rec.get("dists", []) if d.replace("_", "-").lower() not in keyed]}
+        return _reads.digests(self.project.root.resolve(), rec, self.environ, self.digests.digest, observe=self.inputs)
+
+    def model_component(self, name: str, recorded: list[str] | None = None,
+                        reads: dict[str, list[str]] | None = None) -> dict[str, Any]:
+        """The ``model`` component of one model (cached unless ``recorded`` or ``reads`` override the
+        recorded sets)."""
+        if recorded is None and reads is None and name in self._model_cache:
             return self._model_cache[name]
         comp = {**self._static(name), "recorded": self.recorded_digests(name, recorded)}
-        if recorded is None:
+        r = self.read_digests(name, reads)
+        if r is not None:
+            comp["reads"] = r
+        if recorded is None and reads is None:
             self._model_cache[name] = comp
         return comp
 
-    def details(self, target: Target, recorded: list[str] | None = None) -> dict[str, Any]:
+    def details(self, target: Target, recorded: list[str] | None = None,
+                reads: dict[str, list[str]] | None = None) -> dict[str, Any]:
         """The key details of a target: a dict of the components in :data:`COMPONENTS`.
 
         Args:
@@ -365,12 +396,13 @@ class KeyMaker:
             comp = self._compiler_cache[target.profile] = {
                 "backend": self.backend, "hardware_target": self.hardware_target,
                 "compiler_args": list(key_args(prof.compiler_args)),
-                "inline_weights_to_neff": prof.inline_weights_to_neff, "tp_degree": prof.tp_degree}
+                "inline_weights_to_neff": prof.inline_weights_to_neff, "tp_degree": prof.tp_degree,
+                "artifact_format": ARTIFACT_FORMAT.get(self.backend, 1)}
             if self.cpu_isa is not None:
                 comp["cpu_isa"] = self.cpu_isa
         return {
             "format": KEY_FORMAT,
-            "model": self.model_component(target.model, recorded),
+            "model": self.model_component(target.model, recorded, reads),
             "inputs": self._inputs(target, m),
             "compiler": comp,
             "env": self._env,
@@ -390,13 +422,14 @@ class KeyMaker:
                                                   self.hardware_target)
         return comp
 
-    def key(self, target: Target, recorded: list[str] | None = None) -> KeyInfo:
+    def key(self, target: Target, recorded: list[str] | None = None,
+            reads: dict[str, list[str]] | None = None) -> KeyInfo:
         """The target's :class:`KeyInfo` (``recorded`` as for :meth:`details`).
 
         The key is the sha256 of the canonical JSON of the details; that JSON is assembled from each
         component's canonical JSON (sorted keys make it compositional), and the components shared by many
         targets (model, env, toolchain, a profile's compiler options) are serialised once."""
-        d = self.details(target, recorded)
+        d = self.details(target, recorded, reads)
         texts, hashes = {}, {}
         for c in COMPONENTS:
             cache_key = (c, id(d[c])) if c != "inputs" else None
@@ -419,5 +452,5 @@ class KeyMaker:
         self.digests.save()
 
 
-__all__ = ["COMPONENTS", "ISA_BOUND", "KEY_ENV", "MISSING", "DigestCache", "KeyInfo", "KeyMaker", "canonical_json", "diff_components",
+__all__ = ["ARTIFACT_FORMAT", "COMPONENTS", "ISA_BOUND", "KEY_ENV", "MISSING", "DigestCache", "KeyInfo", "KeyMaker", "canonical_json", "diff_components",
            "digest_entries", "file_sha256", "key_env", "version"]

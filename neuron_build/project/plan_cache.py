@@ -18,8 +18,9 @@ fact the keys depend on, each observed *before* it is read (stat, then read, as 
 :func:`write` saves that log with the config's sha256, the interpreter, ``sys.path`` and the
 ``mtime_ns`` of each of its folders (installing, upgrading or removing a package changes them: that covers
 torch, the Neuron toolchain and every ``packages`` entry), the environment variables of the key's
-allow-list, the host's CPU ISA (:mod:`neuron_build.cpu_isa`), the stat of every neuron-build module, the recorded imports of each model in the store and
-the targets with their keys. :func:`load` returns them only if every one of those still matches; anything
+allow-list and those the factories were recorded reading, the host's CPU ISA (:mod:`neuron_build.cpu_isa`), the
+stat of every neuron-build module, the recorded imports and reads of each model in the store and the targets
+with their keys. :func:`load` returns them only if every one of those still matches; anything
 else (or any doubt: an unreadable file, another format) is a miss, and the build plans as before.
 
 A file changed within the same timestamp granule as the cache was written could keep its stat (git's
@@ -141,7 +142,8 @@ def _code() -> dict[str, list[int]]:
 
 def write(state_dir: Path, *, config_path: Path, config_sha256: str, log: InputLog, env_names: list[str],
           recorded: dict[str, list[str]], store: str, backend: str, hardware_target: str,
-          targets: list[tuple[str, str]], interp: dict[str, Any] | None = None) -> bool:
+          targets: list[tuple[str, str]], interp: dict[str, Any] | None = None,
+          reads: dict[str, dict[str, list[str]]] | None = None) -> bool:
     """Save the plan cache of one plan. Returns whether a usable cache was written (False: the folder is
     not writable, or an input changed within the cache file's timestamp granule; a stale file is removed).
 
@@ -156,13 +158,17 @@ def write(state_dir: Path, *, config_path: Path, config_sha256: str, log: InputL
         targets: (target id, key) of every target, in matrix order.
         interp: :func:`interpreter` as it was when planning began (default: now); planning may add to
             ``sys.path`` (a factory's import), a later no-op checks the path it starts with.
+        reads: model -> the recorded reads the plan keyed on (:mod:`neuron_build.project.reads`, as read
+            from the store); the variables they name join ``env_names`` (the files they name are in ``log``,
+            the distributions' versions change with ``sys.path``'s folders).
     """
     doc = {
         "format": FORMAT, "config": str(config_path), "config_sha256": config_sha256,
         "interpreter": interp or interpreter(), "code": _code(),
-        "env": {n: os.environ.get(n) for n in sorted(set(env_names))},
+        "env": {n: os.environ.get(n) for n in sorted(set(env_names) | {v for r in (reads or {}).values()
+                                                                         for v in r.get("env", [])})},
         "inputs": log.to_json(), "recorded": recorded, "store": store, "backend": backend,
-        "hardware_target": hardware_target, "targets": targets, "cpu_isa": host_cpu_isa(),
+        "hardware_target": hardware_target, "targets": targets, "cpu_isa": host_cpu_isa(), "reads": reads or {},
     }
     path = state_dir / PLAN_CACHE
     try:
@@ -196,6 +202,7 @@ class Plan:
         self.hardware_target: str = doc["hardware_target"]
         self.targets: list[tuple[str, str]] = [(t, k) for t, k in doc["targets"]]
         self.recorded: dict[str, list[str]] = doc["recorded"]
+        self.reads: dict[str, dict[str, list[str]]] = doc.get("reads") or {}
 
     def keys(self) -> dict[str, str]:
         """target id -> key."""
@@ -250,4 +257,13 @@ def recorded_match(plan: Plan, recorded: dict[str, list[str]]) -> bool:
     return {m: sorted(v) for m, v in plan.recorded.items()} == {m: sorted(v) for m, v in recorded.items()}
 
 
-__all__ = ["PLAN_CACHE", "InputLog", "Plan", "dir_sig", "file_sig", "interpreter", "load", "recorded_match", "write"]
+def reads_match(plan: Plan, reads: dict[str, dict[str, list[str]]]) -> bool:
+    """Whether the store's recorded reads (model -> ``{"files", "env", "dists"}``) are those the plan keyed
+    on (a model with nothing recorded equals one that is absent)."""
+    def norm(d: dict) -> dict:
+        return {m: {k: sorted(v) for k, v in r.items() if v} for m, r in d.items() if any(r.values())}
+    return norm(plan.reads) == norm(reads)
+
+
+__all__ = ["PLAN_CACHE", "InputLog", "Plan", "dir_sig", "file_sig", "interpreter", "load", "reads_match",
+           "recorded_match", "write"]

@@ -10,6 +10,10 @@ manifests, and a content-addressed store (``cas/``) of blobs by sha256::
     targets/<target id>/last.json            the last key built for a target, with its key details
     targets/<target id>/failure.json         the target's last failed compile (and failure.log)
     targets/<model>/imports.json             the project files builds of the model recorded as imported
+    targets/<model>/reads.json               what builds of the model's factory read besides imports (files
+                                             opened, environment variables, distributions imported)
+    graphs/<graph key[:2]>/<graph key>.json  the graph index: graph key -> the action-cache key holding its
+                                             artifact (:mod:`neuron_build.store.graph_index`)
     results/<key>/<kind>/<name>.json         validation and benchmark results of an artifact
     releases/<model>/<release id>.json       release records, written once
     channels/<model>/<channel>.json          a channel pointer, moved by compare-and-swap
@@ -35,7 +39,7 @@ import re
 
 #: Areas a remote store holds too; push and fetch copy within these.
 SHARED_AREAS = ("ac", "cas", "logs", "targets", "results", "releases", "channels", "leases", "quarantine",
-                "ledger", "failures")
+                "ledger", "failures", "graphs")
 #: Areas only a local folder has.
 LOCAL_AREAS = ("staging", "views", "locks", "trash", "pending-push")
 
@@ -120,6 +124,20 @@ def imports_path(model: str) -> str:
     return f"targets/{model}/imports.json"
 
 
+def reads_path(model: str) -> str:
+    """What builds of ``model``'s factory read besides imports (part of the next plan's key)."""
+    return f"targets/{model}/reads.json"
+
+
+#: The graph index's area.
+GRAPHS_DIR = "graphs"
+
+
+def graph_path(graph_key: str) -> str:
+    """The graph index entry of ``graph_key``: ``graphs/<graph key[:2]>/<graph key>.json``."""
+    return f"{GRAPHS_DIR}/{graph_key[:2]}/{graph_key}.json"
+
+
 def result_path(key: str, kind: str, name: str) -> str:
     """A result of ``kind`` (``validation``, ``bench``) named ``name`` (a device kind) about ``key``."""
     return f"results/{key}/{kind}/{name}.json"
@@ -180,7 +198,7 @@ def failure_entry_path(target_id: str, entry: str, name: str = "entry.json") -> 
 __all__ = [
     "AC_DIR", "CAS_DIR", "CHANNELS_DIR", "RELEASES_DIR", "ac_dir", "logs_dir", "quarantine_dir", "releases_dir",
     "results_dir", "targets_dir", "trash_path",
-    "FAILURES_DIR", "LEDGER_DIR", "LOCAL_AREAS", "SHARED_AREAS", "STORE_ID_PATH", "blob_path", "channel_path", "failure_entry_path",
-    "failures_dir", "history_dir", "imports_path", "is_digest", "lease_path", "ledger_day_dir", "ledger_path",
-    "log_path", "manifest_path", "release_path", "result_path", "target_path",
+    "FAILURES_DIR", "GRAPHS_DIR", "LEDGER_DIR", "LOCAL_AREAS", "SHARED_AREAS", "STORE_ID_PATH", "blob_path", "channel_path", "failure_entry_path",
+    "failures_dir", "graph_path", "history_dir", "imports_path", "is_digest", "lease_path", "ledger_day_dir", "ledger_path",
+    "log_path", "manifest_path", "reads_path", "release_path", "result_path", "target_path",
 ]

@@ -28,8 +28,10 @@ from neuron_build.store.layout import LEDGER_DIR, ledger_path
 SCHEMA = 1
 #: What a record is about: a compile attempt (``compile``), a cache hit (``cached``: the store held the
 #: artifact before any lock), a reuse (``reused``: another builder compiled the key while this one waited), or
-#: a download (``downloaded``: only the read-through store's remote held it).
-EVENTS = ("compile", "cached", "reused", "downloaded")
+#: a download (``downloaded``: only the read-through store's remote held it), or a graph reuse
+#: (``graph-reused``: the source key missed, the graph key hit: the key was published over the blobs of
+#: ``reused_from``, nothing compiled).
+EVENTS = ("compile", "cached", "reused", "downloaded", "graph-reused")
 _WINDOW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -62,6 +64,8 @@ class LedgerRecord:
         changed: the key components that changed since the last build of the target (``["shapes"]``);
             ``["new target"]`` for a target never built; empty when the key did not change.
         workdir: the kept failure workdir (``failures/<target id>/<entry>``), when one was kept.
+        reused_from: for ``graph-reused``, the key whose artifact (same graph) the target now shares.
+        graph_key: the graph key of a compile or a graph reuse, when the backend made one.
     """
 
     target: str
@@ -84,6 +88,8 @@ class LedgerRecord:
     artifact_bytes: int | None = None
     changed: tuple[str, ...] = field(default_factory=tuple)
     workdir: str | None = None
+    reused_from: str | None = None
+    graph_key: str | None = None
 
     # -- the target id's parts --------------------------------------------------------------------
     @property
@@ -149,7 +155,7 @@ class LedgerRecord:
             kw["attempt"] = 0
         for k in ("host", "executor", "backend", "reason"):
             kw[k] = str(kw.get(k) or "")
-        for k in ("failure_stage", "compiler_pass", "diagnostic_code", "workdir"):
+        for k in ("failure_stage", "compiler_pass", "diagnostic_code", "workdir", "reused_from", "graph_key"):
             kw[k] = str(kw[k]) if kw.get(k) is not None else None
         return cls(**kw)
 

@@ -79,6 +79,13 @@ class Manifest(BaseModel):
     compiler: dict[str, Any] = {}
     created: str
     host: str
+    #: the graph key (:mod:`neuron_build.compilers.graph_key`) of the graph the artifact was compiled from;
+    #: None when the backend made none (or it was off)
+    graph_key: str | None = None
+    #: set when nothing was compiled for this key: the key whose artifact (same graph key) it shares blobs with
+    reused_from: str | None = None
+    #: the neuron-build version that wrote the manifest (informational, never in the key)
+    neuron_build_version: str | None = None
 
     def to_json_text(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"

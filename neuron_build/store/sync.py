@@ -202,7 +202,7 @@ def copy_keys(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str],
 def copy_records(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str], report: SyncReport,
                  releases: bool = True) -> None:
     """Copy what describes the copied artifacts: the target records pointing at ``keys``, their
-    validation and benchmark results and (``releases``) every release record ``dst`` lacks (release
+    validation and benchmark results, the graph index entries pointing at them, and (``releases``) every release record ``dst`` lacks (release
     records are written once: an existing one is never replaced)."""
     wanted = set(keys)
     for rec in src.all_targets():
@@ -217,6 +217,20 @@ def copy_records(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str], re
                 if dst.result(key, kind, name) != result:
                     dst.put_result(key, kind, name, result)
                     report.records += 1
+    from neuron_build.store import graph_index
+    from neuron_build.store.reads import add_recorded_reads, recorded_reads
+    report.records += graph_index.copy_entries(src, dst, wanted)
+    # what builds of each model recorded (imports, reads): the keys of the copied artifacts include them
+    for model in sorted({m.model for m in (src.manifest(k) for k in wanted) if m is not None}):
+        imports = src.recorded_imports(model)
+        if imports and not set(imports) <= set(dst.recorded_imports(model)):
+            dst.add_recorded_imports(model, imports)
+            report.records += 1
+        reads = recorded_reads(src, model)
+        if any(reads.values()):
+            had = recorded_reads(dst, model)
+            if add_recorded_reads(dst, model, reads) != had:
+                report.records += 1
     if releases:
         for model, rid, record in src.releases():
             if name_problem(model) or name_problem(rid) or not isinstance(record, dict) or release_problem(record):

@@ -498,6 +498,36 @@ def test_objects_round_trip(case):
     assert s.get_object(path) is None and s.list_objects("leases") == ["leases/sub/x.json"]
 
 
+# -- the graph index (the second level of the key) ---------------------------------------------------
+
+def test_graph_index_entries_round_trip_first_writer_wins_and_damage_is_a_miss(case):
+    from neuron_build.store import graph_index
+    s = case.store
+    gk, gk2 = "c3" * 32, "d4" * 32
+    assert graph_index.lookup(s, gk) is None and graph_index.known(s) == []
+    first = graph_index.GraphEntry(graph_key=gk, key=KEY_A, target="m/b1/fp32/p", backend="torchscript",
+                                   time="2026-12-01T00:00:00+00:00")
+    assert graph_index.record(s, first) is True
+    assert s.get_object(layout.graph_path(gk)) is not None and layout.graph_path(gk) == f"graphs/c3/{gk}.json"
+    assert graph_index.record(s, graph_index.GraphEntry(graph_key=gk, key=KEY_B)) is False  # first one kept
+    assert graph_index.lookup(s, gk) == first
+    assert graph_index.record(s, graph_index.GraphEntry(graph_key=gk, key=KEY_B), replace=True) is True
+    assert graph_index.lookup(s, gk).key == KEY_B
+    graph_index.record(s, graph_index.GraphEntry(graph_key=gk2, key=KEY_A))
+    assert graph_index.known(s) == [gk, gk2]
+    assert [e.key for e in graph_index.entries(s)] == [KEY_B, KEY_A]
+    # untrusted input: an entry naming another graph key, a key that is no digest, or garbage is a miss
+    s.put_object(layout.graph_path(gk2), json.dumps({"graph_key": gk, "key": KEY_A}).encode())
+    assert graph_index.lookup(s, gk2) is None
+    s.put_object(layout.graph_path(gk2), json.dumps({"graph_key": gk2, "key": "../../etc"}).encode())
+    assert graph_index.lookup(s, gk2) is None
+    s.put_object(layout.graph_path(gk2), b"{not json")
+    assert graph_index.lookup(s, gk2) is None and graph_index.lookup(s, "../x") is None
+    with pytest.raises(ValueError, match="64 hex"):
+        graph_index.record(s, graph_index.GraphEntry(graph_key="nope", key=KEY_A))
+    assert "graphs" in layout.SHARED_AREAS
+
+
 # -- builders sharing the store ----------------------------------------------------------------------
 
 def test_a_key_lock_makes_the_second_builder_wait(case):

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import (
     EXIT_TOOLCHAIN_MISSING,
     CompileFailed,
@@ -360,6 +361,8 @@ class NeuronCompiler:
             raise classify_failure(e, logs, work, has_neuron_device=bool(self.devices), tp_degree=tp,
                                    compiler_peak_rss_bytes=monitor.peak) from e
         trace_s = time.monotonic() - t0
+        if tp == 1:  # the HLO module neuronx-cc compiled: keyed for the index (seen only after the compile)
+            graph_key.checkpoint(request, lambda: graph_key.hlo_document(workdir / "model"), reuse=False)
 
         files: dict[str, dict[str, str | None]] = {}
         enter_stage("save")
