@@ -113,3 +113,19 @@ def test_release_promote_validate_and_bench_on_a_read_only_store_are_one_line():
     finally:
         subprocess.run(["chmod", "-R", "u+w", str(shared)], check=False)
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_report_and_metrics_into_a_folder_or_an_unwritable_path_are_one_line(tmp_path):
+    cfg = write_tiny_project(tmp_path / "p")
+    (tmp_path / "file").write_text("x")
+    cases = [(["report", "--html", str(tmp_path)], f"error: --html {tmp_path}: is a folder; give a file name, e.g. "
+              f"{tmp_path / 'report.html'}"),
+             (["report", "--html", str(tmp_path / "file" / "x.html")], f"error: --html {tmp_path / 'file' / 'x.html'}: "
+              "cannot be written ("),
+             (["metrics", "-o", str(tmp_path)], f"error: --output {tmp_path}: is a folder; give a file name")]
+    for args, want in cases:
+        r = run_cli("-c", str(cfg), *args)
+        assert r.returncode == 2, (args, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(want), (args, r.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "p"]  # nothing left beside them

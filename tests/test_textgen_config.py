@@ -146,3 +146,21 @@ def test_hf_textgen_model_takes_causal_lm_only(proj, tmp_path):
         'models.llama.auto_class: a text-generation model loads with AutoModelForCausalLM; remove auto_class or '
         'set it to "AutoModelForCausalLM"',
         "models.llama.output: a text-generation model's graphs return the logits; remove output"]
+
+
+def test_buckets_suggest_refuses_prompts_longer_than_the_kv_cache(proj, tmp_path, capsys):
+    from neuron_build.cli import main
+    from neuron_build.traffic import TrafficRecorder
+
+    rec = TrafficRecorder("llama", "r-1", ["batch", "seq"])
+    for n in (12, 30, 70):  # 70 > max_seq_len = 64: no prefill bucket can ever hold it
+        rec.record({"batch": 1, "seq": n}, None)
+    tr = rec.save(tmp_path / "t.jsonl")
+    before = proj.read_text()
+    assert main(["buckets", "suggest", "llama", "--traffic", str(tr), "--dim", "seq", "--max-buckets", "3",
+                 "--write", "-c", str(proj)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {tr}: holds prompts of up to 70 tokens, more than max_seq_len = 64 of [models.llama]: "
+                   "no prefill bucket can serve them; raise max_seq_len in buckets.toml (and rebuild) or leave "
+                   "those requests out of the traffic"]
+    assert proj.read_text() == before

@@ -112,6 +112,13 @@ def cmd_buckets(args) -> int:
             raise UserError(f"'{d}' is not a bucket dim of model '{args.model}' (its bucket dims: "
                             f"{', '.join(spec.buckets)}); give --dim {' or --dim '.join(spec.buckets)}")
     mt = _traffic(args.model, args.traffic, dims)
+    if spec.task == "text-generation" and "seq" in dims:  # the KV cache bounds every prompt
+        longest = max((dict(k).get("seq", 0) for k, _b in mt.shapes), default=0)
+        if longest > (spec.max_seq_len or 0):
+            raise UserError(f"{', '.join(args.traffic)}: holds prompts of up to {longest} tokens, more than "
+                            f"max_seq_len = {spec.max_seq_len} of [models.{args.model}]: no prefill bucket can "
+                            f"serve them; raise max_seq_len in {project.path.name} (and rebuild) or leave those "
+                            f"requests out of the traffic")
     try:
         doc = suggestion(spec, mt, dims, args.max_buckets, args.multiple)
     except ValueError as e:
@@ -188,6 +195,9 @@ def _write(project, model: str, doc: dict) -> dict:
     try:
         tmp.write_text(text, encoding="utf-8")
         checked = load_project(tmp)
+    except UserError as e:  # name the user's file, not the temporary copy it was checked in
+        why = str(e).replace(str(tmp), str(project.path))
+        raise UserError(f"{project.path}: not written: the suggested buckets {new} would not load ({why})") from None
     finally:
         tmp.unlink(missing_ok=True)
     write_atomic(project.path, text.encode("utf-8"))

@@ -77,8 +77,7 @@ def cmd_report(args) -> int:
         except ImportError as e:
             raise UserError(f"--html needs matplotlib ({e}); install it with pip install 'neuron-build[report]'") from None
         out = Path(args.html)
-        from neuron_build.util import write_atomic
-        write_atomic(out, page.encode())
+        _write_output(out, page.encode(), "--html")
         display_note(f"wrote {out} ({mib(len(page.encode()))}, self-contained)")
     if args.json:
         print_json({**rep.to_json(), "registry": registry})
@@ -107,6 +106,24 @@ def _registry(args) -> dict:
     return registry_doc(store, project.config.release, project.config.models, (t.id for t in expand(project)))
 
 
+def _write_output(out: Path, data: bytes, option: str) -> None:
+    """Write a command's output file atomically; a folder, a missing or unwritable parent is one line.
+
+    Raises:
+        UserError: ``out`` cannot be written (names the file, the option and the fix).
+    """
+    from neuron_build.util import write_atomic
+
+    if out.is_dir():
+        raise UserError(f"{option} {out}: is a folder; give a file name, e.g. {out / 'report.html'}"
+                        if option == "--html" else f"{option} {out}: is a folder; give a file name")
+    try:
+        write_atomic(out, data)
+    except OSError as e:
+        raise UserError(f"{option} {out}: cannot be written ({e.strerror or e}); give a path in a folder you "
+                        f"can write") from None
+
+
 @command("metrics")
 def cmd_metrics(args) -> int:
     """Print (or write) the OpenMetrics exposition of the report's figures."""
@@ -115,8 +132,7 @@ def cmd_metrics(args) -> int:
     rep, window_s = _report(args)
     text = openmetrics_text(rep, window_s)
     if args.output:
-        from neuron_build.util import write_atomic
-        write_atomic(Path(args.output), text)
+        _write_output(Path(args.output), text, "--output")
     else:
         sys.stdout.write(text.decode())
     return ExitCode.OK
