@@ -373,6 +373,7 @@ class Builder:
         in the store (``[monitoring] keep_failed_workdirs``, ``failed_workdirs_max_mb``) and the attempt goes
         to the ledger with its failure stage."""
         status, reason = verdict.status, verdict.reason
+        ctx = self._keyed_as_next_plan(ctx)
         metrics = {"status": status, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss_bytes,
                    "exit_code": run.exit_code, "attempts": ctx.attempt, "reason": reason}
         prev = self.store.failure(ctx.target.id)
@@ -422,6 +423,19 @@ class Builder:
                      artifact_mb=round(metrics["artifact_bytes"] / 2**20, 2),
                      peak_rss_mb=round(run.peak_rss_bytes / 2**20))
         return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, compiled=True, metrics=metrics)
+
+    def _keyed_as_next_plan(self, ctx: BuildContext) -> BuildContext:
+        """``ctx`` with the key the next plan computes for its target: when another target of the model
+        completed the model's recorded imports or reads while this one compiled, a failure recorded under the
+        planned key would be orphaned (``release`` and ``plan`` would call the target not built)."""
+        t = ctx.target
+        recorded = self.store.recorded_imports(t.model)
+        reads = store_reads.recorded_reads(self.store, t.model)
+        if sorted(recorded) == sorted(self.keys.recorded.get(t.model, [])) and \
+                reads == _reads.merge(self.keys.reads.get(t.model)):
+            return ctx
+        ki = self.keys.key(t, recorded=recorded, reads=reads)
+        return ctx if ki.key == ctx.ki.key else replace(ctx, ki=ki, log=ctx.log.bind(key=ki.key[:12]))
 
     def _completed_meanwhile(self, ctx: BuildContext) -> tuple[BuildContext, Any] | None:
         """When the model's recorded imports or reads in the store changed since this builder planned
@@ -594,13 +608,34 @@ class Builder:
         if any(new_reads.values()):
             all_reads = _reads.merge(store_reads.add_recorded_reads(self.store, model, _reads.merge(reads)),
                                      {k: sorted(v) for k, v in planned_reads.items()})
+        others = [t for t in self.targets if t.model == model and t.id != ctx.target.id]
+        failed_before = {t.id: self.key(t).key for t in others}  # the keys their failures may be recorded under
         self.keys.reads[model] = all_reads
         self.keys.forget_model(model)
         ki = self.keys.key(ctx.target, recorded=sorted(union), reads=all_reads)
+        self._carry_failures(others, failed_before, sorted(union), all_reads)
         ctx.log.info("key completed by recorded imports and reads", planned_key=ctx.ki.key[:12], key=ki.key[:12],
                      recorded=sorted(extra - planned), reads={k: v for k, v in new_reads.items() if v})
         self.planner.set_key(ctx.target, ki)
         return replace(ctx, ki=ki, log=ctx.log.bind(key=ki.key[:12]))
+
+    def _carry_failures(self, targets: list[Target], planned: dict[str, str], recorded: list[str],
+                        reads: dict[str, list[str]]) -> None:
+        """Move the failure records of ``targets`` (other targets of a model whose key was just completed)
+        from the key they failed under (``planned``) to the key the next plan computes: the same sources
+        failed, and a failure under a key no plan computes again would show the target as not built."""
+        for t in targets:
+            rec = self.store.failure(t.id)
+            if rec is None or rec.key != planned.get(t.id):
+                continue
+            new = self.keys.key(t, recorded=recorded, reads=reads).key
+            if new == rec.key:
+                continue
+            try:
+                log = self.store.failure_log(t.id).read_bytes()
+            except OSError:
+                log = b""
+            self.store.put_failure(replace(rec, key=new), log)
 
     def _seal(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path, metrics: dict) -> None:
         """Complete ``metrics`` (in place) from the object's files and the worker's result, and seal the
