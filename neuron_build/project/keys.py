@@ -363,8 +363,23 @@ class KeyMaker:
         if not rec or not any(rec.get(k) for k in _reads.KINDS):
             return None
         keyed = {n.replace("_", "-").lower() for n in self._toolchain}  # versions the toolchain holds already
-        rec = {**rec, "dists": [d for d in rec.get("dists", []) if d.replace("_", "-").lower() not in keyed]}
+        covered = self._keyed_folders(name)  # files the model component keys by content already
+        rec = {**rec, "dists": [d for d in rec.get("dists", []) if d.replace("_", "-").lower() not in keyed],
+               "files": [f for f in rec.get("files", []) if not any(f == c or f.startswith(c + "/") for c in covered)]}
         return _reads.digests(self.project.root.resolve(), rec, self.environ, self.digests.digest, observe=self.inputs)
+
+    def _keyed_folders(self, name: str) -> list[str]:
+        """Project-relative paths (POSIX) whose files a model's component keys by content already: an hf
+        model's folder and the declared weights; a recorded read inside them is not keyed twice."""
+        m = self.project.config.models[name]
+        root = self.project.root.resolve()
+        out = []
+        for p in ([m.hf] if m.hf is not None else []) + [str(w) for w in m.weights]:
+            try:
+                out.append((root / p).resolve().relative_to(root).as_posix())
+            except (ValueError, OSError):  # outside the project, or a package name: never a recorded read
+                continue
+        return out
 
     def model_component(self, name: str, recorded: list[str] | None = None,
                         reads: dict[str, list[str]] | None = None) -> dict[str, Any]:
