@@ -208,3 +208,34 @@ def test_a_usage_error_under_json_prints_a_json_error(tiny, capsys):
                                "exit_code": 2}
     assert main(["show", "nope", "-c", str(tiny)]) == 2  # without --json, stdout stays empty
     assert capsys.readouterr().out == ""
+
+
+# -- `doit build` in a subfolder of a project ------------------------------------------------------------------------
+def _doit_with_the_plugin():
+    """doit's main with neuron-build's ``run`` command, as the ``doit.COMMAND`` entry point installs it."""
+    from doit.doit_cmd import DoitMain
+
+    m = DoitMain(config_filenames=())
+    m.config["COMMAND"] = {"run": "neuron_build.doit_seek:Run"}
+    return m
+
+
+def test_doit_build_in_a_subfolder_suggests_seek_file_and_exits_2(tiny, monkeypatch, capsys):
+    (tiny.parent / "dodo.py").write_text((REPO / "dodo.py").read_text())
+    sub = tiny.parent / "models" / "deep"
+    sub.mkdir(parents=True)
+    monkeypatch.chdir(sub)
+    assert _doit_with_the_plugin().run(["build"]) == 2
+    assert _one_line(capsys.readouterr().err) == (
+        f"ERROR: no dodo.py in {sub.resolve()}; the project is {tiny.parent.resolve()}: run `doit --seek-file "
+        f"build` (doit searches the parent folders) or `neuron-build build` (it finds buckets.toml the same way)")
+    import tomllib
+
+    eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["doit.COMMAND"]
+    assert eps == {"run": "neuron_build.doit_seek:Run"}
+
+
+def test_doit_outside_a_project_keeps_doits_own_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert _doit_with_the_plugin().run(["build"]) == 3  # doit's own code, as without neuron-build
+    assert "Could not find dodo file" in capsys.readouterr().err
