@@ -43,6 +43,11 @@ class UserError(NeuronBuildError):
     exit_code = ExitCode.USAGE
 
 
+class FactoryNotImportable(UserError, ImportError):
+    """A release's recorded model factory does not import from the folder given as ``factory_root``
+    (``--factory-root``): the project folder that holds its module is another (exit 2)."""
+
+
 class ConfigError(UserError):
     """An invalid ``buckets.toml``.
 

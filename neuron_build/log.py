@@ -1,4 +1,4 @@
-"""structlog set-up: human-readable on a terminal, JSON lines otherwise, and always JSON lines appended
+"""structlog set-up: human-readable on a terminal (or with ``FORCE_COLOR``), JSON lines otherwise, and always JSON lines appended
 to the project's build log (``<state_dir>/build.log``).
 
 structlog is imported on the first event, not at import: a no-op build logs nothing and never pays for
@@ -58,7 +58,8 @@ def configure(log_file: Path | None = None, json_lines: bool | None = None, quie
 
     Args:
         log_file: the build log to append every event to (its folder is created), or None.
-        json_lines: force JSON (True) or console (False) rendering on stderr; default: console on a TTY.
+        json_lines: force JSON (True) or console (False) rendering on stderr; default: console on a TTY or
+            with ``FORCE_COLOR`` (not ``NO_COLOR``), else JSON lines.
         quiet: render only warnings and errors on stderr (the build log still gets everything).
     """
     global _log_file, _pending
@@ -83,8 +84,8 @@ def _structlog():
 
 def _apply(structlog, json_lines: bool | None, quiet: bool) -> None:
     global _pending
-    if json_lines is None:
-        json_lines = not sys.stderr.isatty()
+    if json_lines is None:  # FORCE_COLOR asks for the coloured console lines on a pipe too
+        json_lines = not (sys.stderr.isatty() or (os.environ.get("FORCE_COLOR") and not os.environ.get("NO_COLOR")))
     renderer = structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer(
         colors=use_color(sys.stderr))
 

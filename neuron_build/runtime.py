@@ -54,7 +54,7 @@ from typing import Any
 
 from neuron_build.artifact import load_artifact, release_version_problem
 from neuron_build.cpu_isa import isa_problem, package_cpu_isa
-from neuron_build.errors import UserError
+from neuron_build.errors import FactoryNotImportable, UserError
 from neuron_build.examples import torch_dtype
 from neuron_build.traffic import DEFAULT_MAX_SHAPES, TrafficRecorder
 
@@ -526,7 +526,8 @@ def serving_model(serving: dict[str, Any], model: Any = None, factory_root: str 
 
     Raises:
         ImportError: the recorded factory does not import (``factory_root`` first on ``sys.path``), or the
-            recorded hf folder or package is not there.
+            recorded hf folder or package is not there; :class:`~neuron_build.errors.FactoryNotImportable` (also
+            a ``UserError``) when the factory's own module is not under ``factory_root``.
         TypeError: the factory did not return an ``nn.Module``.
     """
     import torch
@@ -538,7 +539,17 @@ def serving_model(serving: dict[str, Any], model: Any = None, factory_root: str 
 
         model = hf.build(serving["hf"], dict(serving.get("kwargs") or {}), factory_root or Path.cwd())
     elif model is None:
-        model = load_factory(factory_root or Path.cwd(), serving["factory"])
+        root = Path(factory_root or Path.cwd()).resolve()
+        try:
+            model = load_factory(root, serving["factory"])
+        except ModuleNotFoundError as e:
+            mod = serving["factory"].partition(":")[0]
+            if not e.name or not (mod == e.name or mod.startswith(e.name + ".")):
+                raise  # a module the factory itself imports is missing: not a question of the folder
+            raise FactoryNotImportable(
+                f"the release's model factory {serving['factory']} does not import from {root} (no module named "
+                f"{e.name!r}): pass the project folder that holds it as --factory-root (neuron-build warmup) or "
+                f"factory_root= (BucketedModel.load)") from None
     if not isinstance(model, torch.nn.Module):
         model = model(**dict(serving.get("kwargs") or {}))
     if not isinstance(model, torch.nn.Module):

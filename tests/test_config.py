@@ -155,8 +155,9 @@ def test_doit_config_error_exits_2(tiny):
 
 def test_remote_store_is_refused_clearly(tiny):
     edit(tiny, 'backend = "torchscript"', 'backend = "torchscript"\nstore = "s3://bucket/prefix"')
-    assert faults_of(tiny) == ["build.store: 's3://bucket/prefix': remote (fsspec) stores are not supported "
-                               "yet; use a local folder such as \"artifacts\" (a shared file system mount works)"]
+    assert faults_of(tiny) == ["build.store: 's3://bucket/prefix' is a URL; [build] store is the local folder "
+                               "(such as \"artifacts\"; a shared file system mount works) and a shared store goes "
+                               "in [build] remote = 's3://bucket/prefix'"]
 
 
 def test_typo_of_a_required_key_is_one_fault(tiny):

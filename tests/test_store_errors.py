@@ -220,10 +220,11 @@ def test_the_readme_says_what_a_url_as_build_store_does(tmp_path, capsys):
     text = " ".join((REPO / "README.md").read_text().split())
     assert "`[build] store` may itself be a URL" not in text
     assert ("`[build] store` is always a local folder (a shared file system mount works); a URL there is refused "
-            "(`remote (fsspec) stores are not supported yet`). The shared store is `[build] remote = URL`") in text
+            "(`is a URL; [build] store is the local folder`). The shared store is `[build] remote = URL`") in text
     cfg = with_build(write_tiny_project(tmp_path / "p"), 'store = "s3://mybucket/neuron"')
     assert main(["plan", "-c", str(cfg)]) == 2
-    assert ("build.store: 's3://mybucket/neuron': remote (fsspec) stores are not supported yet; use a local folder"
+    assert ("build.store: 's3://mybucket/neuron' is a URL; [build] store is the local folder (such as \"artifacts\"; "
+            "a shared file system mount works) and a shared store goes in [build] remote = 's3://mybucket/neuron'"
             in capsys.readouterr().err)
 
 

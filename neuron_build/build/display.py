@@ -45,6 +45,20 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
+#: SGR codes of the status word in a plain (not live) line: PASS green, cached dim, anything else bold red.
+_SGR = {"PASS": "32", "cached": "2"}
+
+
+def _ansi_status(text: str, status: str) -> str:
+    """``text`` with its first `` <status>`` word wrapped in the ANSI colour of that status."""
+    at = text.find(f" {status}")
+    if at < 0:
+        return text
+    at += 1
+    end = at + len(status)
+    return f"{text[:at]}\x1b[{_SGR.get(status, '1;31')}m{text[at:end]}\x1b[0m{text[end:]}"
+
+
 def wants_live(stream: Any = None) -> bool:
     """Whether a live display fits ``stream`` (default stderr): a terminal that is not ``TERM=dumb``, with
     rich installed (looked up, not imported)."""
@@ -182,6 +196,8 @@ class BuildDisplay:
             live = self._live
             if live is None:  # one write per line, under the lock: lines of parallel compiles never mix
                 out = self._out()
+                if status and use_color(out):  # FORCE_COLOR on a pipe, or a terminal without the live area
+                    text = _ansi_status(text, status)
                 out.write(text + "\n")
                 out.flush()
                 return

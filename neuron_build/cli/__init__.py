@@ -46,12 +46,34 @@ def _version() -> str:
         return "unknown"
 
 
+#: The schema of the JSON object a usage error prints on stdout under ``--json`` (with ``error``, ``exit_code``).
+ERROR_SCHEMA = "neuron-build/error/v1"
+_JSON_ERRORS: list[bool] = [False]  # this run asked for --json: a usage error is a JSON object on stdout too
+
+
+def print_json_error(text: str, code: int = ExitCode.USAGE) -> None:
+    """Print ``{"schema": "neuron-build/error/v1", "error": text, "exit_code": code}`` on stdout, when the
+    command line has ``--json`` (a reader of stdout gets a document, not nothing)."""
+    if _JSON_ERRORS[0]:
+        import json
+
+        print(json.dumps({"schema": ERROR_SCHEMA, "error": text, "exit_code": int(code)}), flush=True)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser; under ``--json`` a usage error is also a JSON object on stdout."""
+
+    def error(self, message: str):
+        print_json_error(f"{self.prog}: {message}")
+        super().error(message)
+
+
 def parser() -> argparse.ArgumentParser:
     """The ``neuron-build`` argument parser: the common options and every command module's sub-commands."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("-c", "--config", default=argparse.SUPPRESS, help="path of buckets.toml")
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
-    p = argparse.ArgumentParser(prog="neuron-build", parents=[common],
+    p = _Parser(prog="neuron-build", parents=[common],
                                 description="Compile-artifact build system for AWS Neuron.")
     p.add_argument("--version", action="version", version=f"neuron-build {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -81,21 +103,62 @@ def read_only_line(command: str, e: OSError) -> str:
             f"as a user who may write it), or point [build] store (buckets.toml) or --store at a writable store")
 
 
+#: What a command stopped by Ctrl-C leaves behind (for the one line it prints); others: :data:`KEPT_DEFAULT`.
+KEPT = {"build": "the targets it finished stay built in the store; run it again to build the rest",
+        "push": "the artifacts it copied stay on the remote; run it again to push the rest",
+        "fetch": "the artifacts it copied stay in the local store; run it again to fetch the rest",
+        "pull": "the files it verified stay in the destination; run it again to pull the rest"}
+KEPT_DEFAULT = "what it finished writing is kept and nothing half-written is left in the store"
+
+
+def interrupted_line(command: str) -> str:
+    """The one line a command stopped by Ctrl-C prints: what was interrupted and what was kept."""
+    return f"`neuron-build {command}` stopped by Ctrl-C; {KEPT.get(command, KEPT_DEFAULT)}"
+
+
+#: Arguments that carry a model or channel name (each becomes part of a file name in the store).
+NAME_ARGS = {"model": "model", "to": "channel", "from_channel": "channel", "channel": "channel"}
+
+
+def _long_name(args: argparse.Namespace) -> str | None:
+    """The one line for a model or channel name argument longer than the config allows, or None."""
+    from neuron_build.project.config import long_name_fault
+
+    for attr, kind in NAME_ARGS.items():
+        value = getattr(args, attr, None)
+        fault = long_name_fault(kind, value) if isinstance(value, str) else None
+        if fault:
+            return f"{fault}; no {kind} of buckets.toml has such a name"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one ``neuron-build`` command (``argv``: the arguments after the program name; default
     ``sys.argv[1:]``) and return its exit status (:class:`neuron_build.errors.ExitCode`)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    _JSON_ERRORS[0] = "--json" in argv
     args = parser().parse_args(argv)
     args.config = getattr(args, "config", None) or os.environ.get("NEURON_BUILD_CONFIG") or None
     args.debug = getattr(args, "debug", False)
     CURRENT_COMMAND[:] = [args.command]
+    too_long = _long_name(args)
+    if too_long:
+        display_error(too_long)
+        print_json_error(too_long)
+        return int(ExitCode.USAGE)
     try:
         return int(COMMANDS[args.command](args))
     except NeuronBuildError as e:
         if args.debug:
             raise
         display_error(str(e), prefix="build failed" if isinstance(e, BuildFailed) else "error")
+        if exit_code(e) == ExitCode.USAGE:
+            print_json_error(str(e))
         return exit_code(e)
     except KeyboardInterrupt as e:
+        if args.debug:
+            raise
+        display_error(interrupted_line(args.command), prefix="interrupted")
         return exit_code(e)
     except BrokenPipeError as e:  # the reader went away (`neuron-build plan --json | head -1`)
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -107,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug or not isinstance(e, ReadOnlyStore):
             raise
         display_error(read_only_line(args.command, e), prefix="error")
+        print_json_error(read_only_line(args.command, e))
         return int(ExitCode.USAGE)
 
 
-__all__ = ["COMMAND_MODULES", "main", "parser"]
+__all__ = ["COMMAND_MODULES", "ERROR_SCHEMA", "interrupted_line", "main", "parser", "print_json_error"]

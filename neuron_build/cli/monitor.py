@@ -143,6 +143,10 @@ def cmd_failures(args) -> int:
     """List the kept failure workdirs, newest last, with stage, compiler pass, diagnostic code and files."""
     from neuron_build.store import failures
 
+    parts = (args.target or "x").rstrip("/").split("/")
+    if args.target and (args.target.startswith("/") or any(p in ("", ".", "..") for p in parts)):
+        raise UserError(f"failures: {args.target!r} is not a target id; give one as `neuron-build plan` lists "
+                        f"them (MODEL/BUCKET/DTYPE/PROFILE), or none for every kept failure")
     _, store = open_project_store(args)
     entries = failures.kept(store, args.target)
     root = Path(store.location)

@@ -6,6 +6,7 @@ No torch here; the domain logic is in :mod:`neuron_build.release`.
 from __future__ import annotations
 
 import sys
+from typing import get_args
 
 from neuron_build.cli.app import (
     command,
@@ -18,9 +19,11 @@ from neuron_build.cli.app import (
     print_json,
 )
 from neuron_build.errors import ExitCode, UserError
+from neuron_build.project.config import Backend, DeviceKind
 
-BACKENDS = ("auto", "neuron", "inductor", "torchscript")
-DEVICE_KINDS = ("cpu", "cuda", "neuron")
+#: ``--backend`` and ``--device-kind`` take what ``[build] backend`` and ``[release]`` device kinds take.
+BACKENDS: tuple[str, ...] = get_args(Backend)
+DEVICE_KINDS: tuple[str, ...] = get_args(DeviceKind)
 
 
 def register(add) -> None:

@@ -32,11 +32,11 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from neuron_build.artifact import artifact_file, load_artifact
 from neuron_build.errors import UserError
-from neuron_build.project.config import ModelSpec, Project
+from neuron_build.project.config import DeviceKind, ModelSpec, Project
 from neuron_build.project.matrix import Target
 from neuron_build.status import Verdict
 from neuron_build.store.contract import ArtifactStore, RecordStore
@@ -48,7 +48,7 @@ from neuron_build.util import utc_now
 #: something is wrong.
 DEFAULT_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2}
 VERDICTS = tuple(v.value for v in Verdict)
-DEVICE_KINDS = ("cpu", "cuda", "neuron")
+DEVICE_KINDS: tuple[str, ...] = get_args(DeviceKind)
 
 
 # --------------------------------------------------------------------------------------------------

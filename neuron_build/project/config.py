@@ -63,6 +63,17 @@ TEXTGEN_BACKENDS = ("auto", "inductor", "compile-cache", "neuron")
 DeviceKind = Literal["cpu", "cuda", "neuron"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: The longest model, profile or channel name, in characters: each becomes part of a file name in the store
+#: (a file name is at most 255 bytes on Linux and macOS; a target id joins four names in one).
+MAX_NAME_CHARS = 64
+
+
+def long_name_fault(kind: str, name: str) -> str | None:
+    """The fault of a ``kind`` name (``"model"``, ``"channel"``) longer than :data:`MAX_NAME_CHARS`, or None."""
+    if len(name) <= MAX_NAME_CHARS:
+        return None
+    return (f"{kind} name {name[:20]!r}... is {len(name)} characters; at most {MAX_NAME_CHARS} (it becomes a file "
+            f"name in the store)")
 _DIM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -530,6 +541,8 @@ class ReleaseSettings(_Frozen):
     @classmethod
     def _channels(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         for c in v:
+            if long_name_fault("channel", c):
+                raise ValueError(long_name_fault("channel", c))
             if not _NAME.match(c):
                 raise ValueError(f"channel name {c!r} may hold only letters, digits, '_', '.', '-'")
         return _no_duplicates(v)
@@ -755,8 +768,9 @@ def _cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
     faults: list[str] = []
     profiles = list(cfg.profiles)
     if "://" in cfg.build.store and not cfg.build.store.startswith("file://"):
-        faults.append(f"build.store: {cfg.build.store!r}: remote (fsspec) stores are not supported yet; "
-                      f"use a local folder such as \"artifacts\" (a shared file system mount works)")
+        faults.append(f"build.store: {cfg.build.store!r} is a URL; [build] store is the local folder (such as "
+                      f"\"artifacts\"; a shared file system mount works) and a shared store goes in "
+                      f"[build] remote = {cfg.build.store!r}")
     state = root / cfg.build.state_dir
     for p in (state, *state.parents):
         if p.exists():
@@ -766,7 +780,10 @@ def _cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
                               f"it to a folder (default \".neuron-build\")")
             break
     for name in [*cfg.profiles, *cfg.models]:
-        if not _NAME.match(name):
+        kind = "model" if name in cfg.models else "profile"
+        if long_name_fault(kind, name):
+            faults.append(f"{kind}s.{name[:20]}...: {long_name_fault(kind, name)}")
+        elif not _NAME.match(name):
             faults.append(f"{toml_path((name,))}: name {name!r} may hold only letters, digits, '_', '.', '-'")
     for mname, m in cfg.models.items():
         at = ("models", mname)

@@ -32,7 +32,7 @@ from neuron_build.store.core import Store
 from neuron_build.store.local import LocalStore
 from neuron_build.store.locks import LEASE_TTL_S, LeaseLock
 from neuron_build.store.medium_fsspec import DOWNLOADS, FsspecMedium, S3Medium, fsspec_medium
-from neuron_build.store.wire import WireSettings
+from neuron_build.store.wire import WireSettings, check_option_keys
 from neuron_build.store.wire_errors import wire_error
 from neuron_build.util import sha256_hex
 
@@ -146,6 +146,7 @@ class RemoteStore(Store):
         self.url = url.rstrip("/")
         self.options = copy.deepcopy(dict(options or {}))  # botocore rewrites a retries dict in place
         proto, _, rest = self.url.partition("://")
+        check_option_keys(self.url, self.options)
         #: timeouts and retries of every call (:mod:`neuron_build.store.wire`); ``fs_options``: the rest
         self.wire, fs_options = WireSettings.from_options(self.options)
         #: attempts the client library makes per request (botocore's total_max_attempts), for messages

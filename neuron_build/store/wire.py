@@ -248,6 +248,69 @@ def _size(body: Any) -> int | None:
     return None
 
 
+#: fsspec's storage options of every file system (its instance cache and listings cache).
+_FSSPEC_COMMON = ("skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths")
+
+
+def _init_keys(cls: type) -> set[str]:
+    """The keyword parameters of ``cls.__init__`` and of its bases' (up the MRO while one takes ``**kwargs``)."""
+    import inspect
+
+    keys: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        keys |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"}
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return keys
+
+
+def known_option_keys(url: str) -> set[str]:
+    """The ``[build] remote_options`` keys a store at ``url`` takes: this module's :data:`OPTION_KEYS` and the
+    storage options of the URL's fsspec file system (its class's ``__init__`` up the MRO, fsspec's own
+    cache options; for ``s3://``, ``s3fs.S3FileSystem``'s and aiobotocore's ``AioSession``'s, e.g. ``profile``).
+    Empty when the file system class cannot be looked up (then nothing is refused)."""
+    import fsspec
+
+    proto = url.partition("://")[0] if "://" in url else "file"
+    try:
+        cls = fsspec.get_filesystem_class("s3" if proto == "s3a" else proto)
+    except (ImportError, ValueError):
+        return set()
+    keys = _init_keys(cls) | set(_FSSPEC_COMMON) | set(OPTION_KEYS)
+    if proto in ("s3", "s3a"):
+        from aiobotocore.session import AioSession
+
+        keys |= _init_keys(AioSession)
+    return keys
+
+
+def check_option_keys(url: str, options: dict[str, Any] | None) -> None:
+    """Refuse a ``[build] remote_options`` key the store at ``url`` does not take (fsspec would accept it
+    silently and ignore it).
+
+    Raises:
+        UserError: one line naming the key, a close known one, and the known keys.
+    """
+    known = known_option_keys(url)
+    unknown = sorted(k for k in (options or {}) if known and k not in known)
+    if not unknown:
+        return
+    import difflib
+
+    from neuron_build.errors import UserError
+    close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    if unknown[0] in ("region", "region_name") and "client_kwargs" in known:
+        hint = " (the region goes in client_kwargs = { region_name = \"...\" })"
+    raise UserError(f"[build] remote_options: unknown key {unknown[0]!r} for {url}{hint}; the keys are "
+                    f"{', '.join(OPTION_KEYS)} and the storage options of fsspec's {url.partition('://')[0]}:// "
+                    f"file system: {', '.join(sorted(known - set(OPTION_KEYS)))}")
+
+
 _WATCHED: list[type] = []
 
 
@@ -259,4 +322,4 @@ def watched_session() -> type:
     return _WATCHED[0]
 
 
-__all__ = ["OPTION_KEYS", "WireSettings", "watched_session"]
+__all__ = ["OPTION_KEYS", "WireSettings", "check_option_keys", "known_option_keys", "watched_session"]
