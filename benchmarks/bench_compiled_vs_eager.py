@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from neuron_build.build.builder import Builder
     from neuron_build.evaluate.bench import bench_target
+    from neuron_build.evaluate.timing import TimingSettings
     from neuron_build.project.config import load_project
     from neuron_build.project.matrix import select
 
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipped {t.id}: not built (run `doit build`)", file=sys.stderr)
             continue
         print(f"{t.id} ...", file=sys.stderr, flush=True)
-        recs.append(bench_target(b.project, b.store, t, key, warmup=args.warmup, iters=args.iters))
+        recs.append(bench_target(b.project, b.store, t, key,
+                                 TimingSettings(warmup=args.warmup, iters=args.iters)).to_json())
     if not recs:
         print("nothing benchmarked", file=sys.stderr)
         return 1

@@ -20,6 +20,8 @@ from conftest import run_cli, write_tiny_project
 
 from neuron_build.build.builder import Builder
 from neuron_build.cli.bench import bench_selected
+from neuron_build.evaluate.bench import BenchResult
+from neuron_build.evaluate.timing import TimingSettings
 from neuron_build.project.config import load_project
 from neuron_build.release import create_release, promote
 from neuron_build.release.gates import comparable, latency_gate, pick_pair
@@ -132,6 +134,19 @@ def test_gate_passes_noise_refuses_slowdown_and_lists_what_it_cannot_compare():
     assert "keeps no samples" in latency_gate(st, {"b1": "old"}, {"b1": "base"}, "cpu").figures["not_compared"]["b1"]
 
 
+def test_bench_result_reads_any_stored_record_and_gives_it_back():
+    full = rec([1.0, 2.0, 3.0]) | {"eager": {"latency_ms": {"p50": 4.0}}, "speedup_vs_eager": 2.0,
+                                   "a_later_key": [1]}
+    r = BenchResult.from_json(full)
+    assert r.median_ms == 2.0 and r.samples_ms == [1.0, 2.0, 3.0] and r.session == "s1"
+    assert r.extra == {"a_later_key": [1]}
+    assert r.to_json() == full and list(r.to_json()) == list(full)
+    old = {"device_kind": "cpu", "latency_ms": {"p99": 2.0}}  # an early record: no samples, no session
+    r = BenchResult.from_json(old)
+    assert r.to_json() == old and r.samples_ms == [] and r.session is None and r.median_ms is None
+    assert r.with_(validation={"verdict": "pass"}).to_json() == old | {"validation": {"verdict": "pass"}}
+
+
 def test_pair_from_one_session_is_preferred_over_a_newer_one():
     a_old = rec([1.0] * 30, session="A", host="h1", time_="2026-01-01T00:00:00+00:00")
     b_old = rec([1.0] * 30, session="A", host="h1", time_="2026-01-01T00:00:00+00:00")
@@ -240,11 +255,11 @@ def test_same_speed_passes_every_time_and_a_sleep_in_forward_is_refused(mlp):
             return out
         return forward
 
-    run = bench_selected(b, [t for t in b.targets if t.model == "mlp"], warmup=5, iters=None, wrap=slowed,
-                         min_iters=30, max_time_s=3.0, threads=1)
-    slow = next(x for x in run.records if x["target"].endswith("p2"))
-    fast = next(x for x in run.records if x["target"].endswith("p1"))
-    assert slow["latency_ms"]["p50"] / fast["latency_ms"]["p50"] > 1.35
+    timing = TimingSettings(warmup=5, iters=None, min_iters=30, max_time_s=3.0, threads=1)
+    run = bench_selected(b, [t for t in b.targets if t.model == "mlp"], timing, wrap=slowed)
+    slow = next(x for x in run.records if x.target.endswith("p2"))
+    fast = next(x for x in run.records if x.target.endswith("p1"))
+    assert slow.median_ms / fast.median_ms > 1.35
     _fresh_channels(cfg)
     promote(b.store, project.config.release, "mlp", "dev", release=r1)
     r = run_cli("promote", "-c", str(cfg), "mlp", r2, "--to", "dev", "--json")

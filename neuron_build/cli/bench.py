@@ -67,7 +67,7 @@ def check_profile_dir(profile: str) -> None:
 class BenchRun:
     """The benchmarks of one ``bench``: result records, and the chosen targets not built or not runnable."""
 
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[Any] = field(default_factory=list)  # BenchResult
     not_built: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
@@ -95,23 +95,30 @@ def against_items(b, chosen, channel: str) -> list[tuple[Any, str]]:
     return out
 
 
-def bench_selected(b, chosen, *, warmup: int, iters: int | None, eager: bool = True, compare: bool = False,
-                   profile: str | None = None, on_profile: Callable[[Any, dict[str, Any]], None] | None = None,
-                   against: str | None = None, wrap: Callable | None = None, **adaptive: Any) -> BenchRun:
+def timing_settings(args) -> Any:
+    """The session's :class:`~neuron_build.evaluate.timing.TimingSettings` from ``bench``'s options."""
+    from neuron_build.evaluate.timing import TimingSettings
+
+    return TimingSettings(warmup=args.warmup, iters=args.iters, min_iters=args.min_iters, precision=args.precision,
+                          max_time_s=args.max_time, threads=args.threads, eager=not args.no_eager)
+
+
+def bench_selected(b, chosen, timing, *, compare: bool = False, profile: str | None = None,
+                   on_profile: Callable[[Any, dict[str, Any]], None] | None = None, against: str | None = None,
+                   wrap: Callable | None = None) -> BenchRun:
     """Benchmark the chosen targets whose current key is built and runs on this host, all in one session
     (:func:`neuron_build.evaluate.bench.bench_targets`; progress on stderr).
 
     Args:
-        warmup, iters: untimed and timed rounds (iters None: adaptive; ``adaptive`` holds ``min_iters``,
-            ``precision``, ``max_time_s``).
+        timing: the session's :class:`~neuron_build.evaluate.timing.TimingSettings` (:func:`timing_settings`).
         against: also benchmark the release this channel holds (:func:`against_items`).
         wrap: passed to ``bench_targets`` (tests slow an artifact with it).
-        eager: also time the eager model, interleaved.
         compare: also validate each target (its record gets ``validation``).
         profile: also write a ``torch.profiler`` trace per target under this folder (the record gets
             ``profile``: dir and the top 5 ops); ``on_profile(target, profile)`` is called after each.
     """
-    from neuron_build.evaluate.bench import bench_targets, profile_target
+    from neuron_build.evaluate.bench import bench_targets
+    from neuron_build.evaluate.profile import profile_target
     from neuron_build.evaluate.validate import (
         artifact_device_kind,
         can_run_here,
@@ -132,7 +139,7 @@ def bench_selected(b, chosen, *, warmup: int, iters: int | None, eager: bool = T
         if not runnable and profile and m.backend == "torchneuron":
             # TorchNeuron's profiler path still runs (on CPU tensors) and says the figures are not a NeuronCore's
             display_note(f"PROFILE ONLY  {t.id}: {why}: profiling on CPU tensors, no latency benchmark recorded")
-            prof = profile_target(b.project, b.store, t, key, profile, iters=iters, warmup=warmup)
+            prof = profile_target(b.project, b.store, t, key, profile, iters=timing.iters, warmup=timing.warmup)
             if on_profile:
                 on_profile(t, prof)
             run.skipped.append(t.id)
@@ -145,35 +152,31 @@ def bench_selected(b, chosen, *, warmup: int, iters: int | None, eager: bool = T
     if against and items:
         items += against_items(b, [t for t, _ in items], against)
     if items:
-        how = f"{iters} timed rounds" if iters else (
-            f"adaptive rounds (>= {adaptive.get('min_iters', 30)}, to +-{adaptive.get('precision', 0.02):.0%} "
-            f"or {adaptive.get('max_time_s', 60.0):g} s)")
-        display_note(f"benchmarking {len(items)} artifact(s) in one session: warm-up {warmup}, {how}"
-                     + (", interleaved with eager" if eager else ""))
-        run.records = bench_targets(b.project, b.store, items, warmup=warmup, iters=iters, eager=eager,
-                                    progress_factory=progress, wrap=wrap, **adaptive)
-    for (t, key), rec in zip(items, list(run.records), strict=True):
+        display_note(f"benchmarking {len(items)} artifact(s) in one session: {timing.describe()}")
+        run.records = bench_targets(b.project, b.store, items, timing, progress_factory=progress, wrap=wrap)
+    for i, ((t, key), rec) in enumerate(zip(items, list(run.records), strict=True)):
         if compare:
-            rec["validation"] = validate_target(b.project, b.store, t, key, keys=b.keys)
+            rec = rec.with_(validation=validate_target(b.project, b.store, t, key, keys=b.keys))
         if profile:
-            prof = profile_target(b.project, b.store, t, key, profile, iters=iters, warmup=warmup)
-            rec["profile"] = {"dir": prof["dir"], "top_ops": prof["top_ops"][:5]}
+            prof = profile_target(b.project, b.store, t, key, profile, iters=timing.iters, warmup=timing.warmup)
+            rec = rec.with_(profile={"dir": prof["dir"], "top_ops": prof["top_ops"][:5]})
             if on_profile:
                 on_profile(t, prof)
+        run.records[i] = rec
     b.keys.save()
     return run
 
 
-def format_bench(recs: list[dict[str, Any]], compare: bool) -> str:
+def format_bench(recs: list[Any], compare: bool) -> str:
     """The table of ``recs`` (side by side with ``compare``), then how they were measured."""
     from neuron_build.evaluate.bench import format_compare_table, format_row_table
 
-    table = (format_compare_table(recs, {r["target"]: r.get("validation") for r in recs}) if compare
+    table = (format_compare_table(recs, {r.target: r.validation for r in recs}) if compare
              else format_row_table(recs))
     r0 = recs[0]
-    return (f"{table}\n\n{r0['device_kind']} on {r0['host']}, {r0['threads']} threads, sync: {r0['sync']}; "
-            f"latency over {r0['iters']} rounds (stopped by {r0['stopped_by']}) after {r0['warmup']} warm-up "
-            f"rounds ({r0['timing']}, one session); "
+    return (f"{table}\n\n{r0.device_kind} on {r0.host}, {r0.threads} threads, sync: {r0.sync}; "
+            f"latency over {r0.iters} rounds (stopped by {r0.stopped_by}) after {r0.warmup} warm-up "
+            f"rounds ({r0.timing}, one session); "
             f"throughput = batch / mean; speedup = eager p50 / compiled p50")
 
 
@@ -191,13 +194,10 @@ def cmd_bench(args) -> int:
     b = open_builder(args)
     require_writable(b.store)  # before any benchmark or validation runs
     chosen = select(b.targets, list(args.patterns) + list(args.compare))
-    run = bench_selected(b, chosen, warmup=args.warmup, iters=args.iters, eager=not args.no_eager,
-                         compare=bool(args.compare), profile=args.profile,
-                         on_profile=None if args.json else _print_profile, against=args.against,
-                         min_iters=args.min_iters, precision=args.precision, max_time_s=args.max_time,
-                         threads=args.threads)
+    run = bench_selected(b, chosen, timing_settings(args), compare=bool(args.compare), profile=args.profile,
+                         on_profile=None if args.json else _print_profile, against=args.against)
     if args.json:
-        print_json(run.records, "records")
+        print_json([r.to_json() for r in run.records], "records")
     elif run.records:
         print(format_bench(run.records, compare=bool(args.compare)))
     if run.skipped:

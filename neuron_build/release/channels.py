@@ -15,16 +15,17 @@ from __future__ import annotations
 import datetime as _dt
 import secrets
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from neuron_build.errors import ExitCode, StoreError, UserError
 from neuron_build.log import get_logger
 from neuron_build.project.config import ReleaseSettings
-from neuron_build.release.gates import GATES, WAIVABLE, evaluate_gates, format_gates
+from neuron_build.release.gates import GATES, WAIVABLE, GateCheck, evaluate_gates, format_gates
 from neuron_build.release.records import (
     ChannelPointer,
     HistoryEntry,
+    Release,
     actor,
     check_channel,
     find_release,
@@ -85,26 +86,85 @@ def check_waivers(waive: Iterable[str], reason: str, allow_unvalidated: bool = F
     return {g: reason.strip() for g in names}
 
 
-def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str, *, release: str | None = None,
-            from_channel: str | None = None, reason: str = "", allow_unvalidated: bool = False,
-            device_kind: str | None = None, before_swap: Callable[[], None] | None = None,
-            waive: Iterable[str] = (), factory_root=None) -> dict[str, Any]:
-    """Promote a release (by id) or the release another channel holds into channel ``to``.
+@dataclass(frozen=True)
+class PromotionRequest:
+    """What one promotion asks for (the keyword arguments of :func:`promote`).
 
-    Reads ``to``'s pointer and its token, evaluates the gates against the release it points at, then swaps
-    the pointer only if the token is unchanged (compare-and-swap). A lost swap reads the pointer again and
-    checks the gates again (at most :data:`SWAP_ATTEMPTS` rounds). Adds one history entry either way.
-
-    Args:
+    Attributes:
+        model, to: the model and the channel to promote into.
         release, from_channel: exactly one: a release id (or unique prefix), or a channel to take it from.
         reason: free text recorded in the history.
         allow_unvalidated: let a failed validation gate pass (recorded; needs ``reason``).
         waive: gates (:data:`~neuron_build.release.gates.WAIVABLE`) let through when they fail, verdict
             ``waived``; needs ``reason``; recorded in the history as ``waivers``.
         device_kind: override the channel's serving device kind (``[release]``) for the gates.
+        factory_root: where a compile-cache release's model factory imports from for the warm-up gate.
         before_swap: called after the first round's gates and before its swap (tests use it to line up a
             race).
-        factory_root: where a compile-cache release's model factory imports from for the warm-up gate.
+    """
+
+    model: str
+    to: str
+    release: str | None = None
+    from_channel: str | None = None
+    reason: str = ""
+    allow_unvalidated: bool = False
+    device_kind: str | None = None
+    waive: Iterable[str] = ()
+    factory_root: Any = None
+    before_swap: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Step 1 of a promotion (:func:`resolve_release`): the release to promote and what every round needs.
+
+    Attributes:
+        release: the release; ``source``: ``{"release": id}`` or ``{"channel", "version"}``.
+        device_kind: where the channel serves (the gates read results for it).
+        waivers: gate -> reason; ``extra``: the history entry's ``waivers`` and ``rolled_back``.
+        rolled: the release's earlier rollbacks (:func:`rollbacks_of`).
+        op: the operation id written into the pointer and the history (:func:`new_op`).
+    """
+
+    release: Release
+    source: dict[str, Any]
+    device_kind: str
+    waivers: dict[str, str]
+    rolled: list[dict[str, Any]]
+    extra: dict[str, Any]
+    op: str
+
+
+@dataclass(frozen=True)
+class GateRound:
+    """Step 2 of a promotion (:func:`check_gates`): the channel as one read saw it (``seen``, ``token``)
+    and every gate against the release it holds."""
+
+    seen: ChannelPointer | None
+    token: str | None
+    gates: list[GateCheck]
+
+    @property
+    def seen_version(self) -> int:
+        """The channel's version at the read (0: empty)."""
+        return self.seen.version if self.seen else 0
+
+
+def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str, **options: Any) -> dict[str, Any]:
+    """Promote a release (by id) or the release another channel holds into channel ``to``.
+
+    A pipeline of steps that each return a value: :func:`resolve_release` (the release, its source and
+    what the rounds need), then per round :func:`check_gates` (read ``to``'s pointer and its token, every
+    gate against the release it points at), :func:`admit` (refusals, or the history entry to swap in),
+    :func:`swap_pointer` (compare-and-swap: only if the token is unchanged) and :func:`record_history`. A
+    lost swap reads the pointer again and checks the gates again (at most :data:`SWAP_ATTEMPTS` rounds);
+    a swap whose answer was lost and that the pointer shows applied (its ``op``) is recorded as done.
+    Adds one history entry either way.
+
+    Args:
+        options: the fields of :class:`PromotionRequest` (``release`` or ``from_channel``, ``reason``,
+            ``allow_unvalidated``, ``waive``, ``device_kind``, ``factory_root``, ``before_swap``).
 
     Returns:
         The history line of the promotion as JSON (``version`` is the channel's new version).
@@ -117,91 +177,132 @@ def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str
             already holds the release; or the channel moved at every one of the :data:`SWAP_ATTEMPTS`
             rounds. Recorded in history (exit 3).
     """
+    req = PromotionRequest(model=model, to=to, **options)
+    cand = resolve_release(store, settings, req)
+    entry: HistoryEntry | None = None
+    done: HistoryEntry | None = None  # the entry of the last swap we sent (its answer may be lost)
+    for attempt in range(1, SWAP_ATTEMPTS + 1):
+        raw, token = store.channel_ref(model, to)
+        if done is not None and is_ours(raw, cand.op):  # an earlier swap was applied; its answer was lost
+            return record_history(store, done)
+        gates = check_gates(store, settings, req, cand, ChannelPointer.from_json(raw), token)
+        if req.before_swap is not None and attempt == 1:
+            req.before_swap()
+        entry = done = admit(store, req, cand, gates)
+        if swap_pointer(store, entry, gates.token, cand.op):
+            return record_history(store, entry)
+        get_logger(model=model, channel=to).info(
+            "channel moved while the promotion was checked; checking again", release=cand.release.id,
+            checked_version=gates.seen_version, attempt=attempt)
+    assert entry is not None
+    why = (f"{model}/{to} moved {SWAP_ATTEMPTS} times while this promotion of {cand.release.id} was being checked "
+           f"(compare-and-swap lost each time); nothing changed. Re-run the promotion")
+    _refuse(store, entry, why, entry.version - 1 if entry.version else 0)
+    raise AssertionError("unreachable")  # _refuse raises
+
+
+def resolve_release(store: ArtifactStore, settings: ReleaseSettings, req: PromotionRequest) -> Candidate:
+    """Step 1: check the request and find the release to promote (by id, or the one ``from_channel``
+    holds), its artifacts in the store, its earlier rollbacks and the waivers; a new operation id.
+
+    Raises:
+        UserError: unknown channel or release, empty source channel, both or neither source given, the
+            release of another model, artifacts missing; a waiver without a reason or of an unknown gate.
+    """
+    model, to = req.model, req.to
     check_channel(settings, to, "--to")
-    waivers = check_waivers(waive, reason, allow_unvalidated)
-    if (release is None) == (from_channel is None):
+    waivers = check_waivers(req.waive, req.reason, req.allow_unvalidated)
+    if (req.release is None) == (req.from_channel is None):
         raise UserError("give either a RELEASE id or --from CHANNEL to promote from, not both or neither")
-    if from_channel is not None:
-        check_channel(settings, from_channel, "--from")
-        if from_channel == to:
+    if req.from_channel is not None:
+        check_channel(settings, req.from_channel, "--from")
+        if req.from_channel == to:
             raise UserError(f"--from and --to are both '{to}'")
-        src = get_pointer(store, model, from_channel)
+        src = get_pointer(store, model, req.from_channel)
         if not src:
-            raise UserError(f"channel '{from_channel}' of model '{model}' holds no release yet; promote one "
+            raise UserError(f"channel '{req.from_channel}' of model '{model}' holds no release yet; promote one "
                             f"into it first")
         rel = get_release(store, model, src.release)
-        source = {"channel": from_channel, "version": src.version}
+        source: dict[str, Any] = {"channel": req.from_channel, "version": src.version}
     else:
-        rel = get_release(store, model, release)
+        rel = get_release(store, model, req.release)
         source = {"release": rel.id}
     if rel.model != model:
         raise UserError(f"release {rel.id} is of model '{rel.model}', not '{model}'")
-    kind = device_kind or settings.device_kind(to)
+    kind = req.device_kind or settings.device_kind(to)
     gone = missing_artifacts(store, rel)
     if gone:
         raise UserError(f"release {rel.id} cannot be promoted: artifacts missing from the store: "
                         f"{', '.join(gone)}; rebuild them (`neuron-build build {model}`)")
-
-    entry = None
     rolled = rollbacks_of(store, settings, model, rel.id)
     extra: dict[str, Any] = {}
     if waivers:
         extra["waivers"] = [{"gate": g, "reason": r} for g, r in waivers.items()]
     if rolled:
         extra["rolled_back"] = rolled
-    op = new_op()
-    done: HistoryEntry | None = None  # the entry of the last swap we sent (its answer may be lost)
-    for attempt in range(1, SWAP_ATTEMPTS + 1):
-        raw, token = store.channel_ref(model, to)
-        if done is not None and is_ours(raw, op):  # an earlier swap was applied; its answer was lost
-            store.append_history(model, to, done.to_json())
-            return done.to_json()
-        seen = ChannelPointer.from_json(raw)
-        seen_version = seen.version if seen else 0
-        baseline = get_release(store, model, seen.release) if seen else None
-        gates = evaluate_gates(store, settings, rel, to, from_channel, baseline, kind, allow_unvalidated, waivers,
-                               factory_root=factory_root)
-        if before_swap is not None and attempt == 1:
-            before_swap()
-        entry = HistoryEntry(time=utc_now(), who=actor(), action="promote", model=model, channel=to,
-                             from_=seen.release if seen else None, to=rel.id, source=source, reason=reason,
-                             device_kind=kind, allow_unvalidated=allow_unvalidated,
-                             gates=[g.to_json() for g in gates], extra=dict(extra))
-        if seen and seen.release == rel.id:
-            _refuse(store, entry, f"{model}/{to} already holds {rel.id} (version {seen_version})", seen_version)
-        if rolled and not reason.strip():
-            last_rb = rolled[-1]
-            _refuse(store, entry, f"release {rel.id} was rolled back from {model}/{last_rb['channel']} at "
-                    f"{last_rb['time']} by {last_rb['who']}"
-                    + (f" (\"{last_rb['reason']}\")" if last_rb["reason"] else "")
-                    + "; promoting it again needs --reason TEXT (recorded in the history)", seen_version)
-        failed = [g for g in gates if not g.passed]
-        if failed:
-            why = (f"promotion of {rel.id} into {model}/{to} refused by {len(failed)} gate(s):\n"
-                   + format_gates(gates))
-            if any(g.name == "validated" for g in failed):
-                why += (f"\nvalidate on {kind} with `neuron-build validate {model}`, or pass "
-                        f"--allow-unvalidated --reason TEXT (recorded in the history)")
-            if any(g.name == "latency" for g in failed):
-                why += (f"\nre-measure both in one session with `neuron-build bench {model} --against {to}`, "
-                        f"or pass --waive latency --reason TEXT (recorded in the history)")
-            _refuse(store, entry, why, seen_version)
-        entry = replace(entry, version=seen_version + 1, extra={**entry.extra, "op": op})
-        pointer = ChannelPointer(model=model, channel=to, release=rel.id, version=seen_version + 1,
-                                 previous=entry.from_, action="promote", time=entry.time, who=entry.who,
-                                 reason=reason, extra={"op": op}).to_json()
-        done = entry
-        if swap(store, model, to, pointer, token, op):
-            store.append_history(model, to, entry.to_json())
-            return entry.to_json()
-        get_logger(model=model, channel=to).info(
-            "channel moved while the promotion was checked; checking again", release=rel.id,
-            checked_version=seen_version, attempt=attempt)
-    assert entry is not None
-    why = (f"{model}/{to} moved {SWAP_ATTEMPTS} times while this promotion of {rel.id} was being checked "
-           f"(compare-and-swap lost each time); nothing changed. Re-run the promotion")
-    _refuse(store, entry, why, entry.version - 1 if entry.version else 0)
-    raise AssertionError("unreachable")  # _refuse raises
+    return Candidate(release=rel, source=source, device_kind=kind, waivers=waivers, rolled=rolled, extra=extra,
+                     op=new_op())
+
+
+def check_gates(store: ArtifactStore, settings: ReleaseSettings, req: PromotionRequest, cand: Candidate,
+                seen: ChannelPointer | None, token: str | None) -> GateRound:
+    """Step 2: every gate (:func:`~neuron_build.release.gates.evaluate_gates`, in ``GATES`` order) of the
+    candidate against the release the channel held at this read (``seen``, with its version ``token``)."""
+    baseline = get_release(store, req.model, seen.release) if seen else None
+    gates = evaluate_gates(store, settings, cand.release, req.to, req.from_channel, baseline, cand.device_kind,
+                           req.allow_unvalidated, cand.waivers, factory_root=req.factory_root)
+    return GateRound(seen=seen, token=token, gates=gates)
+
+
+def admit(store: ArtifactStore, req: PromotionRequest, cand: Candidate, rnd: GateRound) -> HistoryEntry:
+    """Step 3: the history entry of the promotion this round would swap in (the channel's next version,
+    the operation id), or a refusal recorded in the history.
+
+    Raises:
+        PromotionRefused: the channel already holds the release; it was rolled back before and no reason
+            is given; a gate failed (the fixes named).
+    """
+    model, to, rel, kind, seen = req.model, req.to, cand.release, cand.device_kind, rnd.seen
+    seen_version = rnd.seen_version
+    entry = HistoryEntry(time=utc_now(), who=actor(), action="promote", model=model, channel=to,
+                         from_=seen.release if seen else None, to=rel.id, source=cand.source, reason=req.reason,
+                         device_kind=kind, allow_unvalidated=req.allow_unvalidated,
+                         gates=[g.to_json() for g in rnd.gates], extra=dict(cand.extra))
+    if seen and seen.release == rel.id:
+        _refuse(store, entry, f"{model}/{to} already holds {rel.id} (version {seen_version})", seen_version)
+    if cand.rolled and not req.reason.strip():
+        last_rb = cand.rolled[-1]
+        _refuse(store, entry, f"release {rel.id} was rolled back from {model}/{last_rb['channel']} at "
+                f"{last_rb['time']} by {last_rb['who']}"
+                + (f" (\"{last_rb['reason']}\")" if last_rb["reason"] else "")
+                + "; promoting it again needs --reason TEXT (recorded in the history)", seen_version)
+    failed = [g for g in rnd.gates if not g.passed]
+    if failed:
+        why = (f"promotion of {rel.id} into {model}/{to} refused by {len(failed)} gate(s):\n"
+               + format_gates(rnd.gates))
+        if any(g.name == "validated" for g in failed):
+            why += (f"\nvalidate on {kind} with `neuron-build validate {model}`, or pass "
+                    f"--allow-unvalidated --reason TEXT (recorded in the history)")
+        if any(g.name == "latency" for g in failed):
+            why += (f"\nre-measure both in one session with `neuron-build bench {model} --against {to}`, "
+                    f"or pass --waive latency --reason TEXT (recorded in the history)")
+        _refuse(store, entry, why, seen_version)
+    return replace(entry, version=seen_version + 1, extra={**entry.extra, "op": cand.op})
+
+
+def swap_pointer(store: ArtifactStore, entry: HistoryEntry, token: str | None, op: str) -> bool:
+    """Step 4: compare-and-swap the channel's pointer to the entry's release (:func:`swap`); True when the
+    channel now holds it, False when it moved since the read."""
+    pointer = ChannelPointer(model=entry.model, channel=entry.channel, release=entry.to, version=entry.version,
+                             previous=entry.from_, action="promote", time=entry.time, who=entry.who,
+                             reason=entry.reason, extra={"op": op}).to_json()
+    return swap(store, entry.model, entry.channel, pointer, token, op)
+
+
+def record_history(store: ArtifactStore, entry: HistoryEntry) -> dict[str, Any]:
+    """Step 5: append the entry of a done swap to the channel's history; returns it as JSON."""
+    store.append_history(entry.model, entry.channel, entry.to_json())
+    return entry.to_json()
 
 
 def _refuse(store: ArtifactStore, entry: HistoryEntry, why: str, version: int) -> None:

@@ -11,7 +11,7 @@ The validation and latency gates read stored results; result records live beside
 - ``results/<key>/bench/<device kind>--<host>.json``: ``{"format": 2, "device_kind": str, "host": str,
   "host_class": str, "session": str, "settings": {"threads", "timing", "warmup", "sync"}, "time": str,
   "latency_ms": {"p50", "p90", "p99", "mean", ...}, "median_ci_ms": [low, high], "samples_ms": [float],
-  "throughput_per_s": float, "iters": int, ...}`` (:func:`neuron_build.evaluate.bench.bench_targets`)
+  "throughput_per_s": float, "iters": int, ...}`` (:class:`neuron_build.evaluate.bench.BenchResult`, which the latency gate reads)
 
 A gate's verdict is one word of :class:`neuron_build.status.Verdict`: ``pass``, ``fail`` or ``waived`` (a
 failed gate let through by ``promote --waive GATE --reason TEXT``, recorded in the channel's history).
@@ -21,15 +21,18 @@ Device kinds: ``cpu``, ``cuda``, ``neuron``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from neuron_build.evaluate.bench import BenchResult
 from neuron_build.project.config import ReleaseSettings
 from neuron_build.release.records import Release, get_pointer
 from neuron_build.status import Verdict
 from neuron_build.store.contract import ArtifactStore, RecordStore, ReleaseStore
 from neuron_build.util import percentile, ratio_ci
+
+R = TypeVar("R", BenchResult, dict)
 
 #: The order in which promotion gates are evaluated and reported.
 GATES = ("channel_order", "validated", "artifact_count", "op_count", "latency", "compile_time_p95",
@@ -61,38 +64,50 @@ class GateCheck:
 
 
 def bench_results(store: RecordStore, key: str, device_kind: str) -> list[dict[str, Any]]:
-    """Every stored benchmark of ``key`` on ``device_kind`` (one per host), newest first."""
+    """Every stored benchmark of ``key`` on ``device_kind`` (one per host), newest first, as stored."""
     rows = [r for name, r in store.results(key, "bench").items() if name.split("--")[0] == device_kind]
     return sorted(rows, key=lambda r: r.get("time", ""), reverse=True)
 
 
 def bench_result(store: RecordStore, key: str, device_kind: str) -> dict[str, Any] | None:
-    """The newest benchmark of ``key`` on ``device_kind`` (any host), or None."""
+    """The newest benchmark of ``key`` on ``device_kind`` (any host), as stored, or None."""
     rows = bench_results(store, key, device_kind)
     return rows[0] if rows else None
 
 
-def comparable(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+def bench_records(store: RecordStore, key: str, device_kind: str) -> list[BenchResult]:
+    """:func:`bench_results` as :class:`~neuron_build.evaluate.bench.BenchResult`, newest first."""
+    return [BenchResult.from_json(r) for r in bench_results(store, key, device_kind)]
+
+
+def _typed(r: BenchResult | dict[str, Any]) -> BenchResult:
+    return r if isinstance(r, BenchResult) else BenchResult.from_json(r)
+
+
+def comparable(a: BenchResult | dict[str, Any], b: BenchResult | dict[str, Any]) -> str | None:
     """Why two benchmark records cannot be compared (None: they can): both must keep their samples
     (format 2), and have the same device kind, host class and settings (threads, timing, warm-up, sync)."""
-    for r in (a, b):
-        if not r.get("samples_ms"):
-            return f"the benchmark of {r.get('target')} from {r.get('time')} keeps no samples; run `neuron-build bench` again"
+    ta, tb = _typed(a), _typed(b)
+    for r in (ta, tb):
+        if not r.samples_ms:
+            return f"the benchmark of {r.target} from {r.time} keeps no samples; run `neuron-build bench` again"
     for f in ("device_kind", "host_class", "settings"):
-        if a.get(f) != b.get(f):
-            return f"benchmarked with different {f.replace('_', ' ')}: {a.get(f)} vs {b.get(f)}"
+        if getattr(ta, f) != getattr(tb, f):
+            return f"benchmarked with different {f.replace('_', ' ')}: {getattr(ta, f)} vs {getattr(tb, f)}"
     return None
 
 
-def pick_pair(cands: list[dict[str, Any]], bases: list[dict[str, Any]]) -> tuple[dict, dict] | str:
+def pick_pair(cands: Sequence[R], bases: Sequence[R]) -> tuple[R, R] | str:
     """The benchmarks to compare, newest first: a candidate and a baseline from the same session when
     there is one (timed together in rounds: the same host load), else the newest comparable pair.
-    Returns the pair, or why there is none."""
+    Records are :class:`~neuron_build.evaluate.bench.BenchResult` or their JSON; returns the pair (the
+    records given), or why there is none."""
     if not cands or not bases:
         return "no benchmark of the " + ("candidate" if not cands else "baseline") + " on this device kind"
     for c in cands:
         for b in bases:
-            if c.get("session") and c.get("session") == b.get("session") and comparable(c, b) is None:
+            sc, sb = _typed(c).session, _typed(b).session
+            if sc and sc == sb and comparable(c, b) is None:
                 return c, b
     why = ""
     for c in cands:
@@ -131,16 +146,16 @@ def latency_gate(store: RecordStore, keys: dict[str, str], baseline: dict[str, s
         if not base_key:
             skipped[b] = "the baseline release has no such bucket"
             continue
-        pair = pick_pair(bench_results(store, key, device_kind), bench_results(store, base_key, device_kind))
+        pair = pick_pair(bench_records(store, key, device_kind), bench_records(store, base_key, device_kind))
         if isinstance(pair, str):
             skipped[b] = pair
             continue
         c, base = pair
-        r, lo, hi = ratio_ci(c["samples_ms"], base["samples_ms"], confidence)
+        r, lo, hi = ratio_ci(c.samples_ms, base.samples_ms, confidence)
         rows[b] = {"ratio": round(r, 4), "ratio_low": round(lo, 4), "ratio_high": round(hi, 4),
-                   "candidate_median_ms": c["latency_ms"]["p50"], "baseline_median_ms": base["latency_ms"]["p50"],
-                   "candidate_samples": len(c["samples_ms"]), "baseline_samples": len(base["samples_ms"]),
-                   "same_session": c.get("session") == base.get("session"), "host_class": c.get("host_class")}
+                   "candidate_median_ms": c.median_ms, "baseline_median_ms": base.median_ms,
+                   "candidate_samples": len(c.samples_ms), "baseline_samples": len(base.samples_ms),
+                   "same_session": c.session == base.session, "host_class": c.host_class}
     figures = {"buckets": rows, "max_ratio": max_ratio, "confidence": confidence, "statistic": "median",
                "not_compared": skipped}
     worst = max(rows.items(), key=lambda kv: kv[1]["ratio_low"]) if rows else None
@@ -322,40 +337,41 @@ def evaluate_gates(store: ArtifactStore, settings: ReleaseSettings, release: Rel
                    from_channel: str | None, baseline: Release | None, device_kind: str,
                    allow_unvalidated: bool = False, waivers: dict[str, str] | None = None,
                    factory_root=None) -> list[GateCheck]:
-    """Every gate of a promotion of ``release`` into ``to``, in :data:`GATES` order.
+    """Every gate of a promotion of ``release`` into ``to``, run and returned in :data:`GATES` order (each
+    name in ``GATES`` picks its gate function).
 
     Args:
         baseline: the release ``to`` holds now (None: the channel is empty).
         device_kind: where ``to`` is served: validation and latency results are read for it.
-        allow_unvalidated: a failed validation gate passes, marked ``overridden`` in its figures.
-        waivers: gate name -> the reason it may fail (:data:`WAIVABLE`); a failed gate named here passes
-            with verdict ``waived`` (:func:`waive`). A passing gate is not affected.
-
-
-        device_kind: where ``to`` is served: validation and p99 results are read for it.
         allow_unvalidated: a failed validation gate passes, marked ``overridden`` in its figures; so does
             a warm-up that could not be checked on this host.
+        waivers: gate name -> the reason it may fail (:data:`WAIVABLE`); a failed gate named here passes
+            with verdict ``waived`` (:func:`waive`). A passing gate is not affected.
         factory_root: where a compile-cache release's model factory imports from (the project folder).
     """
     waivers = dict(waivers or {})
-    val = validation_gate(store, release.keys, device_kind)
-    if not val.passed and allow_unvalidated:
-        val = GateCheck("validated", True, f"overridden by --allow-unvalidated ({val.message})",
-                        {**val.figures, "overridden": True, "device_kind": device_kind}, waived=True)
-    else:
-        val = GateCheck(val.name, val.passed, val.message, {**val.figures, "device_kind": device_kind})
     cand_b = {b: v["key"] for b, v in _by_bucket(release).items()}
     base_b = {b: v["key"] for b, v in _by_bucket(baseline).items()} or None
-    checks = [
-        order_gate(settings, store, release.model, to, from_channel, release.id),
-        val,
-        artifact_count_gate(release, settings.max_artifacts_per_model),
-        op_count_gate(release, baseline, settings.max_op_count_regression),
-        latency_gate(store, cand_b, base_b, device_kind, settings.max_latency_ratio, settings.latency_confidence),
-        compile_time_gate(release, settings.max_compile_time_p95_s),
-        serving_toolchain_gate(release, settings, to),
-        warmup_gate(store, release, device_kind, factory_root, allow_unvalidated),
-    ]
+
+    def validated() -> GateCheck:
+        val = validation_gate(store, release.keys, device_kind)
+        if not val.passed and allow_unvalidated:
+            return GateCheck("validated", True, f"overridden by --allow-unvalidated ({val.message})",
+                             {**val.figures, "overridden": True, "device_kind": device_kind}, waived=True)
+        return GateCheck(val.name, val.passed, val.message, {**val.figures, "device_kind": device_kind})
+
+    run: dict[str, Callable[[], GateCheck]] = {
+        "channel_order": lambda: order_gate(settings, store, release.model, to, from_channel, release.id),
+        "validated": validated,
+        "artifact_count": lambda: artifact_count_gate(release, settings.max_artifacts_per_model),
+        "op_count": lambda: op_count_gate(release, baseline, settings.max_op_count_regression),
+        "latency": lambda: latency_gate(store, cand_b, base_b, device_kind, settings.max_latency_ratio,
+                                        settings.latency_confidence),
+        "compile_time_p95": lambda: compile_time_gate(release, settings.max_compile_time_p95_s),
+        "serving_toolchain": lambda: serving_toolchain_gate(release, settings, to),
+        "warmup": lambda: warmup_gate(store, release, device_kind, factory_root, allow_unvalidated),
+    }
+    checks = [run[name]() for name in GATES]
     return [waive(g, waivers[g.name]) if not g.passed and g.name in waivers else g for g in checks]
 
 
@@ -373,6 +389,7 @@ __all__ = [
     "GateCheck",
     "artifact_count_gate",
     "WAIVABLE",
+    "bench_records",
     "bench_result",
     "bench_results",
     "comparable",

@@ -490,8 +490,32 @@ def create_release(builder, model: str, dtype: str | None = None, profile: str |
         UserError: unknown model, dtype or profile; or a bucket that is missing, failed, or built with a
             different toolchain than the others (every offending target is named).
     """
+    choice = choose_targets(builder, model, dtype, profile)
+    found = built_artifacts(builder, choice)
+    draft, metrics = draft_release(builder, choice, found)
+    return record_release(builder, draft, metrics, creator)
+
+
+@dataclass(frozen=True)
+class ReleaseChoice:
+    """Step 1 of :func:`create_release` (:func:`choose_targets`): the model's spec, the dtype and profile
+    chosen, its targets of them, and ``combo`` (``<model> <dtype>/<profile> (<backend>)`` for messages)."""
+
+    model: str
+    spec: Any
+    dtype: str
+    profile: str
+    targets: list[Any]
+    combo: str
+
+
+def choose_targets(builder, model: str, dtype: str | None, profile: str | None) -> ReleaseChoice:
+    """Step 1: the dtype and profile of the release (required when the model has several) and its targets.
+
+    Raises:
+        UserError: unknown model, dtype or profile, or several to choose from and none chosen.
+    """
     project: Project = builder.project
-    store: ArtifactStore = builder.store
     require_model(project, model)
     spec = project.config.models[model]
     unchosen = [f"{flag} ({', '.join(allowed)})" for given, allowed, flag in
@@ -503,8 +527,20 @@ def create_release(builder, model: str, dtype: str | None = None, profile: str |
     dtype = _pick("dtype", dtype, spec.dtypes, model, "--dtype")
     profile = _pick("profile", profile, spec.profiles, model, "--profile")
     targets = [t for t in builder.targets if t.model == model and t.dtype == dtype and t.profile == profile]
-    combo = f"{model} {dtype}/{profile} ({builder.keys.backend})"
+    return ReleaseChoice(model=model, spec=spec, dtype=dtype, profile=profile, targets=targets,
+                         combo=f"{model} {dtype}/{profile} ({builder.keys.backend})")
 
+
+def built_artifacts(builder, choice: ReleaseChoice) -> list[tuple[Any, str, Any]]:
+    """Step 2: ``(target, key, manifest)`` of every chosen bucket, all built with one toolchain (this
+    checkout's when it covers them all).
+
+    Raises:
+        UserError: a bucket missing or failed, or built with a different toolchain than the others (every
+            offending target named).
+    """
+    store: ArtifactStore = builder.store
+    targets, combo = choice.targets, choice.combo
     problems: list[str] = []
     cands: dict[str, dict[str, str]] = {}
     for t in targets:
@@ -531,7 +567,15 @@ def create_release(builder, model: str, dtype: str | None = None, profile: str |
         head = (f"cannot release {combo}: {bad} of {len(targets)} bucket(s) missing or failed" if bad
                 else f"cannot release {combo}: its buckets were built with different toolchains")
         raise UserError(head + "\n" + "\n".join(f"  {p}" for p in problems))
+    return found
 
+
+def draft_release(builder, choice: ReleaseChoice, found: list[tuple[Any, str, Any]]
+                  ) -> tuple[Release, dict[str, dict[str, Any]]]:
+    """Step 3: the release without its id and record fields (its artifacts, toolchain and runtime: what
+    the id hashes), and each artifact's metrics (:func:`artifact_summary`, by target id)."""
+    store: ArtifactStore = builder.store
+    spec, dtype = choice.spec, choice.dtype
     artifacts: list[ReleaseArtifact] = []
     metrics: dict[str, dict[str, Any]] = {}
     for t, key, m in found:
@@ -542,7 +586,6 @@ def create_release(builder, model: str, dtype: str | None = None, profile: str |
             files={n: {"sha256": f.sha256, "size": f.size} for n, f in sorted(m.files.items())},
             artifact=name, loader=loader))
         metrics[t.id] = artifact_summary(store, key, m)
-    times = [v["compile_time_s"] for v in metrics.values()]
     runtime = {
         "dims": list(spec.buckets),
         "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype or dtype, "pad": i.pad_value}
@@ -556,14 +599,23 @@ def create_release(builder, model: str, dtype: str | None = None, profile: str |
     serving = (first.compiler or {}).get("serving")
     if serving is not None:  # compile-cache / torchneuron: the artifact is a cache; serving rebuilds the model
         runtime["serving"] = serving
-    draft = Release(id="", format=RELEASE_FORMAT, model=model, dtype=dtype, profile=profile, backend=first.backend,
-                    hardware_target=first.hardware_target, artifacts=tuple(artifacts), toolchain=first.toolchain,
-                    runtime=runtime)
+    draft = Release(id="", format=RELEASE_FORMAT, model=choice.model, dtype=dtype, profile=choice.profile,
+                    backend=first.backend, hardware_target=first.hardware_target, artifacts=tuple(artifacts),
+                    toolchain=first.toolchain, runtime=runtime)
+    return draft, metrics
+
+
+def record_release(builder, draft: Release, metrics: dict[str, dict[str, Any]], creator: str | None) -> dict[str, Any]:
+    """Step 4: the release's id (:func:`release_id` of its content); the existing record of that id, or a
+    new one (metrics, git state, time, creator) written to the store. Returns the record as JSON."""
+    store: ArtifactStore = builder.store
+    model = draft.model
     rid = release_id(draft.content())
     existing = find_release(store, model, rid)
     if existing is not None:
         return existing.to_json()
-    commit, dirty = git_state(project.root)
+    commit, dirty = git_state(builder.project.root)
+    times = [v["compile_time_s"] for v in metrics.values()]
     ops = [v["op_count"] for v in metrics.values() if v["op_count"] is not None]
     record = replace(draft, id=rid,
                      metrics={"op_count_total": sum(ops) if ops else None,

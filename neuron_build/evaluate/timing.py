@@ -1,0 +1,249 @@
+"""Timing of callables on a device: the timing settings of a benchmark session, the timers and the
+latency statistics (see :mod:`neuron_build.evaluate.bench` for the session that uses them).
+
+:func:`time_rounds` times several callables together in rounds (every callable once per round, the order
+rotated, each call ended by the device's synchronise, :func:`device_sync`, and timed with
+``time.perf_counter_ns``), a fixed or an adaptive number of rounds. :func:`time_calls` and
+:func:`time_interleaved` are the single-target timers (kept for scripts). Torch is imported inside the
+functions only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_build.errors import UserError
+from neuron_build.util import median_ci, percentile
+
+DEFAULT_WARMUP = 10
+DEFAULT_ITERS = 100
+#: Adaptive timing (``iters=None``): at least this many rounds ...
+MIN_ITERS = 30
+#: ... then until every median's confidence interval is within ``PRECISION`` of it (relative half-width) ...
+PRECISION = 0.02
+#: ... or this many seconds of timed rounds have passed, or :data:`MAX_ITERS` rounds.
+MAX_TIME_S = 60.0
+MAX_ITERS = 5000
+#: Confidence of the median intervals recorded with every benchmark.
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    """How one benchmark session times its callables; built once (``neuron-build bench`` builds it from
+    its options) and passed whole.
+
+    Attributes:
+        warmup: untimed rounds first (>= 0).
+        iters: timed rounds (>= 1), or None: adaptive (``min_iters``, ``precision``, ``max_time_s``,
+            ``max_iters``).
+        min_iters: adaptive: at least this many rounds (>= 1).
+        precision: adaptive: stop when every decisive median's interval half-width is at most this
+            fraction of the median.
+        max_time_s: adaptive: stop after this many seconds of timed rounds.
+        max_iters: adaptive: at most this many rounds.
+        confidence: of the median intervals (recorded with every benchmark).
+        threads: torch intra-op threads for the session (``torch.set_num_threads``; None: torch's default).
+        eager: also time each target's eager model, interleaved with the artifacts.
+    """
+
+    warmup: int = DEFAULT_WARMUP
+    iters: int | None = None
+    min_iters: int = MIN_ITERS
+    precision: float = PRECISION
+    max_time_s: float = MAX_TIME_S
+    max_iters: int = MAX_ITERS
+    confidence: float = CONFIDENCE
+    threads: int | None = None
+    eager: bool = True
+
+    def check(self) -> None:
+        """Raise UserError for settings no session can run with (the options' names in the message)."""
+        if (self.iters is not None and self.iters < 1) or self.warmup < 0 or self.min_iters < 1:
+            raise UserError(f"--iters must be >= 1 and --warmup >= 0 (got iters {self.iters}, warmup {self.warmup})")
+        if self.threads is not None and self.threads < 1:
+            raise UserError(f"--threads must be >= 1 (got {self.threads})")
+
+    @property
+    def timing(self) -> str:
+        """How the artifacts were timed, as the records say it: ``interleaved with eager`` or ``compiled only``."""
+        return "interleaved with eager" if self.eager else "compiled only"
+
+    def describe(self) -> str:
+        """``warm-up N, M timed rounds`` or the adaptive rule, as ``bench`` announces a session."""
+        how = f"{self.iters} timed rounds" if self.iters else (
+            f"adaptive rounds (>= {self.min_iters}, to +-{self.precision:.0%} or {self.max_time_s:g} s)")
+        return f"warm-up {self.warmup}, {how}" + (", interleaved with eager" if self.eager else "")
+
+
+def latency_stats(samples_ms: Sequence[float]) -> dict[str, float]:
+    """``p50``, ``p90``, ``p99``, ``mean``, ``min``, ``max``, ``std`` (population) of latencies in ms.
+
+    Raises:
+        ValueError: no samples.
+    """
+    s = sorted(samples_ms)
+    if not s:
+        raise ValueError("no latency samples")
+    mean = sum(s) / len(s)
+    std = (sum((x - mean) ** 2 for x in s) / len(s)) ** 0.5
+    return {"p50": percentile(s, 50), "p90": percentile(s, 90), "p99": percentile(s, 99), "mean": mean,
+            "min": s[0], "max": s[-1], "std": std}
+
+
+def device_sync(device_kind: str) -> tuple[Callable[[], None], str]:
+    """The call that waits for the device's queued work, and its name.
+
+    - ``cuda``: ``torch.cuda.synchronize`` (kernels launch asynchronously) [doc].
+    - ``neuron``: ``torch_xla.core.xla_model.wait_device_ops`` when torch-xla is importable; otherwise
+      none, because a ``torch_neuronx.trace`` model is called with CPU tensors and returns CPU tensors,
+      so its work has finished when the call returns [guess: verify on a Neuron host].
+    - ``cpu``: none (CPU ops run synchronously).
+    """
+    if device_kind == "cuda":
+        import torch
+        return torch.cuda.synchronize, "torch.cuda.synchronize"
+    if device_kind == "neuron":
+        try:
+            import torch_xla.core.xla_model as xm  # type: ignore[import-not-found]
+            return xm.wait_device_ops, "torch_xla.core.xla_model.wait_device_ops [guess]"
+        except Exception:
+            return (lambda: None), "none: the traced model returns host tensors [guess]"
+    return (lambda: None), "none (cpu)"
+
+
+def time_calls(fn: Callable, inputs: tuple, warmup: int, iters: int, sync: Callable[[], None],
+               progress: Any = None) -> list[float]:
+    """Latencies in ms of ``iters`` calls ``fn(*inputs)``, each ended by ``sync()``, after ``warmup``
+    untimed calls. ``progress`` (a tqdm bar or None) is advanced once per call, warm-up included."""
+    import torch
+
+    out: list[float] = []
+    with torch.inference_mode():
+        for _ in range(warmup):
+            fn(*inputs)
+            sync()
+            if progress is not None:
+                progress.update(1)
+        for _ in range(iters):
+            t0 = time.perf_counter_ns()
+            fn(*inputs)
+            sync()
+            out.append((time.perf_counter_ns() - t0) / 1e6)
+            if progress is not None:
+                progress.update(1)
+    return out
+
+
+def time_interleaved(fns: Sequence[Callable], inputs: tuple, warmup: int, iters: int, sync: Callable[[], None],
+                     progress: Any = None) -> list[list[float]]:
+    """Latencies in ms of several callables on the same inputs, timed call by call in alternation.
+
+    After ``warmup`` untimed rounds (each callable once per round), ``iters`` timed rounds: each callable
+    is called once per round, the order reversed every other round (A B, B A, A B, ...), each call ended
+    by ``sync()`` and timed on its own. A change of load on the host during the run then hits every
+    callable alike, so their ratio stays meaningful on a busy machine. ``progress`` advances once per
+    round, warm-up included.
+
+    Returns:
+        One list of ``iters`` latencies per callable, in the order of ``fns``.
+    """
+    import torch
+
+    out: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
+    with torch.inference_mode():
+        for _ in range(warmup):
+            for fn in fns:
+                fn(*inputs)
+                sync()
+            if progress is not None:
+                progress.update(1)
+        for it in range(iters):
+            for i in (order if it % 2 == 0 else order[::-1]):
+                t0 = time.perf_counter_ns()
+                fns[i](*inputs)
+                sync()
+                out[i].append((time.perf_counter_ns() - t0) / 1e6)
+            if progress is not None:
+                progress.update(1)
+    return out
+
+
+
+def time_rounds(fns: Sequence[Callable], inputs: Sequence[tuple], syncs: Sequence[Callable[[], None]],
+                settings: TimingSettings, *, decide: Sequence[int] | None = None, progress: Any = None,
+                clock: Callable[[], float] = time.monotonic) -> tuple[list[list[float]], str]:
+    """Latencies in ms of several callables, timed in rounds: each round calls every callable once on its
+    own inputs, in an order rotated by one each round (so no callable is always first after another's
+    cache traffic), each call ended by its ``sync`` and timed with ``time.perf_counter_ns``. A change of
+    load on the host during the run hits every callable alike, so their ratios stay meaningful on a busy
+    machine.
+
+    The number of rounds (``settings``, :class:`TimingSettings`): exactly ``iters`` when given; otherwise
+    adaptive: at least ``min_iters``, then until the median of every callable in ``decide`` (indices;
+    default all) has a confidence interval (:func:`neuron_build.util.median_ci` at ``confidence``) whose
+    half-width is at most ``precision`` times the median, or ``max_time_s`` seconds of timed rounds have
+    passed, or ``max_iters`` rounds. ``warmup`` untimed rounds come first.
+
+    Args:
+        progress: advanced once per round (warm-up included), or None.
+
+    Returns:
+        One list of latencies (ms) per callable, in the order of ``fns``; and why timing stopped:
+        ``"iters"`` (the fixed count), ``"precision"``, ``"time"`` or ``"max_iters"``.
+    """
+    import torch
+
+    s = settings
+    warmup, iters, min_iters, max_iters, max_time_s = s.warmup, s.iters, s.min_iters, s.max_iters, s.max_time_s
+    precision, confidence = s.precision, s.confidence
+    n = len(fns)
+    out: list[list[float]] = [[] for _ in fns]
+    watch = list(range(n)) if decide is None else list(decide)
+
+    def precise() -> bool:
+        for i in watch:
+            med, lo, hi = median_ci(out[i], confidence)
+            if med <= 0 or (hi - lo) / 2 > precision * med:
+                return False
+        return True
+
+    with torch.inference_mode():
+        for _ in range(warmup):
+            for i in range(n):
+                fns[i](*inputs[i])
+                syncs[i]()
+            if progress is not None:
+                progress.update(1)
+        t_start = clock()
+        r = 0
+        while True:
+            for j in range(n):
+                i = (j + r) % n
+                t0 = time.perf_counter_ns()
+                fns[i](*inputs[i])
+                syncs[i]()
+                out[i].append((time.perf_counter_ns() - t0) / 1e6)
+            r += 1
+            if progress is not None:
+                progress.update(1)
+            if iters is not None:
+                if r >= iters:
+                    return out, "iters"
+                continue
+            if r >= max_iters:
+                return out, "max_iters"
+            if r >= min_iters:
+                if r % 10 == 0 and precise():
+                    return out, "precision"
+                if clock() - t_start >= max_time_s:
+                    return out, "time"
+
+
+__all__ = ["CONFIDENCE", "DEFAULT_ITERS", "DEFAULT_WARMUP", "MAX_ITERS", "MAX_TIME_S", "MIN_ITERS", "PRECISION",
+           "TimingSettings", "device_sync", "latency_stats", "percentile", "time_calls", "time_interleaved",
+           "time_rounds"]
