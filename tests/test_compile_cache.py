@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 from conftest import REPO, run_cli, write_tiny_project
 from test_config import edit
@@ -65,6 +66,8 @@ def test_compile_cache_release_warms_without_compiling(tmp_path):
     r = run_cli("warmup", str(dest), "--json", "--factory-root", str(cfg.parent), cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     w = json.loads(r.stdout)
+    assert next(iter(w)) == "schema"  # the JSON contract (tests/test_json_schemas.py runs the other commands)
+    jsonschema.validate(w, json.loads((REPO / "docs" / "schemas" / "warmup.json").read_text()))
     b = w["buckets"][0]
     assert (b["id"], b["compiles"], b["graph_compiles"], b["cpp_kernel_builds"]) == ("b4", 0, 0, 0)
     assert b["cache_hits"] == 1 and b["counters"]["fxgraph_cache_hit"] == 1

@@ -78,7 +78,7 @@ def test_json_helpers_and_exit_table():
 def test_build_json_one_object_per_target_and_plan_ls_explain(built):
     cfg, doc, r = built
     assert doc["schema"] == "neuron-build/build/v1" and doc["verdict"] == "pass"
-    assert [t["id"] for t in doc["targets"]] == ["tiny/b1/fp32/p1", "tiny/b4/fp32/p1"]
+    assert [t["target"] for t in doc["targets"]] == ["tiny/b1/fp32/p1", "tiny/b4/fp32/p1"]
     for t in doc["targets"]:
         assert (t["result"], t["status"], t["verdict"], t["reason"]) == ("built", "PASS", "pass", "")
         assert len(t["key"]) == 64 and isinstance(t["compile_time_s"], float) and t["compile_time_s"] > 0

@@ -40,7 +40,7 @@ def cli(cfg: Path, *args: str, env: dict | None = None, ok: tuple[int, ...] = (0
 
 def thresholds(cfg: Path) -> dict[str, dict]:
     rep = json.loads(cli(cfg, "report", "--json").stdout)
-    assert rep["schema"] == 1
+    assert rep["schema"] == "neuron-build/report/v1"
     return {t["name"]: t for t in rep["thresholds"]}
 
 

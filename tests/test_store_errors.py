@@ -215,9 +215,9 @@ def test_the_fix_for_a_flipped_byte_in_a_blob_is_one_that_works(tmp_path):
     assert r.returncode == 0, r.stdout
 
 
-def test_the_readme_says_what_a_url_as_build_store_does(tmp_path, capsys):
-    """README: ``[build] store`` is a folder and a URL there is refused, with the message the tool gives."""
-    text = " ".join((REPO / "README.md").read_text().split())
+def test_the_docs_say_what_a_url_as_build_store_does(tmp_path, capsys):
+    """docs/store.md: ``[build] store`` is a folder and a URL there is refused, with the message the tool gives."""
+    text = " ".join((REPO / "docs" / "store.md").read_text().split())
     assert "`[build] store` may itself be a URL" not in text
     assert ("`[build] store` is always a local folder (a shared file system mount works); a URL there is refused "
             "(`is a URL; [build] store is the local folder`). The shared store is `[build] remote = URL`") in text

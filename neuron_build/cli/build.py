@@ -37,14 +37,14 @@ def register(add) -> None:
     s.add_argument("--no-retry-failed", action="store_true",
                    help="skip targets whose current key failed last time (default: retry them)")
     s.add_argument("--json", action="store_true",
-                   help="print one object per target (id, key, status, verdict, reason, compile_time_s)")
+                   help="print one object per target (target, key, status, verdict, reason, compile_time_s)")
     s.add_argument("patterns", nargs="*", metavar="PATTERN", help="target id globs or model names")
 
 
 def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
     """Compare each chosen target's state before and after the build, with the Outcomes of this run.
 
-    ``rows`` (``build --json``), one per chosen target in matrix order: ``id``, ``key``, ``result``
+    ``rows`` (``build --json``), one per chosen target in matrix order: ``target``, ``key``, ``result``
     (``built``, ``cached``, ``reused``: built by another builder meanwhile, ``graph-reused``: the source
     changed, the graph did not, nothing compiled, ``failed``), ``status`` (the
     compile's :class:`~neuron_build.status.Status`, or ``cached``), ``verdict`` (``pass``: the store holds
@@ -82,7 +82,7 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
             ct = m.metrics.compile_time_s if m else None
         if result in ("built", "cached", "reused") and status == "PASS":
             reason = "" if result == "built" else reason
-        row = {"id": t.id, "key": key, "result": result, "status": status,
+        row = {"target": t.id, "key": key, "result": result, "status": status,
                "verdict": "fail" if result == "failed" else "pass", "reason": reason if result == "failed" else "",
                "compile_time_s": None if ct is None else round(float(ct), 3)}
         if result == "failed":

@@ -7,11 +7,11 @@ import datetime as _dt
 import sys
 from pathlib import Path
 
-from neuron_build.cli.app import command, display_note, mib, open_project_store, plural, print_json
+from neuron_build.cli.app import command, display_note, mib, open_project_store, plural, print_json, schema_id
 from neuron_build.errors import ExitCode, UserError
 
 #: The version of ``failures --json``.
-FAILURES_SCHEMA = 1
+FAILURES_SCHEMA = "neuron-build/failures/v1"
 
 
 def register(add) -> None:
@@ -80,7 +80,7 @@ def cmd_report(args) -> int:
         _write_output(out, page.encode(), "--html")
         display_note(f"wrote {out} ({mib(len(page.encode()))}, self-contained)")
     if args.json:
-        print_json({**rep.to_json(), "registry": registry})
+        print_json({**rep.to_json(), "schema": schema_id("report"), "registry": registry})
     else:
         print(format_text(rep))
     return ExitCode.OK

@@ -12,7 +12,7 @@ from neuron_build.cli.app import command, print_json
 from neuron_build.errors import ExitCode
 
 #: The ``--json`` schema of ``warmup``.
-SCHEMA = 1
+SCHEMA = "neuron-build/warmup/v1"
 
 
 def register(add) -> None:

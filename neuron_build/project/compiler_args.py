@@ -4,8 +4,8 @@
 so a profile's args are parsed into (flag, value) pairs, spelled canonically (``--optlevel=2``) and sorted
 by flag name. The result is order-independent, which keeps the key stable when a user reorders flags.
 
-Facts used here come from the Neuron SDK's neuronx-cc reference, summarised in
-``shared/neuron-toolchain.md``: the enumerated values of ``--optlevel``, ``--model-type``,
+Facts used here come from the Neuron SDK's neuronx-cc reference (tags: [doc] = stated in the Neuron SDK
+documentation, [seen] = seen in real output; the user's view is ``docs/neuron.md``): the enumerated values of ``--optlevel``, ``--model-type``,
 ``--auto-cast``, ``--auto-cast-type`` and ``--lnc`` [doc]; ``cnn-training`` is accepted by the
 compiler but undocumented [seen].
 """

@@ -8,7 +8,7 @@ Domain code: no doit, no torch. The package:
 - :mod:`neuron_build.release.channels`: promotion (compare-and-swap), rollback, the channel table.
 - :mod:`neuron_build.release.pull`: writing a channel's release into a folder, checksums verified.
 
-Store layout (``shared/DESIGN.md``)::
+Store layout (``docs/releases.md``)::
 
     <store>/releases/<model>/<release id>.json        immutable release records
     <store>/channels/<model>/<channel>.json           the channel pointer: {"release", "version", ...}

@@ -1,7 +1,7 @@
 """Release records, channel pointers and history entries: typed models and the code that makes and reads them.
 
 Domain code: no doit, no torch. What the store keeps (through :class:`~neuron_build.store.contract.ArtifactStore`;
-layout in ``shared/DESIGN.md``)::
+layout in ``docs/releases.md``, "What each command does")::
 
     releases/<model>/<release id>.json        immutable release records (:class:`Release`)
     channels/<model>/<channel>.json           the channel pointer (:class:`ChannelPointer`)

@@ -4,7 +4,7 @@ one implementation (:class:`~neuron_build.store.core.Store`) over an fsspec medi
 under the URL's prefix, and the S3 clients it is made with.
 
 S3 has no rename, so an artifact is published without one (the order every trusted remote cache uses,
-``shared/neuron-toolchain.md``, "Remote stores and many hosts"): every blob create-only
+``docs/store.md``, "Sharing a store: S3 and many hosts"): every blob create-only
 (``If-None-Match: *``), then the manifest, also create-only: the commit point. Channels move by
 compare-and-swap on the pointer's ETag (``If-Match``). The compile lock of a key is a lease object
 (:class:`~neuron_build.store.locks.LeaseLock`). Staging folders, views and the host-memory ledger are

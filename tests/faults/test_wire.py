@@ -51,8 +51,8 @@ def test_the_documented_bound_follows_from_the_settings():
     assert WireSettings().call_bound_s() == 4 * (5 + 30) + (1 + 2 + 4)  # attempts x (connect + read) + backoff
     assert WireSettings().push_bound_s() == 294
     assert FAST.call_bound_s() == 7 and FAST.push_bound_s() == 14
-    readme = " ".join((REPO / "README.md").read_text().split())  # the README states the defaults' bound
-    assert f"= **{WireSettings().call_bound_s():g} s**" in readme and f"**{WireSettings().push_bound_s():g} s**" in readme
+    page = " ".join((REPO / "docs" / "store.md").read_text().split())  # the docs page states the defaults' bound
+    assert f"= **{WireSettings().call_bound_s():g} s**" in page and f"**{WireSettings().push_bound_s():g} s**" in page
     got, rest = WireSettings.from_options({"connect_timeout_s": 1, "read_timeout_s": 2, "attempts": 2,
                                           "profile": "ci"})
     assert got == FAST and rest == {"profile": "ci"}  # fsspec never sees ours

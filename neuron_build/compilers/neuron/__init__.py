@@ -12,7 +12,8 @@ log as ``compile.log`` and ``<workdir>/command.txt`` as ``command.txt``. A profi
 goes through ``neuronx_distributed.trace.parallel_model_trace`` and ``parallel_model_save``: ``tp_<r>.pt``,
 ``tp_<r>.neff``, ``tp_<r>.compile.log`` and ``tp_<r>.command.txt`` per rank r.
 
-Neuron facts used here, tagged as in ``shared/neuron-toolchain.md``:
+Neuron facts used here, tagged as in :mod:`neuron_build.compilers.neuron.neuronx_log` (the user's view is
+``docs/neuron.md``, "The XLA path"):
 
 - The ``trace`` signature and its history: 2.7 had only ``compiler_workdir`` and ``compiler_args``;
   2.16 added ``input_output_aliases``, ``partitioner_config``, ``inline_weights_to_neff``; 2.21 added

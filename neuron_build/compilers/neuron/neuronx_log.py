@@ -1,7 +1,7 @@
 """Parse the log of a neuronx-cc compile into a :class:`LogSummary`.
 
 There is no single documented summary format for neuronx-cc logs, so this module recognises every
-format listed in ``neuron-toolchain.md`` ("What its logs look like") and tolerates everything else.
+format listed below (``neuron-build parse-log``, ``docs/neuron.md``) and tolerates everything else.
 Tags follow the toolchain notes: [doc] = stated in the Neuron SDK documentation, [seen] = seen in real
 output pasted in public issues (one version only), [guess] = inferred; verify on a Neuron host.
 

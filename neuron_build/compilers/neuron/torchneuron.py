@@ -1,7 +1,8 @@
 """The torchneuron backend: TorchNeuron's ``torch.compile(model, backend="neuron")`` warmed on one bucket,
 its NEFF cache and compile-cache blob captured as the artifact (runs in the worker subprocess).
 
-Neuron facts used here, tagged as in ``shared/neuron-toolchain.md`` ("TorchNeuron"):
+Neuron facts used here, tagged as in :mod:`neuron_build.compilers.neuron.neuronx_log` (the user's view is
+``docs/neuron.md``, "The TorchNeuron path"):
 
 - TorchNeuron registers Trainium as the PyTorch device ``neuron`` (PrivateUse1) and the Dynamo backend
   ``neuron``; public beta in Neuron 2.33 for trn2 and trn3, torch 2.13/2.14 [doc]. The wheel keeps the
