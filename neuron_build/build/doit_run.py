@@ -57,7 +57,22 @@ class _Failures:
         self._inner.runtime_error(msg)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_inner":
+            raise AttributeError(name)
         return getattr(self._inner, name)
+
+
+def _forward(name: str) -> Any:
+    def method(self: _Failures, *args: Any) -> Any:
+        return getattr(self._inner, name)(*args)
+    method.__name__ = name
+    return method
+
+
+# doit's reporter interface, as methods of the class: doit's process runner asks the class which it has
+for _name in ("initialize", "get_status", "execute_task", "add_success", "skip_uptodate", "skip_ignore",
+              "cleanup_error", "teardown_task", "complete_run"):
+    setattr(_Failures, _name, _forward(_name))
 
 
 class BuildRun(Run):
