@@ -95,8 +95,8 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
 def cmd_build(args) -> int:
     """Compile the targets matching PATTERNs (default: all) through doit."""
     from neuron_build.build.peaks import expected_compile_time
+    from neuron_build.build.session import BuildSession
     from neuron_build.project.matrix import select
-    from neuron_build.tasks import BuildSession
 
     b = open_builder(args, quiet=True if args.json else None)
     chosen = select(b.targets, args.patterns)  # a pattern that matches nothing is an error before any note
@@ -107,12 +107,11 @@ def cmd_build(args) -> int:
     cfg = b.project.config.build
     if (args.executor or cfg.executor) == "dask":
         return _build_on_dask(args, b, chosen, before)
-    session = BuildSession(b, retry_failed=not args.no_retry_failed)
     todo = sum(before[t.id] != TargetState.CACHED for t in chosen)
     jobs = args.jobs or min(b.default_jobs(), max(1, todo))  # no runner threads for nothing to do
-    session.jobs = jobs
-    session.pending = {t.id: expected_compile_time(b.store, t.model, t.bucket_id)
-                       for t in chosen if before[t.id] != TargetState.CACHED}
+    session = BuildSession(b, retry_failed=not args.no_retry_failed, jobs=jobs,
+                           pending={t.id: expected_compile_time(b.store, t.model, t.bucket_id)
+                                    for t in chosen if before[t.id] != TargetState.CACHED})
     rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=jobs,
                      outstream=sys.stderr if args.json else None)  # with --json, stdout holds only the JSON
     summary = summarize(b, chosen, before, session.outcomes)

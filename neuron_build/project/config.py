@@ -12,7 +12,6 @@ import ast
 import difflib
 import importlib.util
 import re
-import sys
 import typing
 from dataclasses import dataclass
 from functools import cached_property
@@ -35,12 +34,8 @@ from pydantic import (
 
 from neuron_build.errors import ConfigError
 from neuron_build.project.compiler_args import normalize_compiler_args
+from neuron_build.project.config_file import DEFAULT_STATE_DIR, parse_config
 from neuron_build.util import sha256_hex
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 DEFAULT_CONFIG = "buckets.toml"
 
@@ -139,7 +134,7 @@ class BuildSettings(_Frozen):
     timeout_s: Number = Field(default=3600.0, gt=0, strict=False)
     transient_retries: int = Field(default=2, ge=0, le=10, strict=True)
     heartbeat_s: Number = Field(default=15.0, gt=0, strict=False)
-    state_dir: StrictStr = ".neuron-build"
+    state_dir: StrictStr = DEFAULT_STATE_DIR
     max_host_memory_gb: Number | None = Field(default=None, gt=0, strict=False)
     default_compile_memory_gb: Number = Field(default=4.0, gt=0, strict=False)
     graph_key: StrictBool = True
@@ -1065,14 +1060,7 @@ def load_project(path: str | Path | None = None) -> Project:
                  else f"looked in {p.resolve().parent}")
         raise ConfigError(shown, [f"file not found; create it, pass -c PATH or set NEURON_BUILD_CONFIG ({where})"])
     raw = p.read_bytes()
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise ConfigError(shown, [f"not UTF-8 text: {e}"]) from None
-    except tomllib.TOMLDecodeError as e:
-        bom = "; the file starts with a UTF-8 byte-order mark, which TOML does not allow: save it as UTF-8 " \
-              "without BOM" if raw.startswith(b"\xef\xbb\xbf") else ""
-        raise ConfigError(shown, [f"not valid TOML: {e}{bom}"]) from None
+    data = parse_config(shown, raw)
     if not data:
         raise ConfigError(shown, ["the file is empty; it needs at least one [profiles.NAME] and one "
                                   "[models.NAME] table (see buckets.toml in the neuron-build repository)"])
