@@ -55,7 +55,7 @@ def test_a_url_as_build_store_names_build_remote(tmp_path, capsys):
     assert ("  build.store: 's3://mybucket/neuron' is a URL; [build] store is the local folder (such as "
             "\"artifacts\"; a shared file system mount works) and a shared store goes in [build] remote = "
             "'s3://mybucket/neuron'") in err.splitlines()
-    text = " ".join((REPO / "README.md").read_text().split())
+    text = " ".join((REPO / "docs" / "store.md").read_text().split())
     assert "(`is a URL; [build] store is the local folder`)" in text
 
 
@@ -216,7 +216,7 @@ def _doit_with_the_plugin():
     from doit.doit_cmd import DoitMain
 
     m = DoitMain(config_filenames=())
-    m.config["COMMAND"] = {"run": "neuron_build.doit_seek:Run"}
+    m.config["COMMAND"] = {"run": "neuron_build.build.doit_run:BuildRun"}
     return m
 
 
@@ -232,7 +232,7 @@ def test_doit_build_in_a_subfolder_suggests_seek_file_and_exits_2(tiny, monkeypa
     import tomllib
 
     eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["doit.COMMAND"]
-    assert eps == {"run": "neuron_build.doit_seek:Run"}
+    assert eps == {"run": "neuron_build.build.doit_run:BuildRun"}  # BuildRun is doit_seek.Run's subclass
 
 
 def test_doit_outside_a_project_keeps_doits_own_error(tmp_path, monkeypatch, capsys):
