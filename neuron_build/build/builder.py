@@ -444,10 +444,11 @@ class Builder:
         t = ctx.target
         recorded = self.store.recorded_imports(t.model)
         reads = store_reads.recorded_reads(self.store, t.model)
-        if sorted(recorded) == sorted(self.keys.recorded.get(t.model, [])) and \
-                reads == _reads.merge(self.keys.reads.get(t.model)):
-            return None
+        # (compared with the key this target was planned with, not with this builder's records: its own
+        # compile of another target of the model may have completed those since the plan)
         ki = self.keys.key(t, recorded=recorded, reads=reads)
+        if ki.key == ctx.ki.key:
+            return None
         found = self.store.repair(ki.key)
         if not found.hit:
             return None
