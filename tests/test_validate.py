@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -574,7 +575,9 @@ def test_doit_validate_is_stale_when_the_reference_model_changes(tmp_path):
     r = doit_validate()
     assert r.returncode == 1, r.stdout + r.stderr
     assert ".  validate:fused/static/fp32/p1" in r.stdout
-    assert "FAIL  fused/static/fp32/p1: output0 rel L2 error 4.5e-01 > tolerance 1.0e-04" in r.stdout
+    # eps = 1.0 against 1e-6: an error of tens of percent on the key-seeded inputs (the figure moves with the key)
+    err = re.search(r"FAIL  fused/static/fp32/p1: output0 rel L2 error (\S+) > tolerance 1.0e-04", r.stdout)
+    assert err and 0.1 < float(err.group(1)) < 1.0, r.stdout
     stored = b2.store.result(key, "validation", "cpu")
     assert stored["verdict"] == "fail" and stored["reference"]["kwargs"] == {"dim": DIM, "eps": 1.0}
     assert stored["reference"]["model_hash"] == h2
