@@ -33,18 +33,24 @@ from pydantic import (
 
 from neuron_build.errors import ConfigError
 from neuron_build.project.compiler_args import normalize_compiler_args
+from neuron_build.project.config_checks import cross_checks
 from neuron_build.project.config_errors import (
     toml_path,  # noqa: F401 (re-exported: a public name of this module)
     validation_faults,
 )
+from neuron_build.project.config_terms import (  # noqa: F401 (re-exported: public names of this module)
+    CAUSAL_LM,
+    DEFAULT_CONFIG,
+    TEXT_GENERATION,
+    TEXTGEN_BACKENDS,
+)
+from neuron_build.project.config_terms import NAME as _NAME
 from neuron_build.util import sha256_hex
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-
-DEFAULT_CONFIG = "buckets.toml"
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 InputDtype = Literal["int64", "int32", "int16", "int8", "uint8", "bool", "fp32", "bf16", "fp16"]
@@ -56,15 +62,9 @@ Executor = Literal["local", "dask"]
 #: ``task`` of a model table: ``forward`` (the default: one graph, the model's forward) or
 #: ``text-generation`` (a decoder LM: prefill and decode graphs over one static KV cache).
 Task = Literal["forward", "text-generation"]
-TEXT_GENERATION = "text-generation"
-#: The auto class a text-generation hf model loads with (the default for ``task = "text-generation"``).
-CAUSAL_LM = "AutoModelForCausalLM"
-#: The backends that build text-generation models (the static-cache export of transformers).
-TEXTGEN_BACKENDS = ("auto", "inductor", "compile-cache", "neuron")
 #: Where an artifact is validated, benchmarked and served (see :mod:`neuron_build.release.gates`).
 DeviceKind = Literal["cpu", "cuda", "neuron"]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _DIM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -703,8 +703,6 @@ def load_project(path: str | Path | None = None) -> Project:
         cfg = ConfigFile.model_validate(data)
     except ValidationError as e:
         raise ConfigError(shown, validation_faults(e, ConfigFile)) from None
-    from neuron_build.project.config_checks import cross_checks  # it imports this module's models
-
     faults = cross_checks(cfg, p.resolve().parent)
     if faults:
         raise ConfigError(shown, faults)

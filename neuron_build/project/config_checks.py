@@ -19,15 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from neuron_build.project.config import (
-    _NAME,
-    CAUSAL_LM,
-    DEFAULT_CONFIG,
-    TEXTGEN_BACKENDS,
-    ConfigFile,
-    ModelSpec,
-)
 from neuron_build.project.config_errors import toml_path
+from neuron_build.project.config_terms import CAUSAL_LM, DEFAULT_CONFIG, NAME, TEXTGEN_BACKENDS
+
+# The checks read the models of neuron_build.project.config (ConfigFile, ModelSpec, named in the docstrings)
+# without importing it: config imports this module, and an import back would be a cycle.
+ConfigFile = ModelSpec = Any
 
 #: A check of the whole file: (config, the config's folder) -> faults.
 ProjectCheck = Callable[[ConfigFile, Path], list[str]]
@@ -74,7 +71,7 @@ def _state_dir_is_a_folder(cfg: ConfigFile, root: Path) -> list[str]:
 def _table_names(cfg: ConfigFile, root: Path) -> list[str]:
     """Profile and model names are safe in paths and target ids."""
     return [f"{toml_path((name,))}: name {name!r} may hold only letters, digits, '_', '.', '-'"
-            for name in [*cfg.profiles, *cfg.models] if not _NAME.match(name)]
+            for name in [*cfg.profiles, *cfg.models] if not NAME.match(name)]
 
 
 # --------------------------------------------------------------------------------------------------
