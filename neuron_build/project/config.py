@@ -1,18 +1,16 @@
 """``buckets.toml``: the build matrix, parsed into frozen, strict pydantic models.
 
 Every fault is reported once, with the file, the TOML path (``models.minilm.buckets.seq[2]``), what is
-wrong and what is allowed; unknown keys get a "did you mean" hint. Checks that need the file system
-(the factory module exists and defines the function, declared weight files exist) are done here too,
-statically: loading a config never imports torch or the model's code.
+wrong and what is allowed; unknown keys get a "did you mean" hint (the renderer:
+:mod:`neuron_build.project.config_errors`). Checks across tables and against the file system (the factory
+module exists and defines the function, declared weight files exist) run after the schema, statically, one
+function per check (:mod:`neuron_build.project.config_checks`): loading a config never imports torch or the
+model's code.
 """
 
 from __future__ import annotations
 
-import ast
-import difflib
-import importlib.util
 import re
-import typing
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -34,10 +32,22 @@ from pydantic import (
 
 from neuron_build.errors import ConfigError
 from neuron_build.project.compiler_args import normalize_compiler_args
+from neuron_build.project.config_checks import cross_checks
+from neuron_build.project.config_errors import (
+    toml_path,  # noqa: F401 (re-exported: a public name of this module)
+    validation_faults,
+)
 from neuron_build.project.config_file import DEFAULT_STATE_DIR, parse_config
+from neuron_build.project.config_terms import (  # noqa: F401 (re-exported: public names of this module)  # noqa: F401 (re-exported)
+    CAUSAL_LM,
+    DEFAULT_CONFIG,
+    MAX_NAME_CHARS,
+    TEXT_GENERATION,
+    TEXTGEN_BACKENDS,
+    long_name_fault,
+)
+from neuron_build.project.config_terms import NAME as _NAME
 from neuron_build.util import sha256_hex
-
-DEFAULT_CONFIG = "buckets.toml"
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 InputDtype = Literal["int64", "int32", "int16", "int8", "uint8", "bool", "fp32", "bf16", "fp16"]
@@ -49,26 +59,9 @@ Executor = Literal["local", "dask"]
 #: ``task`` of a model table: ``forward`` (the default: one graph, the model's forward) or
 #: ``text-generation`` (a decoder LM: prefill and decode graphs over one static KV cache).
 Task = Literal["forward", "text-generation"]
-TEXT_GENERATION = "text-generation"
-#: The auto class a text-generation hf model loads with (the default for ``task = "text-generation"``).
-CAUSAL_LM = "AutoModelForCausalLM"
-#: The backends that build text-generation models (the static-cache export of transformers).
-TEXTGEN_BACKENDS = ("auto", "inductor", "compile-cache", "neuron")
 #: Where an artifact is validated, benchmarked and served (see :mod:`neuron_build.release.gates`).
 DeviceKind = Literal["cpu", "cuda", "neuron"]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-#: The longest model, profile or channel name, in characters: each becomes part of a file name in the store
-#: (a file name is at most 255 bytes on Linux and macOS; a target id joins four names in one).
-MAX_NAME_CHARS = 64
-
-
-def long_name_fault(kind: str, name: str) -> str | None:
-    """The fault of a ``kind`` name (``"model"``, ``"channel"``) longer than :data:`MAX_NAME_CHARS`, or None."""
-    if len(name) <= MAX_NAME_CHARS:
-        return None
-    return (f"{kind} name {name[:20]!r}... is {len(name)} characters; at most {MAX_NAME_CHARS} (it becomes a file "
-            f"name in the store)")
 _DIM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -655,372 +648,6 @@ class Project:
         return pkg if pkg.exists() else base.with_suffix(".py")
 
 
-# --------------------------------------------------------------------------------------------------
-# error reporting
-
-def toml_path(loc: tuple[Any, ...]) -> str:
-    """Format a pydantic error location as a TOML path: ``("models", "m", "buckets", "seq", 2)`` ->
-    ``models.m.buckets.seq[2]``."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            s = str(part)
-            s = s if re.match(r"^[A-Za-z0-9_-]+$", s) else f'"{s}"'
-            out += ("." if out else "") + s
-    return out or "(top level)"
-
-
-def _fields_at(loc: tuple[Any, ...]) -> list[str]:
-    """The field names allowed in the table at ``loc`` (for "did you mean")."""
-    tp: Any = ConfigFile
-    parts = list(loc)
-    while parts:
-        origin = typing.get_origin(tp)
-        if isinstance(tp, type) and issubclass(tp, BaseModel):
-            name = parts.pop(0)
-            if name not in tp.model_fields:
-                return []
-            tp = tp.model_fields[name].annotation
-        elif origin in (dict,):
-            parts.pop(0)
-            tp = typing.get_args(tp)[1]
-        elif origin in (tuple, list):
-            parts.pop(0)
-            tp = typing.get_args(tp)[0]
-        elif origin is typing.Union:
-            tp = [a for a in typing.get_args(tp) if a is not type(None)][0]
-        else:
-            return []
-    while typing.get_origin(tp) is typing.Union:
-        tp = [a for a in typing.get_args(tp) if a is not type(None)][0]
-    return list(tp.model_fields) if isinstance(tp, type) and issubclass(tp, BaseModel) else []
-
-
-def _describe(err: dict[str, Any]) -> str:
-    loc = tuple(p for p in err["loc"] if p != "[key]")
-    typ, msg = err["type"], err["msg"]
-    if typ == "extra_forbidden":
-        key = str(loc[-1])
-        allowed = _fields_at(loc[:-1])
-        close = difflib.get_close_matches(key, allowed, n=1)
-        hint = f"did you mean '{close[0]}'? " if close else ""
-        return f"{toml_path(loc)}: unknown key '{key}'; {hint}allowed keys: {', '.join(allowed)}"
-    if typ == "missing":
-        return f"{toml_path(loc)}: required key is missing; add it"
-    if typ == "literal_error":
-        expected = err.get("ctx", {}).get("expected", "")
-        allowed = re.findall(r"'([^']*)'", expected)
-        got = str(err.get("input"))
-        close = difflib.get_close_matches(got, allowed, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        return f"{toml_path(loc)}: {got!r} is not allowed; allowed: {', '.join(allowed)}{hint}"
-    if typ == "too_short":
-        n = err.get("ctx", {}).get("min_length", 1)
-        return f"{toml_path(loc)}: is empty; give at least {n} item{'s' if n != 1 else ''}"
-    if typ in ("int_type", "int_parsing", "bool_type", "bool_parsing", "string_type", "float_type",
-               "float_parsing", "list_type", "tuple_type", "dict_type", "model_type"):
-        want = {"int": "a whole number", "bool": "true or false", "string": "a string", "float": "a number",
-                "list": "a list", "tuple": "a list", "dict": "a table", "model": "a table"}[typ.split("_")[0]]
-        return f"{toml_path(loc)}: {err.get('input')!r} is not allowed; it must be {want}"
-    if typ in ("greater_than", "greater_than_equal"):
-        return f"{toml_path(loc)}: {err.get('input')!r} is not allowed; it must be {msg.removeprefix('Input should be ')}"
-    if typ == "value_error":
-        return f"{toml_path(loc)}: {msg.removeprefix('Value error, ')}"
-    return f"{toml_path(loc)}: {msg} (got {err.get('input')!r})"
-
-
-def _validation_faults(exc: ValidationError) -> list[str]:
-    errors = exc.errors(include_url=False)
-    locs = [tuple(e["loc"]) for e in errors]
-    faults: list[str] = []
-    # an unknown key whose "did you mean" is a missing required key is one fault (a typo), not two
-    typo_of = {}
-    for e in errors:
-        if e["type"] == "extra_forbidden":
-            parent = tuple(e["loc"][:-1])
-            close = difflib.get_close_matches(str(e["loc"][-1]), _fields_at(parent), n=1)
-            if close:
-                typo_of[parent + (close[0],)] = e["loc"][-1]
-    for e in errors:
-        loc = tuple(e["loc"])
-        if e["type"] == "missing" and loc in typo_of:
-            continue
-        # a list left short because one of its items failed is the same fault, reported once
-        if e["type"] == "too_short" and any(len(o) > len(loc) and o[:len(loc)] == loc for o in locs):
-            continue
-        line = _describe(e)
-        if line not in faults:
-            faults.append(line)
-    return faults
-
-
-# --------------------------------------------------------------------------------------------------
-# checks across tables and against the file system
-
-def _cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
-    faults: list[str] = []
-    profiles = list(cfg.profiles)
-    if "://" in cfg.build.store and not cfg.build.store.startswith("file://"):
-        faults.append(f"build.store: {cfg.build.store!r} is a URL; [build] store is the local folder (such as "
-                      f"\"artifacts\"; a shared file system mount works) and a shared store goes in "
-                      f"[build] remote = {cfg.build.store!r}")
-    state = root / cfg.build.state_dir
-    for p in (state, *state.parents):
-        if p.exists():
-            if not p.is_dir():
-                where = "is a file" if p == state else f"is inside {p}, a file"
-                faults.append(f"build.state_dir: {cfg.build.state_dir!r} ({state}) {where}, not a folder; set "
-                              f"it to a folder (default \".neuron-build\")")
-            break
-    for name in [*cfg.profiles, *cfg.models]:
-        kind = "model" if name in cfg.models else "profile"
-        if long_name_fault(kind, name):
-            faults.append(f"{kind}s.{name[:20]}...: {long_name_fault(kind, name)}")
-        elif not _NAME.match(name):
-            faults.append(f"{toml_path((name,))}: name {name!r} may hold only letters, digits, '_', '.', '-'")
-    for mname, m in cfg.models.items():
-        at = ("models", mname)
-        for i, p in enumerate(m.profiles):
-            if p not in cfg.profiles:
-                close = difflib.get_close_matches(p, profiles, n=1)
-                hint = f"did you mean '{close[0]}'? " if close else ""
-                faults.append(f"{toml_path(at + ('profiles', i))}: unknown profile '{p}'; {hint}"
-                              f"defined profiles: {', '.join(profiles)}")
-        if m.is_textgen or m.max_seq_len is not None or m.decode_buckets:
-            faults.extend(_check_textgen(cfg, m, at))
-        # without inputs, max_seq_len says the table meant task = "text-generation" (the one fault above)
-        meant_textgen = m.is_textgen or (not m.inputs and (m.max_seq_len is not None or bool(m.decode_buckets)))
-        if not m.inputs and not meant_textgen:
-            faults.append(f"{toml_path(at + ('inputs',))}: required key is missing; add it")
-        used: list[str] = list(m.buckets) if meant_textgen else []
-        for i, inp in enumerate(m.inputs):
-            for d in inp.dims:
-                if d not in m.buckets:
-                    faults.append(f"{toml_path(at + ('inputs', i, 'shape'))}: dim '{d}' has no sizes; "
-                                  f"add it to {toml_path(at + ('buckets',))} (e.g. {d} = [128])")
-                used.append(d)
-        names = [inp.name for inp in m.inputs]
-        for n in sorted({n for n in names if names.count(n) > 1}):
-            faults.append(f"{toml_path(at + ('inputs',))}: input name '{n}' is used twice")
-        for d in m.buckets:
-            if d not in used:
-                faults.append(f"{toml_path(at + ('buckets', d))}: no input uses dim '{d}'; "
-                              f"remove it or use it in an input's shape")
-        for i, w in enumerate(m.weights):
-            wp = root / w
-            if wp.is_dir():
-                if not any(f.is_file() for f in wp.rglob("*")):
-                    faults.append(f"{toml_path(at + ('weights', i))}: folder '{w}' holds no files; "
-                                  f"put the weight files in it or remove the entry")
-            elif not wp.is_file():
-                where = "" if Path(w).is_absolute() else f" (relative to {root})"
-                faults.append(f"{toml_path(at + ('weights', i))}: '{w}' not found{where}; "
-                              f"give an existing file or folder")
-        for i, g in enumerate(m.sources):
-            if Path(g).is_absolute() or ".." in Path(g).parts:
-                faults.append(f"{toml_path(at + ('sources', i))}: '{g}' must be a glob relative to {root} "
-                              f"(e.g. \"kernels/**/*.py\"), inside the project folder")
-            elif not any(p.is_file() for p in root.glob(g)):
-                faults.append(f"{toml_path(at + ('sources', i))}: '{g}' matches no file under {root}; "
-                              f"fix the pattern or remove it")
-        for i, pkg in enumerate(m.packages):
-            try:
-                import importlib.metadata as md
-                md.distribution(pkg)
-            except Exception:
-                faults.append(f"{toml_path(at + ('packages', i))}: package '{pkg}' is not installed; "
-                              f"install it (pip install {pkg}) or remove it")
-        faults.extend(_check_reference(cfg, mname, m, at))
-        faults.extend(_check_factory(m, root, at) if m.factory is not None else _check_hf(m, root, at))
-    return faults
-
-
-def _check_textgen(cfg: ConfigFile, m: ModelSpec, at: tuple[Any, ...]) -> list[str]:
-    """The keys of a text-generation model (or those given without ``task = "text-generation"``)."""
-    w = lambda *k: toml_path(at + k)  # noqa: E731
-    if not m.is_textgen:
-        given = "max_seq_len" if m.max_seq_len is not None else "decode_buckets"
-        return [f"{w(given)}: applies to task = \"text-generation\" only; remove it or add "
-                f"task = \"text-generation\" to {toml_path(at)}"]
-    faults = []
-    if m.max_seq_len is None:
-        faults.append(f"{w('max_seq_len')}: required for task = \"text-generation\" (the KV cache length in "
-                      f"tokens: prompt plus new tokens); add it, e.g. max_seq_len = 2048")
-    if m.inputs:
-        faults.append(f"{w('inputs')}: a text-generation model's inputs follow from the task (token ids, cache "
-                      f"positions, the KV cache); remove it")
-    dims = list(m.buckets)
-    if sorted(dims) != ["batch", "seq"]:
-        faults.append(f"{w('buckets')}: a text-generation model's buckets are the prefill buckets "
-                      f"{{ batch = [...], seq = [...] }}; got {{ {', '.join(dims) or 'nothing'} }}: "
-                      f"give exactly batch and seq")
-    elif m.max_seq_len is not None:
-        for i, s in enumerate(m.buckets["seq"]):
-            if s >= m.max_seq_len:
-                faults.append(f"{w('buckets', 'seq', i)}: a prompt of {s} tokens leaves no room in the KV "
-                              f"cache of max_seq_len = {m.max_seq_len} for a new token; lower it below "
-                              f"{m.max_seq_len} or raise max_seq_len")
-    for i, c in enumerate(m.decode_buckets):
-        if m.max_seq_len is not None and c > m.max_seq_len:
-            faults.append(f"{w('decode_buckets', i)}: {c} is longer than max_seq_len = {m.max_seq_len}; "
-                          f"lower it or raise max_seq_len")
-    if m.decode_buckets and cfg.build.backend != "neuron":
-        faults.append(f"{w('decode_buckets')}: the {cfg.build.backend} backend decodes against the whole KV "
-                      f"cache (max_seq_len); remove it (token-generation buckets over cache length are NxDI's, "
-                      f"for backend = \"neuron\")")
-    if cfg.build.backend not in TEXTGEN_BACKENDS:
-        faults.append(f"{w('task')}: text-generation models build with backend inductor or compile-cache "
-                      f"(transformers' static-cache export) or neuron (NxDI); [build] backend is "
-                      f"\"{cfg.build.backend}\": set backend = \"inductor\" or \"neuron\"")
-    if m.hf is not None and m.auto_class not in (None, CAUSAL_LM):
-        faults.append(f"{w('auto_class')}: a text-generation model loads with {CAUSAL_LM}; remove "
-                      f"auto_class or set it to \"{CAUSAL_LM}\"")
-    if m.output is not None:
-        faults.append(f"{w('output')}: a text-generation model's graphs return the logits; remove output")
-    if m.reference is not None:
-        faults.append(f"{w('reference')}: a text-generation model is validated against its own eager "
-                      f"generate(); remove reference")
-    if m.truncate:
-        faults.append(f"{w('truncate')}: a prompt is never cut; remove truncate (a prompt longer than every "
-                      f"seq bucket is refused with the fix)")
-    return faults
-
-
-def _check_reference(cfg: ConfigFile, mname: str, m: ModelSpec, at: tuple[Any, ...]) -> list[str]:
-    """A declared ``reference`` names another model that takes the same inputs (name, symbolic shape,
-    dtype, range, in order). Its buckets do not matter: the reference runs eagerly on this model's inputs."""
-    if m.reference is None:
-        return []
-    where = toml_path(at + ("reference",))
-    ref = cfg.models.get(m.reference)
-    if ref is None:
-        others = [n for n in cfg.models if n != mname]
-        close = difflib.get_close_matches(m.reference, others, n=1)
-        hint = f"did you mean '{close[0]}'? " if close else ""
-        return [f"{where}: unknown model '{m.reference}'; {hint}defined models: {', '.join(others) or 'none'}"]
-    if m.reference == mname:
-        return [f"{where}: a model is its own reference by default; remove the line or name another model"]
-
-    def sig(spec: ModelSpec) -> list[str]:
-        return [f"{i.name}{list(i.shape)}" + (f" {i.dtype}" if i.dtype else "")
-                + (f" range {list(i.range)}" if i.range else "") for i in spec.inputs]
-
-    if sig(m) != sig(ref):
-        return [f"{where}: model '{m.reference}' takes other inputs ({'; '.join(sig(ref))}) than "
-                f"'{mname}' ({'; '.join(sig(m))}); a reference must take the same input names, shapes, "
-                f"dtypes and ranges"]
-    return []
-
-
-def _unknown_kwargs(m: ModelSpec, tree: ast.Module, at: tuple[Any, ...]) -> list[str]:
-    """``kwargs`` the factory function does not take (read from its ``def``; with a ``**kwargs`` parameter, a
-    class, an assigned or a decorated factory is not checked), each with the closest parameter name."""
-    fn = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-               and n.name == m.function), None)
-    if fn is None or fn.args.kwarg is not None or fn.decorator_list:  # a decorator may change the signature
-        return []
-    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)]
-    out = []
-    for k in m.kwargs:
-        if k not in params:
-            close = difflib.get_close_matches(k, params, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"it takes: {', '.join(params) or 'no arguments'}"
-            out.append(f"{toml_path(at + ('kwargs', k))}: {m.factory} takes no argument '{k}'; {hint}")
-    return out
-
-
-def _check_factory(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
-    """Statically check that a factory will import: the module file exists under ``root``, parses, defines
-    the function, and every module it imports is findable. Nothing is imported or executed."""
-    where = toml_path(at + ("factory",))
-    base = root.joinpath(*m.module.split("."))
-    path = base / "__init__.py" if (base / "__init__.py").exists() else base.with_suffix(".py")
-    if not path.is_file():
-        return [f"{where}: module '{m.module}' not found: expected {path.relative_to(root)} "
-                f"beside {DEFAULT_CONFIG} (factory paths are relative to its folder)"]
-    try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
-    except SyntaxError as e:
-        return [f"{where}: {path.relative_to(root)} does not import: syntax error at line {e.lineno}: {e.msg}"]
-    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
-    faults = []
-    if m.function not in defined:
-        faults.append(f"{where}: {path.relative_to(root)} defines no '{m.function}'; "
-                      f"defined: {', '.join(sorted(defined)) or 'nothing'}")
-    faults.extend(_unknown_kwargs(m, tree, at))
-    faults.extend(_missing_imports(tree, path, root, where))
-    # modules under the models folder that the factory imports must import too
-    from neuron_build.project.sources import local_imports
-
-    for dep in local_imports(path, root, module=m.module):
-        if dep == path:
-            continue
-        try:
-            dep_tree = ast.parse(dep.read_bytes(), filename=str(dep))
-        except SyntaxError as e:
-            faults.append(f"{where}: {dep.relative_to(root)} (imported by {path.relative_to(root)}) does not "
-                          f"import: syntax error at line {e.lineno}: {e.msg}")
-            continue
-        faults.extend(_missing_imports(dep_tree, dep, root, where, via=path))
-    return faults
-
-
-def _check_hf(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
-    """Statically check an hf model: its folder (or package) resolves to a folder with config.json and
-    weights, transformers is installed and defines the auto class. Nothing is imported."""
-    from neuron_build import hf
-
-    faults = []
-    try:
-        hf.resolve(m.hf or "", root)
-    except hf.HFSourceError as e:
-        faults.append(f"{toml_path(at + ('hf',))}: {e}")
-    known = hf.auto_classes()
-    if known is None:
-        faults.append(f"{toml_path(at + ('hf',))}: transformers is not installed; install it (pip install "
-                      f"transformers) to load hf models")
-    else:
-        name = m.auto_class or hf.DEFAULT_AUTO_CLASS
-        if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"did you mean '{close[0]}'? " if close else ""
-            faults.append(f"{toml_path(at + ('auto_class',))}: transformers has no auto class '{name}'; {hint}"
-                          f"e.g. AutoModel, AutoModelForSequenceClassification, AutoModelForCausalLM")
-    return faults
-
-
-def _missing_imports(tree: ast.AST, path: Path, root: Path, where: str, via: Path | None = None) -> list[str]:
-    """Faults for absolute imports in ``tree`` that resolve neither under ``root`` nor to an installed
-    module (found with ``importlib.util.find_spec``; nothing is imported)."""
-    faults = []
-    shown = f"{path.relative_to(root)}" + (f" (imported by {via.relative_to(root)})" if via else "")
-    for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-            local = root.joinpath(*node.module.split("."))
-            if local.is_dir():
-                for a in node.names:
-                    if a.name != "*" and not (local / f"{a.name}.py").exists() and not (local / a.name).is_dir():
-                        init = local / "__init__.py"
-                        if not init.exists() or a.name not in init.read_text(errors="replace"):
-                            faults.append(f"{where}: {shown} does not import: '{node.module}.{a.name}' "
-                                          f"(line {node.lineno}) not found under {local.relative_to(root)}/")
-        for name in names:
-            top = name.split(".")[0]
-            if (root / top).exists() or (root / f"{top}.py").exists():
-                continue
-            if importlib.util.find_spec(top) is None:
-                faults.append(f"{where}: {shown} does not import: module '{top}' "
-                              f"(line {node.lineno}) is not installed")
-    return faults
-
-
 def find_config(start: str | Path | None = None) -> Path | None:
     """The ``buckets.toml`` a command uses when no ``-c`` is given: ``$NEURON_BUILD_CONFIG`` when set,
     else the first ``buckets.toml`` in ``start`` (default: the current folder) or one of its parents,
@@ -1067,9 +694,8 @@ def load_project(path: str | Path | None = None) -> Project:
     try:
         cfg = ConfigFile.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(shown, _validation_faults(e)) from None
-    root = p.resolve().parent
-    faults = _cross_checks(cfg, root)
+        raise ConfigError(shown, validation_faults(e, ConfigFile)) from None
+    faults = cross_checks(cfg, p.resolve().parent)
     if faults:
         raise ConfigError(shown, faults)
     return Project(path=p.resolve(), config=cfg, config_sha256=sha256_hex(raw))

@@ -1,0 +1,415 @@
+"""The static checks of ``buckets.toml``: what the schema alone cannot say.
+
+Checks across tables (a model's profiles are defined, its input dims have bucket sizes, a reference takes
+the same inputs) and against the file system (the factory module exists, parses and defines the function,
+the modules it imports are findable, declared weight files and source globs exist). Nothing is imported or
+executed: loading a config never imports torch or the model's code.
+
+Each check is one small function returning its faults (one line each, naming the TOML path, what is wrong
+and the fix); :data:`PROJECT_CHECKS` run once per file, :data:`MODEL_CHECKS` once per ``[models.NAME]``
+table, in the order listed, which is the order the faults are reported in.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from neuron_build.project.config_errors import toml_path
+from neuron_build.project.config_terms import CAUSAL_LM, DEFAULT_CONFIG, NAME, TEXTGEN_BACKENDS, long_name_fault
+
+# The checks read the models of neuron_build.project.config (ConfigFile, ModelSpec, named in the docstrings)
+# without importing it: config imports this module, and an import back would be a cycle.
+ConfigFile = ModelSpec = Any
+
+#: A check of the whole file: (config, the config's folder) -> faults.
+ProjectCheck = Callable[[ConfigFile, Path], list[str]]
+#: A check of one model table: (config, the config's folder, model name, its spec) -> faults.
+ModelCheck = Callable[[ConfigFile, Path, str, ModelSpec], list[str]]
+#: A check of a text-generation model table: (config, its spec, its TOML location) -> faults.
+TextgenCheck = Callable[[ConfigFile, ModelSpec, tuple[Any, ...]], list[str]]
+
+
+def _at(name: str) -> tuple[str, str]:
+    return ("models", name)
+
+
+def _hint(word: str, known: list[str]) -> str:
+    """``did you mean 'x'? `` for the closest of ``known`` to ``word``, else empty."""
+    close = difflib.get_close_matches(word, known, n=1)
+    return f"did you mean '{close[0]}'? " if close else ""
+
+
+# --------------------------------------------------------------------------------------------------
+# the whole file
+
+def _store_is_local(cfg: ConfigFile, root: Path) -> list[str]:
+    """``[build] store`` is a local folder (a remote store is ``[build] remote``)."""
+    if "://" in cfg.build.store and not cfg.build.store.startswith("file://"):
+        return [f"build.store: {cfg.build.store!r} is a URL; [build] store is the local folder (such as "
+                f"\"artifacts\"; a shared file system mount works) and a shared store goes in "
+                f"[build] remote = {cfg.build.store!r}"]
+    return []
+
+
+def _state_dir_is_a_folder(cfg: ConfigFile, root: Path) -> list[str]:
+    """``[build] state_dir`` is not a file, nor inside one (it is created when missing)."""
+    state = root / cfg.build.state_dir
+    for p in (state, *state.parents):
+        if p.exists():
+            if not p.is_dir():
+                where = "is a file" if p == state else f"is inside {p}, a file"
+                return [f"build.state_dir: {cfg.build.state_dir!r} ({state}) {where}, not a folder; set "
+                        f"it to a folder (default \".neuron-build\")"]
+            break
+    return []
+
+
+def _table_names(cfg: ConfigFile, root: Path) -> list[str]:
+    """Profile and model names are safe in paths and target ids."""
+    faults = []
+    for name in [*cfg.profiles, *cfg.models]:
+        kind = "model" if name in cfg.models else "profile"
+        if long_name_fault(kind, name):
+            faults.append(f"{kind}s.{name[:20]}...: {long_name_fault(kind, name)}")
+        elif not NAME.match(name):
+            faults.append(f"{toml_path((name,))}: name {name!r} may hold only letters, digits, '_', '.', '-'")
+    return faults
+
+
+# --------------------------------------------------------------------------------------------------
+# one model table
+
+def _known_profiles(cfg: ConfigFile, root: Path, name: str, m: ModelSpec) -> list[str]:
+    """Every profile a model lists is a ``[profiles.NAME]`` table."""
+    profiles = list(cfg.profiles)
+    return [f"{toml_path(_at(name) + ('profiles', i))}: unknown profile '{p}'; {_hint(p, profiles)}"
+            f"defined profiles: {', '.join(profiles)}"
+            for i, p in enumerate(m.profiles) if p not in cfg.profiles]
+
+
+def _meant_textgen(m: ModelSpec) -> bool:
+    """A text-generation table, or one without inputs whose ``max_seq_len``/``decode_buckets`` say it meant
+    ``task = "text-generation"`` (that is then its one fault, not also missing inputs)."""
+    return m.is_textgen or (not m.inputs and (m.max_seq_len is not None or bool(m.decode_buckets)))
+
+
+def _textgen(cfg: ConfigFile, root: Path, name: str, m: ModelSpec) -> list[str]:
+    """The keys of a text-generation model (or those given without ``task = "text-generation"``)."""
+    at = _at(name)
+    if not (m.is_textgen or m.max_seq_len is not None or m.decode_buckets):
+        return []
+    if not m.is_textgen:
+        given = "max_seq_len" if m.max_seq_len is not None else "decode_buckets"
+        return [f"{toml_path(at + (given,))}: applies to task = \"text-generation\" only; remove it or add "
+                f"task = \"text-generation\" to {toml_path(at)}"]
+    return [f for check in TEXTGEN_CHECKS for f in check(cfg, m, at)]
+
+
+def _inputs_given(cfg: ConfigFile, root: Path, name: str, m: ModelSpec) -> list[str]:
+    """A forward model declares its inputs (a text-generation model's follow from the task)."""
+    if not m.inputs and not _meant_textgen(m):
+        return [f"{toml_path(_at(name) + ('inputs',))}: required key is missing; add it"]
+    return []
+
+
+def _input_dims(cfg: ConfigFile, root: Path, name: str, m: ModelSpec) -> list[str]:
+    """Every bucket dim an input's shape names has sizes in ``buckets``."""
+    at = _at(name)
+    return [f"{toml_path(at + ('inputs', i, 'shape'))}: dim '{d}' has no sizes; "
+            f"add it to {toml_path(at + ('buckets',))} (e.g. {d} = [128])"
+            for i, inp in enumerate(m.inputs) for d in inp.dims if d not in m.buckets]
+
+
+def _input_names(cfg: ConfigFile, root: Path, name: str, m: ModelSpec) -> list[str]:
+    """No two inputs share a name."""
+    names = [inp.name for inp in m.inputs]
+    return [f"{toml_path(_at(name) + ('inputs',))}: input name '{n}' is used twice"
+            for n in sorted({n for n in names if names.count(n) > 1})]
+
+
+def _used_dims(cfg: ConfigFile, root: Path, name: str, m: ModelSpec) -> list[str]:
+    """Every dim in ``buckets`` is used by an input (a text-generation model's are the prefill buckets)."""
+    used = set(m.buckets) if _meant_textgen(m) else set()
+    used.update(d for inp in m.inputs for d in inp.dims)
+    return [f"{toml_path(_at(name) + ('buckets', d))}: no input uses dim '{d}'; "
+            f"remove it or use it in an input's shape" for d in m.buckets if d not in used]
+
+
+def _weights_exist(cfg: ConfigFile, root: Path, name: str, m: ModelSpec) -> list[str]:
+    """Every ``weights`` entry is a file, or a folder holding files."""
+    faults = []
+    for i, w in enumerate(m.weights):
+        wp = root / w
+        if wp.is_dir():
+            if not any(f.is_file() for f in wp.rglob("*")):
+                faults.append(f"{toml_path(_at(name) + ('weights', i))}: folder '{w}' holds no files; "
+                              f"put the weight files in it or remove the entry")
+        elif not wp.is_file():
+            where = "" if Path(w).is_absolute() else f" (relative to {root})"
+            faults.append(f"{toml_path(_at(name) + ('weights', i))}: '{w}' not found{where}; "
+                          f"give an existing file or folder")
+    return faults
+
+
+def _sources_match(cfg: ConfigFile, root: Path, name: str, m: ModelSpec) -> list[str]:
+    """Every ``sources`` glob is relative, inside the project folder, and matches a file."""
+    faults = []
+    for i, g in enumerate(m.sources):
+        if Path(g).is_absolute() or ".." in Path(g).parts:
+            faults.append(f"{toml_path(_at(name) + ('sources', i))}: '{g}' must be a glob relative to {root} "
+                          f"(e.g. \"kernels/**/*.py\"), inside the project folder")
+        elif not any(p.is_file() for p in root.glob(g)):
+            faults.append(f"{toml_path(_at(name) + ('sources', i))}: '{g}' matches no file under {root}; "
+                          f"fix the pattern or remove it")
+    return faults
+
+
+def _packages_installed(cfg: ConfigFile, root: Path, name: str, m: ModelSpec) -> list[str]:
+    """Every ``packages`` entry is an installed distribution."""
+    import importlib.metadata as md
+
+    faults = []
+    for i, pkg in enumerate(m.packages):
+        try:
+            md.distribution(pkg)
+        except Exception:
+            faults.append(f"{toml_path(_at(name) + ('packages', i))}: package '{pkg}' is not installed; "
+                          f"install it (pip install {pkg}) or remove it")
+    return faults
+
+
+def _reference(cfg: ConfigFile, root: Path, name: str, m: ModelSpec) -> list[str]:
+    """A declared ``reference`` names another model that takes the same inputs (name, symbolic shape,
+    dtype, range, in order). Its buckets do not matter: the reference runs eagerly on this model's inputs."""
+    if m.reference is None:
+        return []
+    where = toml_path(_at(name) + ("reference",))
+    ref = cfg.models.get(m.reference)
+    if ref is None:
+        others = [n for n in cfg.models if n != name]
+        return [f"{where}: unknown model '{m.reference}'; {_hint(m.reference, others)}defined models: "
+                f"{', '.join(others) or 'none'}"]
+    if m.reference == name:
+        return [f"{where}: a model is its own reference by default; remove the line or name another model"]
+
+    def sig(spec: ModelSpec) -> list[str]:
+        return [f"{i.name}{list(i.shape)}" + (f" {i.dtype}" if i.dtype else "")
+                + (f" range {list(i.range)}" if i.range else "") for i in spec.inputs]
+
+    if sig(m) != sig(ref):
+        return [f"{where}: model '{m.reference}' takes other inputs ({'; '.join(sig(ref))}) than "
+                f"'{name}' ({'; '.join(sig(m))}); a reference must take the same input names, shapes, "
+                f"dtypes and ranges"]
+    return []
+
+
+def _loads(cfg: ConfigFile, root: Path, name: str, m: ModelSpec) -> list[str]:
+    """The factory will import (:func:`_check_factory`) or the hf model resolves (:func:`_check_hf`)."""
+    at = _at(name)
+    return _check_factory(m, root, at) if m.factory is not None else _check_hf(m, root, at)
+
+
+# --------------------------------------------------------------------------------------------------
+# a text-generation model table
+
+def _tg_max_seq_len(cfg: ConfigFile, m: ModelSpec, at: tuple[Any, ...]) -> list[str]:
+    if m.max_seq_len is None:
+        return [f"{toml_path(at + ('max_seq_len',))}: required for task = \"text-generation\" (the KV cache "
+                f"length in tokens: prompt plus new tokens); add it, e.g. max_seq_len = 2048"]
+    return []
+
+
+def _tg_no_inputs(cfg: ConfigFile, m: ModelSpec, at: tuple[Any, ...]) -> list[str]:
+    if m.inputs:
+        return [f"{toml_path(at + ('inputs',))}: a text-generation model's inputs follow from the task (token "
+                f"ids, cache positions, the KV cache); remove it"]
+    return []
+
+
+def _tg_prefill_buckets(cfg: ConfigFile, m: ModelSpec, at: tuple[Any, ...]) -> list[str]:
+    """The buckets are exactly batch and seq, each prompt length leaving room for a new token."""
+    dims = list(m.buckets)
+    if sorted(dims) != ["batch", "seq"]:
+        return [f"{toml_path(at + ('buckets',))}: a text-generation model's buckets are the prefill buckets "
+                f"{{ batch = [...], seq = [...] }}; got {{ {', '.join(dims) or 'nothing'} }}: "
+                f"give exactly batch and seq"]
+    if m.max_seq_len is None:
+        return []
+    return [f"{toml_path(at + ('buckets', 'seq', i))}: a prompt of {s} tokens leaves no room in the KV "
+            f"cache of max_seq_len = {m.max_seq_len} for a new token; lower it below "
+            f"{m.max_seq_len} or raise max_seq_len" for i, s in enumerate(m.buckets["seq"]) if s >= m.max_seq_len]
+
+
+def _tg_decode_buckets(cfg: ConfigFile, m: ModelSpec, at: tuple[Any, ...]) -> list[str]:
+    """Decode buckets fit the cache and are the neuron backend's (NxDI's token-generation buckets)."""
+    faults = []
+    if m.max_seq_len is not None:
+        faults += [f"{toml_path(at + ('decode_buckets', i))}: {c} is longer than max_seq_len = {m.max_seq_len}; "
+                   f"lower it or raise max_seq_len" for i, c in enumerate(m.decode_buckets) if c > m.max_seq_len]
+    if m.decode_buckets and cfg.build.backend != "neuron":
+        faults.append(f"{toml_path(at + ('decode_buckets',))}: the {cfg.build.backend} backend decodes against "
+                      f"the whole KV cache (max_seq_len); remove it (token-generation buckets over cache length "
+                      f"are NxDI's, for backend = \"neuron\")")
+    return faults
+
+
+def _tg_backend(cfg: ConfigFile, m: ModelSpec, at: tuple[Any, ...]) -> list[str]:
+    if cfg.build.backend not in TEXTGEN_BACKENDS:
+        return [f"{toml_path(at + ('task',))}: text-generation models build with backend inductor or "
+                f"compile-cache (transformers' static-cache export) or neuron (NxDI); [build] backend is "
+                f"\"{cfg.build.backend}\": set backend = \"inductor\" or \"neuron\""]
+    return []
+
+
+def _tg_task_keys(cfg: ConfigFile, m: ModelSpec, at: tuple[Any, ...]) -> list[str]:
+    """Keys of a forward model that the task decides for a text-generation model."""
+    faults = []
+    if m.hf is not None and m.auto_class not in (None, CAUSAL_LM):
+        faults.append(f"{toml_path(at + ('auto_class',))}: a text-generation model loads with {CAUSAL_LM}; "
+                      f"remove auto_class or set it to \"{CAUSAL_LM}\"")
+    if m.output is not None:
+        faults.append(f"{toml_path(at + ('output',))}: a text-generation model's graphs return the logits; "
+                      f"remove output")
+    if m.reference is not None:
+        faults.append(f"{toml_path(at + ('reference',))}: a text-generation model is validated against its own "
+                      f"eager generate(); remove reference")
+    if m.truncate:
+        faults.append(f"{toml_path(at + ('truncate',))}: a prompt is never cut; remove truncate (a prompt longer "
+                      f"than every seq bucket is refused with the fix)")
+    return faults
+
+
+# --------------------------------------------------------------------------------------------------
+# the factory and the hf model, read statically
+
+def _unknown_kwargs(m: ModelSpec, tree: ast.Module, at: tuple[Any, ...]) -> list[str]:
+    """``kwargs`` the factory function does not take (read from its ``def``; with a ``**kwargs`` parameter, a
+    class, an assigned or a decorated factory is not checked), each with the closest parameter name."""
+    fn = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and n.name == m.function), None)
+    if fn is None or fn.args.kwarg is not None or fn.decorator_list:  # a decorator may change the signature
+        return []
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)]
+    out = []
+    for k in m.kwargs:
+        if k not in params:
+            close = difflib.get_close_matches(k, params, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"it takes: {', '.join(params) or 'no arguments'}"
+            out.append(f"{toml_path(at + ('kwargs', k))}: {m.factory} takes no argument '{k}'; {hint}")
+    return out
+
+
+def _check_factory(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
+    """Statically check that a factory will import: the module file exists under ``root``, parses, defines
+    the function, and every module it imports is findable. Nothing is imported or executed."""
+    where = toml_path(at + ("factory",))
+    base = root.joinpath(*m.module.split("."))
+    path = base / "__init__.py" if (base / "__init__.py").exists() else base.with_suffix(".py")
+    if not path.is_file():
+        return [f"{where}: module '{m.module}' not found: expected {path.relative_to(root)} "
+                f"beside {DEFAULT_CONFIG} (factory paths are relative to its folder)"]
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as e:
+        return [f"{where}: {path.relative_to(root)} does not import: syntax error at line {e.lineno}: {e.msg}"]
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    faults = []
+    if m.function not in defined:
+        faults.append(f"{where}: {path.relative_to(root)} defines no '{m.function}'; "
+                      f"defined: {', '.join(sorted(defined)) or 'nothing'}")
+    faults.extend(_unknown_kwargs(m, tree, at))
+    faults.extend(_missing_imports(tree, path, root, where))
+    # modules under the models folder that the factory imports must import too
+    from neuron_build.project.sources import local_imports
+
+    for dep in local_imports(path, root, module=m.module):
+        if dep == path:
+            continue
+        try:
+            dep_tree = ast.parse(dep.read_bytes(), filename=str(dep))
+        except SyntaxError as e:
+            faults.append(f"{where}: {dep.relative_to(root)} (imported by {path.relative_to(root)}) does not "
+                          f"import: syntax error at line {e.lineno}: {e.msg}")
+            continue
+        faults.extend(_missing_imports(dep_tree, dep, root, where, via=path))
+    return faults
+
+
+def _check_hf(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
+    """Statically check an hf model: its folder (or package) resolves to a folder with config.json and
+    weights, transformers is installed and defines the auto class. Nothing is imported."""
+    from neuron_build import hf
+
+    faults = []
+    try:
+        hf.resolve(m.hf or "", root)
+    except hf.HFSourceError as e:
+        faults.append(f"{toml_path(at + ('hf',))}: {e}")
+    known = hf.auto_classes()
+    if known is None:
+        faults.append(f"{toml_path(at + ('hf',))}: transformers is not installed; install it (pip install "
+                      f"transformers) to load hf models")
+    else:
+        name = m.auto_class or hf.DEFAULT_AUTO_CLASS
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            faults.append(f"{toml_path(at + ('auto_class',))}: transformers has no auto class '{name}'; {hint}"
+                          f"e.g. AutoModel, AutoModelForSequenceClassification, AutoModelForCausalLM")
+    return faults
+
+
+def _missing_imports(tree: ast.AST, path: Path, root: Path, where: str, via: Path | None = None) -> list[str]:
+    """Faults for absolute imports in ``tree`` that resolve neither under ``root`` nor to an installed
+    module (found with ``importlib.util.find_spec``; nothing is imported)."""
+    faults = []
+    shown = f"{path.relative_to(root)}" + (f" (imported by {via.relative_to(root)})" if via else "")
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+            local = root.joinpath(*node.module.split("."))
+            if local.is_dir():
+                for a in node.names:
+                    if a.name != "*" and not (local / f"{a.name}.py").exists() and not (local / a.name).is_dir():
+                        init = local / "__init__.py"
+                        if not init.exists() or a.name not in init.read_text(errors="replace"):
+                            faults.append(f"{where}: {shown} does not import: '{node.module}.{a.name}' "
+                                          f"(line {node.lineno}) not found under {local.relative_to(root)}/")
+        for name in names:
+            top = name.split(".")[0]
+            if (root / top).exists() or (root / f"{top}.py").exists():
+                continue
+            if importlib.util.find_spec(top) is None:
+                faults.append(f"{where}: {shown} does not import: module '{top}' "
+                              f"(line {node.lineno}) is not installed")
+    return faults
+
+
+
+#: The checks of the whole file, in report order.
+PROJECT_CHECKS: list[ProjectCheck] = [_store_is_local, _state_dir_is_a_folder, _table_names]
+#: The checks of each ``[models.NAME]`` table, in report order.
+MODEL_CHECKS: list[ModelCheck] = [_known_profiles, _textgen, _inputs_given, _input_dims, _input_names, _used_dims,
+                                  _weights_exist, _sources_match, _packages_installed, _reference, _loads]
+#: The checks of a ``task = "text-generation"`` table (run by the ``_textgen`` model check), in report order.
+TEXTGEN_CHECKS: list[TextgenCheck] = [_tg_max_seq_len, _tg_no_inputs, _tg_prefill_buckets, _tg_decode_buckets,
+                                      _tg_backend, _tg_task_keys]
+
+
+def cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
+    """Every fault of the static checks of ``cfg`` (a ``buckets.toml`` in the folder ``root``), one line each
+    naming the TOML path and the fix: :data:`PROJECT_CHECKS`, then :data:`MODEL_CHECKS` for each model in
+    file order. Empty when the config is sound. Nothing is imported or executed."""
+    faults = [f for check in PROJECT_CHECKS for f in check(cfg, root)]
+    for name, m in cfg.models.items():
+        faults.extend(f for check in MODEL_CHECKS for f in check(cfg, root, name, m))
+    return faults
