@@ -617,8 +617,6 @@ def warmup(folder: str | Path, model: Any = None, *, factory_root: str | Path | 
     Raises:
         UserError: the folder holds no pulled release (see :meth:`BucketedModel.load`).
     """
-    import statistics
-    import time
 
     import torch
 
@@ -637,24 +635,11 @@ def warmup(folder: str | Path, model: Any = None, *, factory_root: str | Path | 
         specs = [{**i, "range": i.get("range") or [0, 2]} for i in b.inputs]
         inputs = tuple(t.to(bm.device) for t in make_inputs(specs, seed=0))
         fn = bm._modules[b.id]
-        before = snap()
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            fn(*inputs)
-        sync(bm.device)
-        first = time.perf_counter() - t0
-        compiles, hits, extra = delta(before)
-        steady = []
-        for _ in range(STEADY_CALLS):
-            t0 = time.perf_counter()
+
+        def call(fn=fn, inputs=inputs):
             with torch.no_grad():
                 fn(*inputs)
-            sync(bm.device)
-            steady.append(time.perf_counter() - t0)
-        med = statistics.median(steady)
-        rows.append({"id": b.id, "shapes": [list(i["shape"]) for i in b.inputs], "compiles": compiles,
-                     "cache_hits": hits, "first_call_s": round(first, 6), "steady_call_s": round(med, 6),
-                     "first_over_steady": round(first / med, 1) if med > 0 else None, **extra})
+        rows.append(_warm_row(b.id, [list(i["shape"]) for i in b.inputs], call, lambda: sync(bm.device), snap, delta))
     if bm.textgen is not None:  # a text-generation release: one short generate() per prefill bucket
         rows = _warm_textgen(bm, snap, delta, sync)
     note = None
@@ -670,8 +655,6 @@ def _warm_textgen(bm: BucketedModel, snap, delta, sync) -> list[dict[str, Any]]:
     """Warm-up rows of a text-generation release: per prefill bucket, a prompt of its full length through
     ``generate(max_new_tokens=2)`` (the prefill graph, then the decode graph of its batch size), first and
     steady time in seconds, compiles and cache hits."""
-    import statistics
-    import time
 
     import torch
 
@@ -682,22 +665,33 @@ def _warm_textgen(bm: BucketedModel, snap, delta, sync) -> list[dict[str, Any]]:
             continue
         batch, seq = b.sizes["batch"], int(b.inputs[0]["shape"][1])
         ids = torch.ones(batch, seq, dtype=torch.long)
-        before = snap()
-        t0 = time.perf_counter()
-        eng.generate(ids, max_new_tokens=2)
-        sync(bm.device)
-        first = time.perf_counter() - t0
-        compiles, hits, extra = delta(before)
-        steady = []
-        for _ in range(STEADY_CALLS):
-            t0 = time.perf_counter()
-            eng.generate(ids, max_new_tokens=2)
-            steady.append(time.perf_counter() - t0)
-        med = statistics.median(steady)
-        rows.append({"id": b.id, "shapes": [[batch, seq]], "compiles": compiles, "cache_hits": hits,
-                     "first_call_s": round(first, 6), "steady_call_s": round(med, 6),
-                     "first_over_steady": round(first / med, 1) if med > 0 else None, **extra})
+        rows.append(_warm_row(b.id, [[batch, seq]], lambda ids=ids: eng.generate(ids, max_new_tokens=2),
+                              lambda: sync(bm.device), snap, delta))
     return rows
+
+
+def _warm_row(bucket_id: str, shapes: list, call, settle, snap, delta) -> dict[str, Any]:
+    """One warm-up row: ``call()`` once (first call, seconds; the compiles and cache hits it caused), then
+    :data:`STEADY_CALLS` more (their median, seconds), each followed by ``settle()`` (the device's sync)."""
+    import statistics
+    import time
+
+    before = snap()
+    t0 = time.perf_counter()
+    call()
+    settle()
+    first = time.perf_counter() - t0
+    compiles, hits, extra = delta(before)
+    steady = []
+    for _ in range(STEADY_CALLS):
+        t0 = time.perf_counter()
+        call()
+        settle()
+        steady.append(time.perf_counter() - t0)
+    med = statistics.median(steady)
+    return {"id": bucket_id, "shapes": shapes, "compiles": compiles, "cache_hits": hits,
+            "first_call_s": round(first, 6), "steady_call_s": round(med, 6),
+            "first_over_steady": round(first / med, 1) if med > 0 else None, **extra}
 
 
 __all__ = ["Bucket", "BucketError", "BucketedModel", "check_pulled", "install_release", "serving_device", "serving_model", "warmup"]

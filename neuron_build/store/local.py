@@ -194,19 +194,7 @@ class LocalStore(Store):
         tmp = view.parent / f".{key}.{os.getpid()}.{secrets.token_hex(4)}"
         try:
             self._build_view(tmp, text, files)
-            old = None
-            if view.exists():
-                old = view.parent / f".{key}.old.{os.getpid()}.{secrets.token_hex(4)}"
-                os.rename(view, old)
-            try:
-                os.rename(tmp, view)
-            except OSError:
-                if old is not None and not view.exists():
-                    os.rename(old, view)
-                if not self._view_fresh(view, text, files):  # another process built it meanwhile: fine
-                    raise
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            self._swap_view(tmp, view, text, files)  # (the one implementation's swap, old view moved aside)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
