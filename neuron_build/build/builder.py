@@ -431,10 +431,7 @@ class Builder:
         t = ctx.target
         recorded = self.store.recorded_imports(t.model)
         reads = store_reads.recorded_reads(self.store, t.model)
-        if sorted(recorded) == sorted(self.keys.recorded.get(t.model, [])) and \
-                reads == _reads.merge(self.keys.reads.get(t.model)):
-            return ctx
-        ki = self.keys.key(t, recorded=recorded, reads=reads)
+        ki = self.keys.key(t, recorded=recorded, reads=reads)  # (this builder's records may be newer than the plan)
         return ctx if ki.key == ctx.ki.key else replace(ctx, ki=ki, log=ctx.log.bind(key=ki.key[:12]))
 
     def _completed_meanwhile(self, ctx: BuildContext) -> tuple[BuildContext, Any] | None:
