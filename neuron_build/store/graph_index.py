@@ -18,6 +18,7 @@ from typing import Any
 
 from neuron_build.store.contract import ObjectIO
 from neuron_build.store.layout import GRAPHS_DIR, graph_path, is_digest
+from neuron_build.store.objects import parse_object
 
 #: The version of an entry's JSON.
 SCHEMA = 1
@@ -57,14 +58,8 @@ def lookup(store: ObjectIO, graph_key: str) -> GraphEntry | None:
     """The index entry of ``graph_key``, or None (absent, unreadable, or not an entry of this graph key)."""
     if not is_digest(graph_key):
         return None
-    data = store.get_object(graph_path(graph_key))
-    if data is None:
-        return None
-    try:
-        raw = json.loads(data)
-    except ValueError:
-        return None
-    return GraphEntry.from_json(raw, graph_key)
+    raw = parse_object(store.get_object(graph_path(graph_key)))
+    return None if raw is None else GraphEntry.from_json(raw, graph_key)
 
 
 def record(store: ObjectIO, entry: GraphEntry, replace: bool = False) -> bool:
