@@ -8,7 +8,6 @@ import json
 import time
 
 import pytest
-from test_plan_cache import cached_keys, planned_keys, proj  # noqa: F401  (the fixture)
 
 from neuron_build.cpu_isa import ISA_ENV, features, host_cpu_isa, isa_problem, package_cpu_isa
 from neuron_build.project.config import load_project
@@ -43,18 +42,6 @@ def test_the_isa_is_in_the_key_of_inductor_cpu_targets_only(tiny):
     ts_a = KeyMaker(p, backend="torchscript", environ={ISA_ENV: "AVX2"})
     ts_b = KeyMaker(p, backend="torchscript", environ={ISA_ENV: "AVX512"})
     assert "cpu_isa" not in ts_a.details(t)["compiler"] and ts_a.key(t).key == ts_b.key(t).key
-
-
-def test_the_plan_cache_notices_another_isa(proj, monkeypatch):  # noqa: F811
-    from neuron_build.project import plan_cache
-
-    monkeypatch.delenv(ISA_ENV, raising=False)
-    keys = planned_keys()
-    assert cached_keys() == keys
-    monkeypatch.setenv(ISA_ENV, "AVX2" if host_cpu_isa({}) != "AVX2" else "AVX512")
-    assert cached_keys() is None
-    plan, why = plan_cache.load(proj.parent / ".neuron-build", proj.resolve(), proj.read_bytes())
-    assert plan is None and why == "the host's CPU ISA changed"
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_cli
-from test_config import edit, faults_of
 
 from neuron_build import hf
 from neuron_build.project.config import load_project
@@ -21,6 +19,8 @@ from neuron_build.project.keys import KeyMaker, diff_components
 from neuron_build.project.matrix import expand
 from neuron_build.runtime import BucketedModel
 from neuron_build.util import file_sha256
+from tests.helpers.cli import REPO, run_cli
+from tests.helpers.projects import edit, faults_of
 
 BERT = {"vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
         "intermediate_size": 64, "max_position_embeddings": 64}

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO
+from tests.helpers.cli import REPO
 
 PKG = REPO / "neuron_build"
 

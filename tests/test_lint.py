@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO
+from tests.helpers.cli import REPO
 
 
 def test_ruff_passes():

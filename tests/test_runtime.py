@@ -9,51 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_cli, write_tiny_project
 
 from neuron_build.errors import UserError
 from neuron_build.runtime import BucketedModel, BucketError
+from tests.helpers.cli import REPO, run_cli
+from tests.helpers.projects import write_tiny_project
+from tests.helpers.runtime import fake_model
 
 # ---------------------------------------------------------------------------------------------------
 # the rules, with plain callables standing in for compiled artifacts
-
-def fake_release(truncate: bool = False, convert: bool = False) -> dict:
-    """A release.json of a model with inputs ids [batch, seq] int64 (pad 0), mask [batch, seq] int64 (pad 0)
-    and feats [batch, seq, 4] fp32 (pad -1), buckets batch [1, 2, 4] x seq [8, 16]."""
-    inputs = [{"name": "ids", "shape": ["batch", "seq"], "dtype": "int64", "pad": 0},
-              {"name": "mask", "shape": ["batch", "seq"], "dtype": "int64", "pad": 0},
-              {"name": "feats", "shape": ["batch", "seq", 4], "dtype": "fp32", "pad": -1.0}]
-    buckets = []
-    for b in (4, 2, 1):
-        for s in (16, 8):
-            buckets.append({"id": f"b{b}-s{s}", "sizes": {"batch": b, "seq": s}, "artifact": f"b{b}-s{s}/model.pt",
-                            "loader": "torch.jit.load", "files": {},
-                            "inputs": [{"name": "ids", "shape": [b, s], "dtype": "int64"},
-                                       {"name": "mask", "shape": [b, s], "dtype": "int64"},
-                                       {"name": "feats", "shape": [b, s, 4], "dtype": "fp32"}]})
-    return {"release": "r-fake", "model": "enc", "dims": ["batch", "seq"], "inputs": inputs, "buckets": buckets,
-            "truncate": truncate, "convert_dtypes": convert, "backend": "torchscript"}
-
-
-class Recorder:
-    """Stands in for one bucket's artifact: records what it was called with, returns three outputs:
-    per-token [B, S, 3], pooled [B, 3], and a constant [7]."""
-
-    def __init__(self, bucket: str):
-        self.bucket = bucket
-        self.calls: list[tuple[torch.Tensor, ...]] = []
-
-    def __call__(self, ids, mask, feats):
-        self.calls.append((ids, mask, feats))
-        per_token = (ids * mask).to(torch.float32).unsqueeze(-1).repeat(1, 1, 3)
-        pooled = feats.sum(dim=1)[:, :3]
-        return per_token, pooled, torch.arange(7.0)
-
-
-def fake_model(**kw) -> tuple[BucketedModel, dict[str, Recorder]]:
-    rel = fake_release(**kw)
-    mods = {b["id"]: Recorder(b["id"]) for b in rel["buckets"]}
-    return BucketedModel(rel, Path("/nonexistent"), modules=mods), mods
 
 
 def test_buckets_ordered_by_total_size_then_dims():

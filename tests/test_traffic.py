@@ -12,7 +12,6 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, write_tiny_project
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +19,9 @@ from neuron_build.cli import main
 from neuron_build.project import bucket_search
 from neuron_build.project.bucket_search import evaluate, optimal_lists, round_up, suggest
 from neuron_build.traffic import TrafficRecorder, load_traffic
+from tests.helpers.cli import run_cli
+from tests.helpers.projects import write_tiny_project
+from tests.helpers.runtime import fake_model, fake_release
 
 # ---------------------------------------------------------------------------------------------------
 # the optimum against brute force
@@ -287,7 +289,6 @@ def test_suggest_errors_are_one_line(tmp_path, capsys):
 def test_prometheus_metrics_only_on_the_given_registry():
     import prometheus_client
     import torch
-    from test_runtime import fake_release
 
     from neuron_build.runtime import BucketedModel, BucketError
 
@@ -322,9 +323,9 @@ def test_prometheus_metrics_only_on_the_given_registry():
 
 def test_served_traffic_gives_the_brute_force_optimum_and_the_current_padding(tmp_path):
     import torch
-    from chromium import Browser
 
     from neuron_build.runtime import BucketedModel
+    from tests.helpers.chromium import Browser
 
     cfg = write_tiny_project(tmp_path / "proj")
     assert run_cli("build", "-c", str(cfg), "-n", "2", "tiny/*/fp32/p1").returncode == 0
@@ -413,7 +414,6 @@ buckets = { batch = [1, 2, 4], seq = [8, 16] }
 def test_one_dim_of_a_two_dim_release_served_and_suggested(tmp_path):
     """``--dim seq`` on a batch x seq model: the seq padding of the served requests, unserved ones counted."""
     import torch
-    from test_runtime import fake_model
 
     from neuron_build.runtime import BucketError
 

@@ -13,11 +13,12 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 
 from neuron_build.store import open_store
 from neuron_build.store.local import SELF_DIGEST, manifest_digest
 from neuron_build.util import canonical_json, sha256_hex
+from tests.helpers.cli import run_cli
+from tests.helpers.projects import write_tiny_project
 
 BLOB = b"not a model, but bytes with a digest\n"
 SHA = sha256_hex(BLOB)
@@ -186,7 +187,6 @@ def test_load_refuses_a_pulled_release_json_naming_paths_outside(tmp_path, edit)
 def test_promote_and_rollback_refuse_a_pointer_naming_a_path(tmp_path):
     """A channel pointer whose release (or previous release) is a path is refused by every command that
     follows it, before the release id becomes a path."""
-    from conftest import write_tiny_project
 
     cfg = write_tiny_project(tmp_path / "p", extra='\n[release]\nchannels = ["dev", "prod"]\n')
     store = open_store(cfg.parent / "artifacts")

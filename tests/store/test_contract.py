@@ -10,7 +10,6 @@ The shared-store issue adds its remote implementations as further cases here.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import secrets
@@ -23,12 +22,9 @@ import pytest
 from neuron_build.status import Status
 from neuron_build.store import ArtifactStore, LocalStore, layout
 from neuron_build.store.contract import ActionCache, Coordination, ObjectIO, RecordStore, ReleaseStore
-from neuron_build.store.manifest import Manifest, Metrics
 from neuron_build.store.records import FailureRecord, TargetRecord
 from neuron_build.store.remote import RemoteStore
-
-KEY_A = "a1" * 32
-KEY_B = "b2" * 32
+from tests.helpers.store import FILES, KEY_A, KEY_B, entry, manifest, publish
 
 
 class Case:
@@ -115,37 +111,6 @@ def case(request, tmp_path) -> Case:
     if request.param == "s3":
         _S3_BUCKET[:] = [request.getfixturevalue("s3_bucket")]
     return IMPLEMENTATIONS[request.param](tmp_path)
-
-
-def entry(data: bytes) -> dict:
-    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-
-
-def manifest(key: str, files: dict[str, bytes], status: str = Status.PASS, target: str = "m/b1/fp32/p",
-             logs: dict[str, bytes] | None = None) -> Manifest:
-    """A manifest listing ``files`` (and ``logs``) by sha256 and size."""
-    return Manifest(
-        key=key, target=target, model="m", bucket={"batch": 1}, dtype="fp32", profile="p", backend="torchscript",
-        hardware_target="cpu", key_details={}, component_hashes={},
-        files={n: entry(b) for n, b in files.items()}, logs={n: entry(b) for n, b in (logs or {}).items()},
-        metrics=Metrics(status=status, compile_time_s=1.5, op_count=3, op_count_source="test",
-                        artifact_bytes=sum(map(len, files.values()))),
-        toolchain={"torch": "0"}, created="2026-12-01T00:00:00+00:00", host="test")
-
-
-def publish(store: ArtifactStore, key: str, files: dict[str, bytes], logs: dict[str, bytes] | None = None,
-            **kw) -> Path:
-    """Stage, seal and publish an artifact the way the builder does."""
-    folder = store.new_staging(key) / "object"
-    folder.mkdir()
-    for name, data in {**files, **(logs or {})}.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_bytes(data)
-    store.seal(folder, manifest(key, files, logs=logs, **kw))
-    return store.publish(folder, key)
-
-
-FILES = {"model.pt": b"weights" * 100, "model.neff": b"neff bytes\n", "sub/extra.bin": b"\x00\x01"}
 
 
 # -- the action cache --------------------------------------------------------------------------------

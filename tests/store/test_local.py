@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_contract import FILES, KEY_A, KEY_B, entry, publish
 
 from neuron_build.errors import UserError
 from neuron_build.store import LocalStore, layout, open_store
 from neuron_build.store.local import ReadOnlyStore
+from tests.helpers.store import FILES, KEY_A, KEY_B, entry, publish
 
 
 def test_a_view_links_the_blobs_and_is_rebuilt_when_stale(tmp_path):

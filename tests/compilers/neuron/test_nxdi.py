@@ -1,0 +1,102 @@
+"""Text-generation models on backend = "neuron" through NxDI, against the test double in tests/fakes/nxdi
+(its NeuronConfig, LlamaInferenceConfig, NeuronLlamaForCausalLM.compile, which runs the neuronx-cc double
+per bucket): the exact NeuronConfig and compile calls, the artifact's files, the compiler args recorded per
+bucket, a compile failure classified, and tp_degree in the key."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from neuron_build.project.config import load_project
+from neuron_build.project.keys import KeyMaker
+from neuron_build.project.matrix import expand
+from tests.fakes.env import neuron_env
+from tests.helpers import textgen as textgen_kit
+from tests.helpers.cli import REPO, run_cli
+
+NXDI_ROOT = REPO / "tests" / "fakes" / "nxdi"
+
+EXTRA = 'decode_buckets = [32, 64]'
+
+
+def nxdi_env(tmp_path: Path, **switches) -> dict:
+    env = neuron_env("neuron_sdk", calls=tmp_path / "cc-calls.jsonl", log_format="summary", **switches)
+    env["PYTHONPATH"] = os.pathsep.join([str(NXDI_ROOT), env.get("PYTHONPATH", "")])
+    env["FAKE_NXDI_CALLS"] = str(tmp_path / "nxdi-calls.jsonl")
+    return env
+
+
+@pytest.fixture
+def proj(tmp_path: Path) -> Path:
+    cfg = textgen_kit.write_project(tmp_path / "proj", backend="neuron", gpt2=False,
+                                    llama_buckets="{ batch = [1], seq = [16, 32] }", extra=EXTRA)
+    text = cfg.read_text().replace('device = "cpu"', 'target = "trn1"').replace('dtypes = ["fp32"]', 'dtypes = ["bf16"]')
+    cfg.write_text(text.replace("compiler_args = []", "compiler_args = []\ntp_degree = 2"))
+    return cfg
+
+
+NEURON_CONFIG = {"tp_degree": 2, "batch_size": 1, "seq_len": 64, "max_context_length": 32, "enable_bucketing": True,
+                 "context_encoding_buckets": [16, 32], "token_generation_buckets": [32, 64],
+                 "torch_dtype": "bfloat16", "on_device_sampling_config": {"do_sample": False, "top_k": 1},
+                 "logical_nc_config": 1}
+
+
+def test_one_nxdi_target_per_batch_with_the_neuron_config_and_tp_degree_in_its_key(proj):
+    p = load_project(proj)
+    (t,) = expand(p)
+    assert t.id == "llama/nxdi-b1/bf16/p1" and t.graph == "nxdi"
+    ki = KeyMaker(p, environ={}).key(t)
+    assert ki.details["inputs"]["neuron_config"] == NEURON_CONFIG
+    assert ki.details["compiler"]["tp_degree"] == 2
+    proj.write_text(proj.read_text().replace("tp_degree = 2", "tp_degree = 8"))
+    k8 = KeyMaker(load_project(proj), environ={}).key(t)
+    assert k8.key != ki.key and k8.details["inputs"]["neuron_config"]["tp_degree"] == 8
+
+
+def test_nxdi_compile_calls_files_and_compiler_args(proj, tmp_path):
+    env = nxdi_env(tmp_path)
+    r = run_cli("build", "-c", str(proj), cwd=proj.parent, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    calls = [json.loads(x) for x in (tmp_path / "nxdi-calls.jsonl").read_text().splitlines()]
+    assert [c["call"] for c in calls] == ["NeuronConfig", "compile"]
+    assert calls[0]["kwargs"] == {**{k: v for k, v in NEURON_CONFIG.items()},
+                                  "on_device_sampling_config": {"do_sample": False, "top_k": 1, "top_p": 1.0,
+                                                                "temperature": 1.0, "dynamic": False,
+                                                                "deterministic": False, "global_topk": 256}}
+    assert calls[1]["app"] == "NeuronLlamaForCausalLM" and calls[1]["dry_run"] is False
+    assert calls[1]["model_path"] == str(proj.parent / "hf-llama")
+    m = json.loads(run_cli("show", "llama/nxdi-b1/bf16/p1", "--json", "-c", str(proj), cwd=proj.parent, env=env).stdout)
+    assert (m["backend"], m["metrics"]["status"]) == ("neuron", "PASS")
+    assert {"model.pt", "neuron_config.json"} <= set(m["files"])
+    nx = m["compiler"]["nxdi"]
+    assert nx["application"].endswith("modeling_llama.NeuronLlamaForCausalLM")
+    assert sorted(nx["compiler_args"]) == ["context_encoding_model/_tp0_bk0", "context_encoding_model/_tp0_bk1",
+                                           "token_generation_model/_tp0_bk0", "token_generation_model/_tp0_bk1"]
+    cte = nx["compiler_args"]["context_encoding_model/_tp0_bk0"]
+    tkg = nx["compiler_args"]["token_generation_model/_tp0_bk1"]
+    assert cte[:4] == ["--framework", "XLA", "--target", "trn1"]
+    assert "-O1" in cte and "-O2" in tkg and "--lnc=1" in cte and "--verbose=35" in tkg
+    assert "--tensorizer-options=--enable-ccop-compute-overlap --cc-pipeline-tiling-factor=1 --vectorize-strided-dma " in tkg
+    cc = [json.loads(x) for x in (tmp_path / "cc-calls.jsonl").read_text().splitlines()]
+    assert len(cc) == 4  # one neuronx-cc compile per bucket
+    # the compiled folder is the artifact: NxDI's own config, as compile() saved it
+    store = proj.parent / "artifacts"
+    sha = m["files"]["neuron_config.json"]["sha256"]
+    (blob,) = [p for p in store.rglob(sha) if p.is_file()]
+    saved = json.loads(blob.read_text())["neuron_config"]
+    assert saved["tp_degree"] == 2 and saved["context_encoding_buckets"] == [16, 32]
+    assert saved["token_generation_buckets"] == [32, 64] and saved["torch_dtype"] == "bfloat16"
+
+
+def test_nxdi_compile_failure_is_classified(proj, tmp_path):
+    env = nxdi_env(tmp_path, fail="xcg815")
+    r = run_cli("build", "-c", str(proj), cwd=proj.parent, env=env)
+    assert r.returncode == 1
+    f = json.loads(run_cli("failures", "--json", "-c", str(proj), cwd=proj.parent, env=env).stdout)
+    rows = f.get("failures") or f.get("records") or f.get("targets")
+    (row,) = [x for x in rows if x["target"] == "llama/nxdi-b1/bf16/p1"]
+    assert row["status"] == "ERROR" and "XCG815" in row["reason"]

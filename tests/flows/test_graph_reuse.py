@@ -1,0 +1,171 @@
+"""Graph reuse end to end, in a held-out project built through the CLI as a user builds it: a graph-neutral
+edit compiles nothing (the ledger counts graph reuses), a graph change recompiles exactly the model's
+targets, ``validate`` passes after both, ``explain`` says what happened."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cli import run_cli
+from tests.helpers.projects import write_tiny_project
+
+MODEL = '''\
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = nn.Linear(d, 32)
+        self.down = nn.Linear(32, d)
+
+    def forward(self, x):
+        h = torch.relu(self.up(x))
+        return x + self.down(h)
+
+
+def build():
+    return Block()
+'''
+
+NEUTRAL = '''\
+from torch import nn
+import torch
+
+
+def _mlp(block, inp):
+    """Extracted from forward."""
+    hidden = torch.relu(block.up(inp))  # a renamed local
+    return block.down(hidden)
+
+
+class Block(nn.Module):
+    """The same block, rewritten."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = nn.Linear(d, 32)
+        self.down = nn.Linear(32, d)
+
+    def forward(self, x):
+        return x + _mlp(self, x)
+
+
+def build():
+    return Block()
+'''
+
+CONFIG = '''
+[build]
+backend = "{backend}"
+timeout_s = 600
+heartbeat_s = 5
+
+[profiles.p1]
+compiler_args = []
+
+[models.blk]
+factory = "heldout.blk:build"
+dtypes = ["fp32"]
+profiles = ["p1"]
+inputs = [{{ name = "x", shape = ["batch", 16] }}]
+buckets = {{ batch = [{batches}] }}
+
+[models.keep]
+factory = "heldout.keep:build"
+dtypes = ["fp32"]
+profiles = ["p1"]
+inputs = [{{ name = "x", shape = [2, 16] }}]
+'''
+
+
+def held_out(root: Path, backend: str, batches: str) -> Path:
+    (root / "heldout").mkdir(parents=True)
+    (root / "heldout" / "__init__.py").write_text("")
+    (root / "heldout" / "blk.py").write_text(MODEL)
+    (root / "heldout" / "keep.py").write_text(
+        "import torch\n\n\ndef build():\n    torch.manual_seed(1)\n    return torch.nn.Linear(16, 16)\n")
+    cfg = root / "buckets.toml"
+    cfg.write_text(textwrap.dedent(CONFIG.format(backend=backend, batches=batches)))
+    return cfg
+
+
+def build_and_count(cfg: Path) -> dict:
+    """Build, then the ledger's counts over this build only (``report --json`` before and after)."""
+    def counts():
+        r = run_cli("report", "--json", "-c", str(cfg))
+        assert r.returncode in (0, 1), r.stderr
+        return json.loads(r.stdout)
+    before = counts()
+    b = run_cli("build", "-c", str(cfg), timeout=1200)
+    assert b.returncode == 0, b.stdout[-2000:] + b.stderr[-2000:]
+    after = counts()
+    v = run_cli("validate", "-c", str(cfg), timeout=1200)
+    assert v.returncode == 0, v.stdout[-2000:] + v.stderr[-2000:]
+    return {k: after[k] - before[k] for k in ("compiles", "graph_reused", "cached", "failed")}
+
+
+def check_reuse(tmp_path: Path, backend: str, batches: str, n: int) -> None:
+    cfg = held_out(tmp_path / "proj", backend, batches)
+    assert build_and_count(cfg) == {"compiles": n + 1, "graph_reused": 0, "cached": 0, "failed": 0}
+    src = cfg.parent / "heldout" / "blk.py"
+    src.write_text(NEUTRAL)
+    assert build_and_count(cfg)["compiles"] == 0
+    r = run_cli("report", "--json", "-c", str(cfg))
+    assert json.loads(r.stdout)["graph_reused"] == n
+    tid = "blk/b1/fp32/p1"
+    e = run_cli("explain", tid, "-c", str(cfg))
+    assert e.returncode == 0 and "source changed, graph unchanged: reused " in e.stdout, e.stdout
+    doc = json.loads(run_cli("explain", tid, "--json", "-c", str(cfg)).stdout)
+    assert doc["graph"]["reused_from"] and doc["graph"]["reused_from"] != doc["key"]
+    m = json.loads(run_cli("show", tid, "--json", "-c", str(cfg)).stdout)
+    man = m.get("manifest", m)
+    assert man["reused_from"] == doc["graph"]["reused_from"] and len(man["graph_key"]) == 64
+    from neuron_build import __version__
+    assert man["neuron_build_version"] == __version__
+    src.write_text(NEUTRAL.replace("torch.relu(", "torch.tanh("))  # a graph change
+    counts = build_and_count(cfg)
+    assert (counts["compiles"], counts["graph_reused"]) == (n, 0)
+
+
+def test_torchscript_graph_neutral_edit_compiles_nothing_and_a_graph_change_recompiles_the_model(tmp_path):
+    check_reuse(tmp_path, "torchscript", "1, 4", 2)
+
+
+@pytest.mark.slow
+def test_inductor_graph_neutral_edit_compiles_nothing_and_a_graph_change_recompiles_the_model(tmp_path):
+    check_reuse(tmp_path, "inductor", "1", 1)
+
+
+def test_two_targets_with_identical_graphs_compile_once(tmp_path):
+    """Two models built by the same factory (their sources and target ids differ, their graphs do not)."""
+
+    from neuron_build.build.builder import Builder
+    from neuron_build.project.config import load_project
+    from neuron_build.store import ledger
+
+    cfg = write_tiny_project(tmp_path / "proj", extra='''
+        [models.twin]
+        factory = "tinylib.twin:build"
+        dtypes = ["fp32"]
+        profiles = ["p1"]
+        inputs = [{ name = "x", shape = [2, 16] }]
+    ''')
+    other = (cfg.parent / "tinylib" / "other.py").read_text()
+    (cfg.parent / "tinylib" / "twin.py").write_text("# the same model, another module\n" + other)
+    b = Builder(load_project(cfg))
+    first, second = (b.build(b.by_id[t]) for t in ("other/static/fp32/p1", "twin/static/fp32/p1"))
+    assert (first.compiled, second.compiled) == (True, False) and first.key != second.key
+    assert second.reason == f"graph unchanged: reused {first.key}"
+    events = [(r.target, r.event) for r in ledger.read(b.store)]
+    assert events == [("other/static/fp32/p1", "compile"), ("twin/static/fp32/p1", "graph-reused")]
+    m = b.store.manifest(second.key)
+    assert m.reused_from == first.key and m.graph_key == b.store.manifest(first.key).graph_key
+    assert {n: e.sha256 for n, e in m.files.items()} == {n: e.sha256 for n, e in b.store.manifest(first.key).files.items()}

@@ -1,0 +1,155 @@
+"""Text-generation models for real (AOTInductor, CPU): a project of a tiny Llama and a tiny GPT-2
+(transformers' code, random weights, hf folders made here with a fixed seed) plans both graphs, builds,
+validates, releases, pulls, and generate() on the pulled release equals transformers' greedy generate()
+token for token. One module-scoped build (5 AOTInductor compiles) serves every assertion."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import textgen as textgen_kit
+from tests.helpers.cli import run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def cli(cfg: Path, *args: str):
+    return run_cli(*args, "-c", str(cfg), cwd=cfg.parent, env=textgen_kit.ENV, timeout=1800)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Llama at batch 2, seq 8 and 16 (3 graphs), GPT-2 at batch 1, seq 8 (2 graphs): built, validated,
+    both released, promoted to dev and pulled."""
+    root = tmp_path_factory.mktemp("textgen")
+    cfg = textgen_kit.write_project(root / "proj")
+    plan = json.loads(cli(cfg, "plan", "--json").stdout)["targets"]
+    r = cli(cfg, "build", "-n", "2")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    val = cli(cfg, "validate", "--json")
+    pulled = {}
+    for model in ("llama", "gpt2"):
+        rel = json.loads(cli(cfg, "release", model, "--json").stdout)
+        r = cli(cfg, "promote", model, rel["id"], "--to", "dev", "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        dest = root / f"serve-{model}"
+        r = cli(cfg, "pull", model, "--channel", "dev", "--dest", str(dest))
+        assert r.returncode == 0, r.stdout + r.stderr
+        pulled[model] = (rel, dest)
+    return {"cfg": cfg, "plan": plan, "validate": val, "pulled": pulled}
+
+
+def test_plan_lists_both_graphs_of_every_bucket(built):
+    assert [(r["target"], r["graph"], r["state"]) for r in built["plan"]] == [
+        ("llama/prefill-b2-s8/fp32/p1", "prefill", "missing"), ("llama/prefill-b2-s16/fp32/p1", "prefill", "missing"),
+        ("llama/decode-b2/fp32/p1", "decode", "missing"),
+        ("gpt2/prefill-b1-s8/fp32/p1", "prefill", "missing"), ("gpt2/decode-b1/fp32/p1", "decode", "missing")]
+    again = json.loads(cli(built["cfg"], "plan", "--json").stdout)["targets"]
+    assert {r["state"] for r in again} == {"cached"}
+
+
+def test_validation_passes_token_for_token(built):
+    r = built["validate"]
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    recs = json.loads(r.stdout)["records"]
+    assert len(recs) == 5 and {x["verdict"] for x in recs} == {"pass"}
+    for x in recs:
+        assert x["outputs"] and all(o["tokens_equal"] and o["first_diff"] is None for o in x["outputs"])
+
+
+def test_a_release_pins_both_graphs_and_the_weights_once(built):
+    rel, dest = built["pulled"]["llama"]
+    assert sorted(a["bucket_id"] for a in rel["artifacts"]) == ["decode-b2", "prefill-b2-s16", "prefill-b2-s8"]
+    shas = {a["files"]["weights.safetensors"]["sha256"] for a in rel["artifacts"]}
+    assert len(shas) == 1  # one weights blob for the three graphs
+    cfg = built["cfg"]
+    sha = shas.pop()
+    assert len(list((cfg.parent / "artifacts").rglob(sha))) == 1
+    doc = json.loads((dest / "release.json").read_text())
+    assert doc["textgen"]["graphs"] == {"prefill-b2-s8": "prefill", "prefill-b2-s16": "prefill",
+                                        "decode-b2": "decode"}
+    assert doc["textgen"]["max_seq_len"] == 64
+
+
+def test_generate_on_the_pulled_release_equals_transformers(built):
+    import torch
+
+    from neuron_build.runtime import BucketedModel
+
+    root = built["cfg"].parent
+    g = torch.Generator().manual_seed(7)
+    for model, cases in (("llama", [(2, 5), (2, 12), (1, 8), (3, 16)]), ("gpt2", [(1, 3), (2, 8)])):
+        bm = BucketedModel.load(built["pulled"][model][1])
+        ref = textgen_kit.eager(root / f"hf-{model}")
+        for batch, n in cases:  # a batch of 2, a prompt in the larger bucket, batches padded and split
+            prompt = torch.randint(3, 1000, (batch, n), generator=g)
+            want = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10,
+                                min_new_tokens=10, do_sample=False, pad_token_id=0)
+            got = bm.generate(prompt, max_new_tokens=10)
+            assert got.dtype == torch.long and torch.equal(got, want), (model, batch, n)
+    # generate() records each prompt's length against the prefill bucket that took it (gpt2's cases)
+    assert {s["sizes"]["seq"]: s["count"] for s in bm.traffic()["shapes"]} == {3: 1, 8: 2}
+    assert bm.traffic()["calls"] == 3 and bm.traffic()["unserved"] == 0
+    # left padding with an attention mask: each row equals its unpadded generation
+    bm = BucketedModel.load(built["pulled"]["llama"][1])
+    ref = textgen_kit.eager(root / "hf-llama")
+    a, b = torch.randint(3, 1000, (1, 9), generator=g), torch.randint(3, 1000, (1, 4), generator=g)
+    ids = torch.cat([a, torch.cat([torch.zeros(1, 5, dtype=torch.long), b], 1)])
+    mask = (torch.arange(9) >= torch.tensor([[0], [5]])).long()
+    got = bm.generate(ids, attention_mask=mask, max_new_tokens=6)
+    for row, p in ((0, a), (1, b)):
+        want = ref.generate(p, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert torch.equal(got[row, 9:], want[0, p.shape[1]:])
+    # eos: a row stops at eos and is padded with it, as transformers does
+    eos = int(want[0, b.shape[1] + 2])
+    got = bm.generate(b, max_new_tokens=6, eos_token_id=eos)
+    exp = ref.generate(b, max_new_tokens=6, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+    assert torch.equal(got, exp)
+
+
+def test_too_long_prompt_is_one_line_with_the_fix(built):
+    import torch
+
+    from neuron_build.compilers.textgen_serve import GenerateError
+    from neuron_build.runtime import BucketedModel
+
+    bm = BucketedModel.load(built["pulled"]["llama"][1])
+    with pytest.raises(GenerateError) as e:
+        bm.generate(torch.ones(1, 17, dtype=torch.long), max_new_tokens=2)
+    assert str(e.value) == (
+        "a prompt of 17 tokens is longer than every prefill bucket of llama (seq = [8, 16]); add a seq bucket >= 17 "
+        "(below max_seq_len = 64) to [models.llama] buckets in buckets.toml, then build, release, promote and pull "
+        "again")
+    with pytest.raises(GenerateError, match="exceeds the KV cache of llama"):
+        bm.generate(torch.ones(1, 16, dtype=torch.long), max_new_tokens=60)
+    with pytest.raises(Exception, match="is a text-generation release: call generate"):
+        bm(torch.ones(2, 8, dtype=torch.long))
+
+
+def test_compile_cache_release_warms_up_with_zero_compiles(tmp_path):
+    """A compile-cache release of a text-generation model (batch 1, seq 8: 2 graphs): the promotion's warm-up
+    gate and `warmup --json` in a fresh process hit the caches for both graphs and compile nothing."""
+    cfg = textgen_kit.write_project(tmp_path / "proj", backend="compile-cache",
+                                    llama_buckets="{ batch = [1], seq = [8] }", gpt2=False)
+    r = cli(cfg, "build", "-n", "2")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    m = json.loads(cli(cfg, "show", "llama/decode-b1/fp32/p1", "--json").stdout)
+    assert m["compiler"]["artifact"] == "compile_cache.bin" and m["compiler"]["textgen"]["graph"] == "decode"
+    rel = json.loads(cli(cfg, "release", "llama", "--json").stdout)
+    r = cli(cfg, "promote", "llama", rel["id"], "--to", "dev", "--allow-unvalidated", "--reason", "warm-up only",
+            "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    gate = next(g for g in json.loads(r.stdout)["gates"] if g["name"] == "warmup")
+    assert gate["passed"] is True and gate["figures"]["buckets"]["prefill-b1-s8"]["compiles"] == 0
+    dest = tmp_path / "serve"
+    assert cli(cfg, "pull", "llama", "--channel", "dev", "--dest", str(dest)).returncode == 0
+    r = run_cli("warmup", str(dest), "--json", "--factory-root", str(cfg.parent), cwd=tmp_path, env=textgen_kit.ENV)
+    assert r.returncode == 0, r.stdout + r.stderr
+    w = json.loads(r.stdout)
+    assert w["zero_compiles"] is True and w["compiles_total"] == 0
+    (b,) = w["buckets"]
+    assert b["id"] == "prefill-b1-s8" and b["cache_hits"] == 2  # the prefill and the decode graph
+    assert w["installed"]["inductor"] >= 2

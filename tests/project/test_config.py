@@ -1,0 +1,203 @@
+"""buckets.toml parsing: strict, one clear error per fault, naming file, TOML path and fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from neuron_build.errors import ConfigError
+from neuron_build.project.config import load_project
+from tests.helpers.cli import REPO, run_cli
+from tests.helpers.projects import edit, faults_of
+
+
+def test_tiny_project_loads(tiny):
+    p = load_project(tiny)
+    assert list(p.config.models) == ["tiny", "other"]
+    # -O2 / --model-type transformer normalised and sorted
+    assert p.config.profiles["p2"].compiler_args == ("--model-type=transformer", "--optlevel=2")
+    assert p.config.models["tiny"].buckets == {"batch": (1, 4)}
+    assert p.factory_file("tiny") == tiny.parent / "tinylib" / "tiny.py"
+
+
+def test_unknown_key_did_you_mean(tiny):
+    edit(tiny, 'dtypes = ["fp32", "bf16"]', 'dtypes = ["fp32", "bf16"]\ntolerence = {}')
+    assert faults_of(tiny) == [
+        "models.tiny.tolerence: unknown key 'tolerence'; did you mean 'tolerance'? allowed keys: factory, "
+        "hf, auto_class, output, kwargs, dtypes, profiles, inputs, buckets, weights, sources, packages, tolerance, truncate, convert_dtypes, reference, task, max_seq_len, decode_buckets"]
+
+
+def test_misspelt_flag_value(tiny):
+    edit(tiny, 'compiler_args = ["--optlevel=1"]', 'compiler_args = ["--auto-cast", "matmul"]')
+    assert faults_of(tiny) == [
+        "profiles.p1.compiler_args: --auto-cast=matmul is not a valid value; allowed: none, matmult, all "
+        "(did you mean 'matmult'?)"]
+
+
+def test_conflicting_duplicate_flag_names_profile(tiny):
+    edit(tiny, 'compiler_args = ["-O2", "--model-type", "transformer"]',
+         'compiler_args = ["-O2", "--model-type=transformer", "--optlevel 3"]')
+    assert faults_of(tiny) == [
+        "profiles.p2.compiler_args: --optlevel is given twice with different values (--optlevel=2 and "
+        "--optlevel=3); keep one"]
+
+
+def test_non_positive_bucket_size(tiny):
+    edit(tiny, "buckets = { batch = [1, 4] }", "buckets = { batch = [1, 4, 0] }")
+    assert faults_of(tiny) == ["models.tiny.buckets.batch[2]: 0 is not allowed; it must be greater than 0"]
+
+
+def test_unknown_dtype_one_error(tiny):
+    edit(tiny, 'dtypes = ["fp32", "bf16"]', 'dtypes = ["fp32", "float64"]')
+    assert faults_of(tiny) == ["models.tiny.dtypes[1]: 'float64' is not allowed; allowed: fp32, bf16, fp16"]
+
+
+def test_factory_that_does_not_import(tiny):
+    (tiny.parent / "tinylib" / "other.py").write_text("import torch\nimport no_such_package_xyz\n\ndef build():\n    pass\n")
+    assert faults_of(tiny) == [
+        "models.other.factory: tinylib/other.py does not import: module 'no_such_package_xyz' (line 2) "
+        "is not installed"]
+
+
+def test_factory_missing_module_and_function(tiny):
+    edit(tiny, 'factory = "tinylib.other:build"', 'factory = "tinylib.nothere:build"')
+    edit(tiny, 'factory = "tinylib.tiny:build"', 'factory = "tinylib.tiny:biuld"')
+    f = faults_of(tiny)
+    assert f[0].startswith("models.tiny.factory: tinylib/tiny.py defines no 'biuld'; defined: ")
+    assert f[1] == ("models.other.factory: module 'tinylib.nothere' not found: expected tinylib/nothere.py "
+                    "beside buckets.toml (factory paths are relative to its folder)")
+
+
+def test_factory_syntax_error(tiny):
+    (tiny.parent / "tinylib" / "other.py").write_text("def build(:\n")
+    assert faults_of(tiny)[0].startswith("models.other.factory: tinylib/other.py does not import: syntax error at line 1")
+
+
+def test_unknown_profile_and_unused_dim(tiny):
+    edit(tiny, 'profiles = ["p1", "p2"]', 'profiles = ["p1", "pp2"]')
+    edit(tiny, "buckets = { batch = [1, 4] }", "buckets = { batch = [1, 4], seq = [8] }")
+    assert faults_of(tiny) == [
+        "models.tiny.profiles[1]: unknown profile 'pp2'; did you mean 'p2'? defined profiles: p1, p2",
+        "models.tiny.buckets.seq: no input uses dim 'seq'; remove it or use it in an input's shape"]
+
+
+def test_dim_without_sizes_and_integer_without_range(tiny):
+    edit(tiny, 'inputs = [{ name = "x", shape = ["batch", 16] }]',
+         'inputs = [{ name = "x", shape = ["batch", "seq"] }, { name = "ids", shape = [2], dtype = "int64" }]')
+    f = faults_of(tiny)
+    assert f == ["models.tiny.inputs[1]: integer input 'ids' needs range = [low, high), e.g. [0, 30522] for token ids"]
+
+
+def test_missing_bucket_dim(tiny):
+    edit(tiny, 'inputs = [{ name = "x", shape = ["batch", 16] }]', 'inputs = [{ name = "x", shape = ["batch", "seq"] }]')
+    assert faults_of(tiny) == ["models.tiny.inputs[0].shape: dim 'seq' has no sizes; add it to "
+                               "models.tiny.buckets (e.g. seq = [128])"]
+
+
+def test_reserved_flag(tiny):
+    edit(tiny, 'compiler_args = ["--optlevel=1"]', 'compiler_args = ["--target=trn2"]')
+    assert faults_of(tiny) == ["profiles.p1.compiler_args: --target may not be set in a profile: set the "
+                               "hardware target with `target` under [build]"]
+
+
+def test_bad_toml_and_missing_file(tmp_path):
+    bad = tmp_path / "buckets.toml"
+    bad.write_text("[build\n")
+    assert faults_of(bad)[0].startswith("not valid TOML")
+    assert faults_of(tmp_path / "nope.toml")[0].startswith("file not found")
+
+
+def test_several_faults_each_once(tiny):
+    edit(tiny, 'dtypes = ["fp32", "bf16"]', 'dtypes = ["fp64"]')
+    edit(tiny, "buckets = { batch = [1, 4] }", "buckets = { batch = [-1] }")
+    f = faults_of(tiny)
+    assert len(f) == 2, f
+    assert f[0].startswith("models.tiny.dtypes[0]: 'fp64' is not allowed")
+    assert f[1] == "models.tiny.buckets.batch[0]: -1 is not allowed; it must be greater than 0"
+
+
+def test_cli_config_error_exits_2_and_writes_nothing(tiny):
+    edit(tiny, 'dtypes = ["fp32", "bf16"]', 'dtypes = ["fp32", "bf17"]')
+    r = run_cli("build", "-c", str(tiny))
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert "models.tiny.dtypes[1]: 'bf17' is not allowed; allowed: fp32, bf16, fp16 (did you mean 'bf16'?)" in r.stderr
+    assert not (tiny.parent / "artifacts").exists()
+    assert not (tiny.parent / ".neuron-build").exists()
+
+
+def test_doit_config_error_exits_2(tiny):
+    import subprocess
+    import sys
+    edit(tiny, "buckets = { batch = [1, 4] }", "buckets = { batch = [1, 0] }")
+    r = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"),
+                        "list", f"config={tiny}"], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert "models.tiny.buckets.batch[1]: 0 is not allowed" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tiny.parent / "artifacts").exists()
+
+
+def test_remote_store_is_refused_clearly(tiny):
+    edit(tiny, 'backend = "torchscript"', 'backend = "torchscript"\nstore = "s3://bucket/prefix"')
+    assert faults_of(tiny) == ["build.store: 's3://bucket/prefix' is a URL; [build] store is the local folder "
+                               "(such as \"artifacts\"; a shared file system mount works) and a shared store goes "
+                               "in [build] remote = 's3://bucket/prefix'"]
+
+
+def test_typo_of_a_required_key_is_one_fault(tiny):
+    edit(tiny, 'dtypes = ["fp32", "bf16"]', 'dtype = ["fp32", "bf16"]')
+    f = faults_of(tiny)
+    assert len(f) == 1 and f[0].startswith("models.tiny.dtype: unknown key 'dtype'; did you mean 'dtypes'?")
+
+
+def test_empty_file_folder_and_wrong_types(tiny, tmp_path):
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    assert faults_of(empty)[0].startswith("the file is empty")
+    with pytest.raises(ConfigError) as ei:
+        load_project(tiny.parent)
+    assert ei.value.faults == [f"is a folder; pass the config file itself (e.g. -c {tiny.parent / 'buckets.toml'})"]
+    edit(tiny, 'profiles = ["p1", "p2"]', 'profiles = []')
+    edit(tiny, "timeout_s = 120", 'timeout_s = 120\ntransient_retries = "two"')
+    assert faults_of(tiny) == ["build.transient_retries: 'two' is not allowed; it must be a whole number",
+                               "models.tiny.profiles: is empty; give at least 1 item"]
+
+
+def test_modules_the_factory_imports_must_import_too(tiny):
+    (tiny.parent / "tinylib" / "act.py").write_text("import not_installed_abc\n\ndef scale(x):\n    return x\n")
+    with open(tiny.parent / "tinylib" / "tiny.py", "a") as f:
+        f.write("\nfrom tinylib import gone\n")
+    assert faults_of(tiny) == [
+        "models.tiny.factory: tinylib/tiny.py does not import: 'tinylib.gone' (line 39) not found under tinylib/",
+        "models.tiny.factory: tinylib/act.py (imported by tinylib/tiny.py) does not import: module "
+        "'not_installed_abc' (line 1) is not installed"]
+
+
+def test_a_boolean_is_not_a_number(tiny):
+    edit(tiny, "timeout_s = 120", "timeout_s = true")
+    with pytest.raises(ConfigError) as e:
+        load_project(tiny)
+    assert e.value.faults == ["build.timeout_s: must be a number, not true/false"]
+    edit(tiny, "timeout_s = true", "timeout_s = 600")
+    assert load_project(tiny).config.build.timeout_s == 600.0
+
+
+def test_an_absolute_missing_weights_path_and_a_byte_order_mark(tiny):
+    edit(tiny, 'factory = "tinylib.other:build"', 'factory = "tinylib.other:build"\nweights = ["/nonexistent/w.bin"]')
+    with pytest.raises(ConfigError) as e:
+        load_project(tiny)
+    assert e.value.faults == ["models.other.weights[0]: '/nonexistent/w.bin' not found; give an existing file or folder"]
+    tiny.write_bytes(b"\xef\xbb\xbf" + tiny.read_bytes())
+    with pytest.raises(ConfigError) as e:
+        load_project(tiny)
+    assert e.value.faults[0].startswith("not valid TOML: ")
+    assert e.value.faults[0].endswith("the file starts with a UTF-8 byte-order mark, which TOML does not allow: "
+                                      "save it as UTF-8 without BOM")
+
+
+def test_a_factory_kwarg_it_does_not_take_is_a_config_error(tiny):
+    edit(tiny, "kwargs = { width = 16 }", "kwargs = { widht = 16 }")
+    with pytest.raises(ConfigError) as e:
+        load_project(tiny)
+    assert e.value.faults == ["models.tiny.kwargs.widht: tinylib.tiny:build takes no argument 'widht'; "
+                              "did you mean 'width'?"]

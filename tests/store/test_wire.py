@@ -1,0 +1,181 @@
+"""Faults on the wire to a shared S3 store, made by a TCP proxy on loopback between the clients (s3fs,
+boto3) and the moto S3 server (:mod:`proxy`): a black hole mid-upload ends the build within the bound the
+wire settings give and leaves the artifact pending for the next build; resets and delays are retried."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from neuron_build.store.wire import WireSettings
+from tests.helpers.cli import REPO, run_cli
+from tests.helpers.faultkit import compile_counts, quick_ids, write_quick_project
+from tests.helpers.proxy import TcpFaultProxy
+
+#: Short wire settings for tests (seconds): a call ends within 2 x (1 + 2) + 1 = 7 s on a dark network.
+FAST = WireSettings(connect_timeout_s=1, read_timeout_s=2, attempts=2)
+OPTIONS = "remote_options = { connect_timeout_s = 1, read_timeout_s = 2, attempts = 2 }"
+
+
+@pytest.fixture
+def proxy(s3_env):
+    p = TcpFaultProxy(s3_env.url).start()
+    yield p
+    p.stop()
+
+
+def remote_project(root: Path, bucket: str, n: int = 1, extra_mb: int = 0) -> Path:
+    """The quick project with ``[build] remote`` on ``bucket`` and the short wire settings; an artifact
+    about ``extra_mb`` MiB large."""
+    return write_quick_project(root, n=n, build_extra=f'remote = "s3://{bucket}/team"\n{OPTIONS}',
+                               kwargs=f"{{ width = 8, extra_mb = {extra_mb} }}")
+
+
+def pending_pushes(cfg: Path) -> list[str]:
+    """Keys of the pending-push markers in the project's local store."""
+    folder = cfg.parent / "artifacts" / "pending-push"
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def remote_keys(client, bucket: str, prefix: str) -> list[str]:
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+def test_the_documented_bound_follows_from_the_settings():
+    assert WireSettings().call_bound_s() == 4 * (5 + 30) + (1 + 2 + 4)  # attempts x (connect + read) + backoff
+    assert WireSettings().push_bound_s() == 294
+    assert FAST.call_bound_s() == 7 and FAST.push_bound_s() == 14
+    page = " ".join((REPO / "docs" / "store.md").read_text().split())  # the docs page states the defaults' bound
+    assert f"= **{WireSettings().call_bound_s():g} s**" in page and f"**{WireSettings().push_bound_s():g} s**" in page
+    got, rest = WireSettings.from_options({"connect_timeout_s": 1, "read_timeout_s": 2, "attempts": 2,
+                                          "profile": "ci"})
+    assert got == FAST and rest == {"profile": "ci"}  # fsspec never sees ours
+    got, _ = WireSettings.from_options({"config_kwargs": {"read_timeout": 9, "retries": {"max_attempts": 2}}})
+    assert (got.read_timeout_s, got.attempts) == (9, 3)  # botocore's own spelling wins, as its user expects
+
+
+def test_a_bad_wire_setting_is_one_line_naming_it(tmp_path, s3_env, s3_bucket):
+    cfg = write_quick_project(tmp_path / "a", n=1, build_extra=f'remote = "s3://{s3_bucket}/team"\n'
+                                                              'remote_options = { read_timeout_s = -1 }')
+    r = run_cli("plan", "-c", str(cfg))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "[build] remote_options: read_timeout_s = -1 is not a positive number of seconds" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_black_hole_mid_upload_ends_the_build_within_the_bound_and_the_next_build_pushes(
+        tmp_path, s3_env, s3_bucket, proxy):
+    # an artifact of ~10 MiB: more than the socket buffers take, so the upload stalls mid-way
+    cfg = remote_project(tmp_path / "a", s3_bucket, extra_mb=10)
+    env = {"AWS_ENDPOINT_URL": proxy.url}
+    proxy.black_hole(f"PUT /{s3_bucket}/team/cas/".encode(), after_bytes=1 << 20)
+    r = run_cli("build", "-c", str(cfg), env=env, timeout=120)  # today's main: still waiting after 120 s
+    ended = time.monotonic()
+    assert proxy.holed, "the upload never reached the black hole"
+    after_hole = ended - proxy.holed_at
+    print(f"black hole opened, build ended {after_hole:.1f} s later (bound {FAST.push_bound_s():g} s)")
+    assert after_hole <= FAST.push_bound_s() + 3, r.stdout + r.stderr  # + process exit and the summary
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "1 target: 1 built, 0 cached, 0 failed" in r.stdout
+    assert f"NOT PUSHED 1 artifact to s3://{s3_bucket}/team" in r.stdout
+    assert "cannot reach the endpoint" in r.stdout and "ReadTimeoutError" in r.stdout
+    print(r.stdout)
+    pending = pending_pushes(cfg)
+    assert len(pending) == 1
+    key = pending[0]
+    assert f"not pushed: {quick_ids(1)[0]} (key {key[:16]})" in r.stdout  # which artifact
+    client = s3_env.client()
+    assert remote_keys(client, s3_bucket, "team/ac/") == []  # nothing half-published: no manifest
+
+    proxy.heal()
+    r = run_cli("build", "-c", str(cfg), env=env, timeout=120)  # the next build, not an explicit push
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert compile_counts(cfg.parent / ".neuron-build") == {quick_ids(1)[0]: 1}  # pushed, not rebuilt
+    assert remote_keys(client, s3_bucket, "team/ac/") == [f"team/ac/{key[:2]}/{key}.json"]
+    assert pending_pushes(cfg) == []
+    man = json.loads(client.get_object(Bucket=s3_bucket, Key=f"team/ac/{key[:2]}/{key}.json")["Body"].read())
+    for ent in man["files"].values():  # every blob whole on the remote
+        body = client.get_object(Bucket=s3_bucket, Key=f"team/cas/{ent['sha256'][:2]}/{ent['sha256']}")["Body"]
+        assert hashlib.sha256(body.read()).hexdigest() == ent["sha256"]
+
+
+def _store(bucket: str, tmp_path: Path):
+    from neuron_build.store.remote import RemoteStore, clear_client_cache
+
+    clear_client_cache()  # AWS_ENDPOINT_URL changed: clients for the proxy
+    return RemoteStore(f"s3://{bucket}/team", {"connect_timeout_s": 1, "read_timeout_s": 2, "attempts": 3},
+                       cache_dir=tmp_path / "cache")
+
+
+def _blob(tmp_path: Path, mib: float) -> tuple[str, Path]:
+    data = os.urandom(int(mib * 2**20))
+    path = tmp_path / "blob.bin"
+    path.write_bytes(data)
+    return hashlib.sha256(data).hexdigest(), path
+
+
+def test_a_reset_mid_upload_is_retried(tmp_path, s3_env, s3_bucket, proxy, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    store = _store(s3_bucket, tmp_path)
+    sha, path = _blob(tmp_path, 3)
+    proxy.reset(f"PUT /{s3_bucket}/team/cas/".encode(), after_bytes=1 << 20)  # s3fs: the blob upload
+    assert store.put_blob(sha, path) is True
+    assert proxy.resets == 1
+    assert store.blob_damage(sha, path.stat().st_size, deep=True) is None
+    proxy.reset(f"PUT /{s3_bucket}/team/releases/".encode(), after_bytes=10)  # boto3: a small object
+    assert store.put_release("m", "r-1", {"id": "r-1"}) is True
+    assert proxy.resets == 2
+    assert store.release("m", "r-1") == {"id": "r-1"}
+
+
+def test_delays_within_the_timeouts_pass_and_a_stall_longer_than_them_is_retried(tmp_path, s3_env, s3_bucket, proxy,
+                                                                               monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    store = _store(s3_bucket, tmp_path)
+    sha, path = _blob(tmp_path, 1)
+    proxy.delay(0.01)  # 10 ms per 16 KiB chunk: a slow link, every call slower but none timed out
+    t0 = time.monotonic()
+    assert store.put_blob(sha, path) is True
+    assert store.put_release("m", "r-1", {"id": "r-1"}) is True and store.release("m", "r-1") == {"id": "r-1"}
+    assert time.monotonic() - t0 > 0.5  # the delay was there
+    proxy.heal()
+    before = proxy.connections
+    proxy.delay(3.0, times=1)  # one chunk held 3 s (> read_timeout_s = 2): the first attempt times out
+    t0 = time.monotonic()
+    assert store.release("m", "r-1") == {"id": "r-1"}  # (a read: the late first attempt changes nothing)
+    assert time.monotonic() - t0 >= 2  # it waited out the read timeout, then the retry answered
+    assert proxy.connections > before  # on a new connection
+
+
+def test_a_black_hole_in_a_multipart_upload_ends_within_the_push_bound(tmp_path, s3_env, s3_bucket, proxy,
+                                                                       monkeypatch):
+    from neuron_build.errors import StoreUnreachable
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    store = _store(s3_bucket, tmp_path)
+    sha, path = _blob(tmp_path, 11)
+    rel = f"cas/{sha[:2]}/{sha}"
+    # 5 MiB parts (s3fs's own 50 MiB parts would need a 100 MiB blob): the first part goes dark after 1 MiB,
+    # then the abort of the upload meets the same black hole
+    proxy.black_hole(b"partNumber=", after_bytes=1 << 20)
+    with pytest.raises(StoreUnreachable) as e:
+        with store.io.wire(f"uploading {rel}", writing=True):
+            store.io.fs.put_file(str(path), store.io.full(rel), mode="create", chunksize=5 << 20)
+    after_hole = time.monotonic() - proxy.holed_at
+    settings = store.wire
+    print(f"multipart: ended {after_hole:.1f} s after the black hole (bound {settings.push_bound_s():g} s)")
+    assert after_hole <= settings.push_bound_s() + 1
+    assert "ReadTimeoutError" in str(e.value) or "cannot reach the endpoint" in str(e.value)
+    proxy.heal()
+    assert store.blob_size(sha) is None  # nothing half-published
+    proxy.reset(b"partNumber=2", after_bytes=1 << 20)  # a reset mid-part is retried
+    with store.io.wire(f"uploading {rel}", writing=True):
+        store.io.fs.put_file(str(path), store.io.full(rel), mode="create", chunksize=5 << 20)
+    assert proxy.resets == 1
+    assert store.blob_damage(sha, path.stat().st_size, deep=True) is None
