@@ -7,7 +7,7 @@
 2. **The shipped matrix** (``--shipped``): ``neuron-build build --executor dask`` on 2 workers against
    ``neuron-build build -n 2`` on this host, each into a fresh store.
 
-Every process is real: ``dask scheduler`` and ``dask worker`` on 127.0.0.1 (see ``tests/daskkit.py``).
+Every process is real: ``dask scheduler`` and ``dask worker`` on 127.0.0.1 (see ``tests/helpers/daskkit.py``).
 Prints one JSON object.
 
     .venv/bin/python benchmarks/dask_schedule.py [--targets 40] [--workers 8] [--sleep 10] [--shipped] [--no-sleeps]
@@ -25,10 +25,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path.insert(0, str(REPO))
 
-from daskkit import DaskCluster, dask_env  # noqa: E402
 from fakes.env import neuron_env  # noqa: E402
+
+from tests.helpers.daskkit import DaskCluster, dask_env  # noqa: E402
 
 SLEEP_PROJECT = '''
 [build]

@@ -5,7 +5,7 @@ complete artifact for the target's current key, so doit's database holds nothing
 kept in memory, one per process (``dep_file = ":memory:"``). A database file shared by two ``doit build``
 processes is not safe: doit's sqlite3 backend keeps a write transaction open from a task's first failure
 until the end of the run, and a second process that finishes meanwhile dies with "database is locked"
-(seen with doit 0.37; tests/faults/test_concurrency.py runs both). Without a file, ``doit forget`` and
+(seen with doit 0.37; tests/flows/faults/test_concurrency.py runs both). Without a file, ``doit forget`` and
 ``doit ignore`` have nothing to remember; every other command works as before.
 
 ``validate:<target id>`` depends on ``build:<target id>`` and is up to date when the store holds a

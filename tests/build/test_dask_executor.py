@@ -1,7 +1,7 @@
 """The Dask executor against real processes: a ``dask scheduler`` and ``dask worker`` processes on
 127.0.0.1 (a session fixture), and ``LocalCluster(processes=True)`` where one worker is enough.
 
-Every compile is the ``sleepy`` project of :mod:`daskkit` (a factory that sleeps about a second and
+Every compile is the ``sleepy`` project of :mod:`tests.helpers.daskkit` (a factory that sleeps about a second and
 records its call), built through ``neuron-build build`` as a user runs it.
 """
 

@@ -66,7 +66,7 @@ def test_compile_cache_release_warms_without_compiling(tmp_path):
     r = run_cli("warmup", str(dest), "--json", "--factory-root", str(cfg.parent), cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     w = json.loads(r.stdout)
-    assert next(iter(w)) == "schema"  # the JSON contract (tests/test_json_schemas.py runs the other commands)
+    assert next(iter(w)) == "schema"  # the JSON contract (tests/flows/test_json_schemas.py runs the other commands)
     jsonschema.validate(w, json.loads((REPO / "docs" / "schemas" / "warmup.json").read_text()))
     b = w["buckets"][0]
     assert (b["id"], b["compiles"], b["graph_compiles"], b["cpp_kernel_builds"]) == ("b4", 0, 0, 0)

@@ -1,6 +1,6 @@
 """Environments that put the Neuron test double in front of a subprocess (or this process).
 
-    from fakes.env import neuron_env          # with tests/ on sys.path
+    from tests.fakes.env import neuron_env    # the checkout's root on sys.path
     env = neuron_env("neuron_sdk", fail="transient", fail_times=1, counter=tmp_path / "n")
     subprocess.run([...], env=env)
 

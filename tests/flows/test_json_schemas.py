@@ -21,7 +21,7 @@ from tests.helpers.projects import write_tiny_project
 
 SCHEMAS = REPO / "docs" / "schemas"
 #: commands whose --json this flow cannot run on a tiny torchscript project (their schema is still checked
-#: to be a valid JSON Schema): warmup needs a compile-cache release; tests/test_compile_cache.py validates it
+#: to be a valid JSON Schema): warmup needs a compile-cache release; tests/compilers/test_compile_cache.py validates it
 NOT_RUN_HERE = {"warmup"}
 
 

@@ -1,6 +1,6 @@
 """The build ledger, the kept failure workdirs and the checklist, on a real LocalStore (no compiles: fast).
 
-The builds that fill a ledger for real are in tests/test_monitoring.py."""
+The builds that fill a ledger for real are in tests/flows/test_monitoring.py."""
 
 from __future__ import annotations
 
