@@ -27,8 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fakes.env import neuron_env  # noqa: E402
-
+from tests.fakes.env import neuron_env  # noqa: E402
 from tests.helpers.daskkit import DaskCluster, dask_env  # noqa: E402
 
 SLEEP_PROJECT = '''
