@@ -64,16 +64,27 @@ def write_atomic(path: Path, data: bytes, *, create_only: bool = False) -> bool:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        if not create_only:
-            os.replace(tmp, path)
-            return True
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        return True
+        return commit_temp(tmp, path, create_only)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def commit_temp(tmp: Path, path: Path, create_only: bool) -> bool:
+    """Give the complete, fsynced file ``tmp`` the name ``path``: renamed over it, or with ``create_only``
+    hard-linked to it (which fails when the name exists, so what was written once is never replaced). The
+    caller removes ``tmp`` afterwards (a link leaves it behind).
+
+    Returns:
+        True when ``path`` now holds ``tmp``'s bytes; False only with ``create_only`` when ``path`` existed.
+    """
+    if not create_only:
+        os.replace(tmp, path)
+        return True
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    return True
 
 
 def json_bytes(obj: Any) -> bytes:

@@ -26,7 +26,7 @@ from typing import Any
 from neuron_build.errors import StoreError
 from neuron_build.store.medium import CHUNK, FolderMedium, Medium, sort_key
 from neuron_build.store.wire_errors import _chain, _is_missing_bucket, wire
-from neuron_build.util import file_sha256, fsync_path, sha256_hex, temp_name
+from neuron_build.util import commit_temp, file_sha256, fsync_path, sha256_hex, temp_name
 
 #: Blobs downloaded at once by :meth:`S3Medium.get_files`.
 DOWNLOADS = 8
@@ -268,14 +268,7 @@ class FileUrlMedium(FsspecMedium):
         try:  # a copy, never a link: the source is the caller's (a staging file of another store)
             shutil.copyfile(src, tmp)
             fsync_path(tmp)
-            if not create_only:
-                os.replace(tmp, dest)
-                return True
-            try:
-                os.link(tmp, dest)
-            except FileExistsError:
-                return False
-            return True
+            return commit_temp(tmp, dest, create_only)
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -352,12 +345,9 @@ class S3Medium(FsspecMedium):
 
     def _put_file(self, rel, src, create_only):
         try:
-            self.fs.put_file(str(src), self.full(rel), mode="create" if create_only else "overwrite")
-        except FileExistsError:
-            return False
+            return super()._put_file(rel, src, create_only)
         finally:
             self.fs.invalidate_cache(self.full(rel))
-        return True
 
     def _touch(self, rel, src):
         try:
