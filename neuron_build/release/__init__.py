@@ -3,7 +3,8 @@
 Domain code: no doit, no torch. The package:
 
 - :mod:`neuron_build.release.records`: the typed release record, channel pointer and history entry, and
-  making and reading releases (:func:`create_release`, :func:`load_release`, ...).
+  reading releases (:func:`load_release`, ...).
+- :mod:`neuron_build.release.create`: making a release, one step a function (:func:`create_release`).
 - :mod:`neuron_build.release.gates`: the six promotion gates (:data:`GATES`, :func:`evaluate_gates`).
 - :mod:`neuron_build.release.channels`: promotion (compare-and-swap), rollback, the channel table.
 - :mod:`neuron_build.release.pull`: writing a channel's release into a folder, checksums verified.
@@ -29,6 +30,7 @@ from neuron_build.release.channels import (
     release_stack,
     rollback,
 )
+from neuron_build.release.create import create_release, require_model
 from neuron_build.release.gates import GATES, GateCheck, evaluate_gates, format_gates
 from neuron_build.release.pull import PULL_FORMAT, pull
 from neuron_build.release.records import (
@@ -41,7 +43,6 @@ from neuron_build.release.records import (
     actor,
     channel_history,
     channel_pointer,
-    create_release,
     find_release,
     get_history,
     get_pointer,
@@ -50,7 +51,6 @@ from neuron_build.release.records import (
     list_releases,
     load_release,
     release_id,
-    require_model,
 )
 
 __all__ = [
