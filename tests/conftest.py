@@ -9,8 +9,35 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.golden import CHANGED
 from tests.helpers.projects import write_tiny_project
 from tests.helpers.s3 import aws_env
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite tests/golden/*.txt from this run's CLI outputs instead of comparing "
+                          "(tests/flows/test_golden.py); review with `git diff tests/golden`")
+
+
+def pytest_configure(config):
+    config.stash[CHANGED] = []
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """After ``--update-golden``: which golden files the run rewrote (or that none changed)."""
+    if not config.getoption("--update-golden"):
+        return
+    changed = config.stash.get(CHANGED, [])
+    terminalreporter.write_sep("-", f"--update-golden: {len(changed)} golden file(s) written")
+    for name in changed:
+        terminalreporter.write_line(f"  {name}")
+
+
+@pytest.fixture
+def update_golden(request) -> bool:
+    """Whether this run rewrites the golden files (``--update-golden``) instead of comparing with them."""
+    return request.config.getoption("--update-golden")
 
 
 @pytest.fixture
