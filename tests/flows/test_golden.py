@@ -12,6 +12,7 @@ depends on the machine's speed)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -98,3 +99,19 @@ def test_every_golden_file_belongs_to_a_command_of_the_session(update_golden, re
         return
     assert not stale, (f"golden files no command of the session writes: {[p.name for p in stale]}; "
                        "run pytest tests/flows/test_golden.py --update-golden to remove them")
+
+
+def test_the_normaliser_numbers_keys_by_first_appearance_and_keeps_the_rest(tmp_path):
+    full = "893b1c0f2f2309dd3fea45e69b791a0f207d47c47bd18822c70dc13d7cd368ca"
+    other = "5fe10dad12ea"
+    text = (f"cached  {full[:12]}  {tmp_path}/artifacts/logs/{full}\n"
+            f"{other}  r-feb37a66de069ab6  {full}  3.5 s,  233 MiB  2026-12-01T23:06:41+00:00  1m05s ago\n"
+            f"failures/x/20261201T230645.136331Z-d4d8de4d  at most 400 s\n")
+    out = normaliser_for(tmp_path)(text)
+    assert out == ("cached  <KEY1>  <PROJECT>/artifacts/logs/<KEY1>\n"
+                   "<KEY2>  <R1>  <KEY1>  <S>,  <MiB>  <TIME>  <AGE> ago\n"
+                   "failures/x/<STAMP>  at most 400 s\n")
+    # a JSON log line: its varying fields by name, its keys numbered like the text's
+    line = json.dumps({"target": "t", "key": other, "compile_time_s": 3.49, "peak_rss_mb": 233, "timestamp": "x"})
+    assert normaliser_for(tmp_path)(line) == ('{"target": "t", "key": "<KEY1>", "compile_time_s": "<S>", '
+                                              '"peak_rss_mb": "<MiB>", "timestamp": "<TIME>"}')
