@@ -37,7 +37,8 @@ UPDATE_HINT = "run pytest tests/flows/test_golden.py --update-golden to accept"
 CHANGED = pytest.StashKey[list]()
 
 #: JSON log fields (stderr's JSON lines) whose values vary between runs, and their placeholders
-_JSON_FIELDS = {"timestamp": "<TIME>", "bytes": "<BYTES>", "reads": "<READS>", "pid": "<PID>"}
+_JSON_FIELDS = {"timestamp": "<TIME>", "bytes": "<BYTES>", "reads": "<READS>", "pid": "<PID>", "host": "<HOST>",
+                "hostname": "<HOST>"}
 #: placeholders of values whose printed width varies: the spaces next to them are collapsed to two
 _VARIABLE_WIDTH = ("<S>", "<MS>", "<MiB>", "<AGE>", "<BYTES>", "<ERR>")
 
@@ -85,8 +86,9 @@ class Normaliser:
                 text = re.sub(rf"(?<![\w.]){re.escape(value)}(?![\w.])", name, text)
         if self.user and self.host:
             text = text.replace(f"{self.user}@{self.host}", "<USER>@<HOST>")
-        if len(self.host) >= 2:
-            text = re.sub(rf"(?<![\w.-]){re.escape(self.host)}(?![\w-])", "<HOST>", text)
+        if self.host:  # only where a host is named: "on HOST", "@HOST" (a bare word may be any word)
+            text = re.sub(rf"(?<=\bon )(?:{re.escape(self.host)})(?![\w-])|(?<=@){re.escape(self.host)}(?![\w-])",
+                          "<HOST>", text)
         text = _STAMP.sub("<STAMP>", text)
         text = _TIME.sub("<TIME>", text)
         text = _DATE.sub("<DATE>", text)
