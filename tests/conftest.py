@@ -9,8 +9,47 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.golden import CHANGED, GOLDEN_DIR
 from tests.helpers.projects import write_tiny_project
 from tests.helpers.s3 import aws_env
+
+#: ``config.stash`` slot of the session's start (seconds since the epoch)
+STARTED = pytest.StashKey[float]()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite tests/golden/*.txt from this run's CLI outputs instead of comparing "
+                          "(tests/flows/test_golden.py); review with `git diff tests/golden`")
+
+
+def pytest_configure(config):
+    import time
+
+    config.stash[CHANGED] = []
+    config.stash[STARTED] = time.time()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """After ``--update-golden``: which golden files the run rewrote or removed (or that none changed). Under
+    xdist the workers write the files, so the ones written since this session started are read from the
+    folder; the removed ones are known only to the process that removed them."""
+    if not config.getoption("--update-golden"):
+        return
+    written = {f"tests/golden/{p.name}" for p in GOLDEN_DIR.glob("*.txt")
+               if p.stat().st_mtime >= config.stash[STARTED]}
+    changed = sorted(written | set(config.stash.get(CHANGED, [])))
+    terminalreporter.write_sep("-", f"--update-golden: {len(changed)} golden file(s) written or removed")
+    for name in changed:
+        terminalreporter.write_line(f"  {name}")
+    if changed:
+        terminalreporter.write_line("  review them with `git diff tests/golden`")
+
+
+@pytest.fixture
+def update_golden(request) -> bool:
+    """Whether this run rewrites the golden files (``--update-golden``) instead of comparing with them."""
+    return request.config.getoption("--update-golden")
 
 
 @pytest.fixture

@@ -16,9 +16,11 @@ FAKES = REPO / "tests" / "fakes"
 FIXTURES = REPO / "tests" / "fixtures"
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600):
-    """Run ``neuron-build`` as a user would, in a subprocess. Returns CompletedProcess (text)."""
-    e = dict(os.environ)
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600,
+            unset: tuple[str, ...] = ()):
+    """Run ``neuron-build`` as a user would, in a subprocess, in this environment plus ``env`` and without the
+    variables named in ``unset``. Returns CompletedProcess (text)."""
+    e = {k: v for k, v in os.environ.items() if k not in unset}
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "neuron_build.cli", *args], cwd=cwd, env=e, text=True,
                           capture_output=True, timeout=timeout)
