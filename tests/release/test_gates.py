@@ -3,7 +3,6 @@ with real validation and benchmark results that ``neuron-build validate`` and ``
 
 from __future__ import annotations
 
-
 import pytest
 
 from neuron_build.build.builder import Builder
