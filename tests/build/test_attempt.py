@@ -242,10 +242,10 @@ def test_transient_failures_are_retried(tiny):
 def test_a_failure_the_full_disk_kept_from_recording_is_recorded_after_the_clean_up(tiny, monkeypatch):
     b = Builder(load_project(tiny), executor=FakeExecutor(run(1, error={"status": "ERROR", "reason": "boom"})))
     t = b.by_id["other/static/fp32/p1"]
-    real, calls = b.store.put_failure, []
+    real, calls, staging = b.store.put_failure, [], b.store.root / "staging"
 
     def put_failure(record, log):
-        calls.append(record.reason)
+        calls.append((record.reason, len(list(staging.iterdir()))))  # and how many attempt folders are left
         if len(calls) == 1:
             raise OSError(errno.ENOSPC, "No space left on device", "failure.json")
         real(record, log)
@@ -253,10 +253,10 @@ def test_a_failure_the_full_disk_kept_from_recording_is_recorded_after_the_clean
     monkeypatch.setattr(b.store, "put_failure", put_failure)
     out = b.build(t)
     assert (out.status, out.reason) == (Status.ERROR, "boom")
-    assert calls == ["boom", "boom"]  # refused by the full disk, then written once the attempt's folder went
+    assert calls == [("boom", 1), ("boom", 0)]  # refused by the full disk, written once the attempt's folder went
     rec = b.store.failure(t.id)
     assert (rec.status, rec.reason, rec.key) == ("ERROR", "boom", b.key(t).key) and b.state(t) == "failed"
-    assert b.store.clean_staging() == 0  # nothing of the attempt was left to clean
+    assert not list(staging.iterdir())
 
 
 def test_no_room_to_prepare_the_compile(tiny, monkeypatch):
