@@ -19,7 +19,7 @@ from neuron_build.build.attempt import (
     failure_log,
     last_line,
 )
-from neuron_build.build.builder import Builder, Unrecorded
+from neuron_build.build.builder import Builder
 from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun
 from neuron_build.project.config import load_project
 from neuron_build.status import BuildResult, Status
@@ -242,29 +242,21 @@ def test_transient_failures_are_retried(tiny):
 def test_a_failure_the_full_disk_kept_from_recording_is_recorded_after_the_clean_up(tiny, monkeypatch):
     b = Builder(load_project(tiny), executor=FakeExecutor(run(1, error={"status": "ERROR", "reason": "boom"})))
     t = b.by_id["other/static/fp32/p1"]
-    real, calls = b.store.put_failure, []
+    real, calls, staging = b.store.put_failure, [], b.store.root / "staging"
 
     def put_failure(record, log):
-        calls.append(record.reason)
+        calls.append((record.reason, len(list(staging.iterdir()))))  # and how many attempt folders are left
         if len(calls) == 1:
             raise OSError(errno.ENOSPC, "No space left on device", "failure.json")
         real(record, log)
 
     monkeypatch.setattr(b.store, "put_failure", put_failure)
-    seen = []
-    finish = b._fail
-
-    def spy(ctx, verdict, r):
-        done = finish(ctx, verdict, r)
-        seen.append(done)
-        return done
-
-    monkeypatch.setattr(b, "_fail", spy)
     out = b.build(t)
-    (done,) = seen
-    assert isinstance(done, Unrecorded) and done.outcome is out and done.record.reason == "boom"
-    assert out.status == Status.ERROR and calls == ["boom", "boom"]
-    assert b.store.failure(t.id).reason == "boom" and b.state(t) == "failed"
+    assert (out.status, out.reason) == (Status.ERROR, "boom")
+    assert calls == [("boom", 1), ("boom", 0)]  # refused by the full disk, written once the attempt's folder went
+    rec = b.store.failure(t.id)
+    assert (rec.status, rec.reason, rec.key) == ("ERROR", "boom", b.key(t).key) and b.state(t) == "failed"
+    assert not list(staging.iterdir())
 
 
 def test_no_room_to_prepare_the_compile(tiny, monkeypatch):

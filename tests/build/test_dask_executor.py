@@ -270,8 +270,16 @@ def test_two_clients_overlapping_compile_each_key_once(two_workers, tmp_path):
     assert sorted(r.key for r in ledger.read(view.store) if r.event == "compile") == sorted(
         view.key(t).key for t in view.targets)
     assert all(view.state(t) == "cached" for t in view.targets)
-    built = [o for o in (out_a, out_b) if "2 targets: 2 built" in o]
-    assert len(built) <= 1  # the other client reused (or found cached) what the first compiled
+    # each target was built by exactly one of the two clients: the other found it cached (or waited on the
+    # key's lock while the first compiled it); the built counts add up to the two targets, never more or less
+    heads = [re.search(r"^2 targets: (\d+) built, (\d+) cached(?: \((\d+) built by another builder meanwhile\))?, "
+                       r"0 failed$", o, re.M) for o in (out_a, out_b)]
+    assert all(heads), out_a + out_b
+    built = [int(h[1]) for h in heads]
+    assert sum(built) == 2, out_a + out_b
+    # and each client's per-worker line counts what it compiled (no line when it compiled nothing)
+    on_workers = [sum(int(n) for n in re.findall(r"tcp://127\.0\.0\.1:\d+ \((\d+)\)", o)) for o in (out_a, out_b)]
+    assert on_workers == built, out_a + out_b
 
 
 # -- scheduling -------------------------------------------------------------------------------------------

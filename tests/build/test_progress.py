@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from neuron_build import log
 from neuron_build.build.attempt import Outcome
 from neuron_build.build.display import BuildDisplay, make_console
 from neuron_build.build.summary import from_outcomes
@@ -26,6 +25,20 @@ from tests.helpers.projects import write_tiny_project
 
 SGR = re.compile(r"\x1b\[[0-9;]*m")  # an escape code for colour or style
 ANSI = re.compile(r"\x1b\[")
+
+
+def tickers() -> int:
+    """Live progress tickers (the display's redraw threads, ``neuron-build-progress``) in this process."""
+    return sum(t.name == "neuron-build-progress" and t.is_alive() for t in threading.enumerate())
+
+
+def lands_in(out: io.StringIO, capsys, word: str, level: str = "warning") -> str:
+    """Where a log event (``level``) logged now is printed: above the live area (``display``, the
+    display's console ``out``), on ``stderr``, or ``nowhere`` (a live display drops info events)."""
+    from neuron_build.log import get_logger
+    getattr(get_logger(), level)(word)
+    err = capsys.readouterr().err
+    return "display" if word in out.getvalue() else "stderr" if word in err else "nowhere"
 
 
 class Clock:
@@ -40,8 +53,9 @@ def passed(tid: str, seconds: float) -> Outcome:
     return Outcome(tid, "k" * 64, Status.PASS, compiled=True, metrics={"compile_time_s": seconds})
 
 
-def test_live_area_names_what_compiles_for_how_long_with_n_of_m_and_eta(monkeypatch):
+def test_live_area_names_what_compiles_for_how_long_with_n_of_m_and_eta(monkeypatch, capsys):
     out = io.StringIO()
+    idle = tickers()
     clock = Clock()
     monkeypatch.setenv("TERM", "xterm-256color")
     monkeypatch.delenv("NO_COLOR", raising=False)
@@ -54,7 +68,9 @@ def test_live_area_names_what_compiles_for_how_long_with_n_of_m_and_eta(monkeypa
     # running: m/a 42 s of 60, m/b 22 s (never recorded: the mean of 60 and 100); pending m/c 100 s
     # work left: 100 + (60 - 42) + (80 - 22) = 176 s over 2 slots = 88 s
     assert d.status_lines() == ["0/3 done · ETA 1m28s", "compiling m/a (42 s, usually 1m00s)", "compiling m/b (22 s)"]
-    assert d.showing and d._ticker.is_alive()
+    assert d.showing and tickers() == idle + 1
+    assert lands_in(out, capsys, "a warning while it shows") == "display"
+    assert lands_in(out, capsys, "an info while it shows", "info") == "nowhere"
     d.refresh()
     screen = out.getvalue()
     assert "compiling m/a (42 s, usually 1m00s)" in screen and "0/3 done · ETA 1m28s" in screen
@@ -62,7 +78,8 @@ def test_live_area_names_what_compiles_for_how_long_with_n_of_m_and_eta(monkeypa
     assert "[1/3] m/a \x1b[32mPASS\x1b[0m in 41.7 s; 2 left, about " in out.getvalue()
     assert d.status_lines()[0].startswith("1/3 done · ETA ")
     d.stop()
-    assert not d.showing and not d._ticker.is_alive() and log._sink is None
+    assert not d.showing and tickers() == idle
+    assert lands_in(out, capsys, "an info once it stopped", "info") == "stderr"  # the log is stderr's again
 
 
 def test_the_ticker_redraws_about_every_second():
@@ -79,13 +96,15 @@ def test_the_ticker_redraws_about_every_second():
     d.stop()
 
 
-def test_ctrl_c_and_failures_stop_the_ticker_and_restore_the_log():
-    d = BuildDisplay(2, console=Console(file=io.StringIO(), force_terminal=True))
+def test_ctrl_c_and_failures_stop_the_ticker_and_restore_the_log(capsys):
+    out, idle = io.StringIO(), tickers()
+    d = BuildDisplay(2, console=Console(file=out, force_terminal=True))
     with pytest.raises(KeyboardInterrupt), d:
         d.started("m/a")
-        assert log._sink is not None
+        assert tickers() == idle + 1 and lands_in(out, capsys, "a warning while it shows") == "display"
         raise KeyboardInterrupt
-    assert not d._ticker.is_alive() and log._sink is None and not d.showing
+    assert tickers() == idle and not d.showing
+    assert lands_in(out, capsys, "an info after Ctrl-C", "info") == "stderr"
     d.started("m/b")  # a stopped display never starts again
     assert not d.showing
     d.stop()  # idempotent

@@ -298,7 +298,16 @@ def test_tolerance_override_and_stored_record(tmp_path):
     assert stored["verdict"] == "pass" and stored["reason"] is None and stored["device_kind"] == "cpu"
     assert set(stored["outputs"][0]) >= {"name", "max_abs_error", "rel_l2_error", "cosine_similarity",
                                          "tolerance", "pass"}
-    assert stored["seed"] == int(key[8:16], 16) and stored["key"] == key
+    assert stored["key"] == key
+    # the recorded seed is the one the figures came from: its inputs give the stored error when recomputed here
+    # (an independent float64 RMSNorm, eps 1e-2 against the reference's 1e-6); the next seed's inputs do not
+    from neuron_build.examples import make_inputs
+    specs = b.store.manifest(key).key_details["inputs"]["inputs"]
+    figure = stored["outputs"][0]["rel_l2_error"]
+    x = make_inputs(specs, stored["seed"])[0]
+    assert figure == pytest.approx(_rel(_rmsnorm(x, 1e-2), _rmsnorm(x, 1e-6)), rel=1e-4)
+    x_next = make_inputs(specs, stored["seed"] + 1)[0]
+    assert figure != pytest.approx(_rel(_rmsnorm(x_next, 1e-2), _rmsnorm(x_next, 1e-6)), rel=1e-3)
     from neuron_build.evaluate.validate import reference_model_hash
     assert stored["reference"] == {"model": "naive", "factory": "models.rmsnorm:naive",
                                    "kwargs": {"dim": DIM, "eps": 1e-6}, "dtype": "fp32", "device": "cpu",
@@ -311,6 +320,32 @@ def test_tolerance_override_and_stored_record(tmp_path):
     # a pass made with another tolerance or reference than buckets.toml's now is not up to date
     assert not is_validated(b.store, key, "cpu", 1e-4, "naive")
     assert not is_validated(b.store, key, "cpu", 0.5, "eps_big")
+
+
+def test_validation_inputs_follow_the_key_and_repeat_across_processes(rms):
+    """Two keys with the same input spec validate on different inputs; a second ``validate`` (a new
+    process) of the same key records the same seed and the same figures."""
+    import torch
+
+    from neuron_build.examples import make_inputs
+    ids = ["naive/static/fp32/p1", "eps_big/static/fp32/p1"]
+    b = Builder(load_project(rms))
+    keys = [b.key(b.by_id[t]).key for t in ids]
+    specs = [b.store.manifest(k).key_details["inputs"]["inputs"] for k in keys]
+    assert specs[0] == specs[1]  # the same shapes and dtype: only the key tells the inputs apart
+
+    def validated() -> list[dict]:
+        r, recs = _validate_json(rms, "naive", "eps_big")
+        assert r.returncode == 1 and recs["eps_big/static/fp32/p1"]["verdict"] == "fail", r.stdout + r.stderr
+        return [b.store.result(k, "validation", "cpu") for k in keys]
+
+    first = validated()
+    assert first[0]["seed"] != first[1]["seed"]
+    a, c = (make_inputs(specs[0], rec["seed"])[0] for rec in first)
+    assert not torch.equal(a, c)
+    again = validated()
+    assert [rec["seed"] for rec in again] == [rec["seed"] for rec in first]
+    assert again[1]["outputs"] == first[1]["outputs"]  # the same inputs: the same figures, to the bit
 
 
 def test_not_built_is_reported(tmp_path):

@@ -114,10 +114,21 @@ def test_timeout_and_killed(tmp_path):
     # the hog kills itself once torch is imported, which can take longer than 4 s on a loaded host
     edit(cfg, "timeout_s = 4\n", "timeout_s = 120\n")
     b = Builder(load_project(cfg))
-    out = b.build(b.by_id["other/static/fp32/p1"])
+    t = b.by_id["other/static/fp32/p1"]
+    out = b.build(t)
     assert out.status == "KILLED"
     assert out.reason.startswith("killed by SIGKILL (usually the kernel's out-of-memory killer); peak memory")
+    assert out.metrics["exit_code"] == -signal.SIGKILL  # the worker died of signal 9, not a status of its own
     assert out.metrics["peak_rss_bytes"] > 64 * 2**20
+    # the worker started and ran the factory up to its own SIGKILL: its log holds the worker's first line and
+    # the line the hog prints once it has touched its 64 MiB (nothing after it: the kill is the last thing)
+    fail = b.store.failure(t.id)
+    assert (fail.status, fail.exit_code, fail.key) == ("KILLED", -9, b.key(t).key)
+    log = b.store.failure_log(t.id).read_text()
+    assert f"neuron-build worker: target {t.id} key {b.key(t).key[:12]}" in log
+    hog_line = [line for line in log.splitlines() if line.startswith("hog: ")]
+    assert len(hog_line) == 1 and hog_line[0].startswith(f"hog: touched {64 * 2**20} bytes in pid ")
+    assert log.rstrip().endswith(hog_line[0])
 
 
 def test_sigkill_of_doit_mid_compile_leaves_no_partial_object(tmp_path):
@@ -128,10 +139,20 @@ def test_sigkill_of_doit_mid_compile_leaves_no_partial_object(tmp_path):
                              "build:other/static/fp32/p1", f"config={cfg}"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     staging = cfg.parent / "artifacts" / "staging"
+    state = cfg.parent / ".neuron-build"
+    worker = ["pgrep", "-f", f"neuron_build.worker {staging}"]
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (staging.exists() and any(staging.iterdir())):
+    running = ""
+    while time.monotonic() < deadline and not running:
         time.sleep(0.1)
-    time.sleep(1.0)  # the worker is running
+        running = subprocess.run(worker, capture_output=True, text=True).stdout.strip()
+    # the kill lands mid-compile: a worker process runs on a request in the staging folder, and the build
+    # log says the compile started (a doit that died before starting the worker would prove nothing here)
+    assert running, "the compile worker never started"
+    assert compiles_in_log(state) == ["other/static/fp32/p1"]
+    assert any(staging.iterdir())
+    time.sleep(1.0)  # the worker is inside the slow factory
+    assert subprocess.run(worker, capture_output=True, text=True).stdout.strip() == running
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     time.sleep(0.5)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from neuron_build import tasks
+from neuron_build.build.session import cached_plan, config_path_setting
 from neuron_build.cpu_isa import ISA_ENV, host_cpu_isa
 from neuron_build.project import plan_cache
 from tests.helpers.cli import REPO
@@ -79,7 +80,9 @@ def planned_keys() -> dict[str, str]:
 
 
 def cached_keys() -> dict[str, str] | None:
-    hit = tasks._cached_plan()
+    """target id -> key of the plan cache for the configured ``buckets.toml``, as ``doit build`` reads it
+    (None: a miss, the build plans afresh)."""
+    hit = cached_plan(config_path_setting())
     return None if hit is None else hit[0].keys()
 
 
@@ -94,12 +97,21 @@ def test_unchanged_inputs_reuse_the_plan(proj):
     assert cached_keys() == keys
 
 
-def test_a_session_without_its_own_builder_uses_the_cache_and_makes_no_builder(proj):
+def test_a_session_without_its_own_builder_uses_the_cache_and_makes_no_builder(proj, monkeypatch):
     keys = planned_keys()
+    # from now on the config cannot be loaded: a session that parsed it (to make a Builder and compute
+    # the keys) fails the test, one that reads its tasks from the plan cache does not notice
+    from neuron_build.project import config
+
+    def no_parse(*a, **kw):
+        raise AssertionError("the config was parsed although the plan cache holds the plan")
+    monkeypatch.setattr(config, "load_project", no_parse)
     s = tasks.BuildSession()
     got = {t["name"]: t["uptodate"][0][1][1] for t in s.task_build()}
     assert got == keys
-    assert s._builder is None  # no config parse, no key computed
+    assert s.target_ids() == ["m/b1/fp32/p1", "m/b2/fp32/p1"]
+    with pytest.raises(AssertionError, match="the config was parsed"):  # the seam is the one the session uses
+        _ = s.builder
 
 
 @pytest.mark.parametrize("change", [
@@ -158,22 +170,43 @@ def test_an_installed_package_invalidates_the_plan(proj, tmp_path, monkeypatch):
     site.mkdir()
     monkeypatch.setattr(sys, "path", [*sys.path, str(site)])
     time.sleep(0.05)
-    planned_keys()
-    assert cached_keys() is not None
+    keys = planned_keys()
+    assert cached_keys() == keys
     (site / "newpkg-1.0.dist-info").mkdir()  # what pip install leaves in a sys.path folder
     assert cached_keys() is None
 
 
-def test_a_changed_neuron_build_module_invalidates_the_plan(proj, tmp_path, monkeypatch):
-    pkg = tmp_path / "fake_neuron_build"
-    pkg.mkdir()
-    (pkg / "keys.py").write_text("FORMAT = 1\n")
-    monkeypatch.setattr(plan_cache, "_PACKAGE_DIR", pkg)
-    time.sleep(0.05)
-    planned_keys()
-    assert cached_keys() is not None
-    (pkg / "keys.py").write_text("FORMAT = 22\n")
-    assert cached_keys() is None
+CODE_PROBE = r'''
+import os, sys, time
+from pathlib import Path
+import neuron_build
+from neuron_build import tasks
+from neuron_build.build.session import cached_plan
+from neuron_build.project import plan_cache
+assert neuron_build.__file__ == sys.argv[2], neuron_build.__file__  # the copy, not the checkout
+cfg = Path(os.environ["NEURON_BUILD_CONFIG"])
+list(tasks.BuildSession().task_build())
+print("planned", cached_plan(str(cfg)) is not None)
+keys = Path(sys.argv[1])
+time.sleep(0.05)
+keys.write_text(keys.read_text() + "# an edit of neuron-build's own key code\n")
+print("edited", cached_plan(str(cfg)) is not None, plan_cache.load(cfg.parent / ".neuron-build", cfg.resolve(),
+                                                                  cfg.read_bytes())[1])
+'''
+
+
+def test_a_changed_neuron_build_module_invalidates_the_plan(proj, tmp_path):
+    """neuron-build's own code is an input of every key: a copy of the package, planned with, then edited."""
+    import shutil
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "neuron_build", site / "neuron_build", ignore=shutil.ignore_patterns("__pycache__"))
+    time.sleep(0.05)  # past the timestamp granule of the copied files
+    env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{REPO}")
+    out = subprocess.run([sys.executable, "-c", CODE_PROBE, str(site / "neuron_build" / "project" / "keys.py"),
+                          str(site / "neuron_build" / "__init__.py")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["planned True", "edited False neuron-build changed"]
 
 
 def test_a_racy_input_is_never_cached(proj):
@@ -189,8 +222,8 @@ def test_a_corrupt_cache_is_a_miss(proj):
     planned_keys()
     (proj.parent / ".neuron-build" / plan_cache.PLAN_CACHE).write_text("{not json")
     assert cached_keys() is None
-    planned_keys()
-    assert cached_keys() is not None
+    keys = planned_keys()
+    assert cached_keys() == keys and sorted(keys) == ["m/b1/fp32/p1", "m/b2/fp32/p1"]  # the next plan rewrote it
 
 
 PROBE = r'''

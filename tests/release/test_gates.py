@@ -3,8 +3,6 @@ with real validation and benchmark results that ``neuron-build validate`` and ``
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from neuron_build.build.builder import Builder
@@ -79,11 +77,24 @@ def test_latency_gate_on_stored_benchmarks(project):
 
 
 def test_results_sit_beside_the_artifact(project):
+    """Through the store's record contract: each artifact holds one validation per device kind and one
+    benchmark per device kind and host, each about its own key and target, and none of them changed the
+    artifact (its files verify, its key is planned the same)."""
+    import socket
     b, keys = project
-    base = b.store.root / "results" / keys[GOOD]
-    assert sorted(p.relative_to(base).as_posix() for p in base.rglob("*.json")) == sorted(
-        ["validation/cpu.json", f"bench/cpu--{bench_result(b.store, keys[GOOD], 'cpu')['host']}.json"])
-    assert json.loads((base / "validation" / "cpu.json").read_text())["key"] == keys[GOOD]
+    for t, key in keys.items():
+        val, bench = b.store.results(key, "validation"), b.store.results(key, "bench")
+        assert list(val) == ["cpu"] and list(bench) == [f"cpu--{socket.gethostname()}"]
+        for rec in (val["cpu"], *bench.values()):
+            assert (rec["key"], rec["target"], rec["device_kind"]) == (key, t, "cpu")
+        assert b.store.result(key, "validation", "cpu") == val["cpu"]
+        assert bench_result(b.store, key, "cpu") == bench[f"cpu--{socket.gethostname()}"]
+        assert b.store.results(key, "profile") == {}  # no other kind was stored
+        assert b.store.is_complete(key, deep=True) and set(b.store.manifest(key).files) == {"model.pt"}
+    assert b.store.result(keys[BAD], "validation", "cpu")["verdict"] == "fail"
+    assert b.store.result(keys[GOOD], "validation", "cpu")["verdict"] == "pass"
+    again = Builder(load_project(b.project.path))
+    assert {t: again.key(again.by_id[t]).key for t in keys} == keys
 
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import pytest
@@ -50,12 +49,12 @@ def test_release_record(proj):
     assert rel["runtime"] == {"dims": ["batch"], "inputs": [{"name": "x", "shape": ["batch", 16], "dtype": "fp32",
                                                              "pad": 0.0}], "truncate": False, "convert_dtypes": False}
     assert rel["git_commit"] is None and rel["creator"] == ACTOR
-    path = store.root / "releases" / "tiny" / f"{rel['id']}.json"
-    assert json.loads(path.read_text()) == rel
-    # same artifacts again: same id, the first record stays untouched
-    before = path.read_bytes()
+    assert store.release("tiny", rel["id"]) == rel and store.release_ids("tiny") == [rel["id"]]
+    # same artifacts again: same id, the first record stays untouched (a record is written once)
     assert create_release(Builder(project), "tiny", "fp32", "p1") == rel
-    assert path.read_bytes() == before
+    assert store.release("tiny", rel["id"]) == rel and store.release_ids("tiny") == [rel["id"]]
+    assert store.put_release("tiny", rel["id"], {**rel, "creator": "someone else"}) is False
+    assert store.release("tiny", rel["id"]) == rel
     # another dtype is another release
     assert make(proj, "bf16")["id"] != rel["id"]
     assert load_release(store, "tiny", rel["id"][:10])["id"] == rel["id"]
@@ -109,7 +108,7 @@ def test_release_refuses_missing_and_failed_buckets(proj):
     assert r.returncode == 2
     assert "tiny/b1/fp32/p1: missing: not built for this checkout (changed since its last build: model: " \
            "sources.tinylib/act.py" in r.stderr
-    assert not (LocalStore(load_project(proj).store_url()).root / "releases").exists()
+    assert list(LocalStore(load_project(proj).store_url()).releases()) == []  # no record written
 
 
 def test_release_refuses_mixed_toolchains(proj, monkeypatch):
