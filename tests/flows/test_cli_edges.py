@@ -1,0 +1,36 @@
+"""Small defects a trial found through the CLI: each gets one line naming the flag, file or URL and the fix
+(exit 2), or the right behaviour."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.helpers.cli import REPO, run_cli
+from tests.helpers.projects import write_tiny_project
+
+ENV = {"PYTHONPATH": str(REPO)}
+
+
+def _one_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# -- report/metrics --since: "-3h" reads as "3h" (3 hours ago); a bad window is one line naming --since ----------
+def test_since_accepts_a_leading_minus_and_names_its_forms(tmp_path: Path):
+    cfg = write_tiny_project(tmp_path / "p")
+    for args in (["report", "--since", "-3h", "--json"], ["report", "--since=-3h", "--json"]):
+        r = run_cli(*args, "-c", str(cfg), cwd=cfg.parent, env=ENV)
+        assert r.returncode == 0, r.stderr
+        assert '"since"' in r.stdout and "usage:" not in r.stderr
+    r = run_cli("metrics", "--since", "-2d", "-c", str(cfg), cwd=cfg.parent, env=ENV)
+    assert r.returncode == 0, r.stderr
+    assert "neuron_build_report_window_seconds 172800.0" in r.stdout.splitlines()
+    r = run_cli("report", "--since", "3x", "-c", str(cfg), cwd=cfg.parent, env=ENV)
+    assert r.returncode == 2
+    assert _one_line(r.stderr) == ("error: --since '3x' is not a window: give a positive number and a unit "
+                                   "(s, m, h, d, w), e.g. 24h, 90m, 7d (-3h is read as 3h: 3 hours ago), or 'all'")
+    # an option after --since is still a missing value, not a window
+    r = run_cli("report", "--since", "--json", "-c", str(cfg), cwd=cfg.parent, env=ENV)
+    assert r.returncode == 2 and "argument --since: expected one argument" in r.stderr
