@@ -34,3 +34,14 @@ def test_since_accepts_a_leading_minus_and_names_its_forms(tmp_path: Path):
     # an option after --since is still a missing value, not a window
     r = run_cli("report", "--since", "--json", "-c", str(cfg), cwd=cfg.parent, env=ENV)
     assert r.returncode == 2 and "argument --since: expected one argument" in r.stderr
+
+
+# -- bench checks its options before it prints anything ---------------------------------------------------------
+def test_bench_bad_iters_is_one_line_before_any_output(tmp_path: Path):
+    cfg = write_tiny_project(tmp_path / "p")
+    r = run_cli("bench", "--iters", "0", "-c", str(cfg), cwd=cfg.parent, env=ENV)
+    assert r.returncode == 2 and r.stdout == ""
+    assert _one_line(r.stderr) == "error: --iters must be >= 1 and --warmup >= 0 (got iters 0, warmup 50)"
+    r = run_cli("bench", "tiny", "--threads", "0", "-c", str(cfg), cwd=cfg.parent, env=ENV)
+    assert r.returncode == 2 and r.stdout == ""
+    assert _one_line(r.stderr) == "error: --threads must be >= 1 (got 0)"
