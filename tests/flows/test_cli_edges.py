@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tests.helpers.cli import REPO, run_cli
-from tests.helpers.projects import write_tiny_project
+from tests.helpers.projects import edit, write_tiny_project
 
 ENV = {"PYTHONPATH": str(REPO)}
 
@@ -45,3 +46,28 @@ def test_bench_bad_iters_is_one_line_before_any_output(tmp_path: Path):
     r = run_cli("bench", "tiny", "--threads", "0", "-c", str(cfg), cwd=cfg.parent, env=ENV)
     assert r.returncode == 2 and r.stdout == ""
     assert _one_line(r.stderr) == "error: --threads must be >= 1 (got 0)"
+
+
+# -- releases diff of two models' releases is refused in one line -----------------------------------------------
+def test_releases_diff_across_models_is_one_line(tmp_path: Path):
+    cfg = edit(write_tiny_project(tmp_path / "p"), "buckets = { batch = [1, 4] }", "buckets = { batch = [1] }")
+    ids = {}
+    for model, target in (("tiny", "tiny/b1/fp32/p1"), ("other", "other/static/fp32/p1")):
+        r = run_cli("build", target, "-c", str(cfg), cwd=cfg.parent, env=ENV)
+        assert r.returncode == 0, r.stderr
+        r = run_cli("release", model, "--dtype", "fp32", "--profile", "p1", "-c", str(cfg), cwd=cfg.parent, env=ENV)
+        assert r.returncode == 0, r.stderr
+        ids[model] = r.stdout.split()[1].rstrip(":")
+    assert all(i.startswith("r-") for i in ids.values()), ids
+    want = (f"error: releases diff: {ids['tiny']} is a release of model 'tiny' and {ids['other']} of model 'other'; "
+            f"a diff compares two releases of one model (list them with `neuron-build releases tiny` or "
+            f"`neuron-build releases other`)")
+    r = run_cli("releases", "diff", ids["tiny"], f"other@{ids['other']}", "-c", str(cfg), cwd=cfg.parent, env=ENV)
+    assert r.returncode == 2 and r.stdout == ""
+    assert _one_line(r.stderr) == want
+    r = run_cli("releases", "diff", ids["tiny"], ids["other"], "--json", "-c", str(cfg), cwd=cfg.parent, env=ENV)
+    assert r.returncode == 2
+    assert json.loads(r.stdout)["error"] == want.removeprefix("error: ")
+    # one model's release against itself still diffs
+    r = run_cli("releases", "diff", ids["tiny"], ids["tiny"], "-c", str(cfg), cwd=cfg.parent, env=ENV)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "0 changed, 1 same, 0 added, 0 removed"
