@@ -71,3 +71,25 @@ def test_releases_diff_across_models_is_one_line(tmp_path: Path):
     # one model's release against itself still diffs
     r = run_cli("releases", "diff", ids["tiny"], ids["tiny"], "-c", str(cfg), cwd=cfg.parent, env=ENV)
     assert r.returncode == 0 and r.stdout.splitlines()[-1] == "0 changed, 1 same, 0 added, 0 removed"
+
+
+# -- a remote whose filesystem cannot connect (ftp://) is one line naming [build] remote, not a traceback ---------
+def test_unreachable_ftp_remote_is_one_line_naming_build_remote(tmp_path: Path):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: the connection is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    schemes = "s3://, gs://, gcs://, az://, abfs://, file://, memory://"
+    for url, reason in ((f"ftp://127.0.0.1:{port}/store", "ConnectionRefusedError: [Errno 111] Connection refused"),
+                        ("ftp://nosuchhost.invalid/store", "gaierror: ")):
+        cfg = write_tiny_project(tmp_path / url.split("/")[2].replace(":", "_"))
+        edit(cfg, "[build]\n", f'[build]\nremote = "{url}"\n')
+        for args in (["status", "--remote"], ["push"], ["build", "other"]):
+            r = run_cli(*args, "-c", str(cfg), cwd=cfg.parent, env=ENV, timeout=120)
+            assert r.returncode == 2, (args, r.stderr)
+            line = _one_line(r.stderr)
+            assert "Traceback" not in r.stderr
+            assert line.startswith(f"error: [build] remote '{url}' cannot be opened: connecting failed ({reason}"), line
+            assert line.endswith(f"); check the host and port in the URL, or use a store URL of one of {schemes}")
+        assert not (cfg.parent / "artifacts" / "ac").exists()  # nothing was compiled or written
