@@ -93,3 +93,33 @@ def test_unreachable_ftp_remote_is_one_line_naming_build_remote(tmp_path: Path):
             assert line.startswith(f"error: [build] remote '{url}' cannot be opened: connecting failed ({reason}"), line
             assert line.endswith(f"); check the host and port in the URL, or use a store URL of one of {schemes}")
         assert not (cfg.parent / "artifacts" / "ac").exists()  # nothing was compiled or written
+
+
+# -- verify of the local cache of a file:// remote: a promoted channel's release lives on the remote ------------
+def test_verify_local_cache_finds_a_channels_release_on_the_remote(tmp_path: Path):
+    remote = tmp_path / "remote"
+    cfg = edit(write_tiny_project(tmp_path / "p"), "buckets = { batch = [1, 4] }", "buckets = { batch = [1] }")
+    edit(cfg, "[build]\n", f'[build]\nremote = "file://{remote}"\n')
+    cfg.write_text(cfg.read_text() + '\n[release]\nchannels = ["dev"]\n')
+
+    def nb(*args: str, ok: int = 0):
+        r = run_cli(*args, "-c", str(cfg), cwd=cfg.parent, env=ENV)
+        assert r.returncode == ok, (args, r.stdout, r.stderr)
+        return r
+
+    nb("build", "tiny/b1/fp32/p1")
+    nb("validate", "tiny/b1/fp32/p1")
+    rid = nb("release", "tiny", "--dtype", "fp32", "--profile", "p1").stdout.split()[1].rstrip(":")
+    nb("promote", "tiny", rid, "--to", "dev")
+    nb("push")
+    local = cfg.parent / "artifacts"
+    assert (local / "channels" / "tiny" / "dev.json").is_file()  # the mirrored pointer...
+    assert not (local / "releases" / "tiny" / f"{rid}.json").exists()  # ...of a release only the remote holds
+    for args in (["verify", "--json"], ["verify", "--remote", "--json"]):
+        doc = json.loads(nb(*args).stdout)
+        assert doc["verdict"] == "pass" and doc["problems"] == [], doc
+    # a release missing from both stores is still a problem
+    (remote / "releases" / "tiny" / f"{rid}.json").unlink()
+    doc = json.loads(nb("verify", "--json", ok=1).stdout)
+    assert doc["problems"] == [f"channels/tiny/dev.json: points at release {rid}, but releases/tiny/{rid}.json "
+                               f"is missing or unreadable"]
