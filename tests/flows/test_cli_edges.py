@@ -93,6 +93,13 @@ def test_unreachable_ftp_remote_is_one_line_naming_build_remote(tmp_path: Path):
             assert line.startswith(f"error: [build] remote '{url}' cannot be opened: connecting failed ({reason}"), line
             assert line.endswith(f"); check the host and port in the URL, or use a store URL of one of {schemes}")
         assert not (cfg.parent / "artifacts" / "ac").exists()  # nothing was compiled or written
+    # a deploy host's `pull --store URL` names the flag
+    r = run_cli("pull", "tiny", "--channel", "dev", "--dest", str(tmp_path / "out"), "--store",
+                f"ftp://127.0.0.1:{port}/store", cwd=tmp_path, env=ENV, timeout=120)
+    assert r.returncode == 2 and not (tmp_path / "out").exists()
+    assert _one_line(r.stderr) == (f"error: --store 'ftp://127.0.0.1:{port}/store' cannot be opened: connecting "
+                                   f"failed (ConnectionRefusedError: [Errno 111] Connection refused); check the host "
+                                   f"and port in the URL, or use a store URL of one of {schemes}")
 
 
 # -- verify of the local cache of a file:// remote: a promoted channel's release lives on the remote ------------
