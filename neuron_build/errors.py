@@ -90,6 +90,29 @@ class StoreUnreachable(StoreError):
     """The store's endpoint cannot be reached (connection refused or timed out, name not resolved)."""
 
 
+#: URL schemes of the stores the tool knows how to reach (any other fsspec protocol works too when its
+#: package is installed; these are the ones named in messages).
+STORE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "file", "memory")
+
+
+class StoreNotOpened(UserError):
+    """A store URL whose filesystem could not even be made: fsspec's filesystem connects when it is created
+    (``ftp://``, ``sftp://``) and the host did not resolve, refused the connection or timed out (exit 2).
+
+    Attributes:
+        url: the store's URL; reason: what failed, one line (``gaierror: [Errno -2] Name or service not known``).
+    """
+
+    def __init__(self, url: str, reason: str, label: str = "store"):
+        self.url, self.reason = url, reason
+        super().__init__(f"{label} {url!r} cannot be opened: connecting failed ({reason}); check the host and port "
+                         f"in the URL, or use a store URL of one of " + ", ".join(f"{s}://" for s in STORE_SCHEMES))
+
+    def labelled(self, label: str) -> StoreNotOpened:
+        """The same error, its message naming the store as ``label`` (``[build] remote``)."""
+        return StoreNotOpened(self.url, self.reason, label)
+
+
 class StoreDenied(StoreError):
     """The store refused the credentials, or there are none (HTTP 403, no credentials found)."""
 

@@ -139,7 +139,11 @@ class BuildReporter(ConsoleReporter):
 
             # called from doit's `finally`: a Ctrl-C is still on its way up
             interrupted = isinstance(sys.exc_info()[1], KeyboardInterrupt)
-            summary = from_outcomes(self.selected, s.outcomes, s.hits, self.reported, interrupted=interrupted)
+            hits = list(s.hits)
+            if interrupted:  # doit stopped before it checked every task: those up to date are not interrupted
+                seen = set(hits) | set(s.outcomes) | set(self.reported)
+                hits += s.up_to_date([t for t in self.selected if t not in seen])
+            summary = from_outcomes(self.selected, s.outcomes, hits, self.reported, interrupted=interrupted)
             self.outstream.flush()
             summary.print(self.outstream)
 

@@ -341,6 +341,30 @@ class BuildSession(NamespaceTaskLoader):
         return {t: expected_compile_time(b.store, b.by_id[t].model, b.by_id[t].bucket_id)
                 for t in missing if t in b.by_id}
 
+    def up_to_date(self, target_ids: Sequence[str]) -> list[str]:
+        """Which of ``target_ids`` the store holds complete now, as a ``build:`` task's ``uptodate`` check
+        tells it (:func:`_is_built`: the local store; an artifact only on the remote is downloaded by the
+        task, so it is not up to date), in the order given. For the summary of a build Ctrl-C stopped
+        before doit checked every task: nothing is added to :attr:`hits` (doit did not find them).
+        Never raises: a store or a key that cannot be read leaves that target out."""
+        try:
+            if self._builder is None and self._plan is not None:
+                plan, store = self._plan
+                keys = plan.keys()
+            else:
+                b = self.builder
+                store, keys = b.store, {t: b.key(b.by_id[t]).key for t in target_ids if t in b.by_id}
+        except Exception:  # called while a Ctrl-C is on its way up: the summary must still print
+            return []
+        out = []
+        for t in target_ids:
+            try:
+                if t in keys and _is_built(store, keys[t], None, t, self._known):
+                    out.append(t)
+            except Exception:
+                continue
+        return out
+
     def flush_hits(self) -> None:
         """Write the cache hits collected so far to the build ledger (one object), then forget them."""
         if not self.hits:

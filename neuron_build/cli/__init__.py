@@ -132,10 +132,34 @@ def _long_name(args: argparse.Namespace) -> str | None:
     return None
 
 
+#: Options whose value may start with ``-`` and a digit (``--since -3h``): argparse would read such a value as
+#: an option, so :func:`main` passes it as ``--since=-3h``.
+DASH_VALUE_OPTIONS = ("--since",)
+
+
+def _glue_dash_values(argv: list[str]) -> list[str]:
+    """``argv`` with each ``OPTION -<digit>...`` of :data:`DASH_VALUE_OPTIONS` written ``OPTION=-<digit>...``
+    (anything after ``--`` is left as it is)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            return out + argv[i:]
+        nxt = argv[i + 1] if i + 1 < len(argv) else ""
+        if a in DASH_VALUE_OPTIONS and len(nxt) > 1 and nxt[0] == "-" and nxt[1].isdigit():
+            out.append(f"{a}={nxt}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one ``neuron-build`` command (``argv``: the arguments after the program name; default
     ``sys.argv[1:]``) and return its exit status (:class:`neuron_build.errors.ExitCode`)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = _glue_dash_values(sys.argv[1:] if argv is None else list(argv))
     _JSON_ERRORS[0] = "--json" in argv
     args = parser().parse_args(argv)
     args.config = getattr(args, "config", None) or os.environ.get("NEURON_BUILD_CONFIG") or None

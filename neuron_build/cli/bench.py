@@ -189,12 +189,14 @@ def cmd_bench(args) -> int:
     """Benchmark the targets matching PATTERNs and --compare (default: all targets)."""
     from neuron_build.project.matrix import select
 
+    timing = timing_settings(args)
+    timing.check()  # a bad --iters/--warmup/--threads is one line before any other output
     if args.profile:
         check_profile_dir(args.profile)
     b = open_builder(args)
     require_writable(b.store)  # before any benchmark or validation runs
     chosen = select(b.targets, list(args.patterns) + list(args.compare))
-    run = bench_selected(b, chosen, timing_settings(args), compare=bool(args.compare), profile=args.profile,
+    run = bench_selected(b, chosen, timing, compare=bool(args.compare), profile=args.profile,
                          on_profile=None if args.json else _print_profile, against=args.against)
     if args.json:
         print_json([r.to_json() for r in run.records], "records")

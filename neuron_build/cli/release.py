@@ -320,8 +320,12 @@ def cmd_pull(args) -> int:
     from neuron_build.release import pull, require_model
 
     if args.store:  # a deploy host with only the URL: no project, any channel the store holds
+        from neuron_build.errors import StoreNotOpened
         from neuron_build.store import open_store
-        store, settings = open_store(given_store(args.store)), None
+        try:
+            store, settings = open_store(given_store(args.store)), None
+        except StoreNotOpened as e:
+            raise e.labelled("--store") from e
     else:
         project, store = open_project_store(args)
         require_model(project, args.model)

@@ -57,7 +57,8 @@ def cmd_verify(args) -> int:
     if args.repair and store.read_only:
         raise UserError(f"store at {store.location} is read-only; verify --repair moves damaged objects "
                         f"and cannot here (run verify without --repair to report them)")
-    rep = verify_store(store, deep=args.deep, repair=args.repair)
+    shared = None if args.remote else b.store.remote_tier  # the local cache's channels point at its releases
+    rep = verify_store(store, deep=args.deep, repair=args.repair, shared=shared)
     if args.json:
         print_json({**rep.to_json(), "verdict": str(Verdict.PASS if rep.clean else Verdict.FAIL)})
         return ExitCode.OK if rep.clean else ExitCode.FAILED

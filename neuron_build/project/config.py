@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from neuron_build.errors import ConfigError
+from neuron_build.errors import STORE_SCHEMES, ConfigError
 from neuron_build.project.compiler_args import normalize_compiler_args
 from neuron_build.project.config_checks import cross_checks
 from neuron_build.project.config_errors import (
@@ -162,9 +162,6 @@ class BuildSettings(_Frozen):
         return v
 
 
-#: URL schemes of the stores the tool knows how to reach (any other fsspec protocol works too when its
-#: package is installed; these are the ones named in messages).
-STORE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "file", "memory")
 
 
 def check_store_url(url: str) -> None:

@@ -126,7 +126,7 @@ def diff_releases(store: ArtifactStore, a: Release, b: Release, channels: list[s
 
     Args:
         channels: the channels whose history is searched for gate verdicts (default: every channel the
-            store holds a pointer of for either model).
+            store holds a pointer of for the model).
 
     Returns:
         ``{"schema", "a", "b", "toolchain": {"same", "changed": {package: [a, b]}}, "buckets": [...],
@@ -135,9 +135,16 @@ def diff_releases(store: ArtifactStore, a: Release, b: Release, channels: list[s
         removed), ``"a"`` and ``"b"`` (None on the side that lacks it): ``target``, ``key``, ``op_count``,
         ``compile_time_s`` (seconds), ``artifact_bytes`` (bytes), ``validation`` (device kind ->
         ``{"verdict", "error"}``), ``bench`` (record name -> ``{"p50_ms", "p99_ms"}``)}``.
+
+    Raises:
+        UserError: ``a`` and ``b`` are releases of two different models (their buckets are not comparable).
     """
+    if a.model != b.model:
+        raise UserError(f"releases diff: {a.id} is a release of model '{a.model}' and {b.id} of model "
+                        f"'{b.model}'; a diff compares two releases of one model (list them with "
+                        f"`neuron-build releases {a.model}` or `neuron-build releases {b.model}`)")
     if channels is None:
-        channels = sorted({c for m, c, _ in store.channels() if m in (a.model, b.model)})
+        channels = sorted({c for m, c, _ in store.channels() if m == a.model})
     arts_a = {x.bucket_id: x for x in a.artifacts}
     arts_b = {x.bucket_id: x for x in b.artifacts}
     order = list(arts_a) + [k for k in arts_b if k not in arts_a]

@@ -47,12 +47,21 @@ def is_url(location: str | Path) -> bool:
 def cached_store(location: str | Path, remote: str | None, options: dict[str, Any] | None = None) -> ArtifactStore:
     """The store a project builds into (``Project.store_url()``): a local store read through to the
     ``remote`` URL when one is set (a :class:`~neuron_build.store.tiered.ReadThroughStore`), else the store
-    at ``location`` alone. ``options``: ``[build] remote_options``."""
+    at ``location`` alone. ``options``: ``[build] remote_options``.
+
+    Raises:
+        StoreNotOpened: the remote's filesystem could not connect (the message names ``[build] remote``).
+    """
     store = open_store(location, options=options)
     if remote is None or store.folder is None:
         return store
+    from neuron_build.errors import StoreNotOpened
     from neuron_build.store.tiered import ReadThroughStore
-    return ReadThroughStore(store, open_store(remote, options=options))
+    try:
+        shared = open_store(remote, options=options)
+    except StoreNotOpened as e:
+        raise e.labelled("[build] remote") from e
+    return ReadThroughStore(store, shared)
 
 
 __all__ = ["ArtifactStore", "Lookup", "LocalStore", "cached_store", "is_url", "open_store"]

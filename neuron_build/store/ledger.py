@@ -32,7 +32,7 @@ SCHEMA = 1
 #: (``graph-reused``: the source key missed, the graph key hit: the key was published over the blobs of
 #: ``reused_from``, nothing compiled).
 EVENTS = ("compile", "cached", "reused", "downloaded", "graph-reused")
-_WINDOW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_WINDOW = re.compile(r"^\s*-?\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")  # "-3h" reads as "3h": 3 hours ago
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -171,14 +171,16 @@ def parse_time(iso: str) -> _dt.datetime:
 
 
 def parse_window(text: str) -> _dt.timedelta:
-    """A window such as ``24h``, ``90m``, ``7d``, ``30s``, ``2w`` as a timedelta.
+    """A window such as ``24h``, ``90m``, ``7d``, ``30s``, ``2w`` as a timedelta (how far back it reaches; a
+    leading ``-``, as in ``-3h``, means the same: 3 hours ago).
 
     Raises:
-        ValueError: not a number followed by one of s, m, h, d, w (the message names the value).
+        ValueError: not a number followed by one of s, m, h, d, w (the message names the value and the forms).
     """
     m = _WINDOW.match(str(text))
     if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"--since {text!r} is not a window: give a positive number and a unit, e.g. 24h, 90m, 7d")
+        raise ValueError(f"--since {text!r} is not a window: give a positive number and a unit (s, m, h, d, w), "
+                         f"e.g. 24h, 90m, 7d (-3h is read as 3h: 3 hours ago), or 'all'")
     return _dt.timedelta(seconds=float(m.group(1)) * _UNIT_S[m.group(2)])
 
 

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from neuron_build.errors import StoreError
+
 # gc lives in neuron_build.store.gc (one collector for every store); its names stay importable here
 from neuron_build.store.gc import GcReport, Removal, Unremoved, collect_garbage
 from neuron_build.store.gc import release_artifacts as _release_artifacts
@@ -148,7 +150,8 @@ def orphan_blob_fix(target: str | None) -> str:
             f"release (`neuron-build release {model} && neuron-build promote {model} RELEASE --to CHANNEL`)")
 
 
-def verify_store(store: LocalStore, deep: bool = False, repair: bool = False) -> VerifyReport:
+def verify_store(store: LocalStore, deep: bool = False, repair: bool = False,
+                 shared: Any = None) -> VerifyReport:
     """Check every manifest of the action cache and every blob a manifest or a release lists.
 
     Cheap checks (a manifest parses, matches its own sha256, names its key, says PASS; every blob it
@@ -156,6 +159,12 @@ def verify_store(store: LocalStore, deep: bool = False, repair: bool = False) ->
     naming the keys whose manifests list it, every release and channel that pins it, and the fix. Only
     with ``repair`` is anything moved: damaged manifests and blobs go to ``quarantine/`` (so the next build
     compiles the keys again); without it, a read-only store is verified without a write.
+
+    Args:
+        shared: the remote store ``store`` is the local cache of (``[build] remote``), or None. Releases
+            live on the remote and ``promote`` mirrors only the channel pointer into the local store, so a
+            local channel's release is looked up on ``shared`` too (a remote that cannot be read counts as
+            not holding it).
     """
     rep = VerifyReport(deep=deep, repair=repair)
     pins = release_pins(store)
@@ -224,12 +233,22 @@ def verify_store(store: LocalStore, deep: bool = False, repair: bool = False) ->
         if not isinstance(rid, str):
             rep.problems.append(f"{where}: not a readable channel (JSON with release)")
             continue
-        if _release_keys(store.release(model, rid)) is None:
+        if _release_keys(store.release(model, rid)) is None and _release_keys(_shared_release(shared, model, rid)) is None:
             rep.problems.append(f"{where}: points at release {rid}, "
                                 f"but releases/{model}/{rid}.json is missing or unreadable")
     return rep
 
 
+
+
+def _shared_release(shared: Any, model: str, rid: str) -> Any:
+    """The release record ``rid`` of ``model`` on ``shared`` (None without one, or when it cannot be read)."""
+    if shared is None:
+        return None
+    try:
+        return shared.release(model, rid)
+    except (StoreError, OSError):
+        return None
 
 
 def referenced_keys(store: Any, extra: Iterable[str] = (), current_targets: Iterable[str] | None = None) -> set[str]:

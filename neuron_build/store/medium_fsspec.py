@@ -417,6 +417,7 @@ def fsspec_medium(url: str, options: dict[str, Any]) -> FsspecMedium:
 
     Raises:
         UserError: a URL fsspec cannot open.
+        StoreNotOpened: the filesystem connects when made and could not connect (exit 2).
     """
     import fsspec
     try:
@@ -425,6 +426,9 @@ def fsspec_medium(url: str, options: dict[str, Any]) -> FsspecMedium:
         from neuron_build.errors import UserError
         raise UserError(f"{url}: not a store URL fsspec can open ({e}); use s3://bucket/prefix, "
                         f"file:///path or another fsspec URL")
+    except OSError as e:  # a filesystem that connects when made (ftp://, sftp://): no such host, refused, timed out
+        from neuron_build.errors import StoreNotOpened
+        raise StoreNotOpened(url, f"{type(e).__name__}: {str(e).strip() or type(e).__name__}".splitlines()[0]) from e
     protos = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
     if "memory" in protos:
         return MemoryMedium(fs, root, url)

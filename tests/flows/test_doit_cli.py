@@ -99,6 +99,49 @@ def test_doit_build_ctrl_c_exits_130_without_a_traceback(tmp_path):
     assert not ac.exists() or not any(f.is_file() for f in ac.rglob("*"))
 
 
+SLOW_FIRST = '''
+[models.slow]
+factory = "tinylib.tiny:slow"
+dtypes = ["fp32"]
+profiles = ["p1"]
+inputs = [{ name = "x", shape = ["batch", 16] }]
+buckets = { batch = [1, 2, 3] }
+
+'''
+
+
+def test_doit_build_ctrl_c_reports_only_unfinished_targets_interrupted(tmp_path):
+    """Ctrl-C while two compiles of three run (``-n 2``), before doit reached the targets after them: the
+    up-to-date targets doit never checked are counted cached, not INTERRUPTED; the three slow ones are."""
+    from tests.helpers.projects import edit
+
+    cfg = write_tiny_project(tmp_path / "p")
+    edit(cfg, "buckets = { batch = [1, 4] }", "buckets = { batch = [1] }")
+    edit(cfg, 'dtypes = ["fp32", "bf16"]', 'dtypes = ["fp32"]')
+    edit(cfg, 'profiles = ["p1", "p2"]', 'profiles = ["p1"]')
+    r = run_cli("build", "-c", str(cfg), "tiny", "other", env={"PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    edit(cfg, "[models.tiny]", SLOW_FIRST + "[models.tiny]")  # the slow model first in matrix order
+    p = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "--dir", str(cfg.parent),
+                          "-n", "2", "build", f"config={cfg}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    staging = cfg.parent / "artifacts" / "staging"
+    deadline = time.monotonic() + 120
+    while (not staging.is_dir() or len(list(staging.iterdir())) < 2) and p.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert p.poll() is None and len(list(staging.iterdir())) >= 2, "the two compiles did not start"
+    time.sleep(1.0)
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, out + err
+    assert "-- build:tiny/b1/fp32/p1" not in out  # doit never got to check it
+    assert "\n5 targets: 0 built, 2 cached, 3 failed\n" in out, out
+    for t in ("slow/b1/fp32/p1", "slow/b2/fp32/p1", "slow/b3/fp32/p1"):
+        assert f"  FAILED {t}: INTERRUPTED: Ctrl-C stopped the build before it finished\n" in out, out
+    assert "tiny/b1/fp32/p1" not in out.split("\n5 targets")[1] and "other/static" not in out.split("\n5 targets")[1]
+
+
 def test_neuron_build_build_ctrl_c_exits_130_without_a_summary(tmp_path):
     """The same Ctrl-C on ``neuron-build build``: exit 130, no traceback, no summary counting it failed."""
     cfg = write_tiny_project(tmp_path / "p", extra=SLOW)

@@ -101,7 +101,8 @@ def test_parse_window():
     assert ledger.parse_window("24h") == _dt.timedelta(hours=24)
     assert ledger.parse_window("90m") == _dt.timedelta(minutes=90)
     assert ledger.parse_window("7d") == _dt.timedelta(days=7)
-    with pytest.raises(ValueError, match="--since '24' is not a window"):
+    assert ledger.parse_window("-3h") == _dt.timedelta(hours=3)
+    with pytest.raises(ValueError, match="--since .24. is not a window"):
         ledger.parse_window("24")
 
 
