@@ -124,6 +124,22 @@ def print_json(obj: Any, items: str = "items", name: str | None = None) -> None:
     sys.stdout.write("\n")
 
 
+def positive_int(text: str) -> int:
+    """An argparse ``type`` for a count of 1 or more (``-n/--jobs``, ``--max-buckets``): the whole number ``text``.
+
+    Raises:
+        argparse.ArgumentTypeError: ``text`` is not a whole number, or is below 1 (argparse prints it as a
+            usage error naming the flag, exit 2).
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not allowed; give 1 or more")
+    return value
+
+
 def seconds(value: float | None, digits: int = 3) -> float | None:
     """A duration or age for a JSON document: a number of seconds rounded to ``digits`` (None stays None)."""
     return None if value is None else round(float(value), digits)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from neuron_build.cli.app import command, display_note, open_project, plural, print_json
+from neuron_build.cli.app import command, display_note, open_project, plural, positive_int, print_json
 from neuron_build.errors import ExitCode, UserError
 
 SUGGEST_HELP = """\
@@ -23,16 +23,6 @@ left as they are and summed out): for every split K1 x K2 ... <= K of the NEFF b
 lists x distinct shapes are at most 200000; otherwise coordinate descent: each dim re-solved exactly given
 the others until nothing improves (padding never rises; not always the joint optimum). The method
 used is printed. Traffic files: what BucketedModel.save_traffic writes; any number, summed."""
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} is not 1 or more")
-    return n
 
 
 def register(add) -> None:
@@ -50,9 +40,9 @@ def register(add) -> None:
                    help="traffic files written by BucketedModel.save_traffic (summed)")
     p.add_argument("--dim", action="append", metavar="DIM",
                    help="search this bucket dim (repeat for several; default: every bucket dim of the model)")
-    p.add_argument("--max-buckets", type=_positive, required=True, metavar="K",
+    p.add_argument("--max-buckets", type=positive_int, required=True, metavar="K",
                    help="the most buckets (NEFFs per dtype and profile) over the searched dims")
-    p.add_argument("--multiple", type=_positive, metavar="M",
+    p.add_argument("--multiple", type=positive_int, metavar="M",
                    help="every suggested size a multiple of M (compilers prefer 64 or 128); with several "
                         "dims searched, batch sizes are not rounded")
     p.add_argument("--json", action="store_true")

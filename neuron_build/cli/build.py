@@ -6,29 +6,18 @@ Exit status: 0 when every selected target is in the store, 1 when one failed, 2 
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from neuron_build.build.summary import NOT_RUN, BuildSummary, log_command
-from neuron_build.cli.app import command, display_note, open_builder, plural, print_json
+from neuron_build.cli.app import command, display_note, open_builder, plural, positive_int, print_json
 from neuron_build.errors import BuildFailed, ExitCode
 from neuron_build.status import DOWNLOADED, TargetState
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not allowed; give 1 or more")
-    return value
 
 
 def register(add) -> None:
     """Add the ``build`` sub-command."""
     s = add("build", "compile the targets that are not in the store")
-    s.add_argument("-n", "--jobs", type=_positive_int, default=None,
+    s.add_argument("-n", "--jobs", type=positive_int, default=None,
                    help="compiles to run at once (default: one per CPU, bounded by the host-memory budget)")
     s.add_argument("--executor", choices=("local", "dask"), default=None,
                    help="where compiles run (default: [build] executor, else local)")
