@@ -15,7 +15,7 @@ import pytest
 
 from neuron_build.compilers.neuron.torchneuron import compiler_env, metric_row
 from tests.helpers.cli import REPO, run_cli
-from tests.helpers.projects import checkout_copy, edit, write_tiny_project
+from tests.helpers.projects import edit, shipped_on, write_tiny_project
 
 
 def cc_project(root: Path) -> Path:
@@ -105,10 +105,8 @@ def test_torchneuron_compiler_settings():
 @pytest.mark.slow
 def test_shipped_rmsnorm_and_minilm_on_compile_cache(tmp_path):
 
-    a = checkout_copy(tmp_path / "a")
-    cfg = a / "buckets.toml"
-    edit(cfg, 'backend = "auto"', 'backend = "compile-cache"')
-    edit(cfg, 'dtypes = ["fp32", "bf16"]', 'dtypes = ["fp32"]')
+    cfg = shipped_on(tmp_path / "a", "compile-cache", one_seq=False)
+    a = cfg.parent
     r = subprocess.run([sys.executable, "-m", "neuron_build.cli", "build", "rmsnorm_naive", "minilm"], cwd=a,
                        capture_output=True, text=True, timeout=3600, env={**__import__("os").environ,
                                                                             "PYTHONPATH": str(REPO)})

@@ -11,8 +11,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tests.helpers.cli import run_cli
-from tests.helpers.faultkit import compile_counts, events, kill_group, quick_ids, start_build, write_quick_project
+from tests.helpers.cli import events, run_cli
+from tests.helpers.faultkit import compile_counts, kill_group, quick_ids, start_build, write_quick_project
 
 N = 4  # keys in the matrix; both hosts build all of them (today: 8 compiles, two blobs per key)
 

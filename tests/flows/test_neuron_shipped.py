@@ -12,19 +12,16 @@ import pytest
 
 from tests.fakes.env import neuron_env
 from tests.helpers.cli import REPO, run_cli
-from tests.helpers.projects import checkout_copy, edit
+from tests.helpers.projects import edit, shipped_on
 
 CC_VERSION = "2.30.4217.0+5e1f0c2a"
 
 
 @pytest.mark.slow
 def test_shipped_matrix_on_neuron(tmp_path):
-    a = checkout_copy(tmp_path / "a")
-    cfg = a / "buckets.toml"
-    edit(cfg, 'backend = "auto"', 'backend = "neuron"')
+    cfg = shipped_on(tmp_path / "a", "neuron")
+    a = cfg.parent
     edit(cfg, 'compiler_args = ["--optlevel=1"]', 'compiler_args = ["--optlevel=1"]\ntp_degree = 2')
-    edit(cfg, 'dtypes = ["fp32", "bf16"]', 'dtypes = ["fp32"]')
-    edit(cfg, "buckets = { batch = [8], seq = [32, 64, 128] }", "buckets = { batch = [8], seq = [32] }")
     calls = tmp_path / "calls.jsonl"
     # has_device: the double's neuronx-distributed needs a "NeuronCore" for the TP profile
     env = neuron_env("neuron_sdk", base=dict(os.environ, PYTHONPATH=str(REPO)), calls=calls,

@@ -26,17 +26,22 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
                           capture_output=True, timeout=timeout)
 
 
-def compiles_in_log(state_dir: Path) -> list[str]:
-    """Target ids of every compile started, read from the project's build log."""
+def events(state_dir: Path, name: str | None = None) -> list[dict]:
+    """Events of the project's build log (every process appends to it), optionally only those named."""
     log = state_dir / "build.log"
     if not log.exists():
         return []
     out = []
     for line in log.read_text().splitlines():
         ev = json.loads(line)
-        if ev.get("event") == "compiling":
-            out.append(ev["target"])
+        if name is None or ev.get("event") == name:
+            out.append(ev)
     return out
+
+
+def compiles_in_log(state_dir: Path) -> list[str]:
+    """Target ids of every compile started, read from the project's build log."""
+    return [ev["target"] for ev in events(state_dir, "compiling")]
 
 
 def in_a_terminal(args: list[str], cwd: Path, env: dict | None = None, timeout: float = 300,

@@ -140,19 +140,6 @@ def start_build(cfg: Path, out: Path, *args: str) -> subprocess.Popen:
     return start(["-m", "neuron_build.cli", "build", "-c", str(cfg), *args], out)
 
 
-def events(state_dir: Path, name: str | None = None) -> list[dict]:
-    """Events of the project's build log (every process appends to it), optionally only those named."""
-    log = state_dir / "build.log"
-    if not log.exists():
-        return []
-    out = []
-    for line in log.read_text().splitlines():
-        ev = json.loads(line)
-        if name is None or ev.get("event") == name:
-            out.append(ev)
-    return out
-
-
 def compile_counts(state_dir: Path) -> Counter:
     """How many compiles were started per target id, from the build log."""
     return Counter(compiles_in_log(state_dir))

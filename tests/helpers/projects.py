@@ -143,3 +143,14 @@ def checkout_copy(dest: Path) -> Path:
             shutil.copy2(REPO / f, dest / f)
     return dest
 
+
+
+def shipped_on(dest: Path, backend: str, one_seq: bool = True) -> Path:
+    """A copy of the checkout (:func:`checkout_copy`) whose shipped matrix builds on ``backend``, fp32 only, and
+    with ``one_seq`` the encoder's seq-32 bucket only (one compile per model). Returns the config path."""
+    cfg = checkout_copy(dest) / "buckets.toml"
+    edit(cfg, 'backend = "auto"', f'backend = "{backend}"')
+    edit(cfg, 'dtypes = ["fp32", "bf16"]', 'dtypes = ["fp32"]')
+    if one_seq:
+        edit(cfg, "buckets = { batch = [8], seq = [32, 64, 128] }", "buckets = { batch = [8], seq = [32] }")
+    return cfg

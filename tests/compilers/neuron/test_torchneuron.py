@@ -15,7 +15,7 @@ import pytest
 
 from tests.fakes.env import neuron_env
 from tests.helpers.cli import REPO, run_cli
-from tests.helpers.projects import checkout_copy, edit, write_tiny_project
+from tests.helpers.projects import edit, shipped_on, write_tiny_project
 
 TNX_VERSION = "2.13.3.4217"
 
@@ -199,12 +199,9 @@ def test_bench_profile_writes_paired_files(built, tmp_path):
 @pytest.mark.slow
 def test_shipped_matrix_on_torchneuron(tmp_path):
 
-    a = checkout_copy(tmp_path / "a")
-    cfg = a / "buckets.toml"
-    edit(cfg, 'backend = "auto"', 'backend = "torchneuron"')
+    cfg = shipped_on(tmp_path / "a", "torchneuron")
+    a = cfg.parent
     edit(cfg, 'target = "trn1"', 'target = "trn2"')
-    edit(cfg, 'dtypes = ["fp32", "bf16"]', 'dtypes = ["fp32"]')
-    edit(cfg, "buckets = { batch = [8], seq = [32, 64, 128] }", "buckets = { batch = [8], seq = [32] }")
     calls = tmp_path / "calls.jsonl"
     env = env_for(torchneuron_calls=calls)
 

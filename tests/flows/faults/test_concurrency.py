@@ -19,11 +19,11 @@ import pytest
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
 from neuron_build.store.locks import GB, KeyLock, MemoryBudget
+from tests.helpers.cli import events
 from tests.helpers.faultkit import (
     REPO,
     cli_env,
     compile_counts,
-    events,
     kill_group,
     quick_ids,
     start,
