@@ -116,7 +116,7 @@ def format_explain(b, t) -> str:
     for c in COMPONENTS:
         mark = "changed" if any(x.split(":")[0] == c for x in changed) else ""
         prev = f"  (was {old[c][:12]})" if mark and old.get(c) else ""
-        out.append(f"  {c:10} {ki.hashes[c][:12]}  {mark}{prev}")
+        out.append(f"  {c:10} {ki.hashes[c][:12]}  {mark}{prev}".rstrip())
     out.extend(f"  - {c}" for c in changed)
     return "\n".join(out)
 

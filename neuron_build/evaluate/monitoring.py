@@ -296,7 +296,7 @@ def format_text(rep: Report) -> str:
         rows.append((s.name, fig, lim, s.verdict, s.action if s.ok is not True else ""))
     w = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
-        lines.append("  ".join(r[i].ljust(w[i]) for i in range(4)) + ("  " + r[4] if r[4] else ""))
+        lines.append(("  ".join(r[i].ljust(w[i]) for i in range(4)) + ("  " + r[4] if r[4] else "")).rstrip())
     lines.append("")
     for s in rep.signals:
         lines.append(f"  {s.name}: {s.detail}")
