@@ -173,10 +173,11 @@ def cmd_explain(args) -> int:
 # -- ls -------------------------------------------------------------------------------------------------
 def artifact_rows(store) -> list[dict[str, Any]]:
     """One row per artifact in the store: target, key, status, backend, compile_time_s, op_count,
-    artifact_bytes, created."""
-    return [{"target": m.target, "key": m.key, "status": m.metrics.status, "backend": m.backend,
+    artifact_bytes, created; by target, then oldest first (the store lists them by key)."""
+    rows = [{"target": m.target, "key": m.key, "status": m.metrics.status, "backend": m.backend,
              "compile_time_s": m.metrics.compile_time_s, "op_count": m.metrics.op_count,
              "artifact_bytes": m.metrics.artifact_bytes, "created": m.created} for m in store.manifests()]
+    return sorted(rows, key=lambda r: (r["target"], r["created"] or "", r["key"]))
 
 
 @command("ls")
