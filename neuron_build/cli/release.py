@@ -312,6 +312,20 @@ def given_store(location: str) -> str:
                     f"releases were promoted in")
 
 
+def typed_name(value: str, argument: str, kind: str) -> str:
+    """``value`` when it is a model or channel name a user may type (the rule of ``buckets.toml``'s names,
+    :data:`~neuron_build.project.config_terms.NAME`), else raise :class:`UserError` (exit 2) naming the argument:
+    such a value names no record, and is refused before any store is read."""
+    from neuron_build.project.config_terms import NAME, NAME_RULE, long_name_fault
+
+    too_long = long_name_fault(kind, value)
+    if too_long:
+        raise UserError(f"{argument}: {too_long}")
+    if not NAME.fullmatch(value):
+        raise UserError(f"{argument}: {kind} name {value!r} {NAME_RULE}")
+    return value
+
+
 @command("pull")
 def cmd_pull(args) -> int:
     """Materialise a channel's release in a folder for a serving host; progress on stderr
@@ -319,6 +333,8 @@ def cmd_pull(args) -> int:
     from neuron_build.cli.transfer import TransferDisplay
     from neuron_build.release import pull, require_model
 
+    typed_name(args.model, "MODEL", "model")
+    typed_name(args.channel, "--channel", "channel")
     if args.store:  # a deploy host with only the URL: no project, any channel the store holds
         from neuron_build.errors import StoreNotOpened
         from neuron_build.store import open_store

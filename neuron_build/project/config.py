@@ -47,6 +47,7 @@ from neuron_build.project.config_terms import (  # noqa: F401 (re-exported: publ
     long_name_fault,
 )
 from neuron_build.project.config_terms import NAME as _NAME
+from neuron_build.project.config_terms import NAME_RULE
 from neuron_build.util import sha256_hex
 
 Dtype = Literal["fp32", "bf16", "fp16"]
@@ -529,7 +530,7 @@ class ReleaseSettings(_Frozen):
             if long_name_fault("channel", c):
                 raise ValueError(long_name_fault("channel", c))
             if not _NAME.match(c):
-                raise ValueError(f"channel name {c!r} may hold only letters, digits, '_', '.', '-'")
+                raise ValueError(f"channel name {c!r} {NAME_RULE}")
         return _no_duplicates(v)
 
     @field_validator("channel_device_kind")

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.project.config_errors import toml_path
-from neuron_build.project.config_terms import CAUSAL_LM, DEFAULT_CONFIG, NAME, TEXTGEN_BACKENDS, long_name_fault
+from neuron_build.project.config_terms import (CAUSAL_LM, DEFAULT_CONFIG, NAME, NAME_RULE, TEXTGEN_BACKENDS,
+                                                  long_name_fault)
 
 # The checks read the models of neuron_build.project.config (ConfigFile, ModelSpec, named in the docstrings)
 # without importing it: config imports this module, and an import back would be a cycle.
@@ -56,6 +57,37 @@ def _store_is_local(cfg: ConfigFile, root: Path) -> list[str]:
     return []
 
 
+def _store_beside_sources(cfg: ConfigFile, root: Path) -> list[str]:
+    """The local store folder is neither the project folder (nor a folder holding it) nor a folder holding a
+    module a model's factory imports: the store's files never count as sources
+    (:func:`neuron_build.project.sources.is_project_file`), so such a model's sources would drop out of its
+    key and an edit to one would not rebuild it."""
+    s = cfg.build.store
+    if "://" in s and not s.startswith("file://"):
+        return []  # _store_is_local reports it
+    store = (root / s.removeprefix("file://")).resolve()
+    proj = root.resolve()
+    fix = "set it to a folder beside the sources, e.g. \"artifacts\""
+    if proj.is_relative_to(store):
+        what = "is the project folder" if store == proj else f"holds the project folder {proj}"
+        return [f"build.store: {s!r} ({store}) {what}, so the models' source files would drop out of the key "
+                f"(an edited model would stay cached); {fix}"]
+    from neuron_build.project.sources import local_imports
+
+    for name, m in cfg.models.items():
+        if m.factory is None:
+            continue
+        entry = root.joinpath(*m.module.split("."))
+        entry = entry / "__init__.py" if (entry / "__init__.py").exists() else entry.with_suffix(".py")
+        if not entry.is_file():
+            continue  # _loads reports it
+        inside = [f for f in local_imports(entry, proj, module=m.module) if f.is_relative_to(store)]
+        if inside:
+            return [f"build.store: {s!r} ({store}) holds {inside[0].relative_to(proj).as_posix()}, a source of "
+                    f"model '{name}', so it would drop out of the key (an edited model would stay cached); {fix}"]
+    return []
+
+
 def _state_dir_is_a_folder(cfg: ConfigFile, root: Path) -> list[str]:
     """``[build] state_dir`` is not a file, nor inside one (it is created when missing)."""
     state = root / cfg.build.state_dir
@@ -77,7 +109,7 @@ def _table_names(cfg: ConfigFile, root: Path) -> list[str]:
         if long_name_fault(kind, name):
             faults.append(f"{kind}s.{name[:20]}...: {long_name_fault(kind, name)}")
         elif not NAME.match(name):
-            faults.append(f"{toml_path((name,))}: name {name!r} may hold only letters, digits, '_', '.', '-'")
+            faults.append(f"{toml_path((name,))}: name {name!r} {NAME_RULE}")
     return faults
 
 
@@ -396,7 +428,8 @@ def _missing_imports(tree: ast.AST, path: Path, root: Path, where: str, via: Pat
 
 
 #: The checks of the whole file, in report order.
-PROJECT_CHECKS: list[ProjectCheck] = [_store_is_local, _state_dir_is_a_folder, _table_names]
+PROJECT_CHECKS: list[ProjectCheck] = [_store_is_local, _store_beside_sources, _state_dir_is_a_folder,
+                                      _table_names]
 #: The checks of each ``[models.NAME]`` table, in report order.
 MODEL_CHECKS: list[ModelCheck] = [_known_profiles, _textgen, _inputs_given, _input_dims, _input_names, _used_dims,
                                   _weights_exist, _sources_match, _packages_installed, _reference, _loads]

@@ -14,6 +14,8 @@ CAUSAL_LM = "AutoModelForCausalLM"
 TEXTGEN_BACKENDS = ("auto", "inductor", "compile-cache", "neuron")
 #: A profile, model or channel name: safe in paths and target ids.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: What :data:`NAME` allows, in words (said after "name 'x'" in a fault).
+NAME_RULE = "may hold only ASCII letters, digits, '_', '.', '-' and must start with a letter or digit"
 #: The longest model, profile or channel name, in characters: each becomes part of a file name in the store
 #: (a file name is at most 255 bytes on Linux and macOS; a target id joins four names in one).
 MAX_NAME_CHARS = 64

@@ -130,3 +130,35 @@ def test_verify_local_cache_finds_a_channels_release_on_the_remote(tmp_path: Pat
     doc = json.loads(nb("verify", "--json", ok=1).stdout)
     assert doc["problems"] == [f"channels/tiny/dev.json: points at release {rid}, but releases/tiny/{rid}.json "
                                f"is missing or unreadable"]
+
+
+# -- [build] store = "." would hold the models' sources: their files would drop out of the key ------------------
+def test_store_in_the_project_folder_is_a_config_error(tmp_path: Path):
+    cfg = write_tiny_project(tmp_path / "p")
+    edit(cfg, "[build]\n", '[build]\nstore = "."\n')
+    r = run_cli("build", "other", "-c", str(cfg), cwd=cfg.parent, env=ENV, timeout=120)
+    assert r.returncode == 2, r.stderr
+    header, line = r.stderr.strip().splitlines()  # the config error's header, then its one fault
+    assert header == f"error: {cfg}: invalid configuration"
+    line = line.strip()
+    assert line.startswith("build.store: '.' (") and "is the project folder" in line, line
+    assert line.endswith('set it to a folder beside the sources, e.g. "artifacts"'), line
+    assert not (cfg.parent / "ac").exists()  # nothing was compiled into it
+    edit(cfg, 'store = "."', 'store = "artifacts"')
+    r = run_cli("explain", "other/static/fp32/p1", "--json", "-c", str(cfg), cwd=cfg.parent, env=ENV, timeout=120)
+    assert r.returncode == 0, r.stderr
+    model = next(c for c in json.loads(r.stdout)["components"] if c["name"] == "model")
+    assert "tinylib/other.py" in model["new"]["sources"]
+
+
+# -- pull: a model or channel name that cannot be one is a usage error, not a tampered record --------------------
+def test_pull_bad_typed_name_is_a_usage_error(tmp_path: Path):
+    store = tmp_path / "store"
+    (store / "channels").mkdir(parents=True)
+    rule = "may hold only ASCII letters, digits, '_', '.', '-' and must start with a letter or digit"
+    for args, line in ((["../x", "--channel", "dev"], f"error: MODEL: model name '../x' {rule}"),
+                       (["tiny", "--channel", "../../x"], f"error: --channel: channel name '../../x' {rule}")):
+        r = run_cli("pull", *args, "--dest", str(tmp_path / "out"), "--store", str(store), cwd=tmp_path, env=ENV)
+        assert r.returncode == 2, r.stderr
+        assert _one_line(r.stderr) == line
+        assert not (tmp_path / "out").exists()

@@ -202,3 +202,34 @@ def test_a_factory_kwarg_it_does_not_take_is_a_config_error(tiny):
         load_project(tiny)
     assert e.value.faults == ["models.tiny.kwargs.widht: tinylib.tiny:build takes no argument 'widht'; "
                               "did you mean 'width'?"]
+
+
+@pytest.mark.parametrize("store", [".", "", "./"])
+def test_store_in_the_project_folder_is_refused(tiny, store):
+    edit(tiny, 'backend = "torchscript"', f'backend = "torchscript"\nstore = "{store}"')
+    root = tiny.parent.resolve()
+    assert faults_of(tiny) == [
+        f"build.store: {store!r} ({root}) is the project folder, so the models' source files would drop out of "
+        f"the key (an edited model would stay cached); set it to a folder beside the sources, e.g. \"artifacts\""]
+
+
+def test_store_holding_a_factory_module_is_refused(tiny):
+    edit(tiny, 'backend = "torchscript"', 'backend = "torchscript"\nstore = "tinylib"')
+    root = tiny.parent.resolve()
+    assert faults_of(tiny) == [
+        f"build.store: 'tinylib' ({root / 'tinylib'}) holds tinylib/__init__.py, a source of model 'tiny', so it "
+        f"would drop out of the key (an edited model would stay cached); set it to a folder beside the sources, "
+        f"e.g. \"artifacts\""]
+
+
+def test_store_beside_the_sources_loads(tiny):
+    edit(tiny, 'backend = "torchscript"', 'backend = "torchscript"\nstore = "artifacts"')
+    assert load_project(tiny).store_url() == str(tiny.parent.resolve() / "artifacts")
+
+
+@pytest.mark.parametrize("name", ["..", "-rf", "rmsnörm"])
+def test_bad_model_name_says_the_whole_rule(tiny, name):
+    edit(tiny, "[models.other]", f'[models."{name}"]')
+    faults = faults_of(tiny)
+    assert f"name {name!r} may hold only ASCII letters, digits, '_', '.', '-' and must start with a letter or " \
+           f"digit" in faults[0], faults
