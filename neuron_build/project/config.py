@@ -42,12 +42,12 @@ from neuron_build.project.config_terms import (  # noqa: F401 (re-exported: publ
     CAUSAL_LM,
     DEFAULT_CONFIG,
     MAX_NAME_CHARS,
+    NAME_RULE,
     TEXT_GENERATION,
     TEXTGEN_BACKENDS,
     long_name_fault,
 )
 from neuron_build.project.config_terms import NAME as _NAME
-from neuron_build.project.config_terms import NAME_RULE
 from neuron_build.util import sha256_hex
 
 Dtype = Literal["fp32", "bf16", "fp16"]

@@ -20,8 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.project.config_errors import toml_path
-from neuron_build.project.config_terms import (CAUSAL_LM, DEFAULT_CONFIG, NAME, NAME_RULE, TEXTGEN_BACKENDS,
-                                                  long_name_fault)
+from neuron_build.project.config_terms import (
+    CAUSAL_LM,
+    DEFAULT_CONFIG,
+    NAME,
+    NAME_RULE,
+    TEXTGEN_BACKENDS,
+    long_name_fault,
+)
 
 # The checks read the models of neuron_build.project.config (ConfigFile, ModelSpec, named in the docstrings)
 # without importing it: config imports this module, and an import back would be a cycle.
