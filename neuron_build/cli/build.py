@@ -9,7 +9,15 @@ from __future__ import annotations
 import sys
 
 from neuron_build.build.summary import NOT_RUN, BuildSummary, log_command
-from neuron_build.cli.app import command, display_note, open_builder, plural, positive_int, print_json
+from neuron_build.cli.app import (
+    command,
+    display_note,
+    open_builder,
+    plural,
+    positive_int,
+    print_json,
+    require_writable,
+)
 from neuron_build.errors import BuildFailed, ExitCode
 from neuron_build.status import DOWNLOADED, TargetState
 
@@ -92,6 +100,7 @@ def cmd_build(args) -> int:
     before = {t.id: b.state(t) for t in chosen}
     b.keys.save()
     if any(s != TargetState.CACHED for s in before.values()):
+        require_writable(b.store)  # a target to compile into a read-only store: one line, exit 2, none compiled
         b.announce_backend()  # once, and only when something compiles
     cfg = b.project.config.build
     if (args.executor or cfg.executor) == "dask":

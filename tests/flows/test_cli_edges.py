@@ -4,6 +4,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 from tests.helpers.cli import REPO, run_cli
@@ -162,3 +167,38 @@ def test_pull_bad_typed_name_is_a_usage_error(tmp_path: Path):
         assert r.returncode == 2, r.stderr
         assert _one_line(r.stderr) == line
         assert not (tmp_path / "out").exists()
+
+
+# -- build of a missing target into a read-only store stops before any compile, as promote does -----------------
+def test_build_of_a_missing_target_on_a_read_only_store_is_a_usage_error():
+    shared = Path(tempfile.mkdtemp(prefix="nb-ro-", dir="/tmp"))  # pytest's tmp folders are private
+    try:
+        os.chmod(shared, 0o755)
+        cfg = write_tiny_project(shared / "p")
+        store = cfg.parent / "artifacts"
+        assert run_cli("build", "other/static/fp32/p1", "-c", str(cfg), env=ENV).returncode == 0
+        if os.geteuid() == 0:  # root ignores permissions: run as nobody
+            subprocess.run(["chown", "-R", "65534:65534", str(cfg.parent)], check=True)
+        subprocess.run(["find", str(store), "-type", "d", "-exec", "chmod", "555", "{}", "+"], check=True)
+        files = sorted(p.relative_to(store).as_posix() for p in store.rglob("*"))
+
+        def as_nobody(*args: str) -> subprocess.CompletedProcess:
+            cmd = [sys.executable, "-m", "neuron_build.cli", *args, "-c", str(cfg)]
+            if os.geteuid() == 0:
+                cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+            return subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1",
+                                                HOME=str(cfg.parent)), text=True, capture_output=True, timeout=300)
+
+        r = as_nobody("build", "other/static/fp32/p1")  # cached: nothing to write, still fine
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = as_nobody("build", "tiny/b1/fp32/p1")
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert _one_line(r.stderr) == (
+            f"error: store {store} is read-only: `neuron-build build` writes artifacts into it; make it writable "
+            f"(or run as a user who may write it), or point [build] store (buckets.toml) or --store at a writable "
+            f"store")
+        assert "FAILED" not in r.stdout and "Traceback" not in r.stdout
+        assert sorted(p.relative_to(store).as_posix() for p in store.rglob("*")) == files
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(shared)], check=False)
+        shutil.rmtree(shared, ignore_errors=True)
