@@ -5,6 +5,7 @@ line naming the file, flag or URL and the fix, the README's exit code, and under
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,21 @@ def test_doit_negative_process_count_is_a_usage_error(tmp_path):
     assert r.stderr.strip().splitlines() == ["ERROR: -n/--process -2: not a number of processes; give 0 (compile in "
                                              "this process) or a positive count, e.g. -n 2"]
     assert "failed" not in r.stdout
+
+
+def test_push_json_to_an_unreachable_remote_prints_the_error_document(tmp_path):
+    cfg = write_tiny_project(tmp_path / "p")
+    r = run_cli("build", "-c", str(cfg), "other", cwd=tmp_path)  # one torchscript compile: a push has work
+    assert r.returncode == 0, r.stdout + r.stderr
+    with socket.socket() as s:  # a port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    edit(cfg, "heartbeat_s = 1\n", 'heartbeat_s = 1\nremote = "s3://nb-bucket/x"\n')
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    r = run_cli("push", "-c", str(cfg), "--json", cwd=tmp_path, env=env)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == ERROR_SCHEMA and doc["exit_code"] == 1
+    assert doc["error"].startswith(f"s3://nb-bucket/x: cannot reach the endpoint http://127.0.0.1:{port} ")
+    assert f"error: {doc['error']}" in r.stderr.splitlines()
