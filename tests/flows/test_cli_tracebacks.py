@@ -134,3 +134,12 @@ def test_push_json_to_an_unreachable_remote_prints_the_error_document(tmp_path):
     assert doc["schema"] == ERROR_SCHEMA and doc["exit_code"] == 1
     assert doc["error"].startswith(f"s3://nb-bucket/x: cannot reach the endpoint http://127.0.0.1:{port} ")
     assert f"error: {doc['error']}" in r.stderr.splitlines()
+
+
+def test_dask_scheduler_address_without_a_port_is_one_line_and_nothing_after(tmp_path):
+    cfg = write_tiny_project(tmp_path / "p")
+    r = run_cli("build", "-c", str(cfg), "--executor", "dask", "--scheduler", "bogus", cwd=tmp_path, timeout=120)
+    # the half-made Client is closed at once: no "Exception ignored in: Client.__del__ ... TimeoutError" at exit
+    assert one_line_error(r) == ("error: cannot reach the Dask scheduler at bogus (missing port number in address "
+                                 "'bogus'); start it (dask scheduler), fix [build] scheduler or --scheduler, or build "
+                                 "on this host with --executor local")
