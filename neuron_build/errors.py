@@ -113,6 +113,24 @@ class StoreNotOpened(UserError):
         return StoreNotOpened(self.url, self.reason, label)
 
 
+class StoreIsAFile(StoreNotOpened):
+    """A ``file://`` store URL whose path (or a folder on the way to it) is a regular file: a store is a
+    folder (exit 2).
+
+    Attributes:
+        url: the store's URL; reason: the path that is a file.
+    """
+
+    def __init__(self, url: str, reason: str, label: str = "store"):
+        self.url, self.reason = url, reason
+        UserError.__init__(self, f"{label} {url!r} is a file, not a folder ({reason} is a file); point {label} at a "
+                                 f"folder (a new or existing store), e.g. file:///path/to/store")
+
+    def labelled(self, label: str) -> StoreIsAFile:
+        """The same error, its message naming the store as ``label`` (``[build] remote``)."""
+        return StoreIsAFile(self.url, self.reason, label)
+
+
 class StoreDenied(StoreError):
     """The store refused the credentials, or there are none (HTTP 403, no credentials found)."""
 

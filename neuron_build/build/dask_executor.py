@@ -106,6 +106,23 @@ def scheduler_address(cli: str | None, configured: str | None, config_file: Any 
     return addr
 
 
+def _close_half_made(error: BaseException, client_cls: type) -> None:
+    """Close the ``distributed.Client`` whose constructor raised ``error`` (found in the traceback's frames) now,
+    while its event loop still runs: left to ``Client.__del__`` at interpreter exit, its close waits for a
+    loop that is gone and prints ``Exception ignored in: Client.__del__ ... TimeoutError`` about 20 s later."""
+    import contextlib
+
+    tb = error.__traceback__
+    while tb is not None:
+        made = tb.tb_frame.f_locals.get("self")
+        if isinstance(made, client_cls):
+            with contextlib.suppress(Exception):
+                made.close(timeout=2)
+            made.status = "closed"  # so that __del__ has nothing left to close
+            return
+        tb = tb.tb_next
+
+
 def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S):
     """A ``distributed.Client`` of the scheduler at ``address``.
 
@@ -116,6 +133,7 @@ def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S):
     try:
         return Client(address, timeout=timeout_s, set_as_default=False)
     except Exception as e:  # OSError / TimeoutError / ValueError (a bad address), all "cannot reach"
+        _close_half_made(e, Client)
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"cannot reach the Dask scheduler at {address} ({why[:200]}); start it (dask scheduler), fix "
                         f"[build] scheduler or --scheduler, or build on this host with --executor local") from None

@@ -84,6 +84,7 @@ class BuildRun(Run):
       gate-refusal code).
     * Tasks failed and others were skipped because of them (doit's ``UnmetDependency`` of the group task
       ``build``, a task *error* to doit: exit 2): exit 1 unless a real error happened.
+    * A negative ``-n/--process`` (doit would fail every task and exit 0): one ``ERROR:`` line, exit 2.
     * Ctrl-C: 130 (the reporter's summary names the interrupted targets); a closed pipe: 141, as a shell's
       SIGPIPE; no traceback.
 
@@ -144,7 +145,12 @@ class BuildRun(Run):
     def _execute(self, outfile, verbosity=None, always=False, continue_=False, reporter="console",
                  num_process=0, par_type="process", single=False, auto_delayed_regex=False,
                  force_verbosity=False, failure_verbosity=0, pdb=False):
-        """doit's ``Run._execute`` with its reporter wrapped to tell task failures from errors."""
+        """doit's ``Run._execute`` with its reporter wrapped to tell task failures from errors; a negative
+        ``num_process`` (doit's ``-n``) is a usage error (exit 2), not every task failed and exit 0."""
+        if isinstance(num_process, int) and num_process < 0 and self._ours():
+            sys.stderr.write(f"ERROR: -n/--process {num_process}: not a number of processes; give 0 (compile in "
+                             f"this process) or a positive count, e.g. -n 2\n")
+            return 2
         rep = self.reporters[reporter] if isinstance(reporter, str) else reporter
         if isinstance(rep, type):  # doit makes it with the outstream it opens: wrap what it makes
             run, cls = self, rep

@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-from neuron_build.cli.app import COMMANDS, CURRENT_COMMAND, display_error
+from neuron_build.cli.app import COMMANDS, CURRENT_COMMAND, JSON_PRINTED, display_error
 from neuron_build.errors import BuildFailed, ExitCode, NeuronBuildError, exit_code
 
 #: The command modules, in the order their commands appear in ``--help``: each defines ``register(add)``,
@@ -46,7 +46,8 @@ def _version() -> str:
         return "unknown"
 
 
-#: The schema of the JSON object a usage error prints on stdout under ``--json`` (with ``error``, ``exit_code``).
+#: The schema of the JSON object an error (a usage error, a store that failed) prints on stdout under ``--json``
+#: (with ``error``, ``exit_code``).
 ERROR_SCHEMA = "neuron-build/error/v1"
 _JSON_ERRORS: list[bool] = [False]  # this run asked for --json: a usage error is a JSON object on stdout too
 
@@ -178,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         display_error(str(e), prefix="build failed" if isinstance(e, BuildFailed) else "error")
         if exit_code(e) == ExitCode.USAGE:
             print_json_error(str(e))
+        elif not isinstance(e, BuildFailed) and not JSON_PRINTED[0]:  # a store that failed: still one document
+            print_json_error(str(e), exit_code(e))
         return exit_code(e)
     except KeyboardInterrupt as e:
         if args.debug:

@@ -122,6 +122,11 @@ def print_json(obj: Any, items: str = "items", name: str | None = None) -> None:
     ``str()``)."""
     json.dump(json_doc(obj, items, name), sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
+    JSON_PRINTED[0] = True
+
+
+#: Whether this run printed its ``--json`` document (so an error after it adds no second document).
+JSON_PRINTED: list[bool] = [False]
 
 
 def positive_int(text: str) -> int:

@@ -673,7 +673,7 @@ def load_project(path: str | Path | None = None) -> Project:
         The :class:`Project`.
 
     Raises:
-        ConfigError: the file is missing, is not valid TOML, or breaks the schema; one line per fault,
+        ConfigError: the file is missing or unreadable, is not valid TOML, or breaks the schema; one line per fault,
             each naming the TOML path, what is wrong and what is allowed.
     """
     p = Path(path) if path is not None else (find_config() or Path(DEFAULT_CONFIG))
@@ -684,7 +684,11 @@ def load_project(path: str | Path | None = None) -> Project:
         where = (f"looked in {p.resolve().parent} and its parents" if path is None
                  else f"looked in {p.resolve().parent}")
         raise ConfigError(shown, [f"file not found; create it, pass -c PATH or set NEURON_BUILD_CONFIG ({where})"])
-    raw = p.read_bytes()
+    try:
+        raw = p.read_bytes()
+    except OSError as e:  # unreadable (permissions, an I/O error): one line naming the file, not a traceback
+        raise ConfigError(shown, [f"cannot read it ({e.strerror or e}); make it readable by this user "
+                                  f"(chmod u+r {p}) or pass -c PATH of a readable buckets.toml"]) from None
     data = parse_config(shown, raw)
     if not data:
         raise ConfigError(shown, ["the file is empty; it needs at least one [profiles.NAME] and one "

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from neuron_build.errors import UserError
+from neuron_build.errors import NeuronBuildError, UserError
 from neuron_build.evaluate.validate import artifact_device_kind, can_run_here
 from neuron_build.release.records import Release
 from neuron_build.store.contract import ArtifactStore
@@ -61,11 +61,18 @@ def run_fresh(folder: str | Path, factory_root: str | Path | None = None, env: d
         except subprocess.TimeoutExpired:
             raise UserError(f"warmup of {folder} did not finish within {timeout_s:g} s") from None
     try:
-        return json.loads(proc.stdout)
+        doc = json.loads(proc.stdout)
     except ValueError:
-        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-        last = lines[-1].removeprefix("error: ") if lines else "no output"  # the child's own "error: "
-        raise UserError(f"warmup of {folder} failed (exit {proc.returncode}): {last}") from None
+        doc = None
+    if isinstance(doc, dict) and doc.get("schema") == "neuron-build/error/v1":  # the child's one-line error
+        if doc.get("exit_code") == 2:
+            raise UserError(str(doc.get("error")))
+        raise NeuronBuildError(f"warmup of {folder} failed (exit {proc.returncode}): {doc.get('error')}")
+    if isinstance(doc, dict):
+        return doc
+    lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+    last = lines[-1].removeprefix("error: ") if lines else "no output"  # the child's own "error: "
+    raise UserError(f"warmup of {folder} failed (exit {proc.returncode}): {last}") from None
 
 
 def warmup_verdict(store: ArtifactStore, release: Release, device_kind: str, factory_root: str | Path | None = None,

@@ -175,13 +175,20 @@ def parse_window(text: str) -> _dt.timedelta:
     leading ``-``, as in ``-3h``, means the same: 3 hours ago).
 
     Raises:
-        ValueError: not a number followed by one of s, m, h, d, w (the message names the value and the forms).
+        ValueError: not a number followed by one of s, m, h, d, w (the message names the value and the forms),
+            or a window reaching back before year 1.
     """
     m = _WINDOW.match(str(text))
     if not m or float(m.group(1)) <= 0:
         raise ValueError(f"--since {text!r} is not a window: give a positive number and a unit (s, m, h, d, w), "
                          f"e.g. 24h, 90m, 7d (-3h is read as 3h: 3 hours ago), or 'all'")
-    return _dt.timedelta(seconds=float(m.group(1)) * _UNIT_S[m.group(2)])
+    try:
+        delta = _dt.timedelta(seconds=float(m.group(1)) * _UNIT_S[m.group(2)])
+        _dt.datetime.now(_dt.timezone.utc) - delta  # a window reaching back before year 1 cannot be a date
+    except OverflowError:
+        raise ValueError(f"--since {text!r} reaches back further than dates go (before year 1): give a shorter "
+                         f"window, e.g. 24h, 7d, or 'all' for every record") from None
+    return delta
 
 
 def record_path(rec: LedgerRecord, host: str | None = None, token: str | None = None) -> str:

@@ -412,12 +412,25 @@ class S3Medium(FsspecMedium):
         return h.hexdigest()
 
 
+def _check_folder(url: str, root: str) -> None:
+    """Raise :class:`~neuron_build.errors.StoreIsAFile` when ``root`` (the path of a ``file://`` store) or the
+    nearest of its parents that exists is not a folder (a store there could never be written)."""
+    p = Path(root)
+    for q in (p, *p.parents):
+        if os.path.lexists(q):
+            if not q.is_dir():
+                from neuron_build.errors import StoreIsAFile
+                raise StoreIsAFile(url, str(q))
+            return
+
+
 def fsspec_medium(url: str, options: dict[str, Any]) -> FsspecMedium:
     """The medium of a non-S3 URL (``memory://``, ``file://``, any fsspec URL).
 
     Raises:
         UserError: a URL fsspec cannot open.
         StoreNotOpened: the filesystem connects when made and could not connect (exit 2).
+        StoreIsAFile: a ``file://`` URL whose path (or a parent of it) is a file, not a folder (exit 2).
     """
     import fsspec
     try:
@@ -433,6 +446,7 @@ def fsspec_medium(url: str, options: dict[str, Any]) -> FsspecMedium:
     if "memory" in protos:
         return MemoryMedium(fs, root, url)
     if "file" in protos or "local" in protos:
+        _check_folder(url, root)
         return FileUrlMedium(fs, root, url)
     return FsspecMedium(fs, root, url)
 
