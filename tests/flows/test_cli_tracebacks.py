@@ -5,9 +5,12 @@ line naming the file, flag or URL and the fix, the README's exit code, and under
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -73,23 +76,32 @@ def test_unreadable_config_is_one_fault_naming_the_file(tmp_path, monkeypatch):
                               f"or pass -c PATH of a readable buckets.toml"]
 
 
-def test_unreadable_config_through_the_cli(tmp_path):
-    # a regular file even root may not read: sysctl's write-only files check their mode for root too
-    path = "/proc/sys/vm/drop_caches"
+def test_unreadable_config_through_the_cli():
+    """A buckets.toml this user may not read (mode 000; as nobody when the tests run as root, who reads anyway)."""
+    shared = Path(tempfile.mkdtemp(prefix="nb-unreadable-"))
     try:
-        open(path, "rb").close()
-        readable = True
-    except PermissionError:
-        readable = False
-    if readable:
-        pytest.skip(f"{path} is readable on this kernel")
-    r = run_cli("plan", "-c", path, cwd=tmp_path)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert r.stderr.splitlines() == [f"error: {path}: invalid configuration",
-                                     f"  cannot read it (Permission denied); make it readable by this user "
-                                     f"(chmod u+r {path}) or pass -c PATH of a readable buckets.toml"]
-    doc = error_document(run_cli("plan", "-c", path, "--json", cwd=tmp_path))
-    assert doc["error"].startswith(f"{path}: invalid configuration\n  cannot read it (Permission denied)")
+        shared.chmod(0o755)
+        path = write_tiny_project(shared / "p")
+        path.parent.chmod(0o755)
+        path.chmod(0)
+
+        def plan(*extra: str) -> subprocess.CompletedProcess:
+            cmd = [sys.executable, "-m", "neuron_build.cli", "plan", "-c", str(path), *extra]
+            if os.geteuid() == 0:
+                cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+            return subprocess.run(cmd, cwd="/", text=True, capture_output=True, timeout=300,
+                                  env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1",
+                                           HOME=str(shared)))
+
+        r = plan()
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.splitlines() == [f"error: {path}: invalid configuration",
+                                         f"  cannot read it (Permission denied); make it readable by this user "
+                                         f"(chmod u+r {path}) or pass -c PATH of a readable buckets.toml"]
+        doc = error_document(plan("--json"))
+        assert doc["error"].startswith(f"{path}: invalid configuration\n  cannot read it (Permission denied)")
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_file_remote_that_is_a_file(tmp_path):
