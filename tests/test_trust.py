@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from neuron_build.errors import NeuronBuildError
+from neuron_build.release.pull import pull
 from neuron_build.store import open_store
 from neuron_build.store.local import SELF_DIGEST, manifest_digest
 from neuron_build.util import canonical_json, sha256_hex
@@ -97,9 +99,14 @@ def test_pull_refuses_a_release_record_that_names_paths_outside(where, tmp_path,
 def test_pull_refuses_a_channel_named_dotdot(where, tmp_path):
     loc, store = where
     plant(store, tmp_path, "r-0000000000000007", "b1", "model.pt")
+    # typed by the user: a usage error before the store is read
     r = run_cli("pull", "tiny", "--channel", "..", "--dest", str(tmp_path / "serve"), "--store", loc)
-    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "channel tiny/.. in" in r.stderr and "channel '..' is a relative folder reference" in r.stderr
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("error: --channel: channel name '..' may hold only"), r.stderr
+    # reached from code: the store's trust boundary refuses the name before it becomes a path
+    with pytest.raises(NeuronBuildError) as ei:
+        pull(store, "tiny", "..", tmp_path / "serve")
+    assert "channel tiny/.. in" in str(ei.value) and "channel '..' is a relative folder reference" in str(ei.value)
     assert not (tmp_path / "serve").exists()
 
 
@@ -222,6 +229,6 @@ def test_warmup_refuses_a_tampered_pulled_folder_in_one_line(tmp_path):
     doc["buckets"][0]["files"] = {"../../x": doc["buckets"][0]["files"]["b1/model.pt"]}
     (dest / "release.json").write_text(json.dumps(doc))
     r = run_cli("warmup", str(dest))
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr  # the fresh process's line
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr  # the fresh process's line, its code
     assert r.stderr.startswith(f"error: warmup of {dest} failed (exit 1): release 'r-0000000000000008' of 'tiny' "
                                f"in {dest / 'release.json'} is refused: file name '../../x' leaves its folder"), r.stderr

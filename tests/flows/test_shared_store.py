@@ -142,20 +142,23 @@ def test_a_tampered_remote_blob_is_refused_and_the_rebuild_replaces_it(tmp_path,
 
 
 def test_a_failed_push_is_reported_and_retried_by_the_next_build(tmp_path):
-    blocker = tmp_path / "not-a-folder"
-    blocker.write_text("a file where the remote folder should be\n")
-    cfg = checkout(tmp_path / "a", (blocker / "store").as_uri(), "1")
+    # the remote opens (a folder), but its blob folder is a file: every upload fails (a remote that cannot
+    # be opened at all stops the build in one line instead: tests/flows/test_cli_tracebacks.py)
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    blocker = remote / "cas"
+    blocker.write_text("a file where the remote's blob folder should be\n")
+    cfg = checkout(tmp_path / "a", remote.as_uri(), "1")
     r = run_cli("build", "-c", str(cfg))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "1 target: 1 built, 0 cached, 0 failed" in r.stdout
     assert "NOT PUSHED 1 artifact to" in r.stdout and "the next build (or `neuron-build push`)" in r.stdout
 
     blocker.unlink()
-    blocker.mkdir()
     r = run_cli("build", "-c", str(cfg))
     assert r.returncode == 0, r.stdout + r.stderr
     assert compiles_in_log(cfg.parent / ".neuron-build").count("tiny/b1/fp32/p1") == 1
-    other = checkout(tmp_path / "b", (blocker / "store").as_uri(), "1")
+    other = checkout(tmp_path / "b", remote.as_uri(), "1")
     assert {t["location"] for t in plan(other).values()} == {"remote"}
 
 
