@@ -35,8 +35,12 @@ import atexit
 from collections.abc import Iterator
 from typing import Any
 
-from doit import create_after
-from doit.exceptions import TaskFailed
+try:
+    from doit import create_after
+    from doit.exceptions import TaskFailed
+except ModuleNotFoundError as e:  # the dodo.py glue needs doit; say how to get it rather than a bare import error
+    raise ModuleNotFoundError(f"neuron_build.tasks (the dodo.py glue) needs doit, a dependency of neuron-build that "
+                              f"is not installed here ({e}); install the package: pip install -e .", name="doit") from e
 
 from neuron_build.build.doit_run import BuildMain, BuildRun
 from neuron_build.build.report import BuildReporter
