@@ -1,0 +1,174 @@
+"""``[dask] cluster = "slurm"``: the schema, the scale rule, and a build through dask-jobqueue's ``SLURMCluster``
+on a real one-node Slurm started on this host (:class:`tests.helpers.slurm.LocalSlurm`: Debian's munged,
+slurmctld and slurmd as subprocesses).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from neuron_build.build.clusters import scale_target, target_of_task, worker_args
+from neuron_build.errors import ConfigError
+from neuron_build.project.config import load_project
+from neuron_build.project.config_dask import DaskSettings, walltime_seconds
+from tests.helpers.cli import run_cli
+from tests.helpers.daskkit import calls, dask_env, write_sleepy_project
+from tests.helpers.slurm import LocalSlurm
+
+
+# -- the schema -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("text", "seconds"), [("90", 5400), ("10:30", 630), ("01:30:00", 5400),
+                                                ("2-00:00:00", 172800), ("1-12", 129600), ("1-00:10", 87000)])
+def test_walltime_in_slurms_formats(text, seconds):
+    assert walltime_seconds(text) == seconds
+
+
+def test_lifetime_is_below_the_walltime_with_its_stagger():
+    s = DaskSettings(cluster="slurm", walltime="01:00:00", memory="16GB", cores=4, processes=2)
+    assert (s.walltime_s, s.margin_s, s.lifetime_s) == (3600, 360, 3240)
+    args = worker_args(s)
+    assert args[:4] == ["--lifetime", "3240s", "--lifetime-stagger", "90s"]  # latest stop: 3330 s < 3600 s
+    assert args[4:] == ["--resources", "memory_gb=8.000"]  # each of the 2 worker processes gets half
+    assert DaskSettings(walltime="12:00:00").margin_s == 900  # at most 15 minutes
+    assert DaskSettings(walltime="00:05:00").lifetime_s == 240  # at least 60 s
+
+
+def _config(tmp_path, dask: str):
+    cfg = write_sleepy_project(tmp_path / "p", extra="\n[dask]\n" + dask)
+    with pytest.raises(ConfigError) as e:
+        load_project(cfg)
+    return str(e.value)
+
+
+@pytest.mark.parametrize(("dask", "says"), [
+    ('cluster = "slurm"\nwalltime = "1h"', "dask.walltime: '1h' is not a Slurm time; write \"HH:MM:SS\""),
+    ('cluster = "slurm"\nwalltime = "00:01:00"', "dask.walltime: '00:01:00' is under 120 s"),
+    ('cluster = "slurm"\nmemory = "lots"', "dask.memory: 'lots' is not a memory size"),
+    ('cluster = "slurm"\nminimum_jobs = 5\nmaximum_jobs = 2', "minimum_jobs (5) is above maximum_jobs (2)"),
+    ('cluster = "slurm"\ncores = 1\nprocesses = 2', "processes (2) is above cores (1)"),
+    ('cluster = "slurm"\nmaximum_jobs = true', "dask.maximum_jobs"),
+    ('cluster = "pbs"', "dask.cluster"),
+    ('cluster = "slurm"\nqueues = "x"', "queues"),
+])
+def test_bad_dask_settings_are_one_line_naming_the_file_and_key(tmp_path, dask, says):
+    msg = _config(tmp_path, dask)
+    assert "buckets.toml" in msg and says in msg, msg
+
+
+def test_slurm_and_a_scheduler_address_are_refused_together(tmp_path):
+    cfg = write_sleepy_project(tmp_path / "p", build_extra='scheduler = "tcp://x:8786"',
+                               extra='\n[dask]\ncluster = "slurm"\n')
+    with pytest.raises(ConfigError, match=r"dask.cluster: 'slurm' starts its own Dask scheduler, but \[build\] "
+                                          r"scheduler is 'tcp://x:8786'; remove one of them"):
+        load_project(cfg)
+
+
+# -- the scale rule -----------------------------------------------------------------------------------------
+def test_scale_target_follows_predicted_work_within_the_bounds():
+    assert scale_target(100, 100 * 600.0, 8, 1800.0, 0, 50) == 5  # 60,000 s on 8 slots a job in 30 min
+    assert scale_target(100, 100 * 600.0, 8, 1800.0, 0, 3) == 3  # the maximum
+    assert scale_target(3, 3 * 36000.0, 8, 1800.0, 0, 50) == 1  # 3 compiles fill one job of 8 slots
+    assert scale_target(1, 10.0, 1, 1800.0, 2, 4) == 2  # the minimum
+    assert scale_target(0, 0.0, 1, 1800.0, 0, 4) == 0  # nothing to do: no job
+
+
+def test_target_of_task_reads_the_executors_keys():
+    assert target_of_task("neuron-build-m-1/b1-s128/fp32/o2-0123456789ab-deadbeef") == "m-1/b1-s128/fp32/o2"
+    assert target_of_task("other-thing") is None and target_of_task(("tuple", 1)) is None
+
+
+# -- a build on a real Slurm ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A one-node Slurm on this host (as root, no systemd) for this module's tests."""
+    s = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()
+
+
+def _wait_for(fn, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise TimeoutError(f"waited {timeout} s for {what}")
+
+
+SLURM_DASK = '''
+[dask]
+cluster = "slurm"
+queue = "{queue}"
+cores = 1
+memory = "1GB"
+walltime = "00:10:00"
+minimum_jobs = 2
+maximum_jobs = 2
+scheduler_host = "127.0.0.1"
+job_extra_directives = ["--job-name=nb-test"]
+job_script_prologue = ["export NB_PROLOGUE_RAN=1"]
+log_directory = "slurm-logs"
+start_timeout_s = 120
+'''
+
+
+def test_build_through_slurm_survives_a_cancelled_job_then_noop(slurm, tmp_path):
+    import subprocess
+    import sys
+
+    cfg = write_sleepy_project(tmp_path / "p", seconds=6, batches=(1, 2, 3), build_extra='executor = "dask"',
+                               extra=SLURM_DASK.format(queue=slurm.partition))
+    env = slurm.env(dask_env())
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_build.cli", "-c", str(cfg), "build"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = _wait_for(lambda: [c for c in calls(cfg.parent) if c["event"] == "start"], 180, "a compile")[0]
+        job = slurm.job_of_pid(first["pid"])
+        assert job is not None, "the compile runs inside a Slurm job"
+        assert set(slurm.jobs()) >= {job}
+        r = slurm.run("scancel", job)  # the worker's whole Slurm job, mid-compile
+        assert r.returncode == 0, r.stderr
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out + err[-3000:]
+    assert "3 targets: 3 built, 0 cached, 0 failed" in out, out
+    starts = [c for c in calls(cfg.parent) if c["event"] == "start"]
+    ends = [c for c in calls(cfg.parent) if c["event"] == "end"]
+    per_key: dict[str, int] = {}
+    for c in starts:
+        per_key[c["key"]] = per_key.get(c["key"], 0) + 1
+    assert sorted(per_key.values()) == [1, 1, 2], per_key  # the cancelled compile ran again, once
+    assert per_key[first["key"]] == 2
+    assert first["pid"] not in {c["pid"] for c in ends}  # it never finished in the cancelled job
+    assert len(ends) == 3
+    # every compile ran in a Slurm job (the worker's job script ran the prologue), none in the client
+    from tests.helpers.daskkit import REPO  # noqa: F401 (the checkout is on the workers' PYTHONPATH)
+    from neuron_build.build.builder import Builder
+    from neuron_build.store.maintenance import verify_store
+    b = Builder(load_project(cfg))
+    workers = set()
+    for t in b.targets:
+        m = b.store.manifest(b.key(t).key)
+        assert m is not None and m.metrics.status == "PASS", t.id
+        workers.add(m.model_dump(mode="json")["worker"])
+    assert len(workers) >= 2
+    rep = verify_store(b.store, deep=True)
+    assert rep.clean and rep.checked == 3, rep.to_json()  # nothing half-published
+    assert list((cfg.parent / "slurm-logs").glob("*.err")), "Slurm wrote the jobs' logs in log_directory"
+    _wait_for(lambda: not slurm.jobs(), 60, "the cluster's jobs to end after the build")
+    again = run_cli("-c", str(cfg), "build", env=env, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "3 targets: 0 built, 3 cached, 0 failed" in again.stdout
+    assert len([c for c in calls(cfg.parent) if c["event"] == "start"]) == 4  # the second build compiled nothing
+    assert not slurm.jobs(), "a build with nothing to compile submits no Slurm job"
+    assert os.environ.get("SLURM_CONF") != str(slurm.conf)
