@@ -15,8 +15,10 @@ The number of jobs follows the predicted work, not Dask's own occupancy guess (e
 prefix, so Dask sees them all as equally long): :class:`PredictedAdaptive` asks for
 :func:`scale_target` jobs, between ``minimum_jobs`` and ``maximum_jobs``, and scales down only jobs whose
 workers run nothing (Dask's default may close a worker in the middle of a long compile: distributed#7481).
-A Slurm job that dies (``scancel``, a node failure, a Spot reclaim) is a lost worker, not a failed compile:
-the scheduler gives its task to another worker and the scaler asks Slurm for a new job.
+A Slurm job that dies (``scancel``, a node failure, a Spot reclaim, ``--lifetime``) is a lost worker, not a
+failed compile: the scheduler gives its task to another worker, and ``SLURMCluster`` submits a job in its
+place once Dask's ``distributed.deploy.lost-worker-timeout`` (15 s) has passed (measured with distributed
+2026.8 and dask-jobqueue 0.9 on the test's one-node Slurm).
 """
 
 from __future__ import annotations
