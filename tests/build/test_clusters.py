@@ -81,6 +81,41 @@ def test_target_of_task_reads_the_executors_keys():
     assert target_of_task("other-thing") is None and target_of_task(("tuple", 1)) is None
 
 
+_RUNS: list[str] = []
+
+
+def _compile_like(name: str, seconds: float) -> str:
+    _RUNS.append(name)
+    time.sleep(seconds)
+    return name
+
+
+def test_the_scaler_never_closes_a_worker_in_the_middle_of_a_compile():
+    """Predicted work says one worker is enough while three run compiles: Dask's own choice would close two busy
+    workers (their compiles start over elsewhere); the scaler closes none until they are idle."""
+    from distributed import Client, LocalCluster, wait
+
+    from neuron_build.build.clusters import make_adaptive
+
+    settings = DaskSettings(cluster="slurm", cores=1, minimum_jobs=0, maximum_jobs=3)
+    _RUNS.clear()
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        futures = [client.submit(_compile_like, f"t{i}", 4.0, key=f"neuron-build-m/b{i}/fp32/p1-0123456789ab-0000000{i}",
+                                 pure=False) for i in range(3)]
+        time.sleep(0.5)  # all three running, one per worker
+        cluster.adapt(Adaptive=make_adaptive(settings, lambda tid: 1.0), minimum=0, maximum=3, interval="100ms",
+                      wait_count=2)
+        wait(futures, timeout=60)
+        assert sorted(_RUNS) == ["t0", "t1", "t2"]  # each compile ran once: no busy worker was closed
+        assert [f.result() for f in futures] == ["t0", "t1", "t2"]
+        del futures
+        end = time.monotonic() + 20
+        while cluster.workers and time.monotonic() < end:  # idle and nothing left: scaled to the minimum
+            time.sleep(0.2)
+        assert not cluster.workers
+
+
 # -- a build on a real Slurm ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
