@@ -154,6 +154,7 @@ def _build_on_dask(args, b, chosen, before) -> int:
 
     cfg = b.project.config.build
     with started_cluster(b.project, recorded_times(b, chosen)) as start:  # [dask] cluster = "slurm": its own
+        start = None if args.scheduler else start  # --scheduler ADDR: that scheduler, no Slurm jobs
         address = start or scheduler_address(args.scheduler, cfg.scheduler, b.project.path)
         timeout = b.project.config.dask.start_timeout_s if start else cfg.scheduler_timeout_s
         run = DaskBuild(b, address, retry_failed=not args.no_retry_failed, report=display_note,

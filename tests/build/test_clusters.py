@@ -16,7 +16,7 @@ from neuron_build.errors import ConfigError
 from neuron_build.project.config import load_project
 from neuron_build.project.config_dask import DaskSettings, walltime_seconds
 from tests.helpers.cli import run_cli
-from tests.helpers.daskkit import calls, dask_env, write_sleepy_project
+from tests.helpers.daskkit import calls, dask_env, wait_for, write_sleepy_project
 from tests.helpers.slurm import LocalSlurm
 
 
@@ -128,16 +128,6 @@ def slurm(tmp_path_factory):
         s.stop()
 
 
-def _wait_for(fn, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise TimeoutError(f"waited {timeout} s for {what}")
-
-
 SLURM_DASK = '''
 [dask]
 cluster = "slurm"
@@ -166,7 +156,7 @@ def test_build_through_slurm_survives_a_cancelled_job_then_noop(slurm, tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "neuron_build.cli", "-c", str(cfg), "build"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        first = _wait_for(lambda: [c for c in calls(cfg.parent) if c["event"] == "start"], 180, "a compile")[0]
+        first = wait_for(lambda: [c for c in calls(cfg.parent) if c["event"] == "start"], 180, "a compile")[0]
         job = slurm.job_of_pid(first["pid"])
         assert job is not None, "the compile runs inside a Slurm job"
         assert set(slurm.jobs()) >= {job}
@@ -203,7 +193,7 @@ def test_build_through_slurm_survives_a_cancelled_job_then_noop(slurm, tmp_path)
     assert rep.clean and rep.checked == 3, rep.to_json()  # nothing half-published
     # Slurm wrote the jobs' logs in log_directory: the two jobs, then the one asked for in the cancelled one's place
     assert len(list((cfg.parent / "slurm-logs").glob("neuron-build-*.err"))) == 3
-    _wait_for(lambda: not slurm.jobs(), 60, "the cluster's jobs to end after the build")
+    wait_for(lambda: not slurm.jobs(), 60, "the cluster's jobs to end after the build")
     again = run_cli("-c", str(cfg), "build", env=env, timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "3 targets: 0 built, 3 cached, 0 failed" in again.stdout
