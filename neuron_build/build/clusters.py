@@ -120,19 +120,50 @@ def worker_args(settings: DaskSettings) -> list[str]:
             "--resources", f"{MEMORY_RESOURCE}={gb:.3f}"]
 
 
-def slurm_cluster(settings: DaskSettings, root: Path, predict: Callable[[str], float | None]) -> Any:
-    """A started, adaptive ``dask_jobqueue.SLURMCluster`` from ``[dask]`` (``root``: the config's folder,
-    against which ``log_directory`` resolves).
+def check_job_script(script: str, config_file: Any) -> None:
+    """Ask Slurm whether it would run the worker job ``script`` (``sbatch --test-only``: nothing is queued).
 
     Raises:
-        UserError: dask-jobqueue is not installed, or Slurm refused the cluster (``sbatch`` missing or
-            failing); one line with the fix.
+        UserError: Slurm refuses it (an unknown partition or account, more memory or CPUs than any node has,
+            a bad directive): one line with sbatch's reason and the ``[dask]`` keys to fix.
     """
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".sh", prefix="neuron-build-job-") as f:
+        f.write(script)
+        f.flush()
+        try:
+            r = subprocess.run(["sbatch", "--test-only", f.name], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise UserError(f"{config_file}: [dask] cluster = \"slurm\": cannot run sbatch ({e}); run the build on a "
+                            f"Slurm submit host") from None
+    if r.returncode != 0:
+        why = "; ".join(ln.strip() for ln in r.stderr.splitlines() if ln.strip()) or f"exit {r.returncode}"
+        raise UserError(f"{config_file}: [dask] cluster = \"slurm\": Slurm refuses the worker job ({why[:300]}); fix "
+                        f"[dask] queue, account, cores, memory, walltime or job_extra_directives")
+
+
+def slurm_cluster(settings: DaskSettings, root: Path, predict: Callable[[str], float | None],
+                  config_file: Any = "buckets.toml") -> Any:
+    """A started, adaptive ``dask_jobqueue.SLURMCluster`` from ``[dask]`` (``root``: the config's folder,
+    against which ``log_directory`` resolves; ``config_file``: named in errors), whose worker job Slurm
+    accepts (:func:`check_job_script`).
+
+    Raises:
+        UserError: dask-jobqueue is not installed, ``sbatch`` is not on PATH, the scheduler cannot start,
+            or Slurm refuses the worker job; one line with the fix.
+    """
+    import shutil
+
     try:
         from dask_jobqueue import SLURMCluster
     except ImportError:
-        raise UserError("[dask] cluster = \"slurm\" needs dask-jobqueue; install it with "
+        raise UserError(f"{config_file}: [dask] cluster = \"slurm\" needs dask-jobqueue; install it with "
                         "pip install 'neuron-build[slurm]' (or pip install dask-jobqueue)") from None
+    if shutil.which("sbatch") is None:
+        raise UserError(f"{config_file}: [dask] cluster = \"slurm\" but sbatch is not on PATH; run the build on a "
+                        "Slurm submit host (or set [dask] cluster = \"scheduler\")")
     host = settings.scheduler_host
     kw: dict[str, Any] = {
         "cores": settings.cores, "processes": settings.processes, "memory": settings.memory,
@@ -151,8 +182,13 @@ def slurm_cluster(settings: DaskSettings, root: Path, predict: Callable[[str], f
         cluster = SLURMCluster(**kw)
     except Exception as e:
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"[dask] cluster = \"slurm\": could not start the Dask scheduler for Slurm ({why[:200]}); "
-                        f"check [dask] scheduler_host / interface") from None
+        raise UserError(f"{config_file}: [dask] cluster = \"slurm\": could not start the Dask scheduler for Slurm "
+                        f"({why[:200]}); check [dask] scheduler_host and interface") from None
+    try:
+        check_job_script(cluster.job_script(), config_file)
+    except BaseException:
+        cluster.close()
+        raise
     cluster.adapt(minimum_jobs=settings.minimum_jobs, maximum_jobs=settings.maximum_jobs,
                   Adaptive=make_adaptive(settings, predict), interval="1s", wait_count=3)
     return cluster
@@ -193,7 +229,7 @@ def started_cluster(project: Any, predict: Callable[[str], float | None]) -> Ite
 
     def start() -> str:
         if not made:
-            made.append(slurm_cluster(settings, Path(project.root), predict))
+            made.append(slurm_cluster(settings, Path(project.root), predict, project.path))
             log.info("slurm cluster", scheduler=made[0].scheduler_address, minimum_jobs=settings.minimum_jobs,
                      maximum_jobs=settings.maximum_jobs, lifetime_s=settings.lifetime_s)
         return made[0].scheduler_address
@@ -205,5 +241,5 @@ def started_cluster(project: Any, predict: Callable[[str], float | None]) -> Ite
             c.close()
 
 
-__all__ = ["DEFAULT_COMPILE_S", "make_adaptive", "recorded_times", "scale_target", "slurm_cluster",
+__all__ = ["DEFAULT_COMPILE_S", "check_job_script", "make_adaptive", "recorded_times", "scale_target", "slurm_cluster",
            "started_cluster", "target_of_task", "worker_args"]

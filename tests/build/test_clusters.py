@@ -200,3 +200,25 @@ def test_build_through_slurm_survives_a_cancelled_job_then_noop(slurm, tmp_path)
     assert len([c for c in calls(cfg.parent) if c["event"] == "start"]) == 4  # the second build compiled nothing
     assert not slurm.jobs(), "a build with nothing to compile submits no Slurm job"
     assert os.environ.get("SLURM_CONF") != str(slurm.conf)
+
+
+def test_a_worker_job_slurm_refuses_is_one_line_and_queues_nothing(slurm, tmp_path):
+    cfg = write_sleepy_project(tmp_path / "p", seconds=0.1, batches=(1,), build_extra='executor = "dask"',
+                               extra=SLURM_DASK.format(queue="no-such-queue"))
+    r = run_cli("-c", str(cfg), "build", env=slurm.env(dask_env()), timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    line = f'{cfg}: [dask] cluster = "slurm": Slurm refuses the worker job (sbatch: error: invalid partition specified: no-such-queue; allocation failure'
+    assert line in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "fix [dask] queue, account, cores, memory, walltime or job_extra_directives" in r.stderr
+    assert not slurm.jobs() and not calls(cfg.parent)
+
+
+def test_without_sbatch_the_slurm_cluster_is_one_line(tmp_path):
+    cfg = write_sleepy_project(tmp_path / "p", seconds=0.1, batches=(1,), build_extra='executor = "dask"',
+                               extra=SLURM_DASK.format(queue="debug"))
+    env = dask_env()
+    env["PATH"] = os.path.dirname(os.path.realpath(os.sys.executable))  # python, no Slurm commands
+    r = run_cli("-c", str(cfg), "build", env=env, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f'{cfg}: [dask] cluster = "slurm" but sbatch is not on PATH; run the build on a Slurm submit host' \
+        in r.stderr, r.stderr
