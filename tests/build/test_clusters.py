@@ -1,6 +1,6 @@
 """``[dask] cluster = "slurm"``: the schema, the scale rule, and a build through dask-jobqueue's ``SLURMCluster``
-on a real one-node Slurm started on this host (:class:`tests.helpers.slurm.LocalSlurm`: Debian's munged,
-slurmctld and slurmd as subprocesses).
+on a real one-node Slurm started on this host (the ``slurm`` fixture of ``tests/build/conftest.py``:
+:class:`tests.helpers.slurm.LocalSlurm`, Debian's munged, slurmctld and slurmd as subprocesses).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from neuron_build.project.config import load_project
 from neuron_build.project.config_dask import DaskSettings, walltime_seconds
 from tests.helpers.cli import run_cli
 from tests.helpers.daskkit import calls, dask_env, wait_for, write_sleepy_project
-from tests.helpers.slurm import LocalSlurm
 
 
 # -- the schema -------------------------------------------------------------------------------------------
@@ -117,17 +116,6 @@ def test_the_scaler_never_closes_a_worker_in_the_middle_of_a_compile():
 
 
 # -- a build on a real Slurm ------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    """A one-node Slurm on this host (as root, no systemd) for this module's tests."""
-    s = LocalSlurm(tmp_path_factory.mktemp("slurm"))
-    try:
-        s.start()
-        yield s
-    finally:
-        s.stop()
-
-
 SLURM_DASK = '''
 [dask]
 cluster = "slurm"
