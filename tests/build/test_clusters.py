@@ -115,6 +115,32 @@ def test_the_scaler_never_closes_a_worker_in_the_middle_of_a_compile():
         assert not cluster.workers
 
 
+@pytest.mark.parametrize(("predicted_s", "most_workers"), [(1.0, 1), (3600.0, 3)])
+def test_the_scaler_asks_for_workers_from_the_predicted_work(predicted_s, most_workers):
+    """Four pending compiles on one slot a worker: predicted at a second each, one worker finishes them well
+    within target_duration_s; predicted at an hour each, the maximum of three."""
+    from distributed import Client, LocalCluster, wait
+
+    from neuron_build.build.clusters import make_adaptive
+
+    settings = DaskSettings(cluster="slurm", cores=1, minimum_jobs=0, maximum_jobs=3, target_duration_s=1800)
+    _RUNS.clear()
+    seen = 0
+    with LocalCluster(n_workers=0, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        cluster.adapt(Adaptive=make_adaptive(settings, lambda tid: predicted_s), minimum=0, maximum=3,
+                      interval="100ms", wait_count=2)
+        futures = [client.submit(_compile_like, f"t{i}", 1.0, key=f"neuron-build-m/b{i}/fp32/p1-0123456789ab-0000000{i}",
+                                 pure=False) for i in range(4)]
+        end = time.monotonic() + 60
+        while not all(f.done() for f in futures) and time.monotonic() < end:
+            seen = max(seen, len(cluster.scheduler.workers))
+            time.sleep(0.05)
+        wait(futures, timeout=1)
+        assert sorted(_RUNS) == ["t0", "t1", "t2", "t3"]
+    assert seen == most_workers
+
+
 # -- a build on a real Slurm ------------------------------------------------------------------------------
 SLURM_DASK = '''
 [dask]
