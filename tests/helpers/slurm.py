@@ -96,9 +96,15 @@ class LocalSlurm:
         """Write the configuration, start munged, slurmctld and slurmd, and wait for the node to be idle.
 
         Raises:
-            RuntimeError: a daemon exited or the node did not become idle within ``timeout`` seconds; the
+            RuntimeError: a Slurm or munge command is not installed (the message says how to install it), a
+                daemon exited or the node did not become idle within ``timeout`` seconds; the
                 message carries the end of the daemons' logs.
         """
+        missing = [c for c in ("munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "sinfo")
+                   if shutil.which(c) is None]
+        if missing:
+            raise RuntimeError(f"{', '.join(missing)} not installed: apt-get install -y slurmctld slurmd slurm-client "
+                               f"munge (.ci/run does this)")
         for d in ("etc", "state", "spool", "run", "log", "munge"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         os.chmod(self.root / "munge", 0o700)
