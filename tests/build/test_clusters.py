@@ -236,3 +236,24 @@ def test_without_sbatch_the_slurm_cluster_is_one_line(tmp_path):
     assert r.returncode == 2, r.stdout + r.stderr
     assert f'{cfg}: [dask] cluster = "slurm" but sbatch is not on PATH; run the build on a Slurm submit host' \
         in r.stderr, r.stderr
+
+
+def test_the_worker_job_carries_the_dask_settings(slurm, tmp_path, monkeypatch):
+    from neuron_build.build.clusters import slurm_cluster
+
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    settings = DaskSettings(cluster="slurm", queue=slurm.partition, cores=2, processes=1, memory="1GB",
+                            walltime="00:10:00", job_extra_directives=("--job-name=nb-test",),
+                            job_script_prologue=("export NB_PROLOGUE_RAN=1",), scheduler_host="127.0.0.1")
+    cluster = slurm_cluster(settings, tmp_path, lambda tid: None, "buckets.toml")
+    try:
+        script = cluster.job_script()
+    finally:
+        cluster.close()
+    for line in ("#SBATCH -p debug", "#SBATCH --cpus-per-task=2", "#SBATCH -t 00:10:00", "#SBATCH --job-name=nb-test",
+                 "export NB_PROLOGUE_RAN=1"):
+        assert line in script, script
+    # the worker leaves at most 540 + 15 s after it starts, before the 600 s walltime; 2 threads, 1 compile each
+    assert "--lifetime 540s --lifetime-stagger 15s --resources memory_gb=1.000" in script, script
+    assert "--nthreads 2" in script and "tcp://127.0.0.1:" in script, script
+    assert not slurm.jobs()  # checking the job queued nothing
