@@ -133,6 +133,10 @@ class DaskSettings(BaseModel):
 
     @model_validator(mode="after")
     def _bounds(self) -> DaskSettings:
+        unused = sorted(self.model_fields_set - {"cluster"}) if self.cluster == "scheduler" else []
+        if unused:
+            raise ValueError(f"{', '.join(unused)} only apply to cluster = \"slurm\", and cluster is "
+                             f"\"scheduler\"; set cluster = \"slurm\" or remove them")
         if self.minimum_jobs > self.maximum_jobs:
             raise ValueError(f"minimum_jobs ({self.minimum_jobs}) is above maximum_jobs ({self.maximum_jobs}); "
                              "lower minimum_jobs or raise maximum_jobs")

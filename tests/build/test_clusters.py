@@ -32,8 +32,8 @@ def test_lifetime_is_below_the_walltime_with_its_stagger():
     args = worker_args(s)
     assert args[:4] == ["--lifetime", "3240s", "--lifetime-stagger", "90s"]  # latest stop: 3330 s < 3600 s
     assert args[4:] == ["--resources", "memory_gb=8.000"]  # each of the 2 worker processes gets half
-    assert DaskSettings(walltime="12:00:00").margin_s == 900  # at most 15 minutes
-    assert DaskSettings(walltime="00:05:00").lifetime_s == 240  # at least 60 s
+    assert DaskSettings(cluster="slurm", walltime="12:00:00").margin_s == 900  # at most 15 minutes
+    assert DaskSettings(cluster="slurm", walltime="00:05:00").lifetime_s == 240  # at least 60 s
 
 
 def _config(tmp_path, dask: str):
@@ -51,6 +51,8 @@ def _config(tmp_path, dask: str):
     ('cluster = "slurm"\ncores = 1\nprocesses = 2', "processes (2) is above cores (1)"),
     ('cluster = "slurm"\nmaximum_jobs = true', "dask.maximum_jobs"),
     ('cluster = "pbs"', "dask.cluster"),
+    ('queue = "compile"\nwalltime = "02:00:00"', 'dask: queue, walltime only apply to cluster = "slurm", and cluster is '
+                                                 '"scheduler"; set cluster = "slurm" or remove them'),
     ('cluster = "slurm"\nqueues = "x"', "queues"),
 ])
 def test_bad_dask_settings_are_one_line_naming_the_file_and_key(tmp_path, dask, says):
