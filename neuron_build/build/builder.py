@@ -511,11 +511,12 @@ class Builder:
         """NxDI: restore the target's persistent-cache entries from the store into the workdir
         (:mod:`neuron_build.compilers.neuron.nxdi_cache`); a store that cannot be read means a cold cache."""
         from neuron_build.compilers.neuron import nxdi_cache
+        from neuron_build.store import neuron_cache
         if not nxdi_cache.is_nxdi(req):
             return
         cache = work / nxdi_cache.CACHE_FILES
         try:
-            got = nxdi_cache.restore(self.store, ctx.target.id, ctx.ki.details.get("toolchain", {}).get("neuronx-cc"),
+            got = neuron_cache.restore(self.store, ctx.target.id, ctx.ki.details.get("toolchain", {}).get("neuronx-cc"),
                                      cache)
         except OSError as e:
             got = {"error": str(e)}
@@ -525,11 +526,12 @@ class Builder:
     def _nxdi_remember(self, ctx: BuildContext, req: CompileRequest, obj: Path) -> None:
         """NxDI: point the target's persistent cache at the artifact just published."""
         from neuron_build.compilers.neuron import nxdi_cache
+        from neuron_build.store import neuron_cache
         if not nxdi_cache.is_nxdi(req):
             return
         man = self.store.manifest(ctx.ki.key)
         try:
-            nxdi_cache.remember(self.store, ctx.target.id, ctx.ki.details.get("toolchain", {}).get("neuronx-cc"),
+            neuron_cache.remember(self.store, ctx.target.id, ctx.ki.details.get("toolchain", {}).get("neuronx-cc"),
                                 ctx.ki.key, man.files if man is not None else {})
         except (OSError, ValueError) as e:
             ctx.log.warning("could not record the NxDI cache pointer", error=str(e))

@@ -23,7 +23,7 @@ BUCKETS = ["context_encoding_model/_tp0_bk0", "context_encoding_model/_tp0_bk1",
 def project(root: Path, remote: Path) -> Path:
     cfg = textgen_kit.write_project(root, backend="neuron", gpt2=False,
                                     llama_buckets="{ batch = [1], seq = [16, 32] }", extra="decode_buckets = [32, 64]")
-    text = cfg.read_text().replace('device = "cpu"', f'target = "trn1"\nremote = "{remote}"')
+    text = cfg.read_text().replace('device = "cpu"', f'target = "trn1"\nremote = "file://{remote}"')
     cfg.write_text(text.replace('dtypes = ["fp32"]', 'dtypes = ["bf16"]'))
     return cfg
 
@@ -128,10 +128,11 @@ def test_a_tampered_cache_entry_is_left_out(tmp_path):
 
     store = Store()
     neuron_cache.record(store, "1", "m/b/fp32/p", key)
-    got = nxdi_cache.restore(store, "m/b/fp32/p", "1", tmp_path / "cache")
+    assert nxdi_cache.CACHE_FILES == neuron_cache.ARTIFACT_FOLDER
+    got = neuron_cache.restore(store, "m/b/fp32/p", "1", tmp_path / "cache")
     assert got == {"from": key, "entries": 1, "dropped": 1}
     assert nxdi_cache.entries(tmp_path / "cache") == {
         "neuronxcc-1/MODULE_c+d": "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"}
     assert not (tmp_path / "etc").exists()
-    assert nxdi_cache.restore(store, "m/b/fp32/p", "2", tmp_path / "other") == {"from": None, "entries": 0,
+    assert neuron_cache.restore(store, "m/b/fp32/p", "2", tmp_path / "other") == {"from": None, "entries": 0,
                                                                                "dropped": 0}
