@@ -336,6 +336,32 @@ class NeuronCompiler:
             return None
         return hlo_key.NeffHook(module, request, self.executable.version if self.executable else None)
 
+    def _trace(self, fn, model, example_inputs, kwargs: dict[str, Any], request: CompileRequest, hook,
+               monitor: ChildPeakMonitor, work: Path):
+        """Run ``fn`` (trace or parallel_model_trace), with the ``generate_neff`` hook installed when there is
+        one. Raises GraphHit (the graph index holds this graph: nothing compiled) or CompileFailed."""
+        import torch
+
+        tp, workdir = request.tp_degree, work / "neuron"
+        try:
+            with monitor, torch.no_grad():
+                if tp > 1:
+                    factory = RankModelFactory(request.root, request.factory, dict(request.kwargs), request.dtype,
+                                               request.hf)
+                    return fn(factory, example_inputs, **kwargs)
+                if hook is not None:
+                    with hook.installed():  # the graph key before neuronx-cc: a hit raises GraphHit
+                        return fn(model, example_inputs, **kwargs)
+                return fn(model, example_inputs, **kwargs)
+        except graph_key.GraphHit:
+            raise
+        except Exception as e:
+            if hook is not None and hook.hit:  # trace wrapped the hook's GraphHit: still a hit, nothing compiled
+                raise graph_key.GraphHit(hook.hit) from e
+            logs = ([workdir / f"_tp{r}" / LOG_NAME for r in range(tp)] if tp > 1 else [workdir / LOG_NAME])
+            raise classify_failure(e, logs, work, has_neuron_device=bool(self.devices), tp_degree=tp,
+                                   compiler_peak_rss_bytes=monitor.peak) from e
+
     # -- the compile -----------------------------------------------------------------------------
     def compile(self, model, example_inputs, request: CompileRequest) -> CompileResult:
         """Trace and compile ``model`` for ``example_inputs`` (a tuple of tensors of the bucket's shapes
@@ -369,23 +395,7 @@ class NeuronCompiler:
         t0 = time.monotonic()
         monitor = ChildPeakMonitor()
         enter_stage("compile")  # torch_neuronx.trace: graph capture and neuronx-cc
-        try:
-            with monitor, torch.no_grad():
-                if tp > 1:
-                    factory = RankModelFactory(request.root, request.factory, dict(request.kwargs), request.dtype,
-                                               request.hf)
-                    traced = fn(factory, example_inputs, **kwargs)
-                elif hook is not None:
-                    with hook.installed():  # the graph key before neuronx-cc: a hit raises GraphHit
-                        traced = fn(model, example_inputs, **kwargs)
-                else:
-                    traced = fn(model, example_inputs, **kwargs)
-        except graph_key.GraphHit:
-            raise
-        except Exception as e:
-            logs = ([workdir / f"_tp{r}" / LOG_NAME for r in range(tp)] if tp > 1 else [workdir / LOG_NAME])
-            raise classify_failure(e, logs, work, has_neuron_device=bool(self.devices), tp_degree=tp,
-                                   compiler_peak_rss_bytes=monitor.peak) from e
+        traced = self._trace(fn, model, example_inputs, kwargs, request, hook, monitor, work)
         trace_s = time.monotonic() - t0
         if hook is not None and not hook.called:
             self._warn_once("torch_neuronx.trace did not call generate_neff: the HLO graph key is made after "

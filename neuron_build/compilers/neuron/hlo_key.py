@@ -225,6 +225,7 @@ class NeffHook:
     Attributes:
         called: the hook ran (trace went through ``generate_neff``).
         key: the graph key it made (None: not asked for, or no canonical form).
+        hit: the graph key when the graph index held it (GraphHit was raised), else None.
     """
 
     def __init__(self, module: Any, request: Any, compiler_version: str | None):
@@ -232,20 +233,25 @@ class NeffHook:
         self.original = module.generate_neff
         self.called = False
         self.key: str | None = None
+        self.hit: str | None = None
 
     def __call__(self, hlo_artifacts, compiler_workdir=None, compiler_args=None, inline_weights_to_neff=True,
                  *args, **kwargs):
         self.called = True
-        self.key = gk.checkpoint(self.request, lambda: hlo_document(
-            hlo_artifacts, compiler_args, inline_weights_to_neff, self.compiler_version))
+        try:
+            self.key = gk.checkpoint(self.request, lambda: hlo_document(
+                hlo_artifacts, compiler_args, inline_weights_to_neff, self.compiler_version))
+        except gk.GraphHit as hit:
+            self.hit = hit.graph_key  # kept: a trace that wraps what its hook raises must not turn a hit
+            raise                     # into a failure (the compiler re-raises it from here)
         return self.original(hlo_artifacts, compiler_workdir, compiler_args, inline_weights_to_neff, *args, **kwargs)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[NeffHook]:
         """Patch ``generate_neff`` in every loaded module that holds the original (optimum-neuron's
         ``patch_everywhere``), and put them back afterwards."""
-        patched = [m for m in list(sys.modules.values())
-                   if m is not None and getattr(m, "generate_neff", None) is self.original]
+        patched = [self.module] + [m for m in list(sys.modules.values()) if m is not None and m is not self.module
+                                   and getattr(m, "generate_neff", None) is self.original]
         for m in patched:
             m.generate_neff = self
         try:

@@ -163,3 +163,32 @@ def test_canonical_flags(args, kept):
     from neuron_build.compilers.neuron.hlo_key import canonical_flags
     assert canonical_flags(args) == kept
 
+
+
+def test_the_hook_raises_graph_hit_before_the_compile_and_keeps_the_key(xt, tmp_path):
+    """A miss calls the original generate_neff (which compiles); a hit never does, and the hook keeps the key
+    so a trace that wraps the exception still counts as a hit."""
+    import json as _json
+    from types import SimpleNamespace
+
+    import torch
+
+    from neuron_build.compilers import graph_key
+    from neuron_build.compilers.neuron import hlo_key
+    known = tmp_path / "known.json"
+    known.write_text("[]")
+    req = SimpleNamespace(options={graph_key.OPTION: {"base": {"inputs": 1}, "known": str(known)}},
+                          work_dir=str(tmp_path))
+    compiled = []
+    module = SimpleNamespace(generate_neff=lambda *a, **k: compiled.append(a) or "neff")
+    art = xt.generate_hlo(_block(), (torch.randn(2, 8),), cpu_backend=True)
+    hook = hlo_key.NeffHook(module, req, "2.30")
+    with hook.installed():
+        assert module.generate_neff(art, str(tmp_path), ["--target", "trn1"], True) == "neff"
+    assert module.generate_neff is not hook and len(compiled) == 1 and hook.hit is None and len(hook.key) == 64
+    known.write_text(_json.dumps([hook.key]))
+    again = hlo_key.NeffHook(module, req, "2.30")
+    art2 = xt.generate_hlo(_block(), (torch.randn(2, 8),), cpu_backend=True)   # another lowering, same graph
+    with pytest.raises(graph_key.GraphHit), again.installed():
+        module.generate_neff(art2, str(tmp_path / "other"), ["--target", "trn1", "--logfile=/x/l.txt"], True)
+    assert again.hit == hook.key and len(compiled) == 1
