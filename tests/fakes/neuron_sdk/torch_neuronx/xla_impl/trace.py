@@ -174,6 +174,7 @@ def _lower(traced, examples, inline_weights: bool):
     counts: Dict[str, int] = {}
     inputs = list(graph.inputs())
     paths[inputs[0].unique()] = ""
+    mode = "inline" if inline_weights else "external"
 
     def add(opcode, shape, operands=(), **extra) -> int:
         i = _next_id()
@@ -185,6 +186,12 @@ def _lower(traced, examples, inline_weights: bool):
         ids[value.unique()] = add("parameter", _impl._tensor_str(tensor), parameter_number=index,
                                   frontend_attributes={"neff_input_names": f"input{index}", "kind": "input"})
     n_inputs = len(examples)
+    for path, tensor in named.items():  # every parameter, then every buffer, in module order (as trace does)
+        number = n_inputs + len(param_of_path)
+        param_of_path[path] = add("parameter", _impl._tensor_str(tensor), parameter_number=number,
+                                  frontend_attributes={"kind": "weight", "mode": mode})
+        weights[path] = tensor
+        constants[number] = tensor
     for node in graph.nodes():
         kind = node.kind()
         outs = list(node.outputs())
@@ -193,14 +200,7 @@ def _lower(traced, examples, inline_weights: bool):
             if parent is None:
                 raise RuntimeError("the torch_neuronx double cannot lower this attribute access")
             path = f"{parent}.{node.s('name')}".lstrip(".")
-            if path in named:
-                if path not in param_of_path:
-                    number = n_inputs + len(param_of_path)
-                    param_of_path[path] = add("parameter", _impl._tensor_str(named[path]), parameter_number=number,
-                                              frontend_attributes={"kind": "weight",
-                                                                   "mode": "inline" if inline_weights else "external"})
-                    weights[path] = named[path]
-                    constants[number] = named[path]
+            if path in param_of_path:
                 ids[outs[0].unique()] = param_of_path[path]
             else:
                 paths[outs[0].unique()] = path
@@ -220,7 +220,7 @@ def _lower(traced, examples, inline_weights: bool):
         i = add(kind, shape, operands, **extra)
         for o in outs:
             ids[o.unique()] = i
-    root = add("tuple", ",".join(_impl._type_str(o.type()) for o in graph.outputs()),
+    root = add("tuple", "(" + ", ".join(_impl._type_str(o.type()) for o in graph.outputs()) + ")",
                [ids[o.unique()] for o in graph.outputs() if o.unique() in ids])
     comp.root_id = root
     module = HloModuleProto(name=f"SyncTensorsGraph.{_next_id()}", id=_next_id(), entry_computation_name=comp.name,
@@ -243,7 +243,7 @@ def hlo_text(hlo_module: HloModuleProto, examples, named_weights: Dict[str, torc
     for index, inst in enumerate(ops):
         lines.append(f"op {index} {inst.opcode} {inst.shape}")
     root = next(i for i in comp.instructions if i.id == comp.root_id)
-    for index, out in enumerate(root.shape.split(",") if root.shape else []):
+    for index, out in enumerate(root.shape[1:-1].split(", ") if root.shape not in ("", "()") else []):
         lines.append(f"output {index} {out}")
     return "\n".join(lines) + "\n"
 
