@@ -41,7 +41,7 @@ def partners(targets: list[Target], target: Target) -> list[Target]:
 def _nxdi_engine(store, target: Target, key: str, manifest):
     """NxDI's own application class and generation adapter over the compiled folder in the store
     (:func:`neuron_build.compilers.neuron.nxdi.nxdi_engine`); one line naming the host it needs elsewhere."""
-    from neuron_build.compilers.neuron.nxdi import nxdi_engine
+    from neuron_build.compilers.neuron.nxdi_serve import nxdi_engine
 
     info = {"model": target.model, "backend": manifest.backend, "hardware_target": manifest.hardware_target}
     d = store.artifact_dir(key)
