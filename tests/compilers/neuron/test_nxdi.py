@@ -197,3 +197,39 @@ def test_an_nxdi_release_on_a_neuron_host_is_served_by_nxdi_class_and_adapter(pu
 
     with pytest.raises(GenerateError, match="a prompt of 33 tokens is longer than every context-encoding bucket"):
         bm.generate(torch.ones(1, 33, dtype=torch.long), max_new_tokens=2)
+
+
+def test_validate_and_bench_of_an_nxdi_target_on_a_neuron_host_run_through_nxdi(pulled, proj, monkeypatch, tmp_path):
+    """On a Neuron host (imitated) validation and the benchmark load the compiled folder with NxDI's class
+    and adapter instead of reading text-generation files it does not have (which ended in 'pull the release
+    again' or a bare FileNotFoundError). The double's tokens are not the model's, so the verdict is a real
+    fail with the first differing token; the benchmark's callable returns NxDI's first new token."""
+    import torch
+
+    from neuron_build.build.builder import Builder
+    from neuron_build.evaluate import validate as validate_mod
+    from neuron_build.evaluate.textgen_validate import bench_callables
+    from neuron_build.project import toolchain
+    from tests.fakes.env import activate
+
+    activate(monkeypatch, "neuron_sdk", has_device=True)
+    monkeypatch.syspath_prepend(str(NXDI_ROOT))
+    calls = tmp_path / "validate-calls.jsonl"
+    monkeypatch.setenv("FAKE_NXDI_CALLS", str(calls))
+    monkeypatch.setattr(toolchain, "neuron_devices", lambda: ["/dev/neuron0"])
+    monkeypatch.setattr(validate_mod, "neuron_devices", lambda: ["/dev/neuron0"])
+    b = Builder(load_project(proj))
+    (t,) = b.targets
+    key = b.key(t).key
+    rec = validate_mod.validate_target(b.project, b.store, t, key, record=False, keys=b.keys)
+    assert rec["verdict"] == "fail" and rec["partners"] == ["llama/nxdi-b1/bf16/p1"]
+    assert [r["name"] for r in rec["outputs"]] == ["generate b1 prompt 16 +8 tokens", "generate b1 prompt 32 +8 tokens"]
+    assert rec["reason"] == ("llama/nxdi-b1/bf16/p1: generate b1 prompt 16 +8 tokens: tokens differ from the eager "
+                             "generate() from new token 0 on")
+    assert rec["measure"].startswith("NxDI (tokens only")
+    log = [json.loads(x)["call"] for x in calls.read_text().splitlines()]
+    assert log[:3] == ["NeuronConfig", "load", "adapter"] and log.count("generate") == 2
+    compiled, _eager, (ids, pos) = bench_callables(b.project, b.store, t, key, b.store.manifest(key))
+    assert ids.shape == (1, 32)
+    assert compiled(ids, pos).tolist() == [(int(ids[0, -1]) * 7 + 3) % 1000]
+    assert torch.equal(compiled(ids, pos), compiled(ids, pos))
