@@ -4,6 +4,9 @@ neuronx-cc double on PATH compiling each submodel's buckets. Files compile() wri
 
     <compiled dir>/neuron_config.json        the full InferenceConfig (json, indent 2, sorted keys)
     <compiled dir>/model.pt                  one archive holding every NEFF (here: a JSON index + the NEFFs)
+
+load(dir) needs a NeuronCore (FAKE_NEURON_HAS_DEVICE set and not 0), else raises the runtime's RuntimeError;
+generation goes through utils.hf_adapter.HuggingFaceGenerationAdapter with next_token() as the model.
     $BASE_COMPILE_WORK_DIR (default /tmp/nxd_model/), removed first:
         neuron_config.json
         <tag>/_tp0_bk<i>/model/graph.hlo, graph.neff, log-neuron-cc.txt, neuron_config.json
@@ -125,9 +128,21 @@ class NeuronLlamaForCausalLM:
         record("load", compiled_model_path=compiled_model_path)
         if not self.is_compiled(compiled_model_path):
             raise FileNotFoundError(f"{compiled_model_path}/model.pt not found; compile the model first")
+        if os.environ.get("FAKE_NEURON_HAS_DEVICE", "0") in ("", "0"):
+            # the Neuron runtime finds no device [guess on the wording: nrt_init's failure as torch-neuronx raises it]
+            raise RuntimeError("nrt_init failed: no Neuron device found (NRT_RESOURCE)")
         with open(os.path.join(compiled_model_path, "model.pt")) as f:
             self.traced_model = json.load(f)
         self.is_loaded_to_neuron = True
+
+    def reset(self):
+        """Reset the KV cache between generate() calls (the adapter calls it first)."""
+        record("reset")
+
+    def next_token(self, last: int, step: int) -> int:
+        """The double's "compiled model": a deterministic next token from the last one and the step (the
+        real model's logits are out of reach without a NeuronCore)."""
+        return (last * 7 + step + 3) % int(self.config.vocab_size)
 
 
 def get_hash_module(hlo_module, flags: str) -> str:
