@@ -169,3 +169,40 @@ def test_two_targets_with_identical_graphs_compile_once(tmp_path):
     m = b.store.manifest(second.key)
     assert m.reused_from == first.key and m.graph_key == b.store.manifest(first.key).graph_key
     assert {n: e.sha256 for n, e in m.files.items()} == {n: e.sha256 for n, e in b.store.manifest(first.key).files.items()}
+
+
+def test_an_index_entry_naming_another_models_artifact_is_refused(tmp_path):
+    """Issue 29, item 6: the graph index is untrusted input. An entry for model tiny's graph that names model
+    other's artifact is refused (the candidate's manifest records another graph key and document): a
+    graph-neutral edit of tiny compiles, the artifact published is tiny's (its output equals the eager model's),
+    and the new artifact replaces the entry."""
+    import torch
+
+    from neuron_build.build.builder import Builder
+    from neuron_build.examples import build_model
+    from neuron_build.project.config import load_project
+    from neuron_build.store import graph_index
+
+    cfg = write_tiny_project(tmp_path / "proj")
+    b = Builder(load_project(cfg))
+    other = b.build(b.by_id["other/static/fp32/p1"])
+    tid = "tiny/b1/fp32/p1"
+    first = b.build(b.by_id[tid])
+    assert other.compiled and first.compiled
+    gk = b.store.manifest(first.key).graph_key
+    assert len(gk) == 64 and gk != b.store.manifest(other.key).graph_key
+    graph_index.record(b.store, graph_index.GraphEntry(graph_key=gk, key=other.key, target=tid,
+                                                       backend="torchscript"), replace=True)
+    src = cfg.parent / "tinylib" / "tiny.py"
+    src.write_text("# a graph-neutral edit\n" + src.read_text())
+    b = Builder(load_project(cfg))
+    out = b.build(b.by_id[tid])
+    assert (out.status, out.compiled) == ("PASS", True), out.reason
+    m = b.store.manifest(out.key)
+    assert m.reused_from is None and m.graph_key == gk and len(m.graph_document) == 64
+    assert graph_index.lookup(b.store, gk).key == out.key  # the stale entry was replaced
+    x = torch.randn(1, 16)
+    compiled = torch.jit.load(str(b.store.artifact_dir(out.key) / "model.pt"))
+    eager = build_model(str(cfg.parent), "tinylib.tiny:build", {"width": 16}, "fp32")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), eager(x))
