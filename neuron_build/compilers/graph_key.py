@@ -286,8 +286,8 @@ def _target_name(target: Any) -> Any:
     mod, qual = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
     if mod and qual and "<" not in qual and _trusted_module(mod):
         return f"{mod}.{qual}"
-    raise NoGraphKey(f"a node calls {getattr(target, '__qualname__', None) or target!r}, whose implementation the "
-                     f"key does not read")
+    name = getattr(target, "__qualname__", None) or repr(target)
+    raise NoGraphKey(f"a node calls {name}, whose implementation the key does not read")
 
 
 def _meta_val(v: Any) -> Any:
