@@ -216,7 +216,9 @@ def custom_op_document(op: Any) -> dict[str, Any]:
     """The implementation of a custom operator (an ``OpOverload`` outside :data:`TORCH_OP_NAMESPACES`, or an
     operator of torch given a Python kernel by the model): the source digests of the modules of its Python
     kernels (``torch.library.custom_op``'s functions, and every ``Library.impl`` recorded by
-    :func:`watch_custom_ops`), per dispatch key.
+    :func:`watch_custom_ops`), per dispatch key. A kernel's module is read whole (as a syntax tree), with the
+    modules of the functions it references, transitively; a class or module it references is read whole
+    but not followed further, and torch's and the standard library's code by name.
 
     Raises:
         NoGraphKey: a kernel of the op was registered from C++ or before the watch, or a kernel's source
