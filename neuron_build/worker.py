@@ -5,8 +5,8 @@ example inputs, runs the backend, and writes ``result.json`` (op count, its sour
 ``imported``: the project files, relative to the project folder, that were imported while the model was
 built and compiled, so the next plan can key on modules no static reading finds; ``reads``: the project
 files the factory opened, the environment variables it read and the distributions the build imported,
-:mod:`neuron_build.project.reads`; ``graph_key`` and ``graph_hit``: the graph key the backend made, and
-whether the graph index held it, :mod:`neuron_build.compilers.graph_key`, in which case nothing was
+:mod:`neuron_build.project.reads`; ``graph_key``, ``graph_document`` and ``graph_hit``: the graph key the backend made, the digest of its
+canonical document, and whether the graph index held it, :mod:`neuron_build.compilers.graph_key`, in which case nothing was
 compiled) into the request's work_dir. On failure it writes ``error.json`` (status, reason, details) there and exits with
 the failure's exit status: 1 for a compiler error, 3 for a missing toolchain, 70 for a transient tool
 failure, 137 for a compiler killed by SIGKILL. Everything it prints goes to the worker log
@@ -53,6 +53,8 @@ def run(request_path: str) -> int:
             if preflight is not None:  # toolchain checks before the (possibly slow) model build
                 preflight(req)
             modules_before = list(sys.modules)  # after the backend's own imports (preflight)
+            if (req.options or {}).get(graph_key.OPTION) and req.backend in graph_key.BEFORE_COMPILE:
+                graph_key.watch_custom_ops()  # the kernels the model registers: a custom op is keyed by them
             with recorder:  # what the factory opens and which variables it reads
                 model = (build_model(req.root, req.factory, req.kwargs, req.dtype, hf=req.hf)
                          if getattr(compiler, "needs_module", True) else None)
@@ -71,9 +73,12 @@ def run(request_path: str) -> int:
                   flush=True)
         result = compiler.compile(model, inputs, req)
     except graph_key.GraphHit as e:  # the graph index holds this graph's artifact: nothing compiled
+        graph = _graph_file(work)  # (a hit re-raised by a wrapper may have lost its document digest)
+        document = e.document or (graph.get("document") if graph.get("graph_key") == e.graph_key else None)
         write_json_atomic(work / "result.json", {"op_count": None, "op_count_source": None, "details": {},
                                                  "imported": _imported(req, work), "graph_key": e.graph_key,
-                                                 "graph_hit": True, "reads": reads})
+                                                 "graph_document": document, "graph_hit": True,
+                                                 "reads": reads})
         print(f"graph unchanged: done in {time.monotonic() - t0:.1f} s without compiling", flush=True)
         return 0
     except CompileFailed as e:
@@ -91,6 +96,7 @@ def run(request_path: str) -> int:
     write_json_atomic(work / "result.json", {"op_count": result.op_count, "op_count_source": result.op_count_source,
                                   "details": result.details, "imported": _imported(req, work),
                                   "graph_key": graph.get("graph_key"), "graph_hit": False,
+                                  "graph_document": graph.get("document"),
                                   "reads": reads})
     print(f"compile done in {time.monotonic() - t0:.1f} s", flush=True)
     return 0

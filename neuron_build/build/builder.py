@@ -418,7 +418,7 @@ class Builder:
             self.store.publish(obj, ctx.ki.key)
         self.store.clear_failure(ctx.target.id)
         self._remember(ctx, Status.PASS)
-        self._index_graph(ctx, req, (run.result or {}).get("graph_key"))
+        self._index_graph(ctx, req, (run.result or {}).get("graph_key"), (run.result or {}).get("graph_document"))
         self._nxdi_remember(ctx, req, obj)
         self._record(ctx, "compile", Status.PASS, run=run, metrics=metrics)
         ctx.log.info("built", compile_time_s=metrics["compile_time_s"], op_count=metrics["op_count"],
@@ -536,16 +536,19 @@ class Builder:
         except (OSError, ValueError) as e:
             ctx.log.warning("could not record the NxDI cache pointer", error=str(e))
 
-    def _index_graph(self, ctx: BuildContext, req: CompileRequest, gk: str | None) -> None:
-        """Record graph key ``gk`` -> the key just published in the graph index (an entry whose artifact
-        is gone is replaced); best effort."""
+    def _index_graph(self, ctx: BuildContext, req: CompileRequest, gk: str | None, document: str | None) -> None:
+        """Record graph key ``gk`` (of the canonical document with digest ``document``) -> the key just
+        published in the graph index (an entry whose artifact is gone, or that :meth:`_reuse_refused`
+        refuses, is replaced); best effort."""
         if not gk or not self.graph_keys_on():
             return
         entry = graph_index.GraphEntry(graph_key=gk, key=ctx.ki.key, target=ctx.target.id, backend=req.backend,
                                        time=utc_now())
         try:
             old = graph_index.lookup(self.store, gk)
-            stale = old is not None and old.key != ctx.ki.key and not self.store.is_complete(old.key)
+            stale = old is not None and old.key != ctx.ki.key and (
+                not self.store.is_complete(old.key)
+                or self._reuse_refused(ctx, req, gk, document, self.store.manifest(old.key)) is not None)
             graph_index.record(self.store, entry, replace=stale or old is None)
         except (OSError, ValueError) as e:
             ctx.log.warning("could not record the graph key", graph_key=gk[:12], error=str(e))
@@ -567,6 +570,11 @@ class Builder:
             ctx.log.warning("graph index entry is stale; compiling", graph_key=(gk or "")[:12])
             return None
         old = found.manifest
+        refused = self._reuse_refused(ctx, req, gk, result.get("graph_document"), old)
+        if refused is not None:
+            ctx.log.warning("graph index entry is stale; compiling", graph_key=gk[:12], candidate=entry.key[:12],
+                            reason=refused)
+            return None
         with disk_full("recording the imported files", ctx.target.id):
             ctx = self._complete_key(ctx, result.get("imported") or [], result.get("reads"))
         if ctx.ki.key == entry.key:  # the completed key is the one the index names: it is there already
@@ -592,12 +600,34 @@ class Builder:
             backend=req.backend, hardware_target=req.hardware_target, key_details=ctx.ki.details,
             component_hashes=ctx.ki.hashes, files=files, logs=logs, metrics=Metrics(**metrics),
             toolchain=dict(old.toolchain), compiler=dict(old.compiler), created=utc_now(), host=socket.gethostname(),
-            graph_key=gk, reused_from=entry.key, neuron_build_version=__version__, **self.provenance)
+            graph_key=gk, graph_document=old.graph_document, reused_from=entry.key, neuron_build_version=__version__,
+            **self.provenance)
         with disk_full("writing the manifest", obj):
             self.store.seal(obj, manifest)
         with disk_full("publishing", obj):
             self.store.publish(obj, ctx.ki.key)
         return self._adopt(ctx, run, entry.key, gk, old, metrics)
+
+    @staticmethod
+    def _reuse_refused(ctx: BuildContext, req: CompileRequest, gk: str | None, document: str | None,
+                       candidate: Manifest | None) -> str | None:
+        """Why the artifact ``candidate`` (the manifest a graph index entry names) cannot stand for the graph
+        ``gk`` with canonical document digest ``document`` of ``ctx``'s target, or None when it can: the
+        manifest must record the same graph key and document digest (an artifact without them is never
+        reused), and the same backend, hardware target, dtype and input shapes and dtypes. The entry and
+        the manifest are untrusted input: an entry naming another graph's artifact is stale."""
+        if candidate is None:
+            return "the artifact has no manifest"
+        want = {"graph key": gk, "graph document": document, "backend": req.backend,
+                "hardware target": req.hardware_target, "dtype": ctx.target.dtype,
+                "inputs": ctx.ki.details.get("inputs")}
+        got = {"graph key": candidate.graph_key, "graph document": candidate.graph_document,
+               "backend": candidate.backend, "hardware target": candidate.hardware_target,
+               "dtype": candidate.dtype, "inputs": (candidate.key_details or {}).get("inputs")}
+        if not gk or not document:
+            return "this graph has no graph key or document digest"
+        differ = [k for k in want if want[k] != got[k]]
+        return f"its manifest records another {', '.join(differ)}" if differ else None
 
     def _adopt(self, ctx: BuildContext, run: CompileRun, reused: str, gk: str, old: Manifest,
                metrics: dict | None = None) -> Outcome:
@@ -687,8 +717,8 @@ class Builder:
             profile=target.profile, backend=req.backend, hardware_target=req.hardware_target,
             key_details=ki.details, component_hashes=ki.hashes, files=files, logs=logs, metrics=Metrics(**metrics),
             toolchain={**ki.details["toolchain"], **extra_toolchain}, compiler=details, created=utc_now(),
-            host=socket.gethostname(), graph_key=result.get("graph_key"), neuron_build_version=__version__,
-            **self.provenance)
+            host=socket.gethostname(), graph_key=result.get("graph_key"),
+            graph_document=result.get("graph_document"), neuron_build_version=__version__, **self.provenance)
         self.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last
 
     # -- the ledger and the kept failure workdirs ------------------------------------------------------

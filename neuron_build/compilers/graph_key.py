@@ -27,15 +27,28 @@ edits"):
 - ``torchneuron``: no stable graph key (the graph goes to the backend inside ``torch.compile``): the
   worker says so and compiles, as before.
 
-When anything in a graph is not understood (a custom object, an unknown argument type), no graph key is
-made and the target compiles: when in doubt, compile.
+The key fails closed: it is made only from what it fully read. The ``torch.export`` document descends into
+every submodule a node reaches (``get_attr`` of a ``GraphModule``: ``torch.cond`` branches, ``map`` bodies,
+``wrap_with_autocast`` / ``wrap_with_set_grad_enabled`` regions, ``while_loop`` / ``scan`` bodies),
+recursively, with their constants by value; it keys a ``torch.library`` custom op by its registered Python
+implementations (:func:`watch_custom_ops` records those a model registers; ``torch.library.custom_op``
+ones are read from torch's own registry) and the output's pytree spec (names and structure). Anything it
+cannot read means no graph key, and the target compiles: a call target that is neither one of torch's
+operators nor a Python builtin, a higher-order op outside :data:`READ_HIGHER_ORDER_OPS` (a Triton kernel,
+a delegate: their bodies live in side tables), a custom op with a kernel registered from C++ or before the
+watch, a ``get_attr`` of an opaque object, an argument type without a canonical form. The TorchScript
+document keys the attributes a frozen graph still reads (``prim::GetAttr``: buffers ``forward`` updates
+in place are not frozen) by value.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import inspect
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +56,7 @@ from neuron_build.util import canonical_json, sha256_hex, write_json_atomic
 
 #: Bump when a canonical form changes, or when what a backend writes for the same graph changes: every
 #: graph key changes with it, so no artifact of the old form is reused.
-GRAPH_KEY_FORMAT = 1
+GRAPH_KEY_FORMAT = 2
 #: The file the worker writes into its workdir once it has a graph key (or the reason it has none).
 GRAPH_FILE = "graph.json"
 #: The request option (``CompileRequest.options``) that turns the graph key on: ``{"base": {...}, "known":
@@ -56,6 +69,20 @@ NO_GRAPH_KEY = {
     "torchneuron": "torch.compile(backend='neuron') hands its graph to the backend inside Dynamo; "
                    "there is no graph to key on before the compile",
 }
+#: Higher-order ops whose meaning is their name and their arguments (bodies are ``get_attr``'d graph modules,
+#: read recursively); any other higher-order op (Triton kernels and delegates keep their bodies in side
+#: tables) means no graph key. Their semantics are torch's: the torch version is in the key.
+READ_HIGHER_ORDER_OPS = frozenset({
+    "cond", "map_impl", "while_loop", "scan", "associative_scan", "wrap", "wrap_with_autocast",
+    "wrap_with_set_grad_enabled", "auto_functionalized", "auto_functionalized_v2", "invoke_subgraph", "out_dtype",
+    "hints_wrapper", "tag_activation_checkpoint", "flex_attention"})
+#: Operator namespaces whose kernels are torch's own (C++ or torch's Python): keyed by name (the torch
+#: version is in the key). An operator of any other namespace is a custom op: keyed by its implementation.
+TORCH_OP_NAMESPACES = frozenset({
+    "aten", "prims", "prim", "quantized", "_quantized", "quantized_decomposed", "_c10d_functional",
+    "c10d_functional", "_c10d_functional_autograd", "onednn", "mkldnn", "mkl", "inductor", "_inductor"})
+#: Modules of callables keyed by their name (torch's own code, versioned in the key, and the standard library).
+_TRUSTED_MODULE_ROOTS = frozenset({"torch", "builtins", "_operator", "operator", "math", "_functools", "functools"})
 _MANGLE = re.compile(r"___torch_mangle_\d+\.")
 _HLO_METADATA = re.compile(r",?\s*metadata=\{[^{}]*\}")
 
@@ -65,11 +92,14 @@ class NoGraphKey(Exception):
 
 
 class GraphHit(Exception):
-    """The graph index holds an artifact of this graph key: the worker stops before compiling."""
+    """The graph index holds an artifact of this graph key: the worker stops before compiling.
+    ``document`` is the sha256 of the canonical document (:func:`document_digest`), which the builder
+    checks against the candidate artifact's manifest before it reuses it."""
 
-    def __init__(self, graph_key: str):
+    def __init__(self, graph_key: str, document: str | None = None):
         super().__init__(graph_key)
         self.graph_key = graph_key
+        self.document = document
 
 
 def tensor_digest(t: Any) -> str:
@@ -83,21 +113,183 @@ def tensor_digest(t: Any) -> str:
     return h.hexdigest()
 
 
+# -- custom ops: keyed by their implementation -------------------------------------------------------
+
+#: ``"ns::name[.overload]"`` -> {dispatch key: the Python kernel}, for every ``Library.impl`` made since
+#: :func:`watch_custom_ops` (the worker calls it before the model is built).
+_WATCHED: dict[str, dict[str, Any]] | None = None
+
+
+def watch_custom_ops() -> None:
+    """Record every Python kernel registered through ``torch.library`` from now on (``Library.impl``, which
+    ``torch.library.impl`` and ``custom_op`` use), so that a custom op in a graph can be keyed by its
+    implementation. Idempotent. A custom op whose kernels were registered before the call, or from C++,
+    has no implementation to key: the graph gets no graph key."""
+    global _WATCHED
+    if _WATCHED is not None:
+        return
+    import torch.library
+
+    _WATCHED = {}
+    original = torch.library.Library.impl
+
+    def impl(self, op_name, fn, dispatch_key="", *args, **kwargs):
+        out = original(self, op_name, fn, dispatch_key, *args, **kwargs)
+        name = self._resolve_op_name(op_name, "impl")
+        qual = name if "::" in name else f"{self.ns}::{name}"
+        _WATCHED.setdefault(qual, {})[dispatch_key or self.dispatch_key or "CompositeImplicitAutograd"] = fn
+        return out
+
+    impl.__doc__ = original.__doc__
+    torch.library.Library.impl = impl
+
+
+def _trusted_module(name: str | None) -> bool:
+    root = (name or "").split(".")[0]
+    return root in _TRUSTED_MODULE_ROOTS or root in sys.stdlib_module_names
+
+
+def _module_digest(module: Any) -> str:
+    """sha256 of a module's source as a syntax tree (comments and line numbers do not enter)."""
+    try:
+        src = inspect.getsource(module)
+    except (OSError, TypeError) as e:
+        raise NoGraphKey(f"the source of module {getattr(module, '__name__', module)} cannot be read") from e
+    return sha256_hex(ast.dump(ast.parse(src)).encode())
+
+
+def _code_names(code: Any) -> set[str]:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if inspect.iscode(c):
+            names |= _code_names(c)
+    return names
+
+
+def _callable_document(fn: Any, seen: dict[str, str]) -> None:
+    """Add to ``seen`` (module name -> digest) the source of ``fn``'s module and, transitively, of every
+    module whose functions, classes or self it references; torch's and the standard library's by name."""
+    import torch
+
+    fn = inspect.unwrap(fn)
+    if isinstance(fn, (staticmethod, classmethod)):
+        fn = fn.__func__
+    mod_name = getattr(fn, "__module__", None) if not inspect.ismodule(fn) else fn.__name__
+    if _trusted_module(mod_name):
+        return
+    module = fn if inspect.ismodule(fn) else sys.modules.get(mod_name or "")
+    if module is None:
+        raise NoGraphKey(f"{fn!r} has no module whose source can be read")
+    if mod_name in seen:
+        return
+    seen[mod_name] = _module_digest(module)
+    values = []
+    if inspect.isfunction(fn):
+        values = [fn.__globals__.get(n) for n in sorted(_code_names(fn.__code__))]
+        for cell in fn.__closure__ or ():
+            try:
+                values.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+    elif not (inspect.ismodule(fn) or inspect.isclass(fn)):
+        raise NoGraphKey(f"the implementation {type(fn).__name__} is not a Python function")
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            seen[f"{mod_name}:tensor:{len(seen)}"] = tensor_digest(v)
+        elif inspect.isfunction(v) or inspect.ismodule(v) or inspect.isclass(v):
+            _callable_document(v, seen)
+
+
+def _kernel_keys(qualname: str) -> list[tuple[str, str]]:
+    """(dispatch key, where it was registered) of every kernel the dispatcher holds for ``qualname``."""
+    import torch
+
+    out = []
+    for line in torch._C._dispatch_dump(qualname).splitlines():
+        m = re.match(r"^(\w+)(?:\[alias\])?(?: \(inactive\))?: registered at (.*?)(?: :: |$)", line)
+        if m and not line.startswith(("name:", "schema:", "debug:", "alias analysis")):
+            out.append((m.group(1), m.group(2)))
+    return out
+
+
+def custom_op_document(op: Any) -> dict[str, Any]:
+    """The implementation of a custom operator (an ``OpOverload`` outside :data:`TORCH_OP_NAMESPACES`, or an
+    operator of torch given a Python kernel by the model): the source digests of the modules of its Python
+    kernels (``torch.library.custom_op``'s functions, and every ``Library.impl`` recorded by
+    :func:`watch_custom_ops`), per dispatch key. A kernel's module is read whole (as a syntax tree), with the
+    modules of the functions it references, transitively; a class or module it references is read whole
+    but not followed further, and torch's and the standard library's code by name.
+
+    Raises:
+        NoGraphKey: a kernel of the op was registered from C++ or before the watch, or a kernel's source
+            cannot be read.
+    """
+    import torch
+
+    schema = op._schema
+    qual = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+    watched = {**(_WATCHED or {}).get(schema.name, {}), **(_WATCHED or {}).get(qual, {})}
+    from torch._library.custom_ops import OPDEFS
+
+    defn = OPDEFS.get(schema.name)
+    fns: dict[str, Any] = dict(watched)
+    if defn is not None:
+        for attr in ("_init_fn", "_abstract_fn", "_setup_context_fn", "_backward_fn", "_vmap_fn"):
+            if getattr(defn, attr, None) is not None:
+                fns[attr] = getattr(defn, attr)
+        for device, f in sorted((getattr(defn, "_backend_fns", None) or {}).items(), key=lambda kv: str(kv[0])):
+            fns[f"backend:{device}"] = f
+    torch_dir = str(Path(torch.__file__).parent)
+    for key, where in _kernel_keys(schema.name):
+        if key in watched or (defn is not None and where.startswith(torch_dir)):
+            continue
+        raise NoGraphKey(f"custom op {qual} has a {key} kernel whose implementation the key cannot read "
+                         f"(registered in C++ or before the model was built)")
+    if not fns:
+        raise NoGraphKey(f"custom op {qual} has no Python implementation the key can read")
+    doc: dict[str, Any] = {"op": qual, "schema": str(schema)}
+    for key in sorted(fns):
+        seen: dict[str, str] = {}
+        f = fns[key]
+        _callable_document(f, seen)
+        doc[key] = {"fn": f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', '')}",
+                    "sources": dict(sorted(seen.items()))}
+    return doc
+
+
 # -- torch.export ---------------------------------------------------------------------------------------
 
-def _target_name(target: Any) -> str:
-    if isinstance(target, str):
-        return target
-    name = getattr(target, "name", None)
-    if callable(name):  # OpOverload / OpOverloadPacket: "aten::linear" with overload
-        try:
-            return str(target)
-        except Exception:  # pragma: no cover
-            pass
+def _op_ref(target: Any) -> Any:
+    """The canonical form of a call target that is an operator: its name for torch's own, else
+    ``{"custom_op": ...}`` (:func:`custom_op_document`)."""
+    import torch
+
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        target = target.default
+    schema = target._schema
+    qual = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+    if schema.name.split("::")[0] in TORCH_OP_NAMESPACES and not (
+            (_WATCHED or {}).get(schema.name) or (_WATCHED or {}).get(qual)):
+        return str(target)
+    return {"custom_op": custom_op_document(target)}
+
+
+def _target_name(target: Any) -> Any:
+    """The canonical form of a ``call_function`` target, or :class:`NoGraphKey` when the key cannot read
+    what it runs."""
+    import torch
+
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return _op_ref(target)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        if target.name() not in READ_HIGHER_ORDER_OPS:
+            raise NoGraphKey(f"a node calls the higher-order op {target.name()}, whose body the key cannot read")
+        return f"higher_order.{target.name()}"
     mod, qual = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
-    if mod and qual and "<" not in qual:
+    if mod and qual and "<" not in qual and _trusted_module(mod):
         return f"{mod}.{qual}"
-    raise NoGraphKey(f"a node calls {target!r}, which has no stable name")
+    name = getattr(target, "__qualname__", None) or repr(target)
+    raise NoGraphKey(f"a node calls {name}, whose implementation the key does not read")
 
 
 def _meta_val(v: Any) -> Any:
@@ -134,57 +326,123 @@ def _fx_arg(a: Any, index: dict) -> Any:
         return {type(a).__name__: str(a)}
     if isinstance(a, torch.Tensor):
         return {"tensor": tensor_digest(a)}
+    if isinstance(a, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):  # auto_functionalized's op
+        return {"op": _op_ref(a)}
     raise NoGraphKey(f"a node argument of type {type(a).__name__} has no canonical form")
+
+
+def _attr(owner: Any, target: str) -> Any:
+    obj = owner
+    for part in target.split("."):
+        if not hasattr(obj, part):
+            raise NoGraphKey(f"get_attr {target} names nothing in its graph module")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _attr_document(value: Any, target: str) -> Any:
+    """What a ``get_attr`` (or ``call_module``) reads: a graph module's document (recursively), a tensor by
+    value; anything else (a script object, an opaque module) has no canonical form."""
+    import torch
+    import torch.fx
+
+    if isinstance(value, torch.fx.GraphModule):
+        return {"graph": _graph_document(value)}
+    if isinstance(value, torch.Tensor):
+        return {"tensor": tensor_digest(value)}
+    raise NoGraphKey(f"get_attr {target} reads a {type(value).__name__}, which the key cannot read")
+
+
+def _graph_document(gm: Any, placeholder: Any = None) -> list[dict[str, Any]]:
+    """One entry per node of ``gm.graph``: op, target (or for ``get_attr`` and ``call_module`` the document
+    of what it reads, recursively), arguments with node references by index, and the value's shape and
+    dtype. ``placeholder(node)`` gives a placeholder's entry fields (the top graph's signature); a body's
+    placeholders are its positional inputs."""
+    index: dict[Any, int] = {}
+    nodes = []
+    for i, n in enumerate(gm.graph.nodes):
+        index[n] = i
+        entry: dict[str, Any] = {"op": n.op}
+        if n.op == "placeholder":
+            if placeholder is not None:
+                entry.update(placeholder(n))
+        elif n.op == "get_attr":
+            entry["value"] = _attr_document(_attr(gm, n.target), n.target)
+        elif n.op == "call_module":
+            entry["value"] = _attr_document(_attr(gm, n.target), n.target)
+            entry["args"] = _fx_arg(tuple(n.args), index)
+            entry["kwargs"] = _fx_arg(dict(n.kwargs), index)
+        else:
+            entry["target"] = n.target if n.op in ("call_method", "output") else _target_name(n.target)
+            entry["args"] = _fx_arg(tuple(n.args), index)
+            entry["kwargs"] = _fx_arg(dict(n.kwargs), index)
+        entry["val"] = _meta_val(n.meta.get("val"))
+        nodes.append(entry)
+    return nodes
+
+
+def treespec_document(spec: Any) -> str | None:
+    """A pytree spec as text: container types, dict keys, dataclass field names (the names a caller reads).
+
+    Raises:
+        NoGraphKey: the spec's text holds an object address (a context that is not plain data).
+    """
+    if spec is None:
+        return None
+    text = _MANGLE.sub("", str(spec))
+    if re.search(r" at 0x[0-9a-f]+", text):
+        raise NoGraphKey("the output's pytree spec holds an object without a stable form")
+    return text
 
 
 def export_document(ep: Any) -> dict[str, Any]:
     """The canonical document of a ``torch.export.ExportedProgram``: ``{"kind": "export", "graph": [...],
-    "inputs": [...], "weights": [...]}``.
+    "inputs": [...], "outputs": [...], "in_spec", "out_spec", "weights": [...]}``.
 
     ``graph`` holds one entry per node (op, target, arguments with node references by index, the shape and
-    dtype of its value); ``inputs`` the placeholders' kinds and, for parameters, buffers and constants,
-    their FQNs; ``weights`` the :func:`tensor_digest` of each parameter, buffer and constant in graph-input
-    order.
+    dtype of its value); a ``get_attr`` of a graph module (a ``cond`` branch, a ``map`` body, an autocast or
+    grad-mode region) holds that module's graph, recursively, and a tensor attribute its value; a custom op
+    its implementation (:func:`custom_op_document`). ``inputs`` holds the placeholders' kinds and, for
+    parameters, buffers and constants, their FQNs; ``weights`` the :func:`tensor_digest` of each parameter,
+    buffer (a buffer ``forward`` mutates by its initial value) and constant in graph-input order;
+    ``out_spec`` the output's pytree structure with its names.
 
     Raises:
-        NoGraphKey: a custom object input, or a node whose target or argument has no canonical form.
+        NoGraphKey: a custom object input, or anything :func:`_graph_document` cannot read.
     """
     from torch.export.graph_signature import InputKind
 
     sig = ep.graph_signature
     specs = {s.arg.name: s for s in sig.input_specs if getattr(s.arg, "name", None) is not None}
-    index: dict[Any, int] = {}
-    nodes, inputs, weights = [], [], []
-    for i, n in enumerate(ep.graph.nodes):
-        index[n] = i
-        entry: dict[str, Any] = {"op": n.op}
-        if n.op == "placeholder":
-            spec = specs.get(n.target)
-            if spec is None:
-                raise NoGraphKey(f"placeholder {n.target} is not in the graph signature")
-            kind = spec.kind
-            if kind == InputKind.USER_INPUT:
-                inputs.append({"kind": "user_input"})
-            elif kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
-                value = ep.state_dict.get(spec.target) if kind != InputKind.CONSTANT_TENSOR else None
-                if value is None:
-                    value = ep.constants.get(spec.target)
-                if value is None:
-                    raise NoGraphKey(f"the value of {spec.target} is not in the exported program")
-                inputs.append({"kind": kind.name.lower(), "fqn": spec.target,
-                               "persistent": getattr(spec, "persistent", None)})
-                weights.append(tensor_digest(value))
-            else:
-                raise NoGraphKey(f"graph input {spec.target} of kind {kind.name} has no canonical form")
+    inputs, weights = [], []
+
+    def placeholder(n) -> dict:
+        spec = specs.get(n.target)
+        if spec is None:
+            raise NoGraphKey(f"placeholder {n.target} is not in the graph signature")
+        kind = spec.kind
+        if kind == InputKind.USER_INPUT:
+            inputs.append({"kind": "user_input"})
+        elif kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            value = ep.state_dict.get(spec.target) if kind != InputKind.CONSTANT_TENSOR else None
+            if value is None:
+                value = ep.constants.get(spec.target)
+            if value is None:
+                raise NoGraphKey(f"the value of {spec.target} is not in the exported program")
+            inputs.append({"kind": kind.name.lower(), "fqn": spec.target,
+                           "persistent": getattr(spec, "persistent", None)})
+            weights.append(tensor_digest(value))
         else:
-            entry["target"] = _target_name(n.target)
-            entry["args"] = _fx_arg(tuple(n.args), index)
-            entry["kwargs"] = _fx_arg(dict(n.kwargs), index)
-        entry["val"] = _meta_val(n.meta.get("val"))
-        nodes.append(entry)
+            raise NoGraphKey(f"graph input {spec.target} of kind {kind.name} has no canonical form")
+        return {}
+
+    nodes = _graph_document(ep.graph_module, placeholder)
     outputs = [{"kind": s.kind.name.lower(), "target": s.target if s.kind.name != "USER_OUTPUT" else None}
                for s in sig.output_specs]
-    return {"kind": "export", "graph": nodes, "inputs": inputs, "outputs": outputs, "weights": weights}
+    call_spec = getattr(ep, "call_spec", None)
+    return {"kind": "export", "graph": nodes, "inputs": inputs, "outputs": outputs, "weights": weights,
+            "in_spec": treespec_document(getattr(call_spec, "in_spec", None)),
+            "out_spec": treespec_document(getattr(call_spec, "out_spec", None))}
 
 
 # -- TorchScript ----------------------------------------------------------------------------------------
@@ -225,15 +483,34 @@ def _ts_attr(n: Any, name: str) -> Any:
     raise NoGraphKey(f"attribute {name} of {n.kind()} has kind {kind}, which has no canonical form")
 
 
-def torchscript_document(graph: Any) -> dict[str, Any]:
+def _ts_custom_op(kind: str) -> dict[str, Any]:
+    """:func:`custom_op_document` of the operator a TorchScript node of ``kind`` (``ns::name``) calls."""
+    import torch
+
+    ns, _, name = kind.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, ns), name)
+        overload = getattr(packet, "default" if "default" in packet.overloads() else packet.overloads()[0])
+    except (AttributeError, IndexError, RuntimeError) as e:
+        raise NoGraphKey(f"node {kind} calls an operator the key cannot find") from e
+    return custom_op_document(overload)
+
+
+def torchscript_document(graph: Any, module: Any = None) -> dict[str, Any]:
     """The canonical document of a TorchScript graph (``frozen.graph``): ``{"kind": "torchscript",
     "inputs": [types], "nodes": [...], "outputs": [value indices]}``; values are numbered in order of
-    definition, so debug names (from Python locals) and source ranges never enter.
+    definition, so debug names (from Python locals) and source ranges never enter. ``module`` is the
+    (frozen) module whose graph it is: an attribute the graph still reads (``prim::GetAttr``: a buffer that
+    ``forward`` updates in place is not frozen into a constant) enters by value.
 
     Raises:
-        NoGraphKey: an attribute kind (a subgraph, a class object) that has no canonical form.
+        NoGraphKey: an attribute kind (a subgraph, a class object) that has no canonical form, or a
+            ``prim::GetAttr`` without ``module`` or of a value the key cannot read.
     """
+    import torch
+
     ids: dict[int, int] = {}
+    objects: dict[int, Any] = {}
 
     def vid(v: Any) -> int:
         u = v.unique()
@@ -244,6 +521,24 @@ def torchscript_document(graph: Any) -> dict[str, Any]:
     inputs = [[vid(v), _ts_type(v)] for v in graph.inputs()]
     if inputs and inputs[0][1].startswith("__torch__."):  # the module itself: its class's import path is
         inputs[0][1] = "module"                           # no part of the frozen graph's computation
+        if module is not None:
+            objects[next(iter(graph.inputs())).unique()] = module
+
+    def attribute(n: Any) -> Any:
+        owner = objects.get(next(iter(n.inputs())).unique())
+        name = n.s("name")
+        if owner is None or not hasattr(owner, name):
+            raise NoGraphKey(f"prim::GetAttr {name} reads an attribute the key cannot resolve")
+        value = getattr(owner, name)
+        out = next(iter(n.outputs()))
+        if isinstance(value, torch.Tensor):
+            return {"tensor": tensor_digest(value)}
+        if isinstance(value, torch.jit.ScriptModule) or isinstance(value, torch.nn.Module):
+            objects[out.unique()] = value
+            return {"module": True}
+        if isinstance(value, (int, float, bool, str, type(None))):
+            return {"value": repr(value)}
+        raise NoGraphKey(f"prim::GetAttr {name} reads a {type(value).__name__}, which the key cannot read")
 
     def walk(block_nodes) -> list:
         out = []
@@ -251,6 +546,10 @@ def torchscript_document(graph: Any) -> dict[str, Any]:
             entry = {"kind": n.kind(), "in": [vid(v) for v in n.inputs()],
                      "out": [[vid(v), _ts_type(v)] for v in n.outputs()],
                      "attrs": {a: _ts_attr(n, a) for a in sorted(n.attributeNames())}}
+            if n.kind() == "prim::GetAttr":
+                entry["value"] = attribute(n)
+            elif n.kind().split("::")[0] not in TORCH_OP_NAMESPACES:  # a custom op: by its implementation
+                entry["custom_op"] = _ts_custom_op(n.kind())
             blocks = list(n.blocks())
             if blocks:
                 entry["blocks"] = [{"in": [vid(v) for v in b.inputs()], "nodes": walk(b.nodes()),
@@ -314,7 +613,7 @@ def capture_document(backend: str, model: Any, example_inputs: tuple) -> dict[st
     with torch.no_grad():
         if backend == "torchscript":
             frozen = torch.jit.freeze(torch.jit.trace(model, example_inputs, check_trace=False).eval())
-            return torchscript_document(frozen.graph)
+            return torchscript_document(frozen.graph, frozen)
         if backend in ("inductor", "compile-cache"):
             return export_document(torch.export.export(model, example_inputs, strict=False))
     raise NoGraphKey(f"backend {backend} has no graph to capture outside its compile")
@@ -322,12 +621,18 @@ def capture_document(backend: str, model: Any, example_inputs: tuple) -> dict[st
 
 # -- the key --------------------------------------------------------------------------------------------
 
+def document_digest(document: dict[str, Any]) -> str:
+    """sha256 (64 hex chars) of a canonical document's canonical JSON: recorded in the manifest
+    (``graph_document``) beside the graph key, and compared before a reuse."""
+    return sha256_hex(canonical_json(document))
+
+
 def graph_key(document: dict[str, Any], base: dict[str, Any]) -> str:
     """The graph key (64 hex chars): sha256 of the canonical JSON of the format version, the graph's
-    canonical ``document`` and ``base`` (the source key's components that are not the model: ``inputs``,
-    ``compiler``, ``env``, ``toolchain``)."""
-    return sha256_hex(canonical_json({"graph_key_format": GRAPH_KEY_FORMAT, "graph": sha256_hex(
-        canonical_json(document)), **{k: base[k] for k in sorted(base)}}))
+    canonical ``document`` (:func:`document_digest`) and ``base`` (the source key's components that are
+    not the model: ``inputs``, ``compiler``, ``env``, ``toolchain``)."""
+    return sha256_hex(canonical_json({"graph_key_format": GRAPH_KEY_FORMAT, "graph": document_digest(document),
+                                      **{k: base[k] for k in sorted(base)}}))
 
 
 def base_of(details: dict[str, Any]) -> dict[str, Any]:
@@ -340,7 +645,7 @@ def checkpoint(request: Any, document_of: Any, reuse: bool = True) -> str | None
     """Called by a backend once it holds the graph it compiles, before compiling it.
 
     Makes the graph key when the request asks for one (:data:`OPTION`), writes :data:`GRAPH_FILE`
-    (``{"graph_key", "seconds"}`` or ``{"graph_key": null, "reason"}``) into the workdir, and raises
+    (``{"graph_key", "document", "seconds"}`` or ``{"graph_key": null, "reason"}``) into the workdir, and raises
     :class:`GraphHit` when the graph index (its key list, written by the builder) holds the key.
 
     Args:
@@ -364,13 +669,14 @@ def checkpoint(request: Any, document_of: Any, reuse: bool = True) -> str | None
     out = Path(request.work_dir) / GRAPH_FILE
     t0 = time.monotonic()
     try:
-        key = graph_key(document_of(), opts["base"])
+        document = document_of()
+        key, digest = graph_key(document, opts["base"]), document_digest(document)
     except NoGraphKey as e:
         print(f"no graph key: {e}; compiling", flush=True)
         write_json_atomic(out, {"graph_key": None, "reason": str(e)})
         return None
     seconds = round(time.monotonic() - t0, 3)
-    write_json_atomic(out, {"graph_key": key, "seconds": seconds})
+    write_json_atomic(out, {"graph_key": key, "document": digest, "seconds": seconds})
     print(f"graph key {key[:12]} ({seconds:.2f} s)", flush=True)
     known = opts.get("known")
     if reuse and known and not opts.get("no_reuse"):
@@ -380,10 +686,11 @@ def checkpoint(request: Any, document_of: Any, reuse: bool = True) -> str | None
             keys = set()
         if key in keys:
             print(f"graph key {key[:12]} is in the graph index: not compiling", flush=True)
-            raise GraphHit(key)
+            raise GraphHit(key, digest)
     return key
 
 
 __all__ = ["BEFORE_COMPILE", "capture_document", "GRAPH_FILE", "GRAPH_KEY_FORMAT", "NO_GRAPH_KEY", "OPTION", "GraphHit", "NoGraphKey",
-           "base_of", "checkpoint", "export_document", "graph_key", "hlo_document", "tensor_digest",
-           "torchscript_document"]
+           "READ_HIGHER_ORDER_OPS", "TORCH_OP_NAMESPACES", "base_of", "checkpoint", "custom_op_document",
+           "document_digest", "export_document", "graph_key", "hlo_document", "tensor_digest", "torchscript_document",
+           "treespec_document", "watch_custom_ops"]

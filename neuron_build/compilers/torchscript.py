@@ -52,7 +52,7 @@ class TorchScriptCompiler:
             enter_stage("compile")
             frozen = torch.jit.freeze(traced.eval())
         # the frozen graph is what is saved: key it before writing anything (a hit stops here)
-        graph_key.checkpoint(request, lambda: graph_key.torchscript_document(frozen.graph))
+        graph_key.checkpoint(request, lambda: graph_key.torchscript_document(frozen.graph, frozen))
         out = Path(request.out_dir) / "model.pt"
         enter_stage("save")
         torch.jit.save(frozen, str(out))

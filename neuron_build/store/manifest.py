@@ -82,6 +82,9 @@ class Manifest(BaseModel):
     #: the graph key (:mod:`neuron_build.compilers.graph_key`) of the graph the artifact was compiled from;
     #: None when the backend made none (or it was off)
     graph_key: str | None = None
+    #: sha256 of the graph's canonical document (:func:`neuron_build.compilers.graph_key.document_digest`);
+    #: a graph reuse of this artifact is published only when the new graph's document has this digest
+    graph_document: str | None = None
     #: set when nothing was compiled for this key: the key whose artifact (same graph key) it shares blobs with
     reused_from: str | None = None
     #: the neuron-build version that wrote the manifest (informational, never in the key)

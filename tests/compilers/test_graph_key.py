@@ -263,3 +263,239 @@ def test_a_new_artifact_format_of_the_backend_changes_both_keys(tiny, monkeypatc
     assert keys.diff_components(before.details, after.details) == ["compiler: artifact_format"]
     assert graph_key.graph_key({}, graph_key.base_of(before.details)) != graph_key.graph_key(
         {}, graph_key.base_of(after.details))
+
+
+# -- the key descends into bodies, custom ops, output names, mutated buffers (issue 29, items 1 and 2) ----
+
+BODIES = '''\
+import torch
+from torch import nn
+from torch._higher_order_ops.map import map as hmap
+
+
+class Bodies(nn.Module):
+    """Each edit below changes one op or constant inside a body the top graph reaches only by get_attr."""
+
+    def __init__(self, clamp=1.0, act="relu", mul=2.0, autocast_scale=1.0, grad_scale=2.0, out="logits", start=0.0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("steps", torch.full((4,), start))
+        self.clamp, self.act, self.mul, self.out = clamp, act, mul, out
+        self.autocast_scale, self.grad_scale = autocast_scale, grad_scale
+
+    def forward(self, x):
+        y = torch.cond(x.sum() > 0, lambda t: torch.clamp(t, max=self.clamp),
+                       lambda t: getattr(torch, self.act)(t) * 2.0, (x,))
+        y = hmap(lambda row: row * self.mul, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = self.lin(y) * self.autocast_scale
+        with torch.enable_grad():
+            y = y.float() * self.grad_scale
+        self.steps.add_(1.0)  # a buffer forward updates in place
+        return {self.out: y + self.steps}
+'''
+
+#: edit -> the constructor arguments that make it (each inside a body, or the output's name, or a buffer)
+BODY_EDITS = {"cond branch: clamp bound 1.0 -> 2.0": {"clamp": 2.0},
+              "cond branch: relu -> tanh": {"act": "tanh"},
+              "map body: * 2.0 -> * 3.0": {"mul": 3.0},
+              "autocast region: * 1.0 -> * 3.0": {"autocast_scale": 3.0},
+              "enable_grad region: * 2.0 -> * 3.0": {"grad_scale": 3.0},
+              "output name: logits -> scores": {"out": "scores"},
+              "mutated buffer's initial value": {"start": 1.0}}
+
+
+@pytest.fixture(scope="module")
+def bodies(tmp_path_factory):
+    """kwargs -> the inductor (``torch.export``) graph key of :data:`BODIES` built with them."""
+    import importlib.util
+
+    import torch
+
+    path = tmp_path_factory.mktemp("bodies") / "bodies.py"
+    path.write_text(BODIES)
+    spec = importlib.util.spec_from_file_location("graph_key_bodies", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # Dynamo (torch.cond, map) imports the module of the code it traces
+    spec.loader.exec_module(mod)
+    x = (torch.randn(2, 4),)
+
+    def key(**kwargs) -> str:
+        return graph_key.graph_key(graph_key.capture_document("inductor", mod.Bodies(**kwargs).eval(), x), {})
+    return key
+
+
+def test_the_export_document_reads_every_body(bodies):
+    base = bodies()
+    assert base == bodies()  # deterministic
+    changed = {name: bodies(**kw) != base for name, kw in BODY_EDITS.items()}
+    assert changed == {name: True for name in BODY_EDITS}
+
+
+def test_the_compile_cache_document_reads_the_bodies_too():
+    """compile-cache keys the same ``torch.export`` document (plus how the serving host rebuilds the model)."""
+    import torch
+
+    from neuron_build.compilers.compile_cache import CompileCacheCompiler
+
+    class Req:
+        factory, kwargs, hf = "m:build", {}, None
+
+    def doc(limit):
+        class M(torch.nn.Module):
+            def forward(self, x):
+                return torch.cond(x.sum() > 0, lambda t: t.clamp(max=limit), lambda t: t * 2.0, (x,))
+        return CompileCacheCompiler._graph_document(M(), (torch.randn(2, 4),), Req())
+    assert graph_key.document_digest(doc(1.0)) != graph_key.document_digest(doc(2.0))
+
+
+def test_a_mutated_buffer_enters_the_torchscript_key_by_value():
+    """torch.jit.freeze keeps ``prim::GetAttr`` for a buffer forward updates in place: its value is keyed."""
+    import torch
+
+    class Counter(torch.nn.Module):
+        def __init__(self, start):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(4, 4)
+            self.register_buffer("steps", torch.full((4,), start))
+
+        def forward(self, x):
+            self.steps.add_(1.0)
+            return self.lin(x) + self.steps
+
+    x = (torch.randn(2, 4),)
+    docs = [graph_key.capture_document("torchscript", Counter(s), x) for s in (0.0, 0.0, 1.0)]
+    keys = [graph_key.graph_key(d, {}) for d in docs]
+    assert keys[0] == keys[1] != keys[2]
+    with pytest.raises(graph_key.NoGraphKey, match="prim::GetAttr steps"):
+        frozen = torch.jit.freeze(torch.jit.trace(Counter(0.0), x, check_trace=False).eval())
+        graph_key.torchscript_document(frozen.graph)  # without the module the value cannot be read: no key
+
+
+CUSTOM_OPS = '''\
+import torch
+
+lib = torch.library.Library("nbkey", "DEF")
+lib.define("scale(Tensor x) -> Tensor")
+
+
+def _factor():
+    return {factor}
+
+
+def scale(x):
+    return x * _factor()
+
+
+lib.impl("scale", scale, "CompositeImplicitAutograd")
+
+
+@torch.library.custom_op("nbkey::shift", mutates_args=())
+def shift(x: torch.Tensor) -> torch.Tensor:
+    return x + {shift}
+
+
+@shift.register_fake
+def _(x):
+    return torch.empty_like(x)
+'''
+
+CUSTOM_MODEL = '''\
+import torch
+import ops  # registers nbkey::scale and nbkey::shift
+
+
+class UsesOps(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.nbkey.{op}(x)
+
+
+def build():
+    return UsesOps()
+'''
+
+CUSTOM_DRIVER = textwrap.dedent('''
+    import json, sys
+    import torch
+    from neuron_build.compilers import graph_key
+    from neuron_build.examples import build_model
+    root, watch = sys.argv[1], sys.argv[2] == "1"
+    if watch:
+        graph_key.watch_custom_ops()
+    out = {}
+    for backend in ("inductor", "torchscript"):
+        for op in ("scale", "shift"):
+            model = build_model(root, f"model_{op}:build", {}, "fp32")
+            try:
+                out[f"{backend}:{op}"] = graph_key.graph_key(
+                    graph_key.capture_document(backend, model, (torch.ones(2, 4),)), {})
+            except graph_key.NoGraphKey as e:
+                out[f"{backend}:{op}"] = "no graph key: " + str(e)
+    print(json.dumps(out))
+''')
+
+
+def test_a_custom_op_is_keyed_by_its_implementation(tmp_path):
+    """A ``torch.library`` op (CompositeImplicitAutograd, in a helper module) and a ``custom_op``, in the
+    exported program and in the frozen TorchScript graph: an edit of the implementation (or of a helper it
+    calls) changes the key, a comment does not; kernels registered before
+    :func:`graph_key.watch_custom_ops` cannot be read, so there is no graph key."""
+    variants = {"base": CUSTOM_OPS.format(factor="2.0", shift="1.0"),
+                "comment": "# a comment only\n" + CUSTOM_OPS.format(factor="2.0", shift="1.0"),
+                "edited": CUSTOM_OPS.format(factor="3.0", shift="5.0")}
+    for v, text in variants.items():  # one project folder per variant: the same module names
+        (tmp_path / v).mkdir()
+        (tmp_path / v / "ops.py").write_text(text)
+        for op in ("scale", "shift"):
+            (tmp_path / v / f"model_{op}.py").write_text(CUSTOM_MODEL.format(op=op))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+    def keys(variant, watch=True):
+        proc = subprocess.run([sys.executable, "-c", CUSTOM_DRIVER, str(tmp_path / variant), "1" if watch else "0"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    base, comment, edited = keys("base"), keys("comment"), keys("edited")
+    assert sorted(base) == ["inductor:scale", "inductor:shift", "torchscript:scale", "torchscript:shift"]
+    for case in base:
+        assert len(base[case]) == 64, base[case]
+        assert comment[case] == base[case]
+        assert edited[case] != base[case], f"{case}: an edit of the op's implementation kept the graph key"
+    unwatched = keys("base", watch=False)
+    assert unwatched["inductor:scale"].startswith("no graph key: custom op nbkey::scale")
+    assert unwatched["torchscript:scale"].startswith("no graph key: custom op nbkey::scale")
+
+
+def test_what_the_key_cannot_read_means_no_graph_key():
+    """Fail closed: a call of an arbitrary Python function, a higher-order op whose body lives in a side
+    table, a get_attr of an object that is neither a graph module nor a tensor."""
+    import torch
+    import torch.fx
+
+    def opaque(x):
+        return x * 2
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    g.output(g.call_function(opaque, (x,)))
+    with pytest.raises(graph_key.NoGraphKey, match="opaque, whose implementation"):
+        graph_key._graph_document(torch.fx.GraphModule(torch.nn.Module(), g))
+
+    from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_functional
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    g.output(g.call_function(triton_kernel_wrapper_functional, (), {"kernel_idx": 0, "constant_args_idx": 0,
+                                                                     "grid": [], "kwargs": {"x": x},
+                                                                     "tensors_to_clone": []}))
+    with pytest.raises(graph_key.NoGraphKey, match="triton_kernel_wrapper_functional"):
+        graph_key._graph_document(torch.fx.GraphModule(torch.nn.Module(), g))
+
+    root = torch.nn.Module()
+    root.thing = torch.nn.ReLU()  # a module that is not a GraphModule: its forward is not read
+    g = torch.fx.Graph()
+    g.output(g.get_attr("thing"))
+    with pytest.raises(graph_key.NoGraphKey, match="get_attr thing reads a ReLU"):
+        graph_key._graph_document(torch.fx.GraphModule(root, g))

@@ -62,15 +62,17 @@ def build():
     return Block()
 '''
 
-CONFIG = '''
+HEADER = '''
 [build]
 backend = "{backend}"
-timeout_s = 600
+timeout_s = 900
 heartbeat_s = 5
 
 [profiles.p1]
 compiler_args = []
+'''
 
+CONFIG = HEADER + '''
 [models.blk]
 factory = "heldout.blk:build"
 dtypes = ["fp32"]
@@ -169,3 +171,107 @@ def test_two_targets_with_identical_graphs_compile_once(tmp_path):
     m = b.store.manifest(second.key)
     assert m.reused_from == first.key and m.graph_key == b.store.manifest(first.key).graph_key
     assert {n: e.sha256 for n, e in m.files.items()} == {n: e.sha256 for n, e in b.store.manifest(first.key).files.items()}
+
+
+def test_an_index_entry_naming_another_models_artifact_is_refused(tmp_path):
+    """Issue 29, item 6: the graph index is untrusted input. An entry for model tiny's graph that names model
+    other's artifact is refused (the candidate's manifest records another graph key and document): a
+    graph-neutral edit of tiny compiles, the artifact published is tiny's (its output equals the eager model's),
+    and the new artifact replaces the entry."""
+    import torch
+
+    from neuron_build.build.builder import Builder
+    from neuron_build.examples import build_model
+    from neuron_build.project.config import load_project
+    from neuron_build.store import graph_index
+
+    cfg = write_tiny_project(tmp_path / "proj")
+    b = Builder(load_project(cfg))
+    other = b.build(b.by_id["other/static/fp32/p1"])
+    tid = "tiny/b1/fp32/p1"
+    first = b.build(b.by_id[tid])
+    assert other.compiled and first.compiled
+    gk = b.store.manifest(first.key).graph_key
+    assert len(gk) == 64 and gk != b.store.manifest(other.key).graph_key
+    graph_index.record(b.store, graph_index.GraphEntry(graph_key=gk, key=other.key, target=tid,
+                                                       backend="torchscript"), replace=True)
+    src = cfg.parent / "tinylib" / "tiny.py"
+    src.write_text("# a graph-neutral edit\n" + src.read_text())
+    b = Builder(load_project(cfg))
+    out = b.build(b.by_id[tid])
+    assert (out.status, out.compiled) == ("PASS", True), out.reason
+    m = b.store.manifest(out.key)
+    assert m.reused_from is None and m.graph_key == gk and len(m.graph_document) == 64
+    assert graph_index.lookup(b.store, gk).key == out.key  # the stale entry was replaced
+    x = torch.randn(1, 16)
+    compiled = torch.jit.load(str(b.store.artifact_dir(out.key) / "model.pt"))
+    eager = build_model(str(cfg.parent), "tinylib.tiny:build", {"width": 16}, "fp32")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), eager(x))
+
+
+COND_MODEL = '''\
+import torch
+from torch import nn
+
+
+class Gate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.lin(x)
+        # the big-input branch clamps; validation's small inputs may never reach it
+        return torch.cond(h.abs().amax() > 4.0, lambda t: torch.clamp(t, max=1.0), lambda t: t * 2.0, (h,))
+
+
+def build():
+    return Gate()
+'''
+
+COND_CONFIG = HEADER.format(backend="inductor") + '''
+[models.gate]
+factory = "condlib.gate:build"
+dtypes = ["fp32"]
+profiles = ["p1"]
+inputs = [{ name = "x", shape = [2, 16] }]
+'''
+
+
+@pytest.mark.slow
+def test_an_edit_inside_a_cond_branch_compiles_again_and_serves_the_edited_model(tmp_path):
+    """Issue 29, item 1, end to end (inductor): an edit of the clamp bound inside a ``torch.cond`` branch is
+    not "graph unchanged": the target compiles again and the published artifact answers a large input with
+    the edited bound, as the edited eager model does."""
+    import torch
+
+    from neuron_build.build.builder import Builder
+    from neuron_build.examples import build_model
+    from neuron_build.project.config import load_project
+
+    root = tmp_path / "proj"
+    (root / "condlib").mkdir(parents=True)
+    (root / "condlib" / "__init__.py").write_text("")
+    src = root / "condlib" / "gate.py"
+    src.write_text(COND_MODEL)
+    cfg = root / "buckets.toml"
+    cfg.write_text(COND_CONFIG)
+    b = Builder(load_project(cfg))
+    tid = "gate/static/fp32/p1"
+    first = b.build(b.by_id[tid])
+    assert (first.status, first.compiled) == ("PASS", True), first.reason
+    src.write_text(COND_MODEL.replace("max=1.0", "max=3.0"))
+    b = Builder(load_project(cfg))
+    second = b.build(b.by_id[tid])
+    assert (second.status, second.compiled) == ("PASS", True), second.reason
+    assert b.store.manifest(second.key).reused_from is None
+    assert b.store.manifest(second.key).graph_key != b.store.manifest(first.key).graph_key
+    x = torch.full((2, 16), 10.0)  # reaches the clamp branch
+    eager = build_model(str(root), "condlib.gate:build", {}, "fp32")
+    served = torch._inductor.aoti_load_package(str(b.store.artifact_dir(second.key) / "model.pt2"))
+    with torch.no_grad():
+        want = eager(x)
+        assert float(want.max()) > 1.0  # the edited bound, not the old one
+        torch.testing.assert_close(served(x), want)
