@@ -13,7 +13,7 @@ import pytest
 
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
-from neuron_build.project.reads import InputCheck, ReadRecorder
+from neuron_build.project.reads import ReadRecorder
 from tests.helpers.projects import write_tiny_project
 
 TARGET = "other/static/fp32/p1"
@@ -180,6 +180,8 @@ def test_never_an_input(tmp_path, rel):
 
 
 def test_an_untrusted_record_never_names_a_file_outside_the_project(tmp_path):
+    from neuron_build.project.reads import InputCheck
+
     (tmp_path / "secret").write_text("s")
     root = tmp_path / "proj"
     root.mkdir()
