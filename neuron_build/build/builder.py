@@ -461,7 +461,9 @@ class Builder:
         gk = result.get("graph_key")
         entry = graph_index.lookup(self.store, gk) if gk else None
         found = self.store.repair(entry.key) if entry is not None else None
-        if entry is None or found is None or not found.hit:
+        # (a key's manifest is replaced when its recorded inputs went stale: the entry's key may hold
+        # another graph's artifact now)
+        if entry is None or found is None or not found.hit or found.manifest.graph_key != gk:
             ctx.log.warning("graph index entry is stale; compiling", graph_key=(gk or "")[:12])
             return None
         old = found.manifest
