@@ -89,11 +89,16 @@ def populate(cfg: Path) -> int:
                      metrics=Metrics(status="PASS", compile_time_s=0.001, op_count=1, op_count_source="benchmark"),
                      toolchain=ki.details["toolchain"], created="2026-01-01T00:00:00+00:00", host=socket.gethostname(),
                      recorded_inputs=recorded)
-        (obj / "manifest.json").write_text(m.to_json_text())
+        b.store.seal(obj, m)  # the manifest with its own digest, as the build writes it
         b.store.publish(obj, ki.key)
         import shutil
         shutil.rmtree(st, ignore_errors=True)
     b.keys.save()
+    planned = Builder(load_project(cfg))  # what a fresh plan sees: every target cached, else the "no-op" compiles
+    missing = [t.id for t in planned.targets if planned.state(t) != "cached"]
+    if missing:
+        raise SystemExit(f"{len(missing)} targets are not cached after populating (first: {missing[0]}): "
+                         f"{planned.changed(planned.by_id[missing[0]])[0]}")
     return len(b.targets)
 
 
