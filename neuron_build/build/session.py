@@ -12,7 +12,9 @@ config or computing a key.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import os
 import sys
 import threading
@@ -26,6 +28,7 @@ from doit.exceptions import TaskFailed
 
 from neuron_build.build.jobs import default_jobs
 from neuron_build.build.report import BuildReporter
+from neuron_build.store.layout import manifest_path
 
 if TYPE_CHECKING:  # the Builder, the config schema and validation load when a plan is computed, not on a no-op
     from neuron_build.build.builder import Builder, Outcome
@@ -47,6 +50,9 @@ BASE_DOIT_CONFIG: dict[str, Any] = {
     "par_type": "thread",      # one Builder shared by the runners; each compile is its own worker process
 }
 
+
+#: The file in the project's state folder where :class:`Recorded` remembers each manifest's record.
+RECORDED_CACHE = "recorded.json"
 
 _MAIN_PID = os.getpid()
 _pdeathsig_set = False
@@ -156,25 +162,72 @@ def _save_plan(b: Builder, interp: dict[str, Any]) -> None:
 class Recorded:
     """Does the artifact a store holds for a key still match the inputs its build recorded (the manifest's
     ``recorded_inputs``: files read by any code, variables, distributions)? The no-op's second check,
-    after :meth:`~neuron_build.store.local.LocalStore.is_cached`; file digests come from the digest cache
-    (a file whose stat signature is unchanged is not read), verdicts are shared by equal records.
+    after :meth:`~neuron_build.store.local.LocalStore.is_cached`. Cheap on the no-op path: each manifest's
+    record is remembered (``<state_dir>/recorded.json``) with the manifest file's stat signature (size,
+    mtime_ns, ctime_ns, inode: a replaced manifest has another), so an unchanged manifest is not read; equal
+    records share one verdict; file digests come from the digest cache (a file whose stat signature is
+    unchanged is not read).
 
     Args:
-        store: the store whose manifests are read.
+        store: the store whose manifests are read (its local folder's files are stat()ed).
         check: the project's :class:`~neuron_build.project.reads.InputCheck`.
         save: called once the run is over (persists the digest cache), or None.
+        cache: the file that remembers the records (None: none).
     """
 
-    def __init__(self, store: Any, check: Any, save: Any = None):
-        self.store, self.check, self._save = store, check, save
+    def __init__(self, store: Any, check: Any, save: Any = None, cache: Path | None = None):
+        self.store, self.check, self._save, self._cache = store, check, save, cache
+        folder = getattr(store, "folder", None)
+        self._root = str(folder) if folder is not None else None
+        self._entries: dict[str, list] = {}  # key -> [manifest signature, record digest]
+        self._records: dict[str, Any] = {}  # record digest -> record
+        self._dirty = False
+        if cache is not None:
+            try:
+                doc = json.loads(cache.read_bytes())
+                if isinstance(doc.get("entries"), dict) and isinstance(doc.get("records"), dict):
+                    self._entries, self._records = doc["entries"], doc["records"]
+            except (OSError, ValueError, AttributeError):
+                pass
 
     def __call__(self, key: str) -> bool:
+        got = self._record(key)
+        return got is not None and not self.check.stale(got[0], memo=got[1])
+
+    def _record(self, key: str) -> tuple[Any, str] | None:
+        """(the manifest's ``recorded_inputs``, its digest), or None when there is no manifest."""
+        sig = None
+        if self._root is not None:
+            try:
+                st = os.stat(f"{self._root}/{manifest_path(key)}")
+                sig = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+            except OSError:
+                sig = None
+            ent = self._entries.get(key)
+            if sig is not None and isinstance(ent, list) and len(ent) == 2 and ent[0] == sig \
+                    and ent[1] in self._records:
+                return self._records[ent[1]], ent[1]
         raw = self.store.raw_manifest(key)
-        return isinstance(raw, dict) and not self.check.stale(raw.get("recorded_inputs"))
+        if not isinstance(raw, dict):
+            return None
+        rec = raw.get("recorded_inputs")
+        digest = hashlib.sha256(json.dumps(rec, sort_keys=True, default=str).encode()).hexdigest()
+        if sig is not None:
+            self._records[digest] = rec
+            self._entries[key] = [sig, digest]
+            self._dirty = True
+        return rec, digest
 
     def save(self) -> None:
+        """Persist the digest cache and the remembered records (best effort: only an accelerator)."""
         if self._save is not None:
             self._save()
+        if self._dirty and self._cache is not None:
+            from neuron_build.util import write_atomic
+            live = {d for _, d in self._entries.values()}
+            doc = {"entries": self._entries, "records": {d: r for d, r in self._records.items() if d in live}}
+            write_atomic(self._cache, json.dumps(doc, separators=(",", ":")).encode())
+            self._dirty = False
 
     @classmethod
     def of_plan(cls, plan: Plan, store: Any) -> Recorded:
@@ -184,7 +237,8 @@ class Recorded:
         from neuron_build.project.reads import InputCheck
 
         digests = DigestCache(Path(plan.state_dir) / "digests.json")
-        return cls(store, InputCheck(Path(plan.root), os.environ, digests.digest), digests.save)
+        return cls(store, InputCheck(Path(plan.root), os.environ, digests.digest), digests.save,
+                   Path(plan.state_dir) / RECORDED_CACHE)
 
 
 def _is_built(store: ArtifactStore, key: str, hits: list[str] | None = None, target_id: str = "",
@@ -435,7 +489,7 @@ class BuildSession(NamespaceTaskLoader):
                 yield from self._tasks_from_plan(*self._plan)
                 return
         b = self.builder
-        self._fresh = Recorded(b.store, b.keys.checker(), b.keys.save)
+        self._fresh = Recorded(b.store, b.keys.checker(), b.keys.save, b.project.state_dir / RECORDED_CACHE)
         b.store.clean_staging()
         unpushed = b.push_pending()
         if unpushed:  # built earlier, still not on the remote: the build says so until a push succeeds

@@ -304,18 +304,19 @@ class InputCheck:
                 "env": {n: self.environ.get(n) for n in names.get("env", [])},
                 "dists": {n: self.dist(n) for n in names.get("dists", [])}}
 
-    def stale(self, recorded: Any) -> list[str]:
+    def stale(self, recorded: Any, memo: str | None = None) -> list[str]:
         """One line per recorded input of ``recorded`` (a manifest's ``recorded_inputs``, untrusted) that
         changed since, e.g. ``recorded read models/w.safetensors changed``; empty when all still match.
         None (nothing recorded) matches; a record that does not parse, or one marked ``incomplete``, never
-        does (fail closed)."""
+        does (fail closed). ``memo``: a digest of ``recorded`` (equal records share one verdict)."""
         if recorded is None:
             return []
-        import json
-        try:
-            memo = json.dumps(recorded, sort_keys=True)
-        except (TypeError, ValueError):
-            return ["its recorded inputs do not parse"]
+        if memo is None:
+            import json
+            try:
+                memo = json.dumps(recorded, sort_keys=True)
+            except (TypeError, ValueError):
+                return ["its recorded inputs do not parse"]
         if memo in self._verdicts:
             return self._verdicts[memo]
         out: list[str] = []
