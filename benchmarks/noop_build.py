@@ -2,8 +2,10 @@
 
 Cases, timed in the same run and interleaved (one run of each in turn, so load on the host hits both):
 - **generated**: a matrix of 1,000 targets (one small model, 10 x 100 buckets). Its artifacts are written
-  straight into the store with the same manifest the build writes (compiling 1,000 targets would take
-  an hour and is not what is measured here: the no-op path never compiles);
+  straight into the store with the same manifest the build writes, under the key ``plan`` computes, with
+  recorded inputs as a real build records them (a weights file the factory read, a variable, a
+  distribution), which every task checks (compiling 1,000 targets would take an hour and is not what is
+  measured here: the no-op path never compiles);
 - **plain_doit**: a dodo.py of 1,000 file tasks (each a `file_dep` and a `target`), all up to date: what
   doit itself costs for a no-op of the same size;
 - **shipped** (with `--shipped`): the shipped matrix (build it first with `doit build`).
@@ -68,6 +70,10 @@ def populate(cfg: Path) -> int:
     from neuron_build.util import file_sha256
 
     b = Builder(load_project(cfg))
+    # what a build of the factory records besides its declared inputs (the worker's `imported` and `reads`)
+    recorded = b.keys.recorded_inputs("gen", [], {"files": ["genmodels/w.bin"], "env": ["GEN_SCALE"],
+                                                  "dists": ["packaging"]})
+    assert recorded["files"] and recorded["dists"]["packaging"], recorded
     for t in b.targets:
         ki = b.key(t)
         if b.store.is_complete(ki.key):
@@ -81,12 +87,18 @@ def populate(cfg: Path) -> int:
                      profile=t.profile, backend=b.keys.backend, hardware_target=b.keys.hardware_target,
                      key_details=ki.details, component_hashes=ki.hashes, files=files,
                      metrics=Metrics(status="PASS", compile_time_s=0.001, op_count=1, op_count_source="benchmark"),
-                     toolchain=ki.details["toolchain"], created="2026-01-01T00:00:00+00:00", host=socket.gethostname())
-        (obj / "manifest.json").write_text(m.to_json_text())
+                     toolchain=ki.details["toolchain"], created="2026-01-01T00:00:00+00:00", host=socket.gethostname(),
+                     recorded_inputs=recorded)
+        b.store.seal(obj, m)  # the manifest with its own digest, as the build writes it
         b.store.publish(obj, ki.key)
         import shutil
         shutil.rmtree(st, ignore_errors=True)
     b.keys.save()
+    planned = Builder(load_project(cfg))  # what a fresh plan sees: every target cached, else the "no-op" compiles
+    missing = [t.id for t in planned.targets if planned.state(t) != "cached"]
+    if missing:
+        raise SystemExit(f"{len(missing)} targets are not cached after populating (first: {missing[0]}): "
+                         f"{planned.changed(planned.by_id[missing[0]])[0]}")
     return len(b.targets)
 
 
@@ -157,6 +169,7 @@ def main() -> None:
         (d / "genmodels").mkdir(parents=True)
         (d / "genmodels" / "__init__.py").write_text("")
         (d / "genmodels" / "lin.py").write_text("import torch\n\ndef build():\n    return torch.nn.Linear(8, 8)\n")
+        (d / "genmodels" / "w.bin").write_bytes(b"\0" * 4096)
         (d / "buckets.toml").write_text(GENERATED)
         (d / "dodo.py").write_text("from neuron_build.tasks import *  # noqa\n")
         n = populate(d / "buckets.toml")

@@ -3,10 +3,11 @@
 Reads a :class:`~neuron_build.compilers.base.CompileRequest`, builds the model from its factory, makes the
 example inputs, runs the backend, and writes ``result.json`` (op count, its source, backend details, and
 ``imported``: the project files, relative to the project folder, that were imported while the model was
-built and compiled, so the next plan can key on modules no static reading finds; ``reads``: the project
-files the factory opened, the environment variables it read and the distributions the build imported,
-:mod:`neuron_build.project.reads`; ``graph_key``, ``graph_document`` and ``graph_hit``: the graph key the backend made, the digest of its
-canonical document, and whether the graph index held it, :mod:`neuron_build.compilers.graph_key`, in which case nothing was
+built and compiled, so the manifest records modules no static reading finds; ``reads``: the project
+files the factory opened (by any code), the environment variables it read and the distributions the build
+imported, :mod:`neuron_build.project.reads`; ``graph_key``, ``graph_document`` and ``graph_hit``: the graph key the
+backend made, the digest of its canonical document, and whether the graph index held it,
+:mod:`neuron_build.compilers.graph_key`, in which case nothing was
 compiled) into the request's work_dir. On failure it writes ``error.json`` (status, reason, details) there and exits with
 the failure's exit status: 1 for a compiler error, 3 for a missing toolchain, 70 for a transient tool
 failure, 137 for a compiler killed by SIGKILL. Everything it prints goes to the worker log
@@ -61,6 +62,8 @@ def run(request_path: str) -> int:
             # the distributions the model's build imported (not the compile's: a compile and a graph reuse
             # of one model record the same set, so no target's key moves when another compiles)
             reads = recorder.to_json(modules_before)
+            if reads.get("incomplete"):
+                print(f"warning: {reads['incomplete']}: this artifact is rebuilt by every build", flush=True)
         except CompileFailed:
             raise
         except ImportError as e:

@@ -41,7 +41,6 @@ from neuron_build.build.planner import Planner
 from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import STAGE_PREFIX, CompileRequest
 from neuron_build.log import get_logger
-from neuron_build.project import reads as _reads
 from neuron_build.project.config import Project
 from neuron_build.project.keys import COMPONENTS, KeyInfo
 from neuron_build.project.matrix import Target
@@ -49,7 +48,6 @@ from neuron_build.project.toolchain import announce_backend, neuron_status
 from neuron_build.status import DOWNLOADED, BuildResult, Status, TargetState
 from neuron_build.store import cached_store, graph_index, ledger
 from neuron_build.store import failures as kept_failures
-from neuron_build.store import reads as store_reads
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.locks import GB
 from neuron_build.store.manifest import Manifest, Metrics, is_log_name
@@ -64,7 +62,8 @@ GRAPH_KEY_ENV = "NEURON_BUILD_GRAPH_KEY"
 class BuildContext:
     """One target being built: the target, its key, the attempt's number (1 for the first compile, 0
     before any), the logger bound to the target, the key components changed since its last build, and
-    (while a failed attempt is recorded) the attempt's work folder."""
+    (while a failed attempt is recorded) the attempt's work folder. ``stale``: why the artifact the store
+    holds for the key is stale (recorded inputs that changed): this build's manifest replaces it."""
 
     target: Target
     ki: KeyInfo
@@ -72,6 +71,7 @@ class BuildContext:
     attempt: int = 0
     changed: tuple[str, ...] = field(default_factory=tuple)
     work: Path | None = None
+    stale: tuple[str, ...] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True)
@@ -174,30 +174,9 @@ class Builder:
     def push_pending(self) -> list[str]:
         """Push what earlier builds on this host could not push. Returns one line per artifact that still
         failed (empty when everything is on the remote, or there is no remote)."""
-        pending = set(self.store.pending())
         failed = self.store.push_pending()
-        self._push_model_records(pending - {k for k, _ in failed})
         return [f"{key[:16]}: push to {self.store.remote_location} failed again: {reason}"
                 for key, reason in failed]
-
-    def _push_model_records(self, keys: set[str]) -> None:
-        """Copy what builds recorded per model (imports, reads) for the models of ``keys`` (just pushed) to
-        the remote: those artifacts' keys include them, so another host plans the same keys only with them.
-        Best effort."""
-        local, remote = self.store.local_tier, self.store.remote_tier
-        if not keys or remote is None:
-            return
-        try:
-            models = {m.model for m in (local.manifest(k) for k in keys) if m is not None}
-            for model in sorted(models):
-                imports = local.recorded_imports(model)
-                if imports:
-                    remote.add_recorded_imports(model, imports)
-                reads = store_reads.recorded_reads(local, model)
-                if any(reads.values()):
-                    store_reads.add_recorded_reads(remote, model, reads)
-        except Exception as e:  # the remote went away again: the next push retries nothing of this, say so
-            get_logger().warning("could not push the recorded imports and reads", error=str(e))
 
     # -- building ----------------------------------------------------------------------------
     def build(self, target: Target, retry_failed: bool = True, no_retry_option: str = "--no-retry-failed") -> Outcome:
@@ -216,7 +195,8 @@ class Builder:
         ki = self.key(target)
         ctx = BuildContext(target, ki, get_logger(target=target.id, key=ki.key[:12]))
         found = self.store.repair(ki.key)
-        if found.hit:
+        ctx = self._check_recorded(ctx, found)
+        if found.hit and not ctx.stale:
             self._remember(ctx, Status.PASS)
             if found.location == "remote":
                 ctx.log.info("downloaded", remote=self.store.remote_location)
@@ -247,12 +227,8 @@ class Builder:
             return self._read_only(ctx, e)
         with lock:
             found = self.store.repair(ki.key)
-            if not found.hit:  # the lock holder may have published under the key its compile completed
-                done = self._completed_meanwhile(ctx)
-                if done is not None:
-                    ctx, found = done
-                    ki = ctx.ki
-            if found.hit:
+            ctx = self._check_recorded(ctx, found)
+            if found.hit and not ctx.stale:
                 self._remember(ctx, Status.PASS)
                 self._record(ctx, "reused", Status.PASS, manifest=found.manifest)
                 who = lock.waited_for or {}
@@ -263,6 +239,22 @@ class Builder:
             peak = expected_peak(self.store, target.model, target.bucket_id, int(cfg.default_compile_memory_gb * GB))
             with self.memory.reserve(peak.bytes, target.id, ctx.log, peak.source):
                 return self._build_locked(ctx)
+
+    def _check_recorded(self, ctx: BuildContext, found: Any) -> BuildContext:
+        """``ctx`` with :attr:`BuildContext.stale` set from the found artifact's recorded inputs (the files,
+        variables and distributions its build recorded: a hit needs all of them unchanged); each changed
+        one is logged."""
+        if not found.hit:
+            return replace(ctx, stale=())
+        stale = tuple(self.keys.stale_inputs(found.manifest.recorded_inputs))
+        if stale and stale != ctx.stale:
+            ctx.log.info("stale: compiling", why="; ".join(stale[:5]))
+        return replace(ctx, stale=stale)
+
+    def _recorded_inputs(self, ctx: BuildContext, run: CompileRun) -> dict[str, Any]:
+        """The manifest's ``recorded_inputs`` of the worker's run (its ``imported`` and ``reads``)."""
+        result = run.result or {}
+        return self.keys.recorded_inputs(ctx.target.model, result.get("imported") or [], result.get("reads"))
 
     def _read_only(self, ctx: BuildContext, error: OSError | None = None) -> Outcome:
         """The outcome of a target that must be compiled into a store this process may not write (opened
@@ -374,7 +366,6 @@ class Builder:
         in the store (``[monitoring] keep_failed_workdirs``, ``failed_workdirs_max_mb``) and the attempt goes
         to the ledger with its failure stage."""
         status, reason = verdict.status, verdict.reason
-        ctx = self._keyed_as_next_plan(ctx)
         metrics = {"status": status, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss_bytes,
                    "exit_code": run.exit_code, "attempts": ctx.attempt, "reason": reason}
         prev = self.store.failure(ctx.target.id)
@@ -408,14 +399,12 @@ class Builder:
         """
         metrics = {"status": Status.PASS, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss_bytes,
                    "exit_code": run.exit_code, "attempts": ctx.attempt}
-        with disk_full("recording the imported files", ctx.target.id):
-            ctx = self._complete_key(ctx, (run.result or {}).get("imported") or [], (run.result or {}).get("reads"))
         with disk_full("writing the artifact", obj):
             (obj / WORKER_LOG).write_bytes(run.log)
         with disk_full("writing the manifest", obj):
             self._seal(ctx, req, run, obj, metrics)
         with disk_full("publishing", obj):
-            self.store.publish(obj, ctx.ki.key)
+            self.store.publish(obj, ctx.ki.key, replace=bool(ctx.stale))
         self.store.clear_failure(ctx.target.id)
         self._remember(ctx, Status.PASS)
         self._index_graph(ctx, req, (run.result or {}).get("graph_key"), (run.result or {}).get("graph_document"))
@@ -425,66 +414,6 @@ class Builder:
                      artifact_mb=round(metrics["artifact_bytes"] / 2**20, 2),
                      peak_rss_mb=round(run.peak_rss_bytes / 2**20))
         return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, compiled=True, metrics=metrics)
-
-    def _keyed_as_next_plan(self, ctx: BuildContext) -> BuildContext:
-        """``ctx`` with the key the next plan computes for its target: when another target of the model
-        completed the model's recorded imports or reads while this one compiled, a failure recorded under the
-        planned key would be orphaned (``release`` and ``plan`` would call the target not built)."""
-        t = ctx.target
-        recorded = self.store.recorded_imports(t.model)
-        reads = store_reads.recorded_reads(self.store, t.model)
-        ki = self.keys.key(t, recorded=recorded, reads=reads)  # (this builder's records may be newer than the plan)
-        return ctx if ki.key == ctx.ki.key else replace(ctx, ki=ki, log=ctx.log.bind(key=ki.key[:12]))
-
-    def _completed_meanwhile(self, ctx: BuildContext) -> tuple[BuildContext, Any] | None:
-        """When the model's recorded imports or reads in the store changed since this builder planned
-        (another builder compiled the model and completed its key), the key recomputed with them, if the
-        store holds it: (context with that key, its lookup). None otherwise."""
-        t = ctx.target
-        recorded = self.store.recorded_imports(t.model)
-        reads = store_reads.recorded_reads(self.store, t.model)
-        # (compared with the key this target was planned with, not with this builder's records: its own
-        # compile of another target of the model may have completed those since the plan)
-        ki = self.keys.key(t, recorded=recorded, reads=reads)
-        if ki.key == ctx.ki.key:
-            return None
-        found = self.store.repair(ki.key)
-        if not found.hit:
-            return None
-        self.keys.recorded[t.model], self.keys.reads[t.model] = recorded, reads
-        self.keys.forget_model(t.model)
-        self.planner.set_key(t, ki)
-        return replace(ctx, ki=ki, log=ctx.log.bind(key=ki.key[:12])), found
-
-    def use_records(self, target: Target, recorded: list[str], reads: dict[str, list[str]]) -> None:
-        """Key ``target``'s model with these recorded imports and reads (a Dask worker takes the ones the
-        client planned with, so both compute one key even when a build completed the records since)."""
-        model = target.model
-        reads = _reads.merge(reads)
-        if sorted(self.keys.recorded.get(model, [])) == sorted(recorded) and \
-                _reads.merge(self.keys.reads.get(model)) == reads:
-            return
-        self.keys.recorded[model] = sorted(recorded)
-        self.keys.reads[model] = reads
-        self.keys.forget_model(model)
-        for t in self.targets:
-            if t.model == model:
-                self.planner.forget(t)
-
-    def adopt_key(self, target: Target, key: str) -> bool:
-        """Take ``key``, which another process (a Dask worker) built ``target`` under after completing the
-        planned key with what the compile recorded (imports, reads), as the target's key here: the model's
-        records are read again from the store and the key recomputed; adopted only when it comes out as
-        ``key``. Returns whether it did."""
-        model = target.model
-        self.keys.recorded[model] = self.store.recorded_imports(model)
-        self.keys.reads[model] = store_reads.recorded_reads(self.store, model)
-        self.keys.forget_model(model)
-        ki = self.keys.key(target)
-        if ki.key != key:
-            return False
-        self.planner.set_key(target, ki)
-        return True
 
     # -- the graph key (the second level) ------------------------------------------------------------
     def graph_keys_on(self) -> bool:
@@ -566,7 +495,9 @@ class Builder:
         gk = result.get("graph_key")
         entry = graph_index.lookup(self.store, gk) if gk else None
         found = self.store.repair(entry.key) if entry is not None else None
-        if entry is None or found is None or not found.hit:
+        # (a key's manifest is replaced when its recorded inputs went stale: the entry's key may hold
+        # another graph's artifact now)
+        if entry is None or found is None or not found.hit or found.manifest.graph_key != gk:
             ctx.log.warning("graph index entry is stale; compiling", graph_key=(gk or "")[:12])
             return None
         old = found.manifest
@@ -575,10 +506,6 @@ class Builder:
             ctx.log.warning("graph index entry is stale; compiling", graph_key=gk[:12], candidate=entry.key[:12],
                             reason=refused)
             return None
-        with disk_full("recording the imported files", ctx.target.id):
-            ctx = self._complete_key(ctx, result.get("imported") or [], result.get("reads"))
-        if ctx.ki.key == entry.key:  # the completed key is the one the index names: it is there already
-            return self._adopt(ctx, run, entry.key, gk, old)
         src = self.store.artifact_dir(entry.key)
         with disk_full("writing the artifact", obj):
             for name in old.files:
@@ -600,12 +527,13 @@ class Builder:
             backend=req.backend, hardware_target=req.hardware_target, key_details=ctx.ki.details,
             component_hashes=ctx.ki.hashes, files=files, logs=logs, metrics=Metrics(**metrics),
             toolchain=dict(old.toolchain), compiler=dict(old.compiler), created=utc_now(), host=socket.gethostname(),
-            graph_key=gk, graph_document=old.graph_document, reused_from=entry.key, neuron_build_version=__version__,
-            **self.provenance)
+            graph_key=gk, graph_document=old.graph_document,
+            reused_from=entry.key if entry.key != ctx.ki.key else old.reused_from,
+            neuron_build_version=__version__, recorded_inputs=self._recorded_inputs(ctx, run), **self.provenance)
         with disk_full("writing the manifest", obj):
             self.store.seal(obj, manifest)
         with disk_full("publishing", obj):
-            self.store.publish(obj, ctx.ki.key)
+            self.store.publish(obj, ctx.ki.key, replace=bool(ctx.stale))
         return self._adopt(ctx, run, entry.key, gk, old, metrics)
 
     @staticmethod
@@ -641,61 +569,6 @@ class Builder:
         return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, f"graph unchanged: reused {reused}",
                        compiled=False, metrics=metrics)
 
-    def _complete_key(self, ctx: BuildContext, imported: list[str], reads: dict | None = None) -> BuildContext:
-        """The context with the key completed by the project files the compile imported (``imported``,
-        relative POSIX paths from the worker's ``result.json``).
-
-        When the compile imported project files that neither static reading nor the planned key's recorded
-        set holds (a module loaded by a string), they are added to the model's recorded imports in the
-        store, and the artifact is keyed, and published, under the key that holds them: the key the next
-        plan computes (ccache's depend mode keys its results the same way, after the compile). Otherwise
-        ``ctx`` is returned unchanged.
-        """
-        model = ctx.target.model
-        static = self.keys.static_sources(model)
-        planned = set(ctx.ki.details["model"].get("recorded", {}))
-        extra = {f for f in imported if f not in static and not f.startswith("../")}
-        planned_reads = ctx.ki.details["model"].get("reads") or {}
-        new_reads = {k: sorted(set(v) - set(planned_reads.get(k) or {})) for k, v in _reads.merge(reads).items()}
-        if extra <= planned and not any(new_reads.values()):
-            return ctx
-        union = set(planned)
-        if not extra <= planned:
-            union = set(self.store.add_recorded_imports(model, sorted(extra))) | planned | extra
-        self.keys.recorded[model] = sorted(union)
-        all_reads = self.keys.reads.get(model) or _reads.empty()
-        if any(new_reads.values()):
-            all_reads = _reads.merge(store_reads.add_recorded_reads(self.store, model, _reads.merge(reads)),
-                                     {k: sorted(v) for k, v in planned_reads.items()})
-        others = [t for t in self.targets if t.model == model and t.id != ctx.target.id]
-        failed_before = {t.id: self.key(t).key for t in others}  # the keys their failures may be recorded under
-        self.keys.reads[model] = all_reads
-        self.keys.forget_model(model)
-        ki = self.keys.key(ctx.target, recorded=sorted(union), reads=all_reads)
-        self._carry_failures(others, failed_before, sorted(union), all_reads)
-        ctx.log.info("key completed by recorded imports and reads", planned_key=ctx.ki.key[:12], key=ki.key[:12],
-                     recorded=sorted(extra - planned), reads={k: v for k, v in new_reads.items() if v})
-        self.planner.set_key(ctx.target, ki)
-        return replace(ctx, ki=ki, log=ctx.log.bind(key=ki.key[:12]))
-
-    def _carry_failures(self, targets: list[Target], planned: dict[str, str], recorded: list[str],
-                        reads: dict[str, list[str]]) -> None:
-        """Move the failure records of ``targets`` (other targets of a model whose key was just completed)
-        from the key they failed under (``planned``) to the key the next plan computes: the same sources
-        failed, and a failure under a key no plan computes again would show the target as not built."""
-        for t in targets:
-            rec = self.store.failure(t.id)
-            if rec is None or rec.key != planned.get(t.id):
-                continue
-            new = self.keys.key(t, recorded=recorded, reads=reads).key
-            if new == rec.key:
-                continue
-            try:
-                log = self.store.failure_log(t.id).read_bytes()
-            except OSError:
-                log = b""
-            self.store.put_failure(replace(rec, key=new), log)
-
     def _seal(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path, metrics: dict) -> None:
         """Complete ``metrics`` (in place) from the object's files and the worker's result, and seal the
         object with its manifest."""
@@ -718,7 +591,8 @@ class Builder:
             key_details=ki.details, component_hashes=ki.hashes, files=files, logs=logs, metrics=Metrics(**metrics),
             toolchain={**ki.details["toolchain"], **extra_toolchain}, compiler=details, created=utc_now(),
             host=socket.gethostname(), graph_key=result.get("graph_key"),
-            graph_document=result.get("graph_document"), neuron_build_version=__version__, **self.provenance)
+            graph_document=result.get("graph_document"), neuron_build_version=__version__,
+            recorded_inputs=self._recorded_inputs(ctx, run), **self.provenance)
         self.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last
 
     # -- the ledger and the kept failure workdirs ------------------------------------------------------

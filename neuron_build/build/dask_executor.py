@@ -290,8 +290,6 @@ def compile_task(job: dict[str, Any]) -> dict[str, Any]:
     target = b.by_id.get(tid)
     if target is None:
         return failed(f"Dask worker {me}: {job['config']} there has no target {tid}: its checkout differs")
-    if "reads" in job:
-        b.use_records(target, job.get("recorded") or [], job.get("reads") or {})
     mine = b.key(target).key
     if mine != key:
         return failed(f"Dask worker {me} computes key {mine[:12]} for {tid}, the client {key[:12]}: its checkout, "
@@ -384,9 +382,7 @@ class DaskBuild:
         b = self.b
         return {"config": str(Path(b.project.path).resolve()), "target": t.id, "key": b.key(t).key,
                 "backend": b.keys.backend, "store": {"location": spec.location, "options": spec.options}, "store_id": ident,
-                "retry_failed": self.retry_failed, "build_id": build_id, "scheduler": self.address,
-                # what the client's key was planned with: the worker keys the same records, not newer ones
-                "recorded": list(b.keys.recorded.get(t.model, [])), "reads": dict(b.keys.reads.get(t.model) or {})}
+                "retry_failed": self.retry_failed, "build_id": build_id, "scheduler": self.address}
 
     def _too_big(self, t: Target, largest: int) -> str | None:
         """Why ``t`` is not submitted: its current key's last compile ran out of memory on a worker whose
@@ -520,8 +516,6 @@ class DaskBuild:
         if d.get("worker"):
             self.workers[t.id] = d["worker"]
         out = _as_outcome(d)
-        if out.ok and out.key != key:  # the worker completed the key (recorded imports, reads): adopt it
-            self.b.adopt_key(t, out.key)
         ev = self.log.info if out.ok else self.log.error
         ev("built" if out.status == Status.PASS else str(out.status), target=t.id, worker=d.get("worker"),
            reason=out.reason or None)

@@ -11,7 +11,6 @@ from neuron_build.project.keys import COMPONENTS, KeyInfo, KeyMaker, diff_compon
 from neuron_build.project.matrix import Target, expand
 from neuron_build.status import TargetState
 from neuron_build.store.contract import ArtifactStore
-from neuron_build.store.reads import recorded_reads
 from neuron_build.store.records import TargetRecord
 from neuron_build.util import canonical_json, sha256_hex
 
@@ -33,18 +32,18 @@ class Planner:
     def __init__(self, project: Project, store: ArtifactStore, backend: str | None = None):
         self.project = project
         self.store = store
-        recorded = {m: store.recorded_imports(m) for m in project.config.models}
-        reads = {m: recorded_reads(store, m) for m in project.config.models}
-        self.keys = KeyMaker(project, backend=backend, recorded=recorded, exclude=(Path(project.store_url()),),
-                             reads=reads)
+        self.keys = KeyMaker(project, backend=backend, exclude=(Path(project.store_url()),))
         self.targets = expand(project)
         self.by_id = {t.id: t for t in self.targets}
         self._keyinfo: dict[str, KeyInfo] = {}
         self._location: dict[str, str] = {}
         self._removed: dict[tuple[str, str, str], _RemovedIndex] = {}
+        #: target id -> why the artifact its key names is stale (recorded inputs that changed)
+        self._stale: dict[str, list[str]] = {}
 
     def key(self, target: Target) -> KeyInfo:
-        """The target's key (computed once per planner, or set by :meth:`set_key`)."""
+        """The target's key (computed once per planner): the declared inputs only, before and after a
+        build."""
         ki = self._keyinfo.get(target.id)
         if ki is None:
             ki = self._keyinfo[target.id] = self.keys.key(target)
@@ -54,21 +53,26 @@ class Planner:
         """Drop the target's computed key (it is computed again on next use)."""
         self._keyinfo.pop(target.id, None)
 
-    def set_key(self, target: Target, ki: KeyInfo) -> None:
-        """Replace the target's key for the rest of this planner's life (the builder does, when a compile
-        recorded imports the planned key did not hold, and it published under the completed key)."""
-        self._keyinfo[target.id] = ki
-
     def state(self, target: Target) -> TargetState:
-        """``cached`` (a complete artifact for the current key), ``failed`` (the last compile of the current
-        key failed; it will be retried) or ``missing``."""
+        """``cached`` (a complete artifact for the current key whose recorded inputs all still match),
+        ``failed`` (the last compile of the current key failed; it will be retried) or ``missing``
+        (:meth:`stale` says why when an artifact is there but stale)."""
         key = self.key(target).key
         found = self.store.lookup(key)  # reads only: plan and show never move a damaged object
+        self._stale[target.id] = []
         if found.hit:
-            self._location[key] = found.location or "local"
-            return TargetState.CACHED
+            stale = self.keys.stale_inputs(found.manifest.recorded_inputs)
+            if not stale:
+                self._location[key] = found.location or "local"
+                return TargetState.CACHED
+            self._stale[target.id] = stale
         fail = self.store.failure(target.id)
         return TargetState.FAILED if fail and fail.key == key else TargetState.MISSING
+
+    def stale(self, target: Target) -> list[str]:
+        """Why the artifact of the target's key is stale, as :meth:`state` found it: one line per recorded
+        input that changed (``recorded read models/w.safetensors changed``); empty otherwise."""
+        return list(self._stale.get(target.id, []))
 
     def location(self, target: Target) -> str | None:
         """Where :meth:`state` found the target's artifact: ``local`` or ``remote`` (a read-through
@@ -87,7 +91,11 @@ class Planner:
         ki = self.key(target)
         rec = self.store.target(target.id)
         if rec and rec.details is not None:
-            return ([] if rec.key == ki.key else diff_components(rec.details, ki.details, rec.hashes, ki.hashes)), target.id
+            if rec.key == ki.key:
+                if target.id not in self._stale:
+                    self.state(target)
+                return self.stale(target), target.id
+            return diff_components(rec.details, ki.details, rec.hashes, ki.hashes), target.id
         group = (target.model, target.dtype, target.profile)
         idx = self._removed.get(group)
         if idx is None:

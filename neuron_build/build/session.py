@@ -12,7 +12,9 @@ config or computing a key.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import os
 import sys
 import threading
@@ -26,13 +28,14 @@ from doit.exceptions import TaskFailed
 
 from neuron_build.build.jobs import default_jobs
 from neuron_build.build.report import BuildReporter
+from neuron_build.store.layout import manifest_path
 
 if TYPE_CHECKING:  # the Builder, the config schema and validation load when a plan is computed, not on a no-op
     from neuron_build.build.builder import Builder, Outcome
     from neuron_build.project.plan_cache import Plan
     from neuron_build.store.contract import ArtifactStore
 
-__all__ = ["BASE_DOIT_CONFIG", "BuildSession", "cached_plan", "config_path_setting", "retry_failed_setting"]
+__all__ = ["BASE_DOIT_CONFIG", "BuildSession", "Recorded", "cached_plan", "config_path_setting", "retry_failed_setting"]
 
 #: doit's settings of a build (``neuron_build.tasks.DOIT_CONFIG`` adds its reporter)
 BASE_DOIT_CONFIG: dict[str, Any] = {
@@ -47,6 +50,9 @@ BASE_DOIT_CONFIG: dict[str, Any] = {
     "par_type": "thread",      # one Builder shared by the runners; each compile is its own worker process
 }
 
+
+#: The file in the project's state folder where :class:`Recorded` remembers each manifest's record.
+RECORDED_CACHE = "recorded.json"
 
 _MAIN_PID = os.getpid()
 _pdeathsig_set = False
@@ -109,7 +115,8 @@ def _push_failed(lines: list[str]) -> TaskFailed:
 def cached_plan(config_path: str) -> tuple[Plan, Any] | None:
     """The plan cache's targets and keys for the ``buckets.toml`` at ``config_path`` and the local store they are
     checked against, when every input of the cached plan is unchanged (see
-    :mod:`neuron_build.project.plan_cache`); None otherwise (then the build plans as usual)."""
+    :mod:`neuron_build.project.plan_cache`); None otherwise (then the build plans as usual). The recorded
+    inputs of each artifact are not part of the plan: every task's check compares them (:class:`Recorded`)."""
     from neuron_build.errors import ConfigError
     from neuron_build.project import plan_cache
     from neuron_build.project.config_file import state_dir_setting
@@ -132,14 +139,9 @@ def cached_plan(config_path: str) -> tuple[Plan, Any] | None:
         return None
     try:
         store = LocalStore(Path(plan.store))
-        recorded = {m: store.recorded_imports(m) for m in plan.recorded}
-        if not plan_cache.recorded_match(plan, recorded):
-            return None
-        from neuron_build.store.reads import recorded_reads
-        reads = {m: recorded_reads(store, m) for m in plan.recorded}
     except (OSError, ValueError):
         return None
-    return (plan, store) if plan_cache.reads_match(plan, reads) else None
+    return plan, store
 
 
 def _save_plan(b: Builder, interp: dict[str, Any]) -> None:
@@ -152,19 +154,102 @@ def _save_plan(b: Builder, interp: dict[str, Any]) -> None:
             or not p.config_sha256):
         return
     plan_cache.write(p.state_dir, config_path=p.path, config_sha256=p.config_sha256, log=b.keys.inputs,
-                     env_names=[n for names in KEY_ENV.values() for n in names], recorded=b.keys.recorded,
+                     env_names=[n for names in KEY_ENV.values() for n in names],
                      store=str(b.store.folder), backend=b.keys.backend, hardware_target=b.keys.hardware_target,
-                     targets=[(t.id, b.key(t).key) for t in b.targets], interp=interp, reads=b.keys.reads)
+                     targets=[(t.id, b.key(t).key) for t in b.targets], interp=interp)
+
+
+class Recorded:
+    """Does the artifact a store holds for a key still match the inputs its build recorded (the manifest's
+    ``recorded_inputs``: files read by any code, variables, distributions)? The no-op's second check,
+    after :meth:`~neuron_build.store.local.LocalStore.is_cached`. Cheap on the no-op path: each manifest's
+    record is remembered (``<state_dir>/recorded.json``) with the manifest file's stat signature (size,
+    mtime_ns, ctime_ns, inode: a replaced manifest has another), so an unchanged manifest is not read; equal
+    records share one verdict; file digests come from the digest cache (a file whose stat signature is
+    unchanged is not read).
+
+    Args:
+        store: the store whose manifests are read (its local folder's files are stat()ed).
+        check: the project's :class:`~neuron_build.project.reads.InputCheck`.
+        save: called once the run is over (persists the digest cache), or None.
+        cache: the file that remembers the records (None: none).
+    """
+
+    def __init__(self, store: Any, check: Any, save: Any = None, cache: Path | None = None):
+        self.store, self.check, self._save, self._cache = store, check, save, cache
+        folder = getattr(store, "folder", None)
+        self._root = str(folder) if folder is not None else None
+        self._entries: dict[str, list] = {}  # key -> [manifest signature, record digest]
+        self._records: dict[str, Any] = {}  # record digest -> record
+        self._dirty = False
+        if cache is not None:
+            try:
+                doc = json.loads(cache.read_bytes())
+                if isinstance(doc.get("entries"), dict) and isinstance(doc.get("records"), dict):
+                    self._entries, self._records = doc["entries"], doc["records"]
+            except (OSError, ValueError, AttributeError):
+                pass
+
+    def __call__(self, key: str) -> bool:
+        got = self._record(key)
+        return got is not None and not self.check.stale(got[0], memo=got[1])
+
+    def _record(self, key: str) -> tuple[Any, str] | None:
+        """(the manifest's ``recorded_inputs``, its digest), or None when there is no manifest."""
+        sig = None
+        if self._root is not None:
+            try:
+                st = os.stat(f"{self._root}/{manifest_path(key)}")
+                sig = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+            except OSError:
+                sig = None
+            ent = self._entries.get(key)
+            if sig is not None and isinstance(ent, list) and len(ent) == 2 and ent[0] == sig \
+                    and ent[1] in self._records:
+                return self._records[ent[1]], ent[1]
+        raw = self.store.raw_manifest(key)
+        if not isinstance(raw, dict):
+            return None
+        rec = raw.get("recorded_inputs")
+        digest = hashlib.sha256(json.dumps(rec, sort_keys=True, default=str).encode()).hexdigest()
+        if sig is not None:
+            self._records[digest] = rec
+            self._entries[key] = [sig, digest]
+            self._dirty = True
+        return rec, digest
+
+    def save(self) -> None:
+        """Persist the digest cache and the remembered records (best effort: only an accelerator)."""
+        if self._save is not None:
+            self._save()
+        if self._dirty and self._cache is not None:
+            from neuron_build.util import write_atomic
+            live = {d for _, d in self._entries.values()}
+            doc = {"entries": self._entries, "records": {d: r for d, r in self._records.items() if d in live}}
+            write_atomic(self._cache, json.dumps(doc, separators=(",", ":")).encode())
+            self._dirty = False
+
+    @classmethod
+    def of_plan(cls, plan: Plan, store: Any) -> Recorded:
+        """The check of a cached plan's project (no config parsed: its folder and state folder are the
+        plan's)."""
+        from neuron_build.project.digest_cache import DigestCache
+        from neuron_build.project.reads import InputCheck
+
+        digests = DigestCache(Path(plan.state_dir) / "digests.json")
+        return cls(store, InputCheck(Path(plan.root), os.environ, digests.digest), digests.save,
+                   Path(plan.state_dir) / RECORDED_CACHE)
 
 
 def _is_built(store: ArtifactStore, key: str, hits: list[str] | None = None, target_id: str = "",
-              known: set[str] | None = None) -> bool:
-    """``uptodate`` of a ``build:`` task: the store holds a complete artifact for ``key`` here. A hit on a
-    read-through store's remote runs the task, which downloads the artifact and verifies every blob. A
+              known: set[str] | None = None, fresh: Any = None) -> bool:
+    """``uptodate`` of a ``build:`` task: the store holds a complete artifact for ``key`` here whose recorded
+    inputs all still match (``fresh``, a :class:`Recorded`). A hit on a read-through store's remote runs the
+    task, which downloads the artifact and verifies every blob. A
     plain function, not a bound method: doit inspects every uptodate callable's signature on every no-op run.
     A hit is added to ``hits`` (the session writes them to the build ledger when the build ends). ``known``:
     keys this run's reporter found in the store just before (:meth:`BuildSession.to_build`), not asked twice."""
-    done = (known is not None and key in known) or store.is_cached(key)
+    done = (known is not None and key in known) or (store.is_cached(key) and (fresh is None or fresh(key)))
     if done and hits is not None:
         hits.append(target_id)
     return done
@@ -224,6 +309,8 @@ class BuildSession(NamespaceTaskLoader):
         self._lock = threading.Lock()
         #: the plan cache's (plan, local store) when this session's build tasks came from it
         self._plan: tuple[Plan, Any] | None = None
+        #: the check of the artifacts' recorded inputs (:class:`Recorded`), made with the tasks
+        self._fresh: Recorded | None = None
 
     @property
     def builder(self) -> Builder:
@@ -329,7 +416,7 @@ class BuildSession(NamespaceTaskLoader):
         for t in target_ids:
             if t not in keys:
                 continue
-            if store.is_cached(keys[t]):
+            if store.is_cached(keys[t]) and (self._fresh is None or self._fresh(keys[t])):
                 self._known.add(keys[t])  # the task's own check need not ask again
             else:
                 missing.append(t)
@@ -359,14 +446,20 @@ class BuildSession(NamespaceTaskLoader):
         out = []
         for t in target_ids:
             try:
-                if t in keys and _is_built(store, keys[t], None, t, self._known):
+                if t in keys and _is_built(store, keys[t], None, t, self._known, self._fresh):
                     out.append(t)
             except Exception:
                 continue
         return out
 
     def flush_hits(self) -> None:
-        """Write the cache hits collected so far to the build ledger (one object), then forget them."""
+        """Write the cache hits collected so far to the build ledger (one object), then forget them (and
+        save the digests the recorded-input checks computed)."""
+        if self._fresh is not None:
+            try:
+                self._fresh.save()
+            except OSError:
+                pass  # only an accelerator
         if not self.hits:
             return
         hits, self.hits[:] = list(self.hits), []
@@ -392,9 +485,11 @@ class BuildSession(NamespaceTaskLoader):
         if self._own_builder and self._builder is None:
             self._plan = cached_plan(self._config_path())
             if self._plan is not None:  # nothing the keys read changed: no config parse, no key computed
+                self._fresh = Recorded.of_plan(*self._plan)
                 yield from self._tasks_from_plan(*self._plan)
                 return
         b = self.builder
+        self._fresh = Recorded(b.store, b.keys.checker(), b.keys.save, b.project.state_dir / RECORDED_CACHE)
         b.store.clean_staging()
         unpushed = b.push_pending()
         if unpushed:  # built earlier, still not on the remote: the build says so until a push succeeds
@@ -406,7 +501,7 @@ class BuildSession(NamespaceTaskLoader):
                 "name": t.id,
                 "doc": f"compile {t.id} ({b.keys.backend}, {b.keys.hardware_target})",
                 "actions": [(self._build, [t.id])],
-                "uptodate": [(_is_built, [b.store, key, self.hits, t.id, self._known])],
+                "uptodate": [(_is_built, [b.store, key, self.hits, t.id, self._known, self._fresh])],
             }
         b.keys.save()
         if self._own_builder:
@@ -421,7 +516,7 @@ class BuildSession(NamespaceTaskLoader):
                 "name": tid,
                 "doc": f"compile {tid} ({plan.backend}, {plan.hardware_target})",
                 "actions": [(self._build, [tid])],
-                "uptodate": [(_is_built, [store, key, self.hits, tid, self._known])],
+                "uptodate": [(_is_built, [store, key, self.hits, tid, self._known, self._fresh])],
             }
 
     def _build(self, target_id: str):

@@ -108,6 +108,7 @@ def format_status(doc: dict) -> str:
     n = len(doc["targets"])
     lines = [f"{doc['local']}: {len(doc['built_here'])} of {plural(n, 'target')} built here"
              + (f"; missing here: {', '.join(doc['missing_here'])}" if doc["missing_here"] else "")]
+    lines += [f"  {r['target']} is stale: {'; '.join(r['stale'])}" for r in doc["targets"] if r.get("stale")]
     if doc["pending_pushes"]:
         lines.append(f"pending pushes ({len(doc['pending_pushes'])}, retried by the next build or `neuron-build push`):")
         lines += [f"  {p['target'] or '(no target)'} {p['key'][:12]}: {p['reason'] or 'unknown reason'}"
@@ -150,7 +151,7 @@ def cmd_status(args) -> int:
 
     if args.remote:
         b, local, remote = _pair(args)
-    else:  # this host only: the keys from the imports recorded here, and not one request to the remote
+    else:  # this host only: not one request to the remote
         from neuron_build.build.builder import Builder
         from neuron_build.log import configure
         from neuron_build.store import open_store
@@ -160,11 +161,12 @@ def cmd_status(args) -> int:
         local, remote = open_store(project.store_url()), None
         b = Builder(project, store=local)
     targets = {t.id: b.key(t).key for t in select(b.targets, args.patterns)}
+    stale = lambda m: b.keys.stale_inputs(m.recorded_inputs)  # noqa: E731 (recorded inputs changed since)
     if remote is None:
-        doc = local_status(local, targets)
+        doc = local_status(local, targets, stale)
     else:
         try:
-            doc = remote_status(local, remote, targets)
+            doc = remote_status(local, remote, targets, stale)
         except UserError:
             raise
         except Exception as e:  # a store error, an OSError, botocore's: one line naming the URL

@@ -6,13 +6,9 @@ Components (each hashed on its own so ``explain`` can say which one changed):
 - ``model``: factory (or, for an hf model, ``hf``: auto class, output, from_pretrained kwargs, the
   transformers version and the content of the model folder's files, :mod:`neuron_build.hf`), kwargs,
   ``sources`` (the sha256 of every project file the factory's import runs, read statically, and of the
-  files the model's ``sources`` globs match: :mod:`neuron_build.project.sources`),
-  ``recorded`` (the project files the worker saw imported during an earlier build of the model that no
-  static reading finds, e.g. a module loaded by a string), ``reads`` (when recorded: the project files the
-  factory opened, the environment variables it read and the distributions the build imported, each by
-  content, value or version: :mod:`neuron_build.project.reads`), ``weights`` (the content of declared weight
-  files and folders) and ``packages`` (the versions of the packages the model names, and the weight files
-  they ship);
+  files the model's ``sources`` globs match: :mod:`neuron_build.project.sources`), ``weights`` (the
+  content of declared weight files and folders) and ``packages`` (the versions of the packages the model
+  names, and the weight files they ship);
 - ``inputs``: the target dtype and each input's concrete shape, dtype and range (for a text-generation
   graph also ``graph``, prefill or decode, and ``max_seq_len``, the static KV cache's length);
 - ``compiler``: backend, hardware target, normalised compiler args (without ``--verbose``), profile
@@ -24,6 +20,13 @@ Components (each hashed on its own so ``explain`` can say which one changed):
 - ``toolchain``: compiler versions (torch; torch-neuronx, neuronx-cc, neuronx-distributed, libneuronxla
   for neuron and torchneuron: TorchNeuron's own NEFF cache key omits them [code], ours does not).
 
+The key holds the declared inputs only, so ``plan`` shows, before any build, the key the artifact is
+published under (ccache's direct mode). What a build recorded besides (the project files the worker saw
+imported that no static reading finds, the files the factory read by any code, the environment variables
+it read, the distributions it imported: :mod:`neuron_build.project.reads`) lives in the artifact's
+manifest as ``recorded_inputs``, each by content, value or version (:meth:`KeyMaker.recorded_inputs`);
+a lookup is a hit only when they all still match (:meth:`KeyMaker.stale_inputs`).
+
 Never in the key: absolute paths, host, user, time, the store location, bytes of saved artifacts. Paths in
 the key are relative to the folder of ``buckets.toml``, so a moved checkout computes the same keys; a
 weights file outside that folder is named by its file name only and keyed by its content.
@@ -32,7 +35,6 @@ weights file outside that folder is named by its file name only and keyed by its
 from __future__ import annotations
 
 import importlib.metadata as md
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,13 +43,14 @@ from typing import Any
 from neuron_build.cpu_isa import host_cpu_isa
 from neuron_build.project.compiler_args import key_args
 from neuron_build.project.config import Project
+from neuron_build.project.digest_cache import DigestCache
 from neuron_build.project.matrix import Target
 from neuron_build.project.plan_cache import InputLog
-from neuron_build.project.sources import glob_sources, local_imports
+from neuron_build.project.sources import glob_sources, is_project_file, local_imports
 from neuron_build.project.toolchain import NEURON_BACKENDS, resolve_backend, toolchain_versions, version
-from neuron_build.util import canonical_json, file_sha256, sha256_hex, write_atomic
+from neuron_build.util import canonical_json, file_sha256, sha256_hex
 
-KEY_FORMAT = 2
+KEY_FORMAT = 3  # 3: declared inputs only; what a build recorded lives in its manifest
 #: (backend, device) pairs whose artifacts are compiled for the build host's CPU (``-march=native``): their
 #: ``compiler`` component carries ``cpu_isa`` (:mod:`neuron_build.cpu_isa`).
 ISA_BOUND = {("inductor", "cpu")}
@@ -150,48 +153,6 @@ def _observed(observe: Any, digest, f: Path) -> str:
     return digest(f)
 
 
-class DigestCache:
-    """sha256 digests of large files, cached by (path, size, mtime_ns, ctime_ns, inode) in a JSON file.
-
-    A no-op build stats each weight file instead of reading it. An in-place rewrite that restores size and
-    mtime still changes ctime (the kernel sets it on every write and on ``utime``), and a replacement file
-    has another inode, so either is noticed. The cache file lives in the project's state folder; a missing
-    or corrupt cache file is treated as empty. Writes are atomic (temp file + rename).
-    """
-
-    def __init__(self, path: Path | None):
-        self.path = path
-        self._data: dict[str, list] = {}
-        self._dirty = False
-        if path is not None:
-            try:
-                self._data = json.loads(path.read_text())
-            except (OSError, ValueError):
-                self._data = {}
-
-    def digest(self, file: Path) -> str:
-        """The sha256 (64 hex chars) of ``file``'s content, read only when its stat signature changed.
-
-        Raises:
-            OSError: the file cannot be read.
-        """
-        st = file.stat()
-        sig = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-        ent = self._data.get(str(file))
-        if ent and ent[:4] == sig:
-            return ent[4]
-        d = file_sha256(file)
-        self._data[str(file)] = [*sig, d]
-        self._dirty = True
-        return d
-
-    def save(self) -> None:
-        if not self._dirty or self.path is None:
-            return
-        write_atomic(self.path, json.dumps(self._data).encode())
-        self._dirty = False
-
-
 @dataclass(frozen=True)
 class KeyInfo:
     """A target's key and the details it was computed from.
@@ -245,25 +206,17 @@ class KeyMaker:
         project: the loaded config.
         backend: override ``[build] backend``.
         environ: the environment (default ``os.environ``); only :data:`KEY_ENV` variables count.
-        recorded: model name -> the project files (POSIX paths relative to the project folder) the worker
-            recorded as imported by earlier builds of the model (the planner reads them from the store).
-        exclude: folders whose files are never sources (the store).
-        reads: model name -> what earlier builds of its factory read besides imports (files, environment
-            variables, distributions: :mod:`neuron_build.project.reads`; the planner reads them from the
-            store); keyed as the model component's ``reads`` when there are any.
+        exclude: folders whose files are never sources nor recorded inputs (the store).
     """
 
     def __init__(self, project: Project, backend: str | None = None, environ: dict[str, str] | None = None,
-                 recorded: dict[str, list[str]] | None = None, exclude: tuple[Path, ...] = (),
-                 reads: dict[str, dict[str, list[str]]] | None = None):
+                 exclude: tuple[Path, ...] = ()):
         self.project = project
         build = project.config.build
         self.backend, self.backend_note = resolve_backend(backend or build.backend, build.target)
         self.hardware_target = build.target if self.backend in NEURON_BACKENDS else build.device
         self.environ = dict(os.environ if environ is None else environ)
         self.digests = DigestCache(project.state_dir / "digests.json")
-        self.recorded: dict[str, list[str]] = dict(recorded or {})
-        self.reads: dict[str, dict[str, list[str]]] = dict(reads or {})
         self.exclude = (project.state_dir, *exclude)
         self._static_cache: dict[str, dict[str, Any]] = {}
         self._model_cache: dict[str, dict[str, Any]] = {}
@@ -278,6 +231,7 @@ class KeyMaker:
         self._json_cache: dict[tuple[str, int], tuple[Any, bytes, str]] = {}
         #: every file-system fact the keys computed so far depend on (for the plan cache)
         self.inputs = InputLog()
+        self._checker: Any = None
 
     def static_sources(self, name: str) -> dict[str, str]:
         """Project file (relative POSIX path) -> sha256 of every source a model's factory runs that static
@@ -340,33 +294,58 @@ class KeyMaker:
                 "transformers": version("transformers"),
                 "files": {f.name: _observed(log, self.digests.digest, f) for f in hf.model_files(folder)}}
 
-    def recorded_digests(self, name: str, files: list[str] | None = None) -> dict[str, str]:
-        """Recorded file -> sha256 (:data:`MISSING` for a file gone since) for the files recorded for a
-        model (``files``, default :attr:`recorded`), leaving out those static reading already hashes."""
-        root = self.project.root.resolve()
-        static = self.static_sources(name)
-        out = {}
-        for rel in sorted(set(self.recorded.get(name, ()) if files is None else files)):
-            if rel in static:
-                continue
-            f = root / rel
-            self.inputs.file(f)
-            out[rel] = file_sha256(f) if f.is_file() else MISSING
-        return out
+    def recorded_inputs(self, name: str, imported: list[str], reads: dict[str, Any] | None) -> dict[str, Any]:
+        """The ``recorded_inputs`` of a manifest of model ``name``: what its build recorded besides the
+        declared inputs, each with its digest now (:func:`neuron_build.project.reads.current`).
 
-    def read_digests(self, name: str, reads: dict[str, list[str]] | None = None) -> dict[str, Any] | None:
-        """The ``reads`` entry of a model's component (:func:`neuron_build.project.reads.digests` of
-        ``reads``, default :attr:`reads`), or None when nothing is recorded."""
+        ``imported`` (project files imported, relative POSIX paths) and ``reads`` (``{"files", "env",
+        "dists", "incomplete"}``) come from the worker's ``result.json`` (untrusted): a path that is absolute,
+        leaves the project or is never an input (hidden, VCS, ``__pycache__``, ``*.egg-info``, ``*.dist-info``,
+        the store: :func:`~neuron_build.project.sources.is_project_file`) is dropped; so are the files the
+        model component keys already (static sources, an hf folder, declared weights) and the distributions
+        the toolchain component holds.
+        """
         from neuron_build.project import reads as _reads
 
-        rec = self.reads.get(name) if reads is None else reads
-        if not rec or not any(rec.get(k) for k in _reads.KINDS):
-            return None
-        keyed = {n.replace("_", "-").lower() for n in self._toolchain}  # versions the toolchain holds already
-        covered = self._keyed_folders(name)  # files the model component keys by content already
-        rec = {**rec, "dists": [d for d in rec.get("dists", []) if d.replace("_", "-").lower() not in keyed],
-               "files": [f for f in rec.get("files", []) if not any(f == c or f.startswith(c + "/") for c in covered)]}
-        return _reads.digests(self.project.root.resolve(), rec, self.environ, self.digests.digest, observe=self.inputs)
+        static = self.static_sources(name)
+        covered = self._keyed_folders(name)
+        rec = _reads.merge(reads)
+        toolchain = {n.replace("_", "-").lower() for n in self._toolchain}
+        names = {
+            "imports": [f for f in sorted(set(imported or [])) if isinstance(f, str) and f not in static
+                        and self._input(f)],
+            "files": [f for f in rec["files"] if self._input(f)
+                      and not any(f == c or f.startswith(c + "/") for c in covered)],
+            "env": rec["env"],
+            "dists": [d for d in rec["dists"] if d.replace("_", "-").lower() not in toolchain],
+        }
+        out = self.checker().current(names)
+        if isinstance(reads, dict) and reads.get("incomplete"):
+            out["incomplete"] = str(reads["incomplete"])[:200]
+        return out
+
+    def _input(self, rel: str) -> bool:
+        """Is the relative path ``rel`` (from a worker's record) a project file that may be an input?"""
+        p = Path(rel)
+        if p.is_absolute() or ".." in p.parts or not rel:
+            return False
+        root = self.project.root.resolve()
+        return is_project_file(root / p, root, self.exclude)
+
+    def checker(self) -> Any:
+        """The :class:`~neuron_build.project.reads.InputCheck` of this project (its digest cache, the
+        environment, every file it reads noted in :attr:`inputs`)."""
+        from neuron_build.project import reads as _reads
+
+        if self._checker is None:
+            self._checker = _reads.InputCheck(self.project.root.resolve(), self.environ, self.digests.digest)
+        return self._checker
+
+    def stale_inputs(self, recorded: Any) -> list[str]:
+        """Why an artifact whose manifest records ``recorded`` (its ``recorded_inputs``: untrusted) is
+        stale: one line per recorded input that changed (``recorded read models/w.safetensors changed``);
+        empty when every one still matches (or nothing was recorded)."""
+        return self.checker().stale(recorded)
 
     def _keyed_folders(self, name: str) -> list[str]:
         """Project-relative paths (POSIX) whose files a model's component keys by content already: an hf
@@ -381,28 +360,14 @@ class KeyMaker:
                 continue
         return out
 
-    def model_component(self, name: str, recorded: list[str] | None = None,
-                        reads: dict[str, list[str]] | None = None) -> dict[str, Any]:
-        """The ``model`` component of one model (cached unless ``recorded`` or ``reads`` override the
-        recorded sets)."""
-        if recorded is None and reads is None and name in self._model_cache:
-            return self._model_cache[name]
-        comp = {**self._static(name), "recorded": self.recorded_digests(name, recorded)}
-        r = self.read_digests(name, reads)
-        if r is not None:
-            comp["reads"] = r
-        if recorded is None and reads is None:
-            self._model_cache[name] = comp
-        return comp
+    def model_component(self, name: str) -> dict[str, Any]:
+        """The ``model`` component of one model (declared inputs only; cached)."""
+        if name not in self._model_cache:
+            self._model_cache[name] = dict(self._static(name))
+        return self._model_cache[name]
 
-    def details(self, target: Target, recorded: list[str] | None = None,
-                reads: dict[str, list[str]] | None = None) -> dict[str, Any]:
-        """The key details of a target: a dict of the components in :data:`COMPONENTS`.
-
-        Args:
-            recorded: the recorded project files to key on instead of :attr:`recorded` (the builder passes
-                the set a finished compile recorded).
-        """
+    def details(self, target: Target) -> dict[str, Any]:
+        """The key details of a target: a dict of the components in :data:`COMPONENTS`."""
         cfg = self.project.config
         m = cfg.models[target.model]
         prof = cfg.profiles[target.profile]
@@ -417,7 +382,7 @@ class KeyMaker:
                 comp["cpu_isa"] = self.cpu_isa
         return {
             "format": KEY_FORMAT,
-            "model": self.model_component(target.model, recorded, reads),
+            "model": self.model_component(target.model),
             "inputs": self._inputs(target, m),
             "compiler": comp,
             "env": self._env,
@@ -437,14 +402,13 @@ class KeyMaker:
                                                   self.hardware_target)
         return comp
 
-    def key(self, target: Target, recorded: list[str] | None = None,
-            reads: dict[str, list[str]] | None = None) -> KeyInfo:
-        """The target's :class:`KeyInfo` (``recorded`` as for :meth:`details`).
+    def key(self, target: Target) -> KeyInfo:
+        """The target's :class:`KeyInfo`.
 
         The key is the sha256 of the canonical JSON of the details; that JSON is assembled from each
         component's canonical JSON (sorted keys make it compositional), and the components shared by many
         targets (model, env, toolchain, a profile's compiler options) are serialised once."""
-        d = self.details(target, recorded, reads)
+        d = self.details(target)
         texts, hashes = {}, {}
         for c in COMPONENTS:
             cache_key = (c, id(d[c])) if c != "inputs" else None
@@ -457,10 +421,6 @@ class KeyMaker:
             texts[c], hashes[c] = hit[1], hit[2]
         whole = b"{" + b",".join(b'"' + c.encode() + b'":' + texts[c] for c in sorted(COMPONENTS)) + b"}"
         return KeyInfo(key=sha256_hex(whole), details=d, hashes=hashes)
-
-    def forget_model(self, name: str) -> None:
-        """Drop the cached ``model`` component of one model (after :attr:`recorded` changed)."""
-        self._model_cache.pop(name, None)
 
     def save(self) -> None:
         """Persist the digest cache (call once after computing keys)."""

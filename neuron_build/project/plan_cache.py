@@ -19,8 +19,8 @@ fact the keys depend on, each observed *before* it is read (stat, then read, as 
 ``mtime_ns`` of each of its folders (installing, upgrading or removing a package changes them: that covers
 torch, the Neuron toolchain and every ``packages`` entry), the environment variables of the key's
 allow-list and those the factories were recorded reading, the host's CPU ISA (:mod:`neuron_build.cpu_isa`), the
-stat of every neuron-build module, the recorded imports and reads of each model in the store and the targets
-with their keys. :func:`load` returns them only if every one of those still matches; anything
+stat of every neuron-build module, and the targets with their keys (the declared inputs only: what builds
+recorded besides lives in each artifact's manifest, checked by every task). :func:`load` returns them only if every one of those still matches; anything
 else (or any doubt: an unreadable file, another format) is a miss, and the build plans as before.
 
 A file changed within the same timestamp granule as the cache was written could keep its stat (git's
@@ -45,7 +45,7 @@ from neuron_build.util import write_atomic
 
 #: The file in the project's state folder.
 PLAN_CACHE = "plan-cache.json"
-FORMAT = 1
+FORMAT = 2
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent  # neuron_build/
 
 
@@ -141,9 +141,8 @@ def _code() -> dict[str, list[int]]:
 
 
 def write(state_dir: Path, *, config_path: Path, config_sha256: str, log: InputLog, env_names: list[str],
-          recorded: dict[str, list[str]], store: str, backend: str, hardware_target: str,
-          targets: list[tuple[str, str]], interp: dict[str, Any] | None = None,
-          reads: dict[str, dict[str, list[str]]] | None = None) -> bool:
+          store: str, backend: str, hardware_target: str, targets: list[tuple[str, str]],
+          interp: dict[str, Any] | None = None) -> bool:
     """Save the plan cache of one plan. Returns whether a usable cache was written (False: the folder is
     not writable, or an input changed within the cache file's timestamp granule; a stale file is removed).
 
@@ -152,23 +151,18 @@ def write(state_dir: Path, *, config_path: Path, config_sha256: str, log: InputL
         config_path: the resolved ``buckets.toml``; ``config_sha256`` the sha256 of the bytes parsed.
         log: what the key computation read.
         env_names: the environment variables in the key (all backends' allow-lists).
-        recorded: model -> the recorded imports the plan keyed on (as read from the store).
         store: the local store folder (absolute).
         backend, hardware_target: as resolved for the plan.
         targets: (target id, key) of every target, in matrix order.
         interp: :func:`interpreter` as it was when planning began (default: now); planning may add to
             ``sys.path`` (a factory's import), a later no-op checks the path it starts with.
-        reads: model -> the recorded reads the plan keyed on (:mod:`neuron_build.project.reads`, as read
-            from the store); the variables they name join ``env_names`` (the files they name are in ``log``,
-            the distributions' versions change with ``sys.path``'s folders).
     """
     doc = {
         "format": FORMAT, "config": str(config_path), "config_sha256": config_sha256,
         "interpreter": interp or interpreter(), "code": _code(),
-        "env": {n: os.environ.get(n) for n in sorted(set(env_names) | {v for r in (reads or {}).values()
-                                                                         for v in r.get("env", [])})},
-        "inputs": log.to_json(), "recorded": recorded, "store": store, "backend": backend,
-        "hardware_target": hardware_target, "targets": targets, "cpu_isa": host_cpu_isa(), "reads": reads or {},
+        "env": {n: os.environ.get(n) for n in sorted(set(env_names))},
+        "inputs": log.to_json(), "store": store, "backend": backend,
+        "hardware_target": hardware_target, "targets": targets, "cpu_isa": host_cpu_isa(),
     }
     path = state_dir / PLAN_CACHE
     try:
@@ -193,16 +187,16 @@ class Plan:
 
     Attributes:
         store: the local store folder; backend, hardware_target: as planned; targets: (target id, key)
-        in matrix order; recorded: model -> recorded imports.
+        in matrix order; root: the project folder; state_dir: the project's state folder.
     """
 
-    def __init__(self, doc: dict[str, Any]):
+    def __init__(self, doc: dict[str, Any], state_dir: Path | str = "."):
         self.store: str = doc["store"]
         self.backend: str = doc["backend"]
         self.hardware_target: str = doc["hardware_target"]
         self.targets: list[tuple[str, str]] = [(t, k) for t, k in doc["targets"]]
-        self.recorded: dict[str, list[str]] = doc["recorded"]
-        self.reads: dict[str, dict[str, list[str]]] = doc.get("reads") or {}
+        self.root = str(Path(doc["config"]).parent)
+        self.state_dir = str(state_dir)
 
     def keys(self) -> dict[str, str]:
         """target id -> key."""
@@ -210,11 +204,7 @@ class Plan:
 
 
 def load(state_dir: Path, config_path: Path, config_bytes: bytes) -> tuple[Plan | None, str]:
-    """The cached plan if every input it was computed from is unchanged, else (None, why not).
-
-    The recorded imports are not checked here (they live in the store): compare :attr:`Plan.recorded`
-    with the store's before using the plan (:func:`recorded_match`).
-    """
+    """The cached plan if every input it was computed from is unchanged, else (None, why not)."""
     try:
         doc = json.loads((state_dir / PLAN_CACHE).read_bytes())
     except (OSError, ValueError):
@@ -247,23 +237,9 @@ def load(state_dir: Path, config_path: Path, config_bytes: bytes) -> tuple[Plan 
             for root, patterns, matches in inputs["globs"]:
                 if sorted(str(m) for m in glob_sources(Path(root), patterns)) != matches:
                     return None, "a sources glob matches other files"
-        return Plan(doc), "hit"
+        return Plan(doc, state_dir), "hit"
     except (KeyError, TypeError, ValueError, AttributeError):
         return None, "unreadable plan cache"
 
 
-def recorded_match(plan: Plan, recorded: dict[str, list[str]]) -> bool:
-    """Whether the store's recorded imports (model -> files) are those the plan keyed on."""
-    return {m: sorted(v) for m, v in plan.recorded.items()} == {m: sorted(v) for m, v in recorded.items()}
-
-
-def reads_match(plan: Plan, reads: dict[str, dict[str, list[str]]]) -> bool:
-    """Whether the store's recorded reads (model -> ``{"files", "env", "dists"}``) are those the plan keyed
-    on (a model with nothing recorded equals one that is absent)."""
-    def norm(d: dict) -> dict:
-        return {m: {k: sorted(v) for k, v in r.items() if v} for m, r in d.items() if any(r.values())}
-    return norm(plan.reads) == norm(reads)
-
-
-__all__ = ["PLAN_CACHE", "InputLog", "Plan", "dir_sig", "file_sig", "interpreter", "load", "reads_match",
-           "recorded_match", "write"]
+__all__ = ["PLAN_CACHE", "InputLog", "Plan", "dir_sig", "file_sig", "interpreter", "load", "write"]

@@ -1,23 +1,30 @@
-"""What a model's factory reads at build time besides imports, recorded by the worker and keyed at the next
-plan (the first level's last holes, the way recorded imports close the hole of a module loaded by a string).
+"""What a model's factory reads at build time besides its declared inputs, recorded by the worker and kept
+in the artifact's manifest (``recorded_inputs``), checked at every lookup: ccache's direct mode, where the key
+holds the declared inputs and a hit also needs every recorded input unchanged.
 
 Three kinds, recorded by :class:`ReadRecorder` in the worker while the factory runs:
 
-- ``files``: project files it opens for reading (an audit hook on ``open``: ``open()``, ``io.open``,
-  ``np.load``, ``torch.load`` all raise it; a file opened to write or append, a log, is not an input), as POSIX paths relative to the project folder; Python sources are left out
-  (imports are recorded and keyed as sources), so are files of installed distributions, hidden folders,
-  the store and the compile's own folders;
+- ``files``: project files it opens for reading, whatever code opens them: an audit hook on ``open``
+  (``open()``, ``io.open``, ``np.load``, ``torch.load`` raise it) and, on Linux, inotify watches on the
+  project's folders (``IN_OPEN``: safetensors' ``load_file`` and ``safe_open`` open and memory-map in Rust,
+  ``torch.from_file`` in C++, transformers' ``from_pretrained`` through safetensors; inotify_simple, the
+  kernel's inotify(7)); a file written, created or modified meanwhile (an output, a log) is not an input.
+  As POSIX paths relative to the project folder; Python sources are left out (imports are recorded and
+  checked as such), so are files of installed distributions, folders that are never inputs (hidden, VCS,
+  ``__pycache__``, ``*.egg-info``, ``*.dist-info``: :func:`~neuron_build.project.sources.never_input_folder`),
+  the store and the compile's own folders. inotify sees every process's opens in the watched folders, so a
+  file another process opens while the factory runs may be recorded too: an extra input (a needless rebuild
+  when it changes), never a missing one;
 - ``env``: the environment variables read through ``os.environ`` / ``os.getenv`` by project code (the
   caller's frame is a project file: what torch or transformers read for themselves is not the factory's);
 - ``dists``: the distributions whose modules building the model imported (the factory call, not the compile:
   a compile and a graph reuse record the same set)
   (``importlib.metadata.packages_distributions()`` over the new entries of ``sys.modules``), so a numpy
-  upgrade changes the key without ``packages = [...]``; neuron-build itself is left out (the manifest
+  upgrade is noticed without ``packages = [...]``; neuron-build itself is left out (the manifest
   records its version).
 
-The key's ``model.reads`` component (:meth:`neuron_build.project.keys.KeyMaker.read_digests`) holds each
-file's sha256, each variable's value (None when unset) and each distribution's version (None when gone).
-No torch here.
+:class:`InputCheck` turns a record into digests (each file's sha256, each variable's value, None when unset,
+each distribution's version, None when gone) and says which recorded input changed since. No torch here.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from neuron_build.project.sources import is_project_file
+from neuron_build.project.sources import is_project_file, never_input_folder
 
 KINDS = ("files", "env", "dists")
 #: Distributions never recorded: neuron-build itself (its version is in the manifest).
@@ -78,12 +85,17 @@ class ReadRecorder:
         exclude: folders whose files are never recorded (the compile's staging folder, the store).
     """
 
-    def __init__(self, root: str | Path, exclude: Iterable[str | Path] = ()):
+    def __init__(self, root: str | Path, exclude: Iterable[str | Path] = (), native: bool = True):
         self.root = Path(root).resolve()
         self.exclude = [Path(e).resolve() for e in exclude]
         self.files: set[str] = set()
         self.env: set[str] = set()
+        #: why the files read may be incomplete (inotify could not watch every folder, its queue
+        #: overflowed); None when complete
+        self.incomplete: str | None = None
         self._orig: Any = None
+        self._native = native
+        self._watch: _Watch | None = None
 
     def _opened(self, path: Any) -> None:
         try:
@@ -97,6 +109,13 @@ class ReadRecorder:
             return
         if is_project_file(p, self.root, self.exclude):
             self.files.add(p.relative_to(self.root).as_posix())
+
+    def _native_opened(self, path: Path) -> None:
+        """A file inotify saw opened (by any code, native included)."""
+        if path.suffix in (".py", ".pyc") or not path.is_file():
+            return
+        if is_project_file(path, self.root, self.exclude):
+            self.files.add(path.relative_to(self.root).as_posix())
 
     def _from_project(self) -> bool:
         """Is the code reading the environment a project file (the first frame outside ``os`` and the
@@ -129,17 +148,91 @@ class ReadRecorder:
             return orig(environ, key)
 
         cls.__getitem__ = getitem
+        if self._native:
+            self._watch = _Watch.start(self.root, self.exclude)
+            if self._watch is not None and self._watch.problem:
+                self.incomplete = self._watch.problem
         return self
 
     def __exit__(self, *exc: Any) -> None:
         type(os.environ).__getitem__ = self._orig
         if self in _HOOKED:
             _HOOKED.remove(self)
+        if self._watch is not None:
+            opened, problem = self._watch.stop()
+            self._watch = None
+            self.incomplete = self.incomplete or problem
+            for p in opened:
+                self._native_opened(p)
 
     def to_json(self, modules_before: Iterable[str] = ()) -> dict[str, list[str]]:
         """The record: ``files``, ``env`` and ``dists`` (of the modules imported since ``modules_before``,
         the names of ``sys.modules`` when the build began)."""
-        return {"files": sorted(self.files), "env": sorted(self.env), "dists": imported_distributions(modules_before)}
+        out: dict[str, Any] = {"files": sorted(self.files), "env": sorted(self.env),
+                               "dists": imported_distributions(modules_before)}
+        if self.incomplete:
+            out["incomplete"] = self.incomplete
+        return out
+
+
+class _Watch:
+    """inotify watches (inotify_simple) on every folder under the project that may hold inputs, while a
+    block runs: the files opened for reading in them, by any code of any process. Linux only; elsewhere
+    (or without inotify_simple) :meth:`start` returns None and the audit hook alone records."""
+
+    def __init__(self, ino: Any, flags: Any, dirs: dict[int, Path], problem: str | None):
+        self.ino, self.flags, self.dirs, self.problem = ino, flags, dirs, problem
+
+    @classmethod
+    def start(cls, root: Path, exclude: list[Path]) -> _Watch | None:
+        try:
+            from inotify_simple import INotify, flags
+            ino = INotify()
+        except (ImportError, OSError, AttributeError):
+            return None
+        mask = flags.OPEN | flags.CLOSE_WRITE | flags.MODIFY | flags.CREATE | flags.MOVED_TO
+        dirs: dict[int, Path] = {}
+        problem = None
+        for dirpath, dirnames, _ in os.walk(root):
+            here = Path(dirpath)
+            dirnames[:] = sorted(d for d in dirnames if not never_input_folder(d)
+                                 and not any((here / d).is_relative_to(e) for e in exclude)
+                                 and not (here / d).is_symlink())
+            dirnames[:] = [d for d in dirnames if is_project_file(here / d / "_", root, exclude)]
+            try:
+                dirs[ino.add_watch(dirpath, mask)] = here
+            except OSError as e:  # ENOSPC: fs.inotify.max_user_watches reached
+                problem = f"could not watch {dirpath} for native reads: {e.strerror or e}"
+                break
+        return cls(ino, flags, dirs, problem)
+
+    def stop(self) -> tuple[list[Path], str | None]:
+        """Stop watching; the files opened for reading meanwhile (not written, created or moved in), and
+        why the record may be incomplete (the event queue overflowed), or None."""
+        f = self.flags
+        opened: set[Path] = set()
+        written: set[Path] = set()
+        problem = None
+        try:
+            while True:
+                events = self.ino.read(timeout=0)
+                if not events:
+                    break
+                for ev in events:
+                    if ev.mask & f.Q_OVERFLOW:
+                        problem = "the inotify event queue overflowed while the factory ran"
+                        continue
+                    base = self.dirs.get(ev.wd)
+                    if base is None or not ev.name or ev.mask & f.ISDIR:
+                        continue
+                    p = base / ev.name
+                    if ev.mask & (f.CLOSE_WRITE | f.MODIFY | f.CREATE | f.MOVED_TO):
+                        written.add(p)
+                    elif ev.mask & f.OPEN:
+                        opened.add(p)
+        finally:
+            self.ino.close()
+        return sorted(opened - written), problem
 
 
 def imported_distributions(modules_before: Iterable[str] = ()) -> list[str]:
@@ -154,32 +247,91 @@ def imported_distributions(modules_before: Iterable[str] = ()) -> list[str]:
     return sorted(d for d in dists if d.replace("_", "-").lower() not in OWN)
 
 
-def digests(root: Path, reads: dict[str, list[str]], environ: dict[str, str], digest: Any,
-            observe: Any = None) -> dict[str, dict[str, Any]]:
-    """The key's ``reads`` value: ``files`` (relative path -> sha256, or ``missing``), ``env`` (name ->
-    value, None when unset), ``dists`` (name -> installed version, None when not installed).
+#: The kinds of a manifest's ``recorded_inputs``, each with the word its change is reported with.
+RECORDED = {"imports": "recorded import", "files": "recorded read", "env": "recorded variable",
+            "dists": "recorded distribution"}
+
+
+class InputCheck:
+    """The current digests of recorded inputs, and which of a manifest's recorded inputs changed.
 
     Args:
-        digest: file -> sha256 (the key maker's digest cache).
-        observe: an :class:`~neuron_build.project.plan_cache.InputLog` noting each file before it is read.
+        root: the project folder (resolved).
+        environ: the environment the build sees.
+        digest: file -> sha256 (a :class:`~neuron_build.project.digest_cache.DigestCache`'s ``digest``:
+            a file whose stat signature is unchanged is not read again).
     """
-    import importlib.metadata as md
 
-    files = {}
-    for rel in reads.get("files", []):
-        if ".." in Path(rel).parts or Path(rel).is_absolute():
-            continue  # untrusted record: never a path outside the project
-        f = root / rel
-        if observe is not None:
-            observe.file(f)
-        files[rel] = digest(f) if f.is_file() else "missing"
-    versions: dict[str, str | None] = {}
-    for name in reads.get("dists", []):
-        try:
-            versions[name] = md.version(name)
-        except md.PackageNotFoundError:
-            versions[name] = None
-    return {"files": files, "env": {n: environ.get(n) for n in reads.get("env", [])}, "dists": versions}
+    def __init__(self, root: Path, environ: Any, digest: Any):
+        self.root = root
+        self.environ = environ
+        self.digest = digest
+        self._files: dict[str, str] = {}
+        self._dists: dict[str, str | None] = {}
+        self._verdicts: dict[str, list[str]] = {}
+
+    def file(self, rel: str) -> str:
+        """sha256 of the project file ``rel`` (``missing`` when it is not a file, or not a safe relative
+        path: an untrusted record never names a file outside the project)."""
+        if rel not in self._files:
+            p = Path(rel)
+            if not rel or p.is_absolute() or ".." in p.parts:
+                self._files[rel] = "missing"
+            else:
+                f = self.root / p
+                try:
+                    self._files[rel] = self.digest(f) if f.is_file() else "missing"
+                except OSError:
+                    self._files[rel] = "missing"
+        return self._files[rel]
+
+    def dist(self, name: str) -> str | None:
+        """The installed version of distribution ``name`` (None when not installed)."""
+        import importlib.metadata as md
+
+        if name not in self._dists:
+            try:
+                self._dists[name] = md.version(name)
+            except (md.PackageNotFoundError, ValueError):
+                self._dists[name] = None
+        return self._dists[name]
+
+    def current(self, names: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+        """``names`` (``imports``, ``files``, ``env``, ``dists``: lists of names) with their digests now:
+        file -> sha256 (or ``missing``), variable -> value (None when unset), distribution -> version."""
+        return {"imports": {r: self.file(r) for r in names.get("imports", [])},
+                "files": {r: self.file(r) for r in names.get("files", [])},
+                "env": {n: self.environ.get(n) for n in names.get("env", [])},
+                "dists": {n: self.dist(n) for n in names.get("dists", [])}}
+
+    def stale(self, recorded: Any, memo: str | None = None) -> list[str]:
+        """One line per recorded input of ``recorded`` (a manifest's ``recorded_inputs``, untrusted) that
+        changed since, e.g. ``recorded read models/w.safetensors changed``; empty when all still match.
+        None (nothing recorded) matches; a record that does not parse, or one marked ``incomplete``, never
+        does (fail closed). ``memo``: a digest of ``recorded`` (equal records share one verdict)."""
+        if recorded is None:
+            return []
+        if memo is None:
+            import json
+            try:
+                memo = json.dumps(recorded, sort_keys=True)
+            except (TypeError, ValueError):
+                return ["its recorded inputs do not parse"]
+        if memo in self._verdicts:
+            return self._verdicts[memo]
+        out: list[str] = []
+        if not isinstance(recorded, dict) or not all(isinstance(recorded.get(k, {}), dict) for k in RECORDED):
+            out.append("its recorded inputs do not parse")
+        else:
+            if recorded.get("incomplete"):
+                out.append(f"its build's reads were not fully recorded ({recorded['incomplete']})")
+            for kind, word in RECORDED.items():
+                entries = recorded.get(kind, {})
+                now = self.current({kind: [n for n in entries if isinstance(n, str)]})[kind]
+                out += [f"{word} {n} changed" for n in sorted(entries, key=str)
+                        if not isinstance(n, str) or now.get(n) != entries[n]]
+        self._verdicts[memo] = out
+        return out
 
 
-__all__ = ["KINDS", "ReadRecorder", "digests", "empty", "imported_distributions", "merge"]
+__all__ = ["KINDS", "RECORDED", "InputCheck", "ReadRecorder", "empty", "imported_distributions", "merge"]

@@ -19,8 +19,9 @@ Three ways a file gets into a model's sources:
    other ways (a config file the factory opens, a kernel source compiled at build time).
 
 Never project sources: files of neuron-build itself, of an installed distribution (anything under a
-``site-packages`` or ``dist-packages`` folder, or under the interpreter's prefix), and files in hidden
-folders (``.venv``, ``.git``, the state folder).
+``site-packages`` or ``dist-packages`` folder, or under the interpreter's prefix), package metadata
+(``*.egg-info``, ``*.dist-info``), ``__pycache__``, and files in hidden folders (``.venv``, ``.git``,
+``.hg``, ``.svn``, the state folder); :func:`never_input_folder`.
 """
 
 from __future__ import annotations
@@ -39,20 +40,34 @@ def is_project_file(path: Path, root: Path, exclude: Iterable[Path] = ()) -> boo
     """Is ``path`` (absolute, resolved) a project source file under ``root``?
 
     False for files of neuron-build itself, of installed distributions (``site-packages``,
-    ``dist-packages``, the interpreter's prefixes), in hidden folders, or under one of ``exclude``
-    (the store folder, for instance).
+    ``dist-packages``, the interpreter's prefixes), in folders that are never inputs
+    (:func:`never_input_folder`: hidden, VCS, ``__pycache__``, ``*.egg-info``, ``*.dist-info``), or under
+    one of ``exclude`` (the store folder, for instance).
     """
     try:
         rel = path.relative_to(root)
     except ValueError:
         return False
-    if any(part.startswith(".") or part in ("site-packages", "dist-packages", "__pycache__")
-           for part in rel.parts[:-1]):
+    if any(never_input_folder(part) for part in rel.parts[:-1]):
         return False
     if any(path.is_relative_to(other) for other in (_PACKAGE_DIR, *exclude)):
         return False
     # an interpreter prefix inside the project (a venv folder not named with a dot) holds no project code
     return not any(path.is_relative_to(p) and not root.is_relative_to(p) for p in _prefixes())
+
+
+#: Folders whose files are never inputs: installed packages, pip's and setuptools' metadata
+#: (``*.egg-info``, ``*.dist-info``: written by ``pip install -e .``, absent from a fresh checkout),
+#: bytecode caches and version-control folders (hidden ones, ``.git``, ``.hg``, ``.svn``, ``.bzr``, are
+#: left out with every hidden folder).
+NEVER_INPUT_DIRS = ("site-packages", "dist-packages", "__pycache__", "CVS", "_darcs")
+NEVER_INPUT_SUFFIXES = (".egg-info", ".dist-info")
+
+
+def never_input_folder(name: str) -> bool:
+    """Is a folder of this name never an input (hidden, package metadata, bytecode, VCS, installed
+    packages)? Files under it are neither sources nor recorded reads."""
+    return name.startswith(".") or name in NEVER_INPUT_DIRS or name.endswith(NEVER_INPUT_SUFFIXES)
 
 
 @cache
@@ -211,4 +226,4 @@ def recorded_files(modules: Iterable[object], root: Path, exclude: Iterable[Path
     return sorted(out)
 
 
-__all__ = ["glob_sources", "is_project_file", "local_imports", "module_path", "recorded_files"]
+__all__ = ["NEVER_INPUT_DIRS", "NEVER_INPUT_SUFFIXES", "glob_sources", "is_project_file", "never_input_folder", "local_imports", "module_path", "recorded_files"]

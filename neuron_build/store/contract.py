@@ -125,12 +125,13 @@ class ActionCache(Protocol):
         """
         ...
 
-    def publish(self, folder: Path, key: str) -> Path:
+    def publish(self, folder: Path, key: str, replace: bool = False) -> Path:
         """Make a sealed folder the artifact of ``key``, atomically: every file the manifest lists goes in
         by :meth:`put_blob`, the logs it lists under ``logs/<key>/``, then the manifest by
         :meth:`put_manifest` (the commit point). When a complete artifact already exists (another builder
-        won), the folder is discarded and the existing one kept; a damaged manifest in the way is
-        quarantined first.
+        won), the folder is discarded and the existing one kept, unless ``replace`` (the builder found the
+        existing one stale: an input its build recorded changed): then the new manifest replaces it, in
+        one write, after the new blobs are in; a damaged manifest in the way is quarantined first.
 
         Returns:
             The artifact's folder (:meth:`artifact_dir`).
@@ -179,11 +180,12 @@ class ActionCache(Protocol):
         """The action-cache entry of ``key`` as stored (parsed JSON, unchecked), or None."""
         ...
 
-    def put_manifest(self, key: str, raw: dict[str, Any]) -> bool:
-        """Commit ``key``: write its manifest create-only, after every blob it lists is stored.
+    def put_manifest(self, key: str, raw: dict[str, Any], replace: bool = False) -> bool:
+        """Commit ``key``: write its manifest create-only, after every blob it lists is stored (with
+        ``replace``: overwrite an existing entry, in one atomic write).
 
         Returns:
-            False (nothing written) when an entry exists already.
+            False (nothing written) when an entry exists already and not ``replace``.
         """
         ...
 

@@ -215,8 +215,8 @@ class Store(JsonObjects):
                 tmp.unlink(missing_ok=True)
 
     # -- the action cache ---------------------------------------------------------------------------
-    def put_manifest(self, key: str, raw: dict[str, Any]) -> bool:
-        return self.put_object(layout.manifest_path(key), json_bytes(raw), create_only=True)
+    def put_manifest(self, key: str, raw: dict[str, Any], replace: bool = False) -> bool:
+        return self.put_object(layout.manifest_path(key), json_bytes(raw), create_only=not replace)
 
     def lookup(self, key: str, deep: bool = False) -> Lookup:
         try:
@@ -283,11 +283,12 @@ class Store(JsonObjects):
         fsync_path(folder)
         return raw
 
-    def publish(self, folder: Path, key: str) -> Path:
+    def publish(self, folder: Path, key: str, replace: bool = False) -> Path:
         """Store a sealed folder's files as blobs, its logs under ``logs/<key>/``, then its manifest
         (create-only, the commit point); then check the blobs once more and put back any a collector
-        removed meanwhile. A complete artifact already there is kept (the folder is discarded); a damaged
-        manifest in the way is quarantined first.
+        removed meanwhile. A complete artifact already there is kept (the folder is discarded) unless
+        ``replace`` (it is stale: the new manifest replaces it); a damaged manifest in the way is
+        quarantined first.
 
         Returns:
             :meth:`artifact_dir` of ``key``.
@@ -303,7 +304,8 @@ class Store(JsonObjects):
         if not isinstance(raw, dict) or raw.get("key") != key:
             raise ValueError(f"{folder / MANIFEST} is not the manifest of key {key[:12]}")
         found = self.lookup(key)
-        if not found.hit:
+        stale = replace and found.hit and self.get_object(layout.manifest_path(key)) != text
+        if not found.hit or stale:
             if found.damage is not None:
                 self.quarantine(key, found.damage)
             files = raw.get("files") or {}
@@ -312,7 +314,9 @@ class Store(JsonObjects):
             for name in raw.get("logs") or {}:
                 if (folder / name).is_file():
                     self.put_object(layout.log_path(key, name), (folder / name).read_bytes())
-            if not self.put_manifest(key, raw) and not self.is_complete(key):
+            if stale:
+                self.put_manifest(key, raw, replace=True)
+            elif not self.put_manifest(key, raw) and not self.is_complete(key):
                 self.repair(key)  # a damaged entry appeared between our check and our commit
                 if not self.put_manifest(key, raw):
                     raise OSError(errno.EEXIST, f"{self.location}: could not commit {layout.manifest_path(key)}: "

@@ -104,8 +104,8 @@ class LocalStore(Store):
         return path.relative_to(self.root).as_posix() if path is not None else None
 
     # -- manifests: the commit adds the key to the lookup index ----------------------------------------
-    def put_manifest(self, key: str, raw: dict[str, Any]) -> bool:
-        done = super().put_manifest(key, raw)
+    def put_manifest(self, key: str, raw: dict[str, Any], replace: bool = False) -> bool:
+        done = super().put_manifest(key, raw, replace)
         if done:
             self._index_add(key, raw)
         return done

@@ -89,6 +89,10 @@ class Manifest(BaseModel):
     reused_from: str | None = None
     #: the neuron-build version that wrote the manifest (informational, never in the key)
     neuron_build_version: str | None = None
+    #: what the build recorded besides the declared inputs (``imports``, ``files``, ``env``, ``dists``, each
+    #: name -> digest, value or version: :meth:`neuron_build.project.keys.KeyMaker.recorded_inputs`); a
+    #: lookup is a hit only when all still match. None: nothing recorded
+    recorded_inputs: dict[str, Any] | None = None
 
     def to_json_text(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"

@@ -41,19 +41,32 @@ def _release_keys(store: ArtifactStore) -> tuple[dict[str, str], set[str]]:
     return keys, ids
 
 
-def local_status(local: ArtifactStore, targets: dict[str, str]) -> dict[str, Any]:
+def _held(store: ArtifactStore, key: str, stale: Any) -> tuple[bool, list[str]]:
+    """Does ``store`` hold a complete artifact of ``key`` whose recorded inputs still match (``stale``:
+    manifest -> the lines of what changed; None: not checked)? And what changed, when stale."""
+    found = store.lookup(key)
+    why = list(stale(found.manifest)) if found.hit and stale is not None else []
+    return found.hit and not why, why
+
+
+def local_status(local: ArtifactStore, targets: dict[str, str], stale: Any = None) -> dict[str, Any]:
     """The status of this host's store alone.
 
     Args:
         local: the local store (the read-through store's ``local``, or the store when there is no remote).
         targets: target id -> its current key.
+        stale: manifest -> why it is stale (the recorded inputs that changed since its build: a stale
+            artifact is not built here; its row lists them as ``stale``); None: not checked.
 
     Returns:
-        ``{"local", "targets": [{"target", "key", "here"}], "built_here", "missing_here" (target ids),
+        ``{"local", "targets": [{"target", "key", "here", "stale"?}], "built_here", "missing_here" (target ids),
         "pending_pushes": [{"key", "target", "reason"}]}``.
     """
     names = {k: t for t, k in targets.items()}
-    rows = [{"target": t, "key": k, "here": local.lookup(k).hit} for t, k in targets.items()]
+    rows = []
+    for t, k in targets.items():
+        here, why = _held(local, k, stale)
+        rows.append({"target": t, "key": k, "here": here, **({"stale": why} if why else {})})
     return {"local": local.location, "targets": rows,
             "built_here": [r["target"] for r in rows if r["here"]],
             "missing_here": [r["target"] for r in rows if not r["here"]],
@@ -66,7 +79,8 @@ def _pointer(p: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"release": p["release"], "version": p.get("version"), "time": p.get("time")}
 
 
-def remote_status(local: ArtifactStore, remote: ArtifactStore, targets: dict[str, str]) -> dict[str, Any]:
+def remote_status(local: ArtifactStore, remote: ArtifactStore, targets: dict[str, str],
+                  stale: Any = None) -> dict[str, Any]:
     """:func:`local_status` and the comparison with ``remote``.
 
     Returns:
@@ -80,10 +94,10 @@ def remote_status(local: ArtifactStore, remote: ArtifactStore, targets: dict[str
     Raises:
         OSError or a store error: the remote cannot be read (the caller says so in one line).
     """
-    doc = local_status(local, targets)
+    doc = local_status(local, targets, stale)
     names = {k: t for t, k in targets.items()}
     for row in doc["targets"]:
-        row["remote"] = remote.lookup(row["key"]).hit
+        row["remote"] = _held(remote, row["key"], stale)[0]
     local_pins, local_ids = _release_keys(local)
     remote_pins, remote_ids = _release_keys(remote)
     not_pushed = [{"key": r["key"], "target": r["target"]} for r in doc["targets"] if r["here"] and not r["remote"]]

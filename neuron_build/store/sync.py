@@ -110,13 +110,14 @@ def copy_blob(src: ArtifactStore, dst: ArtifactStore, sha256: str, scratch: Path
 
 
 def copy_key(src: ArtifactStore, dst: ArtifactStore, key: str, scratch: Path, report: SyncReport,
-             heal: bool = False, progress: TransferProgress | None = None) -> bool:
+             heal: bool = False, progress: TransferProgress | None = None, replace: bool = False) -> bool:
     """Copy the artifact of ``key`` from ``src`` to ``dst`` unless ``dst`` holds it complete: its blobs
     (those ``dst`` lacks or holds with another size) first, its manifest last.
 
     With ``heal`` (a push right after a build) every blob is offered to ``dst.put_blob`` even when ``dst``
     looks complete, so a blob that rotted or was tampered with on ``dst`` is replaced by the rebuild's
-    identical bytes (what heals a release pinning it).
+    identical bytes (what heals a release pinning it). With ``replace`` (a push of a rebuild of a stale
+    artifact) ``dst``'s other manifest of ``key`` is replaced by ``src``'s.
 
     Returns:
         True when ``dst`` holds a complete artifact afterwards. Failures are added to ``report``; they
@@ -145,7 +146,9 @@ def copy_key(src: ArtifactStore, dst: ArtifactStore, key: str, scratch: Path, re
             log = src.get_object(log_path(key, name))
             if log is not None:
                 dst.put_object(log_path(key, name), log)
-        if not dst.put_manifest(key, raw) and heal:
+        if replace and dst.raw_manifest(key) not in (None, raw):
+            dst.put_manifest(key, raw, replace=True)
+        elif not dst.put_manifest(key, raw) and heal:
             there = dst.lookup(key, deep=True)  # rare (another builder won, or a rebuild after damage)
             if there.hit:
                 report.present.append(key)
@@ -218,21 +221,9 @@ def copy_records(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str], re
                     dst.put_result(key, kind, name, result)
                     report.records += 1
     from neuron_build.store import graph_index
-    from neuron_build.store.reads import add_recorded_reads, recorded_reads
     report.records += graph_index.copy_entries(src, dst, wanted)
     from neuron_build.store import neuron_cache
     report.records += neuron_cache.copy_pointers(src, dst, wanted)
-    # what builds of each model recorded (imports, reads): the keys of the copied artifacts include them
-    for model in sorted({m.model for m in (src.manifest(k) for k in wanted) if m is not None}):
-        imports = src.recorded_imports(model)
-        if imports and not set(imports) <= set(dst.recorded_imports(model)):
-            dst.add_recorded_imports(model, imports)
-            report.records += 1
-        reads = recorded_reads(src, model)
-        if any(reads.values()):
-            had = recorded_reads(dst, model)
-            if add_recorded_reads(dst, model, reads) != had:
-                report.records += 1
     if releases:
         for model, rid, record in src.releases():
             if name_problem(model) or name_problem(rid) or not isinstance(record, dict) or release_problem(record):

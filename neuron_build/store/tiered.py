@@ -166,9 +166,9 @@ class ReadThroughStore:
     def seal(self, folder: Path, manifest: Any) -> dict[str, Any]:
         return self.local.seal(folder, manifest)
 
-    def publish(self, folder: Path, key: str) -> Path:
-        dest = self.local.publish(folder, key)
-        self.push(key)
+    def publish(self, folder: Path, key: str, replace: bool = False) -> Path:
+        dest = self.local.publish(folder, key, replace)
+        self.push(key, replace)
         return dest
 
     def quarantine(self, key: str, reason: str) -> str | None:
@@ -199,8 +199,8 @@ class ReadThroughStore:
         raw = self.local.raw_manifest(key)
         return raw if raw is not None else self._read(lambda: self.remote.raw_manifest(key), None)
 
-    def put_manifest(self, key: str, raw: dict[str, Any]) -> bool:
-        return self.local.put_manifest(key, raw)
+    def put_manifest(self, key: str, raw: dict[str, Any], replace: bool = False) -> bool:
+        return self.local.put_manifest(key, raw, replace)
 
     # -- moving artifacts between the two --------------------------------------------------------
     def fetch(self, key: str) -> bool:
@@ -214,15 +214,16 @@ class ReadThroughStore:
             self._warn(f"remote artifact {key[:16]} in {self.remote_location} not used: {report.failed[0][1]}")
         return ok
 
-    def push(self, key: str) -> bool:
-        """Upload ``key``'s local artifact to the remote (blobs first, manifest last). A failure is kept in
-        :attr:`push_failures` and in a local marker, so the next build retries it."""
+    def push(self, key: str, replace: bool = False) -> bool:
+        """Upload ``key``'s local artifact to the remote (blobs first, manifest last; with ``replace``, a
+        rebuild of a stale artifact, the remote's other manifest of ``key`` is replaced). A failure is kept
+        in :attr:`push_failures` and in a local marker, so the next build retries it."""
         report = SyncReport()
         if self.unreachable is not None:  # found dark earlier in this process: no second wait
             ok, report.failed = False, [(key, self.unreachable)]
         else:
             with tempfile.TemporaryDirectory(prefix="neuron-build-push.") as scratch:
-                ok = copy_key(self.local, self.remote, key, Path(scratch), report, heal=True)
+                ok = copy_key(self.local, self.remote, key, Path(scratch), report, heal=True, replace=replace)
             if report.unreachable is not None:
                 self._unreachable(report.unreachable)
         marker = f"{PENDING}/{key}"

@@ -121,7 +121,7 @@ def test_build_on_two_workers_retries_transient_only_then_noop(two_workers, tmp_
     for c in starts(cfg.parent):
         per_key[c["key"]] = per_key.get(c["key"], 0) + 1
     flaky, broken = b.by_id["flaky/static/fp32/p1"], b.by_id["broken/static/fp32/p1"]
-    # the staged (planned) keys: a passing compile publishes under its key completed by what the factory read
+    # the planned keys: a passing compile publishes under the key the client planned
     assert sorted(per_key.values()) == [1, 1, 1, 2]  # flaky: exit 70, retried by Dask, then PASS
     assert per_key[b.key(broken).key] == 1  # a compile error is not retried
     assert b.state(flaky) == "cached"

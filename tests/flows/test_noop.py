@@ -100,3 +100,31 @@ def test_parallel_compiles_by_default():
     assert default_jobs(48 * GB, 16 * GB, cpus=8) == 3                      # [build] max_host_memory_gb = 48
     assert default_jobs(2 * GB, 16 * GB, cpus=8) == 1
     assert DOIT_CONFIG["num_process"] == default_jobs() and DOIT_CONFIG["par_type"] == "thread"
+
+
+def test_a_changed_recorded_read_is_noticed_by_the_noop_path(tiny):
+    """The key holds the declared inputs only; what the factory read lives in the manifest and is checked by
+    every task, on the plan cache's no-op path too (torch-free): a changed data file compiles again."""
+    root = tiny.parent
+    (root / "dodo.py").write_text("from neuron_build.tasks import *\n")
+    (root / "data").mkdir()
+    (root / "data" / "scale.txt").write_text("2.0")
+    (root / "tinylib" / "other.py").write_text(
+        "import os\nimport torch\n\ndef build():\n"
+        "    with open(os.path.join(os.path.dirname(__file__), '..', 'data', 'scale.txt')) as f:\n"
+        "        float(f.read())\n"
+        "    torch.manual_seed(1)\n    return torch.nn.Linear(16, 3)\n")
+    target = "build:other/static/fp32/p1"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-m", "doit", target], cwd=root, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(compiles_in_log(root / ".neuron-build")) == 1
+    torch_loaded, rc, out = probe(root, target)
+    assert (torch_loaded, rc) == (False, 0) and f"-- {target}" in out
+    assert (root / ".neuron-build" / "plan-cache.json").is_file()  # the no-op came from the plan cache
+    (root / "data" / "scale.txt").write_text("3.0")
+    r = subprocess.run([sys.executable, "-m", "doit", target], cwd=root, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f".  {target}" in r.stdout and len(compiles_in_log(root / ".neuron-build")) == 2
+    torch_loaded, rc, out = probe(root, target)
+    assert (torch_loaded, rc) == (False, 0) and f"-- {target}" in out

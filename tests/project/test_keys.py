@@ -106,7 +106,7 @@ def test_diff_names_component_and_subkey(tiny):
 
 
 def test_weight_digest_cached_by_stat(tmp_path, monkeypatch):
-    import neuron_build.project.keys as keys
+    import neuron_build.project.digest_cache as keys
     w = tmp_path / "w.bin"
     w.write_bytes(b"x" * 1000)
     calls = []

@@ -116,7 +116,7 @@ def test_a_session_without_its_own_builder_uses_the_cache_and_makes_no_builder(p
 
 @pytest.mark.parametrize("change", [
     "config", "source_same_size_and_mtime", "package_init", "new_helper_module", "weights_in_place",
-    "weights_folder_new_file", "key_env", "recorded_imports", "sources_glob_new_file",
+    "weights_folder_new_file", "key_env", "sources_glob_new_file",
 ])
 def test_each_input_change_is_noticed(proj, change, monkeypatch):
     root = proj.parent
@@ -144,10 +144,6 @@ def test_each_input_change_is_noticed(proj, change, monkeypatch):
         (root / "wdir" / "sub" / "b.bin").write_bytes(b"\x03")
     elif change == "key_env":
         monkeypatch.setenv("PYTORCH_JIT", "0")
-    elif change == "recorded_imports":
-        (root / "loaded_by_name.py").write_text("Y = 2\n")
-        from neuron_build.store.local import LocalStore
-        LocalStore(root / "artifacts").add_recorded_imports("m", ["loaded_by_name.py"])
     elif change == "sources_glob_new_file":
         (root / "kernels" / "k2.txt").write_text("kernel two\n")
     assert cached_keys() is None, f"the plan cache missed a change of kind {change!r}"

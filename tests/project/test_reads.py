@@ -1,21 +1,24 @@
-"""The first level's last holes: what a factory reads at build time besides imports (a data file it opens, an
-environment variable it reads, the version of a distribution it imports) is recorded by the worker and
-changes the next plan's key, without being declared in buckets.toml. One real (torchscript) compile."""
+"""What a factory reads at build time besides its declared inputs (a data file it opens, by Python or by native
+code, an environment variable it reads, the version of a distribution it imports) is recorded by the worker in
+the artifact's manifest and checked at every lookup: the key itself holds the declared inputs only, so the key
+``plan`` shows before a first build is the key the artifact is published under (ccache's direct mode)."""
 
 from __future__ import annotations
 
-import json
 import os
+import shutil
 from pathlib import Path
 
+import pytest
+
 from neuron_build.build.builder import Builder
-from neuron_build.project import plan_cache
 from neuron_build.project.config import load_project
-from neuron_build.store.reads import recorded_reads
+from neuron_build.project.reads import ReadRecorder
 from tests.helpers.projects import write_tiny_project
 
 TARGET = "other/static/fp32/p1"
 FACTORY = '''\
+import importlib
 import os
 
 import gkdep
@@ -27,7 +30,8 @@ def build():
     with open(os.path.join(os.path.dirname(__file__), "..", "data", "scale.txt")) as f:
         scale = float(f.read())
     width = int(os.getenv("GK_OTHER_WIDTH", "3"))
-    return torch.nn.Linear(16, width + gkdep.EXTRA + int(scale) * 0)
+    extra = importlib.import_module("tinylib.by" + "name").EXTRA  # no static reading finds it
+    return torch.nn.Linear(16, width + gkdep.EXTRA + extra + int(scale) * 0)
 '''
 
 
@@ -54,7 +58,7 @@ def state(cfg: Path) -> tuple[str, list[str]]:
     return out
 
 
-def test_a_data_file_an_environment_variable_and_a_dependency_version_change_the_key(tmp_path, monkeypatch):
+def test_what_a_build_read_is_checked_at_lookup_and_the_planned_key_is_the_published_key(tmp_path, monkeypatch):
     site = tmp_path / "site"
     dist(site, "1.0")
     monkeypatch.syspath_prepend(str(site))
@@ -62,39 +66,130 @@ def test_a_data_file_an_environment_variable_and_a_dependency_version_change_the
     monkeypatch.delenv("GK_OTHER_WIDTH", raising=False)
     cfg = write_tiny_project(tmp_path / "proj")
     (cfg.parent / "tinylib" / "other.py").write_text(FACTORY)
+    (cfg.parent / "tinylib" / "byname.py").write_text("EXTRA = 0\n")
     (cfg.parent / "data").mkdir()
     (cfg.parent / "data" / "scale.txt").write_text("2.0")
 
+    planned = Builder(load_project(cfg))
+    planned_key = planned.key(planned.by_id[TARGET]).key
+    planned.keys.save()
     b = Builder(load_project(cfg))
     out = b.build(b.by_id[TARGET])
     b.keys.save()
     assert out.ok and out.compiled
-    rec = recorded_reads(b.store, "other")
-    assert rec["files"] == ["data/scale.txt"] and rec["env"] == ["GK_OTHER_WIDTH"]
-    assert "gkdep" in rec["dists"] and "torch" in rec["dists"] and "neuron-build" not in rec["dists"]
-    assert state(cfg) == ("cached", [])  # the published key is the one the next plan computes
+    assert out.key == planned_key  # the key plan showed before the first build is the one published
+    man = b.store.manifest(planned_key)
+    assert man is not None and man.key == planned_key
+    rec = man.recorded_inputs
+    assert list(rec["files"]) == ["data/scale.txt"] and rec["env"] == {"GK_OTHER_WIDTH": None}
+    assert list(rec["imports"]) == ["tinylib/byname.py"]
+    assert rec["dists"]["gkdep"] == "1.0" and "neuron-build" not in rec["dists"] and "torch" not in rec["dists"]
+    assert state(cfg) == ("cached", [])
+    assert Builder(load_project(cfg)).key(b.by_id[TARGET]).key == planned_key  # and the next plan's
 
     (cfg.parent / "data" / "scale.txt").write_text("3.0")
-    assert state(cfg) == ("missing", ["model: reads.files.data/scale.txt"])
+    assert state(cfg) == ("missing", ["recorded read data/scale.txt changed"])
     (cfg.parent / "data" / "scale.txt").write_text("2.0")
     assert state(cfg) == ("cached", [])
 
     monkeypatch.setenv("GK_OTHER_WIDTH", "3")
-    assert state(cfg) == ("missing", ["model: reads.env.GK_OTHER_WIDTH"])
+    assert state(cfg) == ("missing", ["recorded variable GK_OTHER_WIDTH changed"])
     monkeypatch.delenv("GK_OTHER_WIDTH")
     assert state(cfg) == ("cached", [])
 
+    (cfg.parent / "tinylib" / "byname.py").write_text("EXTRA = 0  # edited\n")
+    assert state(cfg) == ("missing", ["recorded import tinylib/byname.py changed"])
+    (cfg.parent / "tinylib" / "byname.py").write_text("EXTRA = 0\n")
+
     dist(site, "2.0")
-    assert state(cfg) == ("missing", ["model: reads.dists.gkdep"])
-    details = Builder(load_project(cfg)).key(b.by_id[TARGET]).details["model"]["reads"]
-    assert details["dists"]["gkdep"] == "2.0" and details["env"] == {"GK_OTHER_WIDTH": None}
+    assert state(cfg) == ("missing", ["recorded distribution gkdep changed"])
+    # the rebuild keeps the key and replaces the stale record
+    b = Builder(load_project(cfg))
+    out = b.build(b.by_id[TARGET])
+    assert out.ok and out.key == planned_key
+    assert b.store.manifest(planned_key).recorded_inputs["dists"]["gkdep"] == "2.0"
+    assert state(cfg) == ("cached", [])
 
 
-def test_the_plan_cache_is_a_miss_when_the_recorded_reads_differ(tmp_path):
-    doc = {"store": "s", "backend": "torchscript", "hardware_target": "cpu", "targets": [], "recorded": {"m": []},
-           "reads": {"m": {"files": ["data/a.txt"], "env": [], "dists": ["numpy"]}}}
-    plan = plan_cache.Plan(doc)
-    assert plan_cache.reads_match(plan, {"m": {"files": ["data/a.txt"], "env": [], "dists": ["numpy"]}})
-    assert not plan_cache.reads_match(plan, {"m": {"files": ["data/a.txt"], "env": ["X"], "dists": ["numpy"]}})
-    assert plan_cache.reads_match(plan_cache.Plan({**doc, "reads": {}}), {"m": {"files": [], "env": [], "dists": []}})
-    assert json.loads(json.dumps(doc))["reads"] == plan.reads
+# -- native reads: whatever code opens a file, the recorder sees it ------------------------------------------
+def _tensors(path: Path, value: float) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.full((4,), value)}, str(path))
+
+
+NATIVE = {
+    "safetensors load_file": lambda p: __import__("safetensors.torch", fromlist=["load_file"]).load_file(str(p)),
+    "safetensors safe_open": lambda p: _safe_open(p),
+    "torch.from_file": lambda p: __import__("torch").from_file(str(p), size=4, dtype=__import__("torch").uint8),
+}
+
+
+def _safe_open(p: Path):
+    from safetensors import safe_open
+
+    with safe_open(str(p), framework="pt") as f:
+        return f.get_tensor("w")
+
+
+@pytest.mark.parametrize("how", sorted(NATIVE))
+def test_a_file_read_by_native_code_is_recorded(tmp_path, how):
+    root = tmp_path / "proj"
+    (root / "ckpt").mkdir(parents=True)
+    _tensors(root / "ckpt" / "w.safetensors", 1.0)
+    with ReadRecorder(root) as rec:
+        NATIVE[how](root / "ckpt" / "w.safetensors")
+    assert rec.files == {"ckpt/w.safetensors"} and rec.incomplete is None
+
+
+def test_a_file_the_block_writes_is_no_input(tmp_path):
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "in.txt").write_text("x")
+    with ReadRecorder(root) as rec:
+        (root / "in.txt").read_text()
+        (root / "out.log").write_text("a log")
+    assert rec.files == {"in.txt"}
+
+
+#: Folders whose files are never inputs: pip's and setuptools' metadata, bytecode caches, VCS folders.
+NEVER = ["demo.egg-info/entry_points.txt", "demo-1.0.dist-info/METADATA", "tinylib/__pycache__/blob.bin",
+         ".git/config", ".hg/hgrc", ".svn/entries"]
+
+
+@pytest.mark.parametrize("rel", NEVER + ["artifacts/store-id.json"])
+def test_never_an_input(tmp_path, rel):
+    """Read by Python and by native code, a file under one of these folders (or the store) is not recorded,
+    and a worker's record naming it is dropped from the manifest; a file beside it is (the test can fail)."""
+    cfg = write_tiny_project(tmp_path / "proj")
+    root = cfg.parent.resolve()
+    f = root / rel
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_bytes(b"metadata")
+    (root / "data.txt").write_text("an input")
+    store = root / "artifacts"
+    with ReadRecorder(root, exclude=[store]) as rec:
+        f.read_bytes()
+        (root / "data.txt").read_text()
+        NATIVE["torch.from_file"](f)
+    assert rec.files == {"data.txt"}
+    keys = Builder(load_project(cfg)).keys
+    got = keys.recorded_inputs("tiny", [rel], {"files": [rel, "data.txt"], "env": [], "dists": []})
+    assert list(got["files"]) == ["data.txt"] and got["imports"] == {}
+
+
+def test_an_untrusted_record_never_names_a_file_outside_the_project(tmp_path):
+    from neuron_build.project.reads import InputCheck
+
+    (tmp_path / "secret").write_text("s")
+    root = tmp_path / "proj"
+    root.mkdir()
+    check = InputCheck(root, {}, lambda f: "sha-of-" + f.name)
+    assert check.stale({"files": {"../secret": "sha-of-secret"}}) == ["recorded read ../secret changed"]
+    assert check.stale({"files": {str(tmp_path / "secret"): "sha-of-secret"}}) != []
+    assert check.stale({"files": "not a table"}) == ["its recorded inputs do not parse"]
+    assert check.stale(None) == []
+    assert check.stale({"incomplete": "queue overflow"}) == [
+        "its build's reads were not fully recorded (queue overflow)"]
+    shutil.rmtree(root)

@@ -135,11 +135,11 @@ def test_module_loaded_by_string_is_recorded(tiny):
     b = Builder(load_project(tiny))
     out = b.build(b.by_id[OTHER])
     assert out.ok, out.reason
-    assert b.store.recorded_imports("other") == ["tinylib/plugin.py"]
-    # the artifact is keyed by what the compile imported: the next plan finds it (a no-op)
+    assert list(b.store.manifest(out.key).recorded_inputs["imports"]) == ["tinylib/plugin.py"]
+    # the manifest records what the compile imported: the next plan finds the artifact (a no-op)
     assert state_and_explain(tiny) == ("cached", [])
     (root / "tinylib" / "plugin.py").write_text("OUT = 4\n")
-    assert state_and_explain(tiny) == ("missing", ["- model: recorded.tinylib/plugin.py"])
+    assert state_and_explain(tiny) == ("missing", ["- recorded import tinylib/plugin.py changed"])
 
 
 def test_logging_variables_are_not_in_the_key(tiny, monkeypatch):
