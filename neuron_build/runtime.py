@@ -147,7 +147,7 @@ class BucketedModel:
                                                 max_shapes=max_shapes, metrics=metrics)
 
     @classmethod
-    def load(cls, folder: str | Path, model: Any = None, *, factory_root: str | Path | None = None,
+    def load(cls, folder: str | Path, model: Any = None, *, factory_root: str | Path | None = None,  # noqa: PLR0913
              neff_cache_dir: str | Path | None = None, metrics: Any = None,
              max_shapes: int = DEFAULT_MAX_SHAPES, verify: str = "sha256") -> BucketedModel:
         """Load a folder written by ``neuron-build pull``: ``release.json`` and every bucket's artifact.

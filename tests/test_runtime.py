@@ -144,6 +144,51 @@ def test_shape_errors():
         m.choose({"ids": (2, 5)})
 
 
+def _ranged(**kw):
+    """The fake model with ids in [0, 100) (pad 0) and mask in [1, 2) (pad 0, outside the range) recorded."""
+    m, mods = fake_model(**kw)
+    m.specs[0]["range"], m.specs[1]["range"] = [0, 100], [1.0, 2.0]
+    return m, mods
+
+
+@pytest.mark.parametrize("which,value,at,message", [
+    (0, 100, (1, 2), r"input 'ids' holds 100 at \[1, 2\]; release r-fake of enc allows values in \[0, 100\) "
+                     r"\(the declared range\)$"),
+    (0, -1, (0, 0), r"input 'ids' holds -1 at \[0, 0\]; .* allows values in \[0, 100\) \(the declared range\)$"),
+    (1, 2, (0, 3), r"input 'mask' holds 2 at \[0, 3\]; .* allows values in \[1, 2\) or 0 \(its pad value\)$"),
+    (2, float("nan"), (1, 1, 2), r"input 'feats' holds NaN at \[1, 1, 2\]; release r-fake of enc takes numbers"),
+])
+def test_values_are_checked_before_any_bucket_runs(which, value, at, message):
+    m, mods = _ranged()
+    inputs = [torch.randint(0, 100, (2, 5)), torch.ones(2, 5, dtype=torch.long), torch.randn(2, 5, 4)]
+    inputs[1][:, 4] = 0  # the pad value is always allowed: the runtime pads with it itself
+    inputs[which][at] = value
+    with pytest.raises(BucketError, match=message):
+        m(*inputs)
+    assert not any(r.calls for r in mods.values())
+    inputs[which][at] = 1
+    m(*inputs)  # the process goes on; a good request is served
+    assert {b: len(r.calls) for b, r in mods.items() if r.calls} == {"b2-s8": 1}
+
+
+def test_inputs_must_be_tensors_and_converted_floats_whole_numbers():
+    m, mods = _ranged(convert=True)
+    ids, mask, feats = torch.ones(1, 4, dtype=torch.long), torch.ones(1, 4, dtype=torch.long), torch.zeros(1, 4, 4)
+    with pytest.raises(BucketError, match=r"input 'ids' is a list; give a torch.Tensor of int64, shape \['batch', 'seq'\]"):
+        m(ids.tolist(), mask, feats)
+    with pytest.raises(BucketError, match=r"enc takes 3 input\(s\) \(ids, mask, feats\), got 2"):
+        m(ids, mask)
+    with pytest.raises(BucketError, match=r"input 'ids' holds 3.7\d* at \[0, 1\]; convert_dtypes converts whole numbers"):
+        m(torch.tensor([[1.0, 3.7, 2.0, 1.0]]), mask, feats)
+    with pytest.raises(BucketError, match=r"input 'ids' holds nan at \[0, 0\]; convert_dtypes converts whole numbers"):
+        m(torch.tensor([[float("nan"), 1.0, 2.0, 1.0]]), mask, feats)
+    with pytest.raises(BucketError, match=r"input 'ids' holds 1000 at \[0, 2\]"):  # converted, then checked
+        m(torch.tensor([[1.0, 3.0, 1000.0, 1.0]]), mask, feats)
+    assert not any(r.calls for r in mods.values())
+    out, _, _ = m(torch.tensor([[1.0, 3.0, 2.0, 1.0]]), mask, feats)
+    assert out[0, :, 0].tolist() == [1.0, 3.0, 2.0, 1.0]
+
+
 # ---------------------------------------------------------------------------------------------------
 # a real pulled release: the tiny torchscript project
 

@@ -210,7 +210,7 @@ class TextGenEngine:
         for n in sorted(by_len):
             self.check_length(n, max_new_tokens)
         new: list[list[int]] = [[] for _ in prompts]
-        for n, rows in sorted(by_len.items()):
+        for _n, rows in sorted(by_len.items()):
             start = 0
             for k, bb in self.chunks(len(rows)):
                 part = rows[start:start + k]

@@ -175,6 +175,7 @@ def test_every_bad_input_then_two_threads_then_a_good_request(served):
     from neuron_build.runtime import BucketedModel, BucketError
 
     emb = BucketedModel.load(served["emb"])
+    assert [i.get("range") for i in emb.release["inputs"]] == [[0, 100], [1, 2]]  # recorded by release, pulled
     ids, mask = torch.randint(0, 100, (1, 8)), torch.ones(1, 8, dtype=torch.long)
     bad_ids = ids.clone()
     bad_ids[0, 3] = 100
@@ -237,6 +238,19 @@ def test_every_bad_input_then_two_threads_then_a_good_request(served):
     for t in threads:
         t.start()
     for t in threads:
+        t.join()
+    # and plain calls from two threads (they keep no state: each its own answer)
+    batches = [torch.randint(0, 100, (1, 3 + k), generator=g) for k in range(2)]
+    want_emb = [emb(b, torch.ones_like(b)) for b in batches]
+
+    def call(k: int) -> None:
+        for i in range(20):
+            if not torch.equal(emb(batches[k], torch.ones_like(batches[k])), want_emb[k]):
+                wrong.append((k + 2, i))
+    threads += [threading.Thread(target=call, args=(k,)) for k in range(2)]
+    for t in threads[2:]:
+        t.start()
+    for t in threads[2:]:
         t.join()
     assert wrong == []
 
