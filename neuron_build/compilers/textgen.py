@@ -75,9 +75,14 @@ def serving_facts(lm) -> dict[str, Any]:
     """What serving checks requests against, recorded in ``textgen.json``: ``vocab_size`` (rows of the input
     embedding: ids must be below it) and ``generation`` (``pad_token_id``, ``eos_token_id`` of the model's
     generation config, as transformers' ``generate`` pads finished rows)."""
-    from neuron_build.compilers.textgen_serve import generation_settings
-
     return {"vocab_size": int(lm.get_input_embeddings().num_embeddings), "generation": generation_settings(lm)}
+
+
+def generation_settings(lm) -> dict[str, Any]:
+    """What serving needs of a causal LM's ``generation_config``: ``pad_token_id`` and ``eos_token_id`` (int,
+    list or None), as transformers' ``generate`` reads them."""
+    gc = lm.generation_config
+    return {"pad_token_id": gc.pad_token_id, "eos_token_id": gc.eos_token_id}
 
 
 def static_wrapper(lm, batch: int, max_seq_len: int):

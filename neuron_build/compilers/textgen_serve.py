@@ -404,7 +404,7 @@ def compiled_engine(lm, batches: Sequence[int], seqs: Sequence[int], max_seq_len
     (:func:`neuron_build.compilers.compile_cache.install_from_caches`) so that every graph is a cache hit."""
     import torch
 
-    from neuron_build.compilers.textgen import reset_state, static_wrapper
+    from neuron_build.compilers.textgen import generation_settings, reset_state, static_wrapper
 
     groups = {}
     for b in sorted(set(batches)):
@@ -415,15 +415,8 @@ def compiled_engine(lm, batches: Sequence[int], seqs: Sequence[int], max_seq_len
                          generation=generation_settings(lm))
 
 
-def generation_settings(lm) -> dict[str, Any]:
-    """What serving needs of a causal LM's ``generation_config``: ``pad_token_id`` and ``eos_token_id`` (int,
-    list or None), as transformers' ``generate`` reads them."""
-    gc = lm.generation_config
-    return {"pad_token_id": gc.pad_token_id, "eos_token_id": gc.eos_token_id}
 
-
-__all__ = ["AOTIStates", "GenerateError", "GraphSet", "TextGenEngine", "aoti_engine", "compiled_engine",
-           "generation_settings"]
+__all__ = ["AOTIStates", "GenerateError", "GraphSet", "TextGenEngine", "aoti_engine", "compiled_engine"]
 
 
 def release_engine(release: dict[str, Any], root: Path, build_lm: Callable[[], Any] | None = None):
