@@ -1,7 +1,7 @@
 """What serving safety costs per call, printed as JSON: the input checks of ``BucketedModel.__call__`` and of
 ``generate`` (microseconds per call), and the lock a generation holds on its batch size's KV state.
 
-    PYTHONPATH=. python benchmarks/serving_overhead.py [--release DIR] [--repeats 2000]
+    PYTHONPATH=. python benchmarks/serving_overhead.py [--release DIR] [--repeats 2000] [--threads 1]
 
 1. **Input checks** of a plain call (:meth:`BucketedModel.check_inputs`: type, dtype, integer ranges, NaN) on
    minilm-shaped inputs (``input_ids`` and ``attention_mask`` int64 ``[batch, seq]`` with ranges
@@ -92,23 +92,28 @@ def lock_cost(repeats: int, release: str | None) -> dict:
     bm = BucketedModel.load(release)
     prompt = torch.randint(3, 100, (1, 6))
     new = 8
-    locked = _median_us(lambda: bm.textgen.generate(prompt, max_new_tokens=new), max(20, repeats // 100))
-    groups = bm.textgen.groups.values()
-    saved = [g.lock for g in groups]
-    for g in groups:
-        g.lock = contextlib.nullcontext()
-    unlocked = _median_us(lambda: bm.textgen.generate(prompt, max_new_tokens=new), max(20, repeats // 100))
-    for g, lk in zip(groups, saved, strict=True):
+    groups = list(bm.textgen.groups.values())
+    locks = [g.lock for g in groups]
+    times: dict[bool, list[int]] = {True: [], False: []}
+    for i in range(2 * max(20, repeats // 50)):  # alternating, so that the host's load drifts into both alike
+        locked = i % 2 == 0
+        for g, lk in zip(groups, locks, strict=True):
+            g.lock = lk if locked else contextlib.nullcontext()
+        t0 = time.perf_counter_ns()
+        bm.textgen.generate(prompt, max_new_tokens=new)
+        times[locked].append(time.perf_counter_ns() - t0)
+    for g, lk in zip(groups, locks, strict=True):
         g.lock = lk
-    out.update({"generate_us_with_lock": locked, "generate_us_without_lock": unlocked,
-                "lock_share": round((locked - unlocked) / unlocked, 4)})
-    for n in (1, 2):
-        calls = 40
+    with_lock, without = (statistics.median(times[k][5:]) / 1000 for k in (True, False))
+    out.update({"generate_us_with_lock": round(with_lock, 1), "generate_us_without_lock": round(without, 1),
+                "lock_share": round((with_lock - without) / without, 4)})
+    calls = 40
 
-        def work():
-            for _ in range(calls // n):
-                bm.textgen.generate(prompt, max_new_tokens=new)
-        ts = [threading.Thread(target=work) for _ in range(n)]
+    def work(count: int) -> None:
+        for _ in range(count):
+            bm.textgen.generate(prompt, max_new_tokens=new)
+    for n in (1, 2):
+        ts = [threading.Thread(target=work, args=(calls // n,)) for _ in range(n)]
         t0 = time.perf_counter()
         for t in ts:
             t.start()
@@ -122,8 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--release", default=None, help="a pulled text-generation release folder")
     ap.add_argument("--repeats", type=int, default=2000)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: stable on a loaded host)")
     args = ap.parse_args(argv)
     import torch
+
+    torch.set_num_threads(args.threads)
 
     print(json.dumps({"host": socket.gethostname(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                       "load": os.getloadavg(), "input_checks": input_checks(args.repeats),

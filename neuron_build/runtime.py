@@ -579,9 +579,17 @@ def verify_pulled(release: dict[str, Any], root: Path, verify: str = "sha256") -
     Raises:
         UserError: one line naming the first file that is missing, of another size or another sha256.
     """
-    listed = [*(release.get("files") or {}).items(), *((n, e) for b in release["buckets"] for n, e in b["files"].items())]
+    from neuron_build.trust import UntrustedRecord, refusal
+
+    top = (release.get("files") or {}) if isinstance(release.get("files"), dict) else {}
+    listed = [*top.items(), *((n, e) for b in release["buckets"] for n, e in b["files"].items())]
     for name, ent in listed:
         p = root / name
+        if name in top and root.resolve() not in (root / name).resolve().parents:  # checked like check_pulled's
+            raise UntrustedRecord(refusal(f"release {release.get('release')!r} of {release.get('model')!r}",
+                                          str(root / "release.json"), f"file {name!r} resolves outside {root}"))
+        if not isinstance(ent, dict):
+            raise UserError(f"{root / 'release.json'}: file {name!r} has no size and sha256; pull the release again")
         if not p.is_file():
             raise UserError(f"{p}: missing, release.json lists it; pull the release again")
         size = p.stat().st_size

@@ -341,3 +341,33 @@ def test_minilm_release_served_with_bucket_routing(tmp_path):
     assert served.chunks({"batch": 9, "seq": 10}) == [8, 1]
     with pytest.raises(BucketError, match="input 'input_ids' is torch.int32"):
         served(torch.zeros(1, 10, dtype=torch.int32), torch.ones(1, 10, dtype=torch.int64))
+
+
+def test_verify_pulled_checks_sizes_and_sha256_of_every_listed_file(tmp_path):
+    """verify_pulled (what load runs first): sizes always, sha256 unless verify="size"; a top-level files map
+    (one weights file shared by every graph) is checked too, and a name in it outside the folder refused."""
+    import hashlib
+
+    from neuron_build.runtime import verify_pulled
+    from neuron_build.trust import UntrustedRecord
+
+    (tmp_path / "b1").mkdir()
+    (tmp_path / "b1" / "model.pt").write_bytes(b"model")
+    (tmp_path / "weights.safetensors").write_bytes(b"weights")
+
+    def ent(data: bytes) -> dict:
+        return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    rel = {"release": "r-x", "model": "m", "files": {"weights.safetensors": ent(b"weights")},
+           "buckets": [{"id": "b1", "files": {"b1/model.pt": ent(b"model")}}]}
+    verify_pulled(rel, tmp_path)
+    (tmp_path / "weights.safetensors").write_bytes(b"weightz")
+    with pytest.raises(UserError, match=rf"^{tmp_path}/weights.safetensors: sha256 [0-9a-f]{{16}}\.\.\., release.json "
+                                        r"lists [0-9a-f]{16}\.\.\.; the file was changed after pull: pull the release again$"):
+        verify_pulled(rel, tmp_path)
+    verify_pulled(rel, tmp_path, verify="size")
+    (tmp_path / "b1" / "model.pt").write_bytes(b"model!")
+    with pytest.raises(UserError, match=r"b1/model.pt: 6 bytes, release.json lists 5; the file was changed after pull"):
+        verify_pulled(rel, tmp_path, verify="size")
+    rel["files"] = {"../outside": ent(b"x")}
+    with pytest.raises(UntrustedRecord, match="file '../outside' resolves outside"):
+        verify_pulled(rel, tmp_path, verify="size")
