@@ -207,8 +207,8 @@ class TextGenEngine:
         by_len: dict[int, list[int]] = {}
         for i, p in enumerate(prompts):
             by_len.setdefault(len(p), []).append(i)
-        for n in sorted(by_len):
-            self.check_length(n, max_new_tokens)
+        for n, rows in sorted(by_len.items()):
+            self.check_length(n, max_new_tokens, {bb for _k, bb in self.chunks(len(rows))})
         new: list[list[int]] = [[] for _ in prompts]
         for _n, rows in sorted(by_len.items()):
             start = 0
@@ -223,8 +223,9 @@ class TextGenEngine:
         tail = torch.tensor([t + [pad] * (longest - len(t)) for t in new], dtype=torch.long)
         return torch.cat([ids, tail], dim=1)
 
-    def check_length(self, n: int, max_new_tokens: int) -> None:
-        """A prompt of ``n`` tokens and ``max_new_tokens`` new ones fit a prefill bucket and the KV cache.
+    def check_length(self, n: int, max_new_tokens: int, batches: Sequence[int] | set[int] = ()) -> None:
+        """A prompt of ``n`` tokens and ``max_new_tokens`` new ones fit a prefill bucket of each batch size in
+        ``batches`` (those its rows run in; empty: every batch size) and the KV cache.
 
         Raises:
             GenerateError: with the advice that fits: a shorter prompt or a larger ``max_seq_len`` when the
@@ -237,7 +238,7 @@ class TextGenEngine:
                 f"with a new token; give at most {self.max_seq_len - 1} prompt tokens, or raise max_seq_len in "
                 f"[models.{self.name}] above {n + 1} and add a seq bucket >= {n}, then build, release, promote and "
                 f"pull again")
-        for b in self.groups:
+        for b in sorted(batches) or self.groups:
             self.prefill_bucket(b, n)
         if n + max_new_tokens > self.max_seq_len:
             raise GenerateError(

@@ -173,3 +173,16 @@ def test_two_threads_each_get_their_own_answer():
     for t in threads:
         t.join()
     assert wrong == []
+
+
+def test_a_prompt_is_checked_against_the_batch_sizes_it_runs_in():
+    """Batch size 1 has seq 8 and 16, batch size 2 only 8: a 12-token prompt of one row runs (in batch 1);
+    two rows of it run in batch 2, which cannot hold it."""
+    t1, t2 = ToyGraphs(1), ToyGraphs(2)
+    eng = TextGenEngine({1: GraphSet(1, prefill={8: t1.prefill, 16: t1.prefill}, decode=t1.decode, reset=t1.reset),
+                         2: GraphSet(2, prefill={8: t2.prefill}, decode=t2.decode, reset=t2.reset)},
+                        32, "toy", vocab_size=VOCAB, generation={"pad_token_id": 0})
+    prompt = list(range(1, 13))
+    assert eng.generate(torch.tensor([prompt]), max_new_tokens=3)[0, 12:].tolist() == reference(prompt, 3)
+    with pytest.raises(GenerateError, match="a prompt of 12 tokens is longer than every prefill bucket of toy"):
+        eng.generate(torch.tensor([prompt, prompt]), max_new_tokens=3)
