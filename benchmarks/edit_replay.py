@@ -15,8 +15,13 @@ graph-changing edits), and at the end of each replay the wall seconds of a no-op
 that of the same builds without it (the compiles it avoids); the goal is at most 0.15. ``validate`` runs
 once after the graph-key replay (every reused artifact checked against the eager reference).
 
-    .venv/bin/python benchmarks/edit_replay.py [--backend torchscript|inductor] [--models ffn rmsnorm_naive ...]
+    .venv/bin/python benchmarks/edit_replay.py [--backend torchscript|inductor|neuron] [--models ffn rmsnorm_naive ...]
         [--edits N] [--json-out benchmarks/results/edit_replay.json]
+
+``--backend neuron`` replays the same edits on the XLA path and also counts **neuronx-cc runs** per edit
+(``neuronx_cc_runs``): on a host without the Neuron toolchain the test double in ``tests/fakes`` stands in
+(put on ``PYTHONPATH``/``PATH`` by path, never imported here), whose neuronx-cc writes one line per run into
+its ``calls`` file; with the real toolchain the runs are the ledger's compiles.
 
 The minilm model is an installed Hugging Face package (no source to edit) and is left out.
 """
@@ -156,14 +161,33 @@ def targets_of(cfg: Path) -> dict[str, int]:
     return out
 
 
+def neuron_double_env(calls: Path) -> dict:
+    """The environment that puts the Neuron test double (tests/fakes) in front, by path (README there)."""
+    fakes = REPO / "tests" / "fakes"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
+    return {"PYTHONPATH": os.pathsep.join([str(fakes / "neuron_sdk"), str(REPO), os.environ.get("PYTHONPATH", "")]),
+            "PATH": os.pathsep.join([str(fakes / "bin"), env.get("PATH", "")]), "FAKE_NEURON_PYTHON": sys.executable,
+            "FAKE_NEURONX_CC_CALLS": str(calls)}
+
+
+def cc_runs(env: dict) -> int | None:
+    calls = env.get("FAKE_NEURONX_CC_CALLS")
+    if not calls:
+        return None
+    return len(Path(calls).read_text().splitlines()) if Path(calls).exists() else 0
+
+
 def replay(workdir: Path, backend: str, models: list[str], edits: list, graph_key: bool) -> dict:
     cfg = project_copy(workdir, backend, models)
     env = {} if graph_key else {"NEURON_BUILD_GRAPH_KEY": "0"}
+    if backend == "neuron" and not _real_neuron():
+        env.update(neuron_double_env(workdir / "neuronx-cc-calls.jsonl"))
     n_targets = targets_of(cfg)
     wall, p = cli(cfg, "build", env=env)
     if p.returncode != 0:
         raise SystemExit(f"initial build failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     seen, first = ledger_counts(cfg, 0)
+    runs = cc_runs(env)
     rows = []
     for name, rel, kind, changed, fn in edits:
         f = cfg.parent / rel
@@ -171,7 +195,11 @@ def replay(workdir: Path, backend: str, models: list[str], edits: list, graph_ke
         wall, p = cli(cfg, "build", env=env)
         if p.returncode != 0:
             raise SystemExit(f"build after {name!r} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        runs_before = cc_runs(env)
         seen, c = ledger_counts(cfg, seen)
+        if runs_before is not None:
+            c["neuronx_cc_runs"] = runs_before - runs
+            runs = runs_before
         ideal = sum(n_targets[m] for m in changed if m in n_targets)
         rows.append({"edit": name, "kind": kind, "ideal": ideal, **c, "wall_s": round(wall, 2)})
         print(f"  {'graph key' if graph_key else 'no graph key'}: {name}: {c} in {wall:.1f} s (ideal {ideal})",
@@ -181,6 +209,8 @@ def replay(workdir: Path, backend: str, models: list[str], edits: list, graph_ke
     out = {"initial_build": {**first, "wall_s": round(wall, 2)}, "edits": rows,
            "compiles": sum(r["compiles"] for r in rows), "reuses": sum(r["reuses"] for r in rows),
            "failed": sum(r["failed"] for r in rows), "ideal": sum(r["ideal"] for r in rows),
+           "neuronx_cc_runs": {kind: sum(r.get("neuronx_cc_runs", 0) for r in rows if r["kind"] == kind)
+                               for kind in ("neutral", "graph")} if runs is not None else None,
            "noop_s": round(noop_s, 2), "plan_s": round(plan_s, 2)}
     if graph_key:
         v_s, v = cli(cfg, "validate", env=env)
@@ -189,9 +219,14 @@ def replay(workdir: Path, backend: str, models: list[str], edits: list, graph_ke
     return out
 
 
+def _real_neuron() -> bool:
+    from neuron_build.project.toolchain import neuron_status
+    return neuron_status().usable
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", default="torchscript", choices=["torchscript", "inductor", "compile-cache"])
+    ap.add_argument("--backend", default="torchscript", choices=["torchscript", "inductor", "compile-cache", "neuron"])
     ap.add_argument("--models", nargs="+", default=["ffn", "rmsnorm_naive", "rmsnorm_fused"])
     ap.add_argument("--edits", type=int, default=len(EDITS), help="replay only the first N edits")
     ap.add_argument("--json-out", type=Path, default=None)

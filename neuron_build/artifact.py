@@ -261,5 +261,18 @@ def release_version_problem(backend: str, toolchain: dict[str, Any], artifacts: 
     return None
 
 
+def pulled_path(bucket: dict, name: str) -> str:
+    """The path, relative to a pulled folder, of the file ``name`` (its name inside the artifact) of a bucket
+    of ``release.json``: ``<bucket id>/<name>``, or another bucket's copy of the same blob (``neuron-build pull``
+    writes a blob several buckets pin once: :mod:`neuron_build.release.pull`);
+    ``<bucket id>/<name>`` when the bucket lists no such file."""
+    own = f"{bucket['id']}/{name}"
+    files = bucket.get("files") or {}
+    if own in files:
+        return own
+    return next((p for p in files if p.partition("/")[2] == name), own)
+
+
 __all__ = ["AOTI_LOADER", "JIT_LOADER", "LOAD_RULES", "MODEL_FILES", "LoadRule", "artifact_file", "artifact_kind",
-           "installed_versions", "load_artifact", "load_requirements", "release_version_problem", "version_problem"]
+           "installed_versions", "load_artifact", "load_requirements", "pulled_path", "release_version_problem",
+           "version_problem"]

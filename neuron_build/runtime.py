@@ -161,7 +161,11 @@ class BucketedModel:
         ``compile_cache.bin`` is installed with ``torch.compiler.load_cache_artifacts`` and, for torchneuron,
         the buckets' NEFF files are gathered into ``neff_cache_dir`` (default: a new temporary folder)
         which ``TORCH_NEURONX_NEFF_CACHE_DIR`` then names; the model, cast to the recorded dtype, is
-        compiled with the recorded ``torch.compile`` settings. Nothing compiles until the first call.
+        compiled with the recorded ``torch.compile`` settings. Nothing compiles until the first call. An
+        NxDI release (backend neuron, text generation) is loaded by NxDI itself: per bucket folder
+        ``Cls(path)`` and ``.load(path)``, ``generate`` through its ``HuggingFaceGenerationAdapter``
+        (:func:`neuron_build.compilers.neuron.nxdi_serve.nxdi_engine`); on a host without a NeuronCore that is
+        one line naming the host it needs.
         ``metrics`` and ``max_shapes``: the traffic counts' Prometheus registry and cap (see :meth:`traffic`).
         ``verify``: what is checked of every file ``release.json`` lists before anything is loaded (see
         :func:`verify_pulled`): ``"sha256"`` (default: size and content; reads every byte once) or ``"size"``
@@ -184,6 +188,12 @@ class BucketedModel:
             raise UserError(f"{root / 'release.json'}: cannot read it ({e}); pull a release into {root} with "
                             f"`neuron-build pull MODEL --channel C --dest {root}`") from None
         check_pulled(release, root)
+        from neuron_build.compilers.neuron import nxdi_serve
+
+        nxdi = nxdi_serve.is_nxdi_release(release)  # NxDI's own model class and generation adapter serve it
+        if nxdi and (problem := nxdi_serve.host_problem(release, str(root / "release.json"),
+                                                        nxdi_serve.pulled_tp_degree(release, root))):
+            raise UserError(problem)
         problem = release_version_problem(
             release.get("backend", ""), release.get("toolchain") or {},
             [(b.get("loader", ""), b.get("artifact", "")) for b in release["buckets"]],
@@ -192,6 +202,9 @@ class BucketedModel:
             raise UserError(problem)
         verify_pulled(release, root, verify)
         model = cls(release, root, metrics=metrics, max_shapes=max_shapes)
+        if nxdi:
+            model.device, model.textgen = "neuron", nxdi_serve.nxdi_engine(release, root)
+            return model
         if release.get("textgen") is not None:  # prefill + decode graphs: served by generate()
             from neuron_build.compilers.textgen_serve import release_engine
 

@@ -260,6 +260,61 @@ def test_write_edits_buckets_in_place_keeping_comments_and_prints_the_plan_diffe
     assert load_project(cfg).config.models["enc"].buckets == {"batch": (1, 4), "seq": (10, 40, 60)}
 
 
+def test_a_suggestion_that_pads_more_than_today_is_said_and_write_refuses_it_without_force(tmp_path, capsys):
+    """The docs' own `--multiple 64 --write`: today's seq = [16, 64] pads 22.35 % of this traffic; the best two
+    multiples of 64 (just [64]) pad 107.06 %. That is said plainly, --write refuses it (exit 2, file as it
+    was) and --force writes it."""
+    cfg = write_tiny_project(tmp_path / "proj", extra=COMMENTED)
+    before = cfg.read_text()
+    tr = enc_traffic(tmp_path / "t.jsonl", {10: 30, 40: 5, 60: 20})
+    argv = ["buckets", "suggest", "enc", "--traffic", str(tr), "--dim", "seq", "--max-buckets", "2", "--multiple",
+            "64", "-c", str(cfg)]
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["current"]["padded"] == 380 and doc["current"]["real"] == 1700
+    assert doc["suggested"]["buckets"] == {"seq": [64]} and doc["suggested"]["padded"] == 1820
+    assert doc["worse_than_current"] is True and doc["suggested_source"] == "search"
+    assert main(argv) == 0
+    assert "WORSE THAN TODAY: the suggestion pads 107.06 %, the current buckets 22.35 %; --write refuses it " \
+           "without --force" in capsys.readouterr().out
+    assert main([*argv, "--write"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {cfg}: not written: the suggested buckets seq=[64] pad 107.06 %, more than the current "
+                   f"seq=[16, 64] (22.35 %); allow more NEFFs (--max-buckets), drop --multiple, or add --force to "
+                   f"write them anyway\n")
+    assert cfg.read_text() == before
+    assert main([*argv, "--write", "--force"]) == 0
+    assert "seq = [64]   # long ones" in cfg.read_text()
+
+
+def test_the_current_buckets_are_a_candidate_of_the_suggestion(monkeypatch):
+    """Coordinate descent can end above today's buckets; they are then the suggestion, not a worse search
+    result (and a tie keeps them too: no rewrite for nothing)."""
+    from neuron_build.project.bucket_search import Evaluation, current_is_candidate
+
+    cur = Evaluation({"seq": [16, 64]}, padded=380, real=1700)
+    assert current_is_candidate(cur, 2, {"seq": None}) and current_is_candidate(cur, 2, {"seq": 16})
+    assert not current_is_candidate(cur, 1, {"seq": None})        # more NEFFs than the budget
+    assert not current_is_candidate(cur, 2, {"seq": 64})          # 16 is no multiple of 64
+    assert not current_is_candidate(Evaluation({"seq": [16]}, 0, 10, unserved=1), 2, {"seq": None})
+
+    class Spec:
+        buckets = {"seq": (16, 64)}
+        truncate = False
+        inputs = []
+
+    class Traffic:
+        def counts(self, dims):
+            return {(10,): 30, (40,): 5, (60,): 20}
+
+    # a search that finds only worse buckets than today's (as coordinate descent can)
+    monkeypatch.setattr(bucket_search, "suggest", lambda counts, dims, k, m: [
+        (Evaluation({"seq": [64]}, 1820, 1700), "coordinate-descent")])
+    doc = bucket_search.suggestion(Spec(), Traffic(), ["seq"], 2)
+    assert doc["suggested"]["buckets"] == {"seq": [16, 64]} and doc["suggested_source"] == "current"
+    assert doc["worse_than_current"] is False and doc["suggested_method"] == "current"
+
+
 def test_suggest_errors_are_one_line(tmp_path, capsys):
     cfg = write_tiny_project(tmp_path / "proj", extra=COMMENTED)
     tr = enc_traffic(tmp_path / "t.jsonl", {10: 3})

@@ -327,6 +327,7 @@ class Builder:
                 work.mkdir()
                 req = self.request(ctx.target, ctx.ki, obj, work)
                 self._graph_option(ctx, req, work)
+                self._nxdi_cache(ctx, req, work)
                 ctx.log.info("compiling", backend=req.backend, hardware_target=req.hardware_target,
                              attempt=ctx.attempt)
                 run = self.executor.run(req, work, ctx.log)
@@ -418,6 +419,7 @@ class Builder:
         self.store.clear_failure(ctx.target.id)
         self._remember(ctx, Status.PASS)
         self._index_graph(ctx, req, (run.result or {}).get("graph_key"))
+        self._nxdi_remember(ctx, req, obj)
         self._record(ctx, "compile", Status.PASS, run=run, metrics=metrics)
         ctx.log.info("built", compile_time_s=metrics["compile_time_s"], op_count=metrics["op_count"],
                      artifact_mb=round(metrics["artifact_bytes"] / 2**20, 2),
@@ -504,6 +506,35 @@ class Builder:
         path = work / "known-graphs.json"
         path.write_text(json.dumps(known))
         req.options[graph_key.OPTION] = {"base": graph_key.base_of(ctx.ki.details), "known": str(path)}
+
+    def _nxdi_cache(self, ctx: BuildContext, req: CompileRequest, work: Path) -> None:
+        """NxDI: restore the target's persistent-cache entries from the store into the workdir
+        (:mod:`neuron_build.compilers.neuron.nxdi_cache`); a store that cannot be read means a cold cache."""
+        from neuron_build.compilers.neuron import nxdi_cache
+        from neuron_build.store import neuron_cache
+        if not nxdi_cache.is_nxdi(req):
+            return
+        cache = work / nxdi_cache.CACHE_FILES
+        try:
+            got = neuron_cache.restore(self.store, ctx.target.id, ctx.ki.details.get("toolchain", {}).get("neuronx-cc"),
+                                     cache)
+        except OSError as e:
+            got = {"error": str(e)}
+        req.options[nxdi_cache.OPTION] = str(cache.resolve())
+        ctx.log.info("NxDI persistent cache", **{k: (v[:12] if isinstance(v, str) else v) for k, v in got.items()})
+
+    def _nxdi_remember(self, ctx: BuildContext, req: CompileRequest, obj: Path) -> None:
+        """NxDI: point the target's persistent cache at the artifact just published."""
+        from neuron_build.compilers.neuron import nxdi_cache
+        from neuron_build.store import neuron_cache
+        if not nxdi_cache.is_nxdi(req):
+            return
+        man = self.store.manifest(ctx.ki.key)
+        try:
+            neuron_cache.remember(self.store, ctx.target.id, ctx.ki.details.get("toolchain", {}).get("neuronx-cc"),
+                                ctx.ki.key, man.files if man is not None else {})
+        except (OSError, ValueError) as e:
+            ctx.log.warning("could not record the NxDI cache pointer", error=str(e))
 
     def _index_graph(self, ctx: BuildContext, req: CompileRequest, gk: str | None) -> None:
         """Record graph key ``gk`` -> the key just published in the graph index (an entry whose artifact

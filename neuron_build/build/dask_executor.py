@@ -318,7 +318,8 @@ class DaskBuild:
 
     Args:
         builder: the client's :class:`~neuron_build.build.builder.Builder` (plans, keys, the store it reads).
-        address: the scheduler (``tcp://host:8786``).
+        address: the scheduler (``tcp://host:8786``), or a function that starts a cluster and returns its
+            scheduler's address (called only when something is left to compile).
         retry_failed: compile targets whose current key failed last time (default True).
         report: called with each progress line (e.g. print to stderr); None: log only.
         connect_timeout_s: seconds to wait for the scheduler and for a first worker.
@@ -332,7 +333,7 @@ class DaskBuild:
         workers: target id -> address of the worker whose result came back.
     """
 
-    def __init__(self, builder: Any, address: str, retry_failed: bool = True,
+    def __init__(self, builder: Any, address: str | Callable[[], str], retry_failed: bool = True,
                  report: Callable[[str], None] | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S,
                  display: Callable[[int, int, dict], Any] | None = None):
         self.b = builder
@@ -364,6 +365,8 @@ class DaskBuild:
                 todo.append(t)
         if not todo:
             return self.outcomes
+        if callable(self.address):  # a cluster started for this build (clusters.started_cluster): only now
+            self.address = self.address()
         client = connect(self.address, self.connect_timeout_s)
         try:
             try:

@@ -26,12 +26,14 @@ def register(add) -> None:
                    "of an AOTInductor artifact on CPU are slower)")
     s.add_argument("--iters", type=int, default=None,
                    help="timed rounds (default: adaptive, at least --min-iters, until every median is known "
-                        "within --precision or --max-time seconds have passed)")
-    s.add_argument("--min-iters", type=int, default=30, help="adaptive: at least this many rounds (default 30)")
+                        "within --precision or --max-time is spent)")
+    s.add_argument("--min-iters", type=int, default=30,
+                   help="adaptive: at least this many rounds, within --max-time (default 30)")
     s.add_argument("--precision", type=float, default=0.02,
                    help="adaptive: stop when each median's 95%% interval is within this fraction (default 0.02)")
     s.add_argument("--max-time", type=float, default=60.0, metavar="S",
-                   help="adaptive: stop after this many seconds of timed rounds (default 60)")
+                   help="adaptive: the whole timing of the session takes at most this many seconds, warm-up "
+                        "included (default 60; warm-up takes at most a quarter of it, --min-iters yields to it)")
     s.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch intra-op threads while timing (default: torch's); results compare only with "
                         "results of the same thread count")
@@ -153,7 +155,8 @@ def bench_selected(b, chosen, timing, *, compare: bool = False, profile: str | N
         items += against_items(b, [t for t, _ in items], against)
     if items:
         display_note(f"benchmarking {len(items)} artifact(s) in one session: {timing.describe()}")
-        run.records = bench_targets(b.project, b.store, items, timing, progress_factory=progress, wrap=wrap)
+        run.records = bench_targets(b.project, b.store, items, timing, progress_factory=progress, wrap=wrap,
+                                    note=lambda line: display_note(f"bench: {line}"))
     for i, ((t, key), rec) in enumerate(zip(items, list(run.records), strict=True)):
         if compare:
             rec = rec.with_(validation=validate_target(b.project, b.store, t, key, keys=b.keys))

@@ -47,7 +47,10 @@ def register(add) -> None:
                         "dims searched, batch sizes are not rounded")
     p.add_argument("--json", action="store_true")
     p.add_argument("--write", action="store_true",
-                   help="write the suggestion into buckets.toml (comments kept) and print the plan's difference")
+                   help="write the suggestion into buckets.toml (comments kept) and print the plan's difference; "
+                        "refused when the suggestion pads more than the current buckets, unless --force")
+    p.add_argument("--force", action="store_true",
+                   help="with --write: write a suggestion even when it pads more than the current buckets")
 
 
 def _traffic(model: str, files: list[str], dims: list[str]):
@@ -117,6 +120,12 @@ def cmd_buckets(args) -> int:
     out = {"schema": "neuron-build/buckets-suggest/v1", "model": args.model, "files": list(args.traffic),
            "releases": mt.releases, "overflow_calls": mt.overflow_calls, "max_buckets": args.max_buckets,
            "multiple": args.multiple, "other_dims": {d: list(spec.buckets[d]) for d in other}, **doc}
+    if args.write and doc["worse_than_current"] and not args.force:
+        raise UserError(f"{project.path}: not written: the suggested buckets "
+                        f"{_fmt_buckets(doc['suggested']['buckets'])} pad {_pct(doc['suggested']['padding_ratio'])}, "
+                        f"more than the current {_fmt_buckets(doc['current']['buckets'])} "
+                        f"({_pct(doc['current']['padding_ratio'])}); allow more NEFFs (--max-buckets), drop "
+                        f"--multiple, or add --force to write them anyway")
     if args.write:
         out["written"] = _write(project, args.model, doc)
     if args.json:
@@ -145,6 +154,12 @@ def format_suggestion(out: dict) -> str:
     w = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = [head] + ["  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip() for r in rows]
     lines.append(f"method: {out['method']}" + (f"; sizes multiples of {out['multiple']}" if out["multiple"] else ""))
+    if out["suggested_source"] == "current":
+        lines.append(f"the current buckets pad least: no {out['max_buckets']} or fewer buckets searched pad less; "
+                     f"keep them")
+    if out["worse_than_current"]:
+        lines.append(f"WORSE THAN TODAY: the suggestion pads {_pct(sug['padding_ratio'])}, the current buckets "
+                     f"{_pct(cur['padding_ratio'])}; --write refuses it without --force")
     notes = []
     if cur["chunked"]:
         notes.append(f"{cur['chunked']:,} requests run in batch chunks with the current buckets")

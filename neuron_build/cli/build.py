@@ -149,13 +149,17 @@ def _live_display(total: int, slots: int, expected: dict):
 def _build_on_dask(args, b, chosen, before) -> int:
     """``build`` with the Dask executor: one task per target on the cluster, then the usual summary and the
     workers that compiled."""
+    from neuron_build.build.clusters import recorded_times, started_cluster
     from neuron_build.build.dask_executor import DaskBuild, scheduler_address
 
     cfg = b.project.config.build
-    address = scheduler_address(args.scheduler, cfg.scheduler, b.project.path)
-    run = DaskBuild(b, address, retry_failed=not args.no_retry_failed, report=display_note,
-                    connect_timeout_s=cfg.scheduler_timeout_s, display=_live_display)
-    outcomes = run.run(chosen)
+    with started_cluster(b.project, recorded_times(b, chosen)) as start:  # [dask] cluster = "slurm": its own
+        start = None if args.scheduler else start  # --scheduler ADDR: that scheduler, no Slurm jobs
+        address = start or scheduler_address(args.scheduler, cfg.scheduler, b.project.path)
+        timeout = b.project.config.dask.start_timeout_s if start else cfg.scheduler_timeout_s
+        run = DaskBuild(b, address, retry_failed=not args.no_retry_failed, report=display_note,
+                        connect_timeout_s=timeout, display=_live_display)
+        outcomes = run.run(chosen)
     summary = summarize(b, chosen, before, outcomes)
     summary.print()
     per_worker: dict[str, int] = {}

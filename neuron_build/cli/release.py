@@ -351,8 +351,8 @@ def cmd_pull(args) -> int:
     if args.json:
         print_json(doc)
         return ExitCode.OK
-    nfiles = sum(len(b["files"]) for b in doc["buckets"])
-    size = sum(f["size"] for b in doc["buckets"] for f in b["files"].values())
+    files = {p: f for b in doc["buckets"] for p, f in b["files"].items()}  # a blob several buckets pin: once
+    nfiles, size = len(files), sum(f["size"] for f in files.values())
     print(f"pulled {doc['release']} ({args.model}/{args.channel} v{doc['channel_version']}) into {args.dest}: "
           f"{len(doc['buckets'])} bucket(s), {nfiles} files, {mib(size)}, sha256 verified")
     return ExitCode.OK

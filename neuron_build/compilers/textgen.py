@@ -56,8 +56,10 @@ EXPORT = "transformers.integrations.executorch.TorchExportableModuleWithStaticCa
 
 def causal_lm(model):
     """The transformers causal LM inside ``model`` (the module :func:`neuron_build.hf.build` wraps, or a
-    factory's model), set up for a static cache: ``use_cache`` on, ``generation_config.cache_implementation
-    = "static"`` (the wrapper asserts it [measured]).
+    factory's model), set up for a static cache: ``use_cache`` on in its config and its generation config,
+    ``generation_config.cache_implementation = "static"`` (the wrapper asserts both [measured]). A checkpoint
+    as published often has a ``generation_config.json`` naming only bos/eos (Llama-2's): transformers 5 then
+    leaves ``generation_config.use_cache`` None, which the wrapper refuses, so it is set here.
 
     Raises:
         CompileFailed: ERROR when the module is not a transformers model with a generation config.
@@ -67,6 +69,7 @@ def causal_lm(model):
         raise CompileFailed(Status.ERROR, f"a text-generation model must be a transformers causal LM (e.g. from "
                             f"AutoModelForCausalLM); got {type(model).__name__}")
     lm.config.use_cache = True
+    lm.generation_config.use_cache = True
     lm.generation_config.cache_implementation = "static"
     return lm
 

@@ -455,9 +455,11 @@ def release_engine(release: dict[str, Any], root: Path, build_lm: Callable[[], A
         batches = [int(i["batch"]) for _, i in infos]
         seqs = sorted({int(i["seq"]) for _, i in infos if i["graph"] == "prefill"})
         return compiled_engine(lm, batches, seqs, int(tg["max_seq_len"]), serving["torch_compile"], name), installed
+    from neuron_build.artifact import pulled_path
+
     graphs = []
     for b, info in infos:
-        wname = f"{b['id']}/{info.get('weights', 'weights.safetensors')}"
+        wname = pulled_path(b, info.get("weights", "weights.safetensors"))  # one file for every graph
         wid = (b.get("files", {}).get(wname) or {}).get("sha256") or wname
         graphs.append((info, root / b["artifact"], root / wname, wid))
     return aoti_engine(graphs, int(tg["max_seq_len"]), name), {}

@@ -180,7 +180,8 @@ def host_class(device_kind: str, device: str = "cpu") -> str:
 
 def bench_targets(project, store: ArtifactStore, items: Sequence[tuple[Any, str]], timing: TimingSettings, *,
                   progress_factory: Callable | None = None, record: bool = True,
-                  wrap: Callable[[Any, Callable], Callable] | None = None) -> list[BenchResult]:
+                  wrap: Callable[[Any, Callable], Callable] | None = None,
+                  note: Callable[[str], None] | None = None) -> list[BenchResult]:
     """Benchmark several targets' artifacts (and their eager models) in one session and store the results.
 
     Every artifact and eager model is loaded first; then all are timed together in rounds
@@ -202,6 +203,8 @@ def bench_targets(project, store: ArtifactStore, items: Sequence[tuple[Any, str]
         record: store each result under ``results/<key>/bench/<device kind>--<host>.json``.
         wrap: ``wrap(target, fn)`` returns the callable to time instead of the loaded artifact ``fn``
             (tests slow an artifact down with it).
+        note: told what the timing will take and its progress, one line at a time
+            (:func:`~neuron_build.evaluate.timing.time_rounds`).
 
     Returns:
         One :class:`BenchResult` per item, in order (``format`` :data:`BENCH_FORMAT`, ``host_class``
@@ -249,7 +252,7 @@ def bench_targets(project, store: ArtifactStore, items: Sequence[tuple[Any, str]
     iters = timing.iters
     bar = progress_factory(timing.warmup + iters if iters else None, desc) if progress_factory else None
     try:
-        times, stopped = time_rounds(fns, inputs, syncs, timing, decide=range(n_art), progress=bar)
+        times, stopped = time_rounds(fns, inputs, syncs, timing, decide=range(n_art), progress=bar, note=note)
     finally:
         if bar is not None:
             bar.close()

@@ -24,7 +24,7 @@ DEFAULT_ITERS = 100
 MIN_ITERS = 30
 #: ... then until every median's confidence interval is within ``PRECISION`` of it (relative half-width) ...
 PRECISION = 0.02
-#: ... or this many seconds of timed rounds have passed, or :data:`MAX_ITERS` rounds.
+#: ... or this many seconds have passed, warm-up included, or :data:`MAX_ITERS` rounds.
 MAX_TIME_S = 60.0
 MAX_ITERS = 5000
 #: Confidence of the median intervals recorded with every benchmark.
@@ -43,7 +43,7 @@ class TimingSettings:
         min_iters: adaptive: at least this many rounds (>= 1).
         precision: adaptive: stop when every decisive median's interval half-width is at most this
             fraction of the median.
-        max_time_s: adaptive: stop after this many seconds of timed rounds.
+        max_time_s: adaptive: the session's budget in seconds, warm-up included (:func:`time_rounds`).
         max_iters: adaptive: at most this many rounds.
         confidence: of the median intervals (recorded with every benchmark).
         threads: torch intra-op threads for the session (``torch.set_num_threads``; None: torch's default).
@@ -75,7 +75,7 @@ class TimingSettings:
     def describe(self) -> str:
         """``warm-up N, M timed rounds`` or the adaptive rule, as ``bench`` announces a session."""
         how = f"{self.iters} timed rounds" if self.iters else (
-            f"adaptive rounds (>= {self.min_iters}, to +-{self.precision:.0%} or {self.max_time_s:g} s)")
+            f"adaptive rounds (>= {self.min_iters}, to +-{self.precision:.0%}; at most {self.max_time_s:g} s in all)")
         return f"warm-up {self.warmup}, {how}" + (", interleaved with eager" if self.eager else "")
 
 
@@ -174,23 +174,37 @@ def time_interleaved(fns: Sequence[Callable], inputs: tuple, warmup: int, iters:
 
 
 
+#: Adaptive timing: the share of ``max_time_s`` warm-up may take; the timed rounds get the rest.
+WARMUP_SHARE = 0.25
+#: Seconds between the progress lines of a session (``note``).
+PROGRESS_EVERY_S = 15.0
+
+
 def time_rounds(fns: Sequence[Callable], inputs: Sequence[tuple], syncs: Sequence[Callable[[], None]],
                 settings: TimingSettings, *, decide: Sequence[int] | None = None, progress: Any = None,
-                clock: Callable[[], float] = time.monotonic) -> tuple[list[list[float]], str]:
+                clock: Callable[[], float] = time.monotonic, note: Callable[[str], None] | None = None,
+                ) -> tuple[list[list[float]], str]:
     """Latencies in ms of several callables, timed in rounds: each round calls every callable once on its
     own inputs, in an order rotated by one each round (so no callable is always first after another's
     cache traffic), each call ended by its ``sync`` and timed with ``time.perf_counter_ns``. A change of
     load on the host during the run hits every callable alike, so their ratios stay meaningful on a busy
     machine.
 
-    The number of rounds (``settings``, :class:`TimingSettings`): exactly ``iters`` when given; otherwise
-    adaptive: at least ``min_iters``, then until the median of every callable in ``decide`` (indices;
-    default all) has a confidence interval (:func:`neuron_build.util.median_ci` at ``confidence``) whose
-    half-width is at most ``precision`` times the median, or ``max_time_s`` seconds of timed rounds have
-    passed, or ``max_iters`` rounds. ``warmup`` untimed rounds come first.
+    The number of rounds (``settings``, :class:`TimingSettings`): exactly ``warmup`` untimed then ``iters``
+    timed rounds when ``iters`` is given (not bounded in time: ``note`` is told what they will take once
+    the first round is timed); otherwise adaptive, and **``max_time_s`` bounds the whole session, warm-up
+    included**: warm-up stops after ``warmup`` rounds or :data:`WARMUP_SHARE` of the budget, then timed
+    rounds run until the median of every callable in ``decide`` (indices; default all) has a confidence
+    interval (:func:`neuron_build.util.median_ci` at ``confidence``) whose half-width is at most
+    ``precision`` times the median (checked from ``min_iters`` rounds on), or the budget is spent (then
+    also below ``min_iters``; at least one timed round), or ``max_iters`` rounds. A round is never cut,
+    so the session ends at most one round after the budget.
 
     Args:
         progress: advanced once per round (warm-up included), or None.
+        clock: seconds, for the budget (tests pass a fake one).
+        note: called with one line: what the session will take (after its first round), then progress
+            every :data:`PROGRESS_EVERY_S` seconds (rounds done, seconds spent of the budget).
 
     Returns:
         One list of latencies (ms) per callable, in the order of ``fns``; and why timing stopped:
@@ -204,6 +218,9 @@ def time_rounds(fns: Sequence[Callable], inputs: Sequence[tuple], syncs: Sequenc
     n = len(fns)
     out: list[list[float]] = [[] for _ in fns]
     watch = list(range(n)) if decide is None else list(decide)
+    say = note or (lambda _line: None)
+    t0 = clock()
+    last_note = [t0]
 
     def precise() -> bool:
         for i in watch:
@@ -212,38 +229,64 @@ def time_rounds(fns: Sequence[Callable], inputs: Sequence[tuple], syncs: Sequenc
                 return False
         return True
 
+    def first_round(seconds: float) -> None:
+        if iters is not None:
+            say(f"one round takes {seconds:.3g} s: {warmup} warm-up + {iters} timed rounds will take about "
+                f"{seconds * (warmup + iters):.0f} s (--iters is not bounded by --max-time)")
+            return
+        fit = int(max_time_s / seconds) if seconds > 0 else max_iters
+        cut = ("" if fit >= warmup + min_iters else
+               f"; the budget holds about {fit} rounds, fewer than warm-up {warmup} + --min-iters {min_iters}: "
+               f"warm-up stops at {WARMUP_SHARE:.0%} of it and timing at {max_time_s:g} s")
+        say(f"one round takes {seconds:.3g} s: at most {max_time_s:g} s in all, warm-up included (--max-time){cut}")
+
+    def tick(r: int, label: str) -> None:
+        now = clock()
+        if now - last_note[0] >= PROGRESS_EVERY_S:
+            last_note[0] = now
+            budget = "" if iters is not None else f" of {max_time_s:g}"
+            say(f"{label} round {r}, {now - t0:.0f}{budget} s")
+
     with torch.inference_mode():
-        for _ in range(warmup):
+        for w in range(warmup):
             for i in range(n):
                 fns[i](*inputs[i])
                 syncs[i]()
             if progress is not None:
                 progress.update(1)
-        t_start = clock()
+            if w == 0:
+                first_round(clock() - t0)
+            tick(w + 1, "warm-up")
+            if iters is None and clock() - t0 >= WARMUP_SHARE * max_time_s:
+                break
         r = 0
         while True:
+            t_round = clock()
             for j in range(n):
                 i = (j + r) % n
-                t0 = time.perf_counter_ns()
+                t1 = time.perf_counter_ns()
                 fns[i](*inputs[i])
                 syncs[i]()
-                out[i].append((time.perf_counter_ns() - t0) / 1e6)
+                out[i].append((time.perf_counter_ns() - t1) / 1e6)
             r += 1
             if progress is not None:
                 progress.update(1)
+            if r == 1 and warmup == 0:
+                first_round(clock() - t_round)
+            tick(r, "timed")
             if iters is not None:
                 if r >= iters:
                     return out, "iters"
                 continue
             if r >= max_iters:
                 return out, "max_iters"
-            if r >= min_iters:
-                if r % 10 == 0 and precise():
-                    return out, "precision"
-                if clock() - t_start >= max_time_s:
-                    return out, "time"
+            if r >= min_iters and r % 10 == 0 and precise():
+                return out, "precision"
+            if clock() - t0 >= max_time_s:
+                return out, "time"
 
 
 __all__ = ["CONFIDENCE", "DEFAULT_ITERS", "DEFAULT_WARMUP", "MAX_ITERS", "MAX_TIME_S", "MIN_ITERS", "PRECISION",
+           "PROGRESS_EVERY_S", "WARMUP_SHARE",
            "TimingSettings", "device_sync", "latency_stats", "percentile", "time_calls", "time_interleaved",
            "time_rounds"]

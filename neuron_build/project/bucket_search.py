@@ -349,7 +349,11 @@ def suggestion(spec: ModelSpec, traffic: ModelTraffic, dims: Sequence[str], max_
         ``{"dims", "requests", "distinct", "method", "current", "suggested", "curve"}``: ``current`` and
         ``suggested`` as :meth:`Evaluation.to_json` (``buckets`` dim -> sizes, ``padding_ratio``,
         ``unserved``, ``neffs``, ``padded``, ``real``); ``curve`` one entry per budget n = 1 .. K with
-        ``budget``, the evaluation, ``method`` and ``gain`` (padding ratio the n-th NEFF removes).
+        ``budget``, the evaluation, ``method`` and ``gain`` (padding ratio the n-th NEFF removes). The current
+        buckets are a candidate (:func:`current_is_candidate`): when nothing searched pads less, they are the
+        suggestion (``suggested_source`` ``"current"``, else ``"search"``). ``worse_than_current``: the
+        suggestion pads more than the current buckets, which serve every request (e.g. they are within the
+        budget but not multiples of ``multiple``, or need more NEFFs than ``max_buckets``).
 
     Raises:
         ValueError: the traffic holds no request.
@@ -367,10 +371,26 @@ def suggestion(spec: ModelSpec, traffic: ModelTraffic, dims: Sequence[str], max_
         prev = r
     best, method = curve[-1]
     methods = {m for _e, m in curve}
+    source = "search"
+    if current_is_candidate(current, max_buckets, dict(zip(dims, mults, strict=True))) and (
+            best.padding_ratio is None or current.padding_ratio <= best.padding_ratio):
+        best, method, source = current, "current", "current"  # nothing searched pads less: keep today's
+    cur_r, best_r = current.padding_ratio, best.padding_ratio
+    worse = current.unserved == 0 and cur_r is not None and best_r is not None and best_r > cur_r
     return {"dims": list(dims), "requests": sum(counts.values()), "distinct": len(counts),
             "method": "exact" if methods == {"exact"} else "coordinate-descent",
-            "suggested_method": method, "current": current.to_json(), "suggested": best.to_json(), "curve": rows}
+            "suggested_method": method, "suggested_source": source, "worse_than_current": worse,
+            "current": current.to_json(), "suggested": best.to_json(), "curve": rows}
 
 
-__all__ = ["DESCENT_ROUNDS", "JOINT_EXACT_LIMIT", "Evaluation", "evaluate", "optimal_lists", "round_up", "serve",
+def current_is_candidate(current: Evaluation, max_buckets: int, multiples: Mapping[str, int | None]) -> bool:
+    """Whether today's buckets may be the suggestion: they serve every request in one call (none unserved,
+    chunked or truncated), need at most ``max_buckets`` NEFFs, and every size of a dim is a multiple of that
+    dim's entry in ``multiples`` (None: any size)."""
+    if current.unserved or current.chunked or current.truncated or current.neffs > max_buckets:
+        return False
+    return all(m is None or all(v % m == 0 for v in current.buckets[d]) for d, m in multiples.items())
+
+
+__all__ = ["DESCENT_ROUNDS", "JOINT_EXACT_LIMIT", "Evaluation", "current_is_candidate", "evaluate", "optimal_lists", "round_up", "serve",
            "suggest", "suggestion", "batch_dim_of"]

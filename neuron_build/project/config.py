@@ -33,6 +33,7 @@ from pydantic import (
 from neuron_build.errors import STORE_SCHEMES, ConfigError
 from neuron_build.project.compiler_args import normalize_compiler_args
 from neuron_build.project.config_checks import cross_checks
+from neuron_build.project.config_dask import DaskSettings
 from neuron_build.project.config_errors import (
     toml_path,  # noqa: F401 (re-exported: a public name of this module)
     validation_faults,
@@ -580,6 +581,7 @@ class ConfigFile(_Frozen):
     """The whole ``buckets.toml``."""
 
     build: BuildSettings = BuildSettings()
+    dask: DaskSettings = DaskSettings()
     release: ReleaseSettings = ReleaseSettings()
     monitoring: MonitoringSettings = MonitoringSettings()
     profiles: dict[str, Profile] = Field(min_length=1)

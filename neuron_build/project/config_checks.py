@@ -119,6 +119,14 @@ def _table_names(cfg: ConfigFile, root: Path) -> list[str]:
     return faults
 
 
+def _one_scheduler(cfg: ConfigFile, root: Path) -> list[str]:
+    """``[dask] cluster = "slurm"`` starts its own scheduler: ``[build] scheduler`` would name a second one."""
+    if cfg.dask.cluster != "scheduler" and cfg.build.scheduler:
+        return [f"dask.cluster: {cfg.dask.cluster!r} starts its own Dask scheduler, but [build] scheduler is "
+                f"{cfg.build.scheduler!r}; remove one of them"]
+    return []
+
+
 # --------------------------------------------------------------------------------------------------
 # one model table
 
@@ -435,7 +443,7 @@ def _missing_imports(tree: ast.AST, path: Path, root: Path, where: str, via: Pat
 
 #: The checks of the whole file, in report order.
 PROJECT_CHECKS: list[ProjectCheck] = [_store_is_local, _store_beside_sources, _state_dir_is_a_folder,
-                                      _table_names]
+                                      _table_names, _one_scheduler]
 #: The checks of each ``[models.NAME]`` table, in report order.
 MODEL_CHECKS: list[ModelCheck] = [_known_profiles, _textgen, _inputs_given, _input_dims, _input_names, _used_dims,
                                   _weights_exist, _sources_match, _packages_installed, _reference, _loads]

@@ -4,6 +4,12 @@ The folder holds ``<bucket id>/<files>`` (each bucket's artifact files and manif
 which :class:`neuron_build.runtime.BucketedModel` loads, and the pull's own marker
 (``.neuron-build-pull.json``: release id and the files it wrote). A pull replaces only a folder that
 carries the marker, and deletes nothing it did not write.
+
+The ``weights.safetensors`` every graph of a text-generation model shares (one sha256: one model and
+dtype) is written once, in the first bucket's folder that pins it; in
+``release.json`` each bucket's ``files`` maps the pulled path (relative to the folder) to its size and
+sha256, so the other buckets list that same path (``prefill-b2-s8/weights.safetensors``). A file's name
+inside its artifact is the path after the first ``/`` (:func:`neuron_build.artifact.pulled_path`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.artifact import release_version_problem
+from neuron_build.compilers.textgen import WEIGHTS
 from neuron_build.errors import UserError
 from neuron_build.project.config import ReleaseSettings
 from neuron_build.release.records import actor, check_channel, get_pointer, get_release
@@ -179,15 +186,24 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
     staging = dest.parent / f".{dest.name}.pull.{os.getpid()}.{secrets.token_hex(4)}"
     staging.mkdir()
     written: list[str] = []
+    first: dict[str, str] = {}  # sha256 -> the path it was written at
+    textgen = rel.runtime.get("textgen") is not None
     if progress is not None:
-        pinned = [int(ent.get("size") or 0) for a in rel.artifacts for ent in a.files.values()]
-        progress.begin(len(pinned), sum(pinned))
+        pinned = {(ent["sha256"] if textgen and n == WEIGHTS else f"{a.bucket_id}/{n}"): int(ent.get("size") or 0)
+                  for a in rel.artifacts for n, ent in a.files.items()}
+        progress.begin(len(pinned), sum(pinned.values()))
     try:
         buckets = []
         for a in rel.artifacts:
             what = f"{a.target} (key {a.key[:12]})"
+            paths: dict[str, str] = {}
             for name, ent in a.files.items():
                 rel_name = f"{a.bucket_id}/{name}"
+                if textgen and name == WEIGHTS and ent["sha256"] in first:  # every graph's weights: written once
+                    paths[name] = first[ent["sha256"]]
+                    if progress is not None:
+                        progress.file(a.target, name, int(ent.get("size") or 0), False)
+                    continue
                 try:
                     store.get_blob(ent["sha256"], staging / rel_name)
                 except FileNotFoundError:
@@ -199,6 +215,7 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
                                     f"not match its sha256: the stored blob is damaged; "
                                     f"{pinned_fix(a.target, 'hashes to', channel)}") from None
                 written.append(rel_name)
+                first[ent["sha256"]] = paths[name] = rel_name
                 if progress is not None:
                     progress.file(a.target, name, int(ent.get("size") or 0), True)
             mf = store.raw_manifest(a.key)
@@ -215,7 +232,7 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
                 "id": a.bucket_id, "target": a.target, "key": a.key, "sizes": a.bucket,
                 "inputs": [{"name": i["name"], "shape": i["shape"], "dtype": i["dtype"]} for i in a.inputs],
                 "artifact": f"{a.bucket_id}/{a.artifact}", "loader": a.loader,
-                "files": {f"{a.bucket_id}/{n}": ent for n, ent in a.files.items()}})
+                "files": {paths[n]: ent for n, ent in a.files.items()}})
         rt = rel.runtime
         doc = {"format": PULL_FORMAT, "release": rel.id, "model": model, "channel": channel,
                "channel_version": channel_version, "dtype": rel.dtype, "profile": rel.profile,

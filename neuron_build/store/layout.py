@@ -14,6 +14,9 @@ manifests, and a content-addressed store (``cas/``) of blobs by sha256::
                                              opened, environment variables, distributions imported)
     graphs/<graph key[:2]>/<graph key>.json  the graph index: graph key -> the action-cache key holding its
                                              artifact (:mod:`neuron_build.store.graph_index`)
+    neuron-cache/neuronxcc-<version>/<target id>.json   NxDI's persistent compile cache: the action-cache key
+                                             whose artifact holds the cache entries (NEFFs) that target's last
+                                             compile used (:mod:`neuron_build.compilers.neuron.nxdi_cache`)
     results/<key>/<kind>/<name>.json         validation and benchmark results of an artifact
     releases/<model>/<release id>.json       release records, written once
     channels/<model>/<channel>.json          a channel pointer, moved by compare-and-swap
@@ -39,7 +42,7 @@ import re
 
 #: Areas a remote store holds too; push and fetch copy within these.
 SHARED_AREAS = ("ac", "cas", "logs", "targets", "results", "releases", "channels", "leases", "quarantine",
-                "ledger", "failures", "graphs")
+                "ledger", "failures", "graphs", "neuron-cache")
 #: Areas only a local folder has.
 LOCAL_AREAS = ("staging", "views", "locks", "trash", "pending-push")
 
@@ -138,6 +141,17 @@ def graph_path(graph_key: str) -> str:
     return f"{GRAPHS_DIR}/{graph_key[:2]}/{graph_key}.json"
 
 
+#: The NxDI persistent-cache area: ``neuron-cache/neuronxcc-<compiler version>/<target id>.json`` names the
+#: action-cache key whose artifact holds the libneuronxla cache entries that target's last compile used
+#: (:mod:`neuron_build.compilers.neuron.nxdi_cache`).
+NEURON_CACHE_DIR = "neuron-cache"
+
+
+def neuron_cache_path(compiler_version: str, target_id: str) -> str:
+    """The NxDI cache pointer of ``target_id`` for neuronx-cc ``compiler_version``."""
+    return f"{NEURON_CACHE_DIR}/neuronxcc-{compiler_version}/{target_id}.json"
+
+
 def result_path(key: str, kind: str, name: str) -> str:
     """A result of ``kind`` (``validation``, ``bench``) named ``name`` (a device kind) about ``key``."""
     return f"results/{key}/{kind}/{name}.json"
@@ -198,7 +212,7 @@ def failure_entry_path(target_id: str, entry: str, name: str = "entry.json") -> 
 __all__ = [
     "AC_DIR", "CAS_DIR", "CHANNELS_DIR", "RELEASES_DIR", "ac_dir", "logs_dir", "quarantine_dir", "releases_dir",
     "results_dir", "targets_dir", "trash_path",
-    "FAILURES_DIR", "GRAPHS_DIR", "LEDGER_DIR", "LOCAL_AREAS", "SHARED_AREAS", "STORE_ID_PATH", "blob_path", "channel_path", "failure_entry_path",
+    "FAILURES_DIR", "GRAPHS_DIR", "NEURON_CACHE_DIR", "neuron_cache_path", "LEDGER_DIR", "LOCAL_AREAS", "SHARED_AREAS", "STORE_ID_PATH", "blob_path", "channel_path", "failure_entry_path",
     "failures_dir", "graph_path", "history_dir", "imports_path", "is_digest", "lease_path", "ledger_day_dir", "ledger_path",
     "log_path", "manifest_path", "reads_path", "release_path", "result_path", "target_path",
 ]

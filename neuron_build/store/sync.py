@@ -202,7 +202,7 @@ def copy_keys(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str],
 def copy_records(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str], report: SyncReport,
                  releases: bool = True) -> None:
     """Copy what describes the copied artifacts: the target records pointing at ``keys``, their
-    validation and benchmark results, the graph index entries pointing at them, and (``releases``) every release record ``dst`` lacks (release
+    validation and benchmark results, the graph index entries and NxDI cache pointers pointing at them, and (``releases``) every release record ``dst`` lacks (release
     records are written once: an existing one is never replaced)."""
     wanted = set(keys)
     for rec in src.all_targets():
@@ -220,6 +220,8 @@ def copy_records(src: ArtifactStore, dst: ArtifactStore, keys: Iterable[str], re
     from neuron_build.store import graph_index
     from neuron_build.store.reads import add_recorded_reads, recorded_reads
     report.records += graph_index.copy_entries(src, dst, wanted)
+    from neuron_build.store import neuron_cache
+    report.records += neuron_cache.copy_pointers(src, dst, wanted)
     # what builds of each model recorded (imports, reads): the keys of the copied artifacts include them
     for model in sorted({m.model for m in (src.manifest(k) for k in wanted) if m is not None}):
         imports = src.recorded_imports(model)

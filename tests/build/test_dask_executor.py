@@ -21,7 +21,15 @@ import pytest
 
 from neuron_build.build.progress import BuildProgress, estimate_eta, format_duration, progress_line
 from tests.helpers.cli import in_a_terminal, run_cli
-from tests.helpers.daskkit import DaskCluster, calls, compile_processes, dask_env, free_port, write_sleepy_project
+from tests.helpers.daskkit import (
+    DaskCluster,
+    calls,
+    compile_processes,
+    dask_env,
+    free_port,
+    wait_for,
+    write_sleepy_project,
+)
 
 
 @pytest.fixture(scope="session")
@@ -175,14 +183,7 @@ def _pid_to_address(cluster: DaskCluster) -> dict:
     return {w: by_pid.get(w.pid) for w in cluster.workers}
 
 
-def _wait_for(fn, timeout: float):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise TimeoutError(f"waited {timeout} s")
+_wait_for = wait_for
 
 
 # -- faults ---------------------------------------------------------------------------------------------------

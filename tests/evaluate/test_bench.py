@@ -252,3 +252,46 @@ def test_time_interleaved_alternates_and_counts():
     assert len(ta) == len(tb) == 4
     assert "".join(seq) == "abab" + "ab" + "ba" + "ab" + "ba"  # warm-up rounds, then the order alternates
     assert len(syncs) == 12 and bar.n == 6
+
+
+class FakeClock:
+    """Seconds that pass only when a benchmarked call runs (``cost`` each)."""
+
+    def __init__(self, cost: float):
+        self.now, self.cost = 0.0, cost
+
+    def __call__(self) -> float:
+        return self.now
+
+    def call(self, *args) -> None:
+        self.now += self.cost
+
+
+def test_max_time_bounds_the_whole_session_warm_up_included():
+    """bench minilm ran 21 min 42 s with --max-time 60: warm-up (50 rounds) and --min-iters (30) came on top
+    of the budget. With rounds of 2 s and a 60 s budget the session now ends within one round of 60 s, warm-up
+    taking at most a quarter of it, and says so before it runs."""
+    from neuron_build.evaluate.timing import TimingSettings, time_rounds
+
+    clock, notes = FakeClock(2.0), []
+    times, stopped = time_rounds([clock.call], [()], [lambda: None],
+                                 TimingSettings(warmup=50, min_iters=30, max_time_s=60.0), clock=clock,
+                                 note=notes.append)
+    assert stopped == "time" and 60.0 <= clock.now <= 62.0
+    assert len(times[0]) == 30 - 8  # 8 warm-up rounds (16 s, a quarter of 60 s rounded up to a round), then 22
+    assert notes[0] == ("one round takes 2 s: at most 60 s in all, warm-up included (--max-time); the budget holds "
+                        "about 30 rounds, fewer than warm-up 50 + --min-iters 30: warm-up stops at 25% of it and "
+                        "timing at 60 s")
+    assert [n for n in notes[1:]] == ["warm-up round 8, 16 of 60 s", "timed round 8, 32 of 60 s",
+                                      "timed round 16, 48 of 60 s"]
+
+
+def test_fixed_iters_say_what_they_will_take_before_timing():
+    from neuron_build.evaluate.timing import TimingSettings, time_rounds
+
+    clock, notes = FakeClock(0.5), []
+    times, stopped = time_rounds([clock.call, clock.call], [(), ()], [lambda: None] * 2,
+                                 TimingSettings(warmup=2, iters=10, max_time_s=1.0), clock=clock, note=notes.append)
+    assert stopped == "iters" and [len(t) for t in times] == [10, 10] and clock.now == 12.0
+    assert notes == ["one round takes 1 s: 2 warm-up + 10 timed rounds will take about 12 s (--iters is not bounded "
+                     "by --max-time)"]

@@ -34,6 +34,9 @@ SWITCHES = {
     "calls": "FAKE_NEURONX_CC_CALLS",                # file: one JSON line per compile
     "mem_mb": "FAKE_NEURONX_CC_MEM_MB",              # MB the compiler holds while compiling
     "hang_max": "FAKE_NEURONX_CC_HANG_MAX",          # seconds a "hang" lasts at most (default 600)
+    "cc_version": "FAKE_NEURONX_CC_VERSION",         # the version neuronx-cc reports (default: the package's)
+    "split": "FAKE_TORCH_NEURONX_SPLIT",             # "0": torch_neuronx.xla_impl.trace has no split functions
+    "nxdi_cache_calls": "FAKE_NXDI_CACHE_CALLS",     # file: one JSON line per NxDI bucket: cache hit or compile
     # torchneuron_sdk (the native TorchNeuron double)
     "torchneuron_fail": "FAKE_TORCHNEURON_FAIL",     # "compile": every graph compile fails
     "graph_break": "FAKE_TORCHNEURON_GRAPH_BREAK",   # True: every module call breaks the graph

@@ -29,6 +29,9 @@ import time
 import uuid
 
 COMPILER_VERSION = "2.30.4217.0+5e1f0c2a"  # keep equal to neuron_sdk/neuronxcc/__init__.py
+# FAKE_NEURONX_CC_VERSION: the version this executable reports and writes into NEFFs (a compiler on PATH
+# that differs from the installed neuronxcc package, or a new compiler build with unchanged metadata).
+COMPILER_VERSION = os.environ.get("FAKE_NEURONX_CC_VERSION", "").strip() or COMPILER_VERSION
 NEFF_HEADER = struct.Struct("<QQQQQ128sI32s16s256sI64sQI468s")
 assert NEFF_HEADER.size == 1024
 

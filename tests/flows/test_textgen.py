@@ -72,6 +72,10 @@ def test_a_release_pins_both_graphs_and_the_weights_once(built):
     assert doc["textgen"]["graphs"] == {"prefill-b2-s8": "prefill", "prefill-b2-s16": "prefill",
                                         "decode-b2": "decode"}
     assert doc["textgen"]["max_seq_len"] == 64
+    # the pulled folder holds the weights once too: every bucket lists the one file
+    (w,) = [p.relative_to(dest).as_posix() for p in dest.rglob("weights.safetensors")]
+    assert [[p for p in b["files"] if p.endswith("weights.safetensors")] for b in doc["buckets"]] == [[w]] * 3
+    assert {b["files"][w]["sha256"] for b in doc["buckets"]} == {sha}
 
 
 def test_generate_on_the_pulled_release_equals_transformers(built):
@@ -108,6 +112,37 @@ def test_generate_on_the_pulled_release_equals_transformers(built):
     got = bm.generate(b, max_new_tokens=6, eos_token_id=eos)
     exp = ref.generate(b, max_new_tokens=6, do_sample=False, eos_token_id=eos, pad_token_id=eos)
     assert torch.equal(got, exp)
+
+
+def test_a_checkpoint_folder_as_published_generates_what_transformers_generates(built):
+    """hf-llama is a checkpoint as published (generation_config.json names only bos/eos: no use_cache, no
+    pad_token_id): it built, validated, released and pulled (the fixture). Batch 1 and 2, left padding, and a
+    batch of 2 where one row meets eos and the other does not, each against transformers' greedy generate
+    of the same folder with its own generation config (which pads a finished row with eos: it names no pad
+    token)."""
+    import torch
+
+    from neuron_build.runtime import BucketedModel
+
+    folder = built["cfg"].parent / "hf-llama"
+    assert json.loads((folder / "generation_config.json").read_text()) == {"bos_token_id": 1, "eos_token_id": 2}
+    bm = BucketedModel.load(built["pulled"]["llama"][1])
+    ref = textgen_kit.eager(folder)
+    g = torch.Generator().manual_seed(11)
+    for batch in (1, 2):
+        prompt = torch.randint(3, 1000, (batch, 7), generator=g)
+        want = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, min_new_tokens=8,
+                            do_sample=False)
+        assert torch.equal(bm.generate(prompt, max_new_tokens=8), want), batch
+    a, b = torch.randint(3, 1000, (1, 10), generator=g), torch.randint(3, 1000, (1, 6), generator=g)
+    ids = torch.cat([a, torch.cat([torch.zeros(1, 4, dtype=torch.long), b], 1)])  # left padding
+    mask = (torch.arange(10) >= torch.tensor([[0], [4]])).long()
+    free = ref.generate(ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    eos = int(free[1, 12])  # row 1's third new token: row 1 meets eos there
+    assert eos not in free[0, 10:].tolist()  # row 0 never does
+    want = ref.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, eos_token_id=eos)
+    got = bm.generate(ids, attention_mask=mask, max_new_tokens=8, eos_token_id=eos)
+    assert want.shape == (2, 18) and torch.equal(got, want)
 
 
 def test_too_long_prompt_is_one_line_with_the_fix(built):

@@ -201,6 +201,17 @@ class DaskCluster:
                 p.wait(10)
 
 
+def wait_for(fn, timeout: float, what: str = "it"):
+    """``fn()``'s first truthy value, asked every 0.1 s; TimeoutError after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise TimeoutError(f"waited {timeout} s for {what}")
+
+
 def _wait_port(port: int, timeout: float) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -22,6 +22,16 @@ def save_llama(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def save_llama_checkpoint(folder: Path, seed: int = 0) -> Path:
+    """:func:`save_llama`, its ``generation_config.json`` then trimmed to bos/eos as published checkpoints
+    have it (Llama-2's names only bos/eos and sampling fields: no ``use_cache``, no ``pad_token_id``)."""
+    import json
+
+    save_llama(folder, seed)
+    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}, indent=2) + "\n")
+    return folder
+
+
 def save_gpt2(folder: Path, seed: int = 0) -> Path:
     """A 2-layer GPT-2 (hidden 64, vocab 1000) with random weights from ``seed``, saved with save_pretrained."""
     import torch
@@ -43,9 +53,10 @@ def eager(folder: Path):
 
 def write_project(root: Path, backend: str = "inductor", llama_buckets: str = "{ batch = [2], seq = [8, 16] }",
                   gpt2: bool = True, extra: str = "") -> Path:
-    """A project of ``llama`` (and ``gpt2``, batch 1, seq 8) text-generation models, max_seq_len 64."""
+    """A project of ``llama`` (and ``gpt2``, batch 1, seq 8) text-generation models, max_seq_len 64. The
+    llama folder is checkpoint-style (:func:`save_llama_checkpoint`: generation_config.json with bos/eos only)."""
     root.mkdir(parents=True, exist_ok=True)
-    save_llama(root / "hf-llama")
+    save_llama_checkpoint(root / "hf-llama")
     text = f"""
 [build]
 backend = "{backend}"

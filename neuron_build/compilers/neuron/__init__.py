@@ -317,6 +317,51 @@ class NeuronCompiler:
             kwargs["tp_degree"] = request.tp_degree
         return kwargs
 
+    def _warn_once(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+            print(f"warning: {message}", flush=True)
+
+    def _neff_hook(self, request: CompileRequest):
+        """The ``generate_neff`` hook of :mod:`~neuron_build.compilers.neuron.hlo_key` when the request asks
+        for a graph key and the installed torch-neuronx has the split functions; else None, with one
+        warning when a graph key was asked for (the fallback is today's path)."""
+        if not (request.options or {}).get(graph_key.OPTION):
+            return None
+        from neuron_build.compilers.neuron import hlo_key
+
+        module, missing = hlo_key.split_api()
+        if module is None:
+            self._warn_once(hlo_key.FALLBACK_WARNING.format(what=missing))
+            return None
+        return hlo_key.NeffHook(module, request, self.executable.version if self.executable else None)
+
+    def _trace(self, fn, model, example_inputs, kwargs: dict[str, Any], request: CompileRequest, hook,
+               monitor: ChildPeakMonitor, work: Path):
+        """Run ``fn`` (trace or parallel_model_trace), with the ``generate_neff`` hook installed when there is
+        one. Raises GraphHit (the graph index holds this graph: nothing compiled) or CompileFailed."""
+        import torch
+
+        tp, workdir = request.tp_degree, work / "neuron"
+        try:
+            with monitor, torch.no_grad():
+                if tp > 1:
+                    factory = RankModelFactory(request.root, request.factory, dict(request.kwargs), request.dtype,
+                                               request.hf)
+                    return fn(factory, example_inputs, **kwargs)
+                if hook is not None:
+                    with hook.installed():  # the graph key before neuronx-cc: a hit raises GraphHit
+                        return fn(model, example_inputs, **kwargs)
+                return fn(model, example_inputs, **kwargs)
+        except graph_key.GraphHit:
+            raise
+        except Exception as e:
+            if hook is not None and hook.hit:  # trace wrapped the hook's GraphHit: still a hit, nothing compiled
+                raise graph_key.GraphHit(hook.hit) from e
+            logs = ([workdir / f"_tp{r}" / LOG_NAME for r in range(tp)] if tp > 1 else [workdir / LOG_NAME])
+            raise classify_failure(e, logs, work, has_neuron_device=bool(self.devices), tp_degree=tp,
+                                   compiler_peak_rss_bytes=monitor.peak) from e
+
     # -- the compile -----------------------------------------------------------------------------
     def compile(self, model, example_inputs, request: CompileRequest) -> CompileResult:
         """Trace and compile ``model`` for ``example_inputs`` (a tuple of tensors of the bucket's shapes
@@ -346,23 +391,16 @@ class NeuronCompiler:
             print(f"warning: {w}", flush=True)
 
         tp = request.tp_degree
+        hook = self._neff_hook(request) if tp == 1 else None
         t0 = time.monotonic()
         monitor = ChildPeakMonitor()
         enter_stage("compile")  # torch_neuronx.trace: graph capture and neuronx-cc
-        try:
-            with monitor, torch.no_grad():
-                if tp > 1:
-                    factory = RankModelFactory(request.root, request.factory, dict(request.kwargs), request.dtype,
-                                               request.hf)
-                    traced = fn(factory, example_inputs, **kwargs)
-                else:
-                    traced = fn(model, example_inputs, **kwargs)
-        except Exception as e:
-            logs = ([workdir / f"_tp{r}" / LOG_NAME for r in range(tp)] if tp > 1 else [workdir / LOG_NAME])
-            raise classify_failure(e, logs, work, has_neuron_device=bool(self.devices), tp_degree=tp,
-                                   compiler_peak_rss_bytes=monitor.peak) from e
+        traced = self._trace(fn, model, example_inputs, kwargs, request, hook, monitor, work)
         trace_s = time.monotonic() - t0
-        if tp == 1:  # the HLO module neuronx-cc compiled: keyed for the index (seen only after the compile)
+        if hook is not None and not hook.called:
+            self._warn_once("torch_neuronx.trace did not call generate_neff: the HLO graph key is made after "
+                            "neuronx-cc runs (today's path), so a graph-neutral edit still compiles")
+        if tp == 1 and (hook is None or not hook.called):  # today's path: keyed after the compile, never a hit
             graph_key.checkpoint(request, lambda: graph_key.hlo_document(workdir / "model"), reuse=False)
 
         files: dict[str, dict[str, str | None]] = {}
@@ -426,6 +464,8 @@ class NeuronCompiler:
             "files": files,
             "logs": logs,
             "neff": neffs,
+            "hlo_graph_key": ("before neuronx-cc (generate_neff hook)" if hook is not None and hook.called
+                              else "after neuronx-cc" if tp == 1 else None),
             "trace_time_s": round(trace_s, 3),
             "compiler_compile_time_s": compiler_time,
             "compiler_peak_rss_bytes": peak,

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -108,16 +109,32 @@ class NxDICompiler:
         return folder
 
     def compile(self, model, example_inputs, request: CompileRequest) -> CompileResult:
+        """Run NxDI's compile with the stable work directory and the store-owned persistent cache
+        (:mod:`neuron_build.compilers.neuron.nxdi_cache`), under a file lock on the work directory."""
+        from filelock import FileLock
+
+        from neuron_build.compilers.neuron import nxdi_cache
+
+        kwargs = dict(request.options["neuron_config"])
+        work = nxdi_cache.stable_workdir(request.target)  # the flags, and so the cache keys, hold this path
+        work.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(work) + ".lock")
+        cache = Path(request.options.get(nxdi_cache.OPTION) or Path(request.work_dir).resolve() / nxdi_cache.CACHE_FILES)
+        cache.mkdir(parents=True, exist_ok=True)
+        os.environ["BASE_COMPILE_WORK_DIR"] = str(work) + "/"
+        os.environ.update(nxdi_cache.environ_for(cache))
+        os.environ.setdefault("NEURON_PLATFORM_TARGET_OVERRIDE", request.hardware_target)
+        with lock:
+            return self._compile(request, kwargs, work, cache)
+
+    def _compile(self, request: CompileRequest, kwargs: dict[str, Any], work: Path, cache: Path) -> CompileResult:
         from neuronx_distributed_inference.models.config import NeuronConfig, OnDeviceSamplingConfig
         from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
-        from neuron_build.compilers.neuron import classify_failure
+        from neuron_build.compilers.neuron import classify_failure, nxdi_cache
         from neuron_build.compilers.neuron.neuronx_log import parse_log
 
-        kwargs = dict(request.options["neuron_config"])
-        work = Path(request.work_dir).resolve() / "nxd_model"
-        os.environ["BASE_COMPILE_WORK_DIR"] = str(work) + "/"
-        os.environ.setdefault("NEURON_PLATFORM_TARGET_OVERRIDE", request.hardware_target)
+        before = nxdi_cache.entries(cache)
         path = self.model_path(request)
         model_type = json.loads((path / "config.json").read_text()).get("model_type", "")
         cfg_cls, app_cls = model_classes(model_type)
@@ -131,12 +148,15 @@ class NxDICompiler:
         try:
             app_cls(str(path), config).compile(str(out))
         except Exception as e:
-            logs = sorted(work.rglob("log-neuron-cc.txt"), key=lambda p: p.stat().st_mtime)
+            kept = Path(request.work_dir) / "nxd_model"  # kept with the failure (the stable folder is reused)
+            shutil.copytree(work, kept, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.neff", "weights"))
+            logs = sorted(kept.rglob("log-neuron-cc.txt"), key=lambda p: p.stat().st_mtime)
             raise classify_failure(e, logs, Path(request.work_dir), has_neuron_device=False,
                                    tp_degree=int(kwargs["tp_degree"])) from e
         enter_stage("count")
         if not (out / "model.pt").is_file():
             raise CompileFailed(Status.ERROR, f"NxDI compile() wrote no model.pt into {out.name}")
+        buckets = nxdi_cache.collect(cache, before, work, out)
         args = bucket_compiler_args(work)
         ops = 0
         for log in work.rglob("log-neuron-cc.txt"):
@@ -145,8 +165,11 @@ class NxDICompiler:
         details: dict[str, Any] = {
             "artifact": "model.pt", "loader": LOADER, "artifact_kind": "nxdi",
             "nxdi": {"application": f"{app_cls.__module__}.{app_cls.__name__}", "neuron_config": request.options["neuron_config"],
-                     "compiler_args": args, "files": sorted(p.name for p in out.iterdir())}}
-        print(f"NxDI compiled {len(args)} bucket(s): {', '.join(args)}", flush=True)
+                     "compiler_args": args, "files": sorted(p.name for p in out.iterdir() if p.name != nxdi_cache.CACHE_FILES),
+                     "buckets": buckets}}
+        hits = sorted(b for b, v in buckets.items() if v["source"] == "cache")
+        print(f"NxDI compiled {len(args)} bucket(s): {', '.join(args)}; from the persistent cache: "
+              f"{', '.join(hits) or 'none'}", flush=True)
         return CompileResult(op_count=ops or None, op_count_source="neuronx-cc logs, summed over buckets" if ops else None,
                              details=details)
 

@@ -282,8 +282,7 @@ def _compile(func, example_inputs, *, input_output_aliases=None, compiler_workdi
     if input_output_aliases and not isinstance(input_output_aliases, dict):
         raise TypeError("input_output_aliases must be a dict")
     examples = _examples(example_inputs)
-    module = func if isinstance(func, torch.nn.Module) else _FunctionModule(func)
-    traced = _jit_trace(module, examples)
+    from torch_neuronx.xla_impl import trace as xla_trace
 
     context = contextlib.nullcontext(compiler_workdir)
     if compiler_workdir is None:
@@ -291,6 +290,11 @@ def _compile(func, example_inputs, *, input_output_aliases=None, compiler_workdi
     with context as workdir:
         workdir = os.fspath(workdir)
         os.makedirs(workdir, exist_ok=True)
+        if xla_trace.SPLIT and not extra_files:  # generate_hlo -> generate_neff -> create_neuron_model
+            return xla_trace.split_trace(func, examples, args, workdir, inline_weights_to_neff,
+                                         input_output_aliases)
+        module = func if isinstance(func, torch.nn.Module) else _FunctionModule(func)
+        traced = _jit_trace(module, examples)
         model_dir = os.path.join(workdir, "model")
         os.makedirs(model_dir, exist_ok=True)
         weights = _write_weights(model_dir, traced)

@@ -4,6 +4,9 @@ neuronx-cc double on PATH compiling each submodel's buckets. Files compile() wri
 
     <compiled dir>/neuron_config.json        the full InferenceConfig (json, indent 2, sorted keys)
     <compiled dir>/model.pt                  one archive holding every NEFF (here: a JSON index + the NEFFs)
+
+load(dir) needs a NeuronCore (FAKE_NEURON_HAS_DEVICE set and not 0), else raises the runtime's RuntimeError;
+generation goes through utils.hf_adapter.HuggingFaceGenerationAdapter with next_token() as the model.
     $BASE_COMPILE_WORK_DIR (default /tmp/nxd_model/), removed first:
         neuron_config.json
         <tag>/_tp0_bk<i>/model/graph.hlo, graph.neff, log-neuron-cc.txt, neuron_config.json
@@ -90,13 +93,27 @@ class NeuronLlamaForCausalLM:
         if dry_run:
             return
         print("Started compilation for all HLOs", flush=True)
+        cache = PersistentCache()
         for tag, i, n, d in plan:
-            cmd = ["neuronx-cc", "compile", os.path.join(d, "model", "graph.hlo"), "--framework", "XLA", "--target",
-                   target, *_split(_compiler_args(nc, tag)), "--output", os.path.join(d, "graph.neff"),
-                   f"--logfile={os.path.join(d, 'log-neuron-cc.txt')}"]
-            status = subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode
-            if status != 0:
-                raise RuntimeError(f"neuronx-cc failed with {status}")
+            # NxD appends --logfile=<absolute bucket workdir> before it hashes the flags [code: shared notes 1.2]
+            flags = (f"--target={target} {_compiler_args(nc, tag)} "
+                     f"--logfile={os.path.join(d, 'log-neuron-cc.txt')}")
+            with open(os.path.join(d, "model", "graph.hlo")) as f:
+                hlo = f.read()
+            entry = cache.entry(get_hash_module(hlo, flags), _split(flags))
+            if entry.exists():
+                print(f"Using a cached neff at {entry.path} for {tag}/_tp0_bk{i}", flush=True)
+                shutil.copyfile(entry.neff, os.path.join(d, "graph.neff"))
+                record_cache(bucket=f"{tag}/_tp0_bk{i}", hit=True, entry=os.path.basename(entry.path))
+            else:
+                cmd = ["neuronx-cc", "compile", os.path.join(d, "model", "graph.hlo"), "--framework", "XLA",
+                       "--target", target, *_split(_compiler_args(nc, tag)), "--output", os.path.join(d, "graph.neff"),
+                       f"--logfile={os.path.join(d, 'log-neuron-cc.txt')}"]
+                status = subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode
+                if status != 0:
+                    raise RuntimeError(f"neuronx-cc failed with {status}")
+                entry.store(hlo, os.path.join(d, "graph.neff"))
+                record_cache(bucket=f"{tag}/_tp0_bk{i}", hit=False, entry=os.path.basename(entry.path))
             with open(os.path.join(d, "graph.neff"), "rb") as f:
                 neffs[f"{tag}/_tp0_bk{i}"] = {"bucket": n, "neff": base64.b64encode(f.read()).decode()}
         print(f"Finished Compilation for all HLOs in {time.monotonic() - t0:.1f} seconds", flush=True)
@@ -111,9 +128,81 @@ class NeuronLlamaForCausalLM:
         record("load", compiled_model_path=compiled_model_path)
         if not self.is_compiled(compiled_model_path):
             raise FileNotFoundError(f"{compiled_model_path}/model.pt not found; compile the model first")
+        if os.environ.get("FAKE_NEURON_HAS_DEVICE", "0") in ("", "0"):
+            # the Neuron runtime finds no device [guess on the wording: nrt_init's failure as torch-neuronx raises it]
+            raise RuntimeError("nrt_init failed: no Neuron device found (NRT_RESOURCE)")
         with open(os.path.join(compiled_model_path, "model.pt")) as f:
             self.traced_model = json.load(f)
         self.is_loaded_to_neuron = True
+
+    def reset(self):
+        """Reset the KV cache between generate() calls (the adapter calls it first)."""
+        record("reset")
+
+    def next_token(self, last: int, step: int) -> int:
+        """The double's "compiled model": a deterministic next token from the last one and the step (the
+        real model's logits are out of reach without a NeuronCore)."""
+        return (last * 7 + step + 3) % int(self.config.vocab_size)
+
+
+def get_hash_module(hlo_module, flags: str) -> str:
+    """NxD's cache key: sha256 of the HLO's text plus the flag string without spaces, 20 hex digits [code:
+    NxD model_builder.py]. No toolchain version: the cache folder's neuronxcc-<version> level separates those."""
+    import hashlib
+    return hashlib.sha256((str(hlo_module) + flags.replace(" ", "")).encode()).hexdigest()[:20]
+
+
+class CacheEntry:
+    """``<root>/neuronxcc-<version>/MODULE_<key>+<flags hash>/``: model.hlo_module.pb, compile_flags.json,
+    model.neff, and model.done written last (the entry exists only with it) [doc: neuron-caching.rst]."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.neff = os.path.join(path, "model.neff")
+
+    def exists(self) -> bool:
+        return os.path.isfile(os.path.join(self.path, "model.done")) and os.path.isfile(self.neff)
+
+    def store(self, hlo: str, neff: str) -> None:
+        os.makedirs(self.path, exist_ok=True)
+        with open(os.path.join(self.path, "model.hlo_module.pb"), "w") as f:
+            f.write(hlo)
+        tmp = self.neff + ".tmp"
+        shutil.copyfile(neff, tmp)
+        os.replace(tmp, self.neff)
+        open(os.path.join(self.path, "model.done"), "w").close()
+
+
+class PersistentCache:
+    """libneuronxla's persistent compile cache, the folder kind: the root is NEURON_COMPILE_CACHE_URL, else
+    ``--cache_dir=`` in NEURON_CC_FLAGS, else /var/tmp/neuron-compile-cache [doc: neuron-caching.rst]."""
+
+    def __init__(self):
+        root = os.environ.get("NEURON_COMPILE_CACHE_URL", "").strip()
+        for flag in _split(os.environ.get("NEURON_CC_FLAGS", "")):
+            if flag.startswith("--cache_dir="):
+                root = root or flag.split("=", 1)[1]
+        self.root = root or "/var/tmp/neuron-compile-cache"
+        import neuronxcc
+        self.version_dir = os.path.join(self.root, f"neuronxcc-{neuronxcc.__version__}")
+
+    def entry(self, key: str, flags: list) -> CacheEntry:
+        import hashlib
+        fh = hashlib.md5(json.dumps(flags).encode()).hexdigest()[:8]
+        e = CacheEntry(os.path.join(self.version_dir, f"MODULE_{key}+{fh}"))
+        if not e.exists():
+            os.makedirs(e.path, exist_ok=True)
+            with open(os.path.join(e.path, "compile_flags.json"), "w") as f:
+                json.dump(flags, f)
+        return e
+
+
+def record_cache(**fields) -> None:
+    """FAKE_NXDI_CACHE_CALLS=<file>: one JSON line per bucket (``{"bucket", "hit", "entry"}``)."""
+    path = os.environ.get("FAKE_NXDI_CACHE_CALLS")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(fields) + "\n")
 
 
 def _split(args: str) -> list[str]:
