@@ -350,8 +350,9 @@ class BucketedModel:
         if self.textgen is None:
             raise BucketError(f"{self.release['model']} is not a text-generation release; call the model "
                               f"instead of generate()")
+        extra = {"pad_token_id": pad_token_id} if pad_token_id is not None else {}  # NxDI's engine takes none
         out = self.textgen.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                                    eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+                                    eos_token_id=eos_token_id, **extra)
         self._record_prompts(input_ids, attention_mask)
         return out
 
@@ -595,7 +596,8 @@ def verify_pulled(release: dict[str, Any], root: Path, verify: str = "sha256") -
     from neuron_build.trust import UntrustedRecord, refusal
 
     top = (release.get("files") or {}) if isinstance(release.get("files"), dict) else {}
-    listed = [*top.items(), *((n, e) for b in release["buckets"] for n, e in b["files"].items())]
+    # a file several buckets list (the weights every graph of a text-generation model shares) is checked once
+    listed = list({**top, **{n: e for b in release["buckets"] for n, e in b["files"].items()}}.items())
     for name, ent in listed:
         p = root / name
         if name in top and root.resolve() not in (root / name).resolve().parents:  # checked like check_pulled's
