@@ -38,6 +38,23 @@ Routing rules, per call:
    (:mod:`neuron_build.traffic`; bounded memory): :meth:`BucketedModel.traffic`,
    :meth:`BucketedModel.save_traffic`, and Prometheus metrics when loaded with ``metrics=REGISTRY``.
 
+Serving safety (what a server behind an endpoint needs):
+
+- **Inputs checked before any kernel runs** (:meth:`BucketedModel.check_inputs`): each input must be a tensor of
+  the declared dtype (or convertible, with ``convert_dtypes``; a float converted to an integer dtype must hold
+  whole numbers), the shapes must match (rule 1), an integer input with a recorded ``range`` ``[low, high)``
+  may hold only values in it or its ``pad`` value (what the runtime itself pads with), and a float input may
+  not hold NaN. A violation is one :class:`BucketError` naming the input, the value, where it is and what is
+  allowed; the process goes on. (A compiled kernel's own index check is no substitute: AOTInductor's aborts
+  the process with SIGABRT [measured].) Releases recorded before ranges were part of the release carry none:
+  release them again to have integer inputs checked.
+- **Thread-safe**: calls of one ``BucketedModel`` from several threads each get their own answer. Plain
+  calls keep no state between calls (AOTInductor runners and TorchScript modules serve concurrent calls);
+  text generation holds one lock per batch size's KV state for a whole ``generate``
+  (:mod:`neuron_build.compilers.textgen_serve`); the traffic counts take their own lock.
+- **Verified loads**: :meth:`BucketedModel.load` checks every file ``release.json`` lists, its size always
+  and its sha256 unless ``verify="size"`` (for hosts that verified the files at pull and load often).
+
 The serving options (``pad``, ``truncate``, ``convert_dtypes``, the inputs and buckets) are read from the
 pulled ``release.json``, which ``neuron-build release`` recorded from ``buckets.toml``: changing them in
 ``buckets.toml`` takes effect on a serving host after ``release``, ``promote`` and ``pull`` again.
@@ -57,6 +74,11 @@ from neuron_build.cpu_isa import isa_problem, package_cpu_isa
 from neuron_build.errors import FactoryNotImportable, UserError
 from neuron_build.examples import torch_dtype
 from neuron_build.traffic import DEFAULT_MAX_SHAPES, TrafficRecorder
+from neuron_build.util import file_sha256
+
+#: What :meth:`BucketedModel.load` checks of each listed file: ``sha256`` (content and size, the default) or
+#: ``size`` (sizes only: for hosts that verified the files at pull, ``neuron-build pull`` checks sha256).
+VERIFY_MODES = ("sha256", "size")
 
 
 class BucketError(UserError):
@@ -125,9 +147,9 @@ class BucketedModel:
                                                 max_shapes=max_shapes, metrics=metrics)
 
     @classmethod
-    def load(cls, folder: str | Path, model: Any = None, *, factory_root: str | Path | None = None,
+    def load(cls, folder: str | Path, model: Any = None, *, factory_root: str | Path | None = None,  # noqa: PLR0913
              neff_cache_dir: str | Path | None = None, metrics: Any = None,
-             max_shapes: int = DEFAULT_MAX_SHAPES) -> BucketedModel:
+             max_shapes: int = DEFAULT_MAX_SHAPES, verify: str = "sha256") -> BucketedModel:
         """Load a folder written by ``neuron-build pull``: ``release.json`` and every bucket's artifact.
 
         For a compile-cache or torchneuron release the artifacts are caches, so the model is needed too:
@@ -145,14 +167,19 @@ class BucketedModel:
         (:func:`neuron_build.compilers.neuron.nxdi_serve.nxdi_engine`); on a host without a NeuronCore that is
         one line naming the host it needs.
         ``metrics`` and ``max_shapes``: the traffic counts' Prometheus registry and cap (see :meth:`traffic`).
+        ``verify``: what is checked of every file ``release.json`` lists before anything is loaded (see
+        :func:`verify_pulled`): ``"sha256"`` (default: size and content; reads every byte once) or ``"size"``
+        (for hosts that verified at pull and load often).
 
         Raises:
             UserError: no ``release.json``; this host's installed versions cannot load the artifacts (one
                 line naming the built and the installed version; the rule per artifact kind is
-                :data:`neuron_build.artifact.LOAD_RULES`); or a listed file is missing or has another size
-                than listed.
+                :data:`neuron_build.artifact.LOAD_RULES`); a listed file is missing, has another size or
+                (``verify="sha256"``) another sha256 than listed; or ``verify`` is not a mode.
             ImportError: the recorded factory does not import from ``factory_root``.
         """
+        if verify not in VERIFY_MODES:
+            raise UserError(f"BucketedModel.load: verify={verify!r}; give 'sha256' (the default) or 'size'")
         user_model = model
         root = Path(folder)
         try:
@@ -173,11 +200,7 @@ class BucketedModel:
             f"{root / 'release.json'} (release {release.get('release')} of {release.get('model')})")
         if problem:
             raise UserError(problem)
-        for b in release["buckets"]:
-            for name, ent in b["files"].items():
-                p = root / name
-                if not p.is_file() or p.stat().st_size != ent["size"]:
-                    raise UserError(f"{p}: missing or not {ent['size']} bytes as release.json lists; pull again")
+        verify_pulled(release, root, verify)
         model = cls(release, root, metrics=metrics, max_shapes=max_shapes)
         if nxdi:
             model.device, model.textgen = "neuron", nxdi_serve.nxdi_engine(release, root)
@@ -303,29 +326,33 @@ class BucketedModel:
         return self.route(shapes)[0].id
 
     # -- running --------------------------------------------------------------------------------
-    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 20, eos_token_id: int | None = None):
+    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 20,
+                 eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None):
         """Greedy generation from a text-generation release: prefill in the smallest bucket that holds the
         prompt, then decode steps against the KV cache the graphs share; equal token for token to
         transformers' ``generate(do_sample=False)`` of the eager model (rules:
         :mod:`neuron_build.compilers.textgen_serve`).
 
         Args:
-            input_ids: int64 ``[batch, prompt_len]``; attention_mask: optional 0/1 of the same shape (left or
-                right padding); max_new_tokens: new tokens per row; eos_token_id: stop a row there (None:
-                exactly ``max_new_tokens``).
+            input_ids: integer ``[batch, prompt_len]``, ids in the vocabulary; attention_mask: optional 0/1 of
+                the same shape (left or right padding); max_new_tokens: new tokens per row (a whole number
+                >= 1); eos_token_id: stop a row there, or at any of a list (None: exactly ``max_new_tokens``);
+                pad_token_id: what finished rows get (None: the model's, else the first eos id).
 
         Returns:
             int64 ``[batch, prompt_len + new]``: the prompt followed by the new tokens.
 
         Raises:
             BucketError: not a text-generation release.
-            GenerateError: a prompt longer than every prefill bucket, or more tokens than the cache holds.
+            GenerateError: a malformed request or an id outside the vocabulary (checked before anything
+                runs), a prompt longer than every prefill bucket, or more tokens than the cache holds.
         """
         if self.textgen is None:
             raise BucketError(f"{self.release['model']} is not a text-generation release; call the model "
                               f"instead of generate()")
+        extra = {"pad_token_id": pad_token_id} if pad_token_id is not None else {}  # NxDI's engine takes none
         out = self.textgen.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                                    eos_token_id=eos_token_id)
+                                    eos_token_id=eos_token_id, **extra)
         self._record_prompts(input_ids, attention_mask)
         return out
 
@@ -358,6 +385,7 @@ class BucketedModel:
         if self.textgen is not None:
             raise BucketError(f"{self.release['model']} is a text-generation release: call "
                               f"generate(input_ids, max_new_tokens=N)")
+        inputs = self.check_inputs(inputs)
         want = self._sizes([tuple(t.shape) for t in inputs])
         sizes = self.chunks(want) if self.batch_dim else []
         if len(sizes) <= 1:
@@ -374,6 +402,67 @@ class BucketedModel:
             start += n
         self.record_traffic(want, runs)
         return self._join(outs)
+
+    def check_inputs(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        """Check a call's inputs before anything runs (module docstring, "Serving safety"): count, type,
+        dtype (converted when ``convert_dtypes`` is on), integer values against the recorded ``range`` and the
+        input's ``pad`` value, no NaN in float inputs. Shapes are checked by routing (:meth:`route`).
+
+        Returns:
+            The inputs, each of the release's dtype.
+
+        Raises:
+            BucketError: one line naming the input, the value and where it is, and what is allowed.
+        """
+        import torch
+
+        if len(inputs) != len(self.specs):
+            self._sizes([getattr(t, "shape", ()) for t in inputs])  # the count's error
+        out = []
+        for spec, t in zip(self.specs, inputs, strict=True):
+            name = spec["name"]
+            if not isinstance(t, torch.Tensor):
+                raise BucketError(f"input '{name}' is a {type(t).__name__}; give a torch.Tensor of "
+                                  f"{spec['dtype']}, shape {spec['shape']}")
+            want = torch_dtype(spec["dtype"])
+            if t.dtype != want and self.convert_dtypes:
+                if t.is_floating_point() and not want.is_floating_point and t.numel():
+                    whole = torch.isfinite(t) & (t == t.trunc())
+                    if not bool(whole.all()):
+                        at = _first(~whole)
+                        raise BucketError(f"input '{name}' holds {t[at].item()} at {list(at)}; convert_dtypes "
+                                          f"converts whole numbers only to {spec['dtype']}")
+                t = t.to(want)
+            if t.dtype == want and t.numel():
+                if spec.get("range") is not None and not want.is_floating_point and want != torch.bool:
+                    self._check_range(spec, t)
+                elif want.is_floating_point:
+                    nan = torch.isnan(t)
+                    if bool(nan.any()):
+                        raise BucketError(f"input '{name}' holds NaN at {list(_first(nan))}; release "
+                                          f"{self.release.get('release')} of {self.release['model']} takes numbers")
+            out.append(t)
+        return tuple(out)
+
+    def _check_range(self, spec: dict[str, Any], t) -> None:
+        """Integer values of input ``spec`` in its ``range`` ``[low, high)`` or equal to its ``pad`` value."""
+        import torch
+
+        lo, hi = (_num(x) for x in spec["range"])
+        vmin, vmax = torch.aminmax(t)
+        if lo <= int(vmin) and int(vmax) < hi:
+            return
+        pad = spec.get("pad")
+        bad = (t < lo) | (t >= hi)
+        if pad is not None and not lo <= pad < hi:
+            bad &= t != pad
+        if not bool(bad.any()):
+            return
+        at = _first(bad)
+        also = f" or {_num(pad)} (its pad value)" if pad is not None and not lo <= pad < hi else " (the declared range)"
+        raise BucketError(f"input '{spec['name']}' holds {int(t[at])} at {list(at)}; release "
+                          f"{self.release.get('release')} of {self.release['model']} allows values in [{lo}, {hi})"
+                          f"{also}")
 
     # -- traffic --------------------------------------------------------------------------------
     def _routed(self, want: dict[str, int], request: dict[str, int]) -> tuple[Bucket, dict[str, int]]:
@@ -460,6 +549,16 @@ class BucketedModel:
         return out[tuple(slice(0, sizes[d]) if isinstance(d, str) else slice(None) for d in best[1])]
 
 
+def _first(mask) -> tuple[int, ...]:
+    """The index of the first true element of a boolean tensor (as ints)."""
+    return tuple(int(i) for i in mask.nonzero()[0])
+
+
+def _num(x: Any) -> Any:
+    """A recorded bound as an int when it is a whole number (JSON and TOML may give ``30522.0``)."""
+    return int(x) if float(x) == int(x) else float(x)
+
+
 # -- compile-cache and torchneuron releases ---------------------------------------------------------
 def check_pulled(release: Any, root: Path) -> None:
     """Check the names a pulled ``release.json`` (in folder ``root``) turns into paths before any is opened:
@@ -484,6 +583,42 @@ def check_pulled(release: Any, root: Path) -> None:
             p = (root / name).resolve() if name else top
             if p != top and top not in p.parents:
                 raise UntrustedRecord(refusal(what, where, f"file {name!r} resolves to {p}, outside {top}"))
+
+
+def verify_pulled(release: dict[str, Any], root: Path, verify: str = "sha256") -> None:
+    """Check every file a pulled ``release.json`` (in folder ``root``) lists, in each bucket's ``files`` and in
+    a top-level ``files`` map when there is one: it must exist with the listed size and, with ``verify =
+    "sha256"``, the listed sha256 (every byte read once). Call after :func:`check_pulled`.
+
+    Raises:
+        UserError: one line naming the first file that is missing, of another size or another sha256.
+    """
+    from neuron_build.trust import UntrustedRecord, refusal
+
+    top = (release.get("files") or {}) if isinstance(release.get("files"), dict) else {}
+    # a file several buckets list (the weights every graph of a text-generation model shares) is checked once
+    listed = list({**top, **{n: e for b in release["buckets"] for n, e in b["files"].items()}}.items())
+    for name, ent in listed:
+        p = root / name
+        if name in top and root.resolve() not in (root / name).resolve().parents:  # checked like check_pulled's
+            raise UntrustedRecord(refusal(f"release {release.get('release')!r} of {release.get('model')!r}",
+                                          str(root / "release.json"), f"file {name!r} resolves outside {root}"))
+        if not isinstance(ent, dict):
+            raise UserError(f"{root / 'release.json'}: file {name!r} has no size and sha256; pull the release again")
+        if not p.is_file():
+            raise UserError(f"{p}: missing, release.json lists it; pull the release again")
+        size = p.stat().st_size
+        if size != ent.get("size"):
+            raise UserError(f"{p}: {size} bytes, release.json lists {ent.get('size')}; the file was changed after "
+                            f"pull: pull the release again")
+    if verify != "sha256":
+        return
+    for name, ent in listed:
+        p = root / name
+        got = file_sha256(p)
+        if got != ent.get("sha256"):
+            raise UserError(f"{p}: sha256 {got[:16]}..., release.json lists {str(ent.get('sha256'))[:16]}...; the "
+                            f"file was changed after pull: pull the release again")
 
 
 def install_release(folder: str | Path, neff_cache_dir: str | Path | None = None) -> dict[str, Any]:
@@ -707,4 +842,4 @@ def _warm_row(bucket_id: str, shapes: list, call, settle, snap, delta) -> dict[s
             "first_over_steady": round(first / med, 1) if med > 0 else None, **extra}
 
 
-__all__ = ["Bucket", "BucketError", "BucketedModel", "check_pulled", "install_release", "serving_device", "serving_model", "warmup"]
+__all__ = ["Bucket", "BucketError", "BucketedModel", "check_pulled", "install_release", "serving_device", "serving_model", "verify_pulled", "warmup"]

@@ -144,6 +144,51 @@ def test_shape_errors():
         m.choose({"ids": (2, 5)})
 
 
+def _ranged(**kw):
+    """The fake model with ids in [0, 100) (pad 0) and mask in [1, 2) (pad 0, outside the range) recorded."""
+    m, mods = fake_model(**kw)
+    m.specs[0]["range"], m.specs[1]["range"] = [0, 100], [1.0, 2.0]
+    return m, mods
+
+
+@pytest.mark.parametrize("which,value,at,message", [
+    (0, 100, (1, 2), r"input 'ids' holds 100 at \[1, 2\]; release r-fake of enc allows values in \[0, 100\) "
+                     r"\(the declared range\)$"),
+    (0, -1, (0, 0), r"input 'ids' holds -1 at \[0, 0\]; .* allows values in \[0, 100\) \(the declared range\)$"),
+    (1, 2, (0, 3), r"input 'mask' holds 2 at \[0, 3\]; .* allows values in \[1, 2\) or 0 \(its pad value\)$"),
+    (2, float("nan"), (1, 1, 2), r"input 'feats' holds NaN at \[1, 1, 2\]; release r-fake of enc takes numbers"),
+])
+def test_values_are_checked_before_any_bucket_runs(which, value, at, message):
+    m, mods = _ranged()
+    inputs = [torch.randint(0, 100, (2, 5)), torch.ones(2, 5, dtype=torch.long), torch.randn(2, 5, 4)]
+    inputs[1][:, 4] = 0  # the pad value is always allowed: the runtime pads with it itself
+    inputs[which][at] = value
+    with pytest.raises(BucketError, match=message):
+        m(*inputs)
+    assert not any(r.calls for r in mods.values())
+    inputs[which][at] = 1
+    m(*inputs)  # the process goes on; a good request is served
+    assert {b: len(r.calls) for b, r in mods.items() if r.calls} == {"b2-s8": 1}
+
+
+def test_inputs_must_be_tensors_and_converted_floats_whole_numbers():
+    m, mods = _ranged(convert=True)
+    ids, mask, feats = torch.ones(1, 4, dtype=torch.long), torch.ones(1, 4, dtype=torch.long), torch.zeros(1, 4, 4)
+    with pytest.raises(BucketError, match=r"input 'ids' is a list; give a torch.Tensor of int64, shape \['batch', 'seq'\]"):
+        m(ids.tolist(), mask, feats)
+    with pytest.raises(BucketError, match=r"enc takes 3 input\(s\) \(ids, mask, feats\), got 2"):
+        m(ids, mask)
+    with pytest.raises(BucketError, match=r"input 'ids' holds 3.7\d* at \[0, 1\]; convert_dtypes converts whole numbers"):
+        m(torch.tensor([[1.0, 3.7, 2.0, 1.0]]), mask, feats)
+    with pytest.raises(BucketError, match=r"input 'ids' holds nan at \[0, 0\]; convert_dtypes converts whole numbers"):
+        m(torch.tensor([[float("nan"), 1.0, 2.0, 1.0]]), mask, feats)
+    with pytest.raises(BucketError, match=r"input 'ids' holds 1000 at \[0, 2\]"):  # converted, then checked
+        m(torch.tensor([[1.0, 3.0, 1000.0, 1.0]]), mask, feats)
+    assert not any(r.calls for r in mods.values())
+    out, _, _ = m(torch.tensor([[1.0, 3.0, 2.0, 1.0]]), mask, feats)
+    assert out[0, :, 0].tolist() == [1.0, 3.0, 2.0, 1.0]
+
+
 # ---------------------------------------------------------------------------------------------------
 # a real pulled release: the tiny torchscript project
 
@@ -206,7 +251,7 @@ def test_tiny_release_served(tmp_path):
 
     # a pulled folder with a file gone does not load
     (serve / "b4" / "model.pt").unlink()
-    with pytest.raises(UserError, match=r"b4/model.pt: missing or not \d+ bytes as release.json lists; pull again"):
+    with pytest.raises(UserError, match=r"b4/model.pt: missing, release.json lists it; pull the release again"):
         BucketedModel.load(serve)
     with pytest.raises(UserError, match="release.json: cannot read it"):
         BucketedModel.load(tmp_path / "nothing")
@@ -296,3 +341,33 @@ def test_minilm_release_served_with_bucket_routing(tmp_path):
     assert served.chunks({"batch": 9, "seq": 10}) == [8, 1]
     with pytest.raises(BucketError, match="input 'input_ids' is torch.int32"):
         served(torch.zeros(1, 10, dtype=torch.int32), torch.ones(1, 10, dtype=torch.int64))
+
+
+def test_verify_pulled_checks_sizes_and_sha256_of_every_listed_file(tmp_path):
+    """verify_pulled (what load runs first): sizes always, sha256 unless verify="size"; a top-level files map
+    (one weights file shared by every graph) is checked too, and a name in it outside the folder refused."""
+    import hashlib
+
+    from neuron_build.runtime import verify_pulled
+    from neuron_build.trust import UntrustedRecord
+
+    (tmp_path / "b1").mkdir()
+    (tmp_path / "b1" / "model.pt").write_bytes(b"model")
+    (tmp_path / "weights.safetensors").write_bytes(b"weights")
+
+    def ent(data: bytes) -> dict:
+        return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    rel = {"release": "r-x", "model": "m", "files": {"weights.safetensors": ent(b"weights")},
+           "buckets": [{"id": "b1", "files": {"b1/model.pt": ent(b"model")}}]}
+    verify_pulled(rel, tmp_path)
+    (tmp_path / "weights.safetensors").write_bytes(b"weightz")
+    with pytest.raises(UserError, match=rf"^{tmp_path}/weights.safetensors: sha256 [0-9a-f]{{16}}\.\.\., release.json "
+                                        r"lists [0-9a-f]{16}\.\.\.; the file was changed after pull: pull the release again$"):
+        verify_pulled(rel, tmp_path)
+    verify_pulled(rel, tmp_path, verify="size")
+    (tmp_path / "b1" / "model.pt").write_bytes(b"model!")
+    with pytest.raises(UserError, match=r"b1/model.pt: 6 bytes, release.json lists 5; the file was changed after pull"):
+        verify_pulled(rel, tmp_path, verify="size")
+    rel["files"] = {"../outside": ent(b"x")}
+    with pytest.raises(UntrustedRecord, match="file '../outside' resolves outside"):
+        verify_pulled(rel, tmp_path, verify="size")

@@ -74,6 +74,20 @@ def causal_lm(model):
     return lm
 
 
+def serving_facts(lm) -> dict[str, Any]:
+    """What serving checks requests against, recorded in ``textgen.json``: ``vocab_size`` (rows of the input
+    embedding: ids must be below it) and ``generation`` (``pad_token_id``, ``eos_token_id`` of the model's
+    generation config, as transformers' ``generate`` pads finished rows)."""
+    return {"vocab_size": int(lm.get_input_embeddings().num_embeddings), "generation": generation_settings(lm)}
+
+
+def generation_settings(lm) -> dict[str, Any]:
+    """What serving needs of a causal LM's ``generation_config``: ``pad_token_id`` and ``eos_token_id`` (int,
+    list or None), as transformers' ``generate`` reads them."""
+    gc = lm.generation_config
+    return {"pad_token_id": gc.pad_token_id, "eos_token_id": gc.eos_token_id}
+
+
 def static_wrapper(lm, batch: int, max_seq_len: int):
     """transformers' ``TorchExportableModuleWithStaticCache`` of ``lm`` for ``batch`` rows and a cache of
     ``max_seq_len`` positions (its KV buffers zeroed)."""
@@ -164,7 +178,7 @@ class TextGenInductorCompiler:
         save_file(weights, str(out / WEIGHTS))
         info = {"graph": graph, "batch": batch, "seq": seq if graph == "prefill" else 1,
                 "max_seq_len": max_seq_len, "state": state_spec(wrapper), "weights": WEIGHTS,
-                "artifact": "model.pt2", "export": EXPORT}
+                "artifact": "model.pt2", "export": EXPORT, **serving_facts(lm)}
         (out / INFO).write_text(json.dumps(info, indent=2) + "\n")
         enter_stage("count")
         ops, breakdown = count_package_kernels(out / "model.pt2")

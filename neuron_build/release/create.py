@@ -14,7 +14,7 @@ from typing import Any
 
 from neuron_build.artifact import artifact_file
 from neuron_build.errors import UserError
-from neuron_build.project.config import Project
+from neuron_build.project.config import INTEGER_DTYPES, Project
 from neuron_build.project.keys import diff_components
 from neuron_build.release.records import (
     RELEASE_FORMAT,
@@ -229,7 +229,9 @@ def draft_release(builder, choice: ReleaseChoice, found: list[tuple[Any, str, An
         metrics[t.id] = artifact_summary(store, key, m)
     runtime = {
         "dims": list(spec.buckets),
-        "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype or dtype, "pad": i.pad_value}
+        "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype or dtype, "pad": i.pad_value,
+                    # integer ranges: what serving checks values against (a float range only shapes examples)
+                    **({"range": list(i.range)} if i.dtype in INTEGER_DTYPES and i.range is not None else {})}
                    for i in spec.inputs],
         "truncate": spec.truncate, "convert_dtypes": spec.convert_dtypes}
     if spec.is_textgen:  # prefill and decode graphs: what generate() routes by
