@@ -271,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             res = simulate(truth, jobs, random.Random(a.seed + 2), max_reserved=a.max_reserved)
         elif name in ("lpt_predicted", "host_loss"):
             jobs = [Job(t.id, predicted[t.id].seconds or 0.0, predicted[t.id].peak_bytes,
-                        seconds_p90=predicted[t.id].seconds_p90, after=t.after) for t in truth]
+                        seconds_p90=predicted[t.id].seconds_p90, after=t.after,
+                        memory_p50=predicted[t.id].peak_p50_bytes) for t in truth]
             res = simulate(truth, jobs, random.Random(a.seed + 2), max_reserved=a.max_reserved,
                            host_loss=name == "host_loss")
         else:

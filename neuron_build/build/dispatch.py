@@ -11,8 +11,12 @@ The policy (``../shared/compile-fleet.md`` §3, §5):
   jobs that wait for it (a model's priority graph carries its longest bucket), and ready jobs go out highest
   rank first. List scheduling in arbitrary order guarantees only 2 - 1/m of the optimal makespan, LPT
   4/3 - 1/(3m) (Graham 1969).
-* **Packed by memory**: a job starts only on a worker with a free slot and at least its predicted p90 peak
-  memory free; among those, the one it fits most tightly (best fit), so large workers stay free for large jobs.
+* **Packed by memory**: a job starts only on a worker with a free slot whose memory holds the p90 of the sum of
+  the peaks running there with it: the sum of their p50s plus 1.28 standard deviations of the sum (each job's
+  deviation taken as (p90 - p50) / 1.28, the peaks as independent), and never less than the job's own p90.
+  Alone on a worker a job gets its p90; ten together need far less than ten p90s (what a fleet short of memory
+  needs). Among the workers that can take it, the one it fits most tightly (best fit), so large workers stay
+  free for large jobs.
   A ready job that fits no worker now but fits some worker's capacity reserves the emptiest such worker
   (nothing smaller starts there until it fits), at most :attr:`Dispatcher.max_reserved` at once.
 * **Lifetime**: a job does not start on a worker whose remaining lifetime (``--lifetime`` below a Slurm
@@ -36,6 +40,8 @@ from dataclasses import dataclass, field
 
 #: The start of the one-line reason of a job that fits no worker of the fleet.
 NO_WORKER = "no worker big enough"
+#: z of the 90th percentile of a normal distribution.
+Z90 = 1.2816
 #: Ready jobs, from the top of the queue, that may reserve a worker when none of the free ones can take them.
 HEAD = 64
 
@@ -47,7 +53,8 @@ class Job:
     Attributes:
         id: the target id.
         seconds: predicted p50 wall time, seconds (orders the queue).
-        memory: predicted p90 peak memory, bytes (reserved on the worker while it runs).
+        memory: predicted p90 peak memory, bytes.
+        memory_p50: predicted p50 peak memory, bytes (None: the same as ``memory``, no spread).
         seconds_p90: predicted p90 wall time, seconds (checked against a worker's remaining lifetime);
             defaults to ``seconds``.
         after: ids of the jobs that must finish first (a model's priority graph).
@@ -58,6 +65,7 @@ class Job:
     memory: int
     seconds_p90: float | None = None
     after: tuple[str, ...] = ()
+    memory_p50: int | None = None
     #: capacity the job needs more than (set by an out-of-memory kill), bytes
     needs_more_than: int = 0
     oom_retries: int = 0
@@ -72,24 +80,42 @@ class WorkerSlot:
     memory: int
     slots: int
     lifetime_end: float | None = None
-    running: dict[str, int] = field(default_factory=dict)
+    running: dict[str, tuple[int, float]] = field(default_factory=dict)  # job -> (p50 bytes, variance)
     used: int = 0
+    var: float = 0.0
 
     @property
     def free_memory(self) -> int:
-        """Bytes not reserved by what runs on it."""
-        return self.memory - self.used
+        """Bytes left beside the p90 of the sum of the peaks running on it."""
+        return int(self.memory - self.used - Z90 * math.sqrt(max(self.var, 0.0)))
 
     @property
     def free_slots(self) -> int:
         return self.slots - len(self.running)
 
-    def take(self, job_id: str, memory: int) -> None:
-        self.running[job_id] = memory
-        self.used += memory
+    def take(self, job_id: str, p50: int, var: float = 0.0) -> None:
+        """Reserve a job's p50 peak (bytes) and its variance (bytes squared) here."""
+        self.running[job_id] = (p50, var)
+        self.used += p50
+        self.var += var
 
     def drop(self, job_id: str) -> None:
-        self.used -= self.running.pop(job_id, 0)
+        p50, var = self.running.pop(job_id, (0, 0.0))
+        self.used -= p50
+        self.var = self.var - var if self.running else 0.0
+
+    def spare(self, p50: int, p90: int, var: float) -> float:
+        """Bytes left if a job of that p50, p90 and variance started here (negative: it does not fit)."""
+        return min(self.memory - self.used - p50 - Z90 * math.sqrt(max(self.var + var, 0.0)), self.memory - p90)
+
+
+def _p50(job: Job) -> int:
+    return job.memory if job.memory_p50 is None else min(job.memory_p50, job.memory)
+
+
+def _var(job: Job) -> float:
+    """The variance of a job's peak, bytes squared, from its p50 and p90 (normal)."""
+    return ((job.memory - _p50(job)) / Z90) ** 2
 
 
 def _floor(b: int) -> float:
@@ -98,7 +124,7 @@ def _floor(b: int) -> float:
 
 
 def _bin(memory: int) -> int:
-    """The memory class of a job: bins 10 % wide (1 GiB and below share bin 0)."""
+    """The memory class of a job's p50 peak: bins 10 % wide (1 GiB and below share bin 0)."""
     return max(0, int(math.log(max(memory, 1) / 2**30, 1.1)) + 1) if memory > 2**30 else 0
 
 
@@ -212,6 +238,7 @@ class Dispatcher:
         self._release(job_id)
         job = self.jobs[job_id]
         job.memory = max(job.memory, int(peak_bytes or 0))
+        job.memory_p50 = max(_p50(job), int(peak_bytes or 0))
         job.needs_more_than = max(job.needs_more_than, cap)
         if job.oom_retries >= 1:
             return self._refuse(job, f"{NO_WORKER}: ran out of memory twice, the second time on a worker with "
@@ -241,12 +268,12 @@ class Dispatcher:
             return out
         biggest = max(w.memory for w in self.workers.values())
         reserved: set[str] = set()
-        room = max(w.memory - w.used for w in free)
+        room = max(w.free_memory for w in free)  # no job whose p50 exceeds this fits anywhere free
         for item in list(itertools.islice(heapq.merge(*self._bins.values()), HEAD)):
             if not free:
                 return out
             job = self.jobs[item[2]]
-            if job.memory > room and len(reserved) >= self.max_reserved and job.memory <= biggest:
+            if _p50(job) > room and len(reserved) >= self.max_reserved and job.memory <= biggest:
                 continue  # fits no free worker now, and no reservation is left to make for it
             if job.memory > biggest or job.needs_more_than >= biggest:
                 self._unqueue(job.id)
@@ -255,18 +282,19 @@ class Dispatcher:
                                      if job.needs_more_than else "")
                                   + f", the largest worker has {biggest / 2**30:.0f} GiB")
                 continue
-            w = self._best(job, free, now) if job.memory <= room else None
+            w = self._best(job, free, now) if _p50(job) <= room else None
             if w is not None:
                 self._start(job, w, free, out)
-                room = max((x.memory - x.used for x in free), default=0)
+                room = max((x.free_memory for x in free), default=0)
             elif len(reserved) < self.max_reserved:
                 hold = [x for x in self.workers.values() if x.name not in reserved and self._could(job, x, now)]
                 if hold:
                     reserved.add(max(hold, key=lambda x: (x.free_memory, x.name)).name)
                     free = [x for x in free if x.name not in reserved]
-                    room = max((x.memory - x.used for x in free), default=0)
+                    room = max((x.free_memory for x in free), default=0)
+        nofit: set[str] = set()  # fits none of the free workers: they only fill up during this call
         while free:
-            room = max(w.memory - w.used for w in free)
+            room = max(w.free_memory for w in free)
             pick: tuple[float, int, str] | None = None
             where: WorkerSlot | None = None
             for b, items in self._bins.items():
@@ -276,12 +304,13 @@ class Dispatcher:
                     if pick is not None and item >= pick:
                         break
                     job = self.jobs[item[2]]
-                    if job.memory > room:
+                    if _p50(job) > room or job.id in nofit:
                         continue
                     w = self._best(job, free, now)
                     if w is not None:
                         pick, where = item, w
                         break
+                    nofit.add(job.id)
             if pick is None or where is None:
                 break
             self._start(self.jobs[pick[2]], where, free, out)
@@ -295,16 +324,17 @@ class Dispatcher:
 
     def _best(self, job: Job, free: list[WorkerSlot], now: float) -> WorkerSlot | None:
         """The free worker ``job`` fits most tightly now (least memory left over), or None."""
-        best, left = None, 0
+        best, left = None, 0.0
+        p50, var = _p50(job), _var(job)
         for w in free:
-            spare = w.memory - w.used - job.memory
+            spare = w.spare(p50, job.memory, var)
             if spare >= 0 and (best is None or (spare, w.name) < (left, best.name)) and self._could(job, w, now):
                 best, left = w, spare
         return best
 
     def _start(self, job: Job, w: WorkerSlot, free: list[WorkerSlot], out: list) -> None:
         self._unqueue(job.id)
-        w.take(job.id, job.memory)
+        w.take(job.id, _p50(job), _var(job))
         self.where[job.id] = w.name
         out.append((job.id, w.name))
         if w.free_slots <= 0:
@@ -327,7 +357,7 @@ class Dispatcher:
 
     # -- internals --------------------------------------------------------------------------------------
     def _push(self, job_id: str) -> None:
-        b = _bin(self.jobs[job_id].memory)
+        b = _bin(_p50(self.jobs[job_id]))
         self._bin_of[job_id] = b
         bisect.insort(self._bins.setdefault(b, []), (-self.rank[job_id], self._seq[job_id], job_id))
 

@@ -54,12 +54,14 @@ class Prediction:
             lifetime ends".
         peak_bytes: p90 peak resident memory of the compile's process tree, bytes.
         source: one of :data:`SOURCES`.
+        peak_p50_bytes: p50 of that peak, bytes (the dispatcher sums p50s and their spread per worker).
     """
 
     seconds: float | None
     seconds_p90: float | None
     peak_bytes: int
     source: str
+    peak_p50_bytes: int | None = None
 
 
 def bucket_tokens(bucket_id: str) -> int:
@@ -188,14 +190,15 @@ class Predictor:
             t50 = _median(ts) if ts else pt
             t90 = _p90(ts, TIME_MARGIN) if ts else pt
             peak = int(_p90(ms, MEMORY_MARGIN)) if ms else (pm or self.default_peak_bytes)
-            return Prediction(t50, t90, max(peak, 1), source)
+            p50 = int(_median(ms)) if ms else (pm or self.default_peak_bytes)
+            return Prediction(t50, t90, max(peak, 1), source, max(min(p50, peak), 1))
         t, m = self._prior(model, bucket)
         if t is None and m is None:
             return Prediction(None, None, self.default_peak_bytes, "none")
         ft, fm = self._fit
         t90 = t * math.exp(Z90 * ft[3]) if t is not None and ft else t
         m90 = int(m * math.exp(Z90 * fm[3])) if m is not None and fm else None
-        return Prediction(t, t90, m90 or self.default_peak_bytes, "prior")
+        return Prediction(t, t90, m90 or self.default_peak_bytes, "prior", m or self.default_peak_bytes)
 
 
 def _p90(xs: Sequence[float], margin: float) -> float:

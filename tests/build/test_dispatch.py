@@ -22,7 +22,7 @@ def run(d: Dispatcher, seconds: dict[str, float]) -> tuple[float, dict[str, tupl
     while True:
         for jid, w in d.assign(now):
             ws = d.workers[w]
-            assert ws.used <= ws.memory and len(ws.running) <= ws.slots
+            assert ws.free_memory >= 0 and len(ws.running) <= ws.slots
             spans[jid] = (now, now + seconds[jid], w)
             heapq.heappush(events, (now + seconds[jid], jid))
         if not events:
