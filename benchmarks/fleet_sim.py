@@ -139,7 +139,7 @@ def history(truth: list[Truth], rng: random.Random, cold_share: float = 0.2) -> 
     return recs
 
 
-def simulate(truth: list[Truth], jobs: list[Job], rng: random.Random, max_reserved: int,
+def simulate(truth: list[Truth], jobs: list[Job], rng: random.Random, max_reserved: int,  # noqa: C901 (one event loop)
              host_loss: bool = False) -> dict:
     """Run one dispatch over the simulated fleet; returns makespan and counters."""
     by_id = {t.id: t for t in truth}

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.build.attempt import Outcome, as_status
-from neuron_build.build.peaks import expected_compile_time, expected_peak
+from neuron_build.build.peaks import expected_peak
+from neuron_build.build.predict import dispatch_jobs, target_predictions
 from neuron_build.build.progress import BuildProgress, estimate_eta, progress_line
 from neuron_build.errors import UserError
 from neuron_build.log import get_logger
@@ -49,6 +50,8 @@ CONNECT_TIMEOUT_S = 10.0
 POLL_S = 0.5
 #: The Dask resource a compile host advertises (``--resources "memory_gb=N"``), GB.
 MEMORY_RESOURCE = "memory_gb"
+#: The memory the dispatcher gives a worker that advertises no bound, bytes.
+UNBOUNDED = 2**62
 
 
 # -- where the workers publish ----------------------------------------------------------------------------
@@ -418,42 +421,58 @@ class DaskBuild:
     def _submit_and_collect(self, client: Any, todo: list[Target], spec: StoreSpec, ident: str, workers: dict) -> None:
         from distributed import as_completed
 
+        from neuron_build.build.dispatch import Dispatcher
+
         b = self.b
         build_id = secrets.token_hex(4)
         retries = b.project.config.build.transient_retries
         futures: dict[Any, Target] = {}
-        largest = max((memory_bound(w.get("memory_limit"), w.get("resources")) or 0 for w in workers.values()),
-                      default=0)
-        for t in list(todo):
-            why = self._too_big(t, largest)
-            if why is not None:  # not retried on the same worker size
-                self.outcomes[t.id] = Outcome(t.id, b.key(t).key, Status.KILLED, why)
-                self.log.error(str(Status.KILLED), target=t.id, reason=why)
-                if self.report is not None:
-                    self.report(f"  FAILED {t.id}: KILLED: {why}")
-                todo.remove(t)
-                continue
-            res = self._resources(t, workers)
-            fut = client.submit(compile_task, self._job(t, spec, ident, build_id), pure=False, retries=retries,
-                                key=f"neuron-build-{t.id}-{b.key(t).key[:12]}-{build_id}",
-                                **({"resources": res} if res else {}))
-            futures[fut] = t
-        self.log.info("submitted", tasks=len(futures), scheduler=self.address, workers=len(workers))
-        expected = {t.id: expected_compile_time(b.store, t.model, t.bucket_id) for t in todo}
-        by_key = {f.key: t for f, t in futures.items()}
+        todo = self._drop_too_big(todo, workers)
+        predicted = target_predictions(b, todo)
+        dispatch = Dispatcher(dispatch_jobs(todo, predicted, b.project.config.build.default_compile_memory_gb))
+        self._sync_workers(dispatch, workers)
+        by_id = {t.id: t for t in todo}
+        tries: dict[str, int] = {}
+        advertised = any(MEMORY_RESOURCE in (w.get("resources") or {}) for w in workers.values())
+
+        def submit_ready() -> None:
+            for tid, addr in dispatch.assign(time.monotonic()):
+                t = by_id[tid]
+                tries[tid] = tries.get(tid, 0) + 1
+                kw: dict[str, Any] = {"workers": [addr], "allow_other_workers": False,
+                                      "priority": dispatch.priority(tid)}
+                if advertised:  # within Dask's own accounting too: the p50 the dispatcher reserved
+                    p50 = dispatch.jobs[tid].memory_p50 or dispatch.jobs[tid].memory
+                    kw["resources"] = {MEMORY_RESOURCE: round(min(p50, dispatch.workers[addr].memory) / GB, 3)}
+                fut = client.submit(compile_task, self._job(t, spec, ident, build_id), pure=False, retries=retries,
+                                    key=f"neuron-build-{t.id}-{b.key(t).key[:12]}-{build_id}-{tries[tid]}", **kw)
+                futures[fut] = t
+                by_key[fut.key] = t
+                ac.add(fut)
+
+        expected = {t.id: predicted[t.id].seconds for t in todo}
+        by_key: dict[Any, Target] = {}
         started: dict[str, float] = {}
         done = failed = 0
         last_state: tuple = ()
         slots = sum(int(w.get("nthreads", 1)) for w in workers.values()) or 1
-        display = self.display(len(futures), slots, expected) if self.display is not None else None
+        total = len(todo)
+        display = self.display(total, slots, expected) if self.display is not None else None
         live = display is not None and display.live
         shown: set[str] = set()
-        ac = as_completed(list(futures), loop=client.loop)
+        ac = as_completed([], loop=client.loop)
+        submit_ready()
+        self.log.info("dispatching", targets=total, scheduler=self.address, workers=len(workers))
         try:
-            while done < len(futures):
+            while done < total:
                 for fut in ac.next_batch(block=False) if ac.has_ready() else []:
-                    t = futures[fut]
+                    t = futures.pop(fut)
+                    if fut.cancelled():  # its worker left: the dispatcher put it back in the queue
+                        continue
                     out = self._collect(fut, t)
+                    if self._retry_bigger(dispatch, t, out):
+                        continue
+                    dispatch.finished(t.id)
                     self.outcomes[t.id] = out
                     done += 1
                     failed += 0 if out.ok else 1
@@ -462,19 +481,20 @@ class DaskBuild:
                         if t.id not in shown:
                             display.started(t.id, where=self.workers.get(t.id))
                         display.finished(out)
+                self._follow_workers(client, dispatch, futures)
+                submit_ready()
                 running = self._running(client, by_key, started)
-                if display is not None:
-                    for tid in sorted(set(running) - shown):
-                        display.started(tid, where=running[tid])
-                    shown |= set(running)
+                self._show_started(display, running, shown)
                 now = time.monotonic()
                 pending = [expected[t.id] for t in todo if t.id not in self.outcomes and t.id not in running]
                 eta = estimate_eta(pending, [(expected[tid], now - started[tid]) for tid in running], slots)
                 state = (done, failed, tuple(sorted(running.items())))
                 if self.report is not None and not live and state != last_state:  # a line per change, not per tick
-                    self.report(progress_line(BuildProgress(len(futures), done, failed, running, eta)))
+                    self.report(progress_line(BuildProgress(total, done, failed, running, eta)))
                 last_state = state
-                if done < len(futures):
+                refused = self._refused(dispatch, by_id)
+                done, failed = done + refused, failed + refused
+                if done < total:
                     time.sleep(POLL_S)
         except BaseException:  # Ctrl-C (KeyboardInterrupt) included: cancel everything, then re-raise
             left = [f for f in futures if not f.done()]
@@ -485,6 +505,78 @@ class DaskBuild:
         finally:
             if display is not None:
                 display.stop()
+
+    def _drop_too_big(self, todo: list[Target], workers: dict) -> list[Target]:
+        """``todo`` without the targets :meth:`_too_big` refuses (each gets its KILLED outcome and line)."""
+        largest = max((memory_bound(w.get("memory_limit"), w.get("resources")) or 0 for w in workers.values()),
+                      default=0)
+        keep = []
+        for t in todo:
+            why = self._too_big(t, largest)
+            if why is None:
+                keep.append(t)
+                continue
+            self.outcomes[t.id] = Outcome(t.id, self.b.key(t).key, Status.KILLED, why)  # not retried on that size
+            self.log.error(str(Status.KILLED), target=t.id, reason=why)
+            if self.report is not None:
+                self.report(f"  FAILED {t.id}: KILLED: {why}")
+        return keep
+
+    def _refused(self, dispatch: Any, by_id: dict[str, Target]) -> int:
+        """Record a KILLED outcome (the one-line reason) for each target the dispatcher refused (it fits no
+        worker) that has none yet; returns how many."""
+        n = 0
+        for tid, why in dispatch.refused.items():
+            if tid not in self.outcomes:
+                self.outcomes[tid] = Outcome(tid, self.b.key(by_id[tid]).key, Status.KILLED, why)
+                self.log.error(str(Status.KILLED), target=tid, reason=why)
+                if self.report is not None:
+                    self.report(f"  FAILED {tid}: KILLED: {why}")
+                n += 1
+        return n
+
+    @staticmethod
+    def _show_started(display: Any, running: dict[str, str], shown: set[str]) -> None:
+        if display is not None:
+            for tid in sorted(set(running) - shown):
+                display.started(tid, where=running[tid])
+            shown |= set(running)
+
+    def _sync_workers(self, dispatch: Any, workers: dict) -> None:
+        """Tell ``dispatch`` the workers of the scheduler's table ``workers`` (address -> info): memory (the
+        bound of :func:`memory_bound`; unbounded when none), slots (threads), and a lifetime when the info
+        carries one (``lifetime_end``, monotonic seconds, as a cluster plug-in may add)."""
+        for addr, w in workers.items():
+            mem = memory_bound(w.get("memory_limit"), w.get("resources")) or UNBOUNDED
+            if addr not in dispatch.workers or dispatch.workers[addr].memory != mem:
+                dispatch.add_worker(addr, mem, int(w.get("nthreads") or 1), w.get("lifetime_end"))
+
+    def _follow_workers(self, client: Any, dispatch: Any, futures: dict) -> None:
+        """Workers that joined are offered work; the tasks of workers that left are cancelled and go back
+        to the dispatcher's queue (a lost worker is not a compile failure; the key's lease expires)."""
+        try:
+            workers = dict(client.scheduler_info(n_workers=-1)["workers"])
+        except Exception:
+            return
+        self._sync_workers(dispatch, workers)
+        for addr in [a for a in dispatch.workers if a not in workers]:
+            back = set(dispatch.lose_worker(addr))
+            if back:
+                self.log.warning("worker lost, its compiles go back to the queue", worker=addr, targets=sorted(back))
+                client.cancel([f for f, t in futures.items() if t.id in back], force=True)
+
+    def _retry_bigger(self, dispatch: Any, t: Target, out: Outcome) -> bool:
+        """True when ``out`` is an out-of-memory kill the dispatcher retries on a worker with more memory."""
+        from neuron_build.build.attempt import OUT_OF_MEMORY
+
+        if out.ok or not str(out.reason).startswith(OUT_OF_MEMORY):
+            return False
+        fail = self.b.store.failure(t.id)
+        why = dispatch.out_of_memory(t.id, fail.peak_rss_bytes if fail is not None else None)
+        if why is None:
+            self.log.warning("out of memory, retried on a worker with more memory", target=t.id)
+            return True
+        return False
 
     def _running(self, client: Any, by_key: dict, started: dict[str, float]) -> dict[str, str]:
         """target id -> worker address of the tasks executing on a worker now (asked of every worker)."""

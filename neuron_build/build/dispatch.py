@@ -266,12 +266,19 @@ class Dispatcher:
         free = [w for w in self.workers.values() if w.free_slots > 0]
         if not free:
             return out
+        free = self._assign_head(free, now, out)
+        self._assign_rest(free, now, out)
+        return out
+
+    def _assign_head(self, free: list[WorkerSlot], now: float, out: list) -> list[WorkerSlot]:
+        """The first :data:`HEAD` ready jobs: start, reserve a worker, or are refused. Returns the free workers
+        left (reserved ones taken out)."""
         biggest = max(w.memory for w in self.workers.values())
         reserved: set[str] = set()
         room = max(w.free_memory for w in free)  # no job whose p50 exceeds this fits anywhere free
         for item in list(itertools.islice(heapq.merge(*self._bins.values()), HEAD)):
             if not free:
-                return out
+                break
             job = self.jobs[item[2]]
             if _p50(job) > room and len(reserved) >= self.max_reserved and job.memory <= biggest:
                 continue  # fits no free worker now, and no reservation is left to make for it
@@ -292,6 +299,10 @@ class Dispatcher:
                     reserved.add(max(hold, key=lambda x: (x.free_memory, x.name)).name)
                     free = [x for x in free if x.name not in reserved]
                     room = max((x.free_memory for x in free), default=0)
+        return free
+
+    def _assign_rest(self, free: list[WorkerSlot], now: float, out: list) -> None:
+        """After the head: the best-ranked job that fits some free worker starts, until none fits."""
         nofit: set[str] = set()  # fits none of the free workers: they only fill up during this call
         while free:
             room = max(w.free_memory for w in free)
@@ -314,7 +325,6 @@ class Dispatcher:
             if pick is None or where is None:
                 break
             self._start(self.jobs[pick[2]], where, free, out)
-        return out
 
     def _could(self, job: Job, w: WorkerSlot, now: float) -> bool:
         """Could ``job`` ever run on ``w`` (its capacity, its lifetime), once what runs there ends?"""

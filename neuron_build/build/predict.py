@@ -239,14 +239,64 @@ def _lstsq(rows: list[tuple[tuple[float, float], float]]) -> tuple[float, float,
     return a, coef[0], coef[1], sd
 
 
-def predicted_work(predictions: Iterable[Prediction], unknown_s: float | None = None) -> float:
-    """Total predicted compile work, seconds (the sum of p50 times): what to size a fleet by, e.g. Slurm jobs =
-    ceil(work / walltime / slots per job). A prediction without a time counts as the mean of the known ones
-    (or ``unknown_s`` when given); 0.0 when no time is known at all."""
+def target_predictions(builder, targets: Iterable) -> dict[str, Prediction]:
+    """target id -> :class:`Prediction` for ``targets`` of ``builder`` (a
+    :class:`~neuron_build.build.builder.Builder`): its store's ledger read once per builder (the ledger of a
+    build in progress is not re-read), keys and backend from the builder, the memory default
+    ``[build] default_compile_memory_gb`` (GB = 1e9 bytes)."""
+    pred = predictor_for(builder)
+    backend = builder.keys.backend
+    return {t.id: pred.predict(t.id, builder.key(t).key, backend) for t in targets}
+
+
+def dispatch_jobs(targets: Sequence, predicted: Mapping[str, Prediction], default_memory_gb: float) -> list:
+    """:class:`~neuron_build.build.dispatch.Job` objects of ``targets`` (in matrix order) from their predictions:
+    a target without a predicted time counts as the mean of the known ones; each text-generation target waits
+    for nothing (a bucket needs no other bucket's NEFF in neuron-build)."""
+    from neuron_build.build.dispatch import Job
+
+    known = [p.seconds for p in predicted.values() if p.seconds is not None]
+    fill = sum(known) / len(known) if known else 0.0
+    default = int(default_memory_gb * 1e9)
+    out = []
+    for t in targets:
+        p = predicted[t.id]
+        secs = p.seconds if p.seconds is not None else fill
+        out.append(Job(t.id, secs, p.peak_bytes or default, seconds_p90=p.seconds_p90 or secs,
+                       memory_p50=p.peak_p50_bytes))
+    return out
+
+
+def predictor_for(builder) -> Predictor:
+    """The :class:`Predictor` of ``builder``'s store (made on first use, then kept on the builder)."""
+    pred = getattr(builder, "_fleet_predictor", None)
+    if pred is None:
+        gb = float(builder.project.config.build.default_compile_memory_gb)
+        pred = Predictor.from_store(builder.store, int(gb * 1e9))
+        builder._fleet_predictor = pred
+    return pred
+
+
+def predicted_seconds(builder, target) -> float | None:
+    """The p50 compile time of one target of ``builder``, seconds (None when nothing is known): the ETA's
+    figure."""
+    return predictor_for(builder).predict(target.id, builder.key(target).key, builder.keys.backend).seconds
+
+
+def predicted_work(builder, targets: Iterable) -> float:
+    """Total predicted compile work of ``targets``, seconds (the sum of their p50 times; see :func:`total_work`):
+    what a fleet is sized by, e.g. Slurm jobs = ceil(work / (walltime x slots per job))."""
+    return total_work(target_predictions(builder, targets).values())
+
+
+def total_work(predictions: Iterable[Prediction], unknown_s: float | None = None) -> float:
+    """Total predicted compile work, seconds (the sum of p50 times). A prediction without a time counts as
+    the mean of the known ones (or ``unknown_s`` when given); 0.0 when no time is known at all."""
     preds = list(predictions)
     known = [p.seconds for p in preds if p.seconds is not None]
     fill = unknown_s if unknown_s is not None else (sum(known) / len(known) if known else 0.0)
     return float(sum(known) + fill * (len(preds) - len(known)))
 
 
-__all__ = ["SOURCES", "Prediction", "Predictor", "bucket_tokens", "predicted_work"]
+__all__ = ["SOURCES", "Prediction", "Predictor", "bucket_tokens", "dispatch_jobs", "predicted_seconds", "predicted_work",
+           "predictor_for", "target_predictions", "total_work"]
