@@ -143,7 +143,8 @@ def simulate(truth: list[Truth], jobs: list[Job], rng: random.Random, max_reserv
              host_loss: bool = False) -> dict:
     """Run one dispatch over the simulated fleet; returns makespan and counters."""
     by_id = {t.id: t for t in truth}
-    d = Dispatcher(jobs, max_reserved=max_reserved)
+    d = Dispatcher(jobs, max_reserved=max_reserved, max_lifetime=LIFETIME_S if host_loss else None)
+    give_up = 10 * lower_bound(truth)
     events: list[tuple[float, int, str, tuple]] = []
     seq = 0
 
@@ -207,6 +208,8 @@ def simulate(truth: list[Truth], jobs: list[Job], rng: random.Random, max_reserv
     start_all()
     while events:
         now, _, kind, payload = heapq.heappop(events)
+        if now > give_up:  # a policy that never finishes: report what is left
+            break
         if kind in ("done", "oom"):
             jid, token = payload
             if running.get(jid, (None, None))[1] != token:

@@ -134,6 +134,8 @@ class Dispatcher:
     Args:
         jobs: every job of the build; a job's ``after`` may name jobs outside the list (taken as done).
         max_reserved: ready jobs that may each hold a worker while they wait for its memory.
+        max_lifetime: seconds a fresh worker lives (e.g. its ``--lifetime``), when workers have lifetimes: a
+            job whose p90 exceeds it would never start, so it asks only for half of it on a worker.
 
     Attributes:
         refused: job id -> one-line reason it will not run (no worker big enough).
@@ -141,9 +143,10 @@ class Dispatcher:
         oom_retries: out-of-memory kills retried on a bigger worker.
     """
 
-    def __init__(self, jobs: Iterable[Job], max_reserved: int = 4):
+    def __init__(self, jobs: Iterable[Job], max_reserved: int = 4, max_lifetime: float | None = None):
         self.jobs: dict[str, Job] = {j.id: j for j in jobs}
         self.max_reserved = max_reserved
+        self.max_lifetime = max_lifetime
         self.workers: dict[str, WorkerSlot] = {}
         self.refused: dict[str, str] = {}
         self.done: set[str] = set()
@@ -229,22 +232,25 @@ class Dispatcher:
         return ready
 
     def out_of_memory(self, job_id: str, peak_bytes: int | None = None) -> str | None:
-        """``job_id`` was killed for memory on the worker it ran on. The first time, it goes back to the queue
-        for a worker with more memory than that one (and reserves at least ``peak_bytes``) and None is
-        returned; otherwise (a second kill, or no bigger worker in the fleet) it is refused and the one-line
-        reason is returned."""
+        """``job_id`` was killed for memory on the worker it ran on, its process tree at ``peak_bytes``. The first
+        time, it goes back to the queue reserving at least ``peak_bytes``, for a worker with more memory than
+        that one (or, when ``peak_bytes`` is below that worker's memory, a kill among other compiles, for any
+        worker with the room) and None is returned; otherwise (a second kill, or no bigger worker in the fleet)
+        it is refused and the one-line reason is returned."""
         w = self.workers.get(self.where.get(job_id, ""))
         cap = w.memory if w is not None else self.jobs[job_id].memory
         self._release(job_id)
         job = self.jobs[job_id]
         job.memory = max(job.memory, int(peak_bytes or 0))
         job.memory_p50 = max(_p50(job), int(peak_bytes or 0))
-        job.needs_more_than = max(job.needs_more_than, cap)
+        crowded = peak_bytes is not None and 0 < peak_bytes < cap  # killed beside others, not for its own size
+        if not crowded:
+            job.needs_more_than = max(job.needs_more_than, cap)
         if job.oom_retries >= 1:
             return self._refuse(job, f"{NO_WORKER}: ran out of memory twice, the second time on a worker with "
                                      f"{cap / 2**30:.0f} GiB")
         biggest = max((x.memory for x in self.workers.values()), default=0)
-        if biggest <= cap:
+        if biggest <= cap and not crowded:
             return self._refuse(job, f"{NO_WORKER}: ran out of memory on a worker with {cap / 2**30:.0f} GiB and "
                                      f"no worker has more; add a worker with more memory")
         job.oom_retries += 1
@@ -329,6 +335,8 @@ class Dispatcher:
     def _could(self, job: Job, w: WorkerSlot, now: float) -> bool:
         """Could ``job`` ever run on ``w`` (its capacity, its lifetime), once what runs there ends?"""
         p90 = job.seconds_p90 if job.seconds_p90 is not None else job.seconds
+        if self.max_lifetime is not None and p90 > self.max_lifetime:
+            p90 = self.max_lifetime / 2
         return (w.memory >= job.memory and w.memory > job.needs_more_than
                 and (w.lifetime_end is None or now + p90 <= w.lifetime_end))
 

@@ -126,12 +126,22 @@ def test_an_out_of_memory_kill_is_retried_once_on_a_bigger_worker_then_refused()
     d.add_worker("std", 256 * GIB, 1)
     d.add_worker("big", 2048 * GIB, 1)
     assert d.assign(0.0) == [("t", "std")]
-    assert d.out_of_memory("t", peak_bytes=250 * GIB) is None
+    assert d.out_of_memory("t", peak_bytes=260 * GIB) is None  # over std's 256 GiB
     assert d.oom_retries == 1 and d.ready == ["t"]
     assert d.assign(5.0) == [("t", "big")]  # not std again, though it is free
     why = d.out_of_memory("t", peak_bytes=2000 * GIB)
     assert why is not None and why.startswith(NO_WORKER) and "\n" not in why
     assert d.refused == {"t": why} and d.done == {"t"} and d.assign(9.0) == []
+
+
+def test_an_out_of_memory_kill_beside_other_compiles_is_retried_with_its_peak_reserved():
+    d = Dispatcher([Job("t", 10.0, 100 * GIB), Job("u", 5.0, 100 * GIB)])
+    d.add_worker("only", 256 * GIB, 2)
+    assert sorted(d.assign(0.0)) == [("t", "only"), ("u", "only")]
+    assert d.out_of_memory("t", 180 * GIB) is None  # 180 + 100 > 256: crowded, not too big
+    assert d.assign(1.0) == []  # waits until u leaves room for 180 GiB
+    d.finished("u")
+    assert d.assign(5.0) == [("t", "only")] and d.workers["only"].used == 180 * GIB
 
 
 def test_an_out_of_memory_kill_on_the_largest_worker_says_no_worker_big_enough():
