@@ -429,7 +429,9 @@ class DaskBuild:
         futures: dict[Any, Target] = {}
         todo = self._drop_too_big(todo, workers)
         predicted = target_predictions(b, todo)
-        dispatch = Dispatcher(dispatch_jobs(todo, predicted, b.project.config.build.default_compile_memory_gb))
+        jobs = dispatch_jobs(todo, predicted, b.project.config.build.default_compile_memory_gb)
+        self._cap_at_largest(jobs, workers)
+        dispatch = Dispatcher(jobs)
         self._sync_workers(dispatch, workers)
         by_id = {t.id: t for t in todo}
         tries: dict[str, int] = {}
@@ -521,6 +523,19 @@ class DaskBuild:
             if self.report is not None:
                 self.report(f"  FAILED {t.id}: KILLED: {why}")
         return keep
+
+    def _cap_at_largest(self, jobs: list, workers: dict) -> None:
+        """A prediction above every worker's memory is a guess until a compile is killed for it (then
+        :meth:`_too_big` refuses the target before this): such a job asks for the largest worker's memory,
+        with a warning, and runs."""
+        largest = max((memory_bound(w.get("memory_limit"), w.get("resources")) or UNBOUNDED
+                       for w in workers.values()), default=UNBOUNDED)
+        for j in jobs:
+            if j.memory > largest:
+                self.log.warning("predicted peak above every worker's memory", target=j.id,
+                                 predicted_bytes=j.memory, largest_bytes=largest)
+                j.memory = largest
+                j.memory_p50 = min(j.memory_p50 or largest, largest)
 
     def _refused(self, dispatch: Any, by_id: dict[str, Target]) -> int:
         """Record a KILLED outcome (the one-line reason) for each target the dispatcher refused (it fits no
