@@ -4,7 +4,7 @@ shared store.
 ``[build] executor = "dask"`` (or ``neuron-build build --executor dask``) with ``scheduler =
 "tcp://host:8786"`` (or ``--scheduler``, or Dask's ``DASK_SCHEDULER_ADDRESS``). The client (:class:`DaskBuild`)
 plans as a local build does, refuses to start unless every worker sees the same store, and submits one
-``Client.submit(compile_task, ..., pure=False)`` per target to compile, collected with
+``Client.submit(compile_task, ..., pure=False)`` per target as the dispatcher releases it, collected with
 ``distributed.as_completed``. On the worker, :func:`compile_task` opens the store from its location, loads
 the project from the same config path (each worker host needs the checkout at that path: a shared mount or
 the same clone), checks it computes the same key, and runs the same :class:`~neuron_build.build.builder.Builder`
@@ -12,14 +12,17 @@ as a local build: the key's store lock (so two clients never compile one key twi
 (:class:`~neuron_build.build.local.LocalExecutor`: timeout, peak memory, failure classes), staging, seal,
 publish, failure records. The manifest records ``executor = "dask"`` and the worker's address.
 
-Scheduling: when workers advertise a ``memory_gb`` resource (``dask worker ... --resources
-"memory_gb=N"``), each task asks for its expected peak (GB = 1e9 bytes; recorded peaks as for a local
-build, capped at the largest worker's figure), so a host is never asked for more than it has; plain
-workers run one compile per thread. A transient failure (exit status 70) raises :class:`TransientCompileError`
-on the worker, which Dask retries (``retries=[build] transient_retries``, possibly on another worker);
+Scheduling: the client holds the queue (:class:`~neuron_build.build.dispatch.Dispatcher`, predictions from
+:mod:`neuron_build.build.predict`): as slots free it releases the ready target with the longest predicted
+compile to the worker it fits most tightly by predicted memory (the smaller of ``--memory-limit`` and a
+``memory_gb`` resource, GB = 1e9 bytes; unbounded without either), pinned there with ``priority=`` and, when
+workers advertise ``memory_gb``, its p50 peak as a resource. An out-of-memory kill is retried once on a
+worker with more memory; a worker that leaves has its tasks cancelled and put back in the queue (not a
+failure). A transient failure (exit status 70) raises :class:`TransientCompileError`
+on the worker, which Dask retries (``retries=[build] transient_retries``, on the same worker);
 deterministic failures are returned, never retried. A worker that dies mid-compile takes its compile
-subprocess with it (``PR_SET_PDEATHSIG``); its staging folder is never published, and the scheduler
-reschedules the task on another worker. A cancelled task (Ctrl-C on the client, or a client that went
+subprocess with it (``PR_SET_PDEATHSIG``); its staging folder is never published, and the client puts
+the target back in its queue for another worker. A cancelled task (Ctrl-C on the client, or a client that went
 away) kills its compile within 0.2 s (the executor polls the worker's task state).
 """
 
