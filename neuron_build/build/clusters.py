@@ -195,10 +195,10 @@ def slurm_cluster(settings: DaskSettings, root: Path, predict: Callable[[str], f
 
 
 def recorded_times(builder: Any, targets: Any) -> Callable[[str], float | None]:
-    """``predict(target id)`` -> the last recorded compile seconds of its model and bucket
-    (:func:`~neuron_build.build.peaks.expected_compile_time`), None when none is recorded or the target is
-    not one of ``targets``. The scaler's stand-in until a predictor from the ledger takes its place."""
-    from neuron_build.build.peaks import expected_compile_time
+    """``predict(target id)`` -> the predicted p50 compile seconds of that target
+    (:func:`neuron_build.build.predict.predicted_seconds`: the ledger's same key, same target, same model and
+    bucket, then a prior), None when nothing is known or the target is not one of ``targets``."""
+    from neuron_build.build.predict import predicted_seconds
 
     by_id = {t.id: t for t in targets}
     cache: dict[str, float | None] = {}
@@ -206,7 +206,7 @@ def recorded_times(builder: Any, targets: Any) -> Callable[[str], float | None]:
     def predict(tid: str) -> float | None:
         if tid not in cache:
             t = by_id.get(tid)
-            cache[tid] = expected_compile_time(builder.store, t.model, t.bucket_id) if t is not None else None
+            cache[tid] = predicted_seconds(builder, t) if t is not None else None
         return cache[tid]
 
     return predict

@@ -4,7 +4,7 @@ shared store.
 ``[build] executor = "dask"`` (or ``neuron-build build --executor dask``) with ``scheduler =
 "tcp://host:8786"`` (or ``--scheduler``, or Dask's ``DASK_SCHEDULER_ADDRESS``). The client (:class:`DaskBuild`)
 plans as a local build does, refuses to start unless every worker sees the same store, and submits one
-``Client.submit(compile_task, ..., pure=False)`` per target to compile, collected with
+``Client.submit(compile_task, ..., pure=False)`` per target as the dispatcher releases it, collected with
 ``distributed.as_completed``. On the worker, :func:`compile_task` opens the store from its location, loads
 the project from the same config path (each worker host needs the checkout at that path: a shared mount or
 the same clone), checks it computes the same key, and runs the same :class:`~neuron_build.build.builder.Builder`
@@ -12,14 +12,17 @@ as a local build: the key's store lock (so two clients never compile one key twi
 (:class:`~neuron_build.build.local.LocalExecutor`: timeout, peak memory, failure classes), staging, seal,
 publish, failure records. The manifest records ``executor = "dask"`` and the worker's address.
 
-Scheduling: when workers advertise a ``memory_gb`` resource (``dask worker ... --resources
-"memory_gb=N"``), each task asks for its expected peak (GB = 1e9 bytes; recorded peaks as for a local
-build, capped at the largest worker's figure), so a host is never asked for more than it has; plain
-workers run one compile per thread. A transient failure (exit status 70) raises :class:`TransientCompileError`
-on the worker, which Dask retries (``retries=[build] transient_retries``, possibly on another worker);
+Scheduling: the client holds the queue (:class:`~neuron_build.build.dispatch.Dispatcher`, predictions from
+:mod:`neuron_build.build.predict`): as slots free it releases the ready target with the longest predicted
+compile to the worker it fits most tightly by predicted memory (the smaller of ``--memory-limit`` and a
+``memory_gb`` resource, GB = 1e9 bytes; unbounded without either), pinned there with ``priority=`` and, when
+workers advertise ``memory_gb``, its p50 peak as a resource. An out-of-memory kill is retried once on a
+worker with more memory; a worker that leaves has its tasks cancelled and put back in the queue (not a
+failure). A transient failure (exit status 70) raises :class:`TransientCompileError`
+on the worker, which Dask retries (``retries=[build] transient_retries``, on the same worker);
 deterministic failures are returned, never retried. A worker that dies mid-compile takes its compile
-subprocess with it (``PR_SET_PDEATHSIG``); its staging folder is never published, and the scheduler
-reschedules the task on another worker. A cancelled task (Ctrl-C on the client, or a client that went
+subprocess with it (``PR_SET_PDEATHSIG``); its staging folder is never published, and the client puts
+the target back in its queue for another worker. A cancelled task (Ctrl-C on the client, or a client that went
 away) kills its compile within 0.2 s (the executor polls the worker's task state).
 """
 
@@ -35,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.build.attempt import Outcome, as_status
-from neuron_build.build.peaks import expected_compile_time, expected_peak
+from neuron_build.build.peaks import expected_peak
+from neuron_build.build.predict import dispatch_jobs, target_predictions
 from neuron_build.build.progress import BuildProgress, estimate_eta, progress_line
 from neuron_build.errors import UserError
 from neuron_build.log import get_logger
@@ -49,6 +53,8 @@ CONNECT_TIMEOUT_S = 10.0
 POLL_S = 0.5
 #: The Dask resource a compile host advertises (``--resources "memory_gb=N"``), GB.
 MEMORY_RESOURCE = "memory_gb"
+#: The memory the dispatcher gives a worker that advertises no bound, bytes.
+UNBOUNDED = 2**62
 
 
 # -- where the workers publish ----------------------------------------------------------------------------
@@ -417,42 +423,60 @@ class DaskBuild:
     def _submit_and_collect(self, client: Any, todo: list[Target], spec: StoreSpec, ident: str, workers: dict) -> None:
         from distributed import as_completed
 
+        from neuron_build.build.dispatch import Dispatcher
+
         b = self.b
         build_id = secrets.token_hex(4)
         retries = b.project.config.build.transient_retries
         futures: dict[Any, Target] = {}
-        largest = max((memory_bound(w.get("memory_limit"), w.get("resources")) or 0 for w in workers.values()),
-                      default=0)
-        for t in list(todo):
-            why = self._too_big(t, largest)
-            if why is not None:  # not retried on the same worker size
-                self.outcomes[t.id] = Outcome(t.id, b.key(t).key, Status.KILLED, why)
-                self.log.error(str(Status.KILLED), target=t.id, reason=why)
-                if self.report is not None:
-                    self.report(f"  FAILED {t.id}: KILLED: {why}")
-                todo.remove(t)
-                continue
-            res = self._resources(t, workers)
-            fut = client.submit(compile_task, self._job(t, spec, ident, build_id), pure=False, retries=retries,
-                                key=f"neuron-build-{t.id}-{b.key(t).key[:12]}-{build_id}",
-                                **({"resources": res} if res else {}))
-            futures[fut] = t
-        self.log.info("submitted", tasks=len(futures), scheduler=self.address, workers=len(workers))
-        expected = {t.id: expected_compile_time(b.store, t.model, t.bucket_id) for t in todo}
-        by_key = {f.key: t for f, t in futures.items()}
+        todo = self._drop_too_big(todo, workers)
+        predicted = target_predictions(b, todo)
+        jobs = dispatch_jobs(todo, predicted, b.project.config.build.default_compile_memory_gb)
+        self._cap_at_largest(jobs, workers)
+        dispatch = Dispatcher(jobs)
+        self._sync_workers(dispatch, workers)
+        by_id = {t.id: t for t in todo}
+        tries: dict[str, int] = {}
+        advertised = any(MEMORY_RESOURCE in (w.get("resources") or {}) for w in workers.values())
+
+        def submit_ready() -> None:
+            for tid, addr in dispatch.assign(time.monotonic()):
+                t = by_id[tid]
+                tries[tid] = tries.get(tid, 0) + 1
+                kw: dict[str, Any] = {"workers": [addr], "allow_other_workers": False,
+                                      "priority": dispatch.priority(tid)}
+                if advertised:  # within Dask's own accounting too: the p50 the dispatcher reserved
+                    p50 = dispatch.jobs[tid].memory_p50 or dispatch.jobs[tid].memory
+                    kw["resources"] = {MEMORY_RESOURCE: round(min(p50, dispatch.workers[addr].memory) / GB, 3)}
+                fut = client.submit(compile_task, self._job(t, spec, ident, build_id), pure=False, retries=retries,
+                                    key=f"neuron-build-{t.id}-{b.key(t).key[:12]}-{build_id}-{tries[tid]}", **kw)
+                futures[fut] = t
+                by_key[fut.key] = t
+                ac.add(fut)
+
+        expected = {t.id: predicted[t.id].seconds for t in todo}
+        by_key: dict[Any, Target] = {}
         started: dict[str, float] = {}
         done = failed = 0
         last_state: tuple = ()
         slots = sum(int(w.get("nthreads", 1)) for w in workers.values()) or 1
-        display = self.display(len(futures), slots, expected) if self.display is not None else None
+        total = len(todo)
+        display = self.display(total, slots, expected) if self.display is not None else None
         live = display is not None and display.live
         shown: set[str] = set()
-        ac = as_completed(list(futures), loop=client.loop)
+        ac = as_completed([], loop=client.loop)
+        submit_ready()
+        self.log.info("dispatching", targets=total, scheduler=self.address, workers=len(workers))
         try:
-            while done < len(futures):
+            while done < total:
                 for fut in ac.next_batch(block=False) if ac.has_ready() else []:
-                    t = futures[fut]
+                    t = futures.pop(fut)
+                    if fut.cancelled():  # its worker left: the dispatcher put it back in the queue
+                        continue
                     out = self._collect(fut, t)
+                    if self._retry_bigger(dispatch, t, out):
+                        continue
+                    dispatch.finished(t.id)
                     self.outcomes[t.id] = out
                     done += 1
                     failed += 0 if out.ok else 1
@@ -461,19 +485,20 @@ class DaskBuild:
                         if t.id not in shown:
                             display.started(t.id, where=self.workers.get(t.id))
                         display.finished(out)
+                self._follow_workers(client, dispatch, futures)
+                submit_ready()
                 running = self._running(client, by_key, started)
-                if display is not None:
-                    for tid in sorted(set(running) - shown):
-                        display.started(tid, where=running[tid])
-                    shown |= set(running)
+                self._show_started(display, running, shown)
                 now = time.monotonic()
                 pending = [expected[t.id] for t in todo if t.id not in self.outcomes and t.id not in running]
                 eta = estimate_eta(pending, [(expected[tid], now - started[tid]) for tid in running], slots)
                 state = (done, failed, tuple(sorted(running.items())))
                 if self.report is not None and not live and state != last_state:  # a line per change, not per tick
-                    self.report(progress_line(BuildProgress(len(futures), done, failed, running, eta)))
+                    self.report(progress_line(BuildProgress(total, done, failed, running, eta)))
                 last_state = state
-                if done < len(futures):
+                refused = self._refused(dispatch, by_id)
+                done, failed = done + refused, failed + refused
+                if done < total:
                     time.sleep(POLL_S)
         except BaseException:  # Ctrl-C (KeyboardInterrupt) included: cancel everything, then re-raise
             left = [f for f in futures if not f.done()]
@@ -484,6 +509,91 @@ class DaskBuild:
         finally:
             if display is not None:
                 display.stop()
+
+    def _drop_too_big(self, todo: list[Target], workers: dict) -> list[Target]:
+        """``todo`` without the targets :meth:`_too_big` refuses (each gets its KILLED outcome and line)."""
+        largest = max((memory_bound(w.get("memory_limit"), w.get("resources")) or 0 for w in workers.values()),
+                      default=0)
+        keep = []
+        for t in todo:
+            why = self._too_big(t, largest)
+            if why is None:
+                keep.append(t)
+                continue
+            self.outcomes[t.id] = Outcome(t.id, self.b.key(t).key, Status.KILLED, why)  # not retried on that size
+            self.log.error(str(Status.KILLED), target=t.id, reason=why)
+            if self.report is not None:
+                self.report(f"  FAILED {t.id}: KILLED: {why}")
+        return keep
+
+    def _cap_at_largest(self, jobs: list, workers: dict) -> None:
+        """A prediction above every worker's memory is a guess until a compile is killed for it (then
+        :meth:`_too_big` refuses the target before this): such a job asks for the largest worker's memory,
+        with a warning, and runs."""
+        largest = max((memory_bound(w.get("memory_limit"), w.get("resources")) or UNBOUNDED
+                       for w in workers.values()), default=UNBOUNDED)
+        for j in jobs:
+            if j.memory > largest:
+                self.log.warning("predicted peak above every worker's memory", target=j.id,
+                                 predicted_bytes=j.memory, largest_bytes=largest)
+                j.memory = largest
+                j.memory_p50 = min(j.memory_p50 or largest, largest)
+
+    def _refused(self, dispatch: Any, by_id: dict[str, Target]) -> int:
+        """Record a KILLED outcome (the one-line reason) for each target the dispatcher refused (it fits no
+        worker) that has none yet; returns how many."""
+        n = 0
+        for tid, why in dispatch.refused.items():
+            if tid not in self.outcomes:
+                self.outcomes[tid] = Outcome(tid, self.b.key(by_id[tid]).key, Status.KILLED, why)
+                self.log.error(str(Status.KILLED), target=tid, reason=why)
+                if self.report is not None:
+                    self.report(f"  FAILED {tid}: KILLED: {why}")
+                n += 1
+        return n
+
+    @staticmethod
+    def _show_started(display: Any, running: dict[str, str], shown: set[str]) -> None:
+        if display is not None:
+            for tid in sorted(set(running) - shown):
+                display.started(tid, where=running[tid])
+            shown |= set(running)
+
+    def _sync_workers(self, dispatch: Any, workers: dict) -> None:
+        """Tell ``dispatch`` the workers of the scheduler's table ``workers`` (address -> info): memory (the
+        bound of :func:`memory_bound`; unbounded when none), slots (threads), and a lifetime when the info
+        carries one (``lifetime_end``, monotonic seconds, as a cluster plug-in may add)."""
+        for addr, w in workers.items():
+            mem = memory_bound(w.get("memory_limit"), w.get("resources")) or UNBOUNDED
+            if addr not in dispatch.workers or dispatch.workers[addr].memory != mem:
+                dispatch.add_worker(addr, mem, int(w.get("nthreads") or 1), w.get("lifetime_end"))
+
+    def _follow_workers(self, client: Any, dispatch: Any, futures: dict) -> None:
+        """Workers that joined are offered work; the tasks of workers that left are cancelled and go back
+        to the dispatcher's queue (a lost worker is not a compile failure; the key's lease expires)."""
+        try:
+            workers = dict(client.scheduler_info(n_workers=-1)["workers"])
+        except Exception:
+            return
+        self._sync_workers(dispatch, workers)
+        for addr in [a for a in dispatch.workers if a not in workers]:
+            back = set(dispatch.lose_worker(addr))
+            if back:
+                self.log.warning("worker lost, its compiles go back to the queue", worker=addr, targets=sorted(back))
+                client.cancel([f for f, t in futures.items() if t.id in back], force=True)
+
+    def _retry_bigger(self, dispatch: Any, t: Target, out: Outcome) -> bool:
+        """True when ``out`` is an out-of-memory kill the dispatcher retries on a worker with more memory."""
+        from neuron_build.build.attempt import OUT_OF_MEMORY
+
+        if out.ok or not str(out.reason).startswith(OUT_OF_MEMORY):
+            return False
+        fail = self.b.store.failure(t.id)
+        why = dispatch.out_of_memory(t.id, fail.peak_rss_bytes if fail is not None else None)
+        if why is None:
+            self.log.warning("out of memory, retried on a worker with more memory", target=t.id)
+            return True
+        return False
 
     def _running(self, client: Any, by_key: dict, started: dict[str, float]) -> dict[str, str]:
         """target id -> worker address of the tasks executing on a worker now (asked of every worker)."""

@@ -32,24 +32,34 @@ class BuildProgress:
 
 def estimate_eta(pending: Sequence[float | None], running: Sequence[tuple[float | None, float]],
                  slots: int) -> float | None:
-    """Seconds until the build ends, if the compiles share ``slots`` compile slots (worker threads) evenly.
+    """Seconds until the build ends on ``slots`` compile slots (worker threads).
 
     Args:
         pending: the expected compile time (seconds) of each target not started yet; None when unknown.
         running: (expected compile time or None, seconds it has run so far) of each running target.
         slots: compile slots of the cluster (the sum of its workers' threads); at least 1 is assumed.
 
-    A target without a recorded time counts as the mean of the known ones; with none known, None. The
-    remaining work (pending times plus what is left of running ones, never below zero) is divided by
-    ``slots``, and never comes out below the longest remaining running compile.
+    A target without a recorded time counts as the mean of the known ones; with none known, None. The compiles
+    are laid out as the dispatcher runs them, longest first on the slot that frees first (the running ones'
+    remaining times, never below zero, fill their slots first), and the ETA is when the last slot ends: three
+    75 s compiles on 2 slots end after 150 s, not 112 s (the remaining work over the slots, which a build of
+    few long compiles never reaches).
     """
+    import heapq
+
     known = [t for t in pending if t is not None] + [t for t, _ in running if t is not None]
     if not known:
         return None
     mean = sum(known) / len(known)
-    left_running = [max((t if t is not None else mean) - ran, 0.0) for t, ran in running]
-    work = sum(t if t is not None else mean for t in pending) + sum(left_running)
-    return max(work / max(slots, 1), max(left_running, default=0.0))
+    n = max(slots, 1)
+    left_running = sorted((max((t if t is not None else mean) - ran, 0.0) for t, ran in running), reverse=True)
+    loads = [0.0] * n
+    for i, left in enumerate(left_running):  # more running than slots (a cluster that grew): share them
+        loads[i % n] += left
+    heapq.heapify(loads)
+    for t in sorted((t if t is not None else mean for t in pending), reverse=True):
+        heapq.heappush(loads, heapq.heappop(loads) + t)
+    return max(loads)
 
 
 def progress_line(p: BuildProgress, max_running: int = 4) -> str:

@@ -384,11 +384,9 @@ class BuildSession(NamespaceTaskLoader):
         from neuron_build.build.display import BuildDisplay
 
         def expect(target_id: str) -> float | None:  # asked when a target starts: a no-op makes no Builder
-            from neuron_build.build.peaks import expected_compile_time
+            from neuron_build.build.predict import predicted_seconds
 
-            b = self.builder
-            t = b.by_id[target_id]
-            return expected_compile_time(b.store, t.model, t.bucket_id)
+            return predicted_seconds(self.builder, self.builder.by_id[target_id])
 
         total = len(self.pending) if self.pending is not None else total
         return BuildDisplay(total, slots=self.jobs, expect=expect, pending=self.pending)
@@ -401,7 +399,7 @@ class BuildSession(NamespaceTaskLoader):
 
     def to_build(self, target_ids: Sequence[str]) -> dict[str, float | None] | None:
         """Which of ``target_ids`` the store does not hold: target id -> the expected compile time (seconds,
-        the last recorded one of its model and bucket; None when never recorded), so progress counts N of
+        predicted from the ledger by :mod:`neuron_build.build.predict`; None when nothing was ever recorded), so progress counts N of
         M exactly from the start. None when that is not cheap to tell (a store with a remote, whose hits
         only the tasks' checks find). Asks the store's lookup index, as the tasks' checks do."""
         if self._builder is None and self._plan is not None:
@@ -422,11 +420,10 @@ class BuildSession(NamespaceTaskLoader):
                 missing.append(t)
         if not missing:
             return {}
-        from neuron_build.build.peaks import expected_compile_time
+        from neuron_build.build.predict import predicted_seconds
 
         b = self.builder  # something compiles: the Builder is made now anyway
-        return {t: expected_compile_time(b.store, b.by_id[t].model, b.by_id[t].bucket_id)
-                for t in missing if t in b.by_id}
+        return {t: predicted_seconds(b, b.by_id[t]) for t in missing if t in b.by_id}
 
     def up_to_date(self, target_ids: Sequence[str]) -> list[str]:
         """Which of ``target_ids`` the store holds complete now, as a ``build:`` task's ``uptodate`` check

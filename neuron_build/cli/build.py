@@ -91,7 +91,7 @@ def summarize(b, chosen, before: dict, outcomes: dict) -> BuildSummary:
 @command("build")
 def cmd_build(args) -> int:
     """Compile the targets matching PATTERNs (default: all) through doit."""
-    from neuron_build.build.peaks import expected_compile_time
+    from neuron_build.build.predict import predicted_seconds
     from neuron_build.build.session import BuildSession
     from neuron_build.project.matrix import select
 
@@ -108,8 +108,7 @@ def cmd_build(args) -> int:
     todo = sum(before[t.id] != TargetState.CACHED for t in chosen)
     jobs = args.jobs or min(b.default_jobs(), max(1, todo))  # no runner threads for nothing to do
     session = BuildSession(b, retry_failed=not args.no_retry_failed, jobs=jobs,
-                           pending={t.id: expected_compile_time(b.store, t.model, t.bucket_id)
-                                    for t in chosen if before[t.id] != TargetState.CACHED})
+                           pending={t.id: predicted_seconds(b, t) for t in chosen if before[t.id] != TargetState.CACHED})
     rc = session.run([t.id for t in chosen] if args.patterns else None, jobs=jobs,
                      outstream=sys.stderr if args.json else None)  # with --json, stdout holds only the JSON
     summary = summarize(b, chosen, before, session.outcomes)

@@ -29,14 +29,24 @@ def plan_rows(b) -> list[dict[str, Any]]:
     """One row per target: ``{"target", "graph" (forward, prefill or decode), "key", "state", "changed": [component], "changed_detail": [line]}``,
     plus ``location`` for a cached target (``local``, or ``remote`` when only ``[build] remote`` holds it),
     ``compared_with`` (the target whose record the key was compared with, when not itself) and
-    ``failure`` (for a failed target: status, reason, attempts_total, exit_code, time)."""
+    ``failure`` (for a failed target: status, reason, attempts_total, exit_code, time), and the predicted
+    compile (:mod:`neuron_build.build.predict`): ``predicted_s`` (p50 seconds, null when nothing was ever
+    recorded), ``predicted_peak_bytes`` (p90 peak memory, bytes) and ``predicted_from`` (key, target, bucket,
+    prior or none)."""
+    from neuron_build.build.predict import target_predictions
+
     rows = []
+    predicted = target_predictions(b, b.targets)
     for t in b.targets:
         ki = b.key(t)
         state = b.state(t)
         changed, since = b.changed(t)
         row = {"target": t.id, "graph": t.graph_name, "key": ki.key, "state": state,
                "changed": [c.split(":")[0] for c in changed], "changed_detail": changed}
+        p = predicted[t.id]
+        row["predicted_s"] = None if p.seconds is None else round(p.seconds, 3)
+        row["predicted_peak_bytes"] = p.peak_bytes
+        row["predicted_from"] = p.source
         if state == TargetState.CACHED:
             row["location"] = b.planner.location(t) or "local"
         if since and since != t.id:

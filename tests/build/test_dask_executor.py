@@ -322,7 +322,8 @@ def test_memory_resource_keeps_a_host_within_its_memory(tmp_path):
 # -- progress -------------------------------------------------------------------------------------------------
 def test_eta_from_recorded_times():
     # 3 pending of 10 s, one running 10 s target 4 s in, one unknown pending (counts as the mean, 10 s), 2 slots
-    assert estimate_eta([10.0, 10.0, 10.0, None], [(10.0, 4.0)], 2) == pytest.approx((40 + 6) / 2)
+    assert estimate_eta([10.0, 10.0, 10.0, None], [(10.0, 4.0)], 2) == pytest.approx(26.0)  # 6+10+10 | 10+10
+    assert estimate_eta([75.0, 75.0, 75.0], [], 2) == pytest.approx(150.0)  # not 112.5: the third runs alone
     assert estimate_eta([None], [(None, 3.0)], 4) is None
     assert estimate_eta([], [(100.0, 10.0)], 8) == pytest.approx(90.0)  # never below the longest running one
     assert estimate_eta([5.0], [(2.0, 9.0)], 1) == pytest.approx(5.0)   # an overdue compile counts 0 left

@@ -66,14 +66,14 @@ def test_live_area_names_what_compiles_for_how_long_with_n_of_m_and_eta(monkeypa
     d.started("m/b")
     clock.t += 22
     # running: m/a 42 s of 60, m/b 22 s (never recorded: the mean of 60 and 100); pending m/c 100 s
-    # work left: 100 + (60 - 42) + (80 - 22) = 176 s over 2 slots = 88 s
-    assert d.status_lines() == ["0/3 done · ETA 1m28s", "compiling m/a (42 s, usually 1m00s)", "compiling m/b (22 s)"]
+    # slots free after 60 - 42 = 18 s and 80 - 22 = 58 s; m/c (100 s) takes the first: ends at 118 s
+    assert d.status_lines() == ["0/3 done · ETA 1m58s", "compiling m/a (42 s, usually 1m00s)", "compiling m/b (22 s)"]
     assert d.showing and tickers() == idle + 1
     assert lands_in(out, capsys, "a warning while it shows") == "display"
     assert lands_in(out, capsys, "an info while it shows", "info") == "nowhere"
     d.refresh()
     screen = out.getvalue()
-    assert "compiling m/a (42 s, usually 1m00s)" in screen and "0/3 done · ETA 1m28s" in screen
+    assert "compiling m/a (42 s, usually 1m00s)" in screen and "0/3 done · ETA 1m58s" in screen
     d.finished(passed("m/a", 41.7))
     assert "[1/3] m/a \x1b[32mPASS\x1b[0m in 41.7 s; 2 left, about " in out.getvalue()
     assert d.status_lines()[0].startswith("1/3 done · ETA ")
