@@ -129,7 +129,7 @@ class DodoSession(BuildSession):
         print(summary_line(rec))
         for note in rec.get("diagnosis", []):
             print(f"    {note}")
-        if rec["verdict"] == Verdict.FAIL:
+        if rec["verdict"] in (Verdict.FAIL, Verdict.ERROR):  # an error is no verdict, and never up to date
             return TaskFailed(rec["reason"])
         return {"key": rec["key"], "verdict": rec["verdict"]}
 
