@@ -11,10 +11,12 @@ import time
 import psutil
 
 from neuron_build.store import owners
-from neuron_build.store.owners import _me, boot_id, owner_alive, proc_start_ticks
+from neuron_build.store.owners import _me, owner_alive
 
 
 def test_start_ticks_are_field_22_of_proc_stat_even_with_a_paren_in_the_name(tmp_path):
+    from neuron_build.store.owners import boot_id, proc_start_ticks
+
     stat = open(f"/proc/{os.getpid()}/stat").read()
     assert proc_start_ticks(os.getpid()) == int(stat[stat.rindex(")") + 2:].split()[19])
     # a process whose name holds ") (" and spaces: the fields are counted after the last ')'
@@ -39,13 +41,17 @@ def test_a_live_owner_stays_alive_when_the_wall_clock_steps(monkeypatch):
     """psutil's start time is the boot time (derived from the wall clock) plus the ticks: a clock step moves
     it by seconds. The old check compared it within 1 s and judged a live compiling holder dead."""
     me = _me(token="t")
-    assert me["proc_start_ticks"] == proc_start_ticks(os.getpid()) and me["boot_id"] == boot_id()
     real = psutil.Process.create_time
     monkeypatch.setattr(psutil.Process, "create_time", lambda self: real(self) + 2.5)  # NTP stepped the clock
     assert owner_alive(me) is True
+    from neuron_build.store.owners import boot_id, proc_start_ticks
+
+    assert me["proc_start_ticks"] == proc_start_ticks(os.getpid()) and me["boot_id"] == boot_id()
 
 
 def test_a_reused_pid_another_boot_and_another_host_are_not_the_owner():
+    from neuron_build.store.owners import boot_id, proc_start_ticks
+
     me = _me()
     assert owner_alive({**me, "proc_start_ticks": me["proc_start_ticks"] + 1}) is False  # pid reused since
     assert owner_alive({**me, "boot_id": "00000000-0000-0000-0000-000000000000"}) is False  # the host rebooted
