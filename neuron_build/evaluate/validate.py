@@ -453,7 +453,7 @@ def diagnose(p: Prepared, ref_out, tolerance: float) -> tuple[list[str], dict[st
 
 
 def validate_target(project: Project, store: ArtifactStore, target: Target, key: str, record: bool = True,
-                    keys=None, isolate: bool = True) -> dict[str, Any]:
+                    keys=None) -> dict[str, Any]:
     """Validate one target's artifact and (with ``record``) store the result.
 
     The models run in a fresh Python process (:mod:`neuron_build.evaluate.validate_worker`, started with
@@ -461,7 +461,7 @@ def validate_target(project: Project, store: ArtifactStore, target: Target, key:
     validate`` with any ``-n`` and either runner, ``neuron-build validate``, ``bench``) and however many
     run at once: no torch state (the global random generator a factory draws its weights from, the default
     dtype, autocast, threads, half-imported transformers classes) leaks from one validation into another.
-    ``isolate=False`` runs them in this process (the worker does; so may a test of the checks themselves).
+    :func:`validate_here` is the same check in this process (the worker runs it).
 
     ``keys`` is the ``KeyMaker`` the caller's keys come from (default: a new one for ``project``); the
     record's ``reference.model_hash`` is :func:`reference_model_hash` of it.
@@ -506,10 +506,7 @@ def validate_target(project: Project, store: ArtifactStore, target: Target, key:
         rec.update(verdict=Verdict.NOT_VALIDATED, reason=why, device=None)
     else:
         table = _key_table(project, keys, target, key)
-        if isolate:
-            rec = _validate_isolated(project, ArtifactView.of(store, table.values()), target, key, table, rec)
-        else:
-            rec = validate_here(project, store, target, key, table, rec)
+        rec = _validate_isolated(project, ArtifactView.of(store, table.values()), target, key, table, rec)
     rec["elapsed_s"] = round(time.monotonic() - t0, 3)
     if record:
         store.put_result(key, "validation", kind, _json_safe(rec))
@@ -587,7 +584,12 @@ def _validate_isolated(project: Project, view: ArtifactView, target: Target, key
         if isinstance(answer, dict) and isinstance(answer.get("user_error"), str):
             raise UserError(answer["user_error"])
         if isinstance(answer, dict) and isinstance(answer.get("record"), dict):
-            return answer["record"]
+            got = answer["record"]
+            for row in got.get("outputs") or []:  # the JSON spelling of non-finite figures, back to floats
+                for k in ("max_abs_error", "rel_l2_error", "cosine_similarity", "steps_rel_l2_error"):
+                    if row.get(k) in ("inf", "-inf", "nan"):
+                        row[k] = float(row[k])
+            return got
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
         last = lines[-1].strip()[:300] if lines else "no output"
     return {**rec, "verdict": Verdict.ERROR, "device": None,
