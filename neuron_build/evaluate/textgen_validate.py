@@ -37,6 +37,11 @@ from neuron_build.errors import UserError
 from neuron_build.project.matrix import Target
 
 
+class ReferenceFailed(Exception):
+    """The reference (the eager fp32 model on the CPU) did not build or run: no verdict can be reached
+    (:func:`neuron_build.evaluate.validate.validate_here` records ``error``, never ``fail``)."""
+
+
 def partners(targets: list[Target], target: Target) -> list[Target]:
     """The graphs ``target`` runs with: every text-generation target of its model, dtype, profile and batch
     size (itself included), prefill first by seq, then decode."""
@@ -107,7 +112,6 @@ def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], 
         chosen.append((t, k, m))
     engine = _engine(project, store, spec, target, chosen, chosen[0][2].backend)
     from neuron_build.compilers.textgen import causal_lm
-    from neuron_build.evaluate.validate import ReferenceFailed
 
     try:
         ref = causal_lm(build_model(project.root, spec.factory, dict(spec.kwargs), "fp32", hf=spec.hf_spec()))
@@ -195,7 +199,7 @@ def judge_tokens(logits, ref_logits, ref_tokens, tol: float) -> dict[str, Any]:
             "ties": ties, "diverged": diverged}
 
 
-__all__ = ["judge_tokens", "partners", "validate_textgen"]
+__all__ = ["ReferenceFailed", "judge_tokens", "partners", "validate_textgen"]
 
 
 def bench_callables(project, store, target: Target, key: str, manifest):

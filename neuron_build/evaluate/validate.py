@@ -596,10 +596,6 @@ def _validate_isolated(project: Project, view: ArtifactView, target: Target, key
             "reason": f"{target.id}: the validation process exited with status {rc} before a verdict: {last}"}
 
 
-class ReferenceFailed(Exception):
-    """The reference (the eager fp32 model on the CPU) did not build or run: no verdict can be reached."""
-
-
 def validate_here(project: Project, store: Any, target: Target, key: str, keys, rec: dict[str, Any]) -> dict[str, Any]:
     """Run the reference and the artifact in this process and fill ``rec`` (:func:`validate_target` made
     it) with the rows and the verdict; ``store`` needs only ``manifest`` and ``artifact_dir``
@@ -612,6 +608,8 @@ def validate_here(project: Project, store: Any, target: Target, key: str, keys, 
         UserError: the target (or a partner graph) is not built.
     """
     import torch
+
+    from neuron_build.evaluate.textgen_validate import ReferenceFailed
 
     kind = rec["device_kind"]
     if kind == "cuda" and not torch.cuda.is_available():
@@ -695,7 +693,7 @@ def summary_line(rec: dict[str, Any]) -> str:
             f"cosine {worst['cosine_similarity']:.6f} ({rec['device_kind']}, vs {rec['reference']['model']} fp32)")
 
 
-__all__ = ["DEFAULT_TOLERANCE", "VERDICTS", "ArtifactView", "KeyTable", "Prepared", "ReferenceFailed",
+__all__ = ["DEFAULT_TOLERANCE", "VERDICTS", "ArtifactView", "KeyTable", "Prepared",
            "artifact_device_kind", "can_run_here", "compare_outputs",
            "compare_tensors", "diagnose", "failure_message", "flatten_outputs", "is_validated", "neuron_devices",
            "prepare", "summary_line", "tolerance_for", "validate_here", "validate_target", "validation_seed"]
