@@ -254,11 +254,18 @@ def _is_validation(raw: Any) -> bool:
     return isinstance(raw, dict) and raw.get("verdict") in {v.value for v in Verdict}
 
 
+def _is_ledger_object(raw: Any) -> bool:
+    """One ledger record, or a batch ``{"schema", "records": [...]}`` of them (as :func:`ledger.read` reads)."""
+    from neuron_build.store.ledger import LedgerRecord
+
+    batch = raw.get("records") if isinstance(raw, dict) and isinstance(raw.get("records"), list) else [raw]
+    return bool(batch) and all(LedgerRecord.from_json(r) is not None for r in batch)
+
+
 def _record_kind(rel: str) -> tuple[str, Any] | None:
     """(what the record at ``rel`` is, a check of its parsed JSON) for the records :func:`check_records`
     reads; None for what is not a JSON record (logs, artifact files, kept workdirs, quarantine)."""
     from neuron_build.store.graph_index import GraphEntry
-    from neuron_build.store.ledger import LedgerRecord
     from neuron_build.store.records import FailureRecord, TargetRecord
 
     parts = rel.split("/")
@@ -276,7 +283,7 @@ def _record_kind(rel: str) -> tuple[str, Any] | None:
     if area == "channels" and len(parts) == 4 and parts[2].endswith(".history"):
         return "history entry", _is_history_entry
     if area == "ledger":
-        return "ledger record", lambda r: LedgerRecord.from_json(r) is not None
+        return "ledger record", _is_ledger_object
     if area == "graphs" and len(parts) == 3:
         return "graph index entry", lambda r: GraphEntry.from_json(r, name[:-5]) is not None
     if area == "leases" and len(parts) == 2:

@@ -17,6 +17,8 @@ GOOD = {
     f"results/{KEY}/validation/cpu.json": {"verdict": "pass", "outputs": []},
     f"results/{KEY}/bench/cpu.json": {"median_ms": 1.0},
     "channels/tiny/prod.history/20261202T060000.000000Z-0123456789abcdef.json": {"action": "promote", "to": "r-1"},
+    "ledger/2026-12-02/050000.000000Z-host-0001.json": {"schema": 1, "records": [  # a no-op build's batch
+        {"target": "tiny/b1/fp32/p1", "key": KEY, "event": "hit", "status": "cached", "time": "2026-12-02T05:00:00Z"}]},
 }
 
 
