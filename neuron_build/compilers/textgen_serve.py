@@ -285,7 +285,8 @@ class TextGenEngine:
         with torch.no_grad():
             out = [g.prefill[s](input_ids=x, cache_position=torch.arange(s))[:, n - 1].float()]
             for i in range(1, k):
-                logits = g.decode(input_ids=feed[:, i - 1:i], cache_position=torch.tensor([n + i - 1]))
+                # contiguous: a compiled graph reads its input by the strides it was traced with
+                logits = g.decode(input_ids=feed[:, i - 1:i].contiguous(), cache_position=torch.tensor([n + i - 1]))
                 out.append(logits[:, -1].float())
         g.reset()
         return torch.stack(out, 1)[:rows]
