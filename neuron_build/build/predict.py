@@ -11,9 +11,9 @@ target, in this order (the first level with a record wins; ``source`` says which
    of the two variants over the buckets where both were compiled (1 when none overlap);
 4. ``model``: the same model's other buckets (recorded, or seen finishing in this build through
    :meth:`Predictor.observe`, e.g. its priority graph): the prior below scaled by the median ratio of their
-   recorded values to the prior's, so a never-built model is sized by its own first compiles; its p90 takes the
-   spread of buckets around their model's ratio, pooled over the ledger's models (the prior's when no model
-   has two buckets);
+   recorded values to the prior's (the mean log ratio, shrunk toward the prior by how many buckets back it:
+   empirical Bayes with the within-model and between-model spreads of the ledger), so a never-built model is
+   sized by its own first compiles; its p90 adds the within-model spread and the ratio's own uncertainty;
 5. ``prior``: a log-linear fit ``log t = a + b log(size) + c log(tokens)`` over every recorded bucket
    (``tokens``: the product of the bucket's sizes, e.g. 8 x 512 for ``b8-s512``; ``size``: a model-size figure
    the caller gives, e.g. parameters, when it has one), falling back to the model's own buckets, then to the
@@ -120,7 +120,7 @@ class Predictor:
         self._ratios: dict[tuple[str, str], tuple[float, float]] = {}
         self._fit = self._fit_prior()
         self._model_ratio: dict[str, tuple[float | None, float | None]] = {}
-        self._within = self._within_model_spread()
+        self._spreads = self._model_spreads()
 
     def _add(self, target_id: str, key: str, backend: str, t: float | None, m: int | None) -> bool:
         if t is None and m is None:
@@ -213,50 +213,66 @@ class Predictor:
         return rt, rm
 
     def _ratio_of_model(self, model: str) -> tuple[float | None, float | None]:
-        """(time, memory) median ratio of the model's recorded buckets to the prior (None: none recorded)."""
+        """(time, memory) ratio of the model to the prior: the mean log residual of its recorded buckets, shrunk
+        toward 0 by n / (n + s_within^2 / s_between^2) (empirical Bayes: one bucket says less about its model
+        than ten); None where nothing is recorded."""
         if model not in self._model_ratio:
-            rt, rm = self._log_residuals(model)
-            self._model_ratio[model] = (math.exp(_median(rt)) if rt else None, math.exp(_median(rm)) if rm else None)
+            out = []
+            for r, (sw, sb) in zip(self._log_residuals(model), self._spreads):
+                if not r:
+                    out.append(None)
+                    continue
+                shrink = len(r) / (len(r) + sw**2 / sb**2) if sb > 0 else 0.0
+                out.append(math.exp(shrink * sum(r) / len(r)))
+            self._model_ratio[model] = (out[0], out[1])
         return self._model_ratio[model]
 
-    def _within_model_spread(self) -> tuple[float | None, float | None]:
-        """Standard deviation of a bucket's log residual around its model's mean residual (time, memory), pooled
-        over the models with two or more recorded buckets; None where no model has two."""
-        if self._fit is None:
-            return None, None
+    def _model_spreads(self) -> list[tuple[float, float]]:
+        """(within, between) standard deviations of the log residuals, for time and for memory: a bucket's around
+        its model's mean (pooled over the models with two or more buckets), and the models' means around the prior
+        (their variance less the within part); (prior's sd, 0) where no model has two buckets."""
         out = []
         for j in (0, 1):
-            ss, dof = 0.0, 0
+            ss, dof, means, shares = 0.0, 0, [], []
             for model in self._buckets_of:
                 r = self._log_residuals(model)[j]
-                if len(r) >= 2:
+                if r:
                     mean = sum(r) / len(r)
+                    means.append(mean)
+                    shares.append(1 / len(r))
                     ss += sum((x - mean) ** 2 for x in r)
                     dof += len(r) - 1
-            out.append(math.sqrt(ss / dof) if dof else None)
-        return out[0], out[1]
+            fit = self._fit[j] if self._fit else None
+            if not dof or not means:
+                out.append((fit[3] if fit else 0.0, 0.0))
+                continue
+            within = math.sqrt(ss / dof)
+            between2 = sum(m * m for m in means) / len(means) - within**2 * sum(shares) / len(shares)
+            out.append((within, math.sqrt(max(between2, 0.0))))
+        return out
 
     def _from_model(self, model: str, bucket: str) -> Prediction | None:
         """The ``model`` level (see the module docstring), or None when the model has no recorded bucket."""
         if not self._buckets_of.get(model) or self._fit is None:
             return None
-        rt, rm = self._ratio_of_model(model)
-        if rt is None and rm is None:
-            return None
+        ratios = self._ratio_of_model(model)
+        n = self._log_residuals(model)
         pt, pm = self._prior(model, bucket)
-        ft, fm = self._fit
-        st = self._within[0] if self._within[0] is not None else (ft[3] if ft else 0.0)
-        sm = self._within[1] if self._within[1] is not None else (fm[3] if fm else 0.0)
-        if rt is not None and pt is not None:
-            t, t90 = pt * rt, pt * rt * math.exp(Z90 * st)
-        else:  # time from the prior alone
-            t = pt
-            t90 = pt * math.exp(Z90 * ft[3]) if pt is not None and ft else pt
-        if rm is not None and pm is not None:
-            m, m90 = pm * rm, pm * rm * math.exp(Z90 * sm)
-        else:
-            m = pm
-            m90 = pm * math.exp(Z90 * fm[3]) if pm is not None and fm else pm
+        vals = []
+        for j, (p, r) in enumerate(zip((pt, pm), ratios)):
+            fit = self._fit[j]
+            if p is None:
+                vals.append((None, None))
+                continue
+            if r is None:  # nothing of this kind recorded for the model: the prior alone
+                vals.append((p, p * math.exp(Z90 * fit[3]) if fit else p))
+                continue
+            sw, sb = self._spreads[j]
+            post = 1 / (1 / sb**2 + len(n[j]) / sw**2) if sb > 0 and sw > 0 else 0.0  # the model effect's variance
+            vals.append((p * r, p * r * math.exp(Z90 * math.sqrt(sw**2 + post))))
+        (t, t90), (m, m90) = vals
+        if t is None and m is None:
+            return None
         m50 = int(m) if m else self.default_peak_bytes
         return Prediction(t, t90, max(int(m90) if m90 else self.default_peak_bytes, m50), "model", m50)
 
