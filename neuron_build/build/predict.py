@@ -218,7 +218,7 @@ class Predictor:
         than ten); None where nothing is recorded."""
         if model not in self._model_ratio:
             out = []
-            for r, (sw, sb) in zip(self._log_residuals(model), self._spreads):
+            for r, (sw, sb) in zip(self._log_residuals(model), self._spreads, strict=True):
                 if not r:
                     out.append(None)
                     continue
@@ -259,7 +259,7 @@ class Predictor:
         n = self._log_residuals(model)
         pt, pm = self._prior(model, bucket)
         vals = []
-        for j, (p, r) in enumerate(zip((pt, pm), ratios)):
+        for j, (p, r) in enumerate(zip((pt, pm), ratios, strict=True)):
             fit = self._fit[j]
             if p is None:
                 vals.append((None, None))
