@@ -17,7 +17,9 @@ Runs (each the same targets and hosts):
 * ``lpt_oracle``: the dispatch policy with the true durations and peaks;
 * ``lpt_predicted``: the dispatch policy with :class:`neuron_build.build.predict.Predictor` trained on the
   ledger of a previous release (the same targets under other keys: time x exp(N(0, 0.5)), peak x
-  exp(N(0, 0.1))); 20 % of the models were never built (their targets get the size prior);
+  exp(N(0, 0.1))); 20 % of the models were never built (their targets get the size prior); each compile that
+  ends is shown to the predictor (``Predictor.observe``, what its ledger record would say) and the model's
+  targets not started yet are revised (``Dispatcher.revise``) when the predictor now sizes them from the model;
 * ``host_loss``: as ``lpt_predicted``, with Slurm-style 12 h walltimes (workers retire at 11 h 50 m with a
   few minutes of stagger, ``--lifetime``, and are replaced at once) and Spot loss at 1 %/h on half the hosts
   (replaced 10 min later); a lost compile goes back to the queue 60 s after the loss (the lease expiry).
