@@ -79,3 +79,23 @@ def test_a_worker_that_does_not_ask_is_not_answered(tmp_path):
     assert verdict(a, wait_s=0.5) is None
     ga.close()
     assert ga.graph_key is None and not (tmp_path / "store" / "locks" / f"{LOCK_PREFIX}{GK}.lock").exists()
+
+
+def test_two_hosts_on_one_remote_share_the_graph_keys_lease(tmp_path, s3_bucket):
+    """Two hosts (two local stores, one S3 remote): the second host's gate waits on the remote's lease of the
+    graph key (``leases/graph-<graph key>.json``) while the first host holds it."""
+    from neuron_build.store import cached_store
+
+    url = f"s3://{s3_bucket}/cache"
+    host1, host2 = (cached_store(tmp_path / f"host{i}" / "artifacts", url) for i in (1, 2))
+    a, b = tmp_path / "a", tmp_path / "b"
+    ga = gate(host1, a, "m1/static/fp32/p1")
+    ask(a)
+    assert verdict(a) == {"hit": False}
+    assert host1.remote_tier.get_object(f"leases/{LOCK_PREFIX}{GK}.json") is not None
+    gb = gate(host2, b, "m2/static/fp32/p1")
+    ask(b)
+    assert verdict(b, wait_s=1.5) is None  # another host compiles this graph: wait
+    ga.close()
+    assert verdict(b, wait_s=20) == {"hit": False} and gb.waited_s > 1.0
+    gb.close()
