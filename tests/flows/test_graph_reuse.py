@@ -144,13 +144,9 @@ def test_inductor_graph_neutral_edit_compiles_nothing_and_a_graph_change_recompi
     check_reuse(tmp_path, "inductor", "1", 1)
 
 
-def test_two_targets_with_identical_graphs_compile_once(tmp_path):
-    """Two models built by the same factory (their sources and target ids differ, their graphs do not)."""
-
-    from neuron_build.build.builder import Builder
-    from neuron_build.project.config import load_project
-    from neuron_build.store import ledger
-
+def twin_project(tmp_path: Path) -> Path:
+    """The tiny project plus model ``twin``: model ``other``'s module with a comment on top (another source key,
+    the same graph). Returns the config path."""
     cfg = write_tiny_project(tmp_path / "proj", extra='''
         [models.twin]
         factory = "tinylib.twin:build"
@@ -160,6 +156,17 @@ def test_two_targets_with_identical_graphs_compile_once(tmp_path):
     ''')
     other = (cfg.parent / "tinylib" / "other.py").read_text()
     (cfg.parent / "tinylib" / "twin.py").write_text("# the same model, another module\n" + other)
+    return cfg
+
+
+def test_two_targets_with_identical_graphs_compile_once(tmp_path):
+    """Two models built by the same factory (their sources and target ids differ, their graphs do not)."""
+
+    from neuron_build.build.builder import Builder
+    from neuron_build.project.config import load_project
+    from neuron_build.store import ledger
+
+    cfg = twin_project(tmp_path)
     b = Builder(load_project(cfg))
     first, second = (b.build(b.by_id[t]) for t in ("other/static/fp32/p1", "twin/static/fp32/p1"))
     assert (first.compiled, second.compiled) == (True, False) and first.key != second.key
@@ -290,15 +297,7 @@ def test_identical_graphs_built_in_parallel_compile_once(tmp_path):
     from neuron_build.project.config import load_project
     from neuron_build.store import cached_store, ledger
 
-    cfg = write_tiny_project(tmp_path / "proj", extra='''
-        [models.twin]
-        factory = "tinylib.twin:build"
-        dtypes = ["fp32"]
-        profiles = ["p1"]
-        inputs = [{ name = "x", shape = [2, 16] }]
-    ''')
-    other = (cfg.parent / "tinylib" / "other.py").read_text()
-    (cfg.parent / "tinylib" / "twin.py").write_text("# the same model, another module\n" + other)
+    cfg = twin_project(tmp_path)
     ids = ("other/static/fp32/p1", "twin/static/fp32/p1")
     b = run_cli("build", "-n", "2", "-c", str(cfg), *ids, timeout=600)
     assert b.returncode == 0, b.stdout[-2000:] + b.stderr[-2000:]
