@@ -73,9 +73,11 @@ def run(request_path: str) -> int:
                   flush=True)
         result = compiler.compile(model, inputs, req)
     except graph_key.GraphHit as e:  # the graph index holds this graph's artifact: nothing compiled
+        graph = _graph_file(work)  # (a hit re-raised by a wrapper may have lost its document digest)
+        document = e.document or (graph.get("document") if graph.get("graph_key") == e.graph_key else None)
         write_json_atomic(work / "result.json", {"op_count": None, "op_count_source": None, "details": {},
                                                  "imported": _imported(req, work), "graph_key": e.graph_key,
-                                                 "graph_document": e.document, "graph_hit": True,
+                                                 "graph_document": document, "graph_hit": True,
                                                  "reads": reads})
         print(f"graph unchanged: done in {time.monotonic() - t0:.1f} s without compiling", flush=True)
         return 0

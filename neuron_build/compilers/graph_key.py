@@ -220,7 +220,9 @@ def custom_op_document(op: Any) -> dict[str, Any]:
     """The implementation of a custom operator (an ``OpOverload`` outside :data:`TORCH_OP_NAMESPACES`, or an
     operator of torch given a Python kernel by the model): the source digests of the modules of its Python
     kernels (``torch.library.custom_op``'s functions, and every ``Library.impl`` recorded by
-    :func:`watch_custom_ops`), per dispatch key.
+    :func:`watch_custom_ops`), per dispatch key. A kernel's module is read whole (as a syntax tree), with the
+    modules of the functions it references, transitively; a class or module it references is read whole
+    but not followed further, and torch's and the standard library's code by name.
 
     Raises:
         NoGraphKey: a kernel of the op was registered from C++ or before the watch, or a kernel's source
@@ -485,6 +487,19 @@ def _ts_attr(n: Any, name: str) -> Any:
     raise NoGraphKey(f"attribute {name} of {n.kind()} has kind {kind}, which has no canonical form")
 
 
+def _ts_custom_op(kind: str) -> dict[str, Any]:
+    """:func:`custom_op_document` of the operator a TorchScript node of ``kind`` (``ns::name``) calls."""
+    import torch
+
+    ns, _, name = kind.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, ns), name)
+        overload = getattr(packet, "default" if "default" in packet.overloads() else packet.overloads()[0])
+    except (AttributeError, IndexError, RuntimeError) as e:
+        raise NoGraphKey(f"node {kind} calls an operator the key cannot find") from e
+    return custom_op_document(overload)
+
+
 def torchscript_document(graph: Any, module: Any = None) -> dict[str, Any]:
     """The canonical document of a TorchScript graph (``frozen.graph``): ``{"kind": "torchscript",
     "inputs": [types], "nodes": [...], "outputs": [value indices]}``; values are numbered in order of
@@ -537,6 +552,8 @@ def torchscript_document(graph: Any, module: Any = None) -> dict[str, Any]:
                      "attrs": {a: _ts_attr(n, a) for a in sorted(n.attributeNames())}}
             if n.kind() == "prim::GetAttr":
                 entry["value"] = attribute(n)
+            elif n.kind().split("::")[0] not in TORCH_OP_NAMESPACES:  # a custom op: by its implementation
+                entry["custom_op"] = _ts_custom_op(n.kind())
             blocks = list(n.blocks())
             if blocks:
                 entry["blocks"] = [{"in": [vid(v) for v in b.inputs()], "nodes": walk(b.nodes()),

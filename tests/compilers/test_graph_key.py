@@ -425,20 +425,23 @@ CUSTOM_DRIVER = textwrap.dedent('''
     if watch:
         graph_key.watch_custom_ops()
     out = {}
-    for op in ("scale", "shift"):
-        model = build_model(root, f"model_{op}:build", {}, "fp32")
-        try:
-            out[op] = graph_key.graph_key(graph_key.capture_document("inductor", model, (torch.ones(2, 4),)), {})
-        except graph_key.NoGraphKey as e:
-            out[op] = "no graph key: " + str(e)
+    for backend in ("inductor", "torchscript"):
+        for op in ("scale", "shift"):
+            model = build_model(root, f"model_{op}:build", {}, "fp32")
+            try:
+                out[f"{backend}:{op}"] = graph_key.graph_key(
+                    graph_key.capture_document(backend, model, (torch.ones(2, 4),)), {})
+            except graph_key.NoGraphKey as e:
+                out[f"{backend}:{op}"] = "no graph key: " + str(e)
     print(json.dumps(out))
 ''')
 
 
 def test_a_custom_op_is_keyed_by_its_implementation(tmp_path):
-    """A ``torch.library`` op (CompositeImplicitAutograd, in a helper module) and a ``custom_op``: an edit of
-    the implementation (or of a helper it calls) changes the key, a comment does not; kernels registered
-    before :func:`graph_key.watch_custom_ops` cannot be read, so there is no graph key."""
+    """A ``torch.library`` op (CompositeImplicitAutograd, in a helper module) and a ``custom_op``, in the
+    exported program and in the frozen TorchScript graph: an edit of the implementation (or of a helper it
+    calls) changes the key, a comment does not; kernels registered before
+    :func:`graph_key.watch_custom_ops` cannot be read, so there is no graph key."""
     variants = {"base": CUSTOM_OPS.format(factor="2.0", shift="1.0"),
                 "comment": "# a comment only\n" + CUSTOM_OPS.format(factor="2.0", shift="1.0"),
                 "edited": CUSTOM_OPS.format(factor="3.0", shift="5.0")}
@@ -456,11 +459,14 @@ def test_a_custom_op_is_keyed_by_its_implementation(tmp_path):
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     base, comment, edited = keys("base"), keys("comment"), keys("edited")
-    for op in ("scale", "shift"):
-        assert len(base[op]) == 64, base[op]
-        assert comment[op] == base[op]
-        assert edited[op] != base[op], f"an edit of {op}'s implementation kept the graph key"
-    assert keys("base", watch=False)["scale"].startswith("no graph key: custom op nbkey::scale")
+    assert sorted(base) == ["inductor:scale", "inductor:shift", "torchscript:scale", "torchscript:shift"]
+    for case in base:
+        assert len(base[case]) == 64, base[case]
+        assert comment[case] == base[case]
+        assert edited[case] != base[case], f"{case}: an edit of the op's implementation kept the graph key"
+    unwatched = keys("base", watch=False)
+    assert unwatched["inductor:scale"].startswith("no graph key: custom op nbkey::scale")
+    assert unwatched["torchscript:scale"].startswith("no graph key: custom op nbkey::scale")
 
 
 def test_what_the_key_cannot_read_means_no_graph_key():

@@ -62,15 +62,17 @@ def build():
     return Block()
 '''
 
-CONFIG = '''
+HEADER = '''
 [build]
 backend = "{backend}"
-timeout_s = 600
+timeout_s = 900
 heartbeat_s = 5
 
 [profiles.p1]
 compiler_args = []
+'''
 
+CONFIG = HEADER + '''
 [models.blk]
 factory = "heldout.blk:build"
 dtypes = ["fp32"]
@@ -236,15 +238,7 @@ def build():
     return Gate()
 '''
 
-COND_CONFIG = '''
-[build]
-backend = "inductor"
-timeout_s = 900
-heartbeat_s = 5
-
-[profiles.p1]
-compiler_args = []
-
+COND_CONFIG = HEADER.format(backend="inductor") + '''
 [models.gate]
 factory = "condlib.gate:build"
 dtypes = ["fp32"]
