@@ -225,6 +225,9 @@ def test_validate_and_bench_of_an_nxdi_target_on_a_neuron_host_run_through_nxdi(
     b = Builder(load_project(proj))
     (t,) = b.targets
     key = b.key(t).key
+    # the imitated Neuron host (the patched device list) lives in this process: validate here, not in the fresh
+    # process validate_target starts (tests/flows/test_one_verdict.py covers that process)
+    monkeypatch.setattr(validate_mod, "_validate_isolated", validate_mod.validate_here)
     rec = validate_mod.validate_target(b.project, b.store, t, key, record=False, keys=b.keys)
     assert rec["verdict"] == "fail" and rec["partners"] == ["llama/nxdi-b1/bf16/p1"]
     assert [r["name"] for r in rec["outputs"]] == ["generate b1 prompt 16 +8 tokens", "generate b1 prompt 32 +8 tokens"]
