@@ -143,6 +143,23 @@ def test_a_file_read_by_native_code_is_recorded(tmp_path, how):
     assert rec.files == {"ckpt/w.safetensors"} and rec.incomplete is None
 
 
+@pytest.mark.parametrize("how", sorted(NATIVE))
+def test_a_checkpoint_in_a_hidden_or_linked_folder_is_recorded(tmp_path, how):
+    """A hidden folder that is not VCS or a tool's cache (``.weights/``), and a folder the project links to
+    (``link -> /data/ckpt``), are project folders: what the factory reads there, natively too, is recorded
+    under the name the project gives it."""
+    root = tmp_path / "proj"
+    (root / ".weights").mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    (root / "link").symlink_to(tmp_path / "data", target_is_directory=True)
+    _tensors(root / ".weights" / "w.safetensors", 1.0)
+    _tensors(tmp_path / "data" / "w.safetensors", 1.0)
+    with ReadRecorder(root) as rec:
+        NATIVE[how](root / ".weights" / "w.safetensors")
+        NATIVE[how](root / "link" / "w.safetensors")
+    assert rec.files == {".weights/w.safetensors", "link/w.safetensors"} and rec.incomplete is None
+
+
 def test_a_file_the_block_writes_is_no_input(tmp_path):
     root = tmp_path / "proj"
     root.mkdir()
@@ -155,7 +172,7 @@ def test_a_file_the_block_writes_is_no_input(tmp_path):
 
 #: Folders whose files are never inputs: pip's and setuptools' metadata, bytecode caches, VCS folders.
 NEVER = ["demo.egg-info/entry_points.txt", "demo-1.0.dist-info/METADATA", "tinylib/__pycache__/blob.bin",
-         ".git/config", ".hg/hgrc", ".svn/entries"]
+         ".git/config", ".hg/hgrc", ".svn/entries", ".pytest_cache/v/cache/lastfailed", ".tox/py/log.txt"]
 
 
 @pytest.mark.parametrize("rel", NEVER + ["artifacts/store-id.json"])
