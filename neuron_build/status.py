@@ -48,6 +48,7 @@ class Verdict(_Word):
     PASS = "pass"      # outputs within tolerance / the gate or check holds / the target is in the store
     FAIL = "fail"      # outputs outside tolerance, or the artifact did not load or run / the gate refuses
     NOT_VALIDATED = "not_validated"   # this host cannot run the artifact (e.g. no NeuronCore)
+    ERROR = "error"    # the check could not complete (the reference did not build, its process died): no verdict
     WAIVED = "waived"  # a failed gate let through with a recorded reason (promote --waive, --allow-unvalidated)
 
 

@@ -95,6 +95,7 @@ class DodoSession(BuildSession):
         )
 
         b = self.builder
+        _SESSIONS[id(self)] = self  # found again by _validate_action, in this process or a forked runner
         kind = artifact_device_kind(b.keys.backend, b.keys.hardware_target)
         ref_hash: dict[str, str] = {}  # reference model -> reference_model_hash (one per model, not target)
         for t in b.targets:
@@ -107,7 +108,9 @@ class DodoSession(BuildSession):
             yield {
                 "name": t.id,
                 "doc": f"validate {t.id} on {kind} against the fp32 CPU reference",
-                "actions": [(self._validate, [t.id])],
+                # a module-level function and plain arguments: doit's process runner pickles a task made
+                # after the others (create_after) whole, and a session (its Builder's locks) does not pickle
+                "actions": [(_validate_action, [id(self), t.id])],
                 # a text-generation graph is validated with its partner graphs: build them all first
                 "task_dep": [f"build:{x.id}" for x in (partners(b.targets, t) if t.graph else [t])],
                 # the reference by name and by content (its kwargs, factory, sources, weights)
@@ -129,9 +132,19 @@ class DodoSession(BuildSession):
         print(summary_line(rec))
         for note in rec.get("diagnosis", []):
             print(f"    {note}")
-        if rec["verdict"] == Verdict.FAIL:
+        if rec["verdict"] in (Verdict.FAIL, Verdict.ERROR):  # an error is no verdict, and never up to date
             return TaskFailed(rec["reason"])
         return {"key": rec["key"], "verdict": rec["verdict"]}
+
+
+#: The sessions whose validate tasks were made, by ``id()``: a validate task names its session by this number,
+#: so that doit's process runner (which forks, then receives the task pickled) finds it in the child too.
+_SESSIONS: dict[int, DodoSession] = {}
+
+
+def _validate_action(session_id: int, target_id: str):
+    """The action of ``validate:<target id>``: :meth:`DodoSession._validate` of the session that made it."""
+    return (_SESSIONS.get(session_id) or session())._validate(target_id)
 
 
 # -- dodo.py ----------------------------------------------------------------------------------------------

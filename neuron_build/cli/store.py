@@ -63,7 +63,7 @@ def cmd_verify(args) -> int:
         print_json({**rep.to_json(), "verdict": str(Verdict.PASS if rep.clean else Verdict.FAIL)})
         return ExitCode.OK if rep.clean else ExitCode.FAILED
     for bad in rep.bad:
-        what = f"blob {bad.key[:16]}" if bad.kind == "blob" else f"{bad.key[:12]}"
+        what = {"blob": f"blob {bad.key[:16]}", "record": bad.key}.get(bad.kind, bad.key[:12])
         print(f"BAD  {what}  {bad.target or '?'}: {bad.reason}"
               + (f" -> {bad.moved_to}" if bad.moved_to else ""))
         if bad.pinned_by:

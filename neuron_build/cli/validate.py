@@ -44,13 +44,14 @@ class ValidationRun:
 
     @property
     def ok(self) -> bool:
-        """No target failed and every one was built."""
-        return not self.count(Verdict.FAIL) and not self.not_built
+        """No target failed or ended in an error, and every one was built."""
+        return not self.count(Verdict.FAIL) and not self.count(Verdict.ERROR) and not self.not_built
 
     def summary(self) -> str:
         """The last line ``validate`` prints."""
         return (f"{len(self.targets)} targets: {self.count(Verdict.PASS)} passed, {self.count(Verdict.FAIL)} failed, "
-                f"{self.count(Verdict.NOT_VALIDATED)} not validated, {len(self.not_built)} not built")
+                f"{self.count(Verdict.NOT_VALIDATED)} not validated, {len(self.not_built)} not built"
+                + (f", {n} ended in an error (no verdict)" if (n := self.count(Verdict.ERROR)) else ""))
 
 
 def validate_selected(b, chosen, progress: Callable[[str], None] | None = None) -> ValidationRun:
@@ -89,7 +90,8 @@ def cmd_validate(args) -> int:
     if args.json:
         print_json(run.records, "records")
         if not run.ok:
-            display_note(f"{run.count(Verdict.FAIL)} failed, {len(run.not_built)} not built")
+            display_note(f"{run.count(Verdict.FAIL)} failed, {run.count(Verdict.ERROR)} ended in an error, "
+                         f"{len(run.not_built)} not built")
     else:
         print(run.summary())
     return ExitCode.OK if run.ok else ExitCode.FAILED

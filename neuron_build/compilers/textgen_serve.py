@@ -353,6 +353,47 @@ class TextGenEngine:
         return logits[:rows, n - 1].float()
 
 
+    def forced_logits(self, prompt, forced) -> Any:
+        """fp32 logits of every new-token position when the new tokens are ``forced`` (teacher forcing: each
+        decode step is fed the given token, not the graph's own argmax), for validation that continues from
+        the reference's token after a tie.
+
+        Args:
+            prompt: int64 ``[rows, n]``, prompts of one length (rows at most the largest batch size).
+            forced: int64 ``[rows, k]``, the new tokens to feed (the last one is not fed).
+
+        Returns:
+            fp32 ``[rows, k, vocab]``: position 0 from prefill (the prompt's last position), position ``i``
+            from the decode step fed ``forced[:, i - 1]`` at cache position ``n + i - 1``.
+
+        Raises:
+            GenerateError: the prompt is longer than every bucket, or ``n + k`` exceeds the KV cache.
+        """
+        import torch
+
+        rows, n = prompt.shape
+        k = int(forced.shape[1])
+        if n + k > self.max_seq_len:
+            raise GenerateError(f"a prompt of {n} tokens plus {k} forced tokens exceeds the KV cache of {self.name} "
+                                f"(max_seq_len = {self.max_seq_len})")
+        bb = min(b for b in self.groups if b >= rows)
+        g = self.groups[bb]
+        s = self.prefill_bucket(bb, n)
+        x = torch.zeros(bb, s, dtype=torch.long)
+        x[:rows, :n] = prompt
+        feed = torch.zeros(bb, k, dtype=torch.long)
+        feed[:rows] = forced
+        with g.lock, torch.no_grad():
+            g.reset()
+            out = [g.prefill[s](input_ids=x, cache_position=torch.arange(s))[:, n - 1].float()]
+            for i in range(1, k):
+                # contiguous: a compiled graph reads its input by the strides it was traced with
+                logits = g.decode(input_ids=feed[:, i - 1:i].contiguous(), cache_position=torch.tensor([n + i - 1]))
+                out.append(logits[:, -1].float())
+            g.reset()
+        return torch.stack(out, 1)[:rows]
+
+
 def _token_list(what: str, value: Any) -> list[int] | None:
     """``eos_token_id`` or ``pad_token_id`` as a list of ints (None stays None; a tensor or a list gives its
     elements).

@@ -30,8 +30,9 @@ import glob
 import math
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, get_args
 
 from neuron_build.artifact import artifact_file, load_artifact
@@ -41,7 +42,7 @@ from neuron_build.project.matrix import Target
 from neuron_build.status import Verdict
 from neuron_build.store.contract import ArtifactStore, RecordStore
 from neuron_build.store.manifest import Manifest
-from neuron_build.util import utc_now
+from neuron_build.util import read_json, utc_now
 
 #: Relative L2 error allowed against the fp32 CPU reference, per target dtype, unless the model's
 #: ``tolerance`` table in buckets.toml says otherwise. bf16 errors around 1e-2 are normal; above 5e-2
@@ -455,18 +456,28 @@ def validate_target(project: Project, store: ArtifactStore, target: Target, key:
                     keys=None) -> dict[str, Any]:
     """Validate one target's artifact and (with ``record``) store the result.
 
+    The models run in a fresh Python process (:mod:`neuron_build.evaluate.validate_worker`, started with
+    ``subprocess``: no fork after torch is imported), so the verdict is the same whoever asks (``doit
+    validate`` with any ``-n`` and either runner, ``neuron-build validate``, ``bench``) and however many
+    run at once: no torch state (the global random generator a factory draws its weights from, the default
+    dtype, autocast, threads, half-imported transformers classes) leaks from one validation into another.
+    :func:`validate_here` is the same check in this process (the worker runs it).
+
     ``keys`` is the ``KeyMaker`` the caller's keys come from (default: a new one for ``project``); the
     record's ``reference.model_hash`` is :func:`reference_model_hash` of it.
 
     Returns:
-        The result record: ``verdict`` (``pass``/``fail``/``not_validated``), ``reason`` (None on a pass;
-        on a fail the line of :func:`failure_message`), ``device_kind``, ``device``, ``host``, ``time``,
-        ``target``, ``key``, ``dtype``, ``backend``, ``seed``, ``reference`` (model, factory, kwargs,
-        fp32 on cpu), ``tolerance`` and ``tolerance_source``, ``outputs`` (rows of
-        :func:`compare_outputs`), ``diagnosis`` (lines) and ``diagnosis_figures``, ``elapsed_s``.
+        The result record: ``verdict`` (``pass``/``fail``/``not_validated``/``error``), ``reason`` (None on a
+        pass; on a fail the line of :func:`failure_message`; on an error what kept the check from reaching a
+        verdict), ``device_kind``, ``device``, ``host``, ``time``, ``target``, ``key``, ``dtype``,
+        ``backend``, ``seed``, ``reference`` (model, factory, kwargs, fp32 on cpu), ``tolerance`` and
+        ``tolerance_source``, ``outputs`` (rows of :func:`compare_outputs`), ``diagnosis`` (lines) and
+        ``diagnosis_figures``, ``elapsed_s``. ``error`` is never ``fail``: the reference model did not build
+        or run, or the validation process died; the promote gate counts it as not validated and ``doit
+        validate`` runs it again.
 
     Raises:
-        UserError: the target is not built.
+        UserError: the target (or a partner graph of a text-generation target) is not built.
     """
     t0 = time.monotonic()
     m = store.manifest(key)
@@ -491,61 +502,167 @@ def validate_target(project: Project, store: ArtifactStore, target: Target, key:
     if ref_spec.hf is not None:  # an hf reference: what it loads (source, auto class, output, input names)
         rec["reference"]["hf"] = ref_spec.hf_spec()
     ok, why = can_run_here(kind)
-    if ok and kind == "cuda":
-        import torch
-        if not torch.cuda.is_available():
-            ok, why = False, "no CUDA device here (this torch build sees none)"
     if not ok:
-        rec.update(verdict=Verdict.NOT_VALIDATED, reason=why, device=None, elapsed_s=round(time.monotonic() - t0, 3))
-        if record:
-            store.put_result(key, "validation", kind, rec)
-        return rec
-
-    import torch
-
-    if target.graph:  # a prefill or decode graph: greedy generation with its partner graphs
-        from neuron_build.evaluate.textgen_validate import validate_textgen
-
-        rec.update(device="cpu", torch=torch.__version__)
-        try:
-            validate_textgen(project, store, target, keys, rec, tol, validation_seed(key), compare_tensors)
-        except UserError:
-            raise
-        except Exception as e:  # noqa: BLE001  graphs that do not load or run have failed validation
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: the graphs did not load or run: "
-                                                     f"{type(e).__name__}: {first}")
-        rec["elapsed_s"] = round(time.monotonic() - t0, 3)
-        if record:
-            store.put_result(key, "validation", kind, _json_safe(rec))
-        return rec
-    p = prepare(project, store, target, key)
-    rec["device"] = p.device if p.device != "cuda" else f"cuda:{torch.cuda.current_device()}"
-    rec["torch"] = torch.__version__
-    ref_out = _run(p.eager("fp32", model=ref_name), p.reference_inputs())
-    try:
-        out = _run(p.load_artifact(), p.device_inputs())
-    except UserError:
-        raise
-    except Exception as e:  # noqa: BLE001  an artifact that does not load or run has failed validation
-        first = (str(e).strip().splitlines() or [""])[0][:300]
-        out, problem = None, f"the artifact did not load or run: {type(e).__name__}: {first}"
-    rows, problem = compare_outputs(out, ref_out, tol) if out is not None else ([], problem)
-    rec["outputs"] = rows
-    if out is None:
-        rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: {problem}")
-    elif problem:
-        rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: output structure differs: {problem}")
-    elif all(r["pass"] for r in rows):
-        rec.update(verdict=Verdict.PASS, reason=None)
+        rec.update(verdict=Verdict.NOT_VALIDATED, reason=why, device=None)
     else:
-        rec.update(verdict=Verdict.FAIL, reason=failure_message(target.id, rows))
-        notes, figs = diagnose(p, ref_out, tol)
-        rec["diagnosis"], rec["diagnosis_figures"] = notes, figs
+        table = _key_table(project, keys, target, key)
+        rec = _validate_isolated(project, ArtifactView.of(store, table.values()), target, key, table, rec)
     rec["elapsed_s"] = round(time.monotonic() - t0, 3)
     if record:
         store.put_result(key, "validation", kind, _json_safe(rec))
     return rec
+
+
+def _key_table(project: Project, keys, target: Target, key: str) -> KeyTable:
+    """The keys the validation of ``target`` reads: its own, and a text-generation target's partner graphs'."""
+    table = {target.id: key}
+    if target.graph:
+        from neuron_build.evaluate.textgen_validate import partners
+        from neuron_build.project.matrix import expand
+
+        for t in partners(expand(project), target):
+            table.setdefault(t.id, keys.key(t).key)
+    return KeyTable(table)
+
+
+class KeyTable(dict):
+    """target id -> key of the targets one validation reads; ``.key(target).key`` as a ``KeyMaker`` answers
+    (picklable, so the validation process needs no ``KeyMaker``)."""
+
+    def key(self, target: Target) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(key=self[target.id])
+
+
+@dataclass
+class ArtifactView:
+    """The part of a store a validation process reads, made in the parent: per key its manifest (or None)
+    and the local folder of its files (:meth:`~neuron_build.store.contract.ArtifactStore.artifact_dir`, so a
+    remote artifact is downloaded, digests verified, before the process starts). Picklable."""
+
+    manifests: dict[str, Manifest | None]
+    dirs: dict[str, Path]
+
+    @classmethod
+    def of(cls, store: ArtifactStore, keys: Iterable[str]) -> ArtifactView:
+        manifests, dirs = {}, {}
+        for k in keys:
+            manifests[k] = store.manifest(k)
+            if manifests[k] is not None:
+                dirs[k] = store.artifact_dir(k)
+        return cls(manifests, dirs)
+
+    def manifest(self, key: str) -> Manifest | None:
+        return self.manifests.get(key)
+
+    def artifact_dir(self, key: str) -> Path:
+        return self.dirs[key]
+
+
+def _validate_isolated(project: Project, view: ArtifactView, target: Target, key: str, table: KeyTable,
+                       rec: dict[str, Any]) -> dict[str, Any]:
+    """:func:`validate_here` in a fresh Python process (:mod:`neuron_build.evaluate.validate_worker`); a
+    process that dies or writes no answer gives verdict ``error`` with its exit status and last line.
+
+    Raises:
+        UserError: the worker's (a partner graph not built).
+    """
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="neuron-build-validate-") as tmp:
+        job, out, log = Path(tmp, "job.pkl"), Path(tmp, "out.json"), Path(tmp, "worker.log")
+        with job.open("wb") as f:
+            pickle.dump((project, view, target, key, table, rec), f)
+        with log.open("wb") as f:
+            rc = subprocess.call([sys.executable, "-m", "neuron_build.evaluate.validate_worker", str(job), str(out)],
+                                 stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT)
+        answer = read_json(out)
+        if isinstance(answer, dict) and isinstance(answer.get("user_error"), str):
+            raise UserError(answer["user_error"])
+        if isinstance(answer, dict) and isinstance(answer.get("record"), dict):
+            got = answer["record"]
+            for row in got.get("outputs") or []:  # the JSON spelling of non-finite figures, back to floats
+                for k in ("max_abs_error", "rel_l2_error", "cosine_similarity", "steps_rel_l2_error"):
+                    if row.get(k) in ("inf", "-inf", "nan"):
+                        row[k] = float(row[k])
+            return got
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        last = lines[-1].strip()[:300] if lines else "no output"
+    return {**rec, "verdict": Verdict.ERROR, "device": None,
+            "reason": f"{target.id}: the validation process exited with status {rc} before a verdict: {last}"}
+
+
+def validate_here(project: Project, store: Any, target: Target, key: str, keys, rec: dict[str, Any]) -> dict[str, Any]:
+    """Run the reference and the artifact in this process and fill ``rec`` (:func:`validate_target` made
+    it) with the rows and the verdict; ``store`` needs only ``manifest`` and ``artifact_dir``
+    (:class:`ArtifactView`), ``keys`` only ``.key(target).key`` (:class:`KeyTable`).
+
+    An exception while the reference is built or run gives verdict ``error`` (never ``fail``): the artifact
+    was not judged. An artifact that does not load or run is a ``fail``.
+
+    Raises:
+        UserError: the target (or a partner graph) is not built.
+    """
+    import torch
+
+    from neuron_build.evaluate.textgen_validate import ReferenceFailed
+
+    kind = rec["device_kind"]
+    if kind == "cuda" and not torch.cuda.is_available():
+        return {**rec, "verdict": Verdict.NOT_VALIDATED, "device": None,
+                "reason": "no CUDA device here (this torch build sees none)"}
+    tol = rec["tolerance"]
+    try:
+        if target.graph:  # a prefill or decode graph: greedy generation with its partner graphs
+            from neuron_build.evaluate.textgen_validate import validate_textgen
+
+            rec.update(device="cpu", torch=torch.__version__)
+            try:
+                validate_textgen(project, store, target, keys, rec, tol, validation_seed(key), compare_tensors)
+            except (UserError, ReferenceFailed):
+                raise
+            except Exception as e:  # noqa: BLE001  graphs that do not load or run have failed validation
+                rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: the graphs did not load or run: {_first(e)}")
+            return rec
+        p = prepare(project, store, target, key)
+        rec["device"] = p.device if p.device != "cuda" else f"cuda:{torch.cuda.current_device()}"
+        rec["torch"] = torch.__version__
+        try:
+            ref_out = _run(p.eager("fp32", model=rec["reference"]["model"]), p.reference_inputs())
+        except Exception as e:  # noqa: BLE001  no reference: no verdict
+            raise ReferenceFailed(f"the fp32 reference {rec['reference']['model']} did not build or run: "
+                                  f"{_first(e)}") from e
+        try:
+            out = _run(p.load_artifact(), p.device_inputs())
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001  an artifact that does not load or run has failed validation
+            out, problem = None, f"the artifact did not load or run: {_first(e)}"
+        rows, problem = compare_outputs(out, ref_out, tol) if out is not None else ([], problem)
+        rec["outputs"] = rows
+        if out is None:
+            rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: {problem}")
+        elif problem:
+            rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: output structure differs: {problem}")
+        elif all(r["pass"] for r in rows):
+            rec.update(verdict=Verdict.PASS, reason=None)
+        else:
+            rec.update(verdict=Verdict.FAIL, reason=failure_message(target.id, rows))
+            notes, figs = diagnose(p, ref_out, tol)
+            rec["diagnosis"], rec["diagnosis_figures"] = notes, figs
+    except ReferenceFailed as e:
+        rec.update(verdict=Verdict.ERROR, reason=f"{target.id}: no verdict: {e}")
+    return rec
+
+
+def _first(e: BaseException) -> str:
+    """``Type: first line of the message`` (at most 300 characters of it)."""
+    first = (str(e).strip().splitlines() or [""])[0][:300]
+    return f"{type(e).__name__}: {first}"
 
 
 def _json_safe(obj: Any) -> Any:
@@ -562,6 +679,8 @@ def _json_safe(obj: Any) -> Any:
 def summary_line(rec: dict[str, Any]) -> str:
     """One line for the CLI: verdict, target, worst output error and tolerance (or the reason)."""
     v = rec["verdict"]
+    if v == Verdict.ERROR:
+        return f"ERROR  {rec['reason']} (not a verdict: run it again)"
     if v == Verdict.NOT_VALIDATED:
         return f"NOT VALIDATED  {rec['target']}: {rec['reason']}"
     if v == Verdict.FAIL:
@@ -574,6 +693,7 @@ def summary_line(rec: dict[str, Any]) -> str:
             f"cosine {worst['cosine_similarity']:.6f} ({rec['device_kind']}, vs {rec['reference']['model']} fp32)")
 
 
-__all__ = ["DEFAULT_TOLERANCE", "VERDICTS", "Prepared", "artifact_device_kind", "can_run_here", "compare_outputs",
+__all__ = ["DEFAULT_TOLERANCE", "VERDICTS", "ArtifactView", "KeyTable", "Prepared",
+           "artifact_device_kind", "can_run_here", "compare_outputs",
            "compare_tensors", "diagnose", "failure_message", "flatten_outputs", "is_validated", "neuron_devices",
-           "prepare", "summary_line", "tolerance_for", "validate_target", "validation_seed"]
+           "prepare", "summary_line", "tolerance_for", "validate_here", "validate_target", "validation_seed"]

@@ -185,6 +185,8 @@ def validation_gate(store: RecordStore, keys: dict[str, str], device_kind: str) 
         r = store.result(key, "validation", device_kind)
         if r is None or r.get("verdict") == Verdict.NOT_VALIDATED:
             missing.append(tid)
+        elif r.get("verdict") == Verdict.ERROR:  # the check did not reach a verdict: not validated, not failed
+            missing.append(f"{tid} (the last validation ended in an error; run it again)")
         elif r.get("verdict") != Verdict.PASS:
             failed.append(f"{tid} ({r.get('reason') or 'failed'})")
         else:

@@ -27,8 +27,8 @@ GB = 10**9
 class MemoryBudget:
     """A cross-process bound on the summed expected peak memory of the compiles running on this host.
 
-    The ledger ``<store>/locks/memory.json`` lists reservations ``{id, pid, host, proc_start, bytes,
-    target, state, since, seq}``; it is read and written under ``<store>/locks/memory.lock``. Reservations
+    The ledger ``<store>/locks/memory.json`` lists reservations ``{id, pid, host, boot_id, proc_start_ticks,
+    bytes, target, state, since, seq}``; it is read and written under ``<store>/locks/memory.lock``. Reservations
     of processes that are no longer running on this host are dropped by whoever reads the ledger next.
     Waiting compiles are admitted first come, first served; a compile is admitted when the running
     reservations on this host plus its own fit in ``max_bytes``, or when nothing else runs on this host

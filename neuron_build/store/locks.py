@@ -5,7 +5,7 @@ A folder store keeps them under ``<store>/locks/``; a store at a URL has the lea
 ``leases/<key>.json`` (:class:`LeaseLock`), since file locks do not cross hosts:
 
 - ``<key>.lock``: an exclusive ``flock`` (through the ``filelock`` library) held while one builder compiles
-  and publishes ``key``; ``<key>.owner.json`` beside it records the holder (pid, host, process start time,
+  and publishes ``key``; ``<key>.owner.json`` beside it records the holder (pid, host, boot id, process start in clock ticks,
   target, since when). The kernel drops a ``flock`` when its holder dies, so a SIGKILLed builder never
   blocks the next one; the owner record it leaves is reported and replaced ("stale lock"). A lock that is
   still held while its recorded owner is dead on this host (an orphaned child kept the file descriptor) is
@@ -31,7 +31,7 @@ from neuron_build.errors import StoreError
 from neuron_build.log import get_logger
 from neuron_build.store import layout
 from neuron_build.store.budget import GB, MemoryBudget
-from neuron_build.store.owners import _me, owner_alive
+from neuron_build.store.owners import _me, owner_alive, process_identity
 from neuron_build.util import json_bytes, read_json, write_json_atomic
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class KeyLock:
                     self._log.info("still waiting for lock", waited_s=round(now - t0), **_who(owner))
                     next_beat = now + self.heartbeat_s
                 if owner is not None and owner_alive(owner) is False:
-                    ident = (owner.get("pid"), owner.get("proc_start"))
+                    ident = process_identity(owner)
                     ino = _inode(self.path)
                     if dead_since is None or dead_since[1] != ident or dead_since[2] != ino:
                         dead_since = (now, ident, ino)
@@ -178,8 +178,8 @@ class KeyLock:
 
         with FileLock(str(self.dir / f"{self.key}.break.lock")):
             cur = self.owner()
-            if (cur is None or _inode(self.path) != ino or cur.get("pid") != owner.get("pid")
-                    or cur.get("proc_start") != owner.get("proc_start") or owner_alive(cur) is not False):
+            if (cur is None or _inode(self.path) != ino or process_identity(cur) != process_identity(owner)
+                    or owner_alive(cur) is not False):
                 return
             aside = self.dir / f"{self.key}.lock.stale-{owner.get('pid')}-{secrets.token_hex(3)}"
             try:

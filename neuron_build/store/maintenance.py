@@ -11,6 +11,7 @@ younger than the keep window. Targets that left the matrix keep nothing alive.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -79,9 +80,10 @@ def release_pins(store: LocalStore) -> Pins:
 class BadObject:
     """Something that failed verification.
 
-    ``kind``: ``manifest`` (an action-cache entry: unreadable, edited, another key, not PASS) or ``blob``
-    (a file's content: missing, another size, another digest). ``key``: the key (manifest) or sha256
-    (blob). ``keys``: the keys whose manifests list a damaged blob. ``pinned_by``: the releases and
+    ``kind``: ``manifest`` (an action-cache entry: unreadable, edited, another key, not PASS), ``blob``
+    (a file's content: missing, another size, another digest) or ``record`` (a record beside them that does
+    not parse as its kind: :func:`check_records`). ``key``: the key (manifest), sha256 (blob) or the
+    record's path in the store. ``keys``: the keys whose manifests list a damaged blob. ``pinned_by``: the releases and
     channels that pin it (``release m/r-...``, ``channel m/prod``). ``fix``: what to run.
     ``moved_to``: where ``--repair`` moved it (None when reported only).
     """
@@ -106,6 +108,7 @@ class VerifyReport:
     checked: int = 0
     ok: int = 0
     blobs_checked: int = 0
+    records_checked: int = 0
     bad: list[BadObject] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -115,7 +118,7 @@ class VerifyReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"deep": self.deep, "repair": self.repair, "checked": self.checked, "ok": self.ok,
-                "blobs_checked": self.blobs_checked, "clean": self.clean,
+                "blobs_checked": self.blobs_checked, "records_checked": self.records_checked, "clean": self.clean,
                 "bad": [asdict(b) for b in self.bad], "problems": self.problems}
 
 
@@ -236,7 +239,110 @@ def verify_store(store: LocalStore, deep: bool = False, repair: bool = False,
         if _release_keys(store.release(model, rid)) is None and _release_keys(_shared_release(shared, model, rid)) is None:
             rep.problems.append(f"{where}: points at release {rid}, "
                                 f"but releases/{model}/{rid}.json is missing or unreadable")
+    rep.records_checked, bad_records = check_records(store)
+    rep.bad.extend(bad_records)
     return rep
+
+
+def _is_history_entry(raw: Any) -> bool:
+    return isinstance(raw, dict) and isinstance(raw.get("action"), str)
+
+
+def _is_validation(raw: Any) -> bool:
+    from neuron_build.status import Verdict
+
+    return isinstance(raw, dict) and raw.get("verdict") in {v.value for v in Verdict}
+
+
+def _is_ledger_object(raw: Any) -> bool:
+    """One ledger record, or a batch ``{"schema", "records": [...]}`` of them (as :func:`ledger.read` reads)."""
+    from neuron_build.store.ledger import LedgerRecord
+
+    batch = raw.get("records") if isinstance(raw, dict) and isinstance(raw.get("records"), list) else [raw]
+    return bool(batch) and all(LedgerRecord.from_json(r) is not None for r in batch)
+
+
+def _record_kind(rel: str) -> tuple[str, Any] | None:
+    """(what the record at ``rel`` is, a check of its parsed JSON) for the records :func:`check_records`
+    reads; None for what is not a JSON record (logs, artifact files, kept workdirs, quarantine)."""
+    from neuron_build.store.graph_index import GraphEntry
+    from neuron_build.store.records import FailureRecord, TargetRecord
+
+    parts = rel.split("/")
+    name, area = parts[-1], parts[0]
+    if not name.endswith(".json"):
+        return None
+    if area == "targets":
+        return {"last.json": ("target record", lambda r: TargetRecord.from_json(r) is not None),
+                "failure.json": ("failure record", lambda r: FailureRecord.from_json(r) is not None),
+                "imports.json": ("recorded imports", lambda r: isinstance(r, dict) and isinstance(r.get("files"), list)),
+                "reads.json": ("recorded reads", lambda r: isinstance(r, dict))}.get(name)
+    if area == "results" and len(parts) == 4:
+        return ("validation result", _is_validation) if parts[2] == "validation" else (
+            f"{parts[2]} result", lambda r: isinstance(r, dict))
+    if area == "channels" and len(parts) == 4 and parts[2].endswith(".history"):
+        return "history entry", _is_history_entry
+    if area == "ledger":
+        return "ledger record", _is_ledger_object
+    if area == "graphs" and len(parts) == 3:
+        return "graph index entry", lambda r: GraphEntry.from_json(r, name[:-5]) is not None
+    if area == "leases" and len(parts) == 2:
+        return "lease", lambda r: isinstance(r, dict)
+    if area == "failures" and name == "entry.json" and len(parts) == 4:
+        return "kept failure entry", lambda r: isinstance(r, dict)
+    if rel == "store-id.json":
+        return "store identity", lambda r: isinstance(r, dict)
+    return None
+
+
+#: The areas of :func:`check_records` (releases and channel pointers are checked as references).
+RECORD_AREAS = ("targets", "results", "channels", "ledger", "graphs", "leases", "failures")
+
+
+def check_records(store: Any) -> tuple[int, list[BadObject]]:
+    """Parse every record the store holds besides manifests, blobs, releases and channel pointers: target
+    records (``targets/<target id>/last.json``, ``failure.json``), recorded imports and reads, validation
+    and benchmark results, history entries, ledger records, graph index entries, leases, kept failure
+    entries, the store identity. Each must be JSON of its kind (read as the code that uses it reads it).
+
+    Returns:
+        (records checked, one :class:`BadObject` of kind ``record`` per record that does not parse, with
+        the path as its ``key`` and the fix).
+    """
+    checked, bad = 0, []
+    rels = [r for area in RECORD_AREAS for r in store.list_objects(area)]
+    if store.get_object("store-id.json") is not None:
+        rels.append("store-id.json")
+    for rel in rels:
+        kind = _record_kind(rel)
+        if kind is None:
+            continue
+        what, ok = kind
+        checked += 1
+        data = store.get_object(rel)
+        if data is None:
+            continue  # removed meanwhile
+        try:
+            raw = json.loads(data)
+        except ValueError:
+            why = "not JSON"
+        else:
+            why = None if ok(raw) else f"JSON, but not a {what}"
+        if why is None:
+            continue
+        target = "/".join(rel.split("/")[1:-1]) if rel.startswith("targets/") else None
+        bad.append(BadObject(rel, target, f"{what}: {why}", kind="record", fix=_record_fix(rel, target)))
+    return checked, bad
+
+
+def _record_fix(rel: str, target: str | None) -> str:
+    if rel.startswith("targets/") and rel.endswith("/last.json"):
+        return f"`neuron-build build {target}` writes it again (a cached target too); or remove {rel}"
+    if rel.startswith("results/"):
+        return f"`neuron-build validate` (or bench) writes it again; or remove {rel}"
+    if rel.startswith("channels/"):
+        return f"a history entry is written once: move {rel} aside (the channel's history then lacks it)"
+    return f"remove {rel} (it is rewritten or not needed)"
 
 
 
@@ -257,5 +363,5 @@ def referenced_keys(store: Any, extra: Iterable[str] = (), current_targets: Iter
     return gc_roots(store, extra, current_targets).keys
 
 
-__all__ = ["verify_store", "VerifyReport", "BadObject", "collect_failure_workdirs", "collect_garbage", "GcReport",
+__all__ = ["check_records", "verify_store", "VerifyReport", "BadObject", "collect_failure_workdirs", "collect_garbage", "GcReport",
            "Removal", "Unremoved", "referenced_keys", "release_pins", "tree_bytes"]

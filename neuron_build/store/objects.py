@@ -8,6 +8,7 @@ results, release records (written once), channel pointers (moved by compare-and-
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Iterator
 from dataclasses import replace
@@ -188,21 +189,49 @@ class JsonObjects:
 
     def append_history(self, model: str, channel: str, entry: dict[str, Any]) -> None:
         """Write ``entry`` as a new object ``<history_dir>/<UTC time>-<token>.json``, create-only: two
-        writers never overwrite each other, and names sort by time."""
+        writers never overwrite each other, and names sort by time. An entry with an operation id (``op``,
+        a promotion or rollback) is written at most once: its token is the op, and an entry of that op
+        already there (a retried write whose first answer was lost) is kept, not written again."""
         self.put_history_entry(model, channel, entry)
 
     def put_history_entry(self, model: str, channel: str, entry: dict[str, Any]) -> tuple[str, bytes]:
-        """:meth:`append_history`; returns the object written (its path and bytes), for a mirror."""
-        stamp = utc_now_us()
+        """:meth:`append_history`; returns the object written (its path and bytes), for a mirror (an
+        entry of an op already recorded: that object)."""
         data = json.dumps(entry, sort_keys=False, default=str).encode() + b"\n"
+        base = layout.history_dir(model, channel)
+        op = entry.get("op")
+        if isinstance(op, str) and _OP.fullmatch(op):
+            tail = f"-{op}.json"
+            for rel in self.list_objects(base):  # a retry of this op (after a lost answer) finds its entry
+                if rel.endswith(tail):
+                    return rel, self.get_object(rel) or data
+            rel = f"{base}/{utc_now_us()}{tail}"
+            self.put_object(rel, data, create_only=True)  # False: our own earlier attempt made it
+            return rel, data
         while True:
-            rel = f"{layout.history_dir(model, channel)}/{stamp}-{secrets.token_hex(4)}.json"
+            rel = f"{base}/{utc_now_us()}-{secrets.token_hex(4)}.json"
             if self.put_object(rel, data, create_only=True):
                 return rel, data  # else a token collision: draw another
 
     def history(self, model: str, channel: str) -> list[dict[str, Any]]:
+        """The channel's entries oldest first, one per operation id (the first; a store written before
+        entries were named by their op may hold a retried one twice)."""
         rels = [r for r in self.list_objects(layout.history_dir(model, channel)) if r.endswith(".json")]
-        return [e for e in self._many_json(rels) if isinstance(e, dict)]
+        out, seen = [], set()
+        for e in self._many_json(rels):
+            if not isinstance(e, dict):
+                continue
+            op = e.get("op")
+            if isinstance(op, str):
+                if op in seen:
+                    continue
+                seen.add(op)
+            out.append(e)
+        return out
+
+
+#: An operation id as :func:`neuron_build.release.channels.new_op` makes it (hex), safe in an object name.
+_OP = re.compile(r"[0-9a-f]{8,64}")
 
 
 __all__ = ["JsonObjects", "parse_object"]

@@ -12,6 +12,10 @@ Modes (:class:`TcpFaultProxy`):
   and ignored (a network that swallows packets: the client's writes stall once the socket buffers are full);
   :meth:`~TcpFaultProxy.heal` closes what it swallowed, on both sides.
 
+- ``lose_answer(match)``: the next connection whose client bytes contain ``match`` has its request delivered
+  whole, and its answer is never delivered: when the server's response (other than ``100 Continue``) comes,
+  the client's connection is reset instead (the request was applied, the client cannot know: a lost answer).
+
 ``match`` is a byte string looked for in what the client sends (an HTTP request line such as
 ``b"PUT /bucket/team/cas/"``); None matches the first bytes of any connection. The proxy's sockets have
 small buffers (:data:`BUFFER`) so that a stalled transfer stalls after a few hundred KiB, not after the
@@ -61,6 +65,8 @@ class TcpFaultProxy:
         self._delays_left: int | None = None
         self._reset: list | None = None   # [match, after_bytes, times left]
         self._hole: list | None = None    # [match, after_bytes]
+        self._lose: list | None = None    # [match, times left]
+        self.lost_answers = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._open: list[socket.socket] = []
@@ -90,6 +96,7 @@ class TcpFaultProxy:
         never waits for the rest of a body that will not come."""
         with self._lock:
             self._delay, self._reset, self._hole, self.holed = 0.0, None, None, False
+            self._lose = None
             self._delays_left = None
             ignored, self._ignored = self._ignored, []
         for s in ignored:
@@ -105,6 +112,12 @@ class TcpFaultProxy:
         """Reset (RST) the next ``times`` connections that send ``match``, ``after_bytes`` bytes later."""
         with self._lock:
             self._reset = [match, int(after_bytes), int(times)]
+
+    def lose_answer(self, match: bytes | None = None, times: int = 1) -> None:
+        """Deliver the requests of the next ``times`` connections that send ``match``, and reset each one's
+        client instead of forwarding the server's answer."""
+        with self._lock:
+            self._lose = [match, int(times)]
 
     def black_hole(self, match: bytes | None = None, after_bytes: int = 0) -> None:
         """Stop forwarding everything once a connection has sent ``match`` and ``after_bytes`` more bytes
@@ -184,6 +197,13 @@ class TcpFaultProxy:
                     data = self._upstream_faults(data, conn, src, dst)
                     if data is None:
                         return
+                elif conn.lose_answer and not data.startswith(b"HTTP/1.1 100"):
+                    conn.closed = True  # the request was applied; its answer is lost on the way back
+                    with self._lock:
+                        self.lost_answers += 1
+                    _rst(dst)
+                    _close(src)
+                    return
                 if self.holed:
                     conn.swallowed = True
                     continue
@@ -206,6 +226,10 @@ class TcpFaultProxy:
                 reset[2] -= 1
             if hole is not None and conn.hole_left is None and (hole[0] is None or hole[0] in window):
                 conn.hole_left = hole[1]
+            lose = self._lose
+            if lose is not None and not conn.lose_answer and lose[1] > 0 and (lose[0] is None or lose[0] in window):
+                conn.lose_answer = True
+                lose[1] -= 1
         if conn.reset_left is not None and conn.reset_left <= len(data):
             if conn.reset_left:
                 server.sendall(data[:conn.reset_left])
@@ -240,6 +264,7 @@ class _Conn:
         self.tail = b""
         self.reset_left: int | None = None
         self.hole_left: int | None = None
+        self.lose_answer = False  # its answer is never delivered (lose_answer)
 
 
 def _rst(s: socket.socket) -> None:

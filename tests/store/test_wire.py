@@ -179,3 +179,25 @@ def test_a_black_hole_in_a_multipart_upload_ends_within_the_push_bound(tmp_path,
         store.io.fs.put_file(str(path), store.io.full(rel), mode="create", chunksize=5 << 20)
     assert proxy.resets == 1
     assert store.blob_damage(sha, path.stat().st_size, deep=True) is None
+
+
+def test_a_history_entry_whose_answer_was_lost_is_recorded_once(tmp_path, s3_env, s3_bucket, proxy, monkeypatch):
+    """The create-only PUT of a promotion's history entry reaches the server, its answer is lost, the client
+    retries: the retry finds the object there (412). Before, that counted as a name collision and the entry
+    was written again under another name: one promotion, two entries."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    store = _store(s3_bucket, tmp_path)
+    entry = {"time": "2026-12-02T06:00:00+00:00", "action": "promote", "model": "m", "channel": "prod",
+             "from": None, "to": "r-1", "version": 1, "op": "0123456789abcdef"}
+    proxy.lose_answer(f"PUT /{s3_bucket}/team/channels/m/prod.history/".encode())
+    store.append_history("m", "prod", entry)
+    assert proxy.lost_answers == 1
+    assert store.history("m", "prod") == [entry]
+    assert len(remote_keys(s3_env.client(), s3_bucket, "team/channels/m/prod.history/")) == 1
+    store.append_history("m", "prod", entry)  # the whole write retried by its caller: still once
+    assert len(remote_keys(s3_env.client(), s3_bucket, "team/channels/m/prod.history/")) == 1
+    # entries without an op (refusals) are each their own; a store that already holds an op twice reads once
+    store.append_history("m", "prod", {**entry, "op": None, "action": "refuse"})
+    s3_env.client().put_object(Bucket=s3_bucket, Key="team/channels/m/prod.history/20261202T070000.000000Z-dup.json",
+                             Body=json.dumps(entry).encode())
+    assert [e["action"] for e in store.history("m", "prod")] == ["promote", "refuse"]
