@@ -45,8 +45,9 @@ KINDS = ("files", "env", "dists")
 NEVER_READ_HIDDEN = frozenset({".git", ".hg", ".svn", ".bzr", ".tox", ".nox", ".eggs", ".pytest_cache",
                                ".mypy_cache", ".ruff_cache", ".ipynb_checkpoints", ".idea", ".vscode",
                                ".neuron-build"})
-#: Distributions never recorded: neuron-build itself (its version is in the manifest).
-OWN = ("neuron-build", "neuron_build")
+#: Distributions never recorded: neuron-build itself (its version is in the manifest) and what the recorder
+#: itself imports while the factory runs (inotify_simple, for the watches), which the model does not use.
+OWN = ("neuron-build", "neuron_build", "inotify-simple")
 _HOOKED: list[ReadRecorder] = []  # the recorders listening (an audit hook cannot be removed)
 _INSTALLED = False
 

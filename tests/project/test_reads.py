@@ -160,6 +160,20 @@ def test_a_checkpoint_in_a_hidden_or_linked_folder_is_recorded(tmp_path, how):
     assert rec.files == {".weights/w.safetensors", "link/w.safetensors"} and rec.incomplete is None
 
 
+def test_the_recorders_own_imports_are_no_recorded_distribution():
+    """inotify_simple is imported by the recorder as the block starts, not by the model: an upgrade of it must
+    not make every shipped target stale (every manifest listed it)."""
+    import sys
+
+    import inotify_simple  # noqa: F401  (as the recorder does)
+
+    from neuron_build.project.reads import imported_distributions
+
+    before = [m for m in sys.modules if m.split(".")[0] not in ("inotify_simple", "pytest")]
+    got = imported_distributions(before)
+    assert "pytest" in got and "inotify-simple" not in got
+
+
 def test_a_file_the_block_writes_is_no_input(tmp_path):
     root = tmp_path / "proj"
     root.mkdir()
