@@ -211,7 +211,8 @@ class _Watch:
             here = Path(dirpath)
             keep = []
             for d in sorted(dirnames):
-                if never_read_folder(d) or any((here / d).is_relative_to(e) for e in exclude):
+                if never_read_folder(d) or any((here / d).is_relative_to(e) for e in exclude) \
+                        or (here / d / "pyvenv.cfg").is_file():  # a virtualenv (another than this one's)
                     continue
                 try:
                     real = (here / d).resolve()

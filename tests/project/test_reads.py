@@ -174,6 +174,18 @@ def test_the_recorders_own_imports_are_no_recorded_distribution():
     assert "pytest" in got and "inotify-simple" not in got
 
 
+def test_another_virtualenv_in_the_project_is_not_watched(tmp_path):
+    """A hidden folder is watched now, but a virtualenv kept in the project (``.venv-old/``, its
+    ``pyvenv.cfg``) holds no inputs: thousands of folders to watch, and installed files."""
+    root = tmp_path / "proj"
+    (root / ".venv-old" / "lib").mkdir(parents=True)
+    (root / ".venv-old" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    _tensors(root / ".venv-old" / "lib" / "w.safetensors", 1.0)
+    with ReadRecorder(root) as rec:
+        NATIVE["torch.from_file"](root / ".venv-old" / "lib" / "w.safetensors")
+    assert rec.files == set() and rec.incomplete is None
+
+
 def test_a_file_the_block_writes_is_no_input(tmp_path):
     root = tmp_path / "proj"
     root.mkdir()
