@@ -17,7 +17,9 @@ Runs (each the same targets and hosts):
 * ``lpt_oracle``: the dispatch policy with the true durations and peaks;
 * ``lpt_predicted``: the dispatch policy with :class:`neuron_build.build.predict.Predictor` trained on the
   ledger of a previous release (the same targets under other keys: time x exp(N(0, 0.5)), peak x
-  exp(N(0, 0.1))); 20 % of the models were never built (their targets get the size prior);
+  exp(N(0, 0.1))); 20 % of the models were never built (their targets get the size prior); each compile that
+  ends is shown to the predictor (``Predictor.observe``, what its ledger record would say) and the model's
+  targets not started yet are revised (``Dispatcher.revise``) when the predictor now sizes them from the model;
 * ``host_loss``: as ``lpt_predicted``, with Slurm-style 12 h walltimes (workers retire at 11 h 50 m with a
   few minutes of stagger, ``--lifetime``, and are replaced at once) and Spot loss at 1 %/h on half the hosts
   (replaced 10 min later); a lost compile goes back to the queue 60 s after the loss (the lease expiry).
@@ -139,10 +141,34 @@ def history(truth: list[Truth], rng: random.Random, cold_share: float = 0.2) -> 
     return recs
 
 
+def predicted_job(t: Truth, p) -> Job:
+    """The dispatcher's job for target ``t`` from its prediction ``p``."""
+    return Job(t.id, p.seconds or 0.0, p.peak_bytes, seconds_p90=p.seconds_p90, after=t.after,
+               memory_p50=p.peak_p50_bytes)
+
+
 def simulate(truth: list[Truth], jobs: list[Job], rng: random.Random, max_reserved: int,  # noqa: C901 (one event loop)
-             host_loss: bool = False) -> dict:
-    """Run one dispatch over the simulated fleet; returns makespan and counters."""
+             host_loss: bool = False, predictor: Predictor | None = None) -> dict:
+    """Run one dispatch over the simulated fleet; returns makespan and counters. With ``predictor``, each compile
+    that ends is shown to it (its time and peak, as its ledger record would say; only the peak of one killed
+    for memory) and the model's targets not started yet that it now predicts from the model are revised."""
     by_id = {t.id: t for t in truth}
+    of_model: dict[str, list[Truth]] = {}
+    for t in truth:
+        of_model.setdefault(t.model, []).append(t)
+
+    def learn(jid: str, seconds: float | None) -> None:
+        if predictor is None:
+            return
+        predictor.observe(jid, backend="neuron", seconds=seconds, peak_bytes=by_id[jid].memory)
+        for t in of_model[by_id[jid].model]:
+            if t.id in running or t.id in d.done:
+                continue
+            p = predictor.predict(t.id, key="1" * 64, backend="neuron")
+            if p.source == "model":
+                j = predicted_job(t, p)
+                d.revise(t.id, j.seconds, j.memory, seconds_p90=j.seconds_p90, memory_p50=j.memory_p50)
+
     d = Dispatcher(jobs, max_reserved=max_reserved, max_lifetime=LIFETIME_S if host_loss else None)
     give_up = 10 * lower_bound(truth)
     events: list[tuple[float, int, str, tuple]] = []
@@ -217,10 +243,12 @@ def simulate(truth: list[Truth], jobs: list[Job], rng: random.Random, max_reserv
             stop(jid)
             if kind == "done":
                 published.add(jid)
+                learn(jid, by_id[jid].seconds)
                 d.finished(jid)
                 finished_at = now
             else:
                 oom_kills += 1
+                learn(jid, None)
                 d.out_of_memory(jid, by_id[jid].memory)
         elif kind in ("loss", "retire"):
             name, hk = payload
@@ -263,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     recs = history(truth, random.Random(a.seed + 1))
     pred = Predictor(recs, default_peak_bytes=64 * GIB, sizes=sizes)
     predicted = {t.id: pred.predict(t.id, key="1" * 64, backend="neuron") for t in truth}
+    sources = {}
+    for p in predicted.values():
+        sources[p.source] = sources.get(p.source, 0) + 1
     runs: dict[str, dict] = {}
     double = lost = 0
     for name in a.runs.split(","):
@@ -273,18 +304,18 @@ def main(argv: list[str] | None = None) -> int:
             jobs = [Job(t.id, t.seconds, t.memory, after=t.after) for t in truth]
             res = simulate(truth, jobs, random.Random(a.seed + 2), max_reserved=a.max_reserved)
         elif name in ("lpt_predicted", "host_loss"):
-            jobs = [Job(t.id, predicted[t.id].seconds or 0.0, predicted[t.id].peak_bytes,
-                        seconds_p90=predicted[t.id].seconds_p90, after=t.after,
-                        memory_p50=predicted[t.id].peak_p50_bytes) for t in truth]
+            jobs = [predicted_job(t, predicted[t.id]) for t in truth]
             res = simulate(truth, jobs, random.Random(a.seed + 2), max_reserved=a.max_reserved,
-                           host_loss=name == "host_loss")
+                           host_loss=name == "host_loss",
+                           predictor=Predictor(recs, default_peak_bytes=64 * GIB, sizes=sizes))
         else:
             ap.error(f"unknown run {name!r}: give fifo, lpt_oracle, lpt_predicted or host_loss")
         double += res.pop("double")
         lost += res.pop("lost")
         runs[name] = {"makespan_s": res["makespan_s"], "lower_bound_s": round(lb, 1),
                       "makespan_over_lb": round(res["makespan_s"] / lb, 3), **res}
-    doc = {"targets": len(truth), "hosts": sum(k for *_, k in HOSTS), "runs": runs, "double_compiles": double,
+    doc = {"targets": len(truth), "hosts": sum(k for *_, k in HOSTS), "seed": a.seed, "predicted_from": sources,
+           "runs": runs, "double_compiles": double,
            "lost_artifacts": lost, "wall_s": round(time.monotonic() - t0, 1)}
     print(json.dumps(doc, indent=1))
     return 0

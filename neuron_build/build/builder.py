@@ -12,6 +12,7 @@ records failures and publishes artifacts.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
 import json
@@ -35,6 +36,7 @@ from neuron_build.build.attempt import (
     free_space,
 )
 from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun, Executor
+from neuron_build.build.graph_gate import GraphGate
 from neuron_build.build.local import LocalExecutor, default_jobs
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.planner import Planner
@@ -322,14 +324,15 @@ class Builder:
                 self._nxdi_cache(ctx, req, work)
                 ctx.log.info("compiling", backend=req.backend, hardware_target=req.hardware_target,
                              attempt=ctx.attempt)
-                run = self.executor.run(req, work, ctx.log)
-                done = self._finish(ctx, req, run, obj)
-                if done is None:  # the graph index entry was stale: compile after all
-                    shutil.rmtree(obj, ignore_errors=True)
-                    obj.mkdir()
-                    req.options[graph_key.OPTION]["no_reuse"] = True
+                with self._graph_gate(ctx, req, work):  # the graph key's lock, held until it is indexed
                     run = self.executor.run(req, work, ctx.log)
                     done = self._finish(ctx, req, run, obj)
+                    if done is None:  # the graph index entry was stale: compile after all
+                        shutil.rmtree(obj, ignore_errors=True)
+                        obj.mkdir()
+                        req.options[graph_key.OPTION]["no_reuse"] = True
+                        run = self.executor.run(req, work, ctx.log)
+                        done = self._finish(ctx, req, run, obj)
         except DiskFull as e:
             done = self._fail(ctx, Classification(Status.ERROR, str(e)), NOT_RUN)
         finally:
@@ -434,7 +437,14 @@ class Builder:
             known = []
         path = work / "known-graphs.json"
         path.write_text(json.dumps(known))
-        req.options[graph_key.OPTION] = {"base": graph_key.base_of(ctx.ki.details), "known": str(path)}
+        req.options[graph_key.OPTION] = {"base": graph_key.base_of(ctx.ki.details), "known": str(path), "gate": True}
+
+    def _graph_gate(self, ctx: BuildContext, req: CompileRequest, work: Path) -> Any:
+        """The graph key's compile lock for this attempt (:class:`~neuron_build.build.graph_gate.GraphGate`),
+        or a no-op context when the worker makes no graph key."""
+        if graph_key.OPTION not in req.options:
+            return contextlib.nullcontext()
+        return GraphGate(self.store, work, ctx.target.id, self.project.config.build.heartbeat_s, ctx.log)
 
     def _nxdi_cache(self, ctx: BuildContext, req: CompileRequest, work: Path) -> None:
         """NxDI: restore the target's persistent-cache entries from the store into the workdir

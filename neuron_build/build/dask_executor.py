@@ -40,7 +40,7 @@ from typing import Any
 from neuron_build.build.attempt import Outcome, as_status
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.predict import dispatch_jobs, target_predictions
-from neuron_build.build.progress import BuildProgress, estimate_eta, progress_line
+from neuron_build.build.progress import BuildProgress, estimate_eta, pace, progress_line
 from neuron_build.errors import UserError
 from neuron_build.log import get_logger
 from neuron_build.project.matrix import Target
@@ -455,6 +455,7 @@ class DaskBuild:
                 ac.add(fut)
 
         expected = {t.id: predicted[t.id].seconds for t in todo}
+        paced: list[tuple[float | None, float | None]] = []  # (predicted, real) seconds of finished compiles
         by_key: dict[Any, Target] = {}
         started: dict[str, float] = {}
         done = failed = 0
@@ -477,6 +478,7 @@ class DaskBuild:
                     if self._retry_bigger(dispatch, t, out):
                         continue
                     dispatch.finished(t.id)
+                    paced.append((expected[t.id], out.compiled and (out.metrics or {}).get("compile_time_s")))
                     self.outcomes[t.id] = out
                     done += 1
                     failed += 0 if out.ok else 1
@@ -491,7 +493,8 @@ class DaskBuild:
                 self._show_started(display, running, shown)
                 now = time.monotonic()
                 pending = [expected[t.id] for t in todo if t.id not in self.outcomes and t.id not in running]
-                eta = estimate_eta(pending, [(expected[tid], now - started[tid]) for tid in running], slots)
+                eta = estimate_eta(pending, [(expected[tid], now - started[tid]) for tid in running], slots,
+                                   pace(paced))
                 state = (done, failed, tuple(sorted(running.items())))
                 if self.report is not None and not live and state != last_state:  # a line per change, not per tick
                     self.report(progress_line(BuildProgress(total, done, failed, running, eta)))

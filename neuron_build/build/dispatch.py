@@ -7,10 +7,14 @@ to start now.
 
 The policy (``../shared/compile-fleet.md`` §3, §5):
 
-* **Longest first (LPT) over the graph**: a job's rank is its predicted seconds plus the largest rank of the
-  jobs that wait for it (a model's priority graph carries its longest bucket), and ready jobs go out highest
-  rank first. List scheduling in arbitrary order guarantees only 2 - 1/m of the optimal makespan, LPT
-  4/3 - 1/(3m) (Graham 1969).
+* **Longest first (LPT) over the graph**: a job's rank is its predicted p90 seconds (the p50 when no p90 is
+  given) plus the largest rank of the jobs that wait for it (a model's priority graph carries its longest
+  bucket), and ready jobs go out highest rank first. List scheduling in arbitrary order guarantees only
+  2 - 1/m of the optimal makespan, LPT 4/3 - 1/(3m) (Graham 1969). The p90, not the p50, because the
+  makespan is lost to a long compile started late: a job whose time is uncertain (a never-built model,
+  predicted by the prior) may be far longer than its p50, so it goes out before a job of the same p50
+  that is known well (measured in ``benchmarks/fleet_sim.py``: lpt_predicted 1.215 -> 1.109 x the lower
+  bound with true memory, seed 1).
 * **Packed by memory**: a job starts only on a worker with a free slot whose memory holds the p90 of the sum of
   the peaks running there with it: the sum of their p50s plus 1.28 standard deviations of the sum (each job's
   deviation taken as (p90 - p50) / 1.28, the peaks as independent), and never less than the job's own p90.
@@ -52,11 +56,11 @@ class Job:
 
     Attributes:
         id: the target id.
-        seconds: predicted p50 wall time, seconds (orders the queue).
+        seconds: predicted p50 wall time, seconds.
         memory: predicted p90 peak memory, bytes.
         memory_p50: predicted p50 peak memory, bytes (None: the same as ``memory``, no spread).
-        seconds_p90: predicted p90 wall time, seconds (checked against a worker's remaining lifetime);
-            defaults to ``seconds``.
+        seconds_p90: predicted p90 wall time, seconds (orders the queue; checked against a worker's remaining
+            lifetime); defaults to ``seconds``.
         after: ids of the jobs that must finish first (a model's priority graph).
     """
 
@@ -118,6 +122,11 @@ def _var(job: Job) -> float:
     return ((job.memory - _p50(job)) / Z90) ** 2
 
 
+def _rank_seconds(job: Job) -> float:
+    """The seconds a job is ranked by: its p90 time, else its p50 (never below zero)."""
+    return max(job.seconds if job.seconds_p90 is None else max(job.seconds_p90, job.seconds), 0.0)
+
+
 def _floor(b: int) -> float:
     """The least memory of a job in bin ``b``, bytes."""
     return 0.0 if b == 0 else 2**30 * 1.1 ** (b - 1)
@@ -168,7 +177,7 @@ class Dispatcher:
                 self._push(jid)
 
     def _ranks(self) -> dict[str, float]:
-        """Upward rank: own predicted seconds plus the largest rank among the jobs waiting for it."""
+        """Upward rank: own predicted p90 seconds plus the largest rank among the jobs waiting for it."""
         rank: dict[str, float] = {}
         order, seen = [], set()
         for root in self.jobs:  # iterative post-order (children before parents)
@@ -186,8 +195,8 @@ class Dispatcher:
                 stack.append((node, True))
                 stack.extend((c, False) for c in self._children.get(node, ()) if c not in seen)
         for node in order:
-            rank[node] = max(self.jobs[node].seconds, 0.0) + max((rank[c] for c in self._children.get(node, ())),
-                                                                 default=0.0)
+            rank[node] = _rank_seconds(self.jobs[node]) + max((rank[c] for c in self._children.get(node, ())),
+                                                              default=0.0)
         return rank
 
     # -- what happened ----------------------------------------------------------------------------------
@@ -257,6 +266,28 @@ class Dispatcher:
         self.oom_retries += 1
         self._push(job_id)
         return None
+
+    def revise(self, job_id: str, seconds: float, memory: int, seconds_p90: float | None = None,
+               memory_p50: int | None = None) -> bool:
+        """A better prediction for a job not started yet (e.g. its model's first compile finished): its times and
+        memory are replaced and it is re-ranked (the ranks of the jobs it waits for are kept). The memory never
+        drops below what an out-of-memory kill showed it needs. Returns False (nothing changed) for a job that
+        runs, finished, was refused or is unknown."""
+        job = self.jobs.get(job_id)
+        if job is None or job_id in self.where or job_id in self.done or job_id in self.refused:
+            return False
+        queued = job_id in self._bin_of
+        if queued:
+            self._unqueue(job_id)
+        floor = job.memory if job.oom_retries else 0
+        job.seconds, job.seconds_p90 = seconds, seconds_p90
+        job.memory = max(int(memory), floor)
+        job.memory_p50 = None if memory_p50 is None else max(int(memory_p50), floor)
+        self.rank[job_id] = _rank_seconds(job) + max((self.rank[c] for c in self._children.get(job_id, ())),
+                                                     default=0.0)
+        if queued:
+            self._push(job_id)
+        return True
 
     # -- what to start ----------------------------------------------------------------------------------
     def assign(self, now: float = 0.0) -> list[tuple[str, str]]:

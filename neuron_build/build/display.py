@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from neuron_build.build.progress import BuildProgress, estimate_eta, format_duration
+from neuron_build.build.progress import BuildProgress, estimate_eta, format_duration, pace
 from neuron_build.log import divert_stderr, use_color
 
 #: seconds between two redraws of the live area
@@ -119,6 +119,7 @@ class BuildDisplay:
         self._running: dict[str, float] = {}      # target id -> clock() when it started
         self._where: dict[str, str] = {}          # target id -> where it runs (a Dask worker), when told
         self._times: list[float] = []             # compile seconds of this build's finished compiles
+        self._paced: list[tuple[float | None, float]] = []  # (recorded, real) seconds of those
         self._peak_running = 0
         self.done = 0
         self.failed = 0
@@ -184,6 +185,7 @@ class BuildDisplay:
             ct = (getattr(out, "metrics", None) or {}).get("compile_time_s")
             if out.compiled and ct:
                 self._times.append(float(ct))
+                self._paced.append((self._expected.get(out.target), float(ct)))
             self.note(self.finished_line(out), status=str(out.status))  # under the lock: lines in order
         self.refresh()
 
@@ -221,9 +223,10 @@ class BuildDisplay:
 
     def eta_s(self, now: float | None = None) -> float | None:
         """Seconds until the build ends, by :func:`~neuron_build.build.progress.estimate_eta` over the
-        recorded compile times of the running and pending targets; a target never recorded counts as
-        the mean of the recorded ones, else as the mean of this build's finished compiles. None when no
-        time is known or nothing is left."""
+        recorded compile times of the running and pending targets, scaled by this build's :func:`pace`
+        (real over recorded time of its finished compiles); a target never recorded counts as the mean of
+        the recorded ones, else as the mean of this build's finished compiles. None when no time is known or
+        nothing is left."""
         with self._lock:
             now = self._clock() if now is None else now
             left = self.total - self.done - len(self._running)
@@ -236,7 +239,7 @@ class BuildDisplay:
             if fallback is not None and all(t is None for t in pending) and all(e is None for e, _ in running):
                 pending = [fallback] * len(pending)
                 running = [(fallback, ran) for _, ran in running]
-            return estimate_eta(pending, running, max(self.slots, self._peak_running))
+            return estimate_eta(pending, running, max(self.slots, self._peak_running), pace(self._paced))
 
     def finished_line(self, out: Any) -> str:
         """``[3/10] <target> PASS in 41.7 s; 7 left, about 1m05s`` (the ETA part when one is known)."""

@@ -9,11 +9,16 @@ target, in this order (the first level with a record wins; ``source`` says which
    edited model), as recorded;
 3. ``bucket``: the same model and bucket under another dtype, profile or backend, scaled by the median ratio
    of the two variants over the buckets where both were compiled (1 when none overlap);
-4. ``prior``: a log-linear fit ``log t = a + b log(size) + c log(tokens)`` over every recorded bucket
+4. ``model``: the same model's other buckets (recorded, or seen finishing in this build through
+   :meth:`Predictor.observe`, e.g. its priority graph): the prior below scaled by the median ratio of their
+   recorded values to the prior's (the mean log ratio, shrunk toward the prior by how many buckets back it:
+   empirical Bayes with the within-model and between-model spreads of the ledger), so a never-built model is
+   sized by its own first compiles; its p90 adds the within-model spread and the ratio's own uncertainty;
+5. ``prior``: a log-linear fit ``log t = a + b log(size) + c log(tokens)`` over every recorded bucket
    (``tokens``: the product of the bucket's sizes, e.g. 8 x 512 for ``b8-s512``; ``size``: a model-size figure
    the caller gives, e.g. parameters, when it has one), falling back to the model's own buckets, then to the
    median of every compile;
-5. ``none``: nothing recorded at all (``seconds`` is None; the memory is the configured default).
+6. ``none``: nothing recorded at all (``seconds`` is None; the memory is the configured default).
 
 Times are the p50 (median) of the chosen records, for ordering and ETAs; memory is their p90 (of fewer than
 :data:`FEW` records, their largest times :data:`MEMORY_MARGIN`; for the prior, the fit plus 1.28 residual
@@ -33,7 +38,7 @@ from dataclasses import dataclass
 from neuron_build.util import percentile
 
 #: The levels a prediction may come from, strongest first (see the module docstring).
-SOURCES = ("key", "target", "bucket", "prior", "none")
+SOURCES = ("key", "target", "bucket", "model", "prior", "none")
 #: Fewer records than this and the p90 is not read off them: the largest, times a margin ([guess]: a
 #: compile's peak moves by about 10 % between toolchains; its time by far more).
 FEW = 5
@@ -105,20 +110,40 @@ class Predictor:
         # (model, bucket) -> variant -> samples; the backend is part of the variant
         self._by_bucket: dict[tuple[str, str], dict[str, list[tuple[float | None, int | None]]]] = \
             defaultdict(lambda: defaultdict(list))
+        self._buckets_of: dict[str, set[str]] = defaultdict(set)  # model -> its recorded buckets
         for r in records:
             if getattr(r, "event", None) != "compile":
                 continue
             t = r.compile_time_s if isinstance(r.compile_time_s, (int, float)) and r.compile_time_s > 0 else None
             m = r.peak_rss_bytes if isinstance(r.peak_rss_bytes, int) and r.peak_rss_bytes > 0 else None
-            if t is None and m is None:
-                continue
-            sample = (float(t) if t is not None else None, m)
-            self._by_key[r.key].append(sample)
-            self._by_target[r.target].append(sample)
-            model, bucket, variant = _split(r.target)
-            self._by_bucket[(model, bucket)][f"{variant}/{r.backend}"].append(sample)
+            self._add(r.target, r.key, getattr(r, "backend", ""), t, m)
         self._ratios: dict[tuple[str, str], tuple[float, float]] = {}
         self._fit = self._fit_prior()
+        self._model_ratio: dict[str, tuple[float | None, float | None]] = {}
+        self._spreads = self._model_spreads()
+
+    def _add(self, target_id: str, key: str, backend: str, t: float | None, m: int | None) -> bool:
+        if t is None and m is None:
+            return False
+        sample = (float(t) if t is not None else None, int(m) if m is not None else None)
+        if key:
+            self._by_key[key].append(sample)
+        self._by_target[target_id].append(sample)
+        model, bucket, variant = _split(target_id)
+        self._by_bucket[(model, bucket)][f"{variant}/{backend}"].append(sample)
+        self._buckets_of[model].add(bucket)
+        return True
+
+    def observe(self, target_id: str, key: str = "", backend: str = "", seconds: float | None = None,
+                peak_bytes: int | None = None) -> None:
+        """Learn from a compile that finished during this build (its wall time in seconds and its peak memory in
+        bytes, as its ledger record will say; either may be None, e.g. the time of a compile killed for memory):
+        later predictions for the same key, target, bucket and model use it. The prior's fit is not refitted."""
+        t = float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
+        m = int(peak_bytes) if isinstance(peak_bytes, (int, float)) and peak_bytes > 0 else None
+        if self._add(target_id, key, backend, t, m):
+            self._ratios.clear()
+            self._model_ratio.pop(_split(target_id)[0], None)
 
     @classmethod
     def from_store(cls, store, default_peak_bytes: int, sizes: Mapping[str, float] | None = None) -> Predictor:
@@ -170,6 +195,87 @@ class Predictor:
         m = int(math.exp(fm[0] + fm[1] * x[0] + fm[2] * x[1])) if fm else None
         return t, m
 
+    def _bucket_medians(self, model: str, bucket: str) -> tuple[float | None, float | None]:
+        samples = [s for v in self._by_bucket.get((model, bucket), {}).values() for s in v]
+        ts, ms = [s[0] for s in samples if s[0]], [s[1] for s in samples if s[1]]
+        return (_median(ts) if ts else None), (_median(ms) if ms else None)
+
+    def _log_residuals(self, model: str) -> tuple[list[float], list[float]]:
+        """log(recorded / prior) of time and of memory over the model's recorded buckets."""
+        rt, rm = [], []
+        for bucket in sorted(self._buckets_of.get(model, ())):
+            t, m = self._bucket_medians(model, bucket)
+            pt, pm = self._prior(model, bucket)
+            if t and pt:
+                rt.append(math.log(t / pt))
+            if m and pm:
+                rm.append(math.log(m / pm))
+        return rt, rm
+
+    def _ratio_of_model(self, model: str) -> tuple[float | None, float | None]:
+        """(time, memory) ratio of the model to the prior: the mean log residual of its recorded buckets, shrunk
+        toward 0 by n / (n + s_within^2 / s_between^2) (empirical Bayes: one bucket says less about its model
+        than ten); None where nothing is recorded."""
+        if model not in self._model_ratio:
+            out = []
+            for r, (sw, sb) in zip(self._log_residuals(model), self._spreads, strict=True):
+                if not r:
+                    out.append(None)
+                    continue
+                shrink = len(r) / (len(r) + sw**2 / sb**2) if sb > 0 else 0.0
+                out.append(math.exp(shrink * sum(r) / len(r)))
+            self._model_ratio[model] = (out[0], out[1])
+        return self._model_ratio[model]
+
+    def _model_spreads(self) -> list[tuple[float, float]]:
+        """(within, between) standard deviations of the log residuals, for time and for memory: a bucket's around
+        its model's mean (pooled over the models with two or more buckets), and the models' means around the prior
+        (their variance less the within part); (prior's sd, 0) where no model has two buckets."""
+        out = []
+        for j in (0, 1):
+            ss, dof, means, shares = 0.0, 0, [], []
+            for model in self._buckets_of:
+                r = self._log_residuals(model)[j]
+                if r:
+                    mean = sum(r) / len(r)
+                    means.append(mean)
+                    shares.append(1 / len(r))
+                    ss += sum((x - mean) ** 2 for x in r)
+                    dof += len(r) - 1
+            fit = self._fit[j] if self._fit else None
+            if not dof or not means:
+                out.append((fit[3] if fit else 0.0, 0.0))
+                continue
+            within = math.sqrt(ss / dof)
+            between2 = sum(m * m for m in means) / len(means) - within**2 * sum(shares) / len(shares)
+            out.append((within, math.sqrt(max(between2, 0.0))))
+        return out
+
+    def _from_model(self, model: str, bucket: str) -> Prediction | None:
+        """The ``model`` level (see the module docstring), or None when the model has no recorded bucket."""
+        if not self._buckets_of.get(model) or self._fit is None:
+            return None
+        ratios = self._ratio_of_model(model)
+        n = self._log_residuals(model)
+        pt, pm = self._prior(model, bucket)
+        vals = []
+        for j, (p, r) in enumerate(zip((pt, pm), ratios, strict=True)):
+            fit = self._fit[j]
+            if p is None:
+                vals.append((None, None))
+                continue
+            if r is None:  # nothing of this kind recorded for the model: the prior alone
+                vals.append((p, p * math.exp(Z90 * fit[3]) if fit else p))
+                continue
+            sw, sb = self._spreads[j]
+            post = 1 / (1 / sb**2 + len(n[j]) / sw**2) if sb > 0 and sw > 0 else 0.0  # the model effect's variance
+            vals.append((p * r, p * r * math.exp(Z90 * math.sqrt(sw**2 + post))))
+        (t, t90), (m, m90) = vals
+        if t is None and m is None:
+            return None
+        m50 = int(m) if m else self.default_peak_bytes
+        return Prediction(t, t90, max(int(m90) if m90 else self.default_peak_bytes, m50), "model", m50)
+
     def predict(self, target_id: str, key: str | None = None, backend: str = "") -> Prediction:
         """The prediction for target ``target_id`` (``model/bucket/dtype/profile``) whose key is ``key``,
         compiled by ``backend``; never raises."""
@@ -192,6 +298,9 @@ class Predictor:
             peak = int(_p90(ms, MEMORY_MARGIN)) if ms else (pm or self.default_peak_bytes)
             p50 = int(_median(ms)) if ms else (pm or self.default_peak_bytes)
             return Prediction(t50, t90, max(peak, 1), source, max(min(p50, peak), 1))
+        by_model = self._from_model(model, bucket)
+        if by_model is not None:
+            return by_model
         t, m = self._prior(model, bucket)
         if t is None and m is None:
             return Prediction(None, None, self.default_peak_bytes, "none")

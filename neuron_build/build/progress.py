@@ -30,14 +30,27 @@ class BuildProgress:
     eta_s: float | None = None
 
 
+def pace(finished: Sequence[tuple[float | None, float | None]]) -> float:
+    """How fast this build compiles against the predictions: the median of real / expected compile seconds
+    over ``finished`` (pairs of expected and real seconds; pairs with either unknown or not positive are
+    skipped); 1.0 when none is left. A rebuild on a warm machine (or a busier one) runs every compile faster
+    (slower) than its record: the ETA scales what is left by the same factor."""
+    ratios = sorted(r / e for e, r in finished if e and r and e > 0 and r > 0)
+    if not ratios:
+        return 1.0
+    mid = len(ratios) // 2
+    return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+
+
 def estimate_eta(pending: Sequence[float | None], running: Sequence[tuple[float | None, float]],
-                 slots: int) -> float | None:
+                 slots: int, speed: float = 1.0) -> float | None:
     """Seconds until the build ends on ``slots`` compile slots (worker threads).
 
     Args:
         pending: the expected compile time (seconds) of each target not started yet; None when unknown.
         running: (expected compile time or None, seconds it has run so far) of each running target.
         slots: compile slots of the cluster (the sum of its workers' threads); at least 1 is assumed.
+        speed: every expected time is multiplied by it (:func:`pace` of the compiles finished so far).
 
     A target without a recorded time counts as the mean of the known ones; with none known, None. The compiles
     are laid out as the dispatcher runs them, longest first on the slot that frees first (the running ones'
@@ -47,6 +60,8 @@ def estimate_eta(pending: Sequence[float | None], running: Sequence[tuple[float 
     """
     import heapq
 
+    pending = [t * speed if t is not None else None for t in pending]
+    running = [(t * speed if t is not None else None, ran) for t, ran in running]
     known = [t for t in pending if t is not None] + [t for t, _ in running if t is not None]
     if not known:
         return None
@@ -87,4 +102,4 @@ def format_duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-__all__ = ["BuildProgress", "estimate_eta", "format_duration", "progress_line"]
+__all__ = ["BuildProgress", "estimate_eta", "format_duration", "pace", "progress_line"]

@@ -177,7 +177,7 @@ class Recorded:
 
     def __init__(self, store: Any, check: Any, save: Any = None, cache: Path | None = None):
         self.store, self.check, self._save, self._cache = store, check, save, cache
-        folder = getattr(store, "folder", None)
+        folder = store.folder
         self._root = str(folder) if folder is not None else None
         self._entries: dict[str, list] = {}  # key -> [manifest signature, record digest]
         self._records: dict[str, Any] = {}  # record digest -> record

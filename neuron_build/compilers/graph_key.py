@@ -59,6 +59,10 @@ from neuron_build.util import canonical_json, sha256_hex, write_json_atomic
 GRAPH_KEY_FORMAT = 2
 #: The file the worker writes into its workdir once it has a graph key (or the reason it has none).
 GRAPH_FILE = "graph.json"
+#: The builder's answer to a worker that asks whether to compile a graph the listed index did not hold
+#: (``{"hit": bool}``, written by :class:`neuron_build.build.graph_gate.GraphGate` once it holds the graph
+#: key's lock): asked only when the option's ``gate`` is true.
+VERDICT_FILE = "graph-verdict.json"
 #: The request option (``CompileRequest.options``) that turns the graph key on: ``{"base": {...}, "known":
 #: path of a JSON list of graph keys the index holds}``. Absent: the worker makes no graph key.
 OPTION = "graph_key"
@@ -676,21 +680,41 @@ def checkpoint(request: Any, document_of: Any, reuse: bool = True) -> str | None
         write_json_atomic(out, {"graph_key": None, "reason": str(e)})
         return None
     seconds = round(time.monotonic() - t0, 3)
-    write_json_atomic(out, {"graph_key": key, "document": digest, "seconds": seconds})
-    print(f"graph key {key[:12]} ({seconds:.2f} s)", flush=True)
-    known = opts.get("known")
-    if reuse and known and not opts.get("no_reuse"):
+    known, reuse = opts.get("known"), reuse and not opts.get("no_reuse")
+    keys: set = set()
+    if reuse and known:
         try:
             keys = set(json.loads(Path(known).read_text()))
         except (OSError, ValueError):
             keys = set()
-        if key in keys:
-            print(f"graph key {key[:12]} is in the graph index: not compiling", flush=True)
-            raise GraphHit(key, digest)
+    asks = bool(reuse and opts.get("gate") and key not in keys)
+    write_json_atomic(out, {"graph_key": key, "document": digest, "seconds": seconds, "asks": asks})
+    print(f"graph key {key[:12]} ({seconds:.2f} s)", flush=True)
+    if reuse and key in keys:
+        print(f"graph key {key[:12]} is in the graph index: not compiling", flush=True)
+        raise GraphHit(key, digest)
+    if asks and _verdict(Path(request.work_dir) / VERDICT_FILE, key):
+        print(f"graph key {key[:12]} was compiled by another builder meanwhile: not compiling", flush=True)
+        raise GraphHit(key, digest)
     return key
 
 
-__all__ = ["BEFORE_COMPILE", "capture_document", "GRAPH_FILE", "GRAPH_KEY_FORMAT", "NO_GRAPH_KEY", "OPTION", "GraphHit", "NoGraphKey",
+def _verdict(path: Path, key: str) -> bool:
+    """Wait for the builder's answer (:data:`VERDICT_FILE`): True to reuse, False to compile. The builder
+    answers once it holds the graph key's lock (another builder may be compiling the same graph)."""
+    import time
+
+    print(f"graph key {key[:12]}: waiting for its compile lock", flush=True)
+    while True:
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError):
+            time.sleep(0.05)
+            continue
+        return isinstance(raw, dict) and raw.get("hit") is True
+
+
+__all__ = ["BEFORE_COMPILE", "capture_document", "GRAPH_FILE", "GRAPH_KEY_FORMAT", "NO_GRAPH_KEY", "OPTION", "VERDICT_FILE", "GraphHit", "NoGraphKey",
            "READ_HIGHER_ORDER_OPS", "TORCH_OP_NAMESPACES", "base_of", "checkpoint", "custom_op_document",
            "document_digest", "export_document", "graph_key", "hlo_document", "tensor_digest", "torchscript_document",
            "treespec_document", "watch_custom_ops"]

@@ -42,6 +42,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import CompileFailed, CompileRequest, CompileResult, enter_stage
 from neuron_build.status import Status
 
@@ -140,6 +141,37 @@ def weights_of(ep) -> dict[str, Any]:
     return dict(sorted(out.items()))
 
 
+def export_or_no_key(wrapper, graph: str, batch: int, seq: int):
+    """:func:`export_graph`, a failure of which means no graph key (the compile goes on and reports it).
+
+    Raises:
+        NoGraphKey: the graph does not export.
+    """
+    try:
+        return export_graph(wrapper, graph, batch, seq)
+    except Exception as e:
+        raise graph_key.NoGraphKey(f"torch.export failed ({type(e).__name__})") from e
+
+
+def graph_document(ep, wrapper, request: CompileRequest, serving: bool = False) -> dict[str, Any]:
+    """The graph key's document of a prefill or decode graph: the exported program's canonical document
+    (:func:`neuron_build.compilers.graph_key.export_document`: ops, weights by content, the KV state's
+    buffers by value, the output spec) plus what ``textgen.json`` records about the graph (graph kind,
+    batch, seq, ``max_seq_len``, the state's names, shapes and dtypes); with ``serving`` (compile-cache) also
+    what the serving host rebuilds the model from (factory, kwargs, hf folder).
+
+    Raises:
+        NoGraphKey: anything the canonical form cannot read.
+    """
+    graph, batch, seq, max_seq_len = _options(request)
+    doc = {**graph_key.export_document(ep),
+           "textgen": {"graph": graph, "batch": batch, "seq": seq if graph == "prefill" else 1,
+                       "max_seq_len": max_seq_len, "state": state_spec(wrapper), "export": EXPORT}}
+    if serving:
+        doc["serving"] = {"factory": request.factory, "kwargs": dict(request.kwargs), "hf": request.hf}
+    return doc
+
+
 def _options(request: CompileRequest) -> tuple[str, int, int, int]:
     o = request.options
     return str(o["graph"]), int(o["batch"]), int(o["seq"]), int(o["max_seq_len"])
@@ -168,6 +200,7 @@ class TextGenInductorCompiler:
         ep = export_graph(wrapper, graph, batch, seq)
         print(f"exported graph: {len(ep.graph.nodes)} nodes; AOTInductor compile for cpu (weights outside)",
               flush=True)
+        graph_key.checkpoint(request, lambda: graph_document(ep, wrapper, request))  # a hit stops here
         out = Path(request.out_dir)
         enter_stage("compile")
         torch._inductor.aoti_compile_and_package(
@@ -209,6 +242,9 @@ class TextGenCompileCacheCompiler:
                                 "device = \"cpu\" under [build]")
         graph, batch, seq, max_seq_len = _options(request)
         wrapper = static_wrapper(causal_lm(model), batch, max_seq_len)
+        graph_key.checkpoint(request, lambda: graph_document(export_or_no_key(wrapper, graph, batch, seq), wrapper,
+                                                             request, serving=True))
+        reset_state(wrapper)  # (the export ran the wrapper's code: the warm-up starts from an empty cache)
         kwargs = cc.torch_compile_kwargs("compile-cache")
         torch._dynamo.reset()
         before, n0 = cc.compile_counters(), cc.n_graph_rows()
@@ -266,5 +302,5 @@ def textgen_compiler(backend: str):
 
 
 __all__ = ["INFO", "STATE_PREFIXES", "WEIGHTS", "TextGenCompileCacheCompiler", "TextGenInductorCompiler",
-           "causal_lm", "export_graph", "graph_inputs", "reset_state", "state_spec", "static_wrapper",
+           "causal_lm", "export_graph", "export_or_no_key", "graph_document", "graph_inputs", "reset_state", "state_spec", "static_wrapper",
            "textgen_compiler", "weights_of"]

@@ -165,6 +165,10 @@ class ReadRecorder:
             self._watch = _Watch.start(self.root, self.exclude)
             if self._watch is not None and self._watch.problem:
                 self.incomplete = self._watch.problem
+            elif self._watch is None and sys.platform.startswith("linux"):
+                # fail closed: on Linux native reads are seen only through inotify; without it the record
+                # may miss weights read by native code, so the artifact is never trusted as up to date
+                self.incomplete = _Watch.unavailable or "inotify is not available"
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -191,7 +195,11 @@ class ReadRecorder:
 class _Watch:
     """inotify watches (inotify_simple) on every folder under the project that may hold inputs, while a
     block runs: the files opened for reading in them, by any code of any process. Linux only; elsewhere
-    (or without inotify_simple) :meth:`start` returns None and the audit hook alone records."""
+    (or without inotify_simple) :meth:`start` returns None and the audit hook alone records; on Linux the
+    recorder then marks its record incomplete (:attr:`unavailable` says why), so it never counts as a hit."""
+
+    #: Why inotify could not be started, once :meth:`start` returned None.
+    unavailable: str | None = None
 
     def __init__(self, ino: Any, flags: Any, dirs: dict[int, Path], problem: str | None):
         self.ino, self.flags, self.dirs, self.problem = ino, flags, dirs, problem
@@ -201,7 +209,12 @@ class _Watch:
         try:
             from inotify_simple import INotify, flags
             ino = INotify()
-        except (ImportError, OSError, AttributeError):
+        except ImportError:
+            cls.unavailable = ("inotify_simple is not installed (a dependency of neuron-build: "
+                               "pip install inotify_simple), so native reads could not be seen")
+            return None
+        except (OSError, AttributeError) as e:
+            cls.unavailable = f"inotify could not be started ({e}), so native reads could not be seen"
             return None
         mask = flags.OPEN | flags.CLOSE_WRITE | flags.MODIFY | flags.CREATE | flags.MOVED_TO
         dirs: dict[int, Path] = {}

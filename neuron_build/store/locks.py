@@ -46,6 +46,15 @@ LEASE_TTL_S = 60.0
 _MY_PID = os.getpid()
 
 
+class LockCancelled(Exception):
+    """The wait for a lock was stopped (its ``stop`` event was set) before the lock was taken."""
+
+
+def _cancelled(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise LockCancelled("the wait for the lock was stopped")
+
+
 class KeyLock:
     """The exclusive compile lock of one key, across threads and processes on one store.
 
@@ -84,7 +93,12 @@ class KeyLock:
         self._log = get_logger(target=target or None, key=key[:12])
 
     # -- acquire / release -----------------------------------------------------------------------
-    def acquire(self) -> KeyLock:
+    def acquire(self, stop: threading.Event | None = None) -> KeyLock:
+        """Take the lock, waiting while another builder holds it.
+
+        Raises:
+            LockCancelled: ``stop`` was set while waiting (nothing is held).
+        """
         self.dir.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         next_beat = None
@@ -92,6 +106,7 @@ class KeyLock:
         from filelock import FileLock, Timeout  # imported here: off the no-op path
 
         while True:
+            _cancelled(stop)
             lock = FileLock(str(self.path))
             try:
                 lock.acquire(timeout=self.poll_s, poll_interval=min(0.05, self.poll_s))
@@ -274,10 +289,16 @@ class LeaseLock:
             return None, token, True
         return (rec if isinstance(rec, dict) else None), token, True
 
-    def acquire(self) -> LeaseLock:
+    def acquire(self, stop: threading.Event | None = None) -> LeaseLock:
+        """Take the lease, waiting while a live holder has it.
+
+        Raises:
+            LockCancelled: ``stop`` was set while waiting (nothing is held).
+        """
         t0 = time.monotonic()
         next_beat = None
         while True:
+            _cancelled(stop)
             data = self._lease()
             if self.store.put_object(self.rel, data, create_only=True):
                 _, self._etag = self.store.object_ref(self.rel)
@@ -358,4 +379,4 @@ class LeaseLock:
 
 
 
-__all__ = ["GB", "LEASE_TTL_S", "KeyLock", "LeaseLock", "MemoryBudget", "owner_alive"]
+__all__ = ["GB", "LEASE_TTL_S", "KeyLock", "LeaseLock", "LockCancelled", "MemoryBudget", "owner_alive"]

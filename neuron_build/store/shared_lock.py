@@ -47,10 +47,12 @@ class SharedKeyLock:
         self.stale: list[dict[str, Any]] = []
         self._held = False
 
-    def acquire(self) -> SharedKeyLock:
-        self.local.acquire()
+    def acquire(self, stop: Any = None) -> SharedKeyLock:
+        """Take this host's lock, then the remote's lease; ``stop`` (a ``threading.Event``) ends the wait
+        with :class:`~neuron_build.store.locks.LockCancelled`, holding nothing."""
+        self.local.acquire(stop=stop)
         try:
-            self.lease = self._take_lease()
+            self.lease = self._take_lease(stop)
         except BaseException:
             self.local.release()
             raise
@@ -60,13 +62,13 @@ class SharedKeyLock:
         self._held = True
         return self
 
-    def _take_lease(self) -> Any:
+    def _take_lease(self, stop: Any = None) -> Any:
         store = self.store
         if store.unreachable is not None:
             return None
         try:
             lease = store.remote.key_lock(self.key, target=self.target, heartbeat_s=self.heartbeat_s)
-            return lease.acquire()
+            return lease.acquire(stop=stop)
         except (StoreError, OSError) as e:  # as reads of the remote do: fail open
             text = str(e).strip().splitlines()
             why = text[0] if text else type(e).__name__

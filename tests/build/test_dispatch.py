@@ -177,3 +177,22 @@ def test_a_lost_worker_returns_its_jobs_to_the_queue_not_as_failures():
     assert d.done == set() and d.refused == {} and d.ready == ["a", "b"]
     d.add_worker("w2", 8 * GIB, 1)
     assert d.assign(1.0) == [("a", "w2")]
+
+
+def test_an_uncertain_job_goes_out_before_a_known_one_of_the_same_p50():
+    # the same p50; "cold" (a never-built model, predicted by the prior) may run far longer: its p90 ranks it
+    d = Dispatcher([Job("known", 600.0, GIB, seconds_p90=700.0), Job("cold", 600.0, GIB, seconds_p90=3000.0)])
+    d.add_worker("w", 8 * GIB, 1)
+    assert d.assign(0.0) == [("cold", "w")]
+
+
+def test_a_revised_prediction_reorders_the_queue_and_keeps_an_out_of_memory_floor():
+    d = Dispatcher([Job("a", 100.0, 10 * GIB), Job("b", 50.0, 10 * GIB), Job("c", 10.0, 10 * GIB)])
+    d.add_worker("w", 100 * GIB, 1)
+    assert d.assign(0.0) == [("a", "w")]
+    assert not d.revise("a", 1.0, GIB)  # running: kept as it is
+    assert d.revise("c", 500.0, 20 * GIB, seconds_p90=900.0) and d.ready == ["c", "b"]
+    assert d.jobs["c"].memory == 20 * GIB and d.priority("c") == 900
+    assert d.out_of_memory("a", 60 * GIB) is None  # killed at 60 GiB beside nothing else: back in the queue
+    assert d.revise("a", 100.0, 5 * GIB, memory_p50=4 * GIB) and d.jobs["a"].memory == 60 * GIB
+    assert d.jobs["a"].memory_p50 == 60 * GIB

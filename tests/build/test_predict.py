@@ -94,3 +94,35 @@ def test_plan_json_carries_the_prediction_from_the_build_before(tmp_path):
     assert other["predicted_peak_bytes"] > 10 * 2**20  # a process tree with torch in it
     tiny = rows["tiny/b1/fp32/p1"]  # never built: the prior from the one compile recorded
     assert tiny["predicted_from"] == "prior" and tiny["predicted_s"] == pytest.approx(took, rel=1e-6)
+
+
+def _family(models, buckets, scale):
+    """Records of ``models`` (name -> (size, own time factor)) over ``buckets`` (seq lengths): t = 10 s x size/1e9
+    x sqrt(seq/128) x the model's factor x ``scale`` of the bucket; memory likewise."""
+    out = []
+    for model, (size, f) in models.items():
+        for seq in buckets:
+            t = 10 * (size / 1e9) * math.sqrt(seq / 128) * f * scale.get((model, seq), 1.0)
+            out.append(rec(f"{model}/b1-s{seq}/bf16/o2", f"{model}{seq}".ljust(64, "0"), t, int(GB * t)))
+    return out
+
+
+def test_a_model_seen_once_is_predicted_from_its_own_compile_shrunk_toward_the_prior():
+    # models differ by a factor (0.5 .. 2) the prior cannot see; buckets of one model scatter little around it
+    models = {"a": (1e9, 0.5), "b": (2e9, 2.0), "c": (4e9, 1.0), "d": (8e9, 0.5), "e": (16e9, 2.0)}
+    jitter = {("a", 512): 1.1, ("b", 128): 0.9, ("c", 2048): 1.1, ("d", 512): 0.9, ("e", 128): 1.1}
+    recs = _family(models, (128, 512, 2048), jitter)
+    pred = Predictor(recs, 4 * GB, sizes={**{m: s for m, (s, _) in models.items()}, "new": 2e9})
+    before = pred.predict("new/b1-s512/bf16/o2", K1, "neuron")
+    assert before.source == "prior"
+    # the new model's first compile (its priority graph) runs 3x the prior: the other buckets follow it
+    prior_128 = pred.predict("new/b1-s128/bf16/o2", K1, "neuron").seconds
+    pred.observe("new/b1-s128/bf16/o2", seconds=3 * prior_128, peak_bytes=int(3 * GB * prior_128))
+    after = pred.predict("new/b1-s512/bf16/o2", K1, "neuron")
+    assert after.source == "model"
+    ratio = after.seconds / before.seconds
+    assert 2.0 < ratio < 3.0  # most of the way to 3x (the within-model spread is small), not all of it
+    assert after.seconds_p90 > after.seconds and after.peak_bytes > after.peak_p50_bytes
+    assert after.peak_p50_bytes == pytest.approx(ratio * before.peak_p50_bytes, rel=1e-6)
+    # an observed bucket is predicted by its own record
+    assert pred.predict("new/b1-s128/bf16/o2", K1, "neuron").source == "target"

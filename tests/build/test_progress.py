@@ -301,3 +301,21 @@ def test_doit_process_runners_report_progress_and_the_summary_through_doit(tmp_p
         "  FAILED other/static/fp32/p1: ERROR: RuntimeError: factory exploded on purpose\n"
         "    log: neuron-build show other/static/fp32/p1")
     assert r.stdout.count("factory exploded on purpose") == 1
+
+
+def test_the_eta_follows_this_builds_pace_against_the_records():
+    # a forced rebuild on a warm machine: each compile takes 0.75 of its recorded time (as the shipped matrix's
+    # rebuild did, benchmarks/results/eta_rebuild.json); after the first two finish, what is left is scaled too
+    clock = Clock()
+    d = BuildDisplay(4, slots=2, expect={"m/a": 40.0, "m/b": 40.0}.get, pending={"m/c": 80.0, "m/d": 80.0},
+                     stream=io.StringIO(), live=False, clock=clock)
+    d.started("m/a")
+    d.started("m/b")
+    assert d.eta_s() == 120.0  # 40 + 80 on each slot, as recorded
+    clock.t += 30
+    d.finished(passed("m/a", 30.0))
+    d.finished(passed("m/b", 30.0))
+    assert d.eta_s() == pytest.approx(60.0)  # 80 x 0.75 on each slot: what the rebuild really takes, not 80
+    d.started("m/c")
+    clock.t += 15
+    assert d.eta_s() == pytest.approx(60.0)  # m/c 60 - 15 = 45 s on one slot, m/d (not started) 60 s on the other

@@ -146,13 +146,9 @@ def test_inductor_graph_neutral_edit_compiles_nothing_and_a_graph_change_recompi
     check_reuse(tmp_path, "inductor", "1", 1)
 
 
-def test_two_targets_with_identical_graphs_compile_once(tmp_path):
-    """Two models built by the same factory (their sources and target ids differ, their graphs do not)."""
-
-    from neuron_build.build.builder import Builder
-    from neuron_build.project.config import load_project
-    from neuron_build.store import ledger
-
+def twin_project(tmp_path: Path) -> Path:
+    """The tiny project plus model ``twin``: model ``other``'s module with a comment on top (another source key,
+    the same graph). Returns the config path."""
     cfg = write_tiny_project(tmp_path / "proj", extra='''
         [models.twin]
         factory = "tinylib.twin:build"
@@ -162,6 +158,17 @@ def test_two_targets_with_identical_graphs_compile_once(tmp_path):
     ''')
     other = (cfg.parent / "tinylib" / "other.py").read_text()
     (cfg.parent / "tinylib" / "twin.py").write_text("# the same model, another module\n" + other)
+    return cfg
+
+
+def test_two_targets_with_identical_graphs_compile_once(tmp_path):
+    """Two models built by the same factory (their sources and target ids differ, their graphs do not)."""
+
+    from neuron_build.build.builder import Builder
+    from neuron_build.project.config import load_project
+    from neuron_build.store import ledger
+
+    cfg = twin_project(tmp_path)
     b = Builder(load_project(cfg))
     first, second = (b.build(b.by_id[t]) for t in ("other/static/fp32/p1", "twin/static/fp32/p1"))
     assert (first.compiled, second.compiled) == (True, False) and first.key != second.key
@@ -275,3 +282,27 @@ def test_an_edit_inside_a_cond_branch_compiles_again_and_serves_the_edited_model
         want = eager(x)
         assert float(want.max()) > 1.0  # the edited bound, not the old one
         torch.testing.assert_close(served(x), want)
+
+
+def test_identical_graphs_built_in_parallel_compile_once(tmp_path):
+    """Issue 31, item 5: two models whose factories differ only in a comment (two source keys, one graph),
+    built at once with ``-n 2``: the graph key's lock makes the second wait for the first's compile and reuse
+    it (one compile, both cached, the second ``reused_from`` the first)."""
+    from neuron_build.project.config import load_project
+    from neuron_build.store import cached_store, ledger
+
+    cfg = twin_project(tmp_path)
+    ids = ("other/static/fp32/p1", "twin/static/fp32/p1")
+    b = run_cli("build", "-n", "2", "-c", str(cfg), *ids, timeout=600)
+    assert b.returncode == 0, b.stdout[-2000:] + b.stderr[-2000:]
+    plan = {r["target"]: r for r in json.loads(run_cli("plan", "--json", "-c", str(cfg)).stdout)["targets"]}
+    assert [plan[t]["state"] for t in ids] == ["cached", "cached"]
+    project = load_project(cfg)
+    store = cached_store(project.store_url(), project.remote_url(), project.config.build.remote_options)
+    events = sorted(r.event for r in ledger.read(store) if r.target in ids)
+    assert events == ["compile", "graph-reused"], events
+    first, second = (r.target for r in sorted(ledger.read(store), key=lambda r: r.event) if r.target in ids)
+    m1, m2 = store.manifest(plan[first]["key"]), store.manifest(plan[second]["key"])
+    assert m1.reused_from is None and m2.reused_from == plan[first]["key"] != plan[second]["key"]
+    assert m2.graph_key == m1.graph_key and len(m1.graph_key) == 64
+    assert {n: e.sha256 for n, e in m2.files.items()} == {n: e.sha256 for n, e in m1.files.items()}

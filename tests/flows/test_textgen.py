@@ -188,3 +188,71 @@ def test_compile_cache_release_warms_up_with_zero_compiles(tmp_path):
     (b,) = w["buckets"]
     assert b["id"] == "prefill-b1-s8" and b["cache_hits"] == 2  # the prefill and the decode graph
     assert w["installed"]["inductor"] >= 2
+
+
+FACTORY = '''\
+"""A tiny Llama built by a factory (random weights, seed 0)."""
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def build():
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=1000, max_position_embeddings=128, bos_token_id=1,
+                      eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).eval()
+'''
+
+
+def test_a_comment_in_a_decoders_factory_compiles_no_graph(tmp_path):
+    """Issue 31, item 6: the text-generation compiler asks for a graph key for its prefill and decode graphs,
+    so a comment edit of the decoder's factory reuses both (0 compiles, 2 graph reuses), and ``generate`` on
+    the release of the reused artifacts equals transformers' greedy generate token for token."""
+    import importlib.util
+
+    import torch
+
+    root = tmp_path / "proj"
+    (root / "lmlib").mkdir(parents=True)
+    (root / "lmlib" / "__init__.py").write_text("")
+    src = root / "lmlib" / "lm.py"
+    src.write_text(FACTORY)
+    cfg = root / "buckets.toml"
+    cfg.write_text('[build]\nbackend = "inductor"\ndevice = "cpu"\ntimeout_s = 1800\n\n[profiles.p1]\n'
+                   'compiler_args = []\n\n[models.lm]\ntask = "text-generation"\nfactory = "lmlib.lm:build"\n'
+                   'dtypes = ["fp32"]\nprofiles = ["p1"]\nmax_seq_len = 32\nbuckets = { batch = [1], seq = [8] }\n')
+
+    def build() -> dict:
+        before = json.loads(cli(cfg, "report", "--json").stdout)
+        r = cli(cfg, "build", "-n", "1")
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        after = json.loads(cli(cfg, "report", "--json").stdout)
+        return {k: after[k] - before[k] for k in ("compiles", "graph_reused")}
+
+    assert build() == {"compiles": 2, "graph_reused": 0}
+    src.write_text("# a comment: the graphs are the same\n" + FACTORY.replace("(random weights", "(weights random"))
+    assert build() == {"compiles": 0, "graph_reused": 2}
+    plan = json.loads(cli(cfg, "plan", "--json").stdout)["targets"]
+    assert {r["state"] for r in plan} == {"cached"} and len(plan) == 2
+    for r in plan:
+        man = json.loads(cli(cfg, "show", r["target"], "--json").stdout)
+        man = man.get("manifest", man)
+        assert man["reused_from"] and man["reused_from"] != man["key"] and len(man["graph_key"]) == 64
+    rel = json.loads(cli(cfg, "release", "lm", "--json").stdout)
+    r = cli(cfg, "promote", "lm", rel["id"], "--to", "dev", "--allow-unvalidated", "--reason", "generate checked here")
+    assert r.returncode == 0, r.stdout + r.stderr
+    dest = tmp_path / "serve"
+    assert cli(cfg, "pull", "lm", "--channel", "dev", "--dest", str(dest)).returncode == 0
+
+    from neuron_build.runtime import BucketedModel
+
+    spec = importlib.util.spec_from_file_location("lm_factory_ref", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ref = mod.build()
+    bm = BucketedModel.load(dest)
+    prompt = torch.randint(3, 1000, (1, 6), generator=torch.Generator().manual_seed(3))
+    want = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, min_new_tokens=8,
+                        do_sample=False, pad_token_id=0)
+    assert torch.equal(bm.generate(prompt, max_new_tokens=8), want)

@@ -186,6 +186,29 @@ def test_another_virtualenv_in_the_project_is_not_watched(tmp_path):
     assert rec.files == set() and rec.incomplete is None
 
 
+def test_without_inotify_the_record_is_incomplete_so_never_a_hit(tmp_path, monkeypatch):
+    """A Linux host whose inotify_simple is missing cannot see native reads: the record says so (fail
+    closed), and a record marked incomplete never matches at lookup."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_inotify(name, *args, **kwargs):
+        if name == "inotify_simple":
+            raise ImportError("No module named 'inotify_simple'")
+        return real_import(name, *args, **kwargs)
+
+    root = tmp_path / "proj"
+    (root / "ckpt").mkdir(parents=True)
+    _tensors(root / "ckpt" / "w.safetensors", 1.0)
+    monkeypatch.setattr(builtins, "__import__", no_inotify)
+    with ReadRecorder(root) as rec:
+        NATIVE["safetensors load_file"](root / "ckpt" / "w.safetensors")
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    assert rec.files == set()
+    assert rec.incomplete is not None and "inotify_simple is not installed" in rec.incomplete
+
+
 def test_a_file_the_block_writes_is_no_input(tmp_path):
     root = tmp_path / "proj"
     root.mkdir()

@@ -199,7 +199,8 @@ def test_an_nxdi_release_on_a_neuron_host_is_served_by_nxdi_class_and_adapter(pu
         bm.generate(torch.ones(1, 33, dtype=torch.long), max_new_tokens=2)
 
 
-def test_validate_and_bench_of_an_nxdi_target_on_a_neuron_host_run_through_nxdi(pulled, proj, monkeypatch, tmp_path):
+def test_validate_and_bench_of_an_nxdi_target_on_a_neuron_host_run_through_nxdi(pulled, proj, monkeypatch, tmp_path,
+                                                                                request):
     """On a Neuron host (imitated) validation and the benchmark load the compiled folder with NxDI's class
     and adapter instead of reading text-generation files it does not have (which ended in 'pull the release
     again' or a bare FileNotFoundError). The double's tokens are not the model's, so the verdict is a real
@@ -218,6 +219,9 @@ def test_validate_and_bench_of_an_nxdi_target_on_a_neuron_host_run_through_nxdi(
     monkeypatch.setenv("FAKE_NXDI_CALLS", str(calls))
     monkeypatch.setattr(toolchain, "neuron_devices", lambda: ["/dev/neuron0"])
     monkeypatch.setattr(validate_mod, "neuron_devices", lambda: ["/dev/neuron0"])
+    # versions another test of this process cached (another toolchain) must not make another key
+    toolchain.clear_caches()
+    request.addfinalizer(toolchain.clear_caches)
     b = Builder(load_project(proj))
     (t,) = b.targets
     key = b.key(t).key
