@@ -269,11 +269,20 @@ class TextGenEngine:
 
     def _pad(self, eos: list[int] | None, pad_token_id: Any) -> int:
         """The token finished rows get: ``pad_token_id``, else the model's, else the first eos id (0 without
-        eos: no row finishes early then)."""
+        eos: no row finishes early then). Finished rows feed it to the decode graph, so with ``eos`` it must be
+        in the vocabulary (a compiled embedding's bounds check aborts the process, not raises)."""
+        if pad_token_id is None and not eos:
+            return 0
+        pad = self._given_pad(eos, pad_token_id)
+        if eos and pad >= self.vocab_size:
+            raise GenerateError(f"the pad token of finished rows is {pad} (pad_token_id, else the model's, else the "
+                                f"first eos id); they feed it to the decode graph, and {self.name}'s vocabulary is ids "
+                                f"0 to {self.vocab_size - 1}: pass pad_token_id= in it")
+        return pad
+
+    def _given_pad(self, eos: list[int] | None, pad_token_id: Any) -> int:
         if pad_token_id is not None:
             return _token_list("pad_token_id", [pad_token_id])[0]
-        if not eos:
-            return 0
         if self.generation is None:
             raise GenerateError(f"the release of {self.name} does not record the model's pad_token_id (its graphs were "
                                 f"built before it was recorded): pass pad_token_id= (the token finished rows get) "

@@ -252,7 +252,9 @@ def bench_targets(project, store: ArtifactStore, items: Sequence[tuple[Any, str]
     iters = timing.iters
     bar = progress_factory(timing.warmup + iters if iters else None, desc) if progress_factory else None
     try:
-        times, stopped = time_rounds(fns, inputs, syncs, timing, decide=range(n_art), progress=bar, note=note)
+        done = {"warmup": 0}  # the warm-up rounds run: the budget may cut them short
+        times, stopped = time_rounds(fns, inputs, syncs, timing, decide=range(n_art), progress=bar, note=note,
+                                     rounds=done)
     finally:
         if bar is not None:
             bar.close()
@@ -260,7 +262,7 @@ def bench_targets(project, store: ArtifactStore, items: Sequence[tuple[Any, str]
     recs = []
     for idx, ((target, key), p) in enumerate(zip(items, preps, strict=True)):
         rec = _result(target, key, p, times[idx], times[n_art + idx] if eager else None, timing,
-                      host=host, now=now, session=session, stopped=stopped, sync_name=names[idx],
+                      host=host, now=now, session=session, stopped=stopped, sync_name=names[idx], warmup_done=done["warmup"],
                       load0=load0, textgen=idx in textgen)
         if record:
             store.put_result(key, "bench", f"{p.device_kind}--{host}", rec.to_json())
@@ -271,7 +273,7 @@ def bench_targets(project, store: ArtifactStore, items: Sequence[tuple[Any, str]
 def _result(target, key: str, p, compiled_ms: list[float], eager_ms: list[float] | None, timing: TimingSettings,
             **session: Any) -> BenchResult:
     """The :class:`BenchResult` of one item of a session (``session``: host, now, session, stopped,
-    sync_name, load0, textgen)."""
+    sync_name, load0, textgen, warmup_done: the warm-up rounds run, which the record's ``warmup`` holds)."""
     import torch
 
     s = session
@@ -295,7 +297,7 @@ def _result(target, key: str, p, compiled_ms: list[float], eager_ms: list[float]
         format=BENCH_FORMAT, target=target.id, key=key, model=target.model, dtype=target.dtype,
         backend=m.backend, device_kind=p.device_kind, device=p.device, host=s["host"],
         host_class=host_class(p.device_kind, p.device), time=s["now"], session=s["session"],
-        iters=len(compiled_ms), warmup=timing.warmup, stopped_by=s["stopped"],
+        iters=len(compiled_ms), warmup=s.get("warmup_done", timing.warmup), stopped_by=s["stopped"],
         settings={"threads": threads, "timing": timing.timing, "warmup": timing.warmup, "sync": s["sync_name"]},
         batch=p.batch, seed=p.seed, sync=s["sync_name"], timing=timing.timing,
         latency_ms=round_stats(stats), median_ci_ms=[round(lo, 6), round(hi, 6)], confidence=timing.confidence,

@@ -183,7 +183,7 @@ PROGRESS_EVERY_S = 15.0
 def time_rounds(fns: Sequence[Callable], inputs: Sequence[tuple], syncs: Sequence[Callable[[], None]],
                 settings: TimingSettings, *, decide: Sequence[int] | None = None, progress: Any = None,
                 clock: Callable[[], float] = time.monotonic, note: Callable[[str], None] | None = None,
-                ) -> tuple[list[list[float]], str]:
+                rounds: dict[str, int] | None = None) -> tuple[list[list[float]], str]:
     """Latencies in ms of several callables, timed in rounds: each round calls every callable once on its
     own inputs, in an order rotated by one each round (so no callable is always first after another's
     cache traffic), each call ended by its ``sync`` and timed with ``time.perf_counter_ns``. A change of
@@ -205,6 +205,8 @@ def time_rounds(fns: Sequence[Callable], inputs: Sequence[tuple], syncs: Sequenc
         clock: seconds, for the budget (tests pass a fake one).
         note: called with one line: what the session will take (after its first round), then progress
             every :data:`PROGRESS_EVERY_S` seconds (rounds done, seconds spent of the budget).
+        rounds: if given, ``rounds["warmup"]`` is set to the warm-up rounds run (fewer than ``warmup``
+            when the budget cut warm-up short), for the record.
 
     Returns:
         One list of latencies (ms) per callable, in the order of ``fns``; and why timing stopped:
@@ -257,6 +259,8 @@ def time_rounds(fns: Sequence[Callable], inputs: Sequence[tuple], syncs: Sequenc
             if w == 0:
                 first_round(clock() - t0)
             tick(w + 1, "warm-up")
+            if rounds is not None:
+                rounds["warmup"] = w + 1
             if iters is None and clock() - t0 >= WARMUP_SHARE * max_time_s:
                 break
         r = 0

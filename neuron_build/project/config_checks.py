@@ -127,6 +127,16 @@ def _one_scheduler(cfg: ConfigFile, root: Path) -> list[str]:
     return []
 
 
+def _slurm_needs_dask(cfg: ConfigFile, root: Path) -> list[str]:
+    """``[dask] cluster = "slurm"`` makes the workers of ``executor = "dask"``: with the local executor it would
+    be ignored, and every compile would run on the submit host instead."""
+    if cfg.dask.cluster != "scheduler" and cfg.build.executor != "dask":
+        return [f"dask.cluster: {cfg.dask.cluster!r} makes the workers of executor = \"dask\", but [build] "
+                f"executor is {cfg.build.executor!r}, so every compile would run on this host; set [build] "
+                f"executor = \"dask\" or remove [dask] cluster"]
+    return []
+
+
 # --------------------------------------------------------------------------------------------------
 # one model table
 
@@ -443,7 +453,7 @@ def _missing_imports(tree: ast.AST, path: Path, root: Path, where: str, via: Pat
 
 #: The checks of the whole file, in report order.
 PROJECT_CHECKS: list[ProjectCheck] = [_store_is_local, _store_beside_sources, _state_dir_is_a_folder,
-                                      _table_names, _one_scheduler]
+                                      _table_names, _one_scheduler, _slurm_needs_dask]
 #: The checks of each ``[models.NAME]`` table, in report order.
 MODEL_CHECKS: list[ModelCheck] = [_known_profiles, _textgen, _inputs_given, _input_dims, _input_names, _used_dims,
                                   _weights_exist, _sources_match, _packages_installed, _reference, _loads]

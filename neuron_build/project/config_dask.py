@@ -115,8 +115,8 @@ class DaskSettings(BaseModel):
     scheduler_host: StrictStr | None = None
     interface: StrictStr | None = None
     log_directory: StrictStr | None = None
-    start_timeout_s: Annotated[float, BeforeValidator(_not_bool)] = Field(default=600.0, gt=0)
-    target_duration_s: Annotated[float, BeforeValidator(_not_bool)] = Field(default=1800.0, gt=0)
+    start_timeout_s: Annotated[float, BeforeValidator(_not_bool)] = Field(default=600.0, gt=0, allow_inf_nan=False)
+    target_duration_s: Annotated[float, BeforeValidator(_not_bool)] = Field(default=1800.0, gt=0, allow_inf_nan=False)
 
     @field_validator("walltime")
     @classmethod
@@ -128,7 +128,8 @@ class DaskSettings(BaseModel):
     @field_validator("memory")
     @classmethod
     def _memory(cls, v: str) -> str:
-        memory_bytes(v)
+        if memory_bytes(v) <= 0:
+            raise ValueError(f"{v!r} is no memory; a worker advertises it, and no compile fits in none")
         return v
 
     @model_validator(mode="after")

@@ -300,7 +300,7 @@ class KeyMaker:
 
         ``imported`` (project files imported, relative POSIX paths) and ``reads`` (``{"files", "env",
         "dists", "incomplete"}``) come from the worker's ``result.json`` (untrusted): a path that is absolute,
-        leaves the project or is never an input (hidden, VCS, ``__pycache__``, ``*.egg-info``, ``*.dist-info``,
+        leaves the project or is never an input (hidden (recorded reads: VCS and tool caches only), VCS, ``__pycache__``, ``*.egg-info``, ``*.dist-info``,
         the store: :func:`~neuron_build.project.sources.is_project_file`) is dropped; so are the files the
         model component keys already (static sources, an hf folder, declared weights) and the distributions
         the toolchain component holds.
@@ -314,7 +314,7 @@ class KeyMaker:
         names = {
             "imports": [f for f in sorted(set(imported or [])) if isinstance(f, str) and f not in static
                         and self._input(f)],
-            "files": [f for f in rec["files"] if self._input(f)
+            "files": [f for f in rec["files"] if self._input(f, never=_reads.never_read_folder)
                       and not any(f == c or f.startswith(c + "/") for c in covered)],
             "env": rec["env"],
             "dists": [d for d in rec["dists"] if d.replace("_", "-").lower() not in toolchain],
@@ -324,13 +324,15 @@ class KeyMaker:
             out["incomplete"] = str(reads["incomplete"])[:200]
         return out
 
-    def _input(self, rel: str) -> bool:
-        """Is the relative path ``rel`` (from a worker's record) a project file that may be an input?"""
+    def _input(self, rel: str, never: Any = None) -> bool:
+        """Is the relative path ``rel`` (from a worker's record) a project file that may be an input?
+        ``never``: the folder-name test of :func:`~neuron_build.project.sources.is_project_file` (recorded
+        reads: :func:`~neuron_build.project.reads.never_read_folder`, hidden checkpoint folders count)."""
         p = Path(rel)
         if p.is_absolute() or ".." in p.parts or not rel:
             return False
         root = self.project.root.resolve()
-        return is_project_file(root / p, root, self.exclude)
+        return is_project_file(root / p, root, self.exclude, never=never)
 
     def checker(self) -> Any:
         """The :class:`~neuron_build.project.reads.InputCheck` of this project (its digest cache, the

@@ -38,8 +38,16 @@ from typing import Any
 from neuron_build.project.sources import is_project_file, never_input_folder
 
 KINDS = ("files", "env", "dists")
-#: Distributions never recorded: neuron-build itself (its version is in the manifest).
-OWN = ("neuron-build", "neuron_build")
+#: Hidden folders whose files are never recorded reads: version control, tools' caches, the default state
+#: folder. Any other hidden folder of the project (``.weights/``, ``.cache/``) may hold what a factory loads,
+#: so its reads are recorded like any other folder's (fail closed: an extra input costs a rebuild, a missing
+#: one serves a stale artifact).
+NEVER_READ_HIDDEN = frozenset({".git", ".hg", ".svn", ".bzr", ".tox", ".nox", ".eggs", ".pytest_cache",
+                               ".mypy_cache", ".ruff_cache", ".ipynb_checkpoints", ".idea", ".vscode",
+                               ".neuron-build"})
+#: Distributions never recorded: neuron-build itself (its version is in the manifest) and what the recorder
+#: itself imports while the factory runs (inotify_simple, for the watches), which the model does not use.
+OWN = ("neuron-build", "neuron_build", "inotify-simple")
 _HOOKED: list[ReadRecorder] = []  # the recorders listening (an audit hook cannot be removed)
 _INSTALLED = False
 
@@ -57,6 +65,12 @@ def _audit(event: str, args: tuple) -> None:
     if reading and isinstance(path, (str, bytes, os.PathLike)):
         for r in _HOOKED:
             r._opened(path)
+
+
+def never_read_folder(name: str) -> bool:
+    """Is a folder of this name never a place a recorded read comes from? :func:`never_input_folder`, except
+    that of hidden folders only :data:`NEVER_READ_HIDDEN` are left out."""
+    return name in NEVER_READ_HIDDEN if name.startswith(".") else never_input_folder(name)
 
 
 def empty() -> dict[str, list[str]]:
@@ -99,23 +113,22 @@ class ReadRecorder:
 
     def _opened(self, path: Any) -> None:
         try:
-            p = Path(os.fsdecode(path))
-            if not p.is_absolute():
-                p = Path.cwd() / p
-            p = p.resolve()
+            p = Path(os.path.abspath(os.fsdecode(path)))  # as named: through a folder the project links to
+            candidates = (p, p.resolve())
         except (OSError, ValueError, TypeError):
             return
-        if p.suffix in (".py", ".pyc") or not p.is_file():
-            return
-        if is_project_file(p, self.root, self.exclude):
-            self.files.add(p.relative_to(self.root).as_posix())
+        for c in candidates:
+            if self._native_opened(c):
+                return
 
-    def _native_opened(self, path: Path) -> None:
-        """A file inotify saw opened (by any code, native included)."""
+    def _native_opened(self, path: Path) -> bool:
+        """A file seen opened (by inotify: any code, native included); True when it is recorded."""
         if path.suffix in (".py", ".pyc") or not path.is_file():
-            return
-        if is_project_file(path, self.root, self.exclude):
+            return False
+        if is_project_file(path, self.root, self.exclude, never=never_read_folder):
             self.files.add(path.relative_to(self.root).as_posix())
+            return True
+        return False
 
     def _from_project(self) -> bool:
         """Is the code reading the environment a project file (the first frame outside ``os`` and the
@@ -206,12 +219,24 @@ class _Watch:
         mask = flags.OPEN | flags.CLOSE_WRITE | flags.MODIFY | flags.CREATE | flags.MOVED_TO
         dirs: dict[int, Path] = {}
         problem = None
-        for dirpath, dirnames, _ in os.walk(root):
+        seen = {root.resolve()}  # a folder reached twice (a link to a folder already watched, a link cycle)
+        for dirpath, dirnames, _ in os.walk(root, followlinks=True):  # a linked checkpoint folder is watched
             here = Path(dirpath)
-            dirnames[:] = sorted(d for d in dirnames if not never_input_folder(d)
-                                 and not any((here / d).is_relative_to(e) for e in exclude)
-                                 and not (here / d).is_symlink())
-            dirnames[:] = [d for d in dirnames if is_project_file(here / d / "_", root, exclude)]
+            keep = []
+            for d in sorted(dirnames):
+                if never_read_folder(d) or any((here / d).is_relative_to(e) for e in exclude) \
+                        or (here / d / "pyvenv.cfg").is_file():  # a virtualenv (another than this one's)
+                    continue
+                try:
+                    real = (here / d).resolve()
+                except (OSError, RuntimeError):
+                    continue
+                if real in seen or any(real.is_relative_to(e) for e in exclude):
+                    continue
+                if is_project_file(here / d / "_", root, exclude, never=never_read_folder):
+                    seen.add(real)
+                    keep.append(d)
+            dirnames[:] = keep
             try:
                 dirs[ino.add_watch(dirpath, mask)] = here
             except OSError as e:  # ENOSPC: fs.inotify.max_user_watches reached

@@ -36,19 +36,19 @@ from typing import Any
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent  # neuron_build/
 
 
-def is_project_file(path: Path, root: Path, exclude: Iterable[Path] = ()) -> bool:
+def is_project_file(path: Path, root: Path, exclude: Iterable[Path] = (), never: Any = None) -> bool:
     """Is ``path`` (absolute, resolved) a project source file under ``root``?
 
     False for files of neuron-build itself, of installed distributions (``site-packages``,
     ``dist-packages``, the interpreter's prefixes), in folders that are never inputs
-    (:func:`never_input_folder`: hidden, VCS, ``__pycache__``, ``*.egg-info``, ``*.dist-info``), or under
-    one of ``exclude`` (the store folder, for instance).
+    (:func:`never_input_folder`: hidden, VCS, ``__pycache__``, ``*.egg-info``, ``*.dist-info``; or the
+    folder-name test ``never`` given instead), or under one of ``exclude`` (the store folder, for instance).
     """
     try:
         rel = path.relative_to(root)
     except ValueError:
         return False
-    if any(never_input_folder(part) for part in rel.parts[:-1]):
+    if any((never or never_input_folder)(part) for part in rel.parts[:-1]):
         return False
     if any(path.is_relative_to(other) for other in (_PACKAGE_DIR, *exclude)):
         return False

@@ -54,10 +54,23 @@ def _config(tmp_path, dask: str):
     ('queue = "compile"\nwalltime = "02:00:00"', 'dask: queue, walltime only apply to cluster = "slurm", and cluster is '
                                                  '"scheduler"; set cluster = "slurm" or remove them'),
     ('cluster = "slurm"\nqueues = "x"', "queues"),
+    ('cluster = "slurm"\nmemory = "0GB"', "dask.memory: '0GB' is no memory"),
+    ('cluster = "slurm"\nstart_timeout_s = inf', "dask.start_timeout_s"),
+    ('cluster = "slurm"\ntarget_duration_s = inf', "dask.target_duration_s"),
 ])
 def test_bad_dask_settings_are_one_line_naming_the_file_and_key(tmp_path, dask, says):
     msg = _config(tmp_path, dask)
     assert "buckets.toml" in msg and says in msg, msg
+
+
+def test_slurm_without_the_dask_executor_is_refused(tmp_path):
+    """``[dask] cluster = "slurm"`` with the local executor would be ignored: every compile on the submit host."""
+    cfg = write_sleepy_project(tmp_path / "p", extra='\n[dask]\ncluster = "slurm"\n')
+    with pytest.raises(ConfigError, match=r"dask.cluster: 'slurm' makes the workers of executor = \"dask\", but "
+                                          r"\[build\] executor is 'local', so every compile would run on this host"):
+        load_project(cfg)
+    cfg.write_text(cfg.read_text().replace("[build]\n", '[build]\nexecutor = "dask"\n', 1))
+    assert load_project(cfg).config.dask.cluster == "slurm"
 
 
 def test_slurm_and_a_scheduler_address_are_refused_together(tmp_path):

@@ -123,6 +123,10 @@ def test_finished_rows_get_the_models_pad_token_and_eos_lists_stop():
     (torch.tensor([[5, 6]]), {"max_new_tokens": True}, r"max_new_tokens is True; give a whole number >= 1"),
     (torch.tensor([[5, 6]]), {"eos_token_id": [2, 1.5]}, r"eos_token_id holds 1.5; give a token id or a list"),
     (torch.tensor([[5, 6]]), {"eos_token_id": 2, "pad_token_id": -1}, r"pad_token_id holds -1"),
+    # a finished row's pad token is fed to the decode graph: out of the vocabulary, a compiled embedding aborts
+    (torch.tensor([[5, 6]]), {"eos_token_id": 2, "pad_token_id": 50},
+     r"^the pad token of finished rows is 50 \(pad_token_id, .*\); they feed it to the decode graph, and toy's "
+     r"vocabulary is ids 0 to 49: pass pad_token_id= in it$"),
     (torch.tensor([[5, 6]]), {"attention_mask": torch.tensor([[1, 2]])},
      r"attention_mask holds 2 at \[0, 1\]; it takes 0 \(padding\) and 1 \(tokens\)"),
     (torch.tensor([[5, 6]]), {"attention_mask": torch.tensor([[0.5, 1.0]])}, r"attention_mask holds 0.5 at \[0, 0\]"),
@@ -146,6 +150,16 @@ def test_a_bad_request_is_one_line_and_runs_nothing(ids, kw, message):
         eng.generate(ids, **{"max_new_tokens": 2, **kw})
     assert "\n" not in str(e.value) and calls == []
     assert eng.generate(torch.tensor([[5, 6]]), max_new_tokens=2)[0, 2:].tolist() == reference([5, 6], 2)
+
+
+def test_a_recorded_pad_token_outside_the_vocabulary_is_refused_before_any_graph_runs():
+    eng = engine(generation={"pad_token_id": VOCAB + 3, "eos_token_id": 2})
+    with pytest.raises(GenerateError, match=rf"^the pad token of finished rows is {VOCAB + 3} "):
+        eng.generate(torch.tensor([[5, 6]]), max_new_tokens=2, eos_token_id=2)
+    # without eos no row finishes early, so no pad token is fed; with a good one given, it is used
+    assert eng.generate(torch.tensor([[5, 6]]), max_new_tokens=2)[0, 2:].tolist() == reference([5, 6], 2)
+    assert eng.generate(torch.tensor([[5, 6]]), max_new_tokens=2, eos_token_id=2, pad_token_id=0)[0, 2:].tolist() \
+        == reference([5, 6], 2, [2], pad=0)
 
 
 def test_the_vocabulary_is_learnt_from_the_logits_when_not_recorded():

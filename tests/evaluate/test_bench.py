@@ -286,6 +286,20 @@ def test_max_time_bounds_the_whole_session_warm_up_included():
                                       "timed round 16, 48 of 60 s"]
 
 
+def test_the_warm_up_rounds_run_are_what_is_recorded():
+    """A bench record said ``warmup: 50`` where the budget had cut warm-up to a few rounds (an AOTInductor
+    artifact's first calls are slow): the rounds run are reported, for the record's ``warmup``."""
+    from neuron_build.evaluate.timing import TimingSettings, time_rounds
+
+    clock, done = FakeClock(2.0), {}
+    time_rounds([clock.call], [()], [lambda: None], TimingSettings(warmup=50, min_iters=30, max_time_s=60.0),
+                clock=clock, rounds=done)
+    assert done == {"warmup": 8}
+    clock, done = FakeClock(0.001), {}
+    time_rounds([clock.call], [()], [lambda: None], TimingSettings(warmup=5, iters=3), clock=clock, rounds=done)
+    assert done == {"warmup": 5}
+
+
 def test_fixed_iters_say_what_they_will_take_before_timing():
     from neuron_build.evaluate.timing import TimingSettings, time_rounds
 

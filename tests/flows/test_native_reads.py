@@ -168,3 +168,41 @@ def test_a_second_checkout_without_pip_metadata_downloads_everything(tmp_path):
     assert [b2.key(t).key for t in b2.targets] == [b.key(t).key for t in b.targets]
     outs2 = [b2.build(t) for t in b2.targets]
     assert [(o.status, o.reason, o.compiled) for o in outs2] == [(BuildResult.CACHED, DOWNLOADED, False)] * len(outs)
+
+
+@pytest.mark.slow
+def test_weights_in_a_hidden_or_linked_project_folder_are_keyed(tmp_path):
+    """A checkpoint the factory loads from a hidden folder of the project (``.weights/``) or through a folder
+    the project links to (``link -> /data/ckpt``, as large checkpoints are kept) is a project file like any
+    other: new weights make the target missing, instead of the old artifact staying ``cached``."""
+    import torch
+    from safetensors.torch import save_file
+
+    root = tmp_path / "proj"
+    (root / "native").mkdir(parents=True)
+    (root / "native" / "__init__.py").write_text("")
+    (root / "native" / "lf_load.py").write_text(LOADERS["lf"][1])
+    (tmp_path / "data").mkdir()
+    (root / "link").symlink_to(tmp_path / "data", target_is_directory=True)
+    paths = {"hid": ".weights/w.safetensors", "sym": "link/w.safetensors"}
+    models = ""
+    for name, path in paths.items():
+        (root / "native" / f"{name}.py").write_text(FACTORY.format(name="lf", path=path))
+        models += (f'\n[models.{name}]\nfactory = "native.{name}:build"\ndtypes = ["fp32"]\nprofiles = ["p1"]\n'
+                   f'inputs = [{{ name = "x", shape = [2, 4] }}]\n')
+
+    def write(path: str, value: float) -> None:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        save_file({"w": torch.full((4,), value)}, str(root / path))
+
+    for path in paths.values():
+        write(path, 1.0)
+    cfg = root / "buckets.toml"
+    cfg.write_text('[build]\nbackend = "torchscript"\ntimeout_s = 600\n\n[profiles.p1]\ncompiler_args = []\n' + models)
+    b = Builder(load_project(cfg))
+    assert all(b.build(t).ok for t in b.targets)
+    b.keys.save()
+    assert states(cfg) == {"hid": ("cached", []), "sym": ("cached", [])}
+    for name, path in paths.items():
+        write(path, 2.0)  # new weights, same shapes: a stale artifact would answer x * 1
+        assert states(cfg)[name] == ("missing", [f"recorded read {path} changed"]), name

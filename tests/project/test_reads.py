@@ -143,6 +143,49 @@ def test_a_file_read_by_native_code_is_recorded(tmp_path, how):
     assert rec.files == {"ckpt/w.safetensors"} and rec.incomplete is None
 
 
+@pytest.mark.parametrize("how", sorted(NATIVE))
+def test_a_checkpoint_in_a_hidden_or_linked_folder_is_recorded(tmp_path, how):
+    """A hidden folder that is not VCS or a tool's cache (``.weights/``), and a folder the project links to
+    (``link -> /data/ckpt``), are project folders: what the factory reads there, natively too, is recorded
+    under the name the project gives it."""
+    root = tmp_path / "proj"
+    (root / ".weights").mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    (root / "link").symlink_to(tmp_path / "data", target_is_directory=True)
+    _tensors(root / ".weights" / "w.safetensors", 1.0)
+    _tensors(tmp_path / "data" / "w.safetensors", 1.0)
+    with ReadRecorder(root) as rec:
+        NATIVE[how](root / ".weights" / "w.safetensors")
+        NATIVE[how](root / "link" / "w.safetensors")
+    assert rec.files == {".weights/w.safetensors", "link/w.safetensors"} and rec.incomplete is None
+
+
+def test_the_recorders_own_imports_are_no_recorded_distribution():
+    """inotify_simple is imported by the recorder as the block starts, not by the model: an upgrade of it must
+    not make every shipped target stale (every manifest listed it)."""
+    import sys
+
+    import inotify_simple  # noqa: F401  (as the recorder does)
+
+    from neuron_build.project.reads import imported_distributions
+
+    before = [m for m in sys.modules if m.split(".")[0] not in ("inotify_simple", "pytest")]
+    got = imported_distributions(before)
+    assert "pytest" in got and "inotify-simple" not in got
+
+
+def test_another_virtualenv_in_the_project_is_not_watched(tmp_path):
+    """A hidden folder is watched now, but a virtualenv kept in the project (``.venv-old/``, its
+    ``pyvenv.cfg``) holds no inputs: thousands of folders to watch, and installed files."""
+    root = tmp_path / "proj"
+    (root / ".venv-old" / "lib").mkdir(parents=True)
+    (root / ".venv-old" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    _tensors(root / ".venv-old" / "lib" / "w.safetensors", 1.0)
+    with ReadRecorder(root) as rec:
+        NATIVE["torch.from_file"](root / ".venv-old" / "lib" / "w.safetensors")
+    assert rec.files == set() and rec.incomplete is None
+
+
 def test_without_inotify_the_record_is_incomplete_so_never_a_hit(tmp_path, monkeypatch):
     """A Linux host whose inotify_simple is missing cannot see native reads: the record says so (fail
     closed), and a record marked incomplete never matches at lookup."""
@@ -178,7 +221,7 @@ def test_a_file_the_block_writes_is_no_input(tmp_path):
 
 #: Folders whose files are never inputs: pip's and setuptools' metadata, bytecode caches, VCS folders.
 NEVER = ["demo.egg-info/entry_points.txt", "demo-1.0.dist-info/METADATA", "tinylib/__pycache__/blob.bin",
-         ".git/config", ".hg/hgrc", ".svn/entries"]
+         ".git/config", ".hg/hgrc", ".svn/entries", ".pytest_cache/v/cache/lastfailed", ".tox/py/log.txt"]
 
 
 @pytest.mark.parametrize("rel", NEVER + ["artifacts/store-id.json"])
