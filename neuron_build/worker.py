@@ -38,7 +38,7 @@ def run(request_path: str) -> int:
     work = Path(req.work_dir)
     t0 = time.monotonic()
     from neuron_build.project.reads import ReadRecorder
-    recorder = ReadRecorder(req.root, exclude=[work.parent, Path(req.out_dir).parent])
+    recorder = ReadRecorder(req.root, exclude=[work.parent, Path(req.out_dir).parent, *map(Path, req.never_read)])
     print(f"neuron-build worker: target {req.target} key {req.key[:12]} backend {req.backend} "
           f"({req.hardware_target}) dtype {req.dtype}", flush=True)
     try:
@@ -108,7 +108,8 @@ def run(request_path: str) -> int:
 def _imported(req, work: Path) -> list[str]:
     """The project files (relative POSIX paths) imported while the model was built and compiled."""
     from neuron_build.project.sources import recorded_files
-    return recorded_files(sys.modules.values(), Path(req.root), exclude=[work.parent, Path(req.out_dir).parent])
+    return recorded_files(sys.modules.values(), Path(req.root),
+                          exclude=[work.parent, Path(req.out_dir).parent, *map(Path, req.never_read)])
 
 
 def _graph_file(work: Path) -> dict:

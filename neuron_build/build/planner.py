@@ -128,6 +128,7 @@ class Planner:
             hardware_target=self.keys.hardware_target, compiler_args=list(prof.compiler_args),
             inline_weights_to_neff=prof.inline_weights_to_neff, tp_degree=prof.tp_degree,
             out_dir=str(out_dir), work_dir=str(work_dir), seed=int(ki.key[:8], 16), hf=m.hf_spec(),
+            never_read=[str(Path(p).resolve()) for p in self.keys.exclude],
             options=({"task": m.task, "graph": target.graph, "batch": dict(target.bucket)["batch"],
                       "seq": dict(target.bucket).get("seq", 1), "max_seq_len": m.max_seq_len,
                       "neuron_config": ki.details["inputs"].get("neuron_config")}

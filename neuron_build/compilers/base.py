@@ -50,6 +50,9 @@ class CompileRequest:
     go to the factory or to ``from_pretrained``.
     ``inputs`` are concrete input specs (``name``, ``shape``, ``dtype``, ``range``). ``out_dir`` receives
     the artifact's files; ``work_dir`` is the compiler workdir (absolute). ``seed`` makes the example inputs.
+    ``never_read``: folders (absolute) whose files are never recorded inputs and are not watched while the
+    factory runs: the store and the state folder (a store of thousands of folders would otherwise exhaust
+    inotify's watches, and every record would be incomplete).
     """
 
     target: str
@@ -69,6 +72,7 @@ class CompileRequest:
     seed: int
     options: dict[str, Any] = field(default_factory=dict)
     hf: dict[str, Any] | None = None
+    never_read: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -110,6 +110,8 @@ class ReadRecorder:
         self._orig: Any = None
         self._native = native
         self._watch: _Watch | None = None
+        #: the folders inotify watched while the block ran (set when it ends)
+        self.watched: list[Path] = []
 
     def _opened(self, path: Any) -> None:
         try:
@@ -176,6 +178,7 @@ class ReadRecorder:
         if self in _HOOKED:
             _HOOKED.remove(self)
         if self._watch is not None:
+            self.watched = sorted(set(self._watch.dirs.values()))
             opened, problem = self._watch.stop()
             self._watch = None
             self.incomplete = self.incomplete or problem

@@ -259,3 +259,26 @@ def test_an_untrusted_record_never_names_a_file_outside_the_project(tmp_path):
     assert check.stale({"incomplete": "queue overflow"}) == [
         "its build's reads were not fully recorded (queue overflow)"]
     shutil.rmtree(root)
+
+
+def test_the_worker_never_watches_the_store(tmp_path):
+    """The compile request names the store and the state folder as never read, and the recorder the worker
+    makes from it watches no folder under them: a store of thousands of folders would exhaust inotify's
+    watches, and every record would then be incomplete (every target rebuilt on every build)."""
+    cfg = write_tiny_project(tmp_path / "proj")
+    b = Builder(load_project(cfg))
+    store = (cfg.parent / "artifacts").resolve()
+    for i in range(40):
+        (store / "cas" / f"{i:02x}").mkdir(parents=True, exist_ok=True)
+    t = b.targets[0]
+    req = b.planner.request(t, b.key(t), tmp_path / "out", tmp_path / "work")
+    assert str(store) in req.never_read and str(b.project.state_dir.resolve()) in req.never_read
+    (store / "cas" / "00" / "blob").write_text("x")
+    (cfg.parent / "tinylib" / "data.txt").write_text("y")
+    with ReadRecorder(req.root, exclude=[Path(p) for p in req.never_read]) as rec:
+        (store / "cas" / "00" / "blob").read_text()
+        (cfg.parent / "tinylib" / "data.txt").read_text()
+    assert rec.files == {"tinylib/data.txt"} and rec.incomplete is None
+    watched = {str(p) for p in rec.watched}
+    assert not any(w.startswith(str(store)) for w in watched) and str(cfg.parent.resolve()) in watched
+
