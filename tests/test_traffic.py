@@ -244,9 +244,16 @@ def test_write_edits_buckets_in_place_keeping_comments_and_prints_the_plan_diffe
     assert doc["suggested"]["buckets"] == {"seq": [16, 64]} and doc["written"]["changed"] is False  # already optimal
     assert cfg.read_text() == before
 
+    # [10, 40, 60] would refuse the requests of 61-64 that today's [16, 64] serves: said, and refused without --force
     assert main(["buckets", "suggest", "enc", "--traffic", str(tr), "--dim", "seq", "--max-buckets", "3",
-                 "--write", "-c", str(cfg)]) == 0
+                 "--write", "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "serve seq up to 60 (today up to 64: requests of 61 to 64 would be refused)" in err and "--force" in err
+    assert cfg.read_text() == before
+    assert main(["buckets", "suggest", "enc", "--traffic", str(tr), "--dim", "seq", "--max-buckets", "3",
+                 "--write", "--force", "-c", str(cfg)]) == 0
     out = capsys.readouterr().out
+    assert "NARROWER THAN TODAY: the suggestion serves seq up to 60, the current buckets up to 64" in out
     after = cfg.read_text()
     assert "seq = [10, 40, 60]   # long ones" in after
     # every other line of the file is as it was, comments included

@@ -48,9 +48,11 @@ def register(add) -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--write", action="store_true",
                    help="write the suggestion into buckets.toml (comments kept) and print the plan's difference; "
-                        "refused when the suggestion pads more than the current buckets, unless --force")
+                        "refused when the suggestion pads more than the current buckets or serves less (a smaller "
+                        "largest bucket), unless --force")
     p.add_argument("--force", action="store_true",
-                   help="with --write: write a suggestion even when it pads more than the current buckets")
+                   help="with --write: write a suggestion even when it pads more or serves less than the current "
+                        "buckets")
 
 
 def _traffic(model: str, files: list[str], dims: list[str]):
@@ -120,6 +122,13 @@ def cmd_buckets(args) -> int:
     out = {"schema": "neuron-build/buckets-suggest/v1", "model": args.model, "files": list(args.traffic),
            "releases": mt.releases, "overflow_calls": mt.overflow_calls, "max_buckets": args.max_buckets,
            "multiple": args.multiple, "other_dims": {d: list(spec.buckets[d]) for d in other}, **doc}
+    out["narrower_than_current"] = narrower = narrower_dims(doc)
+    if args.write and narrower and not args.force:
+        lost = "; ".join(f"{d} up to {v['suggested']} (today up to {v['current']}: requests of {v['suggested'] + 1} "
+                         f"to {v['current']} would be refused)" for d, v in narrower.items())
+        raise UserError(f"{project.path}: not written: the suggested buckets "
+                        f"{_fmt_buckets(doc['suggested']['buckets'])} serve {lost}; keep the largest bucket "
+                        f"(--max-buckets one more), or add --force to narrow what is served")
     if args.write and doc["worse_than_current"] and not args.force:
         raise UserError(f"{project.path}: not written: the suggested buckets "
                         f"{_fmt_buckets(doc['suggested']['buckets'])} pad {_pct(doc['suggested']['padding_ratio'])}, "
@@ -141,6 +150,18 @@ def cmd_buckets(args) -> int:
     return ExitCode.OK
 
 
+def narrower_dims(doc: dict) -> dict[str, dict[str, int]]:
+    """The dims whose largest suggested bucket is below today's largest: requests the current buckets serve
+    that the suggested ones would refuse (the traffic may simply not have held them yet). dim -> ``current``
+    and ``suggested`` largest sizes."""
+    cur, sug = (doc.get("current") or {}).get("buckets") or {}, (doc.get("suggested") or {}).get("buckets") or {}
+    out = {}
+    for d, sizes in sug.items():
+        if sizes and cur.get(d) and max(sizes) < max(cur[d]):
+            out[d] = {"current": int(max(cur[d])), "suggested": int(max(sizes))}
+    return out
+
+
 def format_suggestion(out: dict) -> str:
     """The text of ``buckets suggest``: the traffic, current vs suggested, and the padding per NEFF budget."""
     cur, sug = out["current"], out["suggested"]
@@ -157,6 +178,9 @@ def format_suggestion(out: dict) -> str:
     if out["suggested_source"] == "current":
         lines.append(f"the current buckets pad least: no {out['max_buckets']} or fewer buckets searched pad less; "
                      f"keep them")
+    for d, v in (out.get("narrower_than_current") or {}).items():
+        lines.append(f"NARROWER THAN TODAY: the suggestion serves {d} up to {v['suggested']}, the current buckets up to "
+                     f"{v['current']}; --write refuses it without --force")
     if out["worse_than_current"]:
         lines.append(f"WORSE THAN TODAY: the suggestion pads {_pct(sug['padding_ratio'])}, the current buckets "
                      f"{_pct(cur['padding_ratio'])}; --write refuses it without --force")
