@@ -63,6 +63,11 @@ def test_sigkill_at_each_store_write_leaves_objects_complete_or_absent(tmp_path)
     replay.mkdir()
     r = crash_at(probe / "buckets.toml", t_new, 0, replay)  # a real compile; its worker outputs are kept
     assert r.returncode == 0, r.stderr
+    # the writes of a replay (no worker, so no graph-key lock taken while it ran), counted without a kill
+    probe2 = tmp_path / "probe2"
+    shutil.copytree(template, probe2)
+    r = crash_at(probe2 / "buckets.toml", t_new, 10**9, replay)
+    assert r.returncode == 0, r.stderr
     writes = json.loads(r.stdout.splitlines()[-1])["writes"]
     # the publish: blobs renamed into cas/, then the manifest linked into ac/ create-only (the commit point)
     commit = [i for i, w in enumerate(writes) if re.match(r"os\.link \.[0-9a-f]{64}\.json\.", w)]
