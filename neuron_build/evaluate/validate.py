@@ -424,7 +424,7 @@ def diagnose(p: Prepared, ref_out, tolerance: float) -> tuple[list[str], dict[st
                     kw.pop(k, None)
                 try:
                     err = _max_rel(_run(p.eager("fp32", kwargs=kw), ref_inputs), ref_out)
-                except Exception:  # noqa: BLE001, S112  the factory does not take the reference's value
+                except Exception:  # the factory does not take the reference's value
                     continue
                 swaps[k] = err
                 if err <= tolerance:
@@ -625,7 +625,7 @@ def validate_here(project: Project, store: Any, target: Target, key: str, keys, 
                 validate_textgen(project, store, target, keys, rec, tol, validation_seed(key), compare_tensors)
             except (UserError, ReferenceFailed):
                 raise
-            except Exception as e:  # noqa: BLE001  graphs that do not load or run have failed validation
+            except Exception as e:  # graphs that do not load or run have failed validation
                 rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: the graphs did not load or run: {_first(e)}")
             return rec
         p = prepare(project, store, target, key)
@@ -633,14 +633,14 @@ def validate_here(project: Project, store: Any, target: Target, key: str, keys, 
         rec["torch"] = torch.__version__
         try:
             ref_out = _run(p.eager("fp32", model=rec["reference"]["model"]), p.reference_inputs())
-        except Exception as e:  # noqa: BLE001  no reference: no verdict
+        except Exception as e:  # no reference: no verdict
             raise ReferenceFailed(f"the fp32 reference {rec['reference']['model']} did not build or run: "
                                   f"{_first(e)}") from e
         try:
             out = _run(p.load_artifact(), p.device_inputs())
         except UserError:
             raise
-        except Exception as e:  # noqa: BLE001  an artifact that does not load or run has failed validation
+        except Exception as e:  # an artifact that does not load or run has failed validation
             out, problem = None, f"the artifact did not load or run: {_first(e)}"
         rows, problem = compare_outputs(out, ref_out, tol) if out is not None else ([], problem)
         rec["outputs"] = rows

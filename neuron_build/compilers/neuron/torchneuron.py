@@ -258,7 +258,7 @@ def root_cause(exc: BaseException) -> BaseException:
 def _safe_metrics() -> list[dict[str, Any]]:
     try:
         return dynamo_metrics()
-    except Exception:  # noqa: BLE001  metrics are a nicety on the failure path
+    except Exception:  # metrics are a nicety on the failure path
         return []
 
 
