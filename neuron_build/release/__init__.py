@@ -11,11 +11,11 @@ Domain code: no doit, no torch. The package:
 
 Store layout (``docs/releases.md``)::
 
-    <store>/releases/<model>/<release id>.json                       immutable release records
-    <store>/channels/<model>/<channel>.json                          the channel pointer: {"release", "version",
-                                                                     ...}, moved by compare-and-swap
-    <store>/channels/<model>/<channel>.history/<UTC time>-<token>.json  one object per promotion, refusal and
-                                                                     rollback (written once, never appended)
+    <store>/releases/<model>/<release id>.json              immutable release records
+    <store>/channels/<model>/<channel>.json                 the channel pointer: {"release", "version", ...},
+                                                            moved by compare-and-swap
+    <store>/channels/<model>/<channel>.history/<entry>.json one object per promotion, refusal and rollback,
+                                                            named <UTC time>-<token> (written once, never appended)
 
 This module re-exports the names callers use.
 """
