@@ -211,3 +211,7 @@ def cmd_bench(args) -> int:
         display_note(f"{len(run.not_built)} not built: {', '.join(run.not_built)}")
         return ExitCode.FAILED
     return ExitCode.OK
+
+
+__all__ = ["BenchRun", "against_items", "bench_selected", "check_profile_dir", "cmd_bench", "format_bench", "register",
+           "timing_settings"]

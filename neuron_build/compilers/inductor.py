@@ -100,3 +100,6 @@ class InductorCompiler:
         if isa is not None:
             details["cpu_isa"] = isa
         return CompileResult(op_count=ops, op_count_source=OP_COUNT_SOURCE, details=details)
+
+
+__all__ = ["OP_COUNT_SOURCE", "InductorCompiler", "count_package_kernels", "count_wrapper_kernels"]

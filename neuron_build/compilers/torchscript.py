@@ -61,3 +61,6 @@ class TorchScriptCompiler:
         print(f"op count {ops} over {len(kinds)} operator kinds", flush=True)
         return CompileResult(op_count=ops, op_count_source=OP_COUNT_SOURCE,
                              details={"artifact": "model.pt", "loader": "torch.jit.load", "op_kinds": kinds})
+
+
+__all__ = ["OP_COUNT_SOURCE", "TorchScriptCompiler", "count_graph_ops"]

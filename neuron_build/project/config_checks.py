@@ -470,3 +470,7 @@ def cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
     for name, m in cfg.models.items():
         faults.extend(f for check in MODEL_CHECKS for f in check(cfg, root, name, m))
     return faults
+
+
+__all__ = ["MODEL_CHECKS", "PROJECT_CHECKS", "TEXTGEN_CHECKS", "ModelCheck", "ProjectCheck", "TextgenCheck",
+           "cross_checks"]

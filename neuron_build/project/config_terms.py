@@ -27,3 +27,7 @@ def long_name_fault(kind: str, name: str) -> str | None:
         return None
     return (f"{kind} name {name[:20]!r}... is {len(name)} characters; at most {MAX_NAME_CHARS} (it becomes a file "
             f"name in the store)")
+
+
+__all__ = ["CAUSAL_LM", "DEFAULT_CONFIG", "MAX_NAME_CHARS", "NAME", "NAME_RULE", "TEXTGEN_BACKENDS", "TEXT_GENERATION",
+           "long_name_fault"]

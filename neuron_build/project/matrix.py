@@ -165,3 +165,7 @@ def select(targets: list[Target], patterns: Iterable[str]) -> list[Target]:
             raise UserError(f"no target matches '{p}'; {hint}targets look like: {some} (see `neuron-build plan`)")
         chosen.extend(t for t in hit if t not in chosen)
     return chosen
+
+
+__all__ = ["TEXTGEN_GRAPHS", "TOKEN_RANGE", "ConcreteInput", "Target", "bucket_id", "expand", "select",
+           "textgen_targets"]

@@ -303,3 +303,8 @@ def toolchain_versions(backend: str) -> dict[str, str | None]:
         out.update(neuron_status().versions)
     return out
 
+
+__all__ = ["NEURON_BACKENDS", "NEURON_DISTS", "NEURON_INDEX_URL", "NEURON_INSTALL_COMMAND", "NEURON_INSTALL_HINT",
+           "TORCHNEURON_TARGETS", "CompilerExecutable", "NeuronStatus", "TorchNeuronxApi", "announce_backend",
+           "clear_caches", "compiler_executable", "neuron_devices", "neuron_status", "resolve_backend",
+           "toolchain_versions", "torch_matches", "torch_neuronx_api", "torch_requirement", "version"]

@@ -633,3 +633,8 @@ def _last_log_line(path: Path | None) -> str:
 
 def _profile(request: CompileRequest) -> str:
     return request.target.rsplit("/", 1)[-1]
+
+
+__all__ = ["ADDED_IN", "EXIT_KILLED", "EXIT_TRANSIENT", "LOG_NAME", "SOURCE_ANALYZE", "SOURCE_HLO", "SOURCE_LOG",
+           "ChildPeakMonitor", "NeuronCompiler", "RankModelFactory", "analyze_op_count", "classify_failure",
+           "graph_env", "log_digest", "plan_trace_kwargs", "signature_params"]
