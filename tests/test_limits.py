@@ -27,7 +27,8 @@ LONG_MODULES = {
                               "that reads them: the key's second level, kept in one place to be read whole",
     "compilers/neuron/__init__.py": "NeuronCompiler (trace, neuronx-cc, failure classification) and its helpers; "
                                     "the backend seam (issue 33 item 1) moves its facts out",
-    "compilers/neuron/neuronx_log.py": "the neuronx-cc log parser: one small recogniser per kind of line",
+    "compilers/neuron/neuronx_log.py": "the neuronx-cc log parser: a docstring of every format it recognises (90 "
+                                       "lines), then one small private recogniser per kind of line",
     "compilers/textgen_serve.py": "TextGenEngine's greedy generation and the three ways to build it (AOTI, "
                                   "compiled, a release); the text-generation seam (issue 33 item 2) reshapes it",
     "evaluate/validate.py": "validation's reference, comparison, diagnosis and isolated run; the text-generation "
