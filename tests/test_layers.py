@@ -2,7 +2,7 @@
 included), and the torch-free paths stay torch-free.
 
 Layers (:data:`LAYERS`; the table in ``docs/architecture.md``, which ``tests/test_docs_match.py`` holds to
-:data:`ALLOWED`): core (errors, status, util, log, hf, trust, cpu_isa, traffic, the package); project
+:data:`ALLOWED`): core (errors, status, util, log, the backend records, hf, trust, cpu_isa, traffic, the package); project
 (config, compiler args, matrix, keys) and store, siblings over core (neither imports the other); compilers
 (and the worker, the example inputs, the artifact loader) over project, never the store; build and evaluate
 over store and compilers; release over evaluate; runtime over the compilers alone; tasks over build and
@@ -22,8 +22,8 @@ PKG = REPO / "neuron_build"
 
 #: layer -> module-name prefixes (longest match wins)
 LAYERS = {
-    "core": ["neuron_build", "neuron_build.errors", "neuron_build.status", "neuron_build.util", "neuron_build.log",
-             "neuron_build.hf"],
+    "core": ["neuron_build", "neuron_build.backends", "neuron_build.errors", "neuron_build.status", "neuron_build.util",
+             "neuron_build.log", "neuron_build.hf"],
     "project": ["neuron_build.project"],
     "store": ["neuron_build.store"],
     "compilers": ["neuron_build.compilers", "neuron_build.worker", "neuron_build.examples", "neuron_build.artifact"],

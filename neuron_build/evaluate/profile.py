@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from neuron_build.backends import find_backend
 from neuron_build.errors import UserError
 from neuron_build.evaluate.timing import device_sync, latency_stats, time_calls
 from neuron_build.evaluate.validate import Prepared, can_run_here, neuron_devices, prepare
@@ -79,7 +80,8 @@ def profile_target(project, store: ArtifactStore, target, key: str, out_dir: str
     import torch
 
     p = prepare(project, store, target, key)
-    native = p.manifest.backend == "torchneuron"
+    spec = find_backend(p.manifest.backend)
+    native = spec is not None and spec.native_device  # TorchNeuron's eager neuron device
     device_note = None
     if native and not neuron_devices():
         device_note = "no NeuronCore here: profiled on CPU tensors; device times and traces are not a NeuronCore's"

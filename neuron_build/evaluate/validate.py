@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from neuron_build.artifact import artifact_file, load_artifact
+from neuron_build.backends import find_backend
 from neuron_build.errors import UserError
 from neuron_build.project.config import DeviceKind, ModelSpec, Project
 from neuron_build.project.matrix import Target
@@ -72,10 +73,14 @@ def _cuda_devices() -> list[str]:
 
 
 def artifact_device_kind(backend: str, hardware_target: str) -> str:
-    """The device kind an artifact runs on: ``neuron`` for the neuron and torchneuron backends, else ``cuda``
-    or ``cpu`` (the ``[build] device`` the inductor, compile-cache or torchscript backend compiled for)."""
-    if backend in ("neuron", "torchneuron"):
-        return "neuron"
+    """The device kind an artifact runs on: its backend record's
+    (:meth:`neuron_build.backends.BackendSpec.device_kind`): ``neuron`` for the neuron and torchneuron
+    backends, else ``cuda`` or ``cpu`` (the ``[build] device`` the inductor, compile-cache or torchscript
+    backend compiled for). An unknown backend (a manifest this version did not write): ``cuda`` for a
+    ``cuda`` target, else ``cpu``."""
+    spec = find_backend(backend)
+    if spec is not None:
+        return spec.device_kind(hardware_target)
     return "cuda" if hardware_target == "cuda" else "cpu"
 
 
@@ -308,19 +313,19 @@ class Prepared:
         """
         m = self.manifest
         found = artifact_file(m.compiler, m.files)
-        name = found[0] if found else (m.compiler.get("artifact") or ("model.pt2" if m.backend == "inductor"
-                                                                       else "model.pt"))
+        spec = find_backend(m.backend)
+        name = found[0] if found else (m.compiler.get("artifact") or (spec.artifact if spec else "model.pt"))
         path = self.store.artifact_dir(self.key) / name
         if found is None or not path.is_file():
             raise UserError(f"{self.target.id}: artifact {self.key[:12]} has no {name}; "
                             f"rebuild it (neuron-build build {self.target.id})")
         serving = (m.compiler or {}).get("serving")
-        if m.backend in ("compile-cache", "torchneuron") and serving is not None:
+        if spec is not None and spec.serving == "caches" and serving is not None:
             from neuron_build.compilers.compile_cache import compile_from_caches
 
             module = self.eager(self.target.dtype, device=self.device)
             return compile_from_caches([self.store.artifact_dir(self.key)], serving, m.backend, module)[0]
-        if m.backend not in ("inductor", "torchscript", "neuron"):
+        if spec is None or spec.serving != "artifact":
             raise UserError(f"{self.target.id}: cannot load an artifact of backend {m.backend!r}")
         return load_artifact(path, found[1], m.backend, self.device, explain_missing_neuronx=False)
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import re
 
+from neuron_build.backends import TEXTGEN_BACKENDS
+
 DEFAULT_CONFIG = "buckets.toml"
 TEXT_GENERATION = "text-generation"
 #: The auto class a text-generation hf model loads with (the default for ``task = "text-generation"``).
 CAUSAL_LM = "AutoModelForCausalLM"
-#: The backends that build text-generation models (the static-cache export of transformers).
-TEXTGEN_BACKENDS = ("auto", "inductor", "compile-cache", "neuron")
+#: The backends that build text-generation models: :data:`neuron_build.backends.TEXTGEN_BACKENDS` (re-exported).
 #: A profile, model or channel name: safe in paths and target ids.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: What :data:`NAME` allows, in words (said after "name 'x'" in a fault).

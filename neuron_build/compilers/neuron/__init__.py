@@ -53,6 +53,7 @@ from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import (
     EXIT_TOOLCHAIN_MISSING,
     CompileFailed,
+    CompilerBase,
     CompileRequest,
     CompileResult,
     enter_stage,
@@ -233,7 +234,7 @@ class RankModelFactory:
         return build_model(self.root, self.factory, self.kwargs, self.dtype, hf=self.hf), {}
 
 
-class NeuronCompiler:
+class NeuronCompiler(CompilerBase):
     """``torch_neuronx.trace`` (TP degree 1) or ``neuronx_distributed.trace.parallel_model_trace``."""
 
     name = "neuron"
