@@ -23,6 +23,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
+__all__ = ["AUTO", "AUTO_FALLBACK", "BACKENDS", "BACKEND_CHOICES", "BACKEND_NAMES", "DEVICES", "DEVICE_KINDS",
+           "NEURON_TARGETS", "TEXTGEN_BACKENDS", "TORCHNEURON_TARGETS", "BackendSpec", "auto_choice", "find_backend",
+           "get_backend"]
+
 #: The Neuron hardware targets ``[build] target`` accepts (neuronx-cc ``--target``) [doc: toolchain notes].
 NEURON_TARGETS = ("trn1", "trn1n", "trn2", "trn3", "inf2")
 #: The devices ``[build] device`` accepts: where the backends without the Neuron toolchain compile for.

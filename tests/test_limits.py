@@ -54,7 +54,6 @@ LONG_FUNCTIONS = {
 NO_ALL_YET = {
     **{f"cli/{m}.py": "thin handlers (issue 33 item 5) rework cli/" for m in
        ("__main__", "build", "completion", "doctor", "init", "inspect", "release", "store", "sync", "validate")},
-    "compilers/base.py": "the Compiler protocol is completed by the backend seam (issue 33 item 1)",
     "project/config.py": "its Backend type is derived from backends.py (issue 33 item 1)",
     "store/manifest.py": "the store rework (issue 33 item 4)",
     "worker.py": "the backend seam (issue 33 item 1) changes the compiler loader it calls",
