@@ -117,8 +117,8 @@ def check_dest(dest: str | Path) -> Path:
 
 def pinned_fix(target: str, damage: str, channel: str | None) -> str:
     """The fix for a blob of ``target`` that a release (in ``channel``) pins, for ``damage``
-    (as :func:`neuron_build.store.maintenance.blob_fix`), naming the channel when there is one."""
-    from neuron_build.store.maintenance import blob_fix
+    (as :func:`neuron_build.store.verify.blob_fix`), naming the channel when there is one."""
+    from neuron_build.store.verify import blob_fix
 
     fix = blob_fix(target, damage, ["release"])
     return fix.replace("--to CHANNEL", f"--to {channel}") if channel else fix

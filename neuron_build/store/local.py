@@ -88,7 +88,7 @@ class LocalStore(Store):
 
     # -- paths: private to the store, public only for tests and the store's own upkeep ---------------
     def path(self, rel: str) -> Path:
-        """The local path of a layout path (``cas/ab/ab...``), for tests and :mod:`.maintenance`."""
+        """The local path of a layout path (``cas/ab/ab...``), for tests and :mod:`.verify`."""
         return self.root / rel
 
     def area(self, name: str) -> Path:
