@@ -79,7 +79,7 @@ def _foreign(folder: Path, marker: dict[str, Any]) -> list[str]:
 def _clean_leftovers(dest: Path) -> None:
     """Remove staging folders of earlier pulls into ``dest`` whose process is gone (they carry this pull's
     name pattern; a pull killed midway leaves one)."""
-    from neuron_build.store.local import pid_alive
+    from neuron_build.store.digests import pid_alive
 
     for p in dest.parent.glob(f".{dest.name}.pull.*"):
         parts = p.name.rsplit(".", 2)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_build.log import get_logger
+from neuron_build.store.layout import LOCKS_DIR
 from neuron_build.store.owners import _me, owner_alive
 from neuron_build.util import is_disk_full, read_json, utc_now, write_json_atomic
 
@@ -43,7 +44,7 @@ class MemoryBudget:
 
     def __init__(self, store_root: str | Path, max_bytes: int | None, poll_s: float = 0.25,
                  heartbeat_s: float = 15.0):
-        self.dir = Path(store_root) / "locks"
+        self.dir = Path(store_root) / LOCKS_DIR
         self.path = self.dir / "memory.json"
         self.max_bytes = max_bytes
         self.poll_s, self.heartbeat_s = poll_s, heartbeat_s

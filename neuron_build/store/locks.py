@@ -79,10 +79,10 @@ class KeyLock:
 
     def __init__(self, store_root: str | Path, key: str, target: str = "", poll_s: float = 0.2,
                  heartbeat_s: float = 15.0, stale_grace_s: float = 5.0):
-        self.dir = Path(store_root) / "locks"
+        self.dir = Path(store_root) / layout.LOCKS_DIR
         self.key = key
-        self.path = self.dir / f"{key}.lock"
-        self.owner_path = self.dir / f"{key}.owner.json"
+        self.path = Path(store_root) / layout.lock_path(key)
+        self.owner_path = Path(store_root) / layout.lock_path(key, ".owner.json")
         self.target = target
         self.poll_s, self.heartbeat_s, self.stale_grace_s = poll_s, heartbeat_s, stale_grace_s
         self.waited_s = 0.0

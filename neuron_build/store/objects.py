@@ -108,7 +108,7 @@ class JsonObjects:
         base = layout.targets_dir(model, bucket_id)
         rels = [r for r in self.list_objects(base) if r.rsplit("/", 1)[-1] == name]
         for rel, raw in zip(rels, self._many_json(rels), strict=True):
-            yield rel[len("targets/"):].rsplit("/", 1)[0], raw
+            yield rel[len(layout.TARGETS_DIR) + 1:].rsplit("/", 1)[0], raw
 
     def put_target(self, record: TargetRecord) -> None:
         self.put_object(layout.target_path(record.target), json_bytes(record.to_json()))

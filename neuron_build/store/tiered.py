@@ -29,10 +29,6 @@ from neuron_build.util import json_bytes
 
 T = TypeVar("T")
 
-#: Local marker objects of artifacts built here whose push failed (retried by the next build).
-PENDING = "pending-push"
-
-
 def one_line(e: BaseException) -> str:
     """The first line of an exception's message (its type name when it has none)."""
     text = str(e).strip().splitlines()
@@ -226,7 +222,7 @@ class ReadThroughStore:
                 ok = copy_key(self.local, self.remote, key, Path(scratch), report, heal=True, replace=replace)
             if report.unreachable is not None:
                 self._unreachable(report.unreachable)
-        marker = f"{PENDING}/{key}"
+        marker = layout.pending_path(key)
         if ok:
             if key in self.pending():
                 self.local.delete_object(marker)
@@ -252,7 +248,7 @@ class ReadThroughStore:
         failed = []
         for key in sorted(self.pending()):
             if not self.local.lookup(key).hit:  # collected or damaged here since: nothing left to push
-                self.local.delete_object(f"{PENDING}/{key}")
+                self.local.delete_object(layout.pending_path(key))
                 self.pending().discard(key)
             elif self.remote_down is not None:
                 failed.append((key, self.remote_down))
@@ -263,7 +259,7 @@ class ReadThroughStore:
     def pending(self) -> set[str]:
         """Keys built here whose push failed and has not been retried successfully yet."""
         if self._pending is None:
-            self._pending = {p.rsplit("/", 1)[-1] for p in self.local.list_objects(PENDING)}
+            self._pending = {p.rsplit("/", 1)[-1] for p in self.local.list_objects(layout.PENDING_DIR)}
         return self._pending
 
     # -- records: written to both, read here first ------------------------------------------------
@@ -436,4 +432,4 @@ def _log_warning(message: str) -> None:
     get_logger().warning(message)
 
 
-__all__ = ["PENDING", "ReadThroughStore", "one_line"]
+__all__ = ["ReadThroughStore", "one_line"]

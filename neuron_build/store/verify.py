@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from neuron_build.errors import StoreError
+from neuron_build.store import layout
 from neuron_build.store.gc import release_artifacts
 from neuron_build.store.local import LocalStore
 
@@ -227,7 +228,7 @@ def _reference_problems(store: LocalStore, shared: Any) -> list[str]:
     channel naming a release that neither ``store`` nor ``shared`` holds."""
     problems = []
     for model, rid, rel in store.releases():
-        where = f"releases/{model}/{rid}.json"
+        where = layout.release_path(model, rid)
         keys = _release_keys(rel)
         if keys is None:
             problems.append(f"{where}: not a readable release (JSON with artifacts)")
@@ -236,14 +237,14 @@ def _reference_problems(store: LocalStore, shared: Any) -> list[str]:
             if not store.is_complete(key):
                 problems.append(f"{where}: artifact {tid} key {key[:12]} is not complete in the store")
     for model, channel, ch in store.channels():
-        where = f"channels/{model}/{channel}.json"
+        where = layout.channel_path(model, channel)
         rid = ch.get("release") if isinstance(ch, dict) else None
         if not isinstance(rid, str):
             problems.append(f"{where}: not a readable channel (JSON with release)")
             continue
         if _release_keys(store.release(model, rid)) is None and _release_keys(_shared_release(shared, model, rid)) is None:
             problems.append(f"{where}: points at release {rid}, "
-                            f"but releases/{model}/{rid}.json is missing or unreadable")
+                            f"but {layout.release_path(model, rid)} is missing or unreadable")
     return problems
 
 
@@ -275,31 +276,32 @@ def _record_kind(rel: str) -> tuple[str, Any] | None:
     name, area = parts[-1], parts[0]
     if not name.endswith(".json"):
         return None
-    if area == "targets":
+    if area == layout.TARGETS_DIR:
         return {"last.json": ("target record", lambda r: TargetRecord.from_json(r) is not None),
                 "failure.json": ("failure record", lambda r: FailureRecord.from_json(r) is not None),
                 "imports.json": ("recorded imports", lambda r: isinstance(r, dict) and isinstance(r.get("files"), list)),
                 "reads.json": ("recorded reads", lambda r: isinstance(r, dict))}.get(name)
-    if area == "results" and len(parts) == 4:
+    if area == layout.RESULTS_DIR and len(parts) == 4:
         return ("validation result", _is_validation) if parts[2] == "validation" else (
             f"{parts[2]} result", lambda r: isinstance(r, dict))
-    if area == "channels" and len(parts) == 4 and parts[2].endswith(".history"):
+    if area == layout.CHANNELS_DIR and len(parts) == 4 and parts[2].endswith(".history"):
         return "history entry", _is_history_entry
-    if area == "ledger":
+    if area == layout.LEDGER_DIR:
         return "ledger record", _is_ledger_object
-    if area == "graphs" and len(parts) == 3:
+    if area == layout.GRAPHS_DIR and len(parts) == 3:
         return "graph index entry", lambda r: GraphEntry.from_json(r, name[:-5]) is not None
-    if area == "leases" and len(parts) == 2:
+    if area == layout.LEASES_DIR and len(parts) == 2:
         return "lease", lambda r: isinstance(r, dict)
-    if area == "failures" and name == "entry.json" and len(parts) == 4:
+    if area == layout.FAILURES_DIR and name == "entry.json" and len(parts) == 4:
         return "kept failure entry", lambda r: isinstance(r, dict)
-    if rel == "store-id.json":
+    if rel == layout.STORE_ID_PATH:
         return "store identity", lambda r: isinstance(r, dict)
     return None
 
 
 #: The areas of :func:`check_records` (releases and channel pointers are checked as references).
-RECORD_AREAS = ("targets", "results", "channels", "ledger", "graphs", "leases", "failures")
+RECORD_AREAS = (layout.TARGETS_DIR, layout.RESULTS_DIR, layout.CHANNELS_DIR, layout.LEDGER_DIR, layout.GRAPHS_DIR,
+                layout.LEASES_DIR, layout.FAILURES_DIR)
 
 
 def check_records(store: Any) -> tuple[int, list[BadObject]]:
@@ -314,8 +316,8 @@ def check_records(store: Any) -> tuple[int, list[BadObject]]:
     """
     checked, bad = 0, []
     rels = [r for area in RECORD_AREAS for r in store.list_objects(area)]
-    if store.get_object("store-id.json") is not None:
-        rels.append("store-id.json")
+    if store.get_object(layout.STORE_ID_PATH) is not None:
+        rels.append(layout.STORE_ID_PATH)
     for rel in rels:
         kind = _record_kind(rel)
         if kind is None:
@@ -333,17 +335,17 @@ def check_records(store: Any) -> tuple[int, list[BadObject]]:
             why = None if ok(raw) else f"JSON, but not a {what}"
         if why is None:
             continue
-        target = "/".join(rel.split("/")[1:-1]) if rel.startswith("targets/") else None
+        target = "/".join(rel.split("/")[1:-1]) if rel.startswith(layout.TARGETS_DIR + "/") else None
         bad.append(BadObject(rel, target, f"{what}: {why}", kind="record", fix=_record_fix(rel, target)))
     return checked, bad
 
 
 def _record_fix(rel: str, target: str | None) -> str:
-    if rel.startswith("targets/") and rel.endswith("/last.json"):
+    if rel.startswith(layout.TARGETS_DIR + "/") and rel.endswith("/last.json"):
         return f"`neuron-build build {target}` writes it again (a cached target too); or remove {rel}"
-    if rel.startswith("results/"):
+    if rel.startswith(layout.RESULTS_DIR + "/"):
         return f"`neuron-build validate` (or bench) writes it again; or remove {rel}"
-    if rel.startswith("channels/"):
+    if rel.startswith(layout.CHANNELS_DIR + "/"):
         return f"a history entry is written once: move {rel} aside (the channel's history then lacks it)"
     return f"remove {rel} (it is rewritten or not needed)"
 

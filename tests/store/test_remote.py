@@ -15,7 +15,7 @@ import pytest
 
 from neuron_build.errors import StoreDenied, StoreFailed, StoreMissing, StoreUnreachable
 from neuron_build.store import LocalStore, layout, open_store
-from neuron_build.store.local import ReadOnlyStore
+from neuron_build.store.core import ReadOnlyStore
 from neuron_build.store.locks import LeaseLock
 from neuron_build.store.remote import RemoteStore, cache_root
 from tests.helpers.cli import REPO
