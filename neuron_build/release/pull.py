@@ -29,7 +29,7 @@ from neuron_build.errors import UserError
 from neuron_build.project.config import ReleaseSettings
 from neuron_build.release.records import actor, check_channel, get_pointer, get_release
 from neuron_build.store.contract import ArtifactStore
-from neuron_build.store.manifest import MANIFEST
+from neuron_build.store.layout import MANIFEST
 from neuron_build.store.sync import TransferProgress
 from neuron_build.trust import check_name, check_release
 from neuron_build.util import fsync_path, read_json, swap_in_folder, utc_now, write_json_atomic

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from neuron_build.log import get_logger
 from neuron_build.store.layout import LOCKS_DIR
-from neuron_build.store.owners import _me, owner_alive
+from neuron_build.store.owners import owner_alive, owner_record
 from neuron_build.util import is_disk_full, read_json, utc_now, write_json_atomic
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class MemoryBudget:
         log = log or get_logger(target=target or None)
         rid = f"{os.getpid()}-{secrets.token_hex(6)}"
         host = socket.gethostname()
-        entry = _me(id=rid, bytes=int(nbytes), target=target, state="waiting", seq=time.time_ns())
+        entry = owner_record(id=rid, bytes=int(nbytes), target=target, state="waiting", seq=time.time_ns())
         registered = False
         try:
             try:

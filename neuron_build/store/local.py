@@ -271,7 +271,7 @@ class LocalStore(Store):
         return KeyLock(self.root, key, target=target, heartbeat_s=heartbeat_s)
 
     def memory_budget(self, max_bytes: int | None, heartbeat_s: float = 15.0):
-        from neuron_build.store.locks import MemoryBudget
+        from neuron_build.store.budget import MemoryBudget
         return MemoryBudget(self.root, max_bytes, heartbeat_s=heartbeat_s)
 
 
