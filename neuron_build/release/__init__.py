@@ -12,9 +12,12 @@ Domain code: no doit, no torch. The package:
 Store layout (``docs/releases.md``)::
 
     <store>/releases/<model>/<release id>.json        immutable release records
-    <store>/channels/<model>/<channel>.json           the channel pointer: {"release", "version", ...}
-    <store>/channels/<model>/<channel>.lock           taken while a pointer is checked and swapped
-    <store>/channels/<model>/<channel>.history.jsonl  one JSON line per promotion, refusal and rollback
+    <store>/channels/<model>/<channel>.json           the channel pointer: {"release", "version", ...}, moved
+                                                      by compare-and-swap (S3: If-Match on its ETag; a folder:
+                                                      under locks/swap/, :mod:`neuron_build.store.medium`)
+    <store>/channels/<model>/<channel>.history/<time>-<op>.json   one object per promotion, refusal and
+                                                      rollback, written create-only
+                                                      (:mod:`neuron_build.store.layout`)
 
 This module re-exports the names callers use.
 """
