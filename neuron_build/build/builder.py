@@ -50,8 +50,8 @@ from neuron_build.project.toolchain import announce_backend, neuron_status
 from neuron_build.status import DOWNLOADED, BuildResult, Status, TargetState
 from neuron_build.store import cached_store, graph_index, ledger
 from neuron_build.store import failures as kept_failures
+from neuron_build.store.budget import GB
 from neuron_build.store.contract import ArtifactStore
-from neuron_build.store.locks import GB
 from neuron_build.store.manifest import Manifest, Metrics, is_log_name
 from neuron_build.store.records import FailureRecord, TargetRecord
 from neuron_build.util import file_sha256, utc_now

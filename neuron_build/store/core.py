@@ -73,11 +73,6 @@ class Store(JsonObjects):
         return None
 
     @property
-    def local_tier(self) -> Store:
-        """The store on this host that builds stage and publish into: the store itself."""
-        return self
-
-    @property
     def remote_tier(self) -> Any:
         """The shared store of a read-through pair, else None."""
         return None
