@@ -47,7 +47,6 @@ LONG_FUNCTIONS = {
                                        "item 2)",
     "evaluate/textgen_validate.py:validate_textgen": "the text-generation loading seam (issue 33 item 2) reworks it",
     "release/pull.py:pull_release": "its result becomes a typed object (issue 33 item 5)",
-    "store/maintenance.py:verify_store": "maintenance.py becomes verify.py (issue 33 item 4)",
 }
 
 #: module (path under neuron_build/) -> why it has no __all__ yet
@@ -55,7 +54,6 @@ NO_ALL_YET = {
     **{f"cli/{m}.py": "thin handlers (issue 33 item 5) rework cli/" for m in
        ("__main__", "build", "completion", "doctor", "init", "inspect", "release", "store", "sync", "validate")},
     "project/config.py": "its Backend type is derived from backends.py (issue 33 item 1)",
-    "store/manifest.py": "the store rework (issue 33 item 4)",
     "worker.py": "the backend seam (issue 33 item 1) changes the compiler loader it calls",
 }
 
