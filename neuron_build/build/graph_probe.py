@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -159,7 +160,9 @@ def _result(builder: Any, ctx: Any, req: Any) -> tuple[dict, str] | None:
 
 def _requests(builder: Any, ctx: Any, req: Any, group: str, folder: Path) -> list[Any]:
     """The probe's requests: ``ctx``'s target first, then every other target of the same model build whose
-    first-level key misses and that has no result kept."""
+    first-level key misses and that has no result kept. Their work folders are under the group's scratch
+    folder (``work/<group>``), which the probe removes when it ends."""
+    scratch = folder / "work" / group[:32]
     reqs = [req]
     for t in builder.targets:
         if t.model != ctx.target.model or t.id == ctx.target.id:
@@ -167,13 +170,13 @@ def _requests(builder: Any, ctx: Any, req: Any, group: str, folder: Path) -> lis
         ki = builder.key(t)
         if builder.store.is_complete(ki.key) or (folder / f"{ki.key}.json").exists():
             continue
-        other = builder.request(t, ki, folder / "out", folder / "work" / ki.key[:16])
+        other = builder.request(t, ki, scratch / "out", scratch / ki.key[:16])
         other.options[graph_key.OPTION] = {"base": graph_key.base_of(ki.details)}
         if group_of(other) == group:
             reqs.append(other)
     out = []
     for r in reqs:
-        r = type(r)(**{**r.to_json(), "out_dir": str(folder / "out"), "work_dir": str(folder / "work" / r.key[:16])})
+        r = type(r)(**{**r.to_json(), "out_dir": str(scratch / "out"), "work_dir": str(scratch / r.key[:16])})
         r.options[graph_key.OPTION] = {"base": r.options[graph_key.OPTION]["base"], "probe": True}
         Path(r.work_dir).mkdir(parents=True, exist_ok=True)
         out.append(r)
@@ -185,6 +188,7 @@ def _probe(builder: Any, ctx: Any, req: Any, group: str, folder: Path) -> None:
     a result without a graph key, so no other target of the group probes again)."""
     from neuron_build.build.local import PACKAGE_PARENT, _kill_group, _prctl, die_with_parent
 
+    shutil.rmtree(folder / "work" / group[:32], ignore_errors=True)
     reqs = _requests(builder, ctx, req, group, folder)
     spec, results = folder / f"{group[:32]}.request.json", folder / f"{group[:32]}.result.json"
     logf = folder / f"{group[:32]}.log"
@@ -211,6 +215,7 @@ def _probe(builder: Any, ctx: Any, req: Any, group: str, folder: Path) -> None:
             proc.wait()
             raise
     seconds = time.monotonic() - t0
+    shutil.rmtree(folder / "work" / group[:32], ignore_errors=True)
     with open(folder / PROBE_LOG, "a") as f:
         f.write(f"{time.time():.3f} {group[:12]} {ctx.target.model} targets={len(reqs)} seconds={seconds:.2f} "
                 f"exit={status}\n")

@@ -54,6 +54,11 @@ def build_all(cfg: Path) -> tuple[object, list]:
     return b, [b.build(t) for t in b.targets]
 
 
+#: MODEL whose factory reads a data file of the project (a recorded read the reuse's manifest must carry).
+READING = MODEL.replace("def build():\n", "def build():\n    from pathlib import Path\n"
+                        "    assert Path(__file__).with_name('width.txt').read_text().strip() == '16'\n")
+
+
 def test_a_graph_neutral_edit_probes_once_per_model_build_and_compiles_nothing(tmp_path):
     """Two dtypes x two buckets: a comment in the factory is proven graph-neutral by ONE probe per model build
     (fp32 and bf16 build the model differently: two probes of two targets), no compile worker, every target
@@ -61,12 +66,13 @@ def test_a_graph_neutral_edit_probes_once_per_model_build_and_compiles_nothing(t
     probes again and compiles every target."""
     from neuron_build.store import ledger
 
-    cfg = project(tmp_path / "proj", '"fp32", "bf16"', "1, 2")
+    cfg = project(tmp_path / "proj", '"fp32", "bf16"', "1, 2", model=READING)
+    (cfg.parent / "heldout" / "width.txt").write_text("16\n")
     b, first = build_all(cfg)
     assert [o.compiled for o in first] == [True] * 4 and probes(cfg) == []  # nothing in the index to prove
     files = {o.target: {n: e.sha256 for n, e in b.store.manifest(o.key).files.items()} for o in first}
     src = cfg.parent / "heldout" / "blk.py"
-    src.write_text("# a graph-neutral edit\n" + MODEL)
+    src.write_text("# a graph-neutral edit\n" + READING)
     b, second = build_all(cfg)
     assert [(o.status, o.compiled) for o in second] == [("PASS", False)] * 4, [o.reason for o in second]
     runs = probes(cfg)
@@ -79,10 +85,11 @@ def test_a_graph_neutral_edit_probes_once_per_model_build_and_compiles_nothing(t
         assert {n: e.sha256 for n, e in m.files.items()} == files[o.target]
         assert "graph probe: graph key" in b.store.log_file(o.key, "worker.log").read_text()
         # the probe's record of the factory's reads and imports is the compile worker's
+        assert "heldout/width.txt" in json.dumps(m.recorded_inputs)
         assert m.recorded_inputs == b.store.manifest(next(f.key for f in first if f.target == o.target)).recorded_inputs
     b, again = build_all(cfg)  # no-op: every first-level key hits
     assert [o.compiled for o in again] == [False] * 4 and len(probes(cfg)) == 2
-    src.write_text("# a graph edit\n" + MODEL.replace("torch.relu(", "torch.tanh("))
+    src.write_text("# a graph edit\n" + READING.replace("torch.relu(", "torch.tanh("))
     b, third = build_all(cfg)
     assert [(o.status, o.compiled) for o in third] == [("PASS", True)] * 4
     assert len(probes(cfg)) == 4
