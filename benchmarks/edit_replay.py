@@ -305,6 +305,7 @@ def wide(workdir: Path, backend: str, n: int) -> dict:
     initial = rows["initial build"]["wall_s"]
     before, after = (rows["graph-neutral edit, probe off (before)"], rows["graph-neutral edit, probe on (after)"])
     return {"backend": backend, "buckets": n, "builds": rows, "host_cpus": os.cpu_count(),
+            "load_average_1m": round(os.getloadavg()[0], 1),
             "edit_vs_compiles": {"before": round(before["wall_s"] / initial, 3),
                                  "after": round(after["wall_s"] / initial, 3)},
             "goal_met": after["s_per_target"] <= 0.5 and after["wall_s"] / initial <= 0.15}
