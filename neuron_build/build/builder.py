@@ -159,7 +159,7 @@ class Builder:
         starting a worker."""
         if self._toolchain_problem is False:
             self._toolchain_problem = None
-            if self.keys.backend in ("neuron", "torchneuron"):
+            if self.keys.backend_spec is not None and self.keys.backend_spec.neuron_toolchain:
                 st = neuron_status()
                 self._toolchain_problem = None if st.usable else st.problem
         return self._toolchain_problem  # type: ignore[return-value]

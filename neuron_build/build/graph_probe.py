@@ -204,7 +204,7 @@ def _probe(builder: Any, ctx: Any, req: Any, group: str, folder: Path) -> None:
         proc = subprocess.Popen([sys.executable, "-m", "neuron_build.worker", "--graphs", str(spec)], stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(folder), env=env,
                                 start_new_session=True,
-                                preexec_fn=partial(die_with_parent, os.getpid()))  # noqa: PLW1509
+                                preexec_fn=partial(die_with_parent, os.getpid()))
         try:
             status = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -76,7 +76,7 @@ def _race(kind: str, root: Path, i: int) -> bool:
         try:
             start.wait()
             gc(store, keep_keys=[new], keep_days=1)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=publisher), threading.Thread(target=collector)]
