@@ -24,6 +24,16 @@ once after the graph-key replay (every reused artifact checked against the eager
 its ``calls`` file; with the real toolchain the runs are the ledger's compiles.
 
 The minilm model is an installed Hugging Face package (no source to edit) and is left out.
+
+``--buckets N`` (issue 31, item 4) measures instead what proving a graph unchanged costs per target: a tiny
+model with N batch buckets (:data:`WIDE_MODEL`) is built once (N compiles), then two graph-neutral edits (a
+comment in the factory) are built, the first with the graph probe off (``NEURON_BUILD_GRAPH_PROBE=0``: one
+worker per target, the behaviour before the probe), the second with it on (one probe worker for the model,
+:mod:`neuron_build.build.graph_probe`). Reported: each build's wall seconds, seconds per target, compiles,
+reuses, probe runs, and ``edit_vs_compiles``: the edit's wall time over the initial build's (the compiles it
+avoids; goal at most 0.15, and at most 0.5 s per target); with ``--backend neuron``, neuronx-cc runs.
+
+    .venv/bin/python benchmarks/edit_replay.py --buckets 20 --backend inductor
 """
 
 from __future__ import annotations
@@ -219,6 +229,88 @@ def replay(workdir: Path, backend: str, models: list[str], edits: list, graph_ke
     return out
 
 
+WIDE_MODEL = """\
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = nn.Linear(d, 32)
+        self.down = nn.Linear(32, d)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+def build():
+    return Block()
+"""
+
+WIDE_CONFIG = """
+[build]
+backend = "{backend}"
+timeout_s = 3600
+heartbeat_s = 30
+
+[profiles.p1]
+compiler_args = []
+
+[models.wide]
+factory = "widelib.wide:build"
+dtypes = ["fp32"]
+profiles = ["p1"]
+inputs = [{{ name = "x", shape = ["batch", 16] }}]
+buckets = {{ batch = [{batches}] }}
+"""
+
+
+def probe_runs(cfg: Path) -> int:
+    from neuron_build.build import graph_probe
+    from neuron_build.project.config import load_project
+
+    log = load_project(cfg).state_dir / graph_probe.PROBE_DIR / graph_probe.PROBE_LOG
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def wide(workdir: Path, backend: str, n: int) -> dict:
+    """The ``--buckets`` benchmark (see the module docstring): one model of ``n`` buckets."""
+    (workdir / "widelib").mkdir(parents=True)
+    (workdir / "widelib" / "__init__.py").write_text("")
+    src = workdir / "widelib" / "wide.py"
+    src.write_text(WIDE_MODEL)
+    cfg = workdir / "buckets.toml"
+    cfg.write_text(WIDE_CONFIG.format(backend=backend, batches=", ".join(str(b) for b in range(1, n + 1))))
+    env: dict = {}
+    if backend == "neuron" and not _real_neuron():
+        env.update(neuron_double_env(workdir / "neuronx-cc-calls.jsonl"))
+    rows, seen, runs = {}, 0, 0
+    for name, text, probe in (("initial build", WIDE_MODEL, True),
+                              ("graph-neutral edit, probe off (before)", "# an edit\n" + WIDE_MODEL, False),
+                              ("graph-neutral edit, probe on (after)", "# another edit\n" + WIDE_MODEL, True)):
+        src.write_text(text)
+        probes0 = probe_runs(cfg)
+        wall, p = cli(cfg, "build", env={**env, **({} if probe else {"NEURON_BUILD_GRAPH_PROBE": "0"})})
+        if p.returncode != 0:
+            raise SystemExit(f"{name} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        seen, c = ledger_counts(cfg, seen)
+        now = cc_runs(env)
+        if now is not None:
+            c["neuronx_cc_runs"], runs = now - runs, now
+        rows[name] = {**c, "probe_runs": probe_runs(cfg) - probes0, "wall_s": round(wall, 2),
+                      "s_per_target": round(wall / n, 3)}
+        print(f"  {name}: {rows[name]}", file=sys.stderr, flush=True)
+    initial = rows["initial build"]["wall_s"]
+    before, after = (rows["graph-neutral edit, probe off (before)"], rows["graph-neutral edit, probe on (after)"])
+    return {"backend": backend, "buckets": n, "builds": rows, "host_cpus": os.cpu_count(),
+            "load_average_1m": round(os.getloadavg()[0], 1),
+            "edit_vs_compiles": {"before": round(before["wall_s"] / initial, 3),
+                                 "after": round(after["wall_s"] / initial, 3)},
+            "goal_met": after["s_per_target"] <= 0.5 and after["wall_s"] / initial <= 0.15}
+
+
 def _real_neuron() -> bool:
     from neuron_build.project.toolchain import neuron_status
     return neuron_status().usable
@@ -230,7 +322,17 @@ def main() -> int:
     ap.add_argument("--models", nargs="+", default=["ffn", "rmsnorm_naive", "rmsnorm_fused"])
     ap.add_argument("--edits", type=int, default=len(EDITS), help="replay only the first N edits")
     ap.add_argument("--json-out", type=Path, default=None)
+    ap.add_argument("--buckets", type=int, default=None,
+                    help="measure a graph-neutral edit of one tiny model with this many buckets instead")
     args = ap.parse_args()
+    if args.buckets:
+        with tempfile.TemporaryDirectory(prefix="edit-replay-wide-") as tmp:
+            doc = wide(Path(tmp), args.backend, args.buckets)
+        text = json.dumps(doc, indent=2)
+        print(text)
+        if args.json_out:
+            args.json_out.write_text(text + "\n")
+        return 0
     files = {FFN} if args.models == ["ffn"] else {FFN, RMS} if "ffn" in args.models else {RMS}
     edits = [e for e in EDITS if e[1] in files][: args.edits]
     with tempfile.TemporaryDirectory(prefix="edit-replay-") as tmp:

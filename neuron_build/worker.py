@@ -1,4 +1,5 @@
-"""The compile subprocess: ``python -m neuron_build.worker REQUEST.json``.
+"""The compile subprocess: ``python -m neuron_build.worker REQUEST.json``; the graph probe of one model
+build: ``python -m neuron_build.worker --graphs PROBE.json`` (:func:`probe`).
 
 Reads a :class:`~neuron_build.compilers.base.CompileRequest`, builds the model from its factory, makes the
 example inputs, runs the backend, and writes ``result.json`` (op count, its source, backend details, and
@@ -119,6 +120,70 @@ def _backend(name: str):
         raise CompileFailed(Status.ERROR, str(e.args[0])) from None
 
 
+def probe(spec_path: str) -> int:
+    """The graph probe: ``python -m neuron_build.worker --graphs PROBE.json``
+    (:mod:`neuron_build.build.graph_probe`). ``PROBE.json`` is ``{"requests": [CompileRequest, ...],
+    "results": path}``: requests of one model build (same root, factory or hf, kwargs, dtype, backend and
+    task), each with the graph key option's ``probe`` set. The model is built once (its reads recorded
+    once); each target gets a deep copy of it and its own example inputs, and its backend runs up to the
+    graph key (:func:`neuron_build.compilers.graph_key.checkpoint` stops it there: nothing is compiled).
+    Writes ``results``: ``{"reads", "imported", "targets": {key: {"graph_key", "graph_document"} or
+    {"graph_key": null, "reason"}}}``. Exit status 0, or 1 when the model does not build (``results``
+    then holds ``{"error": reason}``)."""
+    import copy
+
+    from neuron_build.compilers.base import CompileRequest, load_compiler
+    from neuron_build.examples import build_model, make_inputs
+    from neuron_build.project.reads import ReadRecorder
+
+    spec = json.loads(Path(spec_path).read_text())
+    reqs = [CompileRequest(**r) for r in spec["requests"]]
+    out = Path(spec["results"])
+    first, t0 = reqs[0], time.monotonic()
+    work = Path(first.work_dir)
+    print(f"neuron-build graph probe: model {first.factory or (first.hf or {}).get('source')} dtype {first.dtype} "
+          f"backend {first.backend}: {len(reqs)} targets", flush=True)
+    try:
+        if first.options.get("task") == "text-generation":
+            from neuron_build.compilers.textgen import textgen_compiler
+            compiler = textgen_compiler(first.backend)
+        else:
+            compiler = load_compiler(first.backend)
+        compiler.preflight(first)
+        modules_before = list(sys.modules)
+        graph_key.watch_custom_ops()
+        recorder = ReadRecorder(first.root, exclude=[work.parent, Path(first.out_dir).parent,
+                                                     *map(Path, first.never_read)])
+        with recorder:
+            model = (build_model(first.root, first.factory, first.kwargs, first.dtype, hf=first.hf)
+                     if compiler.needs_module else None)
+        reads = recorder.to_json(modules_before)
+    except Exception as e:  # the target compiles in its own worker, which reports this failure
+        traceback.print_exc()
+        write_json_atomic(out, {"error": f"the model does not build: {type(e).__name__}: {e}"[:500]})
+        return 1
+    print(f"model built in {time.monotonic() - t0:.1f} s", flush=True)
+    targets: dict[str, dict] = {}
+    for req in reqs:
+        t1 = time.monotonic()
+        try:  # a copy: whatever one target's export changes in the model, the next starts from the build
+            compiler.compile(copy.deepcopy(model), make_inputs(req.inputs, req.seed), req)
+            targets[req.key] = {"graph_key": None, "reason": "the backend made no graph key"}
+        except graph_key.GraphHit as e:
+            targets[req.key] = {"graph_key": e.graph_key, "graph_document": e.document}
+        except graph_key.NoGraphKey as e:
+            targets[req.key] = {"graph_key": None, "reason": f"no graph key: {e}"}
+        except Exception as e:
+            first_line = (str(e).strip().splitlines() or [""])[0]
+            targets[req.key] = {"graph_key": None, "reason": f"{type(e).__name__}: {first_line}"[:500]}
+        print(f"{req.target}: graph key {(targets[req.key]['graph_key'] or 'none')[:12]} "
+              f"({time.monotonic() - t1:.2f} s){'' if targets[req.key]['graph_key'] else ': ' + targets[req.key]['reason']}",
+              flush=True)
+    write_json_atomic(out, {"reads": reads, "imported": _imported(first, work), "targets": targets})
+    print(f"graph probe done in {time.monotonic() - t0:.1f} s", flush=True)
+    return 0
+
+
 def _imported(req, work: Path) -> list[str]:
     """The project files (relative POSIX paths) imported while the model was built and compiled."""
     from neuron_build.project.sources import recorded_files
@@ -137,8 +202,10 @@ def _graph_file(work: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--graphs":
+        return probe(argv[1])
     if len(argv) != 1:
-        print("usage: python -m neuron_build.worker REQUEST.json", file=sys.stderr)
+        print("usage: python -m neuron_build.worker REQUEST.json | --graphs PROBE.json", file=sys.stderr)
         return 2
     return run(argv[0])
 

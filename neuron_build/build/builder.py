@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build import __version__
+from neuron_build.build import graph_probe
 from neuron_build.build.attempt import (
     Classification,
     DiskFull,
@@ -325,7 +326,8 @@ class Builder:
                 ctx.log.info("compiling", backend=req.backend, hardware_target=req.hardware_target,
                              attempt=ctx.attempt)
                 with self._graph_gate(ctx, req, work):  # the graph key's lock, held until it is indexed
-                    run = self.executor.run(req, work, ctx.log)
+                    # one probe per model build answers "graph unchanged" without a worker per target
+                    run = graph_probe.reuse_run(self, ctx, req, work) or self.executor.run(req, work, ctx.log)
                     done = self._finish(ctx, req, run, obj)
                     if done is None:  # the graph index entry was stale: compile after all
                         shutil.rmtree(obj, ignore_errors=True)

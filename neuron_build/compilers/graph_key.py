@@ -65,7 +65,10 @@ GRAPH_FILE = "graph.json"
 #: key's lock): asked only when the option's ``gate`` is true.
 VERDICT_FILE = "graph-verdict.json"
 #: The request option (``CompileRequest.options``) that turns the graph key on: ``{"base": {...}, "known":
-#: path of a JSON list of graph keys the index holds}``. Absent: the worker makes no graph key.
+#: path of a JSON list of graph keys the index holds}``. Absent: the worker makes no graph key. With
+#: ``"probe": true`` (the graph probe, ``python -m neuron_build.worker --graphs``) :func:`checkpoint` raises
+#: :class:`GraphHit` with every key it makes, in the index or not, and re-raises :class:`NoGraphKey`: the
+#: backend never goes on to compile.
 OPTION = "graph_key"
 #: Backends whose graph key is made before the compile (a hit compiles nothing): the records of
 #: :mod:`neuron_build.backends` with ``graph_key = "before"``.
@@ -665,7 +668,8 @@ def checkpoint(request: Any, document_of: Any, reuse: bool = True) -> str | None
         The graph key, or None (not asked for, or the graph has no canonical form).
 
     Raises:
-        GraphHit: the index holds an artifact of this graph key.
+        GraphHit: the index holds an artifact of this graph key (or the option's ``probe``: any key).
+        NoGraphKey: no canonical form, and the option's ``probe`` is set.
     """
     import time
 
@@ -678,10 +682,14 @@ def checkpoint(request: Any, document_of: Any, reuse: bool = True) -> str | None
         document = document_of()
         key, digest = graph_key(document, opts["base"]), document_digest(document)
     except NoGraphKey as e:
+        if opts.get("probe"):  # the graph probe: no key means the target compiles in its own worker
+            raise
         print(f"no graph key: {e}; compiling", flush=True)
         write_json_atomic(out, {"graph_key": None, "reason": str(e)})
         return None
     seconds = round(time.monotonic() - t0, 3)
+    if opts.get("probe"):  # the graph probe (neuron_build.build.graph_probe): the key only, never a compile
+        raise GraphHit(key, digest)
     known, reuse = opts.get("known"), reuse and not opts.get("no_reuse")
     keys: set = set()
     if reuse and known:

@@ -1,0 +1,243 @@
+"""The graph probe: proving a graph unchanged costs one worker per model build, not one per target.
+
+On a first-level (source key) miss of a target whose model changed since its last build (or whose recorded
+inputs did: ``BuildContext.changed`` / ``stale``; a new target or new shapes, flags or toolchain mean a new
+graph, and its worker still asks the index), a target whose backend keys its graph before compiling
+(:data:`~neuron_build.compilers.graph_key.BEFORE_COMPILE`) used to start its own compile worker just to learn
+that its graph is in the graph index: a torch import, a model build and an export per target (~5 s each on
+CPU). Before starting that worker, :func:`reuse_run` asks for the target's **probe result** instead: one
+``python -m neuron_build.worker --graphs`` subprocess (:func:`neuron_build.worker.probe`) builds the model
+once and computes the graph key and document digest of every target of the same model build whose first-level
+key misses (one export or trace per target, nothing compiled), and the factory's reads and imported project
+files once (every target of that build gets them: they are the same build). When the target's graph key is
+in the index (its artifact complete), :func:`reuse_run` returns a run that reads as the compile worker's
+graph hit, and the builder's graph reuse (``_reuse_graph``: the candidate's manifest checked, the blobs
+linked, the new key published) takes it from there without a compile worker. Otherwise the target compiles
+as before (its worker makes its graph key again and takes the graph key's lock).
+
+A model build is one group: targets differing in anything the build or the backend sees (factory or hf
+source, kwargs, dtype, backend, hardware target, task) never share one. Results are kept in the state folder
+(``<state>/graph-probe/<first-level key>.json``), written and read under the group's file lock
+(:mod:`filelock`), so threads and ``doit -n 2`` processes run one probe per group: the first asks for every
+target of the group that misses, the others find their results. A result is used once (removed when its
+target consumes it) and only while the recorded inputs it carries are unchanged (a result left by a build of
+other targets may be older than a data file the factory reads).
+
+Fails closed: a probe that cannot be started, crashes, times out (``[build] timeout_s``) or cannot key a
+target means the target compiles as before (one warning per probe). No-op builds never get here (a
+first-level hit returns before any compile). ``NEURON_BUILD_GRAPH_PROBE=0`` turns the probe off (benchmarks:
+the per-target workers of before).
+
+Not for the Neuron backends: ``neuron``'s key is made inside ``torch_neuronx.trace`` (its ``generate_neff``
+hook: the HLO lowering is the trace), ``torchneuron`` has none; their targets' workers key as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from neuron_build.build.executor import CompileRun
+from neuron_build.compilers import graph_key
+from neuron_build.store import graph_index
+from neuron_build.util import canonical_json, write_json_atomic
+
+#: Set to 0 (or false, no, off) to turn the probe off (each target's worker keys its own graph, as before).
+PROBE_ENV = "NEURON_BUILD_GRAPH_PROBE"
+#: The folder under the state folder holding the probe's results, requests, logs and locks.
+PROBE_DIR = "graph-probe"
+#: One line per probe run (time, group, targets, seconds, exit status): what the tests and benchmarks count.
+PROBE_LOG = "probes.log"
+
+
+def probe_on() -> bool:
+    """Is the probe on (``NEURON_BUILD_GRAPH_PROBE`` is not 0, false, no or off)?"""
+    return os.environ.get(PROBE_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def group_of(req: Any) -> str:
+    """The model build a request belongs to (sha256 hex): what the worker builds the model from and the
+    backend it runs (see the module docstring)."""
+    return hashlib.sha256(canonical_json({
+        "root": req.root, "factory": req.factory, "kwargs": req.kwargs, "dtype": req.dtype, "hf": req.hf,
+        "backend": req.backend, "hardware_target": req.hardware_target, "task": (req.options or {}).get("task"),
+        "never_read": req.never_read})).hexdigest()
+
+
+def reuse_run(builder: Any, ctx: Any, req: Any, work: Path) -> CompileRun | None:
+    """A run standing for the compile worker's graph hit of ``ctx``'s target, or None (start the worker).
+
+    Args:
+        builder: the :class:`~neuron_build.build.builder.Builder` (its project, store, planner, keys).
+        ctx: the target's build context (target, first-level key, logger).
+        req: the target's compile request, with the graph key option (absent: None, as for a backend
+            outside :data:`~neuron_build.compilers.graph_key.BEFORE_COMPILE`, an option ``no_reuse`` or
+            the probe turned off).
+        work: the attempt's work folder (unused by the probe; the worker's).
+
+    Returns:
+        A :class:`CompileRun` (exit 0, ``result`` with ``graph_hit``, ``graph_key``, ``graph_document``,
+        ``imported`` and ``reads`` of the probe) when the probe's graph key of the target is in the index
+        with a complete artifact; else None.
+    """
+    opts = (req.options or {}).get(graph_key.OPTION)
+    if not opts or opts.get("no_reuse") or req.backend not in graph_key.BEFORE_COMPILE or not probe_on():
+        return None
+    if not (ctx.stale or any(c.split(":")[0] == "model" for c in ctx.changed)):
+        return None  # a new target, or new shapes, flags or toolchain: its graph is new (its worker still asks)
+    try:
+        found = _result(builder, ctx, req)
+    except Exception as e:  # fail closed: the target compiles in its own worker
+        ctx.log.warning("graph probe failed; compiling", error=f"{type(e).__name__}: {e}"[:300])
+        return None
+    if found is None:
+        return None
+    result, log = found
+    gk = result.get("graph_key")
+    if not gk:
+        ctx.log.debug("graph probe: no graph key", reason=result.get("reason"))
+        return None
+    entry = graph_index.lookup(builder.store, gk)
+    if entry is None or not builder.store.is_complete(entry.key):
+        return None
+    log = (log + f"graph probe: graph key {gk[:12]} is in the graph index: not compiling\n").encode()
+    return CompileRun(exit_code=0, wall_s=float(result.get("seconds") or 0.0), peak_rss_bytes=0, timed_out=False,
+                      log=log, result={"op_count": None, "op_count_source": None, "details": {},
+                                       "imported": result.get("imported") or [], "reads": result.get("reads"),
+                                       "graph_key": gk, "graph_document": result.get("graph_document"),
+                                       "graph_hit": True})
+
+
+def _folder(builder: Any) -> Path:
+    folder = builder.project.make_state_dir() / PROBE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _take(builder: Any, path: Path, key: str) -> tuple[dict, str] | None:
+    """The result for first-level key ``key`` at ``path`` when it is usable (removed: used once), else None."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or raw.get("key") != key:
+        return None
+    if raw.get("graph_key") and builder.keys.stale_inputs(raw.get("recorded") or {}):
+        path.unlink(missing_ok=True)  # the factory's reads changed since: probe again
+        return None
+    path.unlink(missing_ok=True)
+    return raw, str(raw.get("log") or "")
+
+
+def _result(builder: Any, ctx: Any, req: Any) -> tuple[dict, str] | None:
+    """The probe result of ``ctx``'s target: kept by an earlier probe of its group, else from a probe run now
+    (under the group's lock) for every target of the group whose first-level key misses."""
+    from filelock import FileLock, Timeout
+
+    folder, key = _folder(builder), ctx.ki.key
+    mine = folder / f"{key}.json"
+    group = group_of(req)
+    timeout = float(builder.project.config.build.timeout_s)
+    try:
+        with FileLock(str(folder / f"{group[:32]}.lock"), timeout=timeout):
+            got = _take(builder, mine, key)
+            if got is not None:
+                return got
+            _probe(builder, ctx, req, group, folder)
+            return _take(builder, mine, key)
+    except Timeout:
+        ctx.log.warning("graph probe: another build held the model's probe lock too long; compiling")
+        return None
+
+
+def _requests(builder: Any, ctx: Any, req: Any, group: str, folder: Path) -> list[Any]:
+    """The probe's requests: ``ctx``'s target first, then every other target of the same model build whose
+    first-level key misses and that has no result kept. Their work folders are under the group's scratch
+    folder (``work/<group>``), which the probe removes when it ends."""
+    scratch = folder / "work" / group[:32]
+    reqs = [req]
+    for t in builder.targets:
+        if t.model != ctx.target.model or t.id == ctx.target.id:
+            continue
+        ki = builder.key(t)
+        if builder.store.is_complete(ki.key) or (folder / f"{ki.key}.json").exists():
+            continue
+        other = builder.request(t, ki, scratch / "out", scratch / ki.key[:16])
+        other.options[graph_key.OPTION] = {"base": graph_key.base_of(ki.details)}
+        if group_of(other) == group:
+            reqs.append(other)
+    out = []
+    for r in reqs:
+        r = type(r)(**{**r.to_json(), "out_dir": str(scratch / "out"), "work_dir": str(scratch / r.key[:16])})
+        r.options[graph_key.OPTION] = {"base": r.options[graph_key.OPTION]["base"], "probe": True}
+        Path(r.work_dir).mkdir(parents=True, exist_ok=True)
+        out.append(r)
+    return out
+
+
+def _probe(builder: Any, ctx: Any, req: Any, group: str, folder: Path) -> None:
+    """Run one probe for ``ctx``'s target and the rest of its group; write one result per target (a failure:
+    a result without a graph key, so no other target of the group probes again)."""
+    from neuron_build.build.local import PACKAGE_PARENT, _kill_group, _prctl, die_with_parent
+
+    shutil.rmtree(folder / "work" / group[:32], ignore_errors=True)
+    reqs = _requests(builder, ctx, req, group, folder)
+    spec, results = folder / f"{group[:32]}.request.json", folder / f"{group[:32]}.result.json"
+    logf = folder / f"{group[:32]}.log"
+    results.unlink(missing_ok=True)
+    write_json_atomic(spec, {"requests": [r.to_json() for r in reqs], "results": str(results)})
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)}
+    timeout = float(builder.project.config.build.timeout_s)
+    t0, status = time.monotonic(), None
+    ctx.log.info("graph probe", targets=len(reqs))
+    _prctl()  # loaded before the fork
+    with open(logf, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "neuron_build.worker", "--graphs", str(spec)], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(folder), env=env,
+                                start_new_session=True,
+                                preexec_fn=partial(die_with_parent, os.getpid()))
+        try:
+            status = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            proc.wait()
+        except BaseException:
+            _kill_group(proc.pid)
+            proc.wait()
+            raise
+    seconds = time.monotonic() - t0
+    shutil.rmtree(folder / "work" / group[:32], ignore_errors=True)
+    with open(folder / PROBE_LOG, "a") as f:
+        f.write(f"{time.time():.3f} {group[:12]} {ctx.target.model} targets={len(reqs)} seconds={seconds:.2f} "
+                f"exit={status}\n")
+    try:
+        raw = json.loads(results.read_text())
+    except (OSError, ValueError):
+        raw = {}
+    log = logf.read_text(errors="replace")[-20000:]
+    why = raw.get("error") or ("" if raw.get("targets") else
+                               f"the probe {'timed out' if status is None else f'exited with status {status}'}")
+    if why:
+        ctx.log.warning("graph probe failed; its targets compile", reason=why, log=str(logf))
+    per = seconds / len(reqs)
+    targets = raw.get("targets") or {}
+    imported, reads = raw.get("imported") or [], raw.get("reads")
+    recorded = builder.keys.recorded_inputs(ctx.target.model, imported, reads) if targets else {}
+    for r in reqs:
+        got = targets.get(r.key) if isinstance(targets.get(r.key), dict) else {}
+        write_json_atomic(folder / f"{r.key}.json", {
+            "key": r.key, "target": r.target, "graph_key": got.get("graph_key"),
+            "graph_document": got.get("graph_document"), "reason": got.get("reason") or why or None,
+            "imported": imported, "reads": reads, "recorded": recorded, "seconds": round(per, 3), "log": log})
+
+
+__all__ = ["PROBE_DIR", "PROBE_ENV", "PROBE_LOG", "group_of", "probe_on", "reuse_run"]
