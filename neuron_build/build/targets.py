@@ -1,7 +1,7 @@
 """Build the chosen targets on either executor and gather what the end of a build reports, the same way
 for both: ``neuron-build build`` runs :func:`build_targets` with a :class:`SessionExecutor` (doit on this
 host) or a :class:`~neuron_build.build.dask_executor.DaskBuild` (one Dask task per target), then prints
-the :class:`BuildRun` (text, or ``--json``).
+the :class:`TargetsBuilt` (text, or ``--json``).
 
 An executor here is anything with ``run(targets) -> {target id: Outcome}``; it may say doit's exit status
 (``status``) and the Dask worker of each target (``workers``).
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from neuron_build.build.summary import BuildSummary
 
-__all__ = ["BuildRun", "SessionExecutor", "TargetExecutor", "build_targets"]
+__all__ = ["SessionExecutor", "TargetExecutor", "TargetsBuilt", "build_targets"]
 
 
 class TargetExecutor(Protocol):
@@ -26,7 +26,7 @@ class TargetExecutor(Protocol):
 
 
 @dataclass(frozen=True)
-class BuildRun:
+class TargetsBuilt:
     """What one build did, as its end reports it.
 
     Attributes:
@@ -103,7 +103,7 @@ class SessionExecutor:
 
 
 def build_targets(builder: Any, chosen: Sequence[Any], executor: TargetExecutor,
-                  before: Mapping[str, str] | None = None) -> BuildRun:
+                  before: Mapping[str, str] | None = None) -> TargetsBuilt:
     """Build ``chosen`` (targets, in matrix order) with ``executor`` and return what the build did.
 
     ``before``: target id -> state before the build, when the caller has read it already (else read here).
@@ -114,5 +114,5 @@ def build_targets(builder: Any, chosen: Sequence[Any], executor: TargetExecutor,
         before = {t.id: builder.state(t) for t in chosen}
     outcomes = executor.run(chosen)
     summary = BuildSummary.of(builder, chosen, before, outcomes)
-    return BuildRun(summary, list(builder.store.push_failures), int(getattr(executor, "status", 0)),
+    return TargetsBuilt(summary, list(builder.store.push_failures), int(getattr(executor, "status", 0)),
                     dict(getattr(executor, "workers", {}) or {}))

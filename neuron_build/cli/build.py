@@ -67,7 +67,7 @@ def cmd_build(args) -> int:
 
 
 def report(args, b, chosen, run) -> int:
-    """Print the end of a build (:class:`~neuron_build.build.targets.BuildRun`): the ``--json`` document
+    """Print the end of a build (:class:`~neuron_build.build.targets.TargetsBuilt`): the ``--json`` document
     (exit 1 unless it passed), or the summary, the Dask workers that compiled, the artifacts not pushed.
 
     Raises:

@@ -356,3 +356,6 @@ def cmd_pull(args) -> int:
     print(f"pulled {doc['release']} ({args.model}/{args.channel} v{doc['channel_version']}) into {args.dest}: "
           f"{len(doc['buckets'])} bucket(s), {nfiles} files, {mib(size)}, sha256 verified")
     return ExitCode.OK
+
+
+__all__ = ["given_store", "register", "release_rows", "seconds_since_iso", "typed_name"]

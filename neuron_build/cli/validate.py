@@ -98,3 +98,6 @@ def cmd_validate(args) -> int:
     else:
         print(run.summary())
     return ExitCode.OK if run.ok else ExitCode.FAILED
+
+
+__all__ = ["ValidationRun", "register", "validate_selected"]
