@@ -366,5 +366,37 @@ def load_traffic(paths: Iterable[str | Path]) -> dict[str, ModelTraffic]:
     return into
 
 
-__all__ = ["DEFAULT_MAX_SHAPES", "TRAFFIC_SCHEMA", "ModelTraffic", "TrafficRecorder", "load_traffic",
+def model_traffic(model: str, files: Sequence[str | Path], dims: Sequence[str]) -> ModelTraffic:
+    """The traffic of ``model`` summed over ``files`` (what :meth:`TrafficRecorder.save` writes), each file
+    checked to hold only that model's traffic, with every request sized along each of ``dims``.
+
+    Raises:
+        UserError: a file is unreadable or malformed, holds another model's traffic, or its requests lack
+            one of ``dims`` (one line naming the file and the fix).
+        ValueError: ``files`` is empty.
+    """
+    total = None
+    for f in files:
+        got = read_traffic_file(f)
+        other = [m for m in got if m != model]
+        if other:
+            raise UserError(f"{f}: holds traffic of model '{other[0]}', not '{model}'; pass only {model}'s "
+                            f"traffic files")
+        mt = got[model]
+        for key, _b in mt.shapes:
+            have = [d for d, _n in key]
+            missing = [d for d in dims if d not in have]
+            if missing:
+                raise UserError(f"{f}: its requests have dims {have}, not '{missing[0]}'; the release it served "
+                                f"had other bucket dims than buckets.toml now (give --dim of {', '.join(have)})")
+        if total is None:
+            total = mt
+        else:
+            total.add(mt)
+    if total is None:
+        raise ValueError("no traffic file given")
+    return total
+
+
+__all__ = ["DEFAULT_MAX_SHAPES", "TRAFFIC_SCHEMA", "ModelTraffic", "TrafficRecorder", "load_traffic", "model_traffic",
            "read_traffic_file"]

@@ -267,6 +267,37 @@ def test_write_edits_buckets_in_place_keeping_comments_and_prints_the_plan_diffe
     assert load_project(cfg).config.models["enc"].buckets == {"batch": (1, 4), "seq": (10, 40, 60)}
 
 
+def test_applying_a_suggestion_is_a_domain_function_without_the_cli(tmp_path):
+    """traffic.model_traffic sums and checks the files; config_edit.apply_suggestion refuses a narrower
+    suggestion (file untouched) and writes it with force, returning the plan's difference."""
+    from neuron_build.errors import UserError
+    from neuron_build.project.bucket_search import narrower_dims, suggestion
+    from neuron_build.project.config import load_project
+    from neuron_build.project.config_edit import apply_suggestion
+    from neuron_build.traffic import model_traffic
+
+    cfg = write_tiny_project(tmp_path / "proj", extra=COMMENTED)
+    before = cfg.read_text()
+    files = [enc_traffic(tmp_path / "a.jsonl", {10: 30, 40: 5}), enc_traffic(tmp_path / "b.jsonl", {60: 20})]
+    mt = model_traffic("enc", files, ["seq"])
+    assert mt.counts(["seq"]) == {(10,): 30, (40,): 5, (60,): 20}
+    with pytest.raises(UserError, match="a.jsonl: holds traffic of model 'enc', not 'other'"):
+        model_traffic("other", files, ["seq"])
+    with pytest.raises(UserError, match="its requests have dims \\['batch', 'seq'\\], not 'len'"):
+        model_traffic("enc", files, ["len"])
+    project = load_project(cfg)
+    doc = suggestion(project.config.models["enc"], mt, ["seq"], 3)
+    doc["narrower_than_current"] = narrower_dims(doc)
+    assert doc["narrower_than_current"] == {"seq": {"current": 64, "suggested": 60}}
+    with pytest.raises(UserError, match="not written: the suggested buckets seq=\\[10, 40, 60\\] serve seq up to 60"):
+        apply_suggestion(project, "enc", doc)
+    assert cfg.read_text() == before
+    w = apply_suggestion(project, "enc", doc, force=True)
+    assert (w["changed"], w["buckets"], w["was"]) == (True, {"seq": [10, 40, 60]}, {"seq": [16, 64]})
+    assert (len(w["added"]), w["kept"], len(w["removed"])) == (6, [], 4)
+    assert load_project(cfg).config.models["enc"].buckets == {"batch": (1, 4), "seq": (10, 40, 60)}
+
+
 def test_a_suggestion_that_pads_more_than_today_is_said_and_write_refuses_it_without_force(tmp_path, capsys):
     """The docs' own `--multiple 64 --write`: today's seq = [16, 64] pads 22.35 % of this traffic; the best two
     multiples of 64 (just [64]) pad 107.06 %. That is said plainly, --write refuses it (exit 2, file as it

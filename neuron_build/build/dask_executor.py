@@ -352,6 +352,8 @@ class DaskBuild:
 
     def run(self, targets: Sequence[Target]) -> dict[str, Outcome]:
         """Compile every target of ``targets`` the store lacks, one Dask task each; return the outcomes.
+        First, as a build on this host does, the pushes earlier builds here left pending are retried (those
+        that fail again are in the store's ``push_failures``, which the build's end reports).
 
         Raises:
             UserError: the scheduler is unreachable, no worker joined, or the workers cannot reach the store.
@@ -360,6 +362,7 @@ class DaskBuild:
         from neuron_build.store.identity import store_id
 
         b = self.b
+        b.push_pending()
         spec = shared_store_spec(b.project)
         todo = []
         for t in targets:

@@ -12,11 +12,11 @@ terminal (and with rich installed) the failures are a table instead; colour as
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_build.status import DOWNLOADED
+from neuron_build.status import DOWNLOADED, TargetState
 
 #: The reason of a failed target that left no outcome (its build did not run, or stopped before the end).
 NOT_RUN = "the build stopped before this target finished (see the errors above)"
@@ -44,8 +44,62 @@ class BuildSummary:
     failed: list[str]     # not in the store after the build
     failures: dict[str, tuple[str, str]] = field(default_factory=dict)
     downloaded: list[str] = field(default_factory=list)  # cached: fetched from [build] remote by this build
-    rows: list[dict] = field(default_factory=list)   # build --json: one object per target (see summarize)
+    rows: list[dict] = field(default_factory=list)   # build --json: one object per target (see of)
     graph_reused: list[str] = field(default_factory=list)  # source changed, graph unchanged: nothing compiled
+
+    @classmethod
+    def of(cls, builder: Any, chosen: Sequence[Any], before: Mapping[str, str],
+           outcomes: Mapping[str, Any]) -> BuildSummary:
+        """Compare each chosen target's state before and after a build, with the Outcomes of this run.
+
+        Args:
+            builder: the build's :class:`~neuron_build.build.builder.Builder` (``state``, ``key``, ``store``).
+            chosen: the targets the build selected, in matrix order.
+            before: target id -> its :class:`~neuron_build.status.TargetState` before the build.
+            outcomes: target id -> :class:`~neuron_build.build.attempt.Outcome` of each build that ran.
+
+        ``rows`` (``build --json``), one per chosen target in matrix order: ``target``, ``key``, ``result``
+        (``built``, ``cached``, ``reused``: built by another builder meanwhile, ``graph-reused``: the source
+        changed, the graph did not, nothing compiled, ``failed``), ``status`` (the
+        compile's :class:`~neuron_build.status.Status`, or ``cached``), ``verdict`` (``pass``: the store holds
+        it; ``fail``), ``reason`` (one line; empty unless failed), ``compile_time_s`` (seconds of this
+        build's compile, or of the stored artifact's for a cached one; None when failed before compiling)
+        and ``log`` (for a failure: the command that shows its log)."""
+        ids = [t.id for t in chosen]
+        after = {t.id: builder.state(t) for t in chosen}
+
+        def said(start: str, exact: bool = False) -> list[str]:
+            return [t for t in ids if t in outcomes
+                    and (outcomes[t].reason == start if exact else outcomes[t].reason.startswith(start))]
+
+        built = [t for t in ids if after[t] == TargetState.CACHED
+                 and (outcomes[t].compiled if t in outcomes else before[t] != TargetState.CACHED)]
+        failed = [t for t in ids if after[t] != TargetState.CACHED]
+        failures = {t: _failure(builder.store, t, outcomes.get(t)) for t in failed}
+        out = cls(ids, built, said("reused"), failed, failures, said(DOWNLOADED, exact=True),
+                  graph_reused=said("graph unchanged"))
+        out.rows = [out._row(builder, t, outcomes.get(t.id)) for t in chosen]
+        return out
+
+    def _row(self, builder: Any, target: Any, outcome: Any) -> dict[str, Any]:
+        """The ``build --json`` object of one target (see :meth:`of`)."""
+        tid, key = target.id, builder.key(target).key
+        result = ("failed" if tid in self.failed else "reused" if tid in self.reused else "built"
+                  if tid in self.built else "graph-reused" if tid in self.graph_reused else "cached")
+        if outcome is not None:
+            status, reason = str(outcome.status), outcome.reason
+            ct = (outcome.metrics or {}).get("compile_time_s")
+        else:
+            (status, reason), ct = self.failures.get(tid, ("cached", "")), None
+        if result == "cached" or (result == "reused" and ct is None):
+            m = builder.store.manifest(key)
+            ct = m.metrics.compile_time_s if m else None
+        row = {"target": tid, "key": key, "result": result, "status": status,
+               "verdict": "fail" if result == "failed" else "pass", "reason": reason if result == "failed" else "",
+               "compile_time_s": None if ct is None else round(float(ct), 3)}
+        if result == "failed":
+            row["log"] = log_command(tid)
+        return row
 
     @property
     def cached(self) -> int:
@@ -162,6 +216,15 @@ class _Reported:
     @property
     def reason(self) -> str:
         return "" if self.msg is None else self._parts()[1]
+
+
+def _failure(store: Any, target_id: str, outcome: Any) -> tuple[str, str]:
+    """(status, reason) of a target not in the store after a build: its failed outcome's, else its failure
+    record's, else (``not built``, :data:`NOT_RUN`)."""
+    if outcome is not None and not outcome.ok:
+        return str(outcome.status), outcome.reason
+    f = store.failure(target_id)
+    return (str(f.status), f.reason) if f else ("not built", NOT_RUN)
 
 
 def reported_outcome(target_id: str, msg: str | None) -> Any:

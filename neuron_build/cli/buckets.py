@@ -55,31 +55,6 @@ def register(add) -> None:
                         "buckets")
 
 
-def _traffic(model: str, files: list[str], dims: list[str]):
-    """The model's traffic summed over ``files``, each checked: its model and its dims."""
-    from neuron_build.traffic import read_traffic_file
-
-    total = None
-    for f in files:
-        got = read_traffic_file(f)
-        other = [m for m in got if m != model]
-        if other:
-            raise UserError(f"{f}: holds traffic of model '{other[0]}', not '{model}'; pass only {model}'s "
-                            f"traffic files")
-        mt = got[model]
-        for key, _b in mt.shapes:
-            have = [d for d, _n in key]
-            missing = [d for d in dims if d not in have]
-            if missing:
-                raise UserError(f"{f}: its requests have dims {have}, not '{missing[0]}'; the release it served "
-                                f"had other bucket dims than buckets.toml now (give --dim of {', '.join(have)})")
-        if total is None:
-            total = mt
-        else:
-            total.add(mt)
-    return total
-
-
 def _fmt_buckets(b: dict) -> str:
     return " ".join(f"{d}={list(v)}" for d, v in b.items())
 
@@ -92,7 +67,9 @@ def _pct(r: float | None) -> str:
 def cmd_buckets(args) -> int:
     """``buckets suggest``: print (or ``--json``) the current and suggested buckets and the per-K curve;
     ``--write`` edits ``buckets.toml``. Exit 0; 2 for a user error (one line)."""
-    from neuron_build.project.bucket_search import suggestion
+    from neuron_build.project.bucket_search import narrower_dims, suggestion
+    from neuron_build.project.config_edit import apply_suggestion
+    from neuron_build.traffic import model_traffic
 
     project = open_project(args)
     models = project.config.models
@@ -106,7 +83,7 @@ def cmd_buckets(args) -> int:
         if d not in spec.buckets:
             raise UserError(f"'{d}' is not a bucket dim of model '{args.model}' (its bucket dims: "
                             f"{', '.join(spec.buckets)}); give --dim {' or --dim '.join(spec.buckets)}")
-    mt = _traffic(args.model, args.traffic, dims)
+    mt = model_traffic(args.model, args.traffic, dims)
     if spec.task == "text-generation" and "seq" in dims:  # the KV cache bounds every prompt
         longest = max((dict(k).get("seq", 0) for k, _b in mt.shapes), default=0)
         if longest > (spec.max_seq_len or 0):
@@ -122,21 +99,9 @@ def cmd_buckets(args) -> int:
     out = {"schema": "neuron-build/buckets-suggest/v1", "model": args.model, "files": list(args.traffic),
            "releases": mt.releases, "overflow_calls": mt.overflow_calls, "max_buckets": args.max_buckets,
            "multiple": args.multiple, "other_dims": {d: list(spec.buckets[d]) for d in other}, **doc}
-    out["narrower_than_current"] = narrower = narrower_dims(doc)
-    if args.write and narrower and not args.force:
-        lost = "; ".join(f"{d} up to {v['suggested']} (today up to {v['current']}: requests of {v['suggested'] + 1} "
-                         f"to {v['current']} would be refused)" for d, v in narrower.items())
-        raise UserError(f"{project.path}: not written: the suggested buckets "
-                        f"{_fmt_buckets(doc['suggested']['buckets'])} serve {lost}; keep the largest bucket "
-                        f"(--max-buckets one more), or add --force to narrow what is served")
-    if args.write and doc["worse_than_current"] and not args.force:
-        raise UserError(f"{project.path}: not written: the suggested buckets "
-                        f"{_fmt_buckets(doc['suggested']['buckets'])} pad {_pct(doc['suggested']['padding_ratio'])}, "
-                        f"more than the current {_fmt_buckets(doc['current']['buckets'])} "
-                        f"({_pct(doc['current']['padding_ratio'])}); allow more NEFFs (--max-buckets), drop "
-                        f"--multiple, or add --force to write them anyway")
+    out["narrower_than_current"] = narrower_dims(doc)
     if args.write:
-        out["written"] = _write(project, args.model, doc)
+        out["written"] = apply_suggestion(project, args.model, out, force=args.force)
     if args.json:
         print_json(out)
         return ExitCode.OK
@@ -148,18 +113,6 @@ def cmd_buckets(args) -> int:
         print(f"next: add --write to put the suggested buckets into {project.path.name}, then `neuron-build build "
               f"{args.model}` compiles only the new targets")
     return ExitCode.OK
-
-
-def narrower_dims(doc: dict) -> dict[str, dict[str, int]]:
-    """The dims whose largest suggested bucket is below today's largest: requests the current buckets serve
-    that the suggested ones would refuse (the traffic may simply not have held them yet). dim -> ``current``
-    and ``suggested`` largest sizes."""
-    cur, sug = (doc.get("current") or {}).get("buckets") or {}, (doc.get("suggested") or {}).get("buckets") or {}
-    out = {}
-    for d, sizes in sug.items():
-        if sizes and cur.get(d) and max(sizes) < max(cur[d]):
-            out[d] = {"current": int(max(cur[d])), "suggested": int(max(sizes))}
-    return out
 
 
 def format_suggestion(out: dict) -> str:
@@ -204,38 +157,6 @@ def format_suggestion(out: dict) -> str:
     if len(out["curve"]) < out["max_buckets"]:
         lines.append(f"(more NEFFs than {len(out['curve'])} cannot lower the padding: every value has its own bucket)")
     return "\n".join(lines)
-
-
-def _write(project, model: str, doc: dict) -> dict:
-    """Write the suggested buckets into the project's ``buckets.toml`` (checked first: a config that would
-    not load is never written) and return the plan's difference."""
-    from neuron_build.project.config import load_project
-    from neuron_build.project.config_edit import set_buckets
-    from neuron_build.project.matrix import expand
-    from neuron_build.util import temp_name, write_atomic
-
-    new = doc["suggested"]["buckets"]
-    old_targets = [t.id for t in expand(project) if t.model == model]
-    unchanged = all(sorted(project.config.models[model].buckets[d]) == v for d, v in new.items())
-    if unchanged:
-        return {"file": str(project.path), "changed": False, "added": [], "kept": old_targets, "removed": []}
-    text = set_buckets(project.path, model, new)
-    tmp = temp_name(project.path)
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        checked = load_project(tmp)
-    except UserError as e:  # name the user's file, not the temporary copy it was checked in
-        why = str(e).replace(str(tmp), str(project.path))
-        raise UserError(f"{project.path}: not written: the suggested buckets {new} would not load ({why})") from None
-    finally:
-        tmp.unlink(missing_ok=True)
-    write_atomic(project.path, text.encode("utf-8"))
-    new_targets = [t.id for t in expand(checked) if t.model == model]
-    was = {d: list(project.config.models[model].buckets[d]) for d in new}
-    return {"file": str(project.path), "changed": True, "buckets": new, "was": was,
-            "added": [t for t in new_targets if t not in old_targets],
-            "kept": [t for t in new_targets if t in old_targets],
-            "removed": [t for t in old_targets if t not in new_targets]}
 
 
 def format_written(w: dict) -> str:

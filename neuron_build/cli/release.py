@@ -91,7 +91,7 @@ def cmd_release(args) -> int:
     from neuron_build.release import create_release
 
     b = open_builder(args, backend=args.backend, quiet=True)
-    rec = create_release(b, args.model, args.dtype, args.profile)
+    rec = create_release(b, args.model, args.dtype, args.profile).to_json()
     b.keys.save()
     if args.json:
         print_json(rec)
@@ -122,7 +122,7 @@ def cmd_promote(args) -> int:
         entry = promote(store, project.config.release, args.model, args.to, release=args.release,
                         from_channel=args.from_channel, reason=args.reason, allow_unvalidated=args.allow_unvalidated,
                         device_kind=args.device_kind, waive=args.waive,
-                        factory_root=project.root)
+                        factory_root=project.root).to_json()
     except PromotionRefused as e:
         if not args.json:
             raise
@@ -347,7 +347,7 @@ def cmd_pull(args) -> int:
         require_model(project, args.model)
         settings = project.config.release
     doc = pull(store, args.model, args.channel, args.dest, settings,
-               warn=lambda line: print(f"warning: {line}", file=sys.stderr), progress=TransferDisplay("pull"))
+               warn=lambda line: print(f"warning: {line}", file=sys.stderr), progress=TransferDisplay("pull")).to_json()
     if args.json:
         print_json(doc)
         return ExitCode.OK
@@ -356,3 +356,6 @@ def cmd_pull(args) -> int:
     print(f"pulled {doc['release']} ({args.model}/{args.channel} v{doc['channel_version']}) into {args.dest}: "
           f"{len(doc['buckets'])} bucket(s), {nfiles} files, {mib(size)}, sha256 verified")
     return ExitCode.OK
+
+
+__all__ = ["given_store", "register", "release_rows", "seconds_since_iso", "typed_name"]

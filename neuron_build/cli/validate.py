@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from neuron_build.cli.app import (
     command,
@@ -21,6 +21,9 @@ from neuron_build.cli.app import (
 )
 from neuron_build.errors import ExitCode
 from neuron_build.status import Verdict
+
+if TYPE_CHECKING:
+    from neuron_build.evaluate.validate import ValidationRecord
 
 
 def register(add) -> None:
@@ -35,7 +38,7 @@ class ValidationRun:
     """The validations of one ``validate``: the stored records, and the chosen targets not built."""
 
     targets: list[str]
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[ValidationRecord] = field(default_factory=list)
     not_built: list[str] = field(default_factory=list)
 
     def count(self, verdict: Verdict) -> int:
@@ -95,3 +98,6 @@ def cmd_validate(args) -> int:
     else:
         print(run.summary())
     return ExitCode.OK if run.ok else ExitCode.FAILED
+
+
+__all__ = ["ValidationRun", "register", "validate_selected"]

@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, TypedDict, cast, get_args
 
 from neuron_build.artifact import artifact_file, load_artifact
 from neuron_build.backends import find_backend
@@ -457,8 +457,37 @@ def diagnose(p: Prepared, ref_out, tolerance: float) -> tuple[list[str], dict[st
     return notes, figs
 
 
+class ValidationRecord(TypedDict, total=False):
+    """The result of :func:`validate_target`, as the store keeps it (``results/<key>/validation/<kind>``)
+    and ``validate --json`` prints it: a JSON object with these fields (the text-generation ones only for a
+    text-generation target)."""
+
+    target: str
+    key: str
+    model: str
+    dtype: str
+    backend: str
+    device_kind: str
+    host: str
+    time: str
+    seed: int
+    reference: dict[str, Any]  # model, factory, kwargs, dtype "fp32", device "cpu", model_hash (hf: its source)
+    tolerance: float
+    tolerance_source: str
+    outputs: list[dict[str, Any]]  # rows of compare_outputs
+    diagnosis: list[str]
+    diagnosis_figures: dict[str, Any]
+    verdict: str  # a Verdict: pass, fail, not_validated, error
+    reason: str | None
+    device: str | None
+    torch: str
+    elapsed_s: float
+    partners: list[str]  # text generation: the graphs it ran together
+    measure: str  # text generation: what the verdict compares
+
+
 def validate_target(project: Project, store: ArtifactStore, target: Target, key: str, record: bool = True,
-                    keys=None) -> dict[str, Any]:
+                    keys=None) -> ValidationRecord:
     """Validate one target's artifact and (with ``record``) store the result.
 
     The models run in a fresh Python process (:mod:`neuron_build.evaluate.validate_worker`, started with
@@ -515,7 +544,7 @@ def validate_target(project: Project, store: ArtifactStore, target: Target, key:
     rec["elapsed_s"] = round(time.monotonic() - t0, 3)
     if record:
         store.put_result(key, "validation", kind, _json_safe(rec))
-    return rec
+    return cast(ValidationRecord, rec)
 
 
 def _key_table(project: Project, keys, target: Target, key: str) -> KeyTable:
@@ -698,7 +727,7 @@ def summary_line(rec: dict[str, Any]) -> str:
             f"cosine {worst['cosine_similarity']:.6f} ({rec['device_kind']}, vs {rec['reference']['model']} fp32)")
 
 
-__all__ = ["DEFAULT_TOLERANCE", "VERDICTS", "ArtifactView", "KeyTable", "Prepared",
+__all__ = ["DEFAULT_TOLERANCE", "VERDICTS", "ArtifactView", "KeyTable", "Prepared", "ValidationRecord",
            "artifact_device_kind", "can_run_here", "compare_outputs",
            "compare_tensors", "diagnose", "failure_message", "flatten_outputs", "is_validated", "neuron_devices",
            "prepare", "summary_line", "tolerance_for", "validate_here", "validate_target", "validation_seed"]

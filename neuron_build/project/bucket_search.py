@@ -392,5 +392,17 @@ def current_is_candidate(current: Evaluation, max_buckets: int, multiples: Mappi
     return all(m is None or all(v % m == 0 for v in current.buckets[d]) for d, m in multiples.items())
 
 
-__all__ = ["DESCENT_ROUNDS", "JOINT_EXACT_LIMIT", "Evaluation", "current_is_candidate", "evaluate", "optimal_lists", "round_up", "serve",
+def narrower_dims(doc: Mapping) -> dict[str, dict[str, int]]:
+    """The dims whose largest suggested bucket is below today's largest, in a :func:`suggestion` document:
+    requests the current buckets serve that the suggested ones would refuse (the traffic may simply not have
+    held them yet). dim -> ``current`` and ``suggested`` largest sizes."""
+    cur, sug = (doc.get("current") or {}).get("buckets") or {}, (doc.get("suggested") or {}).get("buckets") or {}
+    out = {}
+    for d, sizes in sug.items():
+        if sizes and cur.get(d) and max(sizes) < max(cur[d]):
+            out[d] = {"current": int(max(cur[d])), "suggested": int(max(sizes))}
+    return out
+
+
+__all__ = ["DESCENT_ROUNDS", "JOINT_EXACT_LIMIT", "Evaluation", "current_is_candidate", "evaluate", "narrower_dims", "optimal_lists", "round_up", "serve",
            "suggest", "suggestion", "batch_dim_of"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from neuron_build.errors import UserError
 
@@ -47,4 +48,95 @@ def set_buckets(config: str | Path, model: str, buckets: Mapping[str, Sequence[i
     return tomlkit.dumps(doc)
 
 
-__all__ = ["set_buckets"]
+def _fmt_buckets(b: Mapping[str, Sequence[int]]) -> str:
+    return " ".join(f"{d}={list(v)}" for d, v in b.items())
+
+
+def _pct(r: float | None) -> str:
+    return "-" if r is None else f"{100 * r:.2f} %"
+
+
+def check_suggestion(config: str | Path, doc: Mapping, force: bool = False) -> None:
+    """Refuse to write a :func:`~neuron_build.project.bucket_search.suggestion` document ``doc`` into
+    ``config`` that serves less than the current buckets (a smaller largest bucket of some dim: ``doc``'s
+    ``narrower_than_current``) or pads more (``worse_than_current``), unless ``force``.
+
+    Raises:
+        UserError: one line naming the file, what the suggestion would lose and the fix.
+    """
+    if force:
+        return
+    sug = doc["suggested"]
+    narrower = doc.get("narrower_than_current") or {}
+    if narrower:
+        lost = "; ".join(f"{d} up to {v['suggested']} (today up to {v['current']}: requests of {v['suggested'] + 1} "
+                         f"to {v['current']} would be refused)" for d, v in narrower.items())
+        raise UserError(f"{config}: not written: the suggested buckets {_fmt_buckets(sug['buckets'])} serve {lost}; "
+                        f"keep the largest bucket (--max-buckets one more), or add --force to narrow what is served")
+    if doc["worse_than_current"]:
+        cur = doc["current"]
+        raise UserError(f"{config}: not written: the suggested buckets {_fmt_buckets(sug['buckets'])} pad "
+                        f"{_pct(sug['padding_ratio'])}, more than the current {_fmt_buckets(cur['buckets'])} "
+                        f"({_pct(cur['padding_ratio'])}); allow more NEFFs (--max-buckets), drop "
+                        f"--multiple, or add --force to write them anyway")
+
+
+def write_buckets(project: Any, model: str, buckets: Mapping[str, Sequence[int]]) -> dict[str, Any]:
+    """Write ``buckets`` (dim -> sizes) of ``[models.MODEL]`` into the project's ``buckets.toml`` in place
+    (:func:`set_buckets`: comments and layout kept), checked first: a config that would not load is never
+    written, and the file is replaced atomically.
+
+    Args:
+        project: the loaded :class:`~neuron_build.project.config.Project` (its path and config before the edit).
+        model: the model name.
+        buckets: the new sizes of some of its bucket dims.
+
+    Returns:
+        ``file`` (path), ``changed`` (False when the file already holds these sizes: nothing written),
+        ``added``, ``kept``, ``removed`` (the model's target ids the edit adds, keeps, drops from the
+        matrix), and when changed ``buckets`` (the new sizes) and ``was`` (the old sizes of those dims).
+
+    Raises:
+        UserError: the edited config would not load (naming ``project``'s file and why).
+    """
+    from neuron_build.project.config import load_project
+    from neuron_build.project.matrix import expand
+    from neuron_build.util import temp_name, write_atomic
+
+    new = {d: list(v) for d, v in buckets.items()}
+    old_targets = [t.id for t in expand(project) if t.model == model]
+    unchanged = all(sorted(project.config.models[model].buckets[d]) == v for d, v in new.items())
+    if unchanged:
+        return {"file": str(project.path), "changed": False, "added": [], "kept": old_targets, "removed": []}
+    text = set_buckets(project.path, model, new)
+    tmp = temp_name(project.path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        checked = load_project(tmp)
+    except UserError as e:  # name the user's file, not the temporary copy it was checked in
+        why = str(e).replace(str(tmp), str(project.path))
+        raise UserError(f"{project.path}: not written: the suggested buckets {new} would not load ({why})") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    write_atomic(project.path, text.encode("utf-8"))
+    new_targets = [t.id for t in expand(checked) if t.model == model]
+    was = {d: list(project.config.models[model].buckets[d]) for d in new}
+    return {"file": str(project.path), "changed": True, "buckets": new, "was": was,
+            "added": [t for t in new_targets if t not in old_targets],
+            "kept": [t for t in new_targets if t in old_targets],
+            "removed": [t for t in old_targets if t not in new_targets]}
+
+
+def apply_suggestion(project: Any, model: str, doc: Mapping, force: bool = False) -> dict[str, Any]:
+    """Apply a bucket suggestion (``buckets suggest --write``): :func:`check_suggestion`, then
+    :func:`write_buckets` of its ``suggested`` buckets. Returns what :func:`write_buckets` returns.
+
+    Raises:
+        UserError: the suggestion serves less or pads more than today's buckets (without ``force``), or the
+            edited config would not load.
+    """
+    check_suggestion(project.path, doc, force)
+    return write_buckets(project, model, doc["suggested"]["buckets"])
+
+
+__all__ = ["apply_suggestion", "check_suggestion", "set_buckets", "write_buckets"]

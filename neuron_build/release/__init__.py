@@ -35,7 +35,7 @@ from neuron_build.release.channels import (
 )
 from neuron_build.release.create import create_release, require_model
 from neuron_build.release.gates import GATES, GateCheck, evaluate_gates, format_gates
-from neuron_build.release.pull import PULL_FORMAT, pull
+from neuron_build.release.pull import PULL_FORMAT, PulledRelease, pull
 from neuron_build.release.records import (
     ID_FIELDS,
     RELEASE_FORMAT,
@@ -66,6 +66,7 @@ __all__ = [
     "GateCheck",
     "HistoryEntry",
     "PromotionRefused",
+    "PulledRelease",
     "Release",
     "ReleaseArtifact",
     "actor",

@@ -151,7 +151,7 @@ class GateRound:
         return self.seen.version if self.seen else 0
 
 
-def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str, **options: Any) -> dict[str, Any]:
+def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str, **options: Any) -> HistoryEntry:
     """Promote a release (by id) or the release another channel holds into channel ``to``.
 
     A pipeline of steps that each return a value: :func:`resolve_release` (the release, its source and
@@ -167,7 +167,8 @@ def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str
             ``allow_unvalidated``, ``waive``, ``device_kind``, ``factory_root``, ``before_swap``).
 
     Returns:
-        The history line of the promotion as JSON (``version`` is the channel's new version).
+        The promotion's :class:`~neuron_build.release.records.HistoryEntry` (``version``: the channel's
+        new version; ``to_json()``: the history line, what ``promote --json`` prints).
 
     Raises:
         UserError: unknown channel or release, empty source channel, both or neither source given; a
@@ -299,10 +300,10 @@ def swap_pointer(store: ArtifactStore, entry: HistoryEntry, token: str | None, o
     return swap(store, entry.model, entry.channel, pointer, token, op)
 
 
-def record_history(store: ArtifactStore, entry: HistoryEntry) -> dict[str, Any]:
-    """Step 5: append the entry of a done swap to the channel's history; returns it as JSON."""
+def record_history(store: ArtifactStore, entry: HistoryEntry) -> HistoryEntry:
+    """Step 5: append the entry of a done swap to the channel's history; returns it."""
     store.append_history(entry.model, entry.channel, entry.to_json())
-    return entry.to_json()
+    return entry
 
 
 def _refuse(store: ArtifactStore, entry: HistoryEntry, why: str, version: int) -> None:

@@ -114,7 +114,7 @@ def _model_file(manifest) -> tuple[str, str]:
 
 
 def create_release(builder, model: str, dtype: str | None = None, profile: str | None = None,
-                   creator: str | None = None) -> dict[str, Any]:
+                   creator: str | None = None) -> Release:
     """Record an immutable release of all of ``model``'s buckets for one dtype and profile (and the
     builder's backend), or return the existing record with the same content.
 
@@ -124,8 +124,9 @@ def create_release(builder, model: str, dtype: str | None = None, profile: str |
         creator: recorded as who made it; default :func:`actor`.
 
     Returns:
-        The release record as JSON (:meth:`Release.to_json`); also written to the store
-        (:meth:`~neuron_build.store.contract.ArtifactStore.put_release`).
+        The :class:`~neuron_build.release.records.Release` as the store holds it (``to_json()``: the
+        record written with :meth:`~neuron_build.store.contract.ArtifactStore.put_release`, what
+        ``release --json`` prints).
 
     Raises:
         UserError: unknown model, dtype or profile; or a bucket that is missing, failed, or built with a
@@ -248,15 +249,15 @@ def draft_release(builder, choice: ReleaseChoice, found: list[tuple[Any, str, An
     return draft, metrics
 
 
-def record_release(builder, draft: Release, metrics: dict[str, dict[str, Any]], creator: str | None) -> dict[str, Any]:
+def record_release(builder, draft: Release, metrics: dict[str, dict[str, Any]], creator: str | None) -> Release:
     """Step 4: the release's id (:func:`release_id` of its content); the existing record of that id, or a
-    new one (metrics, git state, time, creator) written to the store. Returns the record as JSON."""
+    new one (metrics, git state, time, creator) written to the store. Returns the release as stored."""
     store: ArtifactStore = builder.store
     model = draft.model
     rid = release_id(draft.content())
     existing = find_release(store, model, rid)
     if existing is not None:
-        return existing.to_json()
+        return existing
     commit, dirty = git_state(builder.project.root)
     times = [v["compile_time_s"] for v in metrics.values()]
     ops = [v["op_count"] for v in metrics.values() if v["op_count"] is not None]
@@ -268,7 +269,7 @@ def record_release(builder, draft: Release, metrics: dict[str, dict[str, Any]], 
                               "artifacts": metrics},
                      git_commit=commit, git_dirty=dirty, created=utc_now(), creator=creator or actor())
     store.put_release(model, rid, record.to_json())
-    return (find_release(store, model, rid) or record).to_json()
+    return find_release(store, model, rid) or record
 
 
 __all__ = ["ReleaseChoice", "artifact_summary", "create_release", "release_candidates", "require_model"]

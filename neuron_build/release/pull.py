@@ -20,6 +20,7 @@ import os
 import secrets
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -124,9 +125,57 @@ def pinned_fix(target: str, damage: str, channel: str | None) -> str:
     return fix.replace("--to CHANNEL", f"--to {channel}") if channel else fix
 
 
+@dataclass(frozen=True)
+class PulledRelease:
+    """What a pull wrote into its folder: the content of its ``release.json`` (:meth:`to_json`), which
+    :class:`neuron_build.runtime.BucketedModel` loads and ``pull --json`` prints.
+
+    Attributes:
+        release, model: the release id and its model.
+        channel, channel_version: the channel it was pulled from and its version then (None: a release
+            pulled by id, as the warm-up gate does).
+        dtype, profile, backend, hardware_target: the release's.
+        dims, inputs, truncate, convert_dtypes: the release's runtime record (bucket dims, input specs).
+        buckets: one object per bucket: ``id``, ``target``, ``key``, ``sizes``, ``inputs``, ``artifact`` and
+            ``files`` (pulled path, relative to the folder -> ``sha256``, ``size``), ``loader``.
+        toolchain: the versions it was built with.
+        pulled, pulled_by: when (ISO 8601 UTC) and by whom.
+        textgen, serving: the runtime's text-generation and serving records, when the release has them.
+    """
+
+    release: str
+    model: str
+    channel: str | None
+    channel_version: int | None
+    dtype: str
+    profile: str
+    backend: str
+    hardware_target: str
+    dims: list[str]
+    inputs: list[dict[str, Any]]
+    truncate: bool
+    convert_dtypes: bool
+    buckets: list[dict[str, Any]]
+    toolchain: dict[str, Any]
+    pulled: str
+    pulled_by: str
+    textgen: dict[str, Any] | None = None
+    serving: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """``release.json``: ``format`` (:data:`PULL_FORMAT`) first, then the fields in the order above;
+        ``textgen`` and ``serving`` only when set."""
+        doc: dict[str, Any] = {"format": PULL_FORMAT}
+        doc.update((k, getattr(self, k)) for k in self.__dataclass_fields__ if k not in ("textgen", "serving"))
+        for k in ("textgen", "serving"):
+            if getattr(self, k) is not None:
+                doc[k] = getattr(self, k)
+        return doc
+
+
 def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
          settings: ReleaseSettings | None = None, warn: Callable[[str], None] | None = None,
-         progress: TransferProgress | None = None) -> dict[str, Any]:
+         progress: TransferProgress | None = None) -> PulledRelease:
     """Write the release a channel holds into ``dest``: ``<bucket id>/<files>`` (with the artifact's
     ``manifest.json``), ``release.json`` and the pull's marker :data:`MARKER` (release id and the files
     it wrote).
@@ -145,7 +194,8 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
             (:class:`~neuron_build.store.sync.TransferProgress`).
 
     Returns:
-        The content of ``release.json`` (see :mod:`neuron_build.runtime`).
+        What was pulled: :class:`PulledRelease` (``to_json()``: the content of ``release.json``, see
+        :mod:`neuron_build.runtime`).
 
     Raises:
         UserError: unknown channel, empty channel, missing release record, a release this host's installed
@@ -167,7 +217,7 @@ def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
 
 def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | None = None,
                  channel_version: int | None = None, warn: Callable[[str], None] | None = None,
-                 progress: TransferProgress | None = None) -> dict[str, Any]:
+                 progress: TransferProgress | None = None) -> PulledRelease:
     """Write one release (a :class:`neuron_build.release.records.Release`) into ``dest``, as :func:`pull`
     does for the release a channel holds (the warm-up gate pulls a release before it is in a channel).
 
@@ -185,69 +235,26 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
     _clean_leftovers(dest)
     staging = dest.parent / f".{dest.name}.pull.{os.getpid()}.{secrets.token_hex(4)}"
     staging.mkdir()
-    written: list[str] = []
-    first: dict[str, str] = {}  # sha256 -> the path it was written at
-    textgen = rel.runtime.get("textgen") is not None
+    copier = _Copier(store, staging, rel.runtime.get("textgen") is not None, channel, warn, progress)
     if progress is not None:
-        pinned = {(ent["sha256"] if textgen and n == WEIGHTS else f"{a.bucket_id}/{n}"): int(ent.get("size") or 0)
+        pinned = {(ent["sha256"] if copier.textgen and n == WEIGHTS else f"{a.bucket_id}/{n}"): int(ent.get("size") or 0)
                   for a in rel.artifacts for n, ent in a.files.items()}
         progress.begin(len(pinned), sum(pinned.values()))
     try:
-        buckets = []
-        for a in rel.artifacts:
-            what = f"{a.target} (key {a.key[:12]})"
-            paths: dict[str, str] = {}
-            for name, ent in a.files.items():
-                rel_name = f"{a.bucket_id}/{name}"
-                if textgen and name == WEIGHTS and ent["sha256"] in first:  # every graph's weights: written once
-                    paths[name] = first[ent["sha256"]]
-                    if progress is not None:
-                        progress.file(a.target, name, int(ent.get("size") or 0), False)
-                    continue
-                try:
-                    store.get_blob(ent["sha256"], staging / rel_name)
-                except FileNotFoundError:
-                    raise UserError(f"{what}: {name} (blob {ent['sha256'][:16]}...) is missing from the store "
-                                    f"{store.location}; {pinned_fix(a.target, 'missing', channel)}, "
-                                    f"or promote another release") from None
-                except ValueError:
-                    raise UserError(f"{what}: {name} (blob {ent['sha256'][:16]}...) in {store.location} does "
-                                    f"not match its sha256: the stored blob is damaged; "
-                                    f"{pinned_fix(a.target, 'hashes to', channel)}") from None
-                written.append(rel_name)
-                first[ent["sha256"]] = paths[name] = rel_name
-                if progress is not None:
-                    progress.file(a.target, name, int(ent.get("size") or 0), True)
-            mf = store.raw_manifest(a.key)
-            found = store.lookup(a.key)
-            if found.hit and isinstance(mf, dict) and mf.get("files") == a.files:
-                (staging / a.bucket_id / MANIFEST).write_text(json.dumps(mf, indent=2) + "\n")
-                written.append(f"{a.bucket_id}/{MANIFEST}")
-            elif warn is not None:
-                why = found.damage or ("it is not in the store" if mf is None else
-                                       "it lists other files than the release pins (rebuilt since)")
-                warn(f"{what}: manifest not copied into {a.bucket_id}/ ({why}); its files are the release's, "
-                     f"sha256 verified")
-            buckets.append({
-                "id": a.bucket_id, "target": a.target, "key": a.key, "sizes": a.bucket,
-                "inputs": [{"name": i["name"], "shape": i["shape"], "dtype": i["dtype"]} for i in a.inputs],
-                "artifact": f"{a.bucket_id}/{a.artifact}", "loader": a.loader,
-                "files": {paths[n]: ent for n, ent in a.files.items()}})
+        buckets = [copier.bucket(a) for a in rel.artifacts]
         rt = rel.runtime
-        doc = {"format": PULL_FORMAT, "release": rel.id, "model": model, "channel": channel,
-               "channel_version": channel_version, "dtype": rel.dtype, "profile": rel.profile,
-               "backend": rel.backend, "hardware_target": rel.hardware_target, "dims": rt["dims"],
-               "inputs": rt["inputs"], "truncate": rt["truncate"], "convert_dtypes": rt["convert_dtypes"],
-               "buckets": buckets, "toolchain": rel.toolchain, "pulled": utc_now(), "pulled_by": actor()}
-        if rt.get("textgen") is not None:  # prefill and decode graphs: BucketedModel.generate
-            doc["textgen"] = rt["textgen"]
-        if rt.get("serving") is not None:  # compile-cache / torchneuron: how serving rebuilds and compiles the model
-            doc["serving"] = rt["serving"]
-        (staging / "release.json").write_text(json.dumps(doc, indent=2) + "\n")
-        written.append("release.json")
+        done = PulledRelease(
+            release=rel.id, model=model, channel=channel, channel_version=channel_version, dtype=rel.dtype,
+            profile=rel.profile, backend=rel.backend, hardware_target=rel.hardware_target, dims=rt["dims"],
+            inputs=rt["inputs"], truncate=rt["truncate"], convert_dtypes=rt["convert_dtypes"], buckets=buckets,
+            toolchain=rel.toolchain, pulled=utc_now(), pulled_by=actor(),
+            textgen=rt.get("textgen"),  # prefill and decode graphs: BucketedModel.generate
+            serving=rt.get("serving"))  # compile-cache / torchneuron: how serving rebuilds and compiles the model
+        (staging / "release.json").write_text(json.dumps(done.to_json(), indent=2) + "\n")
+        copier.written.append("release.json")
         write_json_atomic(staging / MARKER, {"format": PULL_FORMAT, "release": rel.id, "model": model,
                                              "channel": channel, "store": store.location,
-                                             "pulled": doc["pulled"], "files": sorted(written)})
+                                             "pulled": done.pulled, "files": sorted(copier.written)})
         for p in sorted(staging.rglob("*")):
             if p.is_file():
                 fsync_path(p)
@@ -261,7 +268,72 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
     finally:
         if progress is not None:
             progress.end()
-    return doc
+    return done
 
 
-__all__ = ["MARKER", "PULL_FORMAT", "check_dest", "pull", "pull_release"]
+@dataclass
+class _Copier:
+    """Copies a release's buckets into the staging folder of one pull (each blob's sha256 verified) and
+    keeps the list of files written (``written``, relative paths)."""
+
+    store: ArtifactStore
+    staging: Path
+    textgen: bool
+    channel: str | None
+    warn: Callable[[str], None] | None
+    progress: TransferProgress | None
+
+    def __post_init__(self) -> None:
+        self.written: list[str] = []
+        self.first: dict[str, str] = {}  # sha256 -> the path it was written at
+
+    def bucket(self, a) -> dict[str, Any]:
+        """Write one :class:`~neuron_build.release.records.ReleaseArtifact`'s files (and its manifest) into
+        ``<bucket id>/``; return its ``release.json`` bucket object."""
+        paths = {name: self._file(a, name, ent) for name, ent in a.files.items()}
+        self._manifest(a)
+        return {"id": a.bucket_id, "target": a.target, "key": a.key, "sizes": a.bucket,
+                "inputs": [{"name": i["name"], "shape": i["shape"], "dtype": i["dtype"]} for i in a.inputs],
+                "artifact": f"{a.bucket_id}/{a.artifact}", "loader": a.loader,
+                "files": {paths[n]: ent for n, ent in a.files.items()}}
+
+    def _file(self, a, name: str, ent: dict[str, Any]) -> str:
+        """Copy one pinned file from its blob; return the path it has in the pulled folder."""
+        what = f"{a.target} (key {a.key[:12]})"
+        rel_name = f"{a.bucket_id}/{name}"
+        if self.textgen and name == WEIGHTS and ent["sha256"] in self.first:  # every graph's weights: written once
+            if self.progress is not None:
+                self.progress.file(a.target, name, int(ent.get("size") or 0), False)
+            return self.first[ent["sha256"]]
+        try:
+            self.store.get_blob(ent["sha256"], self.staging / rel_name)
+        except FileNotFoundError:
+            raise UserError(f"{what}: {name} (blob {ent['sha256'][:16]}...) is missing from the store "
+                            f"{self.store.location}; {pinned_fix(a.target, 'missing', self.channel)}, "
+                            f"or promote another release") from None
+        except ValueError:
+            raise UserError(f"{what}: {name} (blob {ent['sha256'][:16]}...) in {self.store.location} does "
+                            f"not match its sha256: the stored blob is damaged; "
+                            f"{pinned_fix(a.target, 'hashes to', self.channel)}") from None
+        self.written.append(rel_name)
+        self.first[ent["sha256"]] = rel_name
+        if self.progress is not None:
+            self.progress.file(a.target, name, int(ent.get("size") or 0), True)
+        return rel_name
+
+    def _manifest(self, a) -> None:
+        """Copy the artifact's manifest when the store holds it intact and it lists the files the release
+        pins; else warn (the bucket is pulled without it)."""
+        mf = self.store.raw_manifest(a.key)
+        found = self.store.lookup(a.key)
+        if found.hit and isinstance(mf, dict) and mf.get("files") == a.files:
+            (self.staging / a.bucket_id / MANIFEST).write_text(json.dumps(mf, indent=2) + "\n")
+            self.written.append(f"{a.bucket_id}/{MANIFEST}")
+        elif self.warn is not None:
+            why = found.damage or ("it is not in the store" if mf is None else
+                                   "it lists other files than the release pins (rebuilt since)")
+            self.warn(f"{a.target} (key {a.key[:12]}): manifest not copied into {a.bucket_id}/ ({why}); its files "
+                      f"are the release's, sha256 verified")
+
+
+__all__ = ["MARKER", "PULL_FORMAT", "PulledRelease", "check_dest", "pull", "pull_release"]

@@ -7,6 +7,7 @@ records its call), built through ``neuron-build build`` as a user runs it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -22,6 +23,7 @@ import pytest
 from neuron_build.build.progress import BuildProgress, estimate_eta, format_duration, progress_line
 from tests.helpers.cli import in_a_terminal, run_cli
 from tests.helpers.daskkit import (
+    REPO,
     DaskCluster,
     calls,
     compile_processes,
@@ -131,6 +133,62 @@ def test_build_on_two_workers_retries_transient_only_then_noop(two_workers, tmp_
     again = cli(cfg, "build", "--no-retry-failed")
     assert "4 targets: 0 built, 3 cached, 1 failed" in again.stdout, again.stdout + again.stderr
     assert len(starts(cfg.parent)) == 5  # the second build compiled nothing
+
+
+BROKEN = FLAKY_AND_BROKEN[FLAKY_AND_BROKEN.index("[models.broken]"):]
+
+
+def test_build_json_on_dask_prints_only_the_json_document(two_workers, tmp_path):
+    import jsonschema
+
+    cfg = dask_project(tmp_path / "p", two_workers, seconds=0.3, batches=(1,), extra=BROKEN)
+    r = cli(cfg, "build", "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    doc = json.loads(r.stdout)  # stdout holds the JSON document and nothing else
+    jsonschema.validate(doc, json.loads((REPO / "docs" / "schemas" / "build.json").read_text()))
+    assert {k: doc[k] for k in ("built", "cached", "graph_reused", "failed", "not_pushed", "verdict")} == {
+        "built": 1, "cached": 0, "graph_reused": 0, "failed": 1, "not_pushed": [], "verdict": "fail"}
+    rows = {row["target"]: row for row in doc["targets"]}
+    b = builder(cfg)
+    ok, bad = rows["sleepy/b1/fp32/p1"], rows["broken/static/fp32/p1"]
+    assert (ok["result"], ok["status"], ok["verdict"], ok["reason"]) == ("built", "PASS", "pass", "")
+    assert ok["key"] == b.key(b.by_id["sleepy/b1/fp32/p1"]).key and ok["compile_time_s"] > 0
+    assert (bad["result"], bad["status"], bad["verdict"]) == ("failed", "ERROR", "fail")
+    assert bad["reason"] == "RuntimeError: factory exploded on purpose"
+    assert bad["log"] == "neuron-build show broken/static/fp32/p1"
+    assert "compiled on" not in r.stdout and "2/2 done (1 failed)" in r.stderr  # the progress goes to stderr
+    again = cli(cfg, "build", "--json", "--no-retry-failed")
+    doc = json.loads(again.stdout)
+    assert again.returncode == 1 and (doc["built"], doc["cached"], doc["failed"]) == (0, 1, 1)
+    assert [row["result"] for row in doc["targets"]] == ["cached", "failed"]
+
+
+def test_a_failed_push_is_reported_by_a_dask_build_as_by_a_local_one(tmp_path):
+    # the remote opens (a folder) but its blob folder is a file: every upload fails. Built here first (the
+    # push fails and stays pending); the Dask build finds everything cached, retries the push, and says so
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    blocker = remote / "cas"
+    blocker.write_text("a file where the remote's blob folder should be\n")
+    cfg = dask_project(tmp_path / "p", None, batches=(1,), seconds=0.1,
+                       build_extra=f'scheduler = "tcp://127.0.0.1:{free_port()}"\nremote = "{remote.as_uri()}"\n')
+    r = cli(cfg, "build", "--executor", "local")
+    assert r.returncode == 1 and "NOT PUSHED 1 artifact to" in r.stdout, r.stdout + r.stderr
+    key = builder(cfg).key(builder(cfg).by_id["sleepy/b1/fp32/p1"]).key
+    r = cli(cfg, "build")  # nothing to compile: the scheduler (nobody listens there) is never asked
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "1 target: 0 built, 1 cached, 0 failed" in r.stdout
+    assert f"NOT PUSHED 1 artifact to {remote.as_uri()}" in r.stdout
+    assert f"not pushed: sleepy/b1/fp32/p1 (key {key[:16]})" in r.stdout
+    assert r.stderr.strip().splitlines()[-1] == f"build failed: the push to {remote.as_uri()} failed"
+    r = cli(cfg, "build", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["not_pushed"] == [key] and doc["verdict"] == "fail", r.stdout + r.stderr
+    blocker.unlink()
+    r = cli(cfg, "build", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["not_pushed"] == [] and doc["verdict"] == "pass", r.stdout + r.stderr
+    assert len(starts(cfg.parent)) == 1  # compiled once, by the local build
 
 
 def test_build_on_a_terminal_names_the_worker_of_each_running_compile(two_workers, tmp_path):

@@ -193,7 +193,7 @@ def test_pull_with_only_the_url(tmp_path, remote_url):
     project = load_project(cfg)
     b = Builder(project)
     rel = create_release(b, "tiny", "fp32", "p1")
-    promote(b.store, project.config.release, "tiny", "dev", release=rel["id"], allow_unvalidated=True, reason="not validated in tests")
+    promote(b.store, project.config.release, "tiny", "dev", release=rel.id, allow_unvalidated=True, reason="not validated in tests")
     shutil.rmtree(cfg.parent / "artifacts")  # the CI runner is gone; only the remote is left
 
     host = tmp_path / "deploy-host"
@@ -201,7 +201,7 @@ def test_pull_with_only_the_url(tmp_path, remote_url):
     r = run_cli("pull", "tiny", "--channel", "dev", "--dest", "serve", "--store", remote_url, cwd=host)
     assert r.returncode == 0, r.stderr
     doc = json.loads((host / "serve" / "release.json").read_text())
-    assert doc["release"] == rel["id"] and len(doc["buckets"]) == 1
+    assert doc["release"] == rel.id and len(doc["buckets"]) == 1
     for bucket in doc["buckets"]:
         assert bucket["files"]
         for name, ent in bucket["files"].items():  # names are relative to the pulled folder

@@ -62,7 +62,7 @@ def ctx(cfg: Path):
 
 def make(cfg: Path, dtype: str = "fp32", profile: str = "p1") -> dict:
     _, b, _, _ = ctx(cfg)
-    return create_release(b, "tiny", dtype, profile)
+    return create_release(b, "tiny", dtype, profile).to_json()  # the record, as the store holds it
 
 
 def validate_all(store: LocalStore, rel: dict, kind: str = "cpu", verdict: str = "pass") -> None:
@@ -83,8 +83,9 @@ def bench_all(store: LocalStore, rel: dict, median_ms: float, kind: str = "cpu",
             "throughput_per_s": 1000 / median_ms, "iters": len(samples), "time": "2026-01-01T00:00:00+00:00"})
 
 
-def gate(entry: dict, name: str) -> dict:
-    return next(g for g in entry["gates"] if g["name"] == name)
+def gate(entry, name: str) -> dict:
+    """The gate ``name`` of a promotion: a :class:`HistoryEntry` (what ``promote`` returns) or its JSON."""
+    return next(g for g in (entry["gates"] if isinstance(entry, dict) else entry.gates) if g["name"] == name)
 
 
 def refused(store, settings, to, **kw) -> dict:

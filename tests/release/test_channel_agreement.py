@@ -78,7 +78,7 @@ def test_two_hosts_promote_through_lost_answers_into_one_unbroken_history(proj, 
     first, second = hist
     assert (first["from"], first["version"]) == (None, 1)
     assert (second["from"], second["version"]) == (first["to"], 2)  # one chain: each from is the last to
-    assert {first["op"], second["op"]} == {results[first["to"]]["op"], results[second["to"]]["op"]}
+    assert {first["op"], second["op"]} == {results[first["to"]].extra["op"], results[second["to"]].extra["op"]}
     ptr = channel_pointer(shared, "tiny", "dev")
     assert (ptr["release"], ptr["version"], ptr["op"]) == (second["to"], 2, second["op"])
     assert release_stack(get_history(shared, "tiny", "dev")) == [first["to"], second["to"]]
@@ -109,7 +109,7 @@ def test_local_channels_are_shared_by_push_before_the_pair_promotes(proj, tmp_pa
     copy_channels(local, remote, rep)  # what `push` (and `push --all`) do
     assert rep.disagree == [] and channel_history(remote, "tiny", "dev") == channel_history(local, "tiny", "dev")
     e2 = promote(pair, settings, "tiny", "dev", release=r2["id"], allow_unvalidated=True, reason="after")
-    assert e2["version"] == 2
+    assert e2.version == 2
     for s in (local, remote):  # the local mirror agrees with the remote: pointer and history
         assert channel_pointer(s, "tiny", "dev")["release"] == r2["id"]
         assert [h["to"] for h in channel_history(s, "tiny", "dev")] == [r1["id"], r2["id"]]

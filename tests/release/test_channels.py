@@ -43,7 +43,7 @@ def _race(cfg: str, release: str, barrier, queue) -> None:
     try:
         e = promote(store, project.config.release, "tiny", "dev", release=release, allow_unvalidated=True,
                     reason=f"race {release}", before_swap=lambda: barrier.wait(timeout=120))
-        queue.put(("won", release, e["version"], ""))
+        queue.put(("won", release, e.version, ""))
     except PromotionRefused as ex:
         queue.put(("lost", release, ex.entry["version"], str(ex)))
     except BaseException as ex:  # report anything else to the test instead of hanging it
@@ -117,7 +117,7 @@ def test_rollback_restores_previous_release(proj):
                                                r'\("bf16 too slow"\); promoting it again needs --reason TEXT'):
         promote(store, settings, "tiny", "dev", release=r2["id"])
     e = promote(store, settings, "tiny", "dev", release=r2["id"], reason="fixed the slow path")
-    assert [(x["channel"], x["reason"]) for x in e["rolled_back"]] == [("dev", "bf16 too slow")]
+    assert [(x["channel"], x["reason"]) for x in e.extra["rolled_back"]] == [("dev", "bf16 too slow")]
     assert rollback(store, settings, "tiny", "dev")["to"] == r1["id"]
     hist = channel_history(store, "tiny", "dev")
     assert [(h["action"], h["from"], h["to"], h["version"]) for h in hist] == [

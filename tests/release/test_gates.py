@@ -114,7 +114,7 @@ def test_gate_channel_order(proj):
                                                    "allow_skip": False}
     assert "FAIL channel_order: prod takes releases from staging, not from dev (allow_skip = false)" in e["message"]
     # the release id that dev holds may go on to staging
-    assert promote(store, settings, "tiny", "staging", release=r1["id"], allow_unvalidated=True, reason="not validated in tests")["version"] == 1
+    assert promote(store, settings, "tiny", "staging", release=r1["id"], allow_unvalidated=True, reason="not validated in tests").version == 1
 
     set_release_config(proj, "allow_skip = true")
     _, _, store, settings = ctx(proj)
@@ -147,7 +147,7 @@ def test_gate_validated(proj):
     entry = promote(store, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True, reason="hotfix")
     g = gate(entry, "validated")
     assert g["passed"] is True and g["figures"]["overridden"] is True and g["figures"]["failed"] == 1
-    assert entry["allow_unvalidated"] is True
+    assert entry.allow_unvalidated is True
     assert channel_history(store, "tiny", "dev")[-1]["allow_unvalidated"] is True
 
     # validated on cpu does not count for a channel served on neuron

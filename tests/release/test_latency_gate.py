@@ -206,8 +206,8 @@ def mlp(tmp_path_factory):
     b = Builder(load_project(cfg))
     r1 = create_release(b, "mlp", "fp32", "p1")
     r2 = create_release(b, "mlp", "fp32", "p2")
-    assert r1["artifacts"][0]["key"] != r2["artifacts"][0]["key"]
-    return cfg, r1["id"], r2["id"]
+    assert r1.artifacts[0].key != r2.artifacts[0].key
+    return cfg, r1.id, r2.id
 
 
 def _fresh_channels(cfg: Path) -> None:
@@ -233,7 +233,7 @@ def test_same_speed_passes_every_time_and_a_sleep_in_forward_is_refused(mlp):
         b = Builder(project)
         promote(b.store, project.config.release, "mlp", "dev", release=r1)
         e = promote(b.store, project.config.release, "mlp", "dev", release=r2)
-        g = next(g for g in e["gates"] if g["name"] == "latency")
+        g = next(g for g in e.gates if g["name"] == "latency")
         assert g["verdict"] == "pass" and g["figures"]["buckets"]["static"]["same_session"] is True
         passes.append(g["figures"]["buckets"]["static"]["ratio"])
     assert all(0.7 < p < 1.3 for p in passes), passes

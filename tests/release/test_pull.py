@@ -24,8 +24,10 @@ def test_pull_verifies_and_refuses_tampered_object(proj, tmp_path):
     r1 = make(proj)
     promote(store, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True, reason="not validated in tests")
     dest = tmp_path / "serve" / "tiny"
-    doc = pull(store, "tiny", "dev", dest, settings)
-    assert doc["release"] == r1["id"] and doc["channel_version"] == 1
+    pulled = pull(store, "tiny", "dev", dest, settings)
+    assert (pulled.release, pulled.channel, pulled.channel_version) == (r1["id"], "dev", 1)
+    doc = pulled.to_json()
+    assert list(doc)[:3] == ["format", "release", "model"] and "textgen" not in doc and "serving" not in doc
     assert sorted(tree(dest)) == [MARKER, "b1/manifest.json", "b1/model.pt", "b4/manifest.json", "b4/model.pt",
                                   "release.json"]  # no worker.log: logs are not part of a release
     assert json.loads((dest / "release.json").read_text()) == doc
@@ -96,7 +98,7 @@ def test_pull_replaces_its_own_folder_and_keeps_what_it_did_not_write(proj, tmp_
     assert json.loads((dest / "release.json").read_text())["release"] == r1["id"]
     (dest / "notes.txt").unlink()
     doc = pull(store, "tiny", "dev", dest, settings)
-    assert doc["release"] == r2["id"] and doc["dtype"] == "bf16"
+    assert doc.release == r2["id"] and doc.dtype == "bf16"
     assert json.loads((dest / "release.json").read_text())["release"] == r2["id"]
     assert json.loads((dest / MARKER).read_text())["release"] == r2["id"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["proj", "serve"]  # no staging or old folder left
@@ -143,7 +145,7 @@ def test_pull_never_replaces_a_folder_it_did_not_write(proj, tmp_path):
     # an earlier pull's folder is replaced by the new pull
     dest = tmp_path / "serve"
     pull(store, "tiny", "dev", dest, settings)
-    assert pull(store, "tiny", "dev", dest, settings)["release"] == r1["id"]
+    assert pull(store, "tiny", "dev", dest, settings).release == r1["id"]
 
 
 def test_pull_refuses_a_release_this_host_cannot_load(proj, tmp_path):

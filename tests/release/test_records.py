@@ -26,7 +26,9 @@ from tests.helpers.releases import ACTOR, ctx, make
 
 def test_release_record(proj):
     project, b, store, _ = ctx(proj)
-    rel = create_release(b, "tiny", "fp32", "p1")
+    made = create_release(b, "tiny", "fp32", "p1")
+    assert isinstance(made, Release) and made.model == "tiny" and made.artifacts[0].loader == "torch.jit.load"
+    rel = made.to_json()
     assert rel["id"].startswith("r-") and len(rel["id"]) == 18
     assert (rel["model"], rel["dtype"], rel["profile"], rel["backend"], rel["hardware_target"]) == (
         "tiny", "fp32", "p1", "torchscript", "cpu")
@@ -51,7 +53,7 @@ def test_release_record(proj):
     assert rel["git_commit"] is None and rel["creator"] == ACTOR
     assert store.release("tiny", rel["id"]) == rel and store.release_ids("tiny") == [rel["id"]]
     # same artifacts again: same id, the first record stays untouched (a record is written once)
-    assert create_release(Builder(project), "tiny", "fp32", "p1") == rel
+    assert create_release(Builder(project), "tiny", "fp32", "p1") == made
     assert store.release("tiny", rel["id"]) == rel and store.release_ids("tiny") == [rel["id"]]
     assert store.put_release("tiny", rel["id"], {**rel, "creator": "someone else"}) is False
     assert store.release("tiny", rel["id"]) == rel
@@ -135,7 +137,7 @@ def test_release_refuses_mixed_toolchains(proj, monkeypatch):
     assert other.build(other.by_id["tiny/b1/fp32/p2"]).status == "PASS"
     monkeypatch.undo()
     rel = create_release(Builder(project), "tiny", "fp32", "p2")
-    assert rel["toolchain"] == {"torch": "9.9.9"}
+    assert rel.toolchain == {"torch": "9.9.9"}
 
 
 def test_typed_records_read_back_unchanged(proj):
