@@ -46,7 +46,6 @@ LONG_FUNCTIONS = {
     "evaluate/bench.py:bench_targets": "its loading loop becomes the one text-generation loading seam (issue 33 "
                                        "item 2)",
     "evaluate/textgen_validate.py:validate_textgen": "the text-generation loading seam (issue 33 item 2) reworks it",
-    "release/pull.py:pull_release": "its result becomes a typed object (issue 33 item 5)",
 }
 
 #: module (path under neuron_build/) -> why it has no __all__ yet
