@@ -51,7 +51,7 @@ LONG_FUNCTIONS = {
 #: module (path under neuron_build/) -> why it has no __all__ yet
 NO_ALL_YET = {
     **{f"cli/{m}.py": "thin handlers (issue 33 item 5) rework cli/" for m in
-       ("__main__", "build", "completion", "doctor", "init", "inspect", "release", "store", "sync", "validate")},
+       ("__main__", "completion", "doctor", "init", "inspect", "store", "sync")},
     "project/config.py": "its Backend type is derived from backends.py (issue 33 item 1)",
     "worker.py": "the backend seam (issue 33 item 1) changes the compiler loader it calls",
 }
