@@ -32,6 +32,8 @@ from neuron_build.compilers import graph_key
 from neuron_build.status import Status
 from neuron_build.util import write_json_atomic
 
+__all__ = ["run", "probe", "main"]
+
 
 def run(request_path: str) -> int:
     """Run one compile request; returns the process exit status."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 from neuron_build.cli.app import command
 from neuron_build.errors import ExitCode
 
+__all__ = ["SHELLS", "register", "cmd_completion"]
+
 SHELLS = ("bash", "zsh", "tcsh")
 
 

@@ -23,6 +23,8 @@ from neuron_build.project.toolchain import (
     torch_neuronx_api,
 )
 
+__all__ = ["register", "doctor_report", "format_report", "cmd_doctor"]
+
 
 def register(add) -> None:
     """Add the ``doctor`` sub-command."""

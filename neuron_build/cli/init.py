@@ -10,6 +10,8 @@ from pathlib import Path
 from neuron_build.cli.app import command, print_json
 from neuron_build.errors import ExitCode, UserError
 
+__all__ = ["BUCKETS_TOML", "DODO", "EXAMPLE", "FILES", "register", "scaffold", "cmd_init"]
+
 BUCKETS_TOML = '''# neuron-build matrix: models x shape buckets x dtypes x compiler profiles (see README.md).
 [build]
 store = "artifacts"      # folder relative to this file

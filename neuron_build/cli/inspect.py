@@ -9,6 +9,9 @@ from neuron_build.cli.app import command, open_builder, print_json
 from neuron_build.errors import ExitCode, UserError
 from neuron_build.status import TargetState
 
+__all__ = ["register", "plan_rows", "format_plan", "cmd_plan", "find_target", "format_explain", "explain_doc",
+           "cmd_explain", "artifact_rows", "cmd_ls", "resolve_ref", "format_manifest", "cmd_show"]
+
 
 def register(add) -> None:
     """Add the ``plan``, ``explain``, ``ls`` and ``show`` sub-commands."""

@@ -6,6 +6,8 @@ from neuron_build.cli.app import command, mib, open_builder, print_json
 from neuron_build.errors import ExitCode, UserError
 from neuron_build.status import Verdict
 
+__all__ = ["register", "chosen_store", "require_existing", "cmd_verify", "cmd_gc"]
+
 
 def register(add) -> None:
     """Add the ``verify`` and ``gc`` sub-commands."""

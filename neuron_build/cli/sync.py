@@ -11,6 +11,8 @@ from __future__ import annotations
 from neuron_build.cli.app import command, mib, open_builder, open_project, plural, print_json
 from neuron_build.errors import ExitCode, UserError
 
+__all__ = ["register", "cmd_push", "cmd_fetch", "format_status", "cmd_status"]
+
 
 def register(add) -> None:
     """Add the ``push`` and ``fetch`` sub-commands."""

@@ -52,6 +52,9 @@ from neuron_build.project.config_terms import (  # noqa: F401 (re-exported: publ
 from neuron_build.project.config_terms import NAME as _NAME
 from neuron_build.util import sha256_hex
 
+__all__ = ["INTEGER_DTYPES", "BuildSettings", "check_store_url", "Profile", "InputSpec", "ModelSpec",
+           "ReleaseSettings", "MonitoringSettings", "ConfigFile", "Project", "find_config", "load_project"]
+
 Dtype = Literal["fp32", "bf16", "fp16"]
 InputDtype = Literal["int64", "int32", "int16", "int8", "uint8", "bool", "fp32", "bf16", "fp16"]
 INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
