@@ -51,41 +51,24 @@ def partners(targets: list[Target], target: Target) -> list[Target]:
     return sorted(same, key=lambda t: (t.graph != "prefill", dict(t.bucket).get("seq", 0)))
 
 
-def _nxdi_engine(store, target: Target, key: str, manifest):
-    """NxDI's own application class and generation adapter over the compiled folder in the store
-    (:func:`neuron_build.compilers.neuron.nxdi.nxdi_engine`); one line naming the host it needs elsewhere."""
-    from neuron_build.compilers.neuron.nxdi_serve import nxdi_engine
+def textgen_source(project, store, target: Target, chosen: list[tuple[Target, str, Any]]):
+    """What :func:`neuron_build.compilers.textgen_load.load_textgen` loads of built graphs in ``store``:
+    ``chosen`` holds ``(target, key, manifest)`` of each (the files' sha256 as the manifest lists them);
+    the model as built (``target``'s dtype) for a compile-cache build."""
+    from neuron_build.compilers.textgen_load import TextGenGraph, TextGenSource
+    from neuron_build.examples import build_model
 
-    info = {"model": target.model, "backend": manifest.backend, "hardware_target": manifest.hardware_target}
-    d = store.artifact_dir(key)
-    return nxdi_engine(info, d, folders=[d], where=f"{target.id} (key {key[:12]})")
-
-
-def _engine(project, store, spec, target: Target, chosen: list[tuple[Target, str, Any]], backend: str):
-    import json
-
-    from neuron_build.compilers.textgen_serve import aoti_engine, compiled_engine
-
-    if target.graph == "nxdi":  # one NxDI compile holds every prefill and decode bucket of a batch size
-        (_t, k, m), = chosen
-        return _nxdi_engine(store, target, k, m)
-    if backend == "compile-cache":
-        from neuron_build.compilers.compile_cache import install_from_caches
-        from neuron_build.compilers.textgen import causal_lm
-        from neuron_build.examples import build_model
-
-        serving = chosen[0][2].compiler["serving"]
-        install_from_caches([store.artifact_dir(k) for _, k, _ in chosen], serving, backend)
-        lm = causal_lm(build_model(project.root, spec.factory, dict(spec.kwargs), target.dtype, hf=spec.hf_spec()))
-        seqs = [dict(t.bucket)["seq"] for t, _, _ in chosen if t.graph == "prefill"]
-        return compiled_engine(lm, [dict(target.bucket)["batch"]], seqs, spec.max_seq_len,
-                               serving["torch_compile"], target.model)
+    spec = project.config.models[target.model]
+    m0 = chosen[0][2]
     graphs = []
     for _t, k, m in chosen:
         d = store.artifact_dir(k)
-        info = json.loads((d / "textgen.json").read_text())
-        graphs.append((info, d / "model.pt2", d / info["weights"], m.files[info["weights"]].sha256))
-    return aoti_engine(graphs, spec.max_seq_len, target.model)
+        graphs.append(TextGenGraph(d, files={n: (d / n, f.sha256) for n, f in m.files.items()}))
+    keys = ", ".join(k[:12] for _t, k, _m in chosen)
+    return TextGenSource(target.model, m0.backend, tuple(graphs), f"{target.id} (key {keys})", spec.max_seq_len,
+                         m0.hardware_target, (m0.compiler or {}).get("serving"),
+                         lambda: build_model(project.root, spec.factory, dict(spec.kwargs), target.dtype,
+                                             hf=spec.hf_spec()))
 
 
 def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], tol: float, seed: int,
@@ -127,7 +110,9 @@ def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], 
             raise UserError(f"{target.id} is validated with {t.id}, which is not built for its current key "
                             f"{k[:12]}; run `neuron-build build {target.model}` (or `doit validate`)")
         chosen.append((t, k, m))
-    engine = _engine(project, store, spec, target, chosen, chosen[0][2].backend)
+    from neuron_build.compilers.textgen_load import load_textgen
+
+    engine, _installed = load_textgen(textgen_source(project, store, target, chosen))
     from neuron_build.compilers.textgen import causal_lm
 
     try:
@@ -234,9 +219,6 @@ def judge_tokens(logits, ref_logits, ref_tokens, tol: float) -> dict[str, Any]:
             "ties": ties, "diverged": diverged}
 
 
-__all__ = ["ReferenceFailed", "judge_tokens", "partners", "validate_textgen"]
-
-
 def bench_callables(project, store, target: Target, key: str, manifest):
     """What the benchmark times for a text-generation graph: ``(compiled, eager, inputs)``, each callable
     taking ``inputs`` (``input_ids``, ``cache_position``) and returning the next token ids (argmax of the
@@ -247,14 +229,16 @@ def bench_callables(project, store, target: Target, key: str, manifest):
     static-cache wrapper of the eager model in the target dtype, uncompiled: the same work without the
     compiler.
 
-    Raises:
-        UserError: an NxDI target on a host without a NeuronCore (one line naming the host it needs)."""
-    import json
+    The compiled side is loaded as serving and validation load it
+    (:func:`neuron_build.compilers.textgen_load.load_next_token`).
 
+    Raises:
+        UserError: an NxDI target on a host without a NeuronCore (one line naming the host it needs); a
+            backend with no text-generation serving engine (:class:`~neuron_build.compilers.textgen_load.NoTextGenEngine`)."""
     import torch
 
     from neuron_build.compilers.textgen import causal_lm, graph_inputs, static_wrapper
-    from neuron_build.compilers.textgen_serve import AOTIStates
+    from neuron_build.compilers.textgen_load import load_next_token
     from neuron_build.examples import build_model
 
     spec = project.config.models[target.model]
@@ -264,35 +248,9 @@ def bench_callables(project, store, target: Target, key: str, manifest):
     seq = max(spec.buckets.get("seq") or [1]) if nxdi else sizes.get("seq")
     kw = graph_inputs("prefill" if nxdi else target.graph, b, seq if nxdi or target.graph == "prefill" else L // 2)
     kw["input_ids"] = torch.randint(3, 100, tuple(kw["input_ids"].shape), generator=torch.Generator().manual_seed(0))
-    d = store.artifact_dir(key)
-
-    def lm():
-        return causal_lm(build_model(project.root, spec.factory, dict(spec.kwargs), target.dtype, hf=spec.hf_spec()))
-
-    if nxdi:
-        engine = _nxdi_engine(store, target, key, manifest)
-        ref = static_wrapper(lm(), b, L)
-
-        def first_token(ids, pos):
-            return engine.generate(ids, max_new_tokens=1)[:, -1]
-
-        def eager_first(ids, pos):
-            return ref(input_ids=ids, cache_position=pos)[:, -1].argmax(-1)
-
-        return first_token, eager_first, (kw["input_ids"], kw["cache_position"])
-    info = json.loads((d / "textgen.json").read_text())
-    if manifest.backend == "compile-cache":
-        from neuron_build.compilers.compile_cache import install_from_caches
-
-        serving = manifest.compiler["serving"]
-        install_from_caches([d], serving, manifest.backend)
-        runner = torch.compile(static_wrapper(lm(), b, L), **serving["torch_compile"])
-    else:
-        runner = AOTIStates().load(d / "model.pt2", d / info["weights"], key, info)
-    ref = static_wrapper(lm(), b, L)
-
-    def compiled(ids, pos):
-        return runner(input_ids=ids, cache_position=pos)[:, -1].argmax(-1)
+    compiled = load_next_token(textgen_source(project, store, target, [(target, key, manifest)]))
+    ref = static_wrapper(causal_lm(build_model(project.root, spec.factory, dict(spec.kwargs), target.dtype,
+                                               hf=spec.hf_spec())), b, L)
 
     def eager(ids, pos):
         return ref(input_ids=ids, cache_position=pos)[:, -1].argmax(-1)
@@ -300,4 +258,4 @@ def bench_callables(project, store, target: Target, key: str, manifest):
     return compiled, eager, (kw["input_ids"], kw["cache_position"])
 
 
-__all__ += ["bench_callables"]
+__all__ = ["ReferenceFailed", "bench_callables", "judge_tokens", "partners", "textgen_source", "validate_textgen"]
