@@ -71,37 +71,30 @@ def textgen_source(project, store, target: Target, chosen: list[tuple[Target, st
                                              hf=spec.hf_spec()))
 
 
-def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], tol: float, seed: int,
-                     compare_tensors) -> dict[str, Any]:
-    """Fill ``rec`` (the record :func:`neuron_build.evaluate.validate.validate_target` started) with the
-    rows and verdict of a text-generation target (module docstring); ``seed`` draws the prompts,
-    ``compare_tensors`` is :func:`neuron_build.evaluate.validate.compare_tensors`.
-
-    Raises:
-        UserError: a partner graph is not built.
-    """
-    import torch
-
-    from neuron_build.examples import build_model
+def _plan(project, target: Target) -> tuple[list[Target], list[int]]:
+    """(the graphs ``target`` is validated with, the prompt lengths): a prefill target with the decode graph
+    (its ``seq`` and half of it), a decode target with the smallest prefill bucket (1 and that bucket's
+    ``seq``), an NxDI compile alone (the longest context bucket and half of it)."""
     from neuron_build.project.matrix import expand
-    from neuron_build.status import Verdict
 
     spec = project.config.models[target.model]
     group = partners(expand(project), target)
     prefills = [t for t in group if t.graph == "prefill"]
-    decode = [t for t in group if t.graph == "decode"]
     if target.graph == "prefill":
-        use = [target] + decode
         s = dict(target.bucket)["seq"]
-        lengths = sorted({s, max(1, s // 2)})
-    elif target.graph == "nxdi":  # NxDI: the longest context bucket and half of it
-        use = [target]
+        return [target] + [t for t in group if t.graph == "decode"], sorted({s, max(1, s // 2)})
+    if target.graph == "nxdi":  # one NxDI compile holds every prefill and decode bucket of a batch size
         s = max(spec.buckets.get("seq") or [1])
-        lengths = sorted({s, max(1, s // 2)})
-    else:
-        use = prefills[:1] + [target]
-        s = dict(prefills[0].bucket)["seq"] if prefills else 1
-        lengths = sorted({1, s})
+        return [target], sorted({s, max(1, s // 2)})
+    s = dict(prefills[0].bucket)["seq"] if prefills else 1
+    return prefills[:1] + [target], sorted({1, s})
+
+
+def _built(store, keys, target: Target, use: list[Target]) -> list[tuple[Target, str, Any]]:
+    """``(target, key, manifest)`` of each graph in ``use``.
+
+    Raises:
+        UserError: one is not built for its current key (one line: what to build)."""
     chosen = []
     for t in use:
         k = keys.key(t).key
@@ -110,17 +103,46 @@ def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], 
             raise UserError(f"{target.id} is validated with {t.id}, which is not built for its current key "
                             f"{k[:12]}; run `neuron-build build {target.model}` (or `doit validate`)")
         chosen.append((t, k, m))
-    from neuron_build.compilers.textgen_load import load_textgen
+    return chosen
 
-    engine, _installed = load_textgen(textgen_source(project, store, target, chosen))
+
+def _reference(project, target: Target):
+    """The eager fp32 model (transformers' default ``generate()``).
+
+    Raises:
+        ReferenceFailed: it did not build (no verdict)."""
     from neuron_build.compilers.textgen import causal_lm
+    from neuron_build.examples import build_model
 
+    spec = project.config.models[target.model]
     try:
         ref = causal_lm(build_model(project.root, spec.factory, dict(spec.kwargs), "fp32", hf=spec.hf_spec()))
     except Exception as e:  # noqa: BLE001  no reference: no verdict
         raise ReferenceFailed(f"the fp32 reference {target.model} did not build: {type(e).__name__}: "
                               f"{(str(e).strip().splitlines() or [''])[0][:300]}") from e
     ref.generation_config.cache_implementation = None  # the reference runs transformers' default generate()
+    return ref
+
+
+def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], tol: float, seed: int,
+                     compare_tensors) -> dict[str, Any]:
+    """Fill ``rec`` (the record :func:`neuron_build.evaluate.validate.validate_target` started) with the
+    rows and verdict of a text-generation target (module docstring); ``seed`` draws the prompts,
+    ``compare_tensors`` is :func:`neuron_build.evaluate.validate.compare_tensors`. The compiled graphs are
+    loaded as serving loads them (:func:`neuron_build.compilers.textgen_load.load_textgen`).
+
+    Raises:
+        UserError: a partner graph is not built; the backend has no text-generation serving engine.
+    """
+    import torch
+
+    from neuron_build.compilers.textgen_load import load_textgen
+
+    spec = project.config.models[target.model]
+    use, lengths = _plan(project, target)
+    chosen = _built(store, keys, target, use)
+    engine, _installed = load_textgen(textgen_source(project, store, target, chosen))
+    ref = _reference(project, target)
     batch = dict(target.bucket)["batch"]
     vocab = int(ref.config.vocab_size)
     g = torch.Generator().manual_seed(seed)
@@ -132,25 +154,7 @@ def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], 
             want = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
                                 min_new_tokens=new, do_sample=False, pad_token_id=0)
             ref_logits = ref(input_ids=want[:, :n + new - 1]).logits[:, n - 1:].float()
-        if hasattr(engine, "forced_logits"):
-            # the compiled graphs fed the reference's tokens (teacher forcing): a tie does not derail the
-            # steps after it
-            logits = engine.forced_logits(prompt, want[:, n:])
-            steps = judge_tokens(logits, ref_logits, want[:, n:], tol)
-            m = compare_tensors(logits[:, 0], ref_logits[:, 0])
-            ok = not steps["diverged"] if target.dtype == "fp32" else (
-                math.isfinite(m["rel_l2_error"]) and m["rel_l2_error"] <= tol)
-            steps_err = compare_tensors(logits, ref_logits)["rel_l2_error"]
-        else:  # NxDI samples on the device and returns tokens only: no logits to compare, no teacher forcing
-            got = engine.generate(prompt, max_new_tokens=new)
-            a, b = got[:, n:], want[:, n:]
-            diff = (a != b).any(0).nonzero().flatten() if a.shape == b.shape else torch.tensor([0])
-            equal = bool(a.shape == b.shape and torch.equal(a, b))
-            steps = {"tokens_equal": equal, "first_diff": int(diff[0]) if diff.numel() else None, "margin": None,
-                     "ties": 0, "diverged": not equal}
-            m = dict.fromkeys(("max_abs_error", "rel_l2_error", "cosine_similarity", "ref_l2_norm"))
-            ok = equal if target.dtype == "fp32" else bool(a.shape == b.shape and torch.equal(a[:, :1], b[:, :1]))
-            steps_err = None
+        steps, m, ok, steps_err = _judge(engine, prompt, want, ref_logits, target.dtype, tol, compare_tensors)
         rows.append({"name": f"generate b{batch} prompt {n} +{new} tokens", "shape": [batch, n + new],
                      "dtype": target.dtype, **steps, "new_tokens": new,
                      "max_abs_error": m["max_abs_error"], "rel_l2_error": m["rel_l2_error"],
@@ -159,6 +163,40 @@ def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], 
                      "tolerance": tol, "pass": ok})
     rec["outputs"] = rows
     rec["partners"] = [t.id for t, _, _ in chosen]
+    return _verdict(rec, target, rows, tol)
+
+
+def _judge(engine, prompt, want, ref_logits, dtype: str, tol: float, compare_tensors):
+    """(steps, first-token logits metrics, pass, every step's rel L2 error) of one prompt: teacher-forced logits
+    when the engine gives them, else (NxDI) its tokens against the reference's."""
+    import torch
+
+    n = int(prompt.shape[1])
+    if hasattr(engine, "forced_logits"):
+        # the compiled graphs fed the reference's tokens (teacher forcing): a tie does not derail the
+        # steps after it
+        logits = engine.forced_logits(prompt, want[:, n:])
+        steps = judge_tokens(logits, ref_logits, want[:, n:], tol)
+        m = compare_tensors(logits[:, 0], ref_logits[:, 0])
+        ok = not steps["diverged"] if dtype == "fp32" else (
+            math.isfinite(m["rel_l2_error"]) and m["rel_l2_error"] <= tol)
+        return steps, m, ok, compare_tensors(logits, ref_logits)["rel_l2_error"]
+    # NxDI samples on the device and returns tokens only: no logits to compare, no teacher forcing
+    got = engine.generate(prompt, max_new_tokens=int(want.shape[1]) - n)
+    a, b = got[:, n:], want[:, n:]
+    diff = (a != b).any(0).nonzero().flatten() if a.shape == b.shape else torch.tensor([0])
+    equal = bool(a.shape == b.shape and torch.equal(a, b))
+    steps = {"tokens_equal": equal, "first_diff": int(diff[0]) if diff.numel() else None, "margin": None,
+             "ties": 0, "diverged": not equal}
+    m = dict.fromkeys(("max_abs_error", "rel_l2_error", "cosine_similarity", "ref_l2_norm"))
+    ok = equal if dtype == "fp32" else bool(a.shape == b.shape and torch.equal(a[:, :1], b[:, :1]))
+    return steps, m, ok, None
+
+
+def _verdict(rec: dict[str, Any], target: Target, rows: list[dict[str, Any]], tol: float) -> dict[str, Any]:
+    """``rec`` with its ``measure``, ``verdict`` and ``reason`` (the first failing row's)."""
+    from neuron_build.status import Verdict
+
     rec["measure"] = ("fp32: greedy tokens equal to the eager model's generate(), fed the reference's tokens, except "
                       "ties (the reference's top-2 logits within the tolerance, relative to its largest logit); "
                       "bf16/fp16: relative L2 error of the first new token's logits within the tolerance "
@@ -169,16 +207,16 @@ def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], 
     bad = [r for r in rows if not r["pass"]]
     if not bad:
         rec.update(verdict=Verdict.PASS, reason=None)
-    else:
-        r = bad[0]
-        why = (f"tokens differ from the eager generate() from new token {r['first_diff']} on"
-               if r.get("margin") is None and (target.dtype == "fp32" or r["rel_l2_error"] is None)
-               else f"new token {r['first_diff']} differs from the eager generate()'s, which is no tie (the "
-               f"reference's top-2 logits are {r['margin']:.1e} apart, relative to its largest logit, > tolerance "
-               f"{tol:.1e})"
-               if target.dtype == "fp32"
-               else f"first-token logits rel L2 error {r['rel_l2_error']:.2e} > tolerance {tol:.1e}")
-        rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: {r['name']}: {why}")
+        return rec
+    r = bad[0]
+    why = (f"tokens differ from the eager generate() from new token {r['first_diff']} on"
+           if r.get("margin") is None and (target.dtype == "fp32" or r["rel_l2_error"] is None)
+           else f"new token {r['first_diff']} differs from the eager generate()'s, which is no tie (the "
+           f"reference's top-2 logits are {r['margin']:.1e} apart, relative to its largest logit, > tolerance "
+           f"{tol:.1e})"
+           if target.dtype == "fp32"
+           else f"first-token logits rel L2 error {r['rel_l2_error']:.2e} > tolerance {tol:.1e}")
+    rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: {r['name']}: {why}")
     return rec
 
 
