@@ -2,11 +2,13 @@
 included), and the torch-free paths stay torch-free.
 
 Layers (:data:`LAYERS`; the table in ``docs/architecture.md``, which ``tests/test_docs_match.py`` holds to
-:data:`ALLOWED`): core (errors, status, util, log, the backend records, hf, trust, cpu_isa, traffic, the package); project
-(config, compiler args, matrix, keys) and store, siblings over core (neither imports the other); compilers
-(and the worker, the example inputs, the artifact loader) over project, never the store; build and evaluate
-over store and compilers; release over evaluate; runtime over the compilers alone; tasks over build and
-evaluate; cli over all. A module may import its own layer and the layers its row in :data:`ALLOWED` names.
+:data:`ALLOWED`): core (errors, status, util, log, the backend records, hf, trust, cpu_isa, traffic, the
+package); project (config, compiler args, matrix, keys) and store, siblings over core (neither imports the
+other); compilers (and the worker, the example inputs, the artifact loader) over project, never the store;
+build and evaluate over store and compilers; release over evaluate; runtime over the compilers alone, its
+routing rules (``neuron_build.runtime.routing``) a layer of their own over core only (pure, torch-free,
+testable alone); tasks over build and evaluate; cli over all. A module may import its own layer and the layers
+its row in :data:`ALLOWED` names.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ LAYERS = {
     "evaluate": ["neuron_build.evaluate"],
     "release": ["neuron_build.release"],
     "runtime": ["neuron_build.runtime"],
+    "routing": ["neuron_build.runtime.routing"],
     "tasks": ["neuron_build.tasks"],
     "cli": ["neuron_build.cli"],
 }
@@ -43,9 +46,11 @@ ALLOWED = {
     "build": {"core", "project", "store", "compilers"},
     "evaluate": {"core", "project", "store", "compilers"},
     "release": {"core", "project", "store", "compilers", "evaluate"},
-    "runtime": {"core", "compilers"},
+    "runtime": {"core", "compilers", "routing"},
+    "routing": {"core"},
     "tasks": {"core", "project", "store", "compilers", "build", "evaluate"},
-    "cli": {"core", "project", "store", "compilers", "build", "evaluate", "release", "runtime", "tasks"},
+    "cli": {"core", "project", "store", "compilers", "build", "evaluate", "release", "runtime", "routing",
+            "tasks"},
 }
 
 
@@ -154,7 +159,7 @@ def test_the_layer_rules_can_fail(tmp_path):
 def test_torch_free_imports():
     """``import neuron_build`` and every module the no-op path loads import neither torch nor a compiler."""
     code = ("import sys, neuron_build, neuron_build.tasks, neuron_build.cli, neuron_build.store, "
-            "neuron_build.release, neuron_build.build.builder; "
+            "neuron_build.release, neuron_build.build.builder, neuron_build.runtime.routing; "
             "print(sorted(m for m in ('torch', 'neuronx_cc', 'torch_neuronx') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.stdout.strip() == "[]", out.stderr

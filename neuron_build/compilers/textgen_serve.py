@@ -361,7 +361,6 @@ class TextGenEngine:
             g.reset()
         return logits[:rows, n - 1].float()
 
-
     def forced_logits(self, prompt, forced) -> Any:
         """fp32 logits of every new-token position when the new tokens are ``forced`` (teacher forcing: each
         decode step is fed the given token, not the graph's own argmax), for validation that continues from
@@ -466,53 +465,4 @@ def compiled_engine(lm, batches: Sequence[int], seqs: Sequence[int], max_seq_len
                          generation=generation_settings(lm))
 
 
-
 __all__ = ["AOTIStates", "GenerateError", "GraphSet", "TextGenEngine", "aoti_engine", "compiled_engine"]
-
-
-def release_engine(release: dict[str, Any], root: Path, build_lm: Callable[[], Any] | None = None):
-    """The engine of a pulled text-generation release (``release.json`` content, its folder ``root``).
-
-    AOTInductor releases load each bucket folder's ``model.pt2`` with its ``weights.safetensors`` (read once
-    per content, by the sha256 release.json lists) and ``textgen.json``. Compile-cache releases install
-    every bucket's caches first (:func:`neuron_build.compilers.compile_cache.install_from_caches`), then
-    compile the model ``build_lm()`` returns (the recorded one) once per batch size.
-
-    Returns:
-        (the :class:`TextGenEngine`, installed cache entries per type: empty for AOTInductor).
-
-    Raises:
-        UserError: a bucket folder lacks ``textgen.json`` (not a text-generation artifact).
-    """
-    import json
-
-    name, tg = release.get("model", "model"), release["textgen"]
-    infos = []
-    for b in release["buckets"]:
-        f = root / b["id"] / "textgen.json"
-        try:
-            infos.append((b, json.loads(f.read_text())))
-        except (OSError, ValueError) as e:
-            raise UserError(f"{f}: cannot read it ({e}); pull the release again") from None
-    backend = release.get("backend", "")
-    if backend == "compile-cache":
-        from neuron_build.compilers.compile_cache import install_from_caches
-        from neuron_build.compilers.textgen import causal_lm
-
-        serving = release["serving"]
-        installed, _, _ = install_from_caches([root / b["id"] for b, _ in infos], serving, backend)
-        lm = causal_lm(build_lm())
-        batches = [int(i["batch"]) for _, i in infos]
-        seqs = sorted({int(i["seq"]) for _, i in infos if i["graph"] == "prefill"})
-        return compiled_engine(lm, batches, seqs, int(tg["max_seq_len"]), serving["torch_compile"], name), installed
-    from neuron_build.artifact import pulled_path
-
-    graphs = []
-    for b, info in infos:
-        wname = pulled_path(b, info.get("weights", "weights.safetensors"))  # one file for every graph
-        wid = (b.get("files", {}).get(wname) or {}).get("sha256") or wname
-        graphs.append((info, root / b["artifact"], root / wname, wid))
-    return aoti_engine(graphs, int(tg["max_seq_len"]), name), {}
-
-
-__all__ += ["release_engine"]

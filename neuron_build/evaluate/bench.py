@@ -225,22 +225,7 @@ def bench_targets(project, store: ArtifactStore, items: Sequence[tuple[Any, str]
         p = prepare(project, store, target, key)
         check_runnable(p)
         preps.append(p)
-    fns: list[Callable] = []
-    inputs: list[tuple] = []
-    syncs: list[Callable[[], None]] = []
-    names: list[str] = []
-    textgen: dict[int, tuple] = {}  # item index -> (compiled, eager, inputs) of a prefill or decode graph
-    for idx, ((target, key), p) in enumerate(zip(items, preps, strict=True)):
-        sync, sync_name = device_sync(p.device_kind)
-        if getattr(target, "graph", ""):
-            from neuron_build.evaluate.textgen_validate import bench_callables
-
-            textgen[idx] = bench_callables(project, store, target, key, p.manifest)
-        fn = textgen[idx][0] if idx in textgen else p.load_artifact()
-        fns.append(wrap(target, fn) if wrap else fn)
-        inputs.append(textgen[idx][2] if idx in textgen else p.device_inputs())
-        syncs.append(sync)
-        names.append(sync_name)
+    fns, inputs, syncs, names, textgen = _load_items(project, store, items, preps, wrap)
     n_art = len(fns)
     eager = timing.eager
     if eager:
@@ -268,6 +253,30 @@ def bench_targets(project, store: ArtifactStore, items: Sequence[tuple[Any, str]
             store.put_result(key, "bench", f"{p.device_kind}--{host}", rec.to_json())
         recs.append(rec)
     return recs
+
+
+def _load_items(project, store: ArtifactStore, items: Sequence[tuple[Any, str]], preps: list,
+                wrap: Callable[[Any, Callable], Callable] | None):
+    """Load what a session times of each item: (callables, inputs, device syncs, sync names, and item index ->
+    ``(compiled, eager, inputs)`` of a text-generation graph, loaded as serving and validation load it:
+    :func:`neuron_build.evaluate.textgen_validate.bench_callables`)."""
+    fns: list[Callable] = []
+    inputs: list[tuple] = []
+    syncs: list[Callable[[], None]] = []
+    names: list[str] = []
+    textgen: dict[int, tuple] = {}  # item index -> (compiled, eager, inputs) of a prefill or decode graph
+    for idx, ((target, key), p) in enumerate(zip(items, preps, strict=True)):
+        sync, sync_name = device_sync(p.device_kind)
+        if getattr(target, "graph", ""):
+            from neuron_build.evaluate.textgen_validate import bench_callables
+
+            textgen[idx] = bench_callables(project, store, target, key, p.manifest)
+        fn = textgen[idx][0] if idx in textgen else p.load_artifact()
+        fns.append(wrap(target, fn) if wrap else fn)
+        inputs.append(textgen[idx][2] if idx in textgen else p.device_inputs())
+        syncs.append(sync)
+        names.append(sync_name)
+    return fns, inputs, syncs, names, textgen
 
 
 def _result(target, key: str, p, compiled_ms: list[float], eager_ms: list[float] | None, timing: TimingSettings,

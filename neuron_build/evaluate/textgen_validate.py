@@ -51,74 +51,50 @@ def partners(targets: list[Target], target: Target) -> list[Target]:
     return sorted(same, key=lambda t: (t.graph != "prefill", dict(t.bucket).get("seq", 0)))
 
 
-def _nxdi_engine(store, target: Target, key: str, manifest):
-    """NxDI's own application class and generation adapter over the compiled folder in the store
-    (:func:`neuron_build.compilers.neuron.nxdi.nxdi_engine`); one line naming the host it needs elsewhere."""
-    from neuron_build.compilers.neuron.nxdi_serve import nxdi_engine
+def textgen_source(project, store, target: Target, chosen: list[tuple[Target, str, Any]]):
+    """What :func:`neuron_build.compilers.textgen_load.load_textgen` loads of built graphs in ``store``:
+    ``chosen`` holds ``(target, key, manifest)`` of each (the files' sha256 as the manifest lists them);
+    the model as built (``target``'s dtype) for a compile-cache build."""
+    from neuron_build.compilers.textgen_load import TextGenGraph, TextGenSource
+    from neuron_build.examples import build_model
 
-    info = {"model": target.model, "backend": manifest.backend, "hardware_target": manifest.hardware_target}
-    d = store.artifact_dir(key)
-    return nxdi_engine(info, d, folders=[d], where=f"{target.id} (key {key[:12]})")
-
-
-def _engine(project, store, spec, target: Target, chosen: list[tuple[Target, str, Any]], backend: str):
-    import json
-
-    from neuron_build.compilers.textgen_serve import aoti_engine, compiled_engine
-
-    if target.graph == "nxdi":  # one NxDI compile holds every prefill and decode bucket of a batch size
-        (_t, k, m), = chosen
-        return _nxdi_engine(store, target, k, m)
-    if backend == "compile-cache":
-        from neuron_build.compilers.compile_cache import install_from_caches
-        from neuron_build.compilers.textgen import causal_lm
-        from neuron_build.examples import build_model
-
-        serving = chosen[0][2].compiler["serving"]
-        install_from_caches([store.artifact_dir(k) for _, k, _ in chosen], serving, backend)
-        lm = causal_lm(build_model(project.root, spec.factory, dict(spec.kwargs), target.dtype, hf=spec.hf_spec()))
-        seqs = [dict(t.bucket)["seq"] for t, _, _ in chosen if t.graph == "prefill"]
-        return compiled_engine(lm, [dict(target.bucket)["batch"]], seqs, spec.max_seq_len,
-                               serving["torch_compile"], target.model)
+    spec = project.config.models[target.model]
+    m0 = chosen[0][2]
     graphs = []
     for _t, k, m in chosen:
         d = store.artifact_dir(k)
-        info = json.loads((d / "textgen.json").read_text())
-        graphs.append((info, d / "model.pt2", d / info["weights"], m.files[info["weights"]].sha256))
-    return aoti_engine(graphs, spec.max_seq_len, target.model)
+        graphs.append(TextGenGraph(d, files={n: (d / n, f.sha256) for n, f in m.files.items()}))
+    keys = ", ".join(k[:12] for _t, k, _m in chosen)
+    return TextGenSource(target.model, m0.backend, tuple(graphs), f"{target.id} (key {keys})", spec.max_seq_len,
+                         m0.hardware_target, (m0.compiler or {}).get("serving"),
+                         lambda: build_model(project.root, spec.factory, dict(spec.kwargs), target.dtype,
+                                             hf=spec.hf_spec()))
 
 
-def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], tol: float, seed: int,
-                     compare_tensors) -> dict[str, Any]:
-    """Fill ``rec`` (the record :func:`neuron_build.evaluate.validate.validate_target` started) with the
-    rows and verdict of a text-generation target (module docstring); ``seed`` draws the prompts,
-    ``compare_tensors`` is :func:`neuron_build.evaluate.validate.compare_tensors`.
-
-    Raises:
-        UserError: a partner graph is not built.
-    """
-    import torch
-
-    from neuron_build.examples import build_model
+def _plan(project, target: Target) -> tuple[list[Target], list[int]]:
+    """(the graphs ``target`` is validated with, the prompt lengths): a prefill target with the decode graph
+    (its ``seq`` and half of it), a decode target with the smallest prefill bucket (1 and that bucket's
+    ``seq``), an NxDI compile alone (the longest context bucket and half of it)."""
     from neuron_build.project.matrix import expand
-    from neuron_build.status import Verdict
 
     spec = project.config.models[target.model]
     group = partners(expand(project), target)
     prefills = [t for t in group if t.graph == "prefill"]
-    decode = [t for t in group if t.graph == "decode"]
     if target.graph == "prefill":
-        use = [target] + decode
         s = dict(target.bucket)["seq"]
-        lengths = sorted({s, max(1, s // 2)})
-    elif target.graph == "nxdi":  # NxDI: the longest context bucket and half of it
-        use = [target]
+        return [target] + [t for t in group if t.graph == "decode"], sorted({s, max(1, s // 2)})
+    if target.graph == "nxdi":  # one NxDI compile holds every prefill and decode bucket of a batch size
         s = max(spec.buckets.get("seq") or [1])
-        lengths = sorted({s, max(1, s // 2)})
-    else:
-        use = prefills[:1] + [target]
-        s = dict(prefills[0].bucket)["seq"] if prefills else 1
-        lengths = sorted({1, s})
+        return [target], sorted({s, max(1, s // 2)})
+    s = dict(prefills[0].bucket)["seq"] if prefills else 1
+    return prefills[:1] + [target], sorted({1, s})
+
+
+def _built(store, keys, target: Target, use: list[Target]) -> list[tuple[Target, str, Any]]:
+    """``(target, key, manifest)`` of each graph in ``use``.
+
+    Raises:
+        UserError: one is not built for its current key (one line: what to build)."""
     chosen = []
     for t in use:
         k = keys.key(t).key
@@ -127,15 +103,46 @@ def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], 
             raise UserError(f"{target.id} is validated with {t.id}, which is not built for its current key "
                             f"{k[:12]}; run `neuron-build build {target.model}` (or `doit validate`)")
         chosen.append((t, k, m))
-    engine = _engine(project, store, spec, target, chosen, chosen[0][2].backend)
-    from neuron_build.compilers.textgen import causal_lm
+    return chosen
 
+
+def _reference(project, target: Target):
+    """The eager fp32 model (transformers' default ``generate()``).
+
+    Raises:
+        ReferenceFailed: it did not build (no verdict)."""
+    from neuron_build.compilers.textgen import causal_lm
+    from neuron_build.examples import build_model
+
+    spec = project.config.models[target.model]
     try:
         ref = causal_lm(build_model(project.root, spec.factory, dict(spec.kwargs), "fp32", hf=spec.hf_spec()))
     except Exception as e:  # no reference: no verdict
         raise ReferenceFailed(f"the fp32 reference {target.model} did not build: {type(e).__name__}: "
                               f"{(str(e).strip().splitlines() or [''])[0][:300]}") from e
     ref.generation_config.cache_implementation = None  # the reference runs transformers' default generate()
+    return ref
+
+
+def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], tol: float, seed: int,
+                     compare_tensors) -> dict[str, Any]:
+    """Fill ``rec`` (the record :func:`neuron_build.evaluate.validate.validate_target` started) with the
+    rows and verdict of a text-generation target (module docstring); ``seed`` draws the prompts,
+    ``compare_tensors`` is :func:`neuron_build.evaluate.validate.compare_tensors`. The compiled graphs are
+    loaded as serving loads them (:func:`neuron_build.compilers.textgen_load.load_textgen`).
+
+    Raises:
+        UserError: a partner graph is not built; the backend has no text-generation serving engine.
+    """
+    import torch
+
+    from neuron_build.compilers.textgen_load import load_textgen
+
+    spec = project.config.models[target.model]
+    use, lengths = _plan(project, target)
+    chosen = _built(store, keys, target, use)
+    engine, _installed = load_textgen(textgen_source(project, store, target, chosen))
+    ref = _reference(project, target)
     batch = dict(target.bucket)["batch"]
     vocab = int(ref.config.vocab_size)
     g = torch.Generator().manual_seed(seed)
@@ -147,25 +154,7 @@ def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], 
             want = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
                                 min_new_tokens=new, do_sample=False, pad_token_id=0)
             ref_logits = ref(input_ids=want[:, :n + new - 1]).logits[:, n - 1:].float()
-        if hasattr(engine, "forced_logits"):
-            # the compiled graphs fed the reference's tokens (teacher forcing): a tie does not derail the
-            # steps after it
-            logits = engine.forced_logits(prompt, want[:, n:])
-            steps = judge_tokens(logits, ref_logits, want[:, n:], tol)
-            m = compare_tensors(logits[:, 0], ref_logits[:, 0])
-            ok = not steps["diverged"] if target.dtype == "fp32" else (
-                math.isfinite(m["rel_l2_error"]) and m["rel_l2_error"] <= tol)
-            steps_err = compare_tensors(logits, ref_logits)["rel_l2_error"]
-        else:  # NxDI samples on the device and returns tokens only: no logits to compare, no teacher forcing
-            got = engine.generate(prompt, max_new_tokens=new)
-            a, b = got[:, n:], want[:, n:]
-            diff = (a != b).any(0).nonzero().flatten() if a.shape == b.shape else torch.tensor([0])
-            equal = bool(a.shape == b.shape and torch.equal(a, b))
-            steps = {"tokens_equal": equal, "first_diff": int(diff[0]) if diff.numel() else None, "margin": None,
-                     "ties": 0, "diverged": not equal}
-            m = dict.fromkeys(("max_abs_error", "rel_l2_error", "cosine_similarity", "ref_l2_norm"))
-            ok = equal if target.dtype == "fp32" else bool(a.shape == b.shape and torch.equal(a[:, :1], b[:, :1]))
-            steps_err = None
+        steps, m, ok, steps_err = _judge(engine, prompt, want, ref_logits, target.dtype, tol, compare_tensors)
         rows.append({"name": f"generate b{batch} prompt {n} +{new} tokens", "shape": [batch, n + new],
                      "dtype": target.dtype, **steps, "new_tokens": new,
                      "max_abs_error": m["max_abs_error"], "rel_l2_error": m["rel_l2_error"],
@@ -174,6 +163,40 @@ def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], 
                      "tolerance": tol, "pass": ok})
     rec["outputs"] = rows
     rec["partners"] = [t.id for t, _, _ in chosen]
+    return _verdict(rec, target, rows, tol)
+
+
+def _judge(engine, prompt, want, ref_logits, dtype: str, tol: float, compare_tensors):
+    """(steps, first-token logits metrics, pass, every step's rel L2 error) of one prompt: teacher-forced logits
+    when the engine gives them, else (NxDI) its tokens against the reference's."""
+    import torch
+
+    n = int(prompt.shape[1])
+    if hasattr(engine, "forced_logits"):
+        # the compiled graphs fed the reference's tokens (teacher forcing): a tie does not derail the
+        # steps after it
+        logits = engine.forced_logits(prompt, want[:, n:])
+        steps = judge_tokens(logits, ref_logits, want[:, n:], tol)
+        m = compare_tensors(logits[:, 0], ref_logits[:, 0])
+        ok = not steps["diverged"] if dtype == "fp32" else (
+            math.isfinite(m["rel_l2_error"]) and m["rel_l2_error"] <= tol)
+        return steps, m, ok, compare_tensors(logits, ref_logits)["rel_l2_error"]
+    # NxDI samples on the device and returns tokens only: no logits to compare, no teacher forcing
+    got = engine.generate(prompt, max_new_tokens=int(want.shape[1]) - n)
+    a, b = got[:, n:], want[:, n:]
+    diff = (a != b).any(0).nonzero().flatten() if a.shape == b.shape else torch.tensor([0])
+    equal = bool(a.shape == b.shape and torch.equal(a, b))
+    steps = {"tokens_equal": equal, "first_diff": int(diff[0]) if diff.numel() else None, "margin": None,
+             "ties": 0, "diverged": not equal}
+    m = dict.fromkeys(("max_abs_error", "rel_l2_error", "cosine_similarity", "ref_l2_norm"))
+    ok = equal if dtype == "fp32" else bool(a.shape == b.shape and torch.equal(a[:, :1], b[:, :1]))
+    return steps, m, ok, None
+
+
+def _verdict(rec: dict[str, Any], target: Target, rows: list[dict[str, Any]], tol: float) -> dict[str, Any]:
+    """``rec`` with its ``measure``, ``verdict`` and ``reason`` (the first failing row's)."""
+    from neuron_build.status import Verdict
+
     rec["measure"] = ("fp32: greedy tokens equal to the eager model's generate(), fed the reference's tokens, except "
                       "ties (the reference's top-2 logits within the tolerance, relative to its largest logit); "
                       "bf16/fp16: relative L2 error of the first new token's logits within the tolerance "
@@ -184,16 +207,16 @@ def validate_textgen(project, store, target: Target, keys, rec: dict[str, Any], 
     bad = [r for r in rows if not r["pass"]]
     if not bad:
         rec.update(verdict=Verdict.PASS, reason=None)
-    else:
-        r = bad[0]
-        why = (f"tokens differ from the eager generate() from new token {r['first_diff']} on"
-               if r.get("margin") is None and (target.dtype == "fp32" or r["rel_l2_error"] is None)
-               else f"new token {r['first_diff']} differs from the eager generate()'s, which is no tie (the "
-               f"reference's top-2 logits are {r['margin']:.1e} apart, relative to its largest logit, > tolerance "
-               f"{tol:.1e})"
-               if target.dtype == "fp32"
-               else f"first-token logits rel L2 error {r['rel_l2_error']:.2e} > tolerance {tol:.1e}")
-        rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: {r['name']}: {why}")
+        return rec
+    r = bad[0]
+    why = (f"tokens differ from the eager generate() from new token {r['first_diff']} on"
+           if r.get("margin") is None and (target.dtype == "fp32" or r["rel_l2_error"] is None)
+           else f"new token {r['first_diff']} differs from the eager generate()'s, which is no tie (the "
+           f"reference's top-2 logits are {r['margin']:.1e} apart, relative to its largest logit, > tolerance "
+           f"{tol:.1e})"
+           if target.dtype == "fp32"
+           else f"first-token logits rel L2 error {r['rel_l2_error']:.2e} > tolerance {tol:.1e}")
+    rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: {r['name']}: {why}")
     return rec
 
 
@@ -234,9 +257,6 @@ def judge_tokens(logits, ref_logits, ref_tokens, tol: float) -> dict[str, Any]:
             "ties": ties, "diverged": diverged}
 
 
-__all__ = ["ReferenceFailed", "judge_tokens", "partners", "validate_textgen"]
-
-
 def bench_callables(project, store, target: Target, key: str, manifest):
     """What the benchmark times for a text-generation graph: ``(compiled, eager, inputs)``, each callable
     taking ``inputs`` (``input_ids``, ``cache_position``) and returning the next token ids (argmax of the
@@ -247,14 +267,16 @@ def bench_callables(project, store, target: Target, key: str, manifest):
     static-cache wrapper of the eager model in the target dtype, uncompiled: the same work without the
     compiler.
 
-    Raises:
-        UserError: an NxDI target on a host without a NeuronCore (one line naming the host it needs)."""
-    import json
+    The compiled side is loaded as serving and validation load it
+    (:func:`neuron_build.compilers.textgen_load.load_next_token`).
 
+    Raises:
+        UserError: an NxDI target on a host without a NeuronCore (one line naming the host it needs); a
+            backend with no text-generation serving engine (:class:`~neuron_build.compilers.textgen_load.NoTextGenEngine`)."""
     import torch
 
     from neuron_build.compilers.textgen import causal_lm, graph_inputs, static_wrapper
-    from neuron_build.compilers.textgen_serve import AOTIStates
+    from neuron_build.compilers.textgen_load import load_next_token
     from neuron_build.examples import build_model
 
     spec = project.config.models[target.model]
@@ -264,35 +286,9 @@ def bench_callables(project, store, target: Target, key: str, manifest):
     seq = max(spec.buckets.get("seq") or [1]) if nxdi else sizes.get("seq")
     kw = graph_inputs("prefill" if nxdi else target.graph, b, seq if nxdi or target.graph == "prefill" else L // 2)
     kw["input_ids"] = torch.randint(3, 100, tuple(kw["input_ids"].shape), generator=torch.Generator().manual_seed(0))
-    d = store.artifact_dir(key)
-
-    def lm():
-        return causal_lm(build_model(project.root, spec.factory, dict(spec.kwargs), target.dtype, hf=spec.hf_spec()))
-
-    if nxdi:
-        engine = _nxdi_engine(store, target, key, manifest)
-        ref = static_wrapper(lm(), b, L)
-
-        def first_token(ids, pos):
-            return engine.generate(ids, max_new_tokens=1)[:, -1]
-
-        def eager_first(ids, pos):
-            return ref(input_ids=ids, cache_position=pos)[:, -1].argmax(-1)
-
-        return first_token, eager_first, (kw["input_ids"], kw["cache_position"])
-    info = json.loads((d / "textgen.json").read_text())
-    if manifest.backend == "compile-cache":
-        from neuron_build.compilers.compile_cache import install_from_caches
-
-        serving = manifest.compiler["serving"]
-        install_from_caches([d], serving, manifest.backend)
-        runner = torch.compile(static_wrapper(lm(), b, L), **serving["torch_compile"])
-    else:
-        runner = AOTIStates().load(d / "model.pt2", d / info["weights"], key, info)
-    ref = static_wrapper(lm(), b, L)
-
-    def compiled(ids, pos):
-        return runner(input_ids=ids, cache_position=pos)[:, -1].argmax(-1)
+    compiled = load_next_token(textgen_source(project, store, target, [(target, key, manifest)]))
+    ref = static_wrapper(causal_lm(build_model(project.root, spec.factory, dict(spec.kwargs), target.dtype,
+                                               hf=spec.hf_spec())), b, L)
 
     def eager(ids, pos):
         return ref(input_ids=ids, cache_position=pos)[:, -1].argmax(-1)
@@ -300,4 +296,4 @@ def bench_callables(project, store, target: Target, key: str, manifest):
     return compiled, eager, (kw["input_ids"], kw["cache_position"])
 
 
-__all__ += ["bench_callables"]
+__all__ = ["ReferenceFailed", "bench_callables", "judge_tokens", "partners", "textgen_source", "validate_textgen"]
