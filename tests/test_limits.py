@@ -19,7 +19,6 @@ MAX_FUNCTION_LINES = 80
 #: module (path under neuron_build/) -> why it is longer than MAX_MODULE_LINES
 LONG_MODULES = {
     "build/builder.py": "being split (issue 33 item 3: graph reuse and publishing leave it)",
-    "runtime.py": "being split (issue 33 item 6: the runtime becomes a package)",
     "build/dask_executor.py": "DaskBuild is one cluster session (connect, submit, collect, cancel, recover); the "
                               "build_targets rework (issue 33 item 5) reshapes it",
     "build/session.py": "BuildSession is doit's task loader with the plan cache and the recorded-run hooks",
@@ -29,8 +28,6 @@ LONG_MODULES = {
                                     "the backend seam (issue 33 item 1) moves its facts out",
     "compilers/neuron/neuronx_log.py": "the neuronx-cc log parser: a docstring of every format it recognises (90 "
                                        "lines), then one small private recogniser per kind of line",
-    "compilers/textgen_serve.py": "TextGenEngine's greedy generation and the three ways to build it (AOTI, "
-                                  "compiled, a release); the text-generation seam (issue 33 item 2) reshapes it",
     "project/config.py": "buckets.toml's pydantic models, one class per table, each field with its rule",
     "evaluate/validate.py": "validation's reference, comparison, diagnosis and isolated run; the text-generation "
                             "seam (issue 33 item 2) reshapes it",
@@ -43,9 +40,6 @@ LONG_FUNCTIONS = {
                                                             "item 5) reshapes it",
     "compilers/neuron/__init__.py:NeuronCompiler.compile": "trace, compile and classify in one attempt; the "
                                                            "backend seam (issue 33 item 1) reworks the compiler",
-    "evaluate/bench.py:bench_targets": "its loading loop becomes the one text-generation loading seam (issue 33 "
-                                       "item 2)",
-    "evaluate/textgen_validate.py:validate_textgen": "the text-generation loading seam (issue 33 item 2) reworks it",
 }
 
 #: module (path under neuron_build/) -> why it has no __all__ yet

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neuron_build.backends import find_backend
 from neuron_build.compilers.textgen import INFO, WEIGHTS
 from neuron_build.errors import UserError
 
@@ -140,20 +141,18 @@ def load_next_token(src: TextGenSource) -> Callable[[Any, Any], Any]:
 
 def _engine_for(backend: str, where: str) -> tuple[Callable[[TextGenSource], tuple[Any, dict[str, int]]],
                                                    Callable[[TextGenSource], Callable[[Any, Any], Any]]]:
-    """(engine loader, one-graph loader) of ``backend``: the one backend-name dispatch of text-generation
-    loading (to be read from the backend descriptors once they exist).
+    """(engine loader, one-graph loader) of ``backend``, by its record's ``textgen_engine``
+    (:mod:`neuron_build.backends`): ``aoti-graphs``, ``compiled-graphs`` or ``nxdi``.
 
     Raises:
         NoTextGenEngine: the backend has none.
     """
-    loaders = {"inductor": (_aoti_engine, _aoti_next_token),
-               "compile-cache": (_cached_engine, _cached_next_token),
-               "neuron": (_nxdi_engine, _nxdi_next_token)}
-    if backend not in loaders:
+    spec = find_backend(backend)
+    if spec is None or spec.textgen_engine not in _LOADERS:
         raise NoTextGenEngine(f"{where}: backend {backend!r} has no text-generation serving engine (text "
                               f"generation is served from inductor, compile-cache and neuron (NxDI) builds); set "
                               f"backend to one of them for the model in buckets.toml and build again")
-    return loaders[backend]
+    return _LOADERS[spec.textgen_engine]
 
 
 # -- AOTInductor ------------------------------------------------------------------------------------
@@ -230,5 +229,14 @@ def _nxdi_next_token(src: TextGenSource) -> Callable[[Any, Any], Any]:
         return engine.generate(ids, max_new_tokens=1)[:, -1]
     return first_token
 
+
+
+#: The loaders of each text-generation serving engine (``BackendSpec.textgen_engine``): (engine, one graph).
+_LOADERS: dict[str, tuple[Callable[[TextGenSource], tuple[Any, dict[str, int]]],
+                          Callable[[TextGenSource], Callable[[Any, Any], Any]]]] = {
+    "aoti-graphs": (_aoti_engine, _aoti_next_token),
+    "compiled-graphs": (_cached_engine, _cached_next_token),
+    "nxdi": (_nxdi_engine, _nxdi_next_token),
+}
 
 __all__ = ["NoTextGenEngine", "TextGenGraph", "TextGenSource", "load_next_token", "load_textgen"]

@@ -25,13 +25,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from neuron_build.backends import BACKENDS
 from neuron_build.errors import NeuronBuildError, UserError
 from neuron_build.evaluate.validate import artifact_device_kind, can_run_here
 from neuron_build.release.records import Release
 from neuron_build.store.contract import ArtifactStore
 
-#: The backends whose artifacts are compile caches (see :mod:`neuron_build.compilers.compile_cache`).
-CACHE_BACKENDS = ("compile-cache", "torchneuron")
+#: The backends whose artifacts are compile caches (``serving == "caches"`` in :mod:`neuron_build.backends`;
+#: see :mod:`neuron_build.compilers.compile_cache`).
+CACHE_BACKENDS = tuple(b.name for b in BACKENDS.values() if b.serving == "caches")
 GATE = "warmup"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from neuron_build.backends import find_backend
 from neuron_build.runtime.bucketed import BucketedModel
 
 #: Timed calls per bucket after the first call, for the steady-state latency of :func:`warmup`.
@@ -16,8 +17,10 @@ WARMUP_SCHEMA = 1
 
 def _compile_events(backend: str):
     """(snapshot function, delta -> (compiles, cache hits, details)) for a backend: the one backend-name
-    dispatch of warm-up (torchneuron counts its own dynamo metrics; every other backend Inductor's)."""
-    if backend == "torchneuron":
+    dispatch of warm-up: a backend on TorchNeuron's native device (``BackendSpec.native_device``) counts its
+    own dynamo metrics; every other backend Inductor's."""
+    spec = find_backend(backend)
+    if spec is not None and spec.native_device:
         return _neuron_events()
     return _inductor_events()
 

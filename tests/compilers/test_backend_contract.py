@@ -253,8 +253,7 @@ OWN_MODULES = ("backends.py", "compilers/inductor.py", "compilers/torchscript.py
                "compilers/textgen.py", "compilers/neuron/")
 #: Modules rewritten on other branches at the time of this test; each comparison there has its descriptor
 #: call listed in the backends branch's report. Empty this once they use neuron_build.backends.
-PENDING = {"runtime.py", "release/warmup.py", "evaluate/textgen_validate.py", "build/builder.py",
-           "compilers/textgen_serve.py"}
+PENDING: set[str] = set()
 
 
 def backend_comparisons(path: Path) -> list[str]:
