@@ -5,16 +5,19 @@ Domain code: no doit here (see :mod:`neuron_build.tasks`) and no torch (the comp
 
 The layers: :class:`~neuron_build.build.planner.Planner` (keys, state, what changed, requests),
 :class:`~neuron_build.build.executor.Executor` (runs one compile: :class:`~neuron_build.build.local.LocalExecutor`
-by default), :mod:`neuron_build.build.attempt` (what a run means, the full-disk failures) and the
-:class:`Builder` here, which holds the key's lock and the memory reservation, retries transient failures,
-records failures and publishes artifacts.
+by default), :mod:`neuron_build.build.attempt` (what a run means, the full-disk failures),
+:mod:`neuron_build.build.graph_reuse` (the graph key: ask, gate, index, publish over the same graph's blobs),
+:mod:`neuron_build.build.manifests` (the one manifest builder; each staged file hashed once),
+:mod:`neuron_build.build.recorder` (target records, failure records, the ledger, kept failure workdirs) and the
+:class:`Builder` here, which holds the key's lock and the memory reservation, retries transient failures and
+publishes artifacts.
 """
 
 from __future__ import annotations
 
 import errno
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,6 @@ from neuron_build.build.attempt import (
     as_status,
     classify,
     disk_full,
-    failure_log,
     free_space,
 )
 from neuron_build.build.context import BuildContext
@@ -36,7 +38,7 @@ from neuron_build.build.manifests import artifact_manifest, hash_files
 from neuron_build.build.nxdi_hooks import remember_cache, restore_cache
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.planner import Planner
-from neuron_build.build.recorder import Recorder, failure_stage, hbm_estimate
+from neuron_build.build.recorder import Recorder, Unrecorded, failure_stage, hbm_estimate
 from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import CompileRequest
 from neuron_build.log import get_logger
@@ -48,18 +50,6 @@ from neuron_build.status import DOWNLOADED, BuildResult, Status, TargetState
 from neuron_build.store import cached_store
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.locks import GB
-from neuron_build.store.records import FailureRecord
-from neuron_build.util import utc_now
-
-
-@dataclass(frozen=True)
-class Unrecorded:
-    """A failed attempt whose failure record could not be written because the disk was full: ``record``
-    and ``log`` are written once the attempt's staging files are gone."""
-
-    outcome: Outcome
-    record: FailureRecord
-    log: bytes
 
 
 class Builder:
@@ -258,24 +248,11 @@ class Builder:
                 return out
             ctx.log.warning("transient compiler failure, retrying", attempt=ctx.attempt, retries=retries)
 
-    def _missing_toolchain(self, ctx: BuildContext, reason: str) -> Outcome:
-        """Fail the attempt as TOOLCHAIN_MISSING without starting a worker."""
-        status = Status.TOOLCHAIN_MISSING
-        metrics = {"status": status, "compile_time_s": 0.0, "peak_rss_bytes": 0, "exit_code": None,
-                   "attempts": ctx.attempt, "reason": reason}
-        self.store.put_failure(FailureRecord(target=ctx.target.id, key=ctx.ki.key, status=status, reason=reason,
-                                             attempts=ctx.attempt, details={"backend": self.keys.backend},
-                                             time=utc_now()), (reason + "\n").encode())
-        self.recorder.remember(ctx, status)
-        self.recorder.ledger(ctx, "compile", status, reason=reason, stage=("toolchain", None, None), run=NOT_RUN)
-        ctx.log.error("compile failed", status=status, reason=reason)
-        return Outcome(ctx.target.id, ctx.ki.key, status, reason, compiled=False, metrics=metrics)
-
     def _compile(self, ctx: BuildContext) -> Outcome:
         """One attempt: stage, run the executor, publish or record the failure, clean the staging folder."""
         problem = self.toolchain_problem()
         if problem:
-            return self._missing_toolchain(ctx, problem)
+            return self.recorder.toolchain_missing(ctx, problem)
         staging: Path | None = None
         try:
             # no room even to start the compile (staging folder, request, log)
@@ -299,18 +276,12 @@ class Builder:
                         run = self.executor.run(req, work, ctx.log)
                         done = self._finish(ctx, req, run, obj)
         except DiskFull as e:
-            done = self._fail(ctx, Classification(Status.ERROR, str(e)), NOT_RUN)
+            done = self.recorder.failure(ctx, Classification(Status.ERROR, str(e)), NOT_RUN)
         finally:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
         if isinstance(done, Unrecorded):  # the disk was full: try again now that the staging files are gone
-            try:
-                with disk_full("recording the failure", ctx.target.id):
-                    self.store.put_failure(done.record, done.log)
-                    self.recorder.remember(ctx, done.outcome.status)
-            except DiskFull as e:
-                ctx.log.warning("could not record the failure (disk full)", error=str(e.__cause__))
-            return done.outcome
+            return self.recorder.late_failure(ctx, done)
         return done
 
     def _finish(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path) -> Outcome | Unrecorded | None:
@@ -326,39 +297,7 @@ class Builder:
                 return self._publish(ctx, req, run, obj)
             except DiskFull as e:
                 verdict = Classification(Status.ERROR, str(e))
-        return self._fail(replace(ctx, work=obj.parent / "work"), verdict, run)
-
-    def _fail(self, ctx: BuildContext, verdict: Classification, run: CompileRun) -> Outcome | Unrecorded:
-        """Record a failed attempt under its target and return its outcome; :class:`Unrecorded` when the
-        disk is too full to record it now. The failure log is the worker's log and the compiler's. The
-        attempt's work folder ``ctx.work`` (request, worker log, the compiler's workdir; None: nothing) is kept
-        in the store (``[monitoring] keep_failed_workdirs``, ``failed_workdirs_max_mb``) and the attempt goes
-        to the ledger with its failure stage."""
-        status, reason = verdict.status, verdict.reason
-        metrics = {"status": status, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss_bytes,
-                   "exit_code": run.exit_code, "attempts": ctx.attempt, "reason": reason}
-        prev = self.store.failure(ctx.target.id)
-        total = 1 + ((prev.attempts_total or prev.attempts) if prev and prev.key == ctx.ki.key else 0)
-        details = (run.error or {}).get("details") or {}
-        record = FailureRecord(target=ctx.target.id, key=ctx.ki.key, status=status, reason=reason,
-                               compile_time_s=metrics["compile_time_s"], peak_rss_bytes=run.peak_rss_bytes,
-                               exit_code=run.exit_code, attempts=ctx.attempt, attempts_total=total, details=details,
-                               time=utc_now())
-        out = Outcome(ctx.target.id, ctx.ki.key, status, reason, compiled=True, metrics=metrics)
-        log_bytes = failure_log(run)
-        done: Outcome | Unrecorded = out
-        try:
-            with disk_full("recording the failure", ctx.target.id):
-                self.store.put_failure(record, log_bytes)
-                self.recorder.remember(ctx, status)
-        except DiskFull:
-            done = Unrecorded(out, record, log_bytes)  # recorded by _compile once the staging files are gone
-        stage = failure_stage(run, details, self.keys.backend)
-        kept = (self.recorder.keep_workdir(ctx, ctx.work, record, stage)
-                if ctx.work is not None and isinstance(done, Outcome) else None)
-        self.recorder.ledger(ctx, "compile", status, reason=reason, stage=stage, run=run, details=details, workdir=kept)
-        ctx.log.error("compile failed", status=status, reason=reason, compile_time_s=metrics["compile_time_s"])
-        return done
+        return self.recorder.failure(replace(ctx, work=obj.parent / "work"), verdict, run)
 
     def _publish(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path) -> Outcome:
         """Write the worker log and the manifest (last, fsynced) into the staging object and publish it.

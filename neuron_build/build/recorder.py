@@ -9,11 +9,12 @@ import datetime as _dt
 import re
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_build.build.attempt import DiskFull, disk_full
+from neuron_build.build.attempt import Classification, DiskFull, Outcome, disk_full, failure_log
 from neuron_build.build.context import BuildContext
-from neuron_build.build.executor import CompileRun
+from neuron_build.build.executor import NOT_RUN, CompileRun
 from neuron_build.compilers.base import STAGE_PREFIX
 from neuron_build.log import get_logger
 from neuron_build.project.config import MonitoringSettings
@@ -27,6 +28,16 @@ from neuron_build.util import utc_now
 
 #: (failure stage, last compiler pass, diagnostic code), each None when unknown: see :func:`failure_stage`
 Stage = tuple[str | None, str | None, str | None]
+
+
+@dataclass(frozen=True)
+class Unrecorded:
+    """A failed attempt whose failure record could not be written because the disk was full: ``record``
+    and ``log`` are written once the attempt's staging files are gone (:meth:`Recorder.late_failure`)."""
+
+    outcome: Outcome
+    record: FailureRecord
+    log: bytes
 
 
 class Recorder:
@@ -60,6 +71,63 @@ class Recorder:
                                                    hashes=ki.hashes, time=utc_now()))
         except DiskFull as e:
             get_logger(target=target.id).warning("could not record the target (disk full)", error=str(e.__cause__))
+
+    def failure(self, ctx: BuildContext, verdict: Classification, run: CompileRun) -> Outcome | Unrecorded:
+        """Record a failed attempt under its target and return its outcome; :class:`Unrecorded` when the
+        disk is too full to record it now. The failure log is the worker's log and the compiler's. The
+        attempt's work folder ``ctx.work`` (request, worker log, the compiler's workdir; None: nothing) is kept
+        in the store (``[monitoring] keep_failed_workdirs``, ``failed_workdirs_max_mb``) and the attempt goes
+        to the ledger with its failure stage."""
+        status, reason = verdict.status, verdict.reason
+        metrics = {"status": status, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss_bytes,
+                   "exit_code": run.exit_code, "attempts": ctx.attempt, "reason": reason}
+        prev = self.store.failure(ctx.target.id)
+        total = 1 + ((prev.attempts_total or prev.attempts) if prev and prev.key == ctx.ki.key else 0)
+        details = (run.error or {}).get("details") or {}
+        record = FailureRecord(target=ctx.target.id, key=ctx.ki.key, status=status, reason=reason,
+                               compile_time_s=metrics["compile_time_s"], peak_rss_bytes=run.peak_rss_bytes,
+                               exit_code=run.exit_code, attempts=ctx.attempt, attempts_total=total, details=details,
+                               time=utc_now())
+        out = Outcome(ctx.target.id, ctx.ki.key, status, reason, compiled=True, metrics=metrics)
+        log_bytes = failure_log(run)
+        done: Outcome | Unrecorded = out
+        try:
+            with disk_full("recording the failure", ctx.target.id):
+                self.store.put_failure(record, log_bytes)
+                self.remember(ctx, status)
+        except DiskFull:
+            done = Unrecorded(out, record, log_bytes)  # recorded by late_failure once the staging files are gone
+        stage = failure_stage(run, details, self.backend)
+        kept = (self.keep_workdir(ctx, ctx.work, record, stage)
+                if ctx.work is not None and isinstance(done, Outcome) else None)
+        self.ledger(ctx, "compile", status, reason=reason, stage=stage, run=run, details=details, workdir=kept)
+        ctx.log.error("compile failed", status=status, reason=reason, compile_time_s=metrics["compile_time_s"])
+        return done
+
+    def late_failure(self, ctx: BuildContext, done: Unrecorded) -> Outcome:
+        """Write the failure record the full disk kept :meth:`failure` from writing (the attempt's staging
+        files are gone now); still full: logged. Returns the attempt's outcome."""
+        try:
+            with disk_full("recording the failure", ctx.target.id):
+                self.store.put_failure(done.record, done.log)
+                self.remember(ctx, done.outcome.status)
+        except DiskFull as e:
+            ctx.log.warning("could not record the failure (disk full)", error=str(e.__cause__))
+        return done.outcome
+
+    def toolchain_missing(self, ctx: BuildContext, reason: str) -> Outcome:
+        """Fail the attempt as TOOLCHAIN_MISSING without starting a worker: the failure record, the target
+        record and the ledger say ``reason``."""
+        status = Status.TOOLCHAIN_MISSING
+        metrics = {"status": status, "compile_time_s": 0.0, "peak_rss_bytes": 0, "exit_code": None,
+                   "attempts": ctx.attempt, "reason": reason}
+        self.store.put_failure(FailureRecord(target=ctx.target.id, key=ctx.ki.key, status=status, reason=reason,
+                                             attempts=ctx.attempt, details={"backend": self.backend},
+                                             time=utc_now()), (reason + "\n").encode())
+        self.remember(ctx, status)
+        self.ledger(ctx, "compile", status, reason=reason, stage=("toolchain", None, None), run=NOT_RUN)
+        ctx.log.error("compile failed", status=status, reason=reason)
+        return Outcome(ctx.target.id, ctx.ki.key, status, reason, compiled=False, metrics=metrics)
 
     def cache_hits(self, hits: list[tuple[str, str]]) -> None:
         """Write one ledger object listing a ``cached`` record for each (target id, key) of ``hits``."""
@@ -149,4 +217,4 @@ def failure_stage(run: CompileRun, details: dict, backend: str) -> Stage:
     return stage, compiler_pass, code
 
 
-__all__ = ["Recorder", "Stage", "failure_stage", "hbm_estimate"]
+__all__ = ["Recorder", "Stage", "Unrecorded", "failure_stage", "hbm_estimate"]
