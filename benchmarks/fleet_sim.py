@@ -50,9 +50,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from neuron_build.build.dispatch import Dispatcher, Job  # noqa: E402
-from neuron_build.build.predict import Predictor  # noqa: E402
-from neuron_build.store.ledger import LedgerRecord  # noqa: E402
+from neuron_build.build.dispatch import Dispatcher, Job
+from neuron_build.build.predict import Predictor
+from neuron_build.store.ledger import LedgerRecord
 
 GIB = 2**30
 HOUR = 3600.0

@@ -8,3 +8,6 @@ Importing this package never imports torch: compiles run in ``python -m neuron_b
 """
 
 __version__ = "0.1.0"
+
+
+__all__ = ["__version__"]

@@ -15,6 +15,7 @@ Core module: torch is imported only inside :func:`load_artifact`.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import warnings
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_build.backends import find_backend
 from neuron_build.errors import UserError
 
 #: The loader of AOTInductor packages (``.pt2``).
@@ -80,9 +82,10 @@ def load_artifact(path: str | Path, loader: str, backend: str, device: str | Non
     path = Path(path)
     if loader == AOTI_LOADER or path.suffix == ".pt2":
         return torch._inductor.aoti_load_package(str(path))
-    if backend == "neuron":
+    spec = find_backend(backend)
+    if spec is not None and spec.jit_registers:  # torch_neuronx: registers the Neuron TorchScript classes
         try:
-            import torch_neuronx  # noqa: F401  registers the Neuron TorchScript classes
+            importlib.import_module(spec.jit_registers)
         except ImportError as e:
             if not explain_missing_neuronx:
                 raise
@@ -176,13 +179,16 @@ LOAD_RULES: dict[str, LoadRule] = {
 
 def artifact_kind(loader: str, backend: str, artifact: str = "") -> str:
     """The :data:`LOAD_RULES` kind of an artifact: ``aoti`` for ``.pt2`` (:data:`AOTI_LOADER`),
-    ``compile-cache`` for the caches of the compile-cache and torchneuron backends (:data:`CACHE_LOADER`),
-    ``neuron`` for a neuron backend's TorchScript module, else ``torchscript``."""
+    ``compile-cache`` for caches (:data:`CACHE_LOADER`), else the backend record's ``artifact_kind``
+    (:mod:`neuron_build.backends`: ``compile-cache`` for the compile-cache and torchneuron backends,
+    ``neuron`` for the neuron backend's TorchScript module, ``aoti`` for inductor), ``torchscript`` for an
+    unknown backend."""
     if loader == AOTI_LOADER or artifact.endswith(".pt2"):
         return "aoti"
-    if loader == CACHE_LOADER or backend in ("compile-cache", "torchneuron"):
+    if loader == CACHE_LOADER:
         return "compile-cache"
-    return "neuron" if backend == "neuron" else "torchscript"
+    spec = find_backend(backend)  # (the record's kind; an unknown backend: a TorchScript module)
+    return spec.artifact_kind if spec is not None else "torchscript"
 
 
 def load_requirements(kind: str, toolchain: Mapping[str, Any]) -> dict[str, str]:

@@ -157,3 +157,8 @@ def exit_code(exc: BaseException) -> int:
     if isinstance(exc, NeuronBuildError):
         return int(exc.exit_code)
     return int(ExitCode.FAILED)
+
+
+__all__ = ["STORE_SCHEMES", "BuildFailed", "ConfigError", "ExitCode", "FactoryNotImportable", "NeuronBuildError",
+           "StoreDenied", "StoreError", "StoreFailed", "StoreIsAFile", "StoreMissing", "StoreNotOpened",
+           "StoreUnreachable", "UserError", "exit_code"]

@@ -107,3 +107,6 @@ def make_inputs(inputs: Sequence[dict[str, Any]], seed: int, device: str = "cpu"
             t = t.to(torch_dtype(dt))
         out.append(t.to(device))
     return tuple(out)
+
+
+__all__ = ["TORCH_DTYPES", "build_model", "load_factory", "make_inputs", "torch_dtype"]

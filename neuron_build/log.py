@@ -160,3 +160,6 @@ class LazyLogger:
 def get_logger(**bound: Any) -> LazyLogger:
     """A logger with ``bound`` context (e.g. ``target=..., key=...``); structlog loads on the first event."""
     return LazyLogger(bound)
+
+
+__all__ = ["SHOWN_BY_DISPLAY", "LazyLogger", "configure", "divert_stderr", "get_logger", "use_color"]

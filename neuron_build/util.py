@@ -271,3 +271,8 @@ def swap_in_folder(staging: Path, dest: Path) -> None:
         os.rename(old, dest)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+__all__ = ["DISK_FULL_ERRNOS", "age", "append_line", "canonical_json", "commit_temp", "file_sha256", "fsync_path",
+           "is_disk_full", "json_bytes", "median_ci", "percentile", "ratio_ci", "read_json", "seconds_since",
+           "sha256_hex", "swap_in_folder", "temp_name", "utc_now", "write_atomic", "write_json_atomic"]

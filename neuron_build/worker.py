@@ -13,8 +13,10 @@ the failure's exit status: 1 for a compiler error, 3 for a missing toolchain, 70
 failure, 137 for a compiler killed by SIGKILL. Everything it prints goes to the worker log
 (``worker.log`` in the artifact, ``failure.log`` beside a failure record).
 
-A backend may define ``preflight(request)``; it runs before the model is built, so a missing toolchain
-fails in a second instead of after loading the model's weights.
+The compiler's ``preflight(request)`` (:class:`~neuron_build.compilers.base.CompilerBase`) runs before the
+model is built, so a missing toolchain fails in a second instead of after loading the model's weights; a
+compiler whose ``needs_module`` is False gets no model. When the graph key is made is the backend's record
+(:mod:`neuron_build.backends`, ``graph_key``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def run(request_path: str) -> int:
           f"({req.hardware_target}) dtype {req.dtype}", flush=True)
     try:
         enter_stage("model")
+        spec = _backend(req.backend)
         try:
             from neuron_build.examples import build_model, make_inputs
             if req.options.get("task") == "text-generation":  # prefill / decode graphs of a decoder LM
@@ -50,15 +53,13 @@ def run(request_path: str) -> int:
                 compiler = textgen_compiler(req.backend)
             else:
                 compiler = load_compiler(req.backend)
-            preflight = getattr(compiler, "preflight", None)
-            if preflight is not None:  # toolchain checks before the (possibly slow) model build
-                preflight(req)
+            compiler.preflight(req)  # toolchain checks before the (possibly slow) model build
             modules_before = list(sys.modules)  # after the backend's own imports (preflight)
-            if (req.options or {}).get(graph_key.OPTION) and req.backend in graph_key.BEFORE_COMPILE:
+            if (req.options or {}).get(graph_key.OPTION) and spec.graph_key == "before":
                 graph_key.watch_custom_ops()  # the kernels the model registers: a custom op is keyed by them
             with recorder:  # what the factory opens and which variables it reads
                 model = (build_model(req.root, req.factory, req.kwargs, req.dtype, hf=req.hf)
-                         if getattr(compiler, "needs_module", True) else None)
+                         if compiler.needs_module else None)
             # the distributions the model's build imported (not the compile's: a compile and a graph reuse
             # of one model record the same set, so no target's key moves when another compiles)
             reads = recorder.to_json(modules_before)
@@ -71,9 +72,8 @@ def run(request_path: str) -> int:
             raise CompileFailed(Status.ERROR, f"{what}: {e}") from e
         inputs = make_inputs(req.inputs, req.seed)
         print(f"model built in {time.monotonic() - t0:.1f} s", flush=True)
-        if (req.options or {}).get(graph_key.OPTION) and req.backend in graph_key.NO_GRAPH_KEY:
-            print(f"no graph key for backend {req.backend}: {graph_key.NO_GRAPH_KEY[req.backend]}; compiling",
-                  flush=True)
+        if (req.options or {}).get(graph_key.OPTION) and spec.graph_key == "none":
+            print(f"no graph key for backend {req.backend}: {spec.graph_key_why}; compiling", flush=True)
         result = compiler.compile(model, inputs, req)
     except graph_key.GraphHit as e:  # the graph index holds this graph's artifact: nothing compiled
         graph = _graph_file(work)  # (a hit re-raised by a wrapper may have lost its document digest)
@@ -103,6 +103,20 @@ def run(request_path: str) -> int:
                                   "reads": reads})
     print(f"compile done in {time.monotonic() - t0:.1f} s", flush=True)
     return 0
+
+
+def _backend(name: str):
+    """The record of backend ``name`` (:func:`neuron_build.backends.get_backend`).
+
+    Raises:
+        CompileFailed: ERROR for an unknown backend (a request this version did not write).
+    """
+    from neuron_build.backends import get_backend
+    from neuron_build.compilers.base import CompileFailed
+    try:
+        return get_backend(name)
+    except KeyError as e:
+        raise CompileFailed(Status.ERROR, str(e.args[0])) from None
 
 
 def _imported(req, work: Path) -> list[str]:

@@ -1,10 +1,12 @@
 """The layering rules, enforced: which layer may import which, no import cycles (deferred imports
 included), and the torch-free paths stay torch-free.
 
-Layers, lowest first (``shared/DESIGN.md``): core (errors, status, util, log, the package) <- project
-(config, compiler args, matrix, keys) <- store <- compilers (and the worker, the example inputs, the
-artifact loader) <- build | evaluate <- release <- runtime | tasks <- cli. A module may import its own
-layer and the layers its row allows below.
+Layers (:data:`LAYERS`; the table in ``docs/architecture.md``, which ``tests/test_docs_match.py`` holds to
+:data:`ALLOWED`): core (errors, status, util, log, the backend records, hf, trust, cpu_isa, traffic, the package); project
+(config, compiler args, matrix, keys) and store, siblings over core (neither imports the other); compilers
+(and the worker, the example inputs, the artifact loader) over project, never the store; build and evaluate
+over store and compilers; release over evaluate; runtime over the compilers alone; tasks over build and
+evaluate; cli over all. A module may import its own layer and the layers its row in :data:`ALLOWED` names.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ PKG = REPO / "neuron_build"
 
 #: layer -> module-name prefixes (longest match wins)
 LAYERS = {
-    "core": ["neuron_build", "neuron_build.errors", "neuron_build.status", "neuron_build.util", "neuron_build.log",
-             "neuron_build.hf"],
+    "core": ["neuron_build", "neuron_build.backends", "neuron_build.errors", "neuron_build.status", "neuron_build.util",
+             "neuron_build.log", "neuron_build.hf"],
     "project": ["neuron_build.project"],
     "store": ["neuron_build.store"],
     "compilers": ["neuron_build.compilers", "neuron_build.worker", "neuron_build.examples", "neuron_build.artifact"],

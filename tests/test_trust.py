@@ -17,7 +17,7 @@ import pytest
 from neuron_build.errors import NeuronBuildError
 from neuron_build.release.pull import pull
 from neuron_build.store import open_store
-from neuron_build.store.local import SELF_DIGEST, manifest_digest
+from neuron_build.store.digests import SELF_DIGEST, manifest_digest
 from neuron_build.util import canonical_json, sha256_hex
 from tests.helpers.cli import run_cli
 from tests.helpers.projects import write_tiny_project

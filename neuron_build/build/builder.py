@@ -48,8 +48,8 @@ from neuron_build.project.matrix import Target
 from neuron_build.project.toolchain import announce_backend, neuron_status
 from neuron_build.status import DOWNLOADED, BuildResult, Status, TargetState
 from neuron_build.store import cached_store
+from neuron_build.store.budget import GB
 from neuron_build.store.contract import ArtifactStore
-from neuron_build.store.locks import GB
 
 
 class Builder:
@@ -127,7 +127,7 @@ class Builder:
         starting a worker."""
         if self._toolchain_problem is False:
             self._toolchain_problem = None
-            if self.keys.backend in ("neuron", "torchneuron"):
+            if self.keys.backend_spec is not None and self.keys.backend_spec.neuron_toolchain:
                 st = neuron_status()
                 self._toolchain_problem = None if st.usable else st.problem
         return self._toolchain_problem  # type: ignore[return-value]

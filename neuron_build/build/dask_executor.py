@@ -45,7 +45,7 @@ from neuron_build.errors import UserError
 from neuron_build.log import get_logger
 from neuron_build.project.matrix import Target
 from neuron_build.status import BuildResult, Status
-from neuron_build.store.locks import GB
+from neuron_build.store.budget import GB
 
 #: Seconds the client waits for the scheduler to answer, and for a first worker to join.
 CONNECT_TIMEOUT_S = 10.0

@@ -20,7 +20,7 @@ from doit.cmdparse import CmdOption, CmdParse, CmdParseError
 from doit.doit_cmd import DoitMain
 from doit.exceptions import InvalidCommand, InvalidDodoFile, InvalidTask, TaskFailed, UnmetDependency
 
-from neuron_build.doit_seek import Run  # doit's run, plus the hint for a project's subfolder
+from neuron_build.build.doit_seek import Run  # doit's run, plus the hint for a project's subfolder
 
 __all__ = ["BuildMain", "BuildRun", "is_neuron_build"]
 

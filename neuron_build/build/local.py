@@ -81,7 +81,7 @@ class LocalExecutor:
             proc = subprocess.Popen([sys.executable, "-m", "neuron_build.worker", str(work_dir / "request.json")],
                                     stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     cwd=str(work_dir), env=env, start_new_session=True,
-                                    preexec_fn=partial(die_with_parent, os.getpid()))  # noqa: PLW1509
+                                    preexec_fn=partial(die_with_parent, os.getpid()))
             peak, timed_out, next_beat = 0, False, t0 + self.heartbeat_s
             limit, oom = self.memory_limit_bytes, False
             status = None

@@ -54,3 +54,6 @@ def expected_compile_time(store: ArtifactStore, model: str, bucket_id: str) -> f
         if isinstance(t, (int, float)) and t > 0 and (best is None or fail.time > best[0]):
             best = (fail.time, float(t))
     return best[1] if best else None
+
+
+__all__ = ["PeakEstimate", "expected_compile_time", "expected_peak"]

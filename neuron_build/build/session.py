@@ -285,7 +285,7 @@ class BuildSession(NamespaceTaskLoader):
             a ``doit -P process`` runner records into its own copy).
     """
 
-    def __init__(self, builder: Builder | None = None, retry_failed: bool | None = None, *,  # noqa: PLR0913
+    def __init__(self, builder: Builder | None = None, retry_failed: bool | None = None, *,
                  config_path: str | None = None, jobs: int = 1, pending: dict[str, float | None] | None = None,
                  doit_config: dict[str, Any] | None = None):
         super().__init__()

@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail again
         return exit_code(e)
     except OSError as e:
-        from neuron_build.store.local import ReadOnlyStore
+        from neuron_build.store.core import ReadOnlyStore
 
         if args.debug or not isinstance(e, ReadOnlyStore):
             raise

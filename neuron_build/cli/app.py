@@ -98,7 +98,7 @@ def require_writable(store: ArtifactStore) -> None:
     if store.read_only:
         import errno
 
-        from neuron_build.store.local import ReadOnlyStore
+        from neuron_build.store.core import ReadOnlyStore
         raise ReadOnlyStore(errno.EROFS, f"store {store.location} is opened read-only")
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neuron_build.backends import find_backend
 from neuron_build.cli.app import command, display_note, open_builder, print_json, require_writable
 from neuron_build.errors import ExitCode, UserError
 
@@ -138,7 +139,8 @@ def bench_selected(b, chosen, timing, *, compare: bool = False, profile: str | N
             continue
         m = b.store.manifest(key)
         runnable, why = can_run_here(artifact_device_kind(m.backend, m.hardware_target))
-        if not runnable and profile and m.backend == "torchneuron":
+        spec = find_backend(m.backend)
+        if not runnable and profile and spec is not None and spec.native_device:
             # TorchNeuron's profiler path still runs (on CPU tensors) and says the figures are not a NeuronCore's
             display_note(f"PROFILE ONLY  {t.id}: {why}: profiling on CPU tensors, no latency benchmark recorded")
             prof = profile_target(b.project, b.store, t, key, profile, iters=timing.iters, warmup=timing.warmup)
@@ -211,3 +213,7 @@ def cmd_bench(args) -> int:
         display_note(f"{len(run.not_built)} not built: {', '.join(run.not_built)}")
         return ExitCode.FAILED
     return ExitCode.OK
+
+
+__all__ = ["BenchRun", "against_items", "bench_selected", "check_profile_dir", "cmd_bench", "format_bench", "register",
+           "timing_settings"]

@@ -304,7 +304,7 @@ def given_store(location: str) -> str:
         why = "no such folder"
     elif not root.is_dir():
         why = "a file, not a folder"
-    elif not any((root / a).is_dir() for a in layout.SHARED_AREAS) and not (root / "store-id.json").is_file():
+    elif not any((root / a).is_dir() for a in layout.SHARED_AREAS) and not (root / layout.STORE_ID_PATH).is_file():
         why = "the folder holds none of ac/, cas/, releases/, channels/"
     else:
         return location

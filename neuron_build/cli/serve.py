@@ -56,3 +56,6 @@ def cmd_warmup(args) -> int:
     else:
         print(format_report(report))
     return ExitCode.OK if report["zero_compiles"] or args.in_process else ExitCode.FAILED
+
+
+__all__ = ["SCHEMA", "cmd_warmup", "format_report", "register"]

@@ -50,7 +50,7 @@ def require_existing(store):
 def cmd_verify(args) -> int:
     """Verify every manifest and blob; exit 1 when anything was bad. Damage is reported with the releases
     and channels it breaks and the fix; only ``--repair`` moves it (to quarantine/)."""
-    from neuron_build.store.maintenance import verify_store
+    from neuron_build.store.verify import verify_store
 
     b = open_builder(args)
     store = chosen_store(b, args.remote)

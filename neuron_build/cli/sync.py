@@ -53,6 +53,7 @@ def cmd_push(args) -> int:
     """Upload what the remote lacks: artifacts (blobs first, manifests last), then records; progress on
     stderr (:mod:`neuron_build.cli.transfer`)."""
     from neuron_build.cli.transfer import TransferDisplay
+    from neuron_build.store import layout
     from neuron_build.store.sync import copy_channels, copy_keys, copy_records
 
     b, local, remote = _pair(args)
@@ -62,7 +63,7 @@ def cmd_push(args) -> int:
     copy_records(local, remote, rep.copied + rep.present, rep)
     copy_channels(local, remote, rep)  # the local channels a project had before its remote, with history
     for key in rep.copied + rep.present:  # a push that succeeds settles what earlier builds left pending
-        local.delete_object(f"pending-push/{key}")
+        local.delete_object(layout.pending_path(key))
     if args.json:
         print_json({"remote": remote.location, **rep.to_json()})
     else:

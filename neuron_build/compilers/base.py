@@ -1,28 +1,28 @@
 """The seam between the build and a compiler backend.
 
-A backend is a class with a ``name`` and a ``compile(model, example_inputs, request)`` method, run inside
-the worker subprocess (``python -m neuron_build.worker``). It writes the artifact's files into
-``request.out_dir`` and returns a :class:`CompileResult`. Failures are raised as :class:`CompileFailed`
-with a manifest status (see :class:`neuron_build.status.Status`) and a one-line reason.
+A backend's compiler is a :class:`CompilerBase` subclass with a ``name`` and a
+``compile(model, example_inputs, request)`` method, run inside the worker subprocess
+(``python -m neuron_build.worker``). It writes the artifact's files into ``request.out_dir`` and returns a
+:class:`CompileResult`. Failures are raised as :class:`CompileFailed` with a manifest status (see
+:class:`neuron_build.status.Status`) and a one-line reason. ``preflight(request)`` runs before the model is
+built (a missing toolchain fails in a second, not after loading the weights); ``needs_module`` False means
+the compiler reads the checkpoint itself and the worker builds no model.
 
-Backends are looked up by name in :data:`BACKENDS` and imported lazily, so the build process never imports
-torch or a compiler.
+Compilers are named by their backend's record (:mod:`neuron_build.backends`: ``compiler``,
+``textgen_compiler``) and imported lazily, so the build process never imports torch or a compiler.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
-#: backend name -> "module:class"
-BACKENDS = {
-    "inductor": "neuron_build.compilers.inductor:InductorCompiler",
-    "torchscript": "neuron_build.compilers.torchscript:TorchScriptCompiler",
-    "neuron": "neuron_build.compilers.neuron:NeuronCompiler",
-    "compile-cache": "neuron_build.compilers.compile_cache:CompileCacheCompiler",
-    "torchneuron": "neuron_build.compilers.neuron.torchneuron:TorchNeuronCompiler",
-}
+from neuron_build.backends import BACKENDS as _RECORDS
+from neuron_build.backends import get_backend
+
+#: backend name -> "module:class" of its forward-graph compiler (each record's ``compiler``).
+BACKENDS = {b.name: b.compiler for b in _RECORDS.values()}
 
 #: worker exit status for a missing toolchain (the compiler's own statuses pass through).
 EXIT_TOOLCHAIN_MISSING = 3
@@ -105,9 +105,19 @@ class CompileFailed(Exception):
 
 
 class Compiler(Protocol):
-    """A compiler backend (runs in the worker)."""
+    """A compiler backend (runs in the worker); :class:`CompilerBase` gives the defaults."""
 
     name: str
+    #: False: the compiler reads the model's checkpoint itself; the worker builds no model (passes None).
+    needs_module: bool
+
+    def preflight(self, request: CompileRequest) -> None:
+        """Check the toolchain before the (possibly slow) model build.
+
+        Raises:
+            CompileFailed: ``TOOLCHAIN_MISSING`` (exit 3) with the install hint, or ``ERROR``.
+        """
+        ...
 
     def compile(self, model: Any, example_inputs: tuple, request: CompileRequest) -> CompileResult:
         """Compile ``model`` for ``example_inputs`` (a tuple of tensors with the bucket's shapes and
@@ -119,11 +129,39 @@ class Compiler(Protocol):
         ...
 
 
+class CompilerBase:
+    """The defaults of :class:`Compiler`: the worker builds the model (``needs_module``), and there is no
+    toolchain to check before it (``preflight`` does nothing). Subclasses set ``name`` and ``compile``."""
+
+    name: ClassVar[str] = ""
+    needs_module: ClassVar[bool] = True
+
+    def preflight(self, request: CompileRequest) -> None:
+        """Nothing to check before the model build (see :meth:`Compiler.preflight`)."""
+
+    def compile(self, model: Any, example_inputs: tuple, request: CompileRequest) -> CompileResult:
+        """See :meth:`Compiler.compile`."""
+        raise NotImplementedError(f"{type(self).__name__}.compile")
+
+
+def load_class(ref: str) -> type:
+    """The class ``"module.path:Class"`` names (imports the module).
+
+    Raises:
+        ImportError, AttributeError: the module or class does not exist.
+    """
+    mod, _, cls = ref.partition(":")
+    return getattr(importlib.import_module(mod), cls)
+
+
 def load_compiler(name: str) -> Compiler:
-    """Instantiate the backend called ``name``.
+    """Instantiate the forward-graph compiler of backend ``name`` (its record's ``compiler``).
 
     Raises:
         KeyError: no such backend.
     """
-    mod, _, cls = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(mod), cls)()
+    return load_class(get_backend(name).compiler)()
+
+
+__all__ = ["BACKENDS", "EXIT_TOOLCHAIN_MISSING", "STAGES", "STAGE_PREFIX", "CompileFailed", "CompileRequest",
+           "CompileResult", "Compiler", "CompilerBase", "enter_stage", "load_class", "load_compiler"]

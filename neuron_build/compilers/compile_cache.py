@@ -46,12 +46,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from neuron_build.backends import BACKENDS, get_backend
 from neuron_build.compilers import graph_key
-from neuron_build.compilers.base import CompileFailed, CompileRequest, CompileResult
+from neuron_build.compilers.base import CompileFailed, CompilerBase, CompileRequest, CompileResult
 from neuron_build.status import Status
 
-#: our backend -> the Dynamo backend ``torch.compile`` runs.
-CACHE_BACKENDS = {"compile-cache": "inductor", "torchneuron": "neuron"}
+#: our backend -> the Dynamo backend ``torch.compile`` runs (the ``caches`` records of :mod:`neuron_build.backends`).
+CACHE_BACKENDS = {b.name: b.torch_compile_backend for b in BACKENDS.values() if b.serving == "caches"}
 #: The artifact file holding ``save_cache_artifacts()``'s bytes.
 BLOB = "compile_cache.bin"
 #: The artifact folder holding the NEFF cache files (torchneuron).
@@ -310,7 +311,7 @@ def fresh_dir(path: Path) -> Path:
     return path
 
 
-class CompileCacheCompiler:
+class CompileCacheCompiler(CompilerBase):
     """``torch.compile(backend="inductor", fullgraph=True, dynamic=False)`` warmed on the bucket, captured
     with ``save_cache_artifacts`` into ``compile_cache.bin``, with the C++ kernels under ``inductor_kernels/``.
 
@@ -345,7 +346,7 @@ class CompileCacheCompiler:
         model = model.to(device)
         inputs = tuple(t.to(device) for t in example_inputs)
         kwargs = torch_compile_kwargs(self.name)
-        if self.name == "compile-cache":  # torchneuron: no graph key (graph_key.NO_GRAPH_KEY)
+        if get_backend(self.name).graph_key == "before":
             graph_key.checkpoint(request, lambda: self._graph_document(model, inputs, request))
         torch._dynamo.reset()
         before, n0 = compile_counters(), n_graph_rows()
@@ -416,7 +417,7 @@ def serving_settings(backend: str, request: CompileRequest, env: Mapping[str, st
     key), ``device`` (``cpu``, ``cuda`` or ``neuron``), ``grad`` (``no_grad``: warmed under it), and the model
     as built: ``factory``, ``kwargs``, ``dtype``, and for an hf model ``hf`` (:func:`neuron_build.hf.spec`:
     the folder or package as written in buckets.toml, the auto class, the output, the input names)."""
-    device = "neuron" if backend == "torchneuron" else request.hardware_target
+    device = get_backend(backend).device_kind(request.hardware_target)
     out = {"torch_compile": torch_compile_kwargs(backend), "env": dict(sorted(env.items())), "device": device,
            "grad": "no_grad", "factory": request.factory, "kwargs": dict(request.kwargs), "dtype": request.dtype}
     if request.hf is not None:

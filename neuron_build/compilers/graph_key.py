@@ -52,6 +52,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from neuron_build.backends import BACKENDS, get_backend
 from neuron_build.util import canonical_json, sha256_hex, write_json_atomic
 
 #: Bump when a canonical form changes, or when what a backend writes for the same graph changes: every
@@ -66,13 +67,11 @@ VERDICT_FILE = "graph-verdict.json"
 #: The request option (``CompileRequest.options``) that turns the graph key on: ``{"base": {...}, "known":
 #: path of a JSON list of graph keys the index holds}``. Absent: the worker makes no graph key.
 OPTION = "graph_key"
-#: Backends whose graph key is made before the compile (a hit compiles nothing).
-BEFORE_COMPILE = ("inductor", "compile-cache", "torchscript")
-#: Backends that cannot make one, and why (logged by the worker).
-NO_GRAPH_KEY = {
-    "torchneuron": "torch.compile(backend='neuron') hands its graph to the backend inside Dynamo; "
-                   "there is no graph to key on before the compile",
-}
+#: Backends whose graph key is made before the compile (a hit compiles nothing): the records of
+#: :mod:`neuron_build.backends` with ``graph_key = "before"``.
+BEFORE_COMPILE = tuple(b.name for b in BACKENDS.values() if b.graph_key == "before")
+#: Backends that cannot make one, and why (logged by the worker): the records with ``graph_key = "none"``.
+NO_GRAPH_KEY = {b.name: b.graph_key_why for b in BACKENDS.values() if b.graph_key == "none"}
 #: Higher-order ops whose meaning is their name and their arguments (bodies are ``get_attr``'d graph modules,
 #: read recursively); any other higher-order op (Triton kernels and delegates keep their bodies in side
 #: tables) means no graph key. Their semantics are torch's: the torch version is in the key.
@@ -606,19 +605,22 @@ def hlo_document(model_dir: str | Path) -> dict[str, Any]:
 
 def capture_document(backend: str, model: Any, example_inputs: tuple) -> dict[str, Any]:
     """The canonical document of ``model`` on ``example_inputs`` as ``backend`` captures it, without
-    compiling: ``torch.jit.trace`` + ``torch.jit.freeze`` for ``torchscript``, ``torch.export`` for
-    ``inductor`` and ``compile-cache`` (tests and benchmarks compare keys with it).
+    compiling, by its record's ``graph_capture`` (:mod:`neuron_build.backends`): ``torch.jit.trace`` +
+    ``torch.jit.freeze`` (torchscript), ``torch.export`` (inductor, compile-cache). Tests and benchmarks
+    compare keys with it.
 
     Raises:
-        NoGraphKey: another backend, or a graph without a canonical form.
+        NoGraphKey: a backend without a capture outside its compile, or a graph without a canonical form.
+        KeyError: no such backend.
     """
     import torch
 
+    capture = get_backend(backend).graph_capture
     with torch.no_grad():
-        if backend == "torchscript":
+        if capture == "torch.jit.trace":
             frozen = torch.jit.freeze(torch.jit.trace(model, example_inputs, check_trace=False).eval())
             return torchscript_document(frozen.graph, frozen)
-        if backend in ("inductor", "compile-cache"):
+        if capture == "torch.export":
             return export_document(torch.export.export(model, example_inputs, strict=False))
     raise NoGraphKey(f"backend {backend} has no graph to capture outside its compile")
 

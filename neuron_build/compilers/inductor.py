@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from neuron_build.compilers import graph_key
-from neuron_build.compilers.base import CompileFailed, CompileRequest, CompileResult, enter_stage
+from neuron_build.compilers.base import CompileFailed, CompilerBase, CompileRequest, CompileResult, enter_stage
 from neuron_build.status import Status
 
 OP_COUNT_SOURCE = "aoti-wrapper: fused kernel + extern kernel call sites in run_impl"
@@ -65,7 +65,7 @@ def count_package_kernels(package: Path) -> tuple[int, dict]:
     return total, breakdown
 
 
-class InductorCompiler:
+class InductorCompiler(CompilerBase):
     """``torch.export.export`` + ``torch._inductor.aoti_compile_and_package`` -> ``model.pt2``."""
 
     name = "inductor"
@@ -100,3 +100,6 @@ class InductorCompiler:
         if isa is not None:
             details["cpu_isa"] = isa
         return CompileResult(op_count=ops, op_count_source=OP_COUNT_SOURCE, details=details)
+
+
+__all__ = ["OP_COUNT_SOURCE", "InductorCompiler", "count_package_kernels", "count_wrapper_kernels"]

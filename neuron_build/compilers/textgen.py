@@ -42,8 +42,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from neuron_build.backends import AUTO, TEXTGEN_BACKENDS, find_backend
 from neuron_build.compilers import graph_key
-from neuron_build.compilers.base import CompileFailed, CompileRequest, CompileResult, enter_stage
+from neuron_build.compilers.base import (
+    CompileFailed,
+    Compiler,
+    CompilerBase,
+    CompileRequest,
+    CompileResult,
+    enter_stage,
+    load_class,
+)
 from neuron_build.status import Status
 
 #: The artifact file describing a text-generation graph.
@@ -177,7 +186,7 @@ def _options(request: CompileRequest) -> tuple[str, int, int, int]:
     return str(o["graph"]), int(o["batch"]), int(o["seq"]), int(o["max_seq_len"])
 
 
-class TextGenInductorCompiler:
+class TextGenInductorCompiler(CompilerBase):
     """Prefill or decode graph -> AOTInductor ``model.pt2`` (no weights inside) + ``weights.safetensors``."""
 
     name = "inductor"
@@ -221,7 +230,7 @@ class TextGenInductorCompiler:
             "exported_nodes": len(ep.graph.nodes), "op_breakdown": breakdown})
 
 
-class TextGenCompileCacheCompiler:
+class TextGenCompileCacheCompiler(CompilerBase):
     """Prefill or decode graph -> ``torch.compile`` caches of the static-cache wrapper
     (:class:`neuron_build.compilers.compile_cache.CompileCacheCompiler`'s files)."""
 
@@ -284,21 +293,20 @@ class TextGenCompileCacheCompiler:
             "serving": serving, "graphs": rows, "cache": blob, "counters": counts, "kernels": kernels})
 
 
-def textgen_compiler(backend: str):
-    """The compiler of a text-generation graph for ``backend``.
+def textgen_compiler(backend: str) -> Compiler:
+    """The compiler of a text-generation graph for ``backend``: its record's ``textgen_compiler``
+    (:mod:`neuron_build.backends`).
 
     Raises:
-        CompileFailed: ERROR for a backend that does not build text-generation graphs.
+        CompileFailed: ERROR for a backend that does not build text-generation graphs (the record's reason).
     """
-    if backend == "inductor":
-        return TextGenInductorCompiler()
-    if backend == "compile-cache":
-        return TextGenCompileCacheCompiler()
-    if backend == "neuron":  # NxDI: every bucket of a batch size in one compile
-        from neuron_build.compilers.neuron.nxdi import NxDICompiler
-        return NxDICompiler()
-    raise CompileFailed(Status.ERROR, f"text-generation models build with backend inductor or compile-cache, "
-                        f"not {backend}; set backend = \"inductor\" under [build]")
+    spec = find_backend(backend)
+    if spec is None or spec.textgen_compiler is None:
+        why = spec.textgen_reason if spec is not None else "no such backend"
+        raise CompileFailed(Status.ERROR, f"text-generation models build with backend "
+                            f"{' or '.join(b for b in TEXTGEN_BACKENDS if b != AUTO)}, not {backend} ({why}); set "
+                            f"backend = \"inductor\" under [build]")
+    return load_class(spec.textgen_compiler)()
 
 
 __all__ = ["INFO", "STATE_PREFIXES", "WEIGHTS", "TextGenCompileCacheCompiler", "TextGenInductorCompiler",

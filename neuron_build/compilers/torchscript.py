@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 from neuron_build.compilers import graph_key
-from neuron_build.compilers.base import CompileRequest, CompileResult, enter_stage
+from neuron_build.compilers.base import CompilerBase, CompileRequest, CompileResult, enter_stage
 
 OP_COUNT_SOURCE = "torchscript-frozen-graph: non-prim operator nodes"
 
@@ -35,7 +35,7 @@ def count_graph_ops(graph) -> tuple[int, dict[str, int]]:
     return sum(kinds.values()), dict(sorted(kinds.items()))
 
 
-class TorchScriptCompiler:
+class TorchScriptCompiler(CompilerBase):
     """``torch.jit.trace`` then ``torch.jit.freeze``, saved with ``torch.jit.save``."""
 
     name = "torchscript"
@@ -61,3 +61,6 @@ class TorchScriptCompiler:
         print(f"op count {ops} over {len(kinds)} operator kinds", flush=True)
         return CompileResult(op_count=ops, op_count_source=OP_COUNT_SOURCE,
                              details={"artifact": "model.pt", "loader": "torch.jit.load", "op_kinds": kinds})
+
+
+__all__ = ["OP_COUNT_SOURCE", "TorchScriptCompiler", "count_graph_ops"]

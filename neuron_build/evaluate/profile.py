@@ -10,9 +10,11 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from neuron_build.backends import find_backend
 from neuron_build.errors import UserError
 from neuron_build.evaluate.timing import device_sync, latency_stats, time_calls
 from neuron_build.evaluate.validate import Prepared, can_run_here, neuron_devices, prepare
@@ -76,10 +78,10 @@ def profile_target(project, store: ArtifactStore, target, key: str, out_dir: str
         The ``run.json`` content plus ``dir`` (the run folder) and ``table`` (the printed table).
     """
     import torch
-    from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     p = prepare(project, store, target, key)
-    native = p.manifest.backend == "torchneuron"
+    spec = find_backend(p.manifest.backend)
+    native = spec is not None and spec.native_device  # TorchNeuron's eager neuron device
     device_note = None
     if native and not neuron_devices():
         device_note = "no NeuronCore here: profiled on CPU tensors; device times and traces are not a NeuronCore's"
@@ -87,17 +89,10 @@ def profile_target(project, store: ArtifactStore, target, key: str, out_dir: str
         check_runnable(p)
     sync, _ = device_sync(p.device_kind)
     if native:
-        import torch_neuronx  # noqa: F401  registers torch.neuron
-
-        def sync() -> None:
-            torch.neuron.synchronize()  # type: ignore[attr-defined]  [doc: TorchNeuron profiling practice]
+        sync = _neuron_sync()
     fn = p.load_artifact()
     inputs = p.device_inputs()
-    activities = [ProfilerActivity.CPU]
-    if p.device_kind == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    if (native or neuron_devices()) and hasattr(ProfilerActivity, "PrivateUse1"):
-        activities.append(ProfilerActivity.PrivateUse1)
+    activities = _activities(p.device_kind, native)
     on_device = p.device_kind != "cpu"
     sort_by = "self_device_time_total" if on_device else "self_cpu_time_total"
     # the plain wall clock, without the profiler, reported beside the profiled steps
@@ -110,44 +105,9 @@ def profile_target(project, store: ArtifactStore, target, key: str, out_dir: str
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        traces: list[str] = []
-
-        def ready(prof) -> None:
-            path = tmp / "trace.json"
-            prof.export_chrome_trace(str(path))
-            traces.append(str(path))
-
-        steps = SCHEDULE["wait"] + SCHEDULE["warmup"] + SCHEDULE["active"]
-        extra: dict[str, Any] = {}
-        neuron_cfg = None
-        if native:
-            from torch_neuronx.profiling import NeuronConfig  # [doc: TorchNeuron profiling]
-
-            neuron_cfg = NeuronConfig(output_dir=str(tmp / "device"), device_streams=True, runtime_streams=True,
-                                      capture_cores=(0,), correlate_device_time=True)
-            extra["experimental_config"] = neuron_cfg
-        step_ms: list[float] = []
-        with torch.inference_mode(), profile(activities=activities, schedule=schedule(**SCHEDULE),
-                                             on_trace_ready=ready, record_shapes=True, **extra) as prof:
-            for _ in range(steps):
-                t0 = time.perf_counter_ns()
-                with record_function(f"artifact {target.id}"):
-                    fn(*inputs)
-                sync()
-                step_ms.append((time.perf_counter_ns() - t0) / 1e6)
-                prof.step()
-        if not traces:
-            raise RuntimeError("the profiler wrote no trace")
+        prof, step_ms = _profiled_steps(lambda: fn(*inputs), sync, f"artifact {target.id}", activities, tmp, native)
         pairs = _pair_device_files(tmp) if native else []
-        events = prof.key_averages()
-        table = events.table(sort_by=sort_by, row_limit=top)
-
-        def dev_time(e) -> float:
-            return float(getattr(e, "self_device_time_total", 0.0) or 0.0)
-
-        ranked = sorted(events, key=(dev_time if on_device else (lambda e: e.self_cpu_time_total)), reverse=True)
-        top_ops = [{"name": e.key, "calls": e.count, "self_cpu_time_us": round(e.self_cpu_time_total, 3),
-                    "self_device_time_us": round(dev_time(e), 3)} for e in ranked[:top]]
+        table, top_ops = _top_ops(prof.key_averages(), sort_by, top, on_device)
         run = {"key": key, "target": target.id, "iters": iters, "warmup": warmup, "schedule": dict(SCHEDULE),
                "device": p.device, "device_kind": p.device_kind, "host": socket.gethostname(), "time": utc_now(),
                "torch": torch.__version__, "activities": [str(a).split(".")[-1] for a in activities],
@@ -164,6 +124,80 @@ def profile_target(project, store: ArtifactStore, target, key: str, out_dir: str
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {**run, "dir": str(dest), "table": table}
+
+
+def _neuron_sync() -> Callable[[], None]:
+    """TorchNeuron's synchronise (``torch.neuron.synchronize()``), registered by importing ``torch_neuronx``."""
+    import torch
+    import torch_neuronx  # noqa: F401  registers torch.neuron
+
+    def sync() -> None:
+        torch.neuron.synchronize()  # type: ignore[attr-defined]  [doc: TorchNeuron profiling practice]
+
+    return sync
+
+
+def _activities(device_kind: str, native: bool) -> list[Any]:
+    """The profiler's activities: CPU, CUDA on a CUDA artifact, ``PrivateUse1`` for a NeuronCore."""
+    from torch.profiler import ProfilerActivity
+
+    activities = [ProfilerActivity.CPU]
+    if device_kind == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    if (native or neuron_devices()) and hasattr(ProfilerActivity, "PrivateUse1"):
+        activities.append(ProfilerActivity.PrivateUse1)
+    return activities
+
+
+def _profiled_steps(call: Callable[[], Any], sync: Callable[[], None], label: str, activities: list[Any],
+                    tmp: Path, native: bool) -> tuple[Any, list[float]]:
+    """Run ``call`` on :data:`SCHEDULE` under the profiler (each call in a ``label`` range, then ``sync``),
+    the Chrome trace written to ``tmp/trace.json`` (TorchNeuron's device files under ``tmp/device`` when
+    ``native``). Returns the profiler and each step's wall time in ms; RuntimeError if no trace was written."""
+    import torch
+    from torch.profiler import profile, record_function, schedule
+
+    traces: list[str] = []
+
+    def ready(prof) -> None:
+        path = tmp / "trace.json"
+        prof.export_chrome_trace(str(path))
+        traces.append(str(path))
+
+    steps = SCHEDULE["wait"] + SCHEDULE["warmup"] + SCHEDULE["active"]
+    extra: dict[str, Any] = {}
+    if native:
+        from torch_neuronx.profiling import NeuronConfig  # [doc: TorchNeuron profiling]
+
+        extra["experimental_config"] = NeuronConfig(output_dir=str(tmp / "device"), device_streams=True,
+                                                    runtime_streams=True, capture_cores=(0,),
+                                                    correlate_device_time=True)
+    step_ms: list[float] = []
+    with torch.inference_mode(), profile(activities=activities, schedule=schedule(**SCHEDULE),
+                                         on_trace_ready=ready, record_shapes=True, **extra) as prof:
+        for _ in range(steps):
+            t0 = time.perf_counter_ns()
+            with record_function(label):
+                call()
+            sync()
+            step_ms.append((time.perf_counter_ns() - t0) / 1e6)
+            prof.step()
+    if not traces:
+        raise RuntimeError("the profiler wrote no trace")
+    return prof, step_ms
+
+
+def _top_ops(events: Any, sort_by: str, top: int, on_device: bool) -> tuple[str, list[dict[str, Any]]]:
+    """The profiler's printed table of the ``top`` operators by ``sort_by``, and the same operators as records
+    (name, calls, self CPU and self device time in microseconds)."""
+
+    def dev_time(e) -> float:
+        return float(getattr(e, "self_device_time_total", 0.0) or 0.0)
+
+    table = events.table(sort_by=sort_by, row_limit=top)
+    ranked = sorted(events, key=(dev_time if on_device else (lambda e: e.self_cpu_time_total)), reverse=True)
+    return table, [{"name": e.key, "calls": e.count, "self_cpu_time_us": round(e.self_cpu_time_total, 3),
+                    "self_device_time_us": round(dev_time(e), 3)} for e in ranked[:top]]
 
 
 def _pair_device_files(run_dir: Path) -> list[dict[str, Any]]:

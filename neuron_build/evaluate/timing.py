@@ -214,80 +214,101 @@ def time_rounds(fns: Sequence[Callable], inputs: Sequence[tuple], syncs: Sequenc
     """
     import torch
 
-    s = settings
-    warmup, iters, min_iters, max_iters, max_time_s = s.warmup, s.iters, s.min_iters, s.max_iters, s.max_time_s
-    precision, confidence = s.precision, s.confidence
-    n = len(fns)
-    out: list[list[float]] = [[] for _ in fns]
-    watch = list(range(n)) if decide is None else list(decide)
-    say = note or (lambda _line: None)
-    t0 = clock()
-    last_note = [t0]
+    session = _Rounds(fns, inputs, syncs, settings, list(range(len(fns))) if decide is None else list(decide),
+                      progress, clock, note or (lambda _line: None))
+    with torch.inference_mode():
+        session.warm_up(rounds)
+        return session.out, session.timed()
 
-    def precise() -> bool:
-        for i in watch:
-            med, lo, hi = median_ci(out[i], confidence)
-            if med <= 0 or (hi - lo) / 2 > precision * med:
+
+class _Rounds:
+    """One :func:`time_rounds` session: its callables, its budget clock, its notes and the latencies so far."""
+
+    def __init__(self, fns: Sequence[Callable], inputs: Sequence[tuple], syncs: Sequence[Callable[[], None]],
+                 settings: TimingSettings, watch: list[int], progress: Any, clock: Callable[[], float],
+                 say: Callable[[str], None]) -> None:
+        self.fns, self.inputs, self.syncs, self.s = fns, inputs, syncs, settings
+        self.watch, self.progress, self.clock, self.say = watch, progress, clock, say
+        self.out: list[list[float]] = [[] for _ in fns]
+        self.t0 = self.last_note = clock()
+
+    def precise(self) -> bool:
+        """Every watched median's confidence interval is within ``precision`` of it."""
+        for i in self.watch:
+            med, lo, hi = median_ci(self.out[i], self.s.confidence)
+            if med <= 0 or (hi - lo) / 2 > self.s.precision * med:
                 return False
         return True
 
-    def first_round(seconds: float) -> None:
-        if iters is not None:
-            say(f"one round takes {seconds:.3g} s: {warmup} warm-up + {iters} timed rounds will take about "
-                f"{seconds * (warmup + iters):.0f} s (--iters is not bounded by --max-time)")
+    def first_round(self, seconds: float) -> None:
+        """Say what the session will take, from its first round's ``seconds``."""
+        s = self.s
+        if s.iters is not None:
+            self.say(f"one round takes {seconds:.3g} s: {s.warmup} warm-up + {s.iters} timed rounds will take about "
+                     f"{seconds * (s.warmup + s.iters):.0f} s (--iters is not bounded by --max-time)")
             return
-        fit = int(max_time_s / seconds) if seconds > 0 else max_iters
-        cut = ("" if fit >= warmup + min_iters else
-               f"; the budget holds about {fit} rounds, fewer than warm-up {warmup} + --min-iters {min_iters}: "
-               f"warm-up stops at {WARMUP_SHARE:.0%} of it and timing at {max_time_s:g} s")
-        say(f"one round takes {seconds:.3g} s: at most {max_time_s:g} s in all, warm-up included (--max-time){cut}")
+        fit = int(s.max_time_s / seconds) if seconds > 0 else s.max_iters
+        cut = ("" if fit >= s.warmup + s.min_iters else
+               f"; the budget holds about {fit} rounds, fewer than warm-up {s.warmup} + --min-iters {s.min_iters}: "
+               f"warm-up stops at {WARMUP_SHARE:.0%} of it and timing at {s.max_time_s:g} s")
+        self.say(f"one round takes {seconds:.3g} s: at most {s.max_time_s:g} s in all, warm-up included "
+                 f"(--max-time){cut}")
 
-    def tick(r: int, label: str) -> None:
-        now = clock()
-        if now - last_note[0] >= PROGRESS_EVERY_S:
-            last_note[0] = now
-            budget = "" if iters is not None else f" of {max_time_s:g}"
-            say(f"{label} round {r}, {now - t0:.0f}{budget} s")
+    def tick(self, r: int, label: str) -> None:
+        """Say how far the session is, every :data:`PROGRESS_EVERY_S` seconds."""
+        now = self.clock()
+        if now - self.last_note >= PROGRESS_EVERY_S:
+            self.last_note = now
+            budget = "" if self.s.iters is not None else f" of {self.s.max_time_s:g}"
+            self.say(f"{label} round {r}, {now - self.t0:.0f}{budget} s")
 
-    with torch.inference_mode():
-        for w in range(warmup):
+    def advance(self) -> None:
+        if self.progress is not None:
+            self.progress.update(1)
+
+    def warm_up(self, rounds: dict[str, int] | None) -> None:
+        """The untimed rounds: ``warmup`` of them, or fewer when :data:`WARMUP_SHARE` of the budget is spent."""
+        s, n = self.s, len(self.fns)
+        for w in range(s.warmup):
             for i in range(n):
-                fns[i](*inputs[i])
-                syncs[i]()
-            if progress is not None:
-                progress.update(1)
+                self.fns[i](*self.inputs[i])
+                self.syncs[i]()
+            self.advance()
             if w == 0:
-                first_round(clock() - t0)
-            tick(w + 1, "warm-up")
+                self.first_round(self.clock() - self.t0)
+            self.tick(w + 1, "warm-up")
             if rounds is not None:
                 rounds["warmup"] = w + 1
-            if iters is None and clock() - t0 >= WARMUP_SHARE * max_time_s:
+            if s.iters is None and self.clock() - self.t0 >= WARMUP_SHARE * s.max_time_s:
                 break
+
+    def timed(self) -> str:
+        """The timed rounds, each in an order rotated by one; returns why they stopped."""
+        s, n = self.s, len(self.fns)
         r = 0
         while True:
-            t_round = clock()
+            t_round = self.clock()
             for j in range(n):
                 i = (j + r) % n
                 t1 = time.perf_counter_ns()
-                fns[i](*inputs[i])
-                syncs[i]()
-                out[i].append((time.perf_counter_ns() - t1) / 1e6)
+                self.fns[i](*self.inputs[i])
+                self.syncs[i]()
+                self.out[i].append((time.perf_counter_ns() - t1) / 1e6)
             r += 1
-            if progress is not None:
-                progress.update(1)
-            if r == 1 and warmup == 0:
-                first_round(clock() - t_round)
-            tick(r, "timed")
-            if iters is not None:
-                if r >= iters:
-                    return out, "iters"
+            self.advance()
+            if r == 1 and s.warmup == 0:
+                self.first_round(self.clock() - t_round)
+            self.tick(r, "timed")
+            if s.iters is not None:
+                if r >= s.iters:
+                    return "iters"
                 continue
-            if r >= max_iters:
-                return out, "max_iters"
-            if r >= min_iters and r % 10 == 0 and precise():
-                return out, "precision"
-            if clock() - t0 >= max_time_s:
-                return out, "time"
+            if r >= s.max_iters:
+                return "max_iters"
+            if r >= s.min_iters and r % 10 == 0 and self.precise():
+                return "precision"
+            if self.clock() - self.t0 >= s.max_time_s:
+                return "time"
 
 
 __all__ = ["CONFIDENCE", "DEFAULT_ITERS", "DEFAULT_WARMUP", "MAX_ITERS", "MAX_TIME_S", "MIN_ITERS", "PRECISION",

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from neuron_build.artifact import artifact_file, load_artifact
+from neuron_build.backends import find_backend
 from neuron_build.errors import UserError
 from neuron_build.project.config import DeviceKind, ModelSpec, Project
 from neuron_build.project.matrix import Target
@@ -72,10 +73,14 @@ def _cuda_devices() -> list[str]:
 
 
 def artifact_device_kind(backend: str, hardware_target: str) -> str:
-    """The device kind an artifact runs on: ``neuron`` for the neuron and torchneuron backends, else ``cuda``
-    or ``cpu`` (the ``[build] device`` the inductor, compile-cache or torchscript backend compiled for)."""
-    if backend in ("neuron", "torchneuron"):
-        return "neuron"
+    """The device kind an artifact runs on: its backend record's
+    (:meth:`neuron_build.backends.BackendSpec.device_kind`): ``neuron`` for the neuron and torchneuron
+    backends, else ``cuda`` or ``cpu`` (the ``[build] device`` the inductor, compile-cache or torchscript
+    backend compiled for). An unknown backend (a manifest this version did not write): ``cuda`` for a
+    ``cuda`` target, else ``cpu``."""
+    spec = find_backend(backend)
+    if spec is not None:
+        return spec.device_kind(hardware_target)
     return "cuda" if hardware_target == "cuda" else "cpu"
 
 
@@ -308,19 +313,19 @@ class Prepared:
         """
         m = self.manifest
         found = artifact_file(m.compiler, m.files)
-        name = found[0] if found else (m.compiler.get("artifact") or ("model.pt2" if m.backend == "inductor"
-                                                                       else "model.pt"))
+        spec = find_backend(m.backend)
+        name = found[0] if found else (m.compiler.get("artifact") or (spec.artifact if spec else "model.pt"))
         path = self.store.artifact_dir(self.key) / name
         if found is None or not path.is_file():
             raise UserError(f"{self.target.id}: artifact {self.key[:12]} has no {name}; "
                             f"rebuild it (neuron-build build {self.target.id})")
         serving = (m.compiler or {}).get("serving")
-        if m.backend in ("compile-cache", "torchneuron") and serving is not None:
+        if spec is not None and spec.serving == "caches" and serving is not None:
             from neuron_build.compilers.compile_cache import compile_from_caches
 
             module = self.eager(self.target.dtype, device=self.device)
             return compile_from_caches([self.store.artifact_dir(self.key)], serving, m.backend, module)[0]
-        if m.backend not in ("inductor", "torchscript", "neuron"):
+        if spec is None or spec.serving != "artifact":
             raise UserError(f"{self.target.id}: cannot load an artifact of backend {m.backend!r}")
         return load_artifact(path, found[1], m.backend, self.device, explain_missing_neuronx=False)
 
@@ -424,7 +429,7 @@ def diagnose(p: Prepared, ref_out, tolerance: float) -> tuple[list[str], dict[st
                     kw.pop(k, None)
                 try:
                     err = _max_rel(_run(p.eager("fp32", kwargs=kw), ref_inputs), ref_out)
-                except Exception:  # noqa: BLE001, S112  the factory does not take the reference's value
+                except Exception:  # the factory does not take the reference's value
                     continue
                 swaps[k] = err
                 if err <= tolerance:
@@ -625,7 +630,7 @@ def validate_here(project: Project, store: Any, target: Target, key: str, keys, 
                 validate_textgen(project, store, target, keys, rec, tol, validation_seed(key), compare_tensors)
             except (UserError, ReferenceFailed):
                 raise
-            except Exception as e:  # noqa: BLE001  graphs that do not load or run have failed validation
+            except Exception as e:  # graphs that do not load or run have failed validation
                 rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: the graphs did not load or run: {_first(e)}")
             return rec
         p = prepare(project, store, target, key)
@@ -633,14 +638,14 @@ def validate_here(project: Project, store: Any, target: Target, key: str, keys, 
         rec["torch"] = torch.__version__
         try:
             ref_out = _run(p.eager("fp32", model=rec["reference"]["model"]), p.reference_inputs())
-        except Exception as e:  # noqa: BLE001  no reference: no verdict
+        except Exception as e:  # no reference: no verdict
             raise ReferenceFailed(f"the fp32 reference {rec['reference']['model']} did not build or run: "
                                   f"{_first(e)}") from e
         try:
             out = _run(p.load_artifact(), p.device_inputs())
         except UserError:
             raise
-        except Exception as e:  # noqa: BLE001  an artifact that does not load or run has failed validation
+        except Exception as e:  # an artifact that does not load or run has failed validation
             out, problem = None, f"the artifact did not load or run: {_first(e)}"
         rows, problem = compare_outputs(out, ref_out, tol) if out is not None else ([], problem)
         rec["outputs"] = rows

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from neuron_build.evaluate.validate import _json_safe, validate_here
 
     with job.open("rb") as f:
-        project, view, target, key, key_table, rec = pickle.load(f)  # noqa: S301  the parent's own file
+        project, view, target, key, key_table, rec = pickle.load(f)  # the parent's own file
     try:
         rec = validate_here(project, view, target, key, key_table, rec)
     except UserError as e:

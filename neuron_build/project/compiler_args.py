@@ -138,3 +138,7 @@ def key_args(normalized: Iterable[str]) -> tuple[str, ...]:
     """The normalised args that belong in the key: all but those that do not change the artifact
     (``--verbose``)."""
     return tuple(a for a in normalized if a.partition("=")[0] not in NOT_IN_KEY)
+
+
+__all__ = ["ALIASES", "BOOL_FLAGS", "ENUMERATED", "NOT_IN_KEY", "OPPOSITES", "RESERVED", "VALUE_FLAGS", "key_args",
+           "normalize_compiler_args"]

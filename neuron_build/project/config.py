@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from neuron_build.backends import BACKEND_CHOICES, DEVICE_KINDS, DEVICES, NEURON_TARGETS
 from neuron_build.errors import STORE_SCHEMES, ConfigError
 from neuron_build.project.compiler_args import normalize_compiler_args
 from neuron_build.project.config_checks import cross_checks
@@ -54,15 +55,16 @@ from neuron_build.util import sha256_hex
 Dtype = Literal["fp32", "bf16", "fp16"]
 InputDtype = Literal["int64", "int32", "int16", "int8", "uint8", "bool", "fp32", "bf16", "fp16"]
 INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
-Backend = Literal["auto", "neuron", "torchneuron", "inductor", "compile-cache", "torchscript"]
-NeuronTarget = Literal["trn1", "trn1n", "trn2", "trn3", "inf2"]
-Device = Literal["cpu", "cuda"]
+#: ``auto`` and every backend of :data:`neuron_build.backends.BACKENDS`, in its order (error messages list them).
+Backend = Literal[BACKEND_CHOICES]  # type: ignore[valid-type]
+NeuronTarget = Literal[NEURON_TARGETS]  # type: ignore[valid-type]
+Device = Literal[DEVICES]  # type: ignore[valid-type]
 Executor = Literal["local", "dask"]
 #: ``task`` of a model table: ``forward`` (the default: one graph, the model's forward) or
 #: ``text-generation`` (a decoder LM: prefill and decode graphs over one static KV cache).
 Task = Literal["forward", "text-generation"]
 #: Where an artifact is validated, benchmarked and served (see :mod:`neuron_build.release.gates`).
-DeviceKind = Literal["cpu", "cuda", "neuron"]
+DeviceKind = Literal[DEVICE_KINDS]  # type: ignore[valid-type]
 
 _DIM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

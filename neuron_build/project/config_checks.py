@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from neuron_build.backends import find_backend
 from neuron_build.project.config_errors import toml_path
 from neuron_build.project.config_terms import (
     CAUSAL_LM,
@@ -307,7 +308,8 @@ def _tg_decode_buckets(cfg: ConfigFile, m: ModelSpec, at: tuple[Any, ...]) -> li
     if m.max_seq_len is not None:
         faults += [f"{toml_path(at + ('decode_buckets', i))}: {c} is longer than max_seq_len = {m.max_seq_len}; "
                    f"lower it or raise max_seq_len" for i, c in enumerate(m.decode_buckets) if c > m.max_seq_len]
-    if m.decode_buckets and cfg.build.backend != "neuron":
+    spec = find_backend(cfg.build.backend)  # auto: not known to be NxDI's until resolved
+    if m.decode_buckets and not (spec is not None and spec.decode_buckets):
         faults.append(f"{toml_path(at + ('decode_buckets',))}: the {cfg.build.backend} backend decodes against "
                       f"the whole KV cache (max_seq_len); remove it (token-generation buckets over cache length "
                       f"are NxDI's, for backend = \"neuron\")")
@@ -470,3 +472,7 @@ def cross_checks(cfg: ConfigFile, root: Path) -> list[str]:
     for name, m in cfg.models.items():
         faults.extend(f for check in MODEL_CHECKS for f in check(cfg, root, name, m))
     return faults
+
+
+__all__ = ["MODEL_CHECKS", "PROJECT_CHECKS", "TEXTGEN_CHECKS", "ModelCheck", "ProjectCheck", "TextgenCheck",
+           "cross_checks"]

@@ -132,3 +132,6 @@ def validation_faults(exc: ValidationError, model: type[BaseModel]) -> list[str]
         if line not in faults:
             faults.append(line)
     return faults
+
+
+__all__ = ["describe", "fields_at", "toml_path", "validation_faults"]

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import re
 
+from neuron_build.backends import TEXTGEN_BACKENDS
+
 DEFAULT_CONFIG = "buckets.toml"
 TEXT_GENERATION = "text-generation"
 #: The auto class a text-generation hf model loads with (the default for ``task = "text-generation"``).
 CAUSAL_LM = "AutoModelForCausalLM"
-#: The backends that build text-generation models (the static-cache export of transformers).
-TEXTGEN_BACKENDS = ("auto", "inductor", "compile-cache", "neuron")
+#: The backends that build text-generation models: :data:`neuron_build.backends.TEXTGEN_BACKENDS` (re-exported).
 #: A profile, model or channel name: safe in paths and target ids.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: What :data:`NAME` allows, in words (said after "name 'x'" in a fault).
@@ -27,3 +28,7 @@ def long_name_fault(kind: str, name: str) -> str | None:
         return None
     return (f"{kind} name {name[:20]!r}... is {len(name)} characters; at most {MAX_NAME_CHARS} (it becomes a file "
             f"name in the store)")
+
+
+__all__ = ["CAUSAL_LM", "DEFAULT_CONFIG", "MAX_NAME_CHARS", "NAME", "NAME_RULE", "TEXTGEN_BACKENDS", "TEXT_GENERATION",
+           "long_name_fault"]

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_build.backends import BACKENDS, find_backend
 from neuron_build.cpu_isa import host_cpu_isa
 from neuron_build.project.compiler_args import key_args
 from neuron_build.project.config import Project
@@ -47,56 +48,27 @@ from neuron_build.project.digest_cache import DigestCache
 from neuron_build.project.matrix import Target
 from neuron_build.project.plan_cache import InputLog
 from neuron_build.project.sources import glob_sources, is_project_file, local_imports
-from neuron_build.project.toolchain import NEURON_BACKENDS, resolve_backend, toolchain_versions, version
+from neuron_build.project.toolchain import resolve_backend, toolchain_versions, version
 from neuron_build.util import canonical_json, file_sha256, sha256_hex
 
 KEY_FORMAT = 3  # 3: declared inputs only; what a build recorded lives in its manifest
 #: (backend, device) pairs whose artifacts are compiled for the build host's CPU (``-march=native``): their
-#: ``compiler`` component carries ``cpu_isa`` (:mod:`neuron_build.cpu_isa`).
-ISA_BOUND = {("inductor", "cpu")}
-#: What each backend writes, versioned: bump a backend's entry whenever the files it writes for the same
-#: model change (another file, another layout, another saver), so no artifact of the old form is served
-#: under a new key, nor reused by the graph key (whose base holds the ``compiler`` component). Part of the
-#: ``compiler`` component as ``artifact_format``.
-ARTIFACT_FORMAT = {"inductor": 1, "compile-cache": 1, "torchscript": 1, "neuron": 1, "torchneuron": 1}
+#: ``compiler`` component carries ``cpu_isa`` (:mod:`neuron_build.cpu_isa`). From each record's ``isa_bound``.
+ISA_BOUND = {(b.name, t) for b in BACKENDS.values() for t in b.isa_bound}
+#: What each backend writes, versioned: bump a backend's ``artifact_format`` (:mod:`neuron_build.backends`)
+#: whenever the files it writes for the same model change (another file, another layout, another saver), so
+#: no artifact of the old form is served under a new key, nor reused by the graph key (whose base holds the
+#: ``compiler`` component). Part of the ``compiler`` component as ``artifact_format``.
+ARTIFACT_FORMAT = {b.name: b.artifact_format for b in BACKENDS.values()}
 COMPONENTS = ("format", "model", "inputs", "compiler", "env", "toolchain")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".h5", ".msgpack", ".gguf", ".npz", ".npy")
 #: The weight entry of a file that does not exist (the key changes when it appears).
 MISSING = "missing"
 
-#: The environment variables that change the compiled artifact, per backend, each with the reason. Only
-#: these are in the key (an allow-list): everything else (``TORCH_LOGS``, ``PYTORCH_JIT_LOG_LEVEL``,
-#: ``TORCH_COMPILE_DEBUG``, ``NEURON_RT_*``, cache folders, thread counts) changes logs, debug output, where
-#: caches live or how an artifact runs, never what is compiled. README "What is in the key" lists them.
-KEY_ENV: dict[str, dict[str, str]] = {
-    "neuron": {
-        "NEURON_CC_FLAGS": "extra neuronx-cc flags added to every compile [doc: toolchain notes, Environment]",
-        "XLA_USE_BF16": "casts float tensors to bf16 in the traced graph [doc: toolchain notes, Environment]",
-        "XLA_DOWNCAST_BF16": "downcasts fp32 to bf16 in the traced graph [doc: toolchain notes, Environment]",
-        "NEURON_COMPILER_OPT_LEVEL": "the opt level torch.compile(backend='neuron') passes [code: toolchain notes]",
-        "NEURON_LOGICAL_NC_CONFIG": "logical NeuronCore size (LNC) the NEFF is compiled for [code: toolchain notes]",
-        "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "whether a graph that fails to compile raises or runs "
-                                                    "eagerly [doc, code: toolchain notes]",
-    },
-    "inductor": {
-        "TORCHINDUCTOR_MAX_AUTOTUNE": "autotuning picks other kernels (torch._inductor.config.max_autotune)",
-        "TORCHINDUCTOR_FREEZING": "constant-folds weights into the graph (torch._inductor.config.freezing)",
-        "TORCHINDUCTOR_CPP_WRAPPER": "generates a C++ wrapper instead of Python (config.cpp_wrapper)",
-        "TORCHINDUCTOR_LAYOUT_OPTIMIZATION": "changes tensor layouts in the graph (config.layout_optimization)",
-    },
-    "torchscript": {
-        "PYTORCH_JIT": "PYTORCH_JIT=0 turns torch.jit.script/trace into no-ops, a different artifact",
-    },
-}
-# torchneuron: NEURON_CC_FLAGS is appended to the profile's flags; the opt level, the LNC and the fallback
-# switch are set by the backend from the profile (so they are in the key through the compiler args)
-KEY_ENV["torchneuron"] = {
-    "NEURON_CC_FLAGS": "extra neuronx-cc flags, appended to the profile's; the literal string is part of "
-                       "TorchNeuron's NEFF cache key [code: toolchain notes]",
-    "NEURON_PLATFORM_TARGET_OVERRIDE": "the platform target TorchNeuron compiles for [guess: toolchain notes, "
-                                       "vLLM's override]",
-}
-KEY_ENV["compile-cache"] = dict(KEY_ENV["inductor"])
+#: The environment variables that change the compiled artifact, per backend, each with the reason
+#: (each record's ``key_env`` in :mod:`neuron_build.backends`, where the reasons are). Only these are in
+#: the key (an allow-list). README "What is in the key" lists them.
+KEY_ENV: dict[str, dict[str, str]] = {b.name: dict(b.key_env) for b in BACKENDS.values()}
 
 
 def key_env(backend: str, environ: dict[str, str]) -> dict[str, str]:
@@ -214,7 +186,10 @@ class KeyMaker:
         self.project = project
         build = project.config.build
         self.backend, self.backend_note = resolve_backend(backend or build.backend, build.target)
-        self.hardware_target = build.target if self.backend in NEURON_BACKENDS else build.device
+        #: the resolved backend's record (:mod:`neuron_build.backends`), None for a name it does not know
+        self.backend_spec = find_backend(self.backend)
+        self.hardware_target = (build.target if self.backend_spec is not None and self.backend_spec.neuron_toolchain
+                                else build.device)
         self.environ = dict(os.environ if environ is None else environ)
         self.digests = DigestCache(project.state_dir / "digests.json")
         self.exclude = (project.state_dir, *exclude)

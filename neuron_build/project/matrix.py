@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
+from neuron_build.backends import find_backend
 from neuron_build.errors import UserError
 from neuron_build.project.config import INTEGER_DTYPES, ModelSpec, Project
 
@@ -115,7 +116,8 @@ def expand(project: Project) -> list[Target]:
     out: list[Target] = []
     for name, m in project.config.models.items():
         if m.is_textgen:
-            out.extend(textgen_targets(name, m, nxdi=project.config.build.backend == "neuron"))
+            spec = find_backend(project.config.build.backend)  # (auto: the per-graph targets)
+            out.extend(textgen_targets(name, m, nxdi=spec is not None and spec.textgen_per_batch))
             continue
         dims = list(m.buckets)
         combos = list(itertools.product(*(m.buckets[d] for d in dims)))
@@ -165,3 +167,7 @@ def select(targets: list[Target], patterns: Iterable[str]) -> list[Target]:
             raise UserError(f"no target matches '{p}'; {hint}targets look like: {some} (see `neuron-build plan`)")
         chosen.extend(t for t in hit if t not in chosen)
     return chosen
+
+
+__all__ = ["TEXTGEN_GRAPHS", "TOKEN_RANGE", "ConcreteInput", "Target", "bucket_id", "expand", "select",
+           "textgen_targets"]

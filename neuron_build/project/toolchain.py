@@ -30,6 +30,8 @@ import subprocess
 from dataclasses import dataclass, field
 from functools import cache
 
+from neuron_build.backends import AUTO, AUTO_FALLBACK, BACKENDS, TORCHNEURON_TARGETS, auto_choice, find_backend
+
 #: AWS's Neuron pip repository [doc: Neuron setup guides, "--extra-index-url=https://pip.repos.neuron.amazonaws.com"].
 NEURON_INDEX_URL = "https://pip.repos.neuron.amazonaws.com"
 NEURON_INSTALL_COMMAND = (f"pip install --extra-index-url {NEURON_INDEX_URL} "
@@ -195,10 +197,9 @@ def compiler_executable(timeout_s: float = 60.0) -> CompilerExecutable:
     return CompilerExecutable(path, m.group(1), output=out)
 
 
-#: The backends that compile for a Neuron hardware target (``[build] target``).
-NEURON_BACKENDS = ("neuron", "torchneuron")
-#: Neuron targets TorchNeuron serves (public beta in Neuron 2.33: trn2 and trn3 only) [doc].
-TORCHNEURON_TARGETS = ("trn2", "trn3")
+#: The backends that compile for a Neuron hardware target (``[build] target``): the records of
+#: :data:`neuron_build.backends.BACKENDS` with ``neuron_toolchain``.
+NEURON_BACKENDS = tuple(b.name for b in BACKENDS.values() if b.neuron_toolchain)
 
 #: Run in a fresh interpreter by :func:`torch_neuronx_api`: which API the installed torch_neuronx has.
 _API_PROBE = r"""
@@ -265,20 +266,19 @@ def resolve_backend(requested: str, target: str | None = None) -> tuple[str, str
     Returns:
         (backend, note): ``note`` says why ``auto`` fell back, else None.
     """
-    if requested != "auto":
+    if requested != AUTO:
         return requested, None
     st = neuron_status()
     if st.usable:
         api = torch_neuronx_api()
-        if api.kind == "native":
-            if target in TORCHNEURON_TARGETS:
-                return "torchneuron", None
-            return "inductor", (f"backend auto: using inductor because the installed torch-neuronx is TorchNeuron "
-                                f"(the native backend), which serves only {'/'.join(TORCHNEURON_TARGETS)}, and "
-                                f"target = \"{target}\"; trn1 and inf2 need the XLA torch-neuronx (backend neuron)")
-        return "neuron", None
+        chosen = auto_choice(api.kind, target)
+        if chosen is not None:
+            return chosen, None
+        return AUTO_FALLBACK, (f"backend auto: using {AUTO_FALLBACK} because the installed torch-neuronx is "
+                               f"TorchNeuron (the native backend), which serves only {'/'.join(TORCHNEURON_TARGETS)}, "
+                               f"and target = \"{target}\"; trn1 and inf2 need the XLA torch-neuronx (backend neuron)")
     reason = st.problem[0].lower() + st.problem[1:] if st.problem else ""
-    return "inductor", f"backend auto: using inductor because {reason}"
+    return AUTO_FALLBACK, f"backend auto: using {AUTO_FALLBACK} because {reason}"
 
 
 _announced: set[str] = set()
@@ -299,7 +299,13 @@ def toolchain_versions(backend: str) -> dict[str, str | None]:
     """The compiler versions that are part of the key and the manifest for ``backend``: torch, and for
     neuron and torchneuron the versions of :data:`NEURON_DISTS` from package metadata."""
     out: dict[str, str | None] = {"torch": version("torch")}
-    if backend in NEURON_BACKENDS:
+    spec = find_backend(backend)
+    if spec is not None and spec.neuron_toolchain:
         out.update(neuron_status().versions)
     return out
 
+
+__all__ = ["NEURON_BACKENDS", "NEURON_DISTS", "NEURON_INDEX_URL", "NEURON_INSTALL_COMMAND", "NEURON_INSTALL_HINT",
+           "TORCHNEURON_TARGETS", "CompilerExecutable", "NeuronStatus", "TorchNeuronxApi", "announce_backend",
+           "clear_caches", "compiler_executable", "neuron_devices", "neuron_status", "resolve_backend",
+           "toolchain_versions", "torch_matches", "torch_neuronx_api", "torch_requirement", "version"]

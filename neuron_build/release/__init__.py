@@ -5,16 +5,19 @@ Domain code: no doit, no torch. The package:
 - :mod:`neuron_build.release.records`: the typed release record, channel pointer and history entry, and
   reading releases (:func:`load_release`, ...).
 - :mod:`neuron_build.release.create`: making a release, one step a function (:func:`create_release`).
-- :mod:`neuron_build.release.gates`: the six promotion gates (:data:`GATES`, :func:`evaluate_gates`).
+- :mod:`neuron_build.release.gates`: the eight promotion gates (:data:`GATES`, :func:`evaluate_gates`).
 - :mod:`neuron_build.release.channels`: promotion (compare-and-swap), rollback, the channel table.
 - :mod:`neuron_build.release.pull`: writing a channel's release into a folder, checksums verified.
 
 Store layout (``docs/releases.md``)::
 
     <store>/releases/<model>/<release id>.json        immutable release records
-    <store>/channels/<model>/<channel>.json           the channel pointer: {"release", "version", ...}
-    <store>/channels/<model>/<channel>.lock           taken while a pointer is checked and swapped
-    <store>/channels/<model>/<channel>.history.jsonl  one JSON line per promotion, refusal and rollback
+    <store>/channels/<model>/<channel>.json           the channel pointer: {"release", "version", ...}, moved
+                                                      by compare-and-swap (S3: If-Match on its ETag; a folder:
+                                                      under locks/swap/, :mod:`neuron_build.store.medium`)
+    <store>/channels/<model>/<channel>.history/<time>-<op>.json   one object per promotion, refusal and
+                                                      rollback, written create-only
+                                                      (:mod:`neuron_build.store.layout`)
 
 This module re-exports the names callers use.
 """

@@ -29,7 +29,7 @@ from neuron_build.errors import UserError
 from neuron_build.project.config import ReleaseSettings
 from neuron_build.release.records import actor, check_channel, get_pointer, get_release
 from neuron_build.store.contract import ArtifactStore
-from neuron_build.store.manifest import MANIFEST
+from neuron_build.store.layout import MANIFEST
 from neuron_build.store.sync import TransferProgress
 from neuron_build.trust import check_name, check_release
 from neuron_build.util import fsync_path, read_json, swap_in_folder, utc_now, write_json_atomic
@@ -79,7 +79,7 @@ def _foreign(folder: Path, marker: dict[str, Any]) -> list[str]:
 def _clean_leftovers(dest: Path) -> None:
     """Remove staging folders of earlier pulls into ``dest`` whose process is gone (they carry this pull's
     name pattern; a pull killed midway leaves one)."""
-    from neuron_build.store.local import pid_alive
+    from neuron_build.store.digests import pid_alive
 
     for p in dest.parent.glob(f".{dest.name}.pull.*"):
         parts = p.name.rsplit(".", 2)
@@ -117,8 +117,8 @@ def check_dest(dest: str | Path) -> Path:
 
 def pinned_fix(target: str, damage: str, channel: str | None) -> str:
     """The fix for a blob of ``target`` that a release (in ``channel``) pins, for ``damage``
-    (as :func:`neuron_build.store.maintenance.blob_fix`), naming the channel when there is one."""
-    from neuron_build.store.maintenance import blob_fix
+    (as :func:`neuron_build.store.verify.blob_fix`), naming the channel when there is one."""
+    from neuron_build.store.verify import blob_fix
 
     fix = blob_fix(target, damage, ["release"])
     return fix.replace("--to CHANNEL", f"--to {channel}") if channel else fix

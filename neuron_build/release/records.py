@@ -5,7 +5,8 @@ layout in ``docs/releases.md``, "What each command does")::
 
     releases/<model>/<release id>.json        immutable release records (:class:`Release`)
     channels/<model>/<channel>.json           the channel pointer (:class:`ChannelPointer`)
-    channels/<model>/<channel>.history.jsonl  one line per promotion, refusal and rollback (:class:`HistoryEntry`)
+    channels/<model>/<channel>.history/<entry>.json   one object per promotion, refusal and rollback
+                                              (:class:`HistoryEntry`)
 
 A **release** names the artifact keys of all of one model's buckets for one dtype, profile and backend,
 with their files, the toolchain, what the runtime needs (input specs, pad values, serving options) and
@@ -228,7 +229,8 @@ class ChannelPointer:
 
 @dataclass(frozen=True)
 class HistoryEntry:
-    """One line of ``channels/<model>/<channel>.history.jsonl``: a promotion, a refused one, or a rollback.
+    """One entry of a channel's history (``channels/<model>/<channel>.history/<entry>.json``, one object each):
+    a promotion, a refused one, or a rollback.
 
     Attributes:
         time (ISO 8601 UTC), who, action (``promote``, ``refuse``, ``rollback``), model, channel.

@@ -90,7 +90,7 @@ def warmup_verdict(store: ArtifactStore, release: Release, device_kind: str, fac
         ``reason`` (when not checked), ``device_kind``, per bucket ``compiles`` and ``cache_hits``,
         ``first_call_s`` and ``steady_call_s`` (seconds), ``compiled`` (buckets that compiled).
     """
-    from neuron_build.release.pull import pull_release  # noqa: I001  (pull imports the store records only)
+    from neuron_build.release.pull import pull_release  # pull imports the store records only
 
     if release.backend not in CACHE_BACKENDS:
         article = "an" if release.backend[:1] in "aeiou" else "a"

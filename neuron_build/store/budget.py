@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_build.log import get_logger
-from neuron_build.store.owners import _me, owner_alive
+from neuron_build.store.layout import LOCKS_DIR
+from neuron_build.store.owners import owner_alive, owner_record
 from neuron_build.util import is_disk_full, read_json, utc_now, write_json_atomic
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class MemoryBudget:
 
     def __init__(self, store_root: str | Path, max_bytes: int | None, poll_s: float = 0.25,
                  heartbeat_s: float = 15.0):
-        self.dir = Path(store_root) / "locks"
+        self.dir = Path(store_root) / LOCKS_DIR
         self.path = self.dir / "memory.json"
         self.max_bytes = max_bytes
         self.poll_s, self.heartbeat_s = poll_s, heartbeat_s
@@ -82,7 +83,7 @@ class MemoryBudget:
         log = log or get_logger(target=target or None)
         rid = f"{os.getpid()}-{secrets.token_hex(6)}"
         host = socket.gethostname()
-        entry = _me(id=rid, bytes=int(nbytes), target=target, state="waiting", seq=time.time_ns())
+        entry = owner_record(id=rid, bytes=int(nbytes), target=target, state="waiting", seq=time.time_ns())
         registered = False
         try:
             try:

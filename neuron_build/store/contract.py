@@ -327,7 +327,7 @@ class Coordination(Protocol):
 
     def memory_budget(self, max_bytes: int | None, heartbeat_s: float = 15.0) -> Any:
         """The host-memory ledger of the compiles running on this host (a
-        :class:`~neuron_build.store.locks.MemoryBudget`)."""
+        :class:`~neuron_build.store.budget.MemoryBudget`)."""
         ...
 
 

@@ -287,5 +287,4 @@ def collect_garbage(store: Any, keep_keys: Iterable[str] = (), keep_days: float 
     return apply_gc(store, plan)
 
 
-__all__ = ["DAY_S", "TMP_MAX_AGE_S", "GcPlan", "GcReport", "Removal", "Roots", "Unremoved", "apply_gc", "collect_garbage", "gc_roots",
-           "plan_gc", "release_artifacts"]
+__all__ = ["Roots", "apply_gc", "collect_garbage", "gc_roots", "plan_gc", "release_artifacts"]

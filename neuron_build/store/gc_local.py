@@ -48,11 +48,11 @@ def plan_local(store: Any, plan: GcPlan, keys: set[str], keep_days: float, now: 
     def unknown(p: Path, why: str) -> None:
         rep.unknown.append(Unremoved("unknown", store.relative(p) or str(p), why))
 
-    known = set(layout.SHARED_AREAS) | set(layout.LOCAL_AREAS) | {"views"}
+    known = set(layout.SHARED_AREAS) | set(layout.LOCAL_AREAS)
     for p in sorted(store.root.iterdir()) if store.root.is_dir() else []:
         if p.name not in known:
             unknown(p, "not an area of the store layout; left as it is")
-    base = store.area("views")
+    base = store.area(layout.VIEWS_DIR)
     for d in [d for sub in sorted(base.iterdir()) if sub.is_dir() for d in sorted(sub.iterdir())] if base.is_dir() else []:
         if d.name.startswith("."):  # a view being built, or an interrupted build
             if now - _mtime(d) >= TMP_MAX_AGE_S:
@@ -63,7 +63,7 @@ def plan_local(store: Any, plan: GcPlan, keys: set[str], keep_days: float, now: 
         elif d.name not in keys:
             add(d, Removal("view", store.relative(d), tree_bytes(d), "its key has no artifact", key=d.name))
     host = socket.gethostname()
-    for d in sorted(store.area("staging").iterdir()) if store.area("staging").is_dir() else []:
+    for d in sorted(store.area(layout.STAGING_DIR).iterdir()) if store.area(layout.STAGING_DIR).is_dir() else []:
         owner = store.staging_owner(d)
         age = now - _mtime(d)
         why = None
@@ -74,7 +74,7 @@ def plan_local(store: Any, plan: GcPlan, keys: set[str], keep_days: float, now: 
             why = f"left by another host or an unknown writer; {age / DAY_S:.1f} days old"
         if why:
             add(d, Removal("staging", store.relative(d), tree_bytes(d), why))
-    for d in sorted(store.area("quarantine").iterdir()) if store.area("quarantine").is_dir() else []:
+    for d in sorted(store.area(layout.QUARANTINE_DIR).iterdir()) if store.area(layout.QUARANTINE_DIR).is_dir() else []:
         age = now - _mtime(d)
         if age >= horizon:
             try:
@@ -84,10 +84,11 @@ def plan_local(store: Any, plan: GcPlan, keys: set[str], keep_days: float, now: 
             add(d, Removal("quarantine", store.relative(d), tree_bytes(d),
                            f"quarantined {age / DAY_S:.1f} days ago" + (f": {reason}" if reason else ""),
                            key=d.name.split(".")[0]))
-    lbase = store.area("locks")
+    lbase = store.area(layout.LOCKS_DIR)
     for p in sorted(lbase.glob("*.lock.stale-*")) if lbase.is_dir() else []:
         add(p, Removal("lock", store.relative(p), tree_bytes(p), "stale lock file moved aside"))
-    for area in ("ac", "cas", "logs", "targets", "results", "locks", "releases", "channels"):
+    for area in (layout.AC_DIR, layout.CAS_DIR, layout.LOGS_DIR, layout.TARGETS_DIR, layout.RESULTS_DIR, layout.LOCKS_DIR,
+                 layout.RELEASES_DIR, layout.CHANNELS_DIR):
         abase = store.area(area)
         for p in sorted(abase.rglob(".*.tmp")) if abase.is_dir() else []:
             if now - _mtime(p) >= TMP_MAX_AGE_S:
@@ -99,7 +100,7 @@ def plan_local(store: Any, plan: GcPlan, keys: set[str], keep_days: float, now: 
 def apply_local(store: Any, plan: GcPlan, rep: GcReport) -> None:
     """Remove the planned local leftovers, the kept failure workdirs of targets that pass again, and an
     interrupted gc's trash."""
-    trash = store.area("trash")
+    trash = store.area(layout.TRASH_DIR)
     for path, item in plan.local:
         try:
             trash.mkdir(parents=True, exist_ok=True)
@@ -134,7 +135,7 @@ def drop_key_leftovers(store: Any, key: str, rep: GcReport) -> None:
             rep.failed.append(Unremoved("object", store.relative(view), err))
     from filelock import FileLock, Timeout
 
-    path = store.area("locks") / f"{key}.lock"
+    path = store.path(layout.lock_path(key))
     if not path.exists():
         return
     lock = FileLock(str(path))
@@ -144,7 +145,7 @@ def drop_key_leftovers(store: Any, key: str, rep: GcReport) -> None:
         return
     try:
         path.unlink(missing_ok=True)
-        (store.area("locks") / f"{key}.owner.json").unlink(missing_ok=True)
+        store.path(layout.lock_path(key, ".owner.json")).unlink(missing_ok=True)
     finally:
         lock.release()
 

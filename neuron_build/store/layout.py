@@ -40,14 +40,49 @@ from __future__ import annotations
 
 import re
 
+#: The areas, each spelled here once. Shared areas (a remote store holds them too; push and fetch copy
+#: within these): the action cache, the content-addressed store, build logs, target records, results,
+#: releases, channels, leases, quarantine, the ledger, kept failure workdirs, the graph index and the NxDI
+#: persistent-cache pointers.
+AC_DIR = "ac"
+CAS_DIR = "cas"
+LOGS_DIR = "logs"
+TARGETS_DIR = "targets"
+RESULTS_DIR = "results"
+RELEASES_DIR = "releases"
+CHANNELS_DIR = "channels"
+LEASES_DIR = "leases"
+QUARANTINE_DIR = "quarantine"
+#: The ledger's area: one folder per UTC day, one object per record.
+LEDGER_DIR = "ledger"
+#: The area of kept failure workdirs: one folder per target, one per kept failure.
+FAILURES_DIR = "failures"
+#: The graph index's area.
+GRAPHS_DIR = "graphs"
+#: The NxDI persistent-cache area: ``neuron-cache/neuronxcc-<compiler version>/<target id>.json`` names the
+#: action-cache key whose artifact holds the libneuronxla cache entries that target's last compile used
+#: (:mod:`neuron_build.compilers.neuron.nxdi_cache`).
+NEURON_CACHE_DIR = "neuron-cache"
+#: Local-only areas: staging folders, views, file locks (and the host-memory ledger), gc's trash, and the
+#: markers of pushes that failed.
+STAGING_DIR = "staging"
+VIEWS_DIR = "views"
+LOCKS_DIR = "locks"
+TRASH_DIR = "trash"
+PENDING_DIR = "pending-push"
+
 #: Areas a remote store holds too; push and fetch copy within these.
-SHARED_AREAS = ("ac", "cas", "logs", "targets", "results", "releases", "channels", "leases", "quarantine",
-                "ledger", "failures", "graphs", "neuron-cache")
+SHARED_AREAS = (AC_DIR, CAS_DIR, LOGS_DIR, TARGETS_DIR, RESULTS_DIR, RELEASES_DIR, CHANNELS_DIR, LEASES_DIR,
+                QUARANTINE_DIR, LEDGER_DIR, FAILURES_DIR, GRAPHS_DIR, NEURON_CACHE_DIR)
 #: Areas only a local folder has.
-LOCAL_AREAS = ("staging", "views", "locks", "trash", "pending-push")
+LOCAL_AREAS = (STAGING_DIR, VIEWS_DIR, LOCKS_DIR, TRASH_DIR, PENDING_DIR)
 
 #: The file name of a manifest in an artifact folder (a view, a pull, a staging folder).
 MANIFEST = "manifest.json"
+#: The store's identity object.
+STORE_ID_PATH = "store-id.json"
+#: A folder store's index of lookups validated by file signatures (:class:`~neuron_build.store.local.LocalStore`).
+LOOKUP_INDEX = f"{LOCKS_DIR}/lookup-index.json"
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -57,14 +92,6 @@ def is_digest(name: str) -> bool:
     return bool(_HEX64.match(name))
 
 
-#: The action cache's area and the content-addressed store's.
-AC_DIR = "ac"
-CAS_DIR = "cas"
-#: The areas of releases and channels.
-RELEASES_DIR = "releases"
-CHANNELS_DIR = "channels"
-
-
 def ac_dir(prefix: str = "") -> str:
     """The action cache (``ac``), or the folder of keys starting with ``prefix[:2]`` (``ac/<prefix[:2]>``)."""
     return f"{AC_DIR}/{prefix[:2]}" if prefix else AC_DIR
@@ -72,17 +99,17 @@ def ac_dir(prefix: str = "") -> str:
 
 def logs_dir(key: str | None = None) -> str:
     """The build logs of ``key``'s artifact (``logs/<key>``), or the logs area (``logs``)."""
-    return f"logs/{key}" if key else "logs"
+    return f"{LOGS_DIR}/{key}" if key else LOGS_DIR
 
 
 def results_dir(key: str, kind: str | None = None) -> str:
     """The results of ``key``'s artifact (``results/<key>``), of one kind (``results/<key>/<kind>``)."""
-    return f"results/{key}/{kind}" if kind else f"results/{key}"
+    return f"{RESULTS_DIR}/{key}/{kind}" if kind else f"{RESULTS_DIR}/{key}"
 
 
 def targets_dir(model: str | None = None, bucket_id: str | None = None) -> str:
     """The target records of every target, of one model's, or of one bucket's (``targets[/m[/b]]``)."""
-    return "targets" + (f"/{model}" if model is not None else "") + (
+    return TARGETS_DIR + (f"/{model}" if model is not None else "") + (
         f"/{bucket_id}" if model is not None and bucket_id is not None else "")
 
 
@@ -93,58 +120,48 @@ def releases_dir(model: str | None = None) -> str:
 
 def quarantine_dir(name: str, token: str) -> str:
     """Where a damaged object named ``name`` goes, with its ``reason.txt``: ``quarantine/<name>.<token>``."""
-    return f"quarantine/{name}.{token}"
+    return f"{QUARANTINE_DIR}/{name}.{token}"
 
 
 def trash_path(name: str, token: str) -> str:
     """Where gc moves an object it is about to delete, for a second look: ``trash/<name>.<token>`` (on a
     remote too, for the moment between the move and the delete)."""
-    return f"trash/{name}.{token}"
+    return f"{TRASH_DIR}/{name}.{token}"
 
 
 def manifest_path(key: str) -> str:
     """The action-cache entry of ``key``: ``ac/<key[:2]>/<key>.json``."""
-    return f"ac/{key[:2]}/{key}.json"
+    return f"{AC_DIR}/{key[:2]}/{key}.json"
 
 
 def blob_path(sha256: str) -> str:
     """The blob with digest ``sha256``: ``cas/<sha[:2]>/<sha>``."""
-    return f"cas/{sha256[:2]}/{sha256}"
+    return f"{CAS_DIR}/{sha256[:2]}/{sha256}"
 
 
 def log_path(key: str, name: str) -> str:
     """A build log of ``key``'s artifact (``worker.log``, ``compile.log``)."""
-    return f"logs/{key}/{name}"
+    return f"{LOGS_DIR}/{key}/{name}"
 
 
 def target_path(target_id: str, name: str = "last.json") -> str:
     """A record of one target (``last.json``, ``failure.json``, ``failure.log``)."""
-    return f"targets/{target_id}/{name}"
+    return f"{TARGETS_DIR}/{target_id}/{name}"
 
 
 def imports_path(model: str) -> str:
     """The project files builds of ``model`` recorded as imported (part of the next plan's key)."""
-    return f"targets/{model}/imports.json"
+    return f"{TARGETS_DIR}/{model}/imports.json"
 
 
 def reads_path(model: str) -> str:
     """What builds of ``model``'s factory read besides imports (part of the next plan's key)."""
-    return f"targets/{model}/reads.json"
-
-
-#: The graph index's area.
-GRAPHS_DIR = "graphs"
+    return f"{TARGETS_DIR}/{model}/reads.json"
 
 
 def graph_path(graph_key: str) -> str:
     """The graph index entry of ``graph_key``: ``graphs/<graph key[:2]>/<graph key>.json``."""
     return f"{GRAPHS_DIR}/{graph_key[:2]}/{graph_key}.json"
-
-
-#: The NxDI persistent-cache area: ``neuron-cache/neuronxcc-<compiler version>/<target id>.json`` names the
-#: action-cache key whose artifact holds the libneuronxla cache entries that target's last compile used
-#: (:mod:`neuron_build.compilers.neuron.nxdi_cache`).
-NEURON_CACHE_DIR = "neuron-cache"
 
 
 def neuron_cache_path(compiler_version: str, target_id: str) -> str:
@@ -154,37 +171,27 @@ def neuron_cache_path(compiler_version: str, target_id: str) -> str:
 
 def result_path(key: str, kind: str, name: str) -> str:
     """A result of ``kind`` (``validation``, ``bench``) named ``name`` (a device kind) about ``key``."""
-    return f"results/{key}/{kind}/{name}.json"
+    return f"{RESULTS_DIR}/{key}/{kind}/{name}.json"
 
 
 def release_path(model: str, release_id: str) -> str:
     """A release record."""
-    return f"releases/{model}/{release_id}.json"
+    return f"{RELEASES_DIR}/{model}/{release_id}.json"
 
 
 def channel_path(model: str, channel: str) -> str:
     """A channel pointer."""
-    return f"channels/{model}/{channel}.json"
+    return f"{CHANNELS_DIR}/{model}/{channel}.json"
 
 
 def history_dir(model: str, channel: str) -> str:
     """The folder of a channel's history entries (one object each, named so that names sort by time)."""
-    return f"channels/{model}/{channel}.history"
-
-
-#: The store's identity object.
-STORE_ID_PATH = "store-id.json"
+    return f"{CHANNELS_DIR}/{model}/{channel}.history"
 
 
 def lease_path(key: str) -> str:
     """The cross-host compile lease of ``key``."""
-    return f"leases/{key}.json"
-
-
-#: The ledger's area: one folder per UTC day, one object per record.
-LEDGER_DIR = "ledger"
-#: The area of kept failure workdirs: one folder per target, one per kept failure.
-FAILURES_DIR = "failures"
+    return f"{LEASES_DIR}/{key}.json"
 
 
 def ledger_day_dir(day: str) -> str:
@@ -209,10 +216,29 @@ def failure_entry_path(target_id: str, entry: str, name: str = "entry.json") -> 
     return f"{FAILURES_DIR}/{target_id}/{entry}/{name}"
 
 
+def view_dir(key: str) -> str:
+    """The local view of ``key``'s artifact (its blobs under their file names): ``views/<key[:2]>/<key>``."""
+    return f"{VIEWS_DIR}/{key[:2]}/{key}"
+
+
+def pending_path(key: str) -> str:
+    """The local marker of ``key``'s artifact, built here, whose push to the remote failed:
+    ``pending-push/<key>`` (its content: the reason)."""
+    return f"{PENDING_DIR}/{key}"
+
+
+def lock_path(key: str, suffix: str = ".lock") -> str:
+    """A folder store's file lock of ``key`` (``locks/<key>.lock``), or another file of it by ``suffix``
+    (``.owner.json``: who holds it)."""
+    return f"{LOCKS_DIR}/{key}{suffix}"
+
+
 __all__ = [
-    "AC_DIR", "CAS_DIR", "CHANNELS_DIR", "RELEASES_DIR", "ac_dir", "logs_dir", "quarantine_dir", "releases_dir",
-    "results_dir", "targets_dir", "trash_path",
-    "FAILURES_DIR", "GRAPHS_DIR", "NEURON_CACHE_DIR", "neuron_cache_path", "LEDGER_DIR", "LOCAL_AREAS", "SHARED_AREAS", "STORE_ID_PATH", "blob_path", "channel_path", "failure_entry_path",
-    "failures_dir", "graph_path", "history_dir", "imports_path", "is_digest", "lease_path", "ledger_day_dir", "ledger_path",
-    "log_path", "manifest_path", "reads_path", "release_path", "result_path", "target_path",
+    "AC_DIR", "CAS_DIR", "CHANNELS_DIR", "FAILURES_DIR", "GRAPHS_DIR", "LEASES_DIR", "LEDGER_DIR", "LOCAL_AREAS", "LOCKS_DIR",
+    "LOGS_DIR", "LOOKUP_INDEX", "MANIFEST", "NEURON_CACHE_DIR", "PENDING_DIR", "QUARANTINE_DIR", "RELEASES_DIR", "RESULTS_DIR",
+    "SHARED_AREAS", "STAGING_DIR", "STORE_ID_PATH", "TARGETS_DIR", "TRASH_DIR", "VIEWS_DIR",
+    "ac_dir", "blob_path", "channel_path", "failure_entry_path", "failures_dir", "graph_path", "history_dir", "imports_path",
+    "is_digest", "lease_path", "ledger_day_dir", "ledger_path", "lock_path", "log_path", "logs_dir", "manifest_path",
+    "neuron_cache_path", "pending_path", "quarantine_dir", "reads_path", "release_path", "releases_dir", "result_path",
+    "results_dir", "target_path", "targets_dir", "trash_path", "view_dir",
 ]

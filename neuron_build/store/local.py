@@ -31,16 +31,12 @@ from typing import Any
 
 from neuron_build.errors import UserError
 from neuron_build.store import layout
-from neuron_build.store.core import ReadOnlyStore, Store
-from neuron_build.store.digests import SELF_DIGEST, check_manifest, is_key, manifest_digest, pid_alive, utc_now_us
+from neuron_build.store.core import Store
+from neuron_build.store.digests import pid_alive
 from neuron_build.store.layout import MANIFEST
-from neuron_build.store.medium import SWAP_LOCK_TIMEOUT_S as CHANNEL_LOCK_TIMEOUT_S
 from neuron_build.store.medium import FolderMedium
 from neuron_build.trust import check_files
 from neuron_build.util import fsync_path, read_json, write_atomic
-
-#: The lookup index of the no-op fast path (:meth:`LocalStore.is_cached`): local-only, rebuilt by publishing.
-LOOKUP_INDEX = "locks/lookup-index.json"
 
 
 def not_a_folder(path: Path) -> Path | None:
@@ -59,7 +55,7 @@ class LocalStore(Store):
     Args:
         root: the store folder; created on first write.
         read_only: never write (a read-only mount, a deploy host's copy): every writing method raises
-            :class:`ReadOnlyStore`, and :meth:`repair` reports damage without moving it.
+            :class:`~neuron_build.store.core.ReadOnlyStore`, and :meth:`repair` reports damage without moving it.
 
     Raises:
         UserError: ``root`` (or a folder above it) is a file, not a folder; or the folder has the layout of
@@ -88,7 +84,7 @@ class LocalStore(Store):
 
     # -- paths: private to the store, public only for tests and the store's own upkeep ---------------
     def path(self, rel: str) -> Path:
-        """The local path of a layout path (``cas/ab/ab...``), for tests and :mod:`.maintenance`."""
+        """The local path of a layout path (``cas/ab/ab...``), for tests and :mod:`.verify`."""
         return self.root / rel
 
     def area(self, name: str) -> Path:
@@ -97,7 +93,7 @@ class LocalStore(Store):
 
     def view_dir(self, key: str) -> Path:
         """Where :meth:`artifact_dir` builds the view of ``key`` (``views/<key[:2]>/<key>``)."""
-        return self.root / "views" / key[:2] / key
+        return self.root / layout.view_dir(key)
 
     def relative(self, path: Path | None) -> str | None:
         """``path`` relative to the store root, as POSIX text (None stays None)."""
@@ -135,7 +131,7 @@ class LocalStore(Store):
     def _index(self) -> dict[str, Any]:
         """The lookup index (``locks/lookup-index.json``: key -> [blob digests, signature]), read once."""
         if self._lookup_index is None:
-            raw = read_json(self.root / LOOKUP_INDEX)
+            raw = read_json(self.root / layout.LOOKUP_INDEX)
             self._lookup_index = raw if isinstance(raw, dict) else {}
         return self._lookup_index
 
@@ -148,7 +144,7 @@ class LocalStore(Store):
             return
         from filelock import FileLock
 
-        path = self.root / LOOKUP_INDEX
+        path = self.root / layout.LOOKUP_INDEX
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with FileLock(str(path) + ".lock", timeout=30):
@@ -244,7 +240,7 @@ class LocalStore(Store):
     # -- staging, locks, the memory budget: this host's ----------------------------------------------
     def new_staging(self, key: str) -> Path:
         self._writable()
-        d = self.root / "staging" / f"{key}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}"
+        d = self.root / layout.STAGING_DIR / f"{key}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}"
         d.mkdir(parents=True)
         return d
 
@@ -256,7 +252,7 @@ class LocalStore(Store):
         return parts[-3], int(parts[-2])
 
     def clean_staging(self) -> int:
-        base = self.root / "staging"
+        base = self.root / layout.STAGING_DIR
         if self.read_only or not base.is_dir():
             return 0
         host = socket.gethostname()
@@ -275,9 +271,8 @@ class LocalStore(Store):
         return KeyLock(self.root, key, target=target, heartbeat_s=heartbeat_s)
 
     def memory_budget(self, max_bytes: int | None, heartbeat_s: float = 15.0):
-        from neuron_build.store.locks import MemoryBudget
+        from neuron_build.store.budget import MemoryBudget
         return MemoryBudget(self.root, max_bytes, heartbeat_s=heartbeat_s)
 
 
-__all__ = ["CHANNEL_LOCK_TIMEOUT_S", "LOOKUP_INDEX", "LocalStore", "ReadOnlyStore", "SELF_DIGEST", "check_manifest",
-           "is_key", "manifest_digest", "not_a_folder", "pid_alive", "utc_now_us"]
+__all__ = ["LocalStore", "not_a_folder"]

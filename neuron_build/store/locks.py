@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any
 from neuron_build.errors import StoreError
 from neuron_build.log import get_logger
 from neuron_build.store import layout
-from neuron_build.store.budget import GB, MemoryBudget
-from neuron_build.store.owners import _me, owner_alive, process_identity
+from neuron_build.store.owners import owner_alive, owner_record, process_identity
 from neuron_build.util import json_bytes, read_json, write_json_atomic
 
 if TYPE_CHECKING:
@@ -79,10 +78,10 @@ class KeyLock:
 
     def __init__(self, store_root: str | Path, key: str, target: str = "", poll_s: float = 0.2,
                  heartbeat_s: float = 15.0, stale_grace_s: float = 5.0):
-        self.dir = Path(store_root) / "locks"
+        self.dir = Path(store_root) / layout.LOCKS_DIR
         self.key = key
-        self.path = self.dir / f"{key}.lock"
-        self.owner_path = self.dir / f"{key}.owner.json"
+        self.path = Path(store_root) / layout.lock_path(key)
+        self.owner_path = Path(store_root) / layout.lock_path(key, ".owner.json")
         self.target = target
         self.poll_s, self.heartbeat_s, self.stale_grace_s = poll_s, heartbeat_s, stale_grace_s
         self.waited_s = 0.0
@@ -144,7 +143,7 @@ class KeyLock:
             self._log.warning("stale lock from a dead builder replaced", **_who(left),
                               alive=owner_alive(left))
         try:
-            write_json_atomic(self.owner_path, _me(token=self._token, key=self.key, target=self.target))
+            write_json_atomic(self.owner_path, owner_record(token=self._token, key=self.key, target=self.target))
         except OSError as e:
             self._log.warning("could not write the lock's owner record", error=str(e))
         return self
@@ -267,7 +266,7 @@ class LeaseLock:
         self._log = get_logger(target=target or None, key=key[:12])
 
     def _lease(self) -> bytes:
-        return json_bytes(_me(token=self._token, key=self.key, target=self.target,
+        return json_bytes(owner_record(token=self._token, key=self.key, target=self.target,
                               expires=time.time() + self.ttl_s, ttl_s=self.ttl_s))
 
     def owner(self) -> dict[str, Any] | None:
@@ -379,4 +378,4 @@ class LeaseLock:
 
 
 
-__all__ = ["GB", "LEASE_TTL_S", "KeyLock", "LeaseLock", "LockCancelled", "MemoryBudget", "owner_alive"]
+__all__ = ["LEASE_TTL_S", "KeyLock", "LeaseLock", "LockCancelled"]

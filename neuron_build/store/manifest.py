@@ -13,8 +13,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from neuron_build.store.layout import MANIFEST  # noqa: F401  (re-exported: the manifest's file name)
-
 MANIFEST_FORMAT = 1
 #: File names (suffixes) of an artifact folder that are build logs, not artifact files: they are not
 #: byte-stable (times, workdir paths), so they go to ``logs/<key>/`` and no release pins them.
@@ -96,3 +94,6 @@ class Manifest(BaseModel):
 
     def to_json_text(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"
+
+
+__all__ = ["LOG_SUFFIXES", "MANIFEST_FORMAT", "FileEntry", "Manifest", "Metrics", "is_log_name"]

@@ -28,6 +28,7 @@ import shutil
 import time
 from pathlib import Path
 
+from neuron_build.store.layout import LOCKS_DIR
 from neuron_build.util import fsync_path, sha256_hex, temp_name, write_atomic
 
 #: Chunk size of streaming copies and hashes, bytes.
@@ -205,7 +206,7 @@ class FolderMedium(Medium):
     def swap(self, rel, data, expected):
         from filelock import FileLock, Timeout
 
-        lock = self.root / "locks" / "swap" / (rel.replace("/", "__") + ".lock")
+        lock = self.root / LOCKS_DIR / "swap" / (rel.replace("/", "__") + ".lock")
         lock.parent.mkdir(parents=True, exist_ok=True)
         try:
             with FileLock(str(lock), timeout=SWAP_LOCK_TIMEOUT_S):

@@ -25,7 +25,7 @@ from typing import Any
 
 from neuron_build.errors import StoreError
 from neuron_build.store.medium import CHUNK, FolderMedium, Medium, sort_key
-from neuron_build.store.wire_errors import _chain, _is_missing_bucket, wire
+from neuron_build.store.wire_errors import is_missing_bucket, wire
 from neuron_build.util import commit_temp, file_sha256, fsync_path, sha256_hex, temp_name
 
 #: Blobs downloaded at once by :meth:`S3Medium.get_files`.
@@ -200,7 +200,7 @@ class FsspecMedium(Medium):
         try:
             found = self.fs.find(self.full(prefix))
         except FileNotFoundError as e:
-            if any(_is_missing_bucket(c) for c in _chain(e)):
+            if is_missing_bucket(e):
                 raise
             return []
         strip = self.fs._strip_protocol(self.root).rstrip("/") + "/"

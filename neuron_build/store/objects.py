@@ -3,6 +3,12 @@
 results, release records (written once), channel pointers (moved by compare-and-swap) and their history
 (one create-only object per entry). :class:`~neuron_build.store.core.Store` takes them from
 :class:`JsonObjects`; its medium decides nothing here.
+
+Two records have a home tier: releases, channels and their history are read from :attr:`JsonObjects.shared_tier`
+(the store every host shares), failure records live in :attr:`JsonObjects.local_tier` (this host's). For a
+store alone both are the store itself; a read-through store
+(:class:`~neuron_build.store.tiered.ReadThroughStore`) names its remote and its local store, and so reads
+and writes them there without a method of its own.
 """
 
 from __future__ import annotations
@@ -38,6 +44,18 @@ class JsonObjects:
 
     medium: Any
 
+    @property
+    def local_tier(self) -> Any:
+        """The store on this host that builds stage and publish into, where its failure records live: this
+        store."""
+        return self
+
+    @property
+    def shared_tier(self) -> JsonObjects:
+        """The store whose releases, channels and channel history this one reads (every host shares them):
+        this store."""
+        return self
+
     def get_object(self, path: str) -> bytes | None:  # provided by the implementation
         raise NotImplementedError
 
@@ -57,6 +75,7 @@ class JsonObjects:
         raise NotImplementedError
 
     def _many_json(self, rels: list[str]) -> list[Any]:
+        """The objects at ``rels`` parsed as JSON (None for one absent or not JSON), read at once."""
         out = []
         for data in self.medium.get_many(rels):
             try:
@@ -108,7 +127,7 @@ class JsonObjects:
         base = layout.targets_dir(model, bucket_id)
         rels = [r for r in self.list_objects(base) if r.rsplit("/", 1)[-1] == name]
         for rel, raw in zip(rels, self._many_json(rels), strict=True):
-            yield rel[len("targets/"):].rsplit("/", 1)[0], raw
+            yield rel[len(layout.TARGETS_DIR) + 1:].rsplit("/", 1)[0], raw
 
     def put_target(self, record: TargetRecord) -> None:
         self.put_object(layout.target_path(record.target), json_bytes(record.to_json()))
@@ -117,23 +136,25 @@ class JsonObjects:
         return TargetRecord.from_json(self._get_json(layout.target_path(target_id)))
 
     def put_failure(self, record: FailureRecord, log: bytes) -> None:
-        self.put_object(layout.target_path(record.target, "failure.log"), log)
-        self.put_object(layout.target_path(record.target, "failure.json"), json_bytes(record.to_json()))
+        tier = self.local_tier
+        tier.put_object(layout.target_path(record.target, "failure.log"), log)
+        tier.put_object(layout.target_path(record.target, "failure.json"), json_bytes(record.to_json()))
 
     def failure(self, target_id: str) -> FailureRecord | None:
-        return FailureRecord.from_json(self._get_json(layout.target_path(target_id, "failure.json")))
+        return FailureRecord.from_json(self.local_tier._get_json(layout.target_path(target_id, "failure.json")))
 
     def failures(self, model: str, bucket_id: str | None = None) -> Iterator[FailureRecord]:
-        for _, raw in self._records("failure.json", model, bucket_id):
+        for _, raw in self.local_tier._records("failure.json", model, bucket_id):
             rec = FailureRecord.from_json(raw)
             if rec is not None:
                 yield rec
 
     def clear_failure(self, target_id: str) -> None:
+        tier = self.local_tier
         for name in ("failure.json", "failure.log"):
             rel = layout.target_path(target_id, name)
-            if self.get_object(rel) is not None:
-                self.delete_object(rel)
+            if tier.get_object(rel) is not None:
+                tier.delete_object(rel)
 
     def put_result(self, key: str, kind: str, name: str, result: dict[str, Any]) -> None:
         self.put_object(layout.result_path(key, kind, name), json_bytes(result))
@@ -151,35 +172,36 @@ class JsonObjects:
         return self.put_object(layout.release_path(model, release_id), json_bytes(record), create_only=True)
 
     def release(self, model: str, release_id: str) -> dict[str, Any] | None:
-        return self._get_json(layout.release_path(model, release_id))
+        return self.shared_tier._get_json(layout.release_path(model, release_id))
 
     def _named(self, base: str) -> list[str]:
         return [r for r in self.list_objects(base) if r.count("/") == 2 and r.endswith(".json")]
 
     def release_ids(self, model: str, prefix: str = "") -> list[str]:
-        return sorted(n for n in (r.rsplit("/", 1)[-1][:-5] for r in self._named(layout.releases_dir(model)))
-                      if n.startswith(prefix))
+        rels = self.shared_tier._named(layout.releases_dir(model))
+        return sorted(n for n in (r.rsplit("/", 1)[-1][:-5] for r in rels) if n.startswith(prefix))
 
     def releases(self, model: str | None = None) -> Iterator[tuple[str, str, Any]]:
-        rels = self._named(layout.releases_dir(model))
+        return self.shared_tier._named_objects(layout.releases_dir(model))
+
+    def _named_objects(self, base: str) -> Iterator[tuple[str, str, Any]]:
+        """(model, name, parsed JSON) of every ``<base>/<model>/<name>.json``."""
+        rels = self._named(base)
         for rel, raw in zip(rels, self._many_json(rels), strict=True):
             _, m, name = rel.split("/")
             yield m, name[:-5], raw
 
     def channel(self, model: str, channel: str) -> dict[str, Any] | None:
-        raw = self._get_json(layout.channel_path(model, channel))
+        raw = self.shared_tier._get_json(layout.channel_path(model, channel))
         return raw if isinstance(raw, dict) else None
 
     def channels(self) -> Iterator[tuple[str, str, Any]]:
-        rels = self._named(layout.CHANNELS_DIR)
-        for rel, raw in zip(rels, self._many_json(rels), strict=True):
-            _, m, name = rel.split("/")
-            yield m, name[:-5], raw
+        return self.shared_tier._named_objects(layout.CHANNELS_DIR)
 
     def channel_ref(self, model: str, channel: str) -> tuple[dict[str, Any] | None, str | None]:
         """The pointer and its token (S3: the ETag; else the sha256 of its bytes). An unparsable pointer
         reads as (None, token), so a swap may replace it."""
-        data, token = self.object_ref(layout.channel_path(model, channel))
+        data, token = self.shared_tier.object_ref(layout.channel_path(model, channel))
         if data is None:
             return None, None
         return parse_object(data), token
@@ -216,9 +238,10 @@ class JsonObjects:
     def history(self, model: str, channel: str) -> list[dict[str, Any]]:
         """The channel's entries oldest first, one per operation id (the first; a store written before
         entries were named by their op may hold a retried one twice)."""
-        rels = [r for r in self.list_objects(layout.history_dir(model, channel)) if r.endswith(".json")]
+        tier = self.shared_tier
+        rels = [r for r in tier.list_objects(layout.history_dir(model, channel)) if r.endswith(".json")]
         out, seen = [], set()
-        for e in self._many_json(rels):
+        for e in tier._many_json(rels):
             if not isinstance(e, dict):
                 continue
             op = e.get("op")

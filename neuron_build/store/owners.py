@@ -85,10 +85,13 @@ def _pid_exists(pid: int) -> bool:
     return True
 
 
-def _me(**extra: Any) -> dict[str, Any]:
+def owner_record(**extra: Any) -> dict[str, Any]:
+    """The owner record of this process (``pid``, ``host``, ``boot_id``, ``proc_start_ticks``, ``since``: UTC
+    ISO-8601), with the ``extra`` fields, as a lock, a lease or a memory reservation records its holder
+    (:func:`owner_alive` reads it back)."""
     pid = os.getpid()
     return {"pid": pid, "host": socket.gethostname(), "boot_id": boot_id(),
             "proc_start_ticks": _my_start(), "since": utc_now(), **extra}
 
 
-__all__ = ["boot_id", "owner_alive", "proc_start_ticks", "process_identity"]
+__all__ = ["boot_id", "owner_alive", "owner_record", "proc_start_ticks", "process_identity"]

@@ -12,8 +12,8 @@ host-local, in a :class:`~neuron_build.store.local.LocalStore` in this store's l
 (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``neuron-build/remote/<sha256 of the URL>/``).
 
 Faults on the wire are raised as :class:`~neuron_build.errors.StoreError` subclasses
-(:mod:`neuron_build.store.wire_errors`). Retries with backoff are botocore's (``standard`` mode, :data:`RETRIES`);
-s3fs's own retry loop is turned off so the two do not multiply. Every call is bounded (timeouts, attempts, an
+(:mod:`neuron_build.store.wire_errors`). Retries with backoff are botocore's (``standard`` mode,
+:meth:`WireSettings.retries <neuron_build.store.wire.WireSettings.retries>`); s3fs's own retry loop is turned off so the two do not multiply. Every call is bounded (timeouts, attempts, an
 upload watchdog): :mod:`neuron_build.store.wire`. s3fs and boto3 are imported only when an
 ``s3://`` store is opened (the ``s3`` extra).
 """
@@ -30,19 +30,9 @@ from typing import Any
 from neuron_build.store.aws_profile import check_profile
 from neuron_build.store.core import Store
 from neuron_build.store.local import LocalStore
-from neuron_build.store.locks import LEASE_TTL_S, LeaseLock
-from neuron_build.store.medium_fsspec import DOWNLOADS, FsspecMedium, S3Medium, fsspec_medium
+from neuron_build.store.medium_fsspec import FsspecMedium, S3Medium, fsspec_medium
 from neuron_build.store.wire import WireSettings, check_option_keys
-from neuron_build.store.wire_errors import wire_error
 from neuron_build.util import sha256_hex
-
-#: botocore's retry policy for every S3 call (s3fs and boto3 alike): ``standard`` mode retries
-#: connection errors, 5xx and throttling (503 SlowDown) with exponential backoff and jitter. The defaults
-#: of :class:`~neuron_build.store.wire.WireSettings` (``[build] remote_options`` sets them).
-RETRIES = WireSettings().retries()
-#: Seconds to wait for a TCP connection to the endpoint / for a response (or upload progress).
-CONNECT_TIMEOUT_S = WireSettings.connect_timeout_s
-READ_TIMEOUT_S = WireSettings.read_timeout_s
 
 
 def cache_root(url: str) -> Path:
@@ -50,12 +40,6 @@ def cache_root(url: str) -> Path:
     ``neuron-build/remote/<sha256 of the URL, 16 hex chars>``."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "neuron-build" / "remote" / sha256_hex(url.encode())[:16]
-
-
-def is_url(location: str | Path) -> bool:
-    """Does ``location`` name a remote store (a URL with a scheme: ``s3://``, ``memory://``, ...)?
-    ``file://`` counts as a URL too; a plain path does not."""
-    return isinstance(location, str) and "://" in location
 
 
 #: (options, AWS variables) -> (s3fs filesystem, boto3 client, endpoint): making a client costs ~1 s of CPU
@@ -77,7 +61,7 @@ def clear_client_cache() -> None:
 def _s3_clients(url: str, options: dict[str, Any]) -> tuple[Any, Any, str | None]:
     """(s3fs filesystem, boto3 client, endpoint) for ``options`` (s3fs storage options: ``key``,
     ``secret``, ``token``, ``profile``, ``endpoint_url``, ``client_kwargs``, ``config_kwargs``, ...), both with
-    :data:`RETRIES` and the timeouts. Credentials and the endpoint come from the standard AWS variables
+    the retries and timeouts of :class:`~neuron_build.store.wire.WireSettings`. Credentials and the endpoint come from the standard AWS variables
     when the options do not give them, as s3fs and boto3 read them. Cached per configuration."""
     ident = json.dumps([options, [os.environ.get(v) for v in _AWS_VARS]], sort_keys=True, default=str)
     with _CLIENTS_LOCK:
@@ -109,7 +93,7 @@ def _s3_clients(url: str, options: dict[str, Any]) -> tuple[Any, Any, str | None
     aio.register_component("data_loader", _LOADER)
     fs = s3fs.S3FileSystem(endpoint_url=endpoint, client_kwargs=client_kwargs or None, config_kwargs=cfg,
                            skip_instance_cache=True, use_listings_cache=False, session=aio, **opts)
-    fs.retries = 1  # botocore retries (RETRIES); s3fs's own loop would multiply them
+    fs.retries = 1  # botocore retries (WireSettings.retries); s3fs's own loop would multiply them
     session = boto3.session.Session(profile_name=aio.profile, aws_access_key_id=opts.get("key"),
                                     aws_secret_access_key=opts.get("secret"), aws_session_token=opts.get("token"))
     session._session.register_component("data_loader", _LOADER)
@@ -162,5 +146,4 @@ class RemoteStore(Store):
                          cache=LocalStore(Path(cache_dir) if cache_dir else cache_root(self.url)))
 
 
-__all__ = ["CONNECT_TIMEOUT_S", "DOWNLOADS", "LEASE_TTL_S", "READ_TIMEOUT_S", "RETRIES", "LeaseLock", "RemoteStore",
-           "cache_root", "clear_client_cache", "is_url", "wire_error"]
+__all__ = ["RemoteStore", "cache_root", "clear_client_cache"]

@@ -14,14 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 from neuron_build.store.contract import ArtifactStore
-
-#: The local marker folder of pushes that failed (:data:`neuron_build.store.tiered.PENDING`).
-PENDING = "pending-push"
+from neuron_build.store.layout import PENDING_DIR
 
 
 def _pending(local: ArtifactStore, names: dict[str, str]) -> list[dict[str, Any]]:
     out = []
-    for path in local.list_objects(PENDING):
+    for path in local.list_objects(PENDING_DIR):
         key = path.rsplit("/", 1)[-1]
         raw = local.get_object(path) or b""
         out.append({"key": key, "target": names.get(key),
@@ -127,4 +125,4 @@ def remote_status(local: ArtifactStore, remote: ArtifactStore, targets: dict[str
             "channels": channels}
 
 
-__all__ = ["PENDING", "local_status", "remote_status"]
+__all__ = ["local_status", "remote_status"]

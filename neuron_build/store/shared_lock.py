@@ -73,10 +73,10 @@ class SharedKeyLock:
             text = str(e).strip().splitlines()
             why = text[0] if text else type(e).__name__
             if isinstance(e, StoreUnreachable):
-                store._unreachable(why)
+                store.mark_unreachable(why)
             else:
-                store._warn(f"no compile lease on {store.remote_location} for key {self.key[:16]} ({why}); "
-                            "compiling under this host's lock only")
+                store.warn(f"no compile lease on {store.remote_location} for key {self.key[:16]} ({why}); "
+                           "compiling under this host's lock only")
             return None
 
     def release(self) -> None:

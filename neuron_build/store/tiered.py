@@ -9,6 +9,12 @@ Reads of the remote **fail open**: when the remote cannot be read (endpoint down
 bucket gone) one warning names the URL and the fix and the build goes on with the local store. A push
 that fails leaves nothing half-published on the remote, is listed in :attr:`ReadThroughStore.push_failures`
 (the build exits 1 and says so), and is retried by the next build or ``neuron-build push``.
+
+The pair is a :class:`~neuron_build.store.core.Store` over the local store's medium, with the local store
+as its cache: it overrides only what tiering changes (reads that fall back to the remote, writes that go to
+both, publishing then pushing) and takes the store's defaults for the rest, among them the records with a
+home tier (failure records: :attr:`local_tier`; releases, channels and their history:
+:attr:`shared_tier`, the remote).
 """
 
 from __future__ import annotations
@@ -21,17 +27,14 @@ from typing import Any, TypeVar
 
 from neuron_build.errors import StoreUnreachable
 from neuron_build.store import layout
-from neuron_build.store.contract import ArtifactStore, Lookup
+from neuron_build.store.contract import Lookup
+from neuron_build.store.core import Store
 from neuron_build.store.local import LocalStore
-from neuron_build.store.records import FailureRecord, TargetRecord
+from neuron_build.store.records import TargetRecord
 from neuron_build.store.sync import SyncReport, copy_key
 from neuron_build.util import json_bytes
 
 T = TypeVar("T")
-
-#: Local marker objects of artifacts built here whose push failed (retried by the next build).
-PENDING = "pending-push"
-
 
 def one_line(e: BaseException) -> str:
     """The first line of an exception's message (its type name when it has none)."""
@@ -39,43 +42,49 @@ def one_line(e: BaseException) -> str:
     return text[0] if text else type(e).__name__
 
 
-class ReadThroughStore:
+class ReadThroughStore(Store):
     """A :class:`~neuron_build.store.local.LocalStore` in front of a remote store; implements
     :class:`~neuron_build.store.contract.ArtifactStore`.
 
     Args:
         local: the local store (the cache and the place builds stage and publish).
         remote: the shared store (a :class:`~neuron_build.store.remote.RemoteStore` or any store).
-        warn: called once with a one-line message when the remote first fails a read.
+        warn: called with a one-line message when the remote first fails a read (and on other faults of
+            the remote that the pair goes on past); default: a log warning.
+
+    Attributes:
+        warn: that callable; :class:`~neuron_build.store.shared_lock.SharedKeyLock` warns through it too.
     """
 
-    def __init__(self, local: LocalStore, remote: ArtifactStore, warn: Callable[[str], None] | None = None):
+    def __init__(self, local: LocalStore, remote: Store, warn: Callable[[str], None] | None = None):
+        super().__init__(local.medium, local.location, local.read_only, cache=local)
         self.local = local
         self.remote = remote
-        self.location = local.location
-        self.remote_location = remote.location
-        #: (key, reason) of artifacts built here that could not be pushed in this process.
-        self.push_failures: list[tuple[str, str]] = []
         #: The reason the remote was given up on for reads in this process, or None.
         self.remote_down: str | None = None
         #: The reason the remote was found unreachable (a connection error or a timeout after the
         #: client's retries, :mod:`~neuron_build.store.wire`) in this process, or None: from then on no
         #: call goes to it (pushes are left pending), so a dark network costs a build one bounded wait.
         self.unreachable: str | None = None
-        self._warn = warn or _log_warning
+        self.warn = warn or _log_warning
         self._pending: set[str] | None = None
 
     # -- the tiers (the contract's Tiers) ----------------------------------------------------------
     @property
-    def read_only(self) -> bool:
-        return self.local.read_only
+    def remote_location(self) -> str:
+        return self.remote.location
 
     @property
     def local_tier(self) -> LocalStore:
         return self.local
 
     @property
-    def remote_tier(self) -> ArtifactStore:
+    def remote_tier(self) -> Store:
+        return self.remote
+
+    @property
+    def shared_tier(self) -> Store:
+        """The remote: releases, channels and their history are the ones every host shares."""
         return self.remote
 
     @property
@@ -99,7 +108,7 @@ class ReadThroughStore:
             self.remote_down = one_line(e)
             if isinstance(e, StoreUnreachable):
                 self.unreachable = self.remote_down
-            self._warn(f"remote store {self.remote_location} cannot be read ({self.remote_down}); "
+            self.warn(f"remote store {self.remote_location} cannot be read ({self.remote_down}); "
                        "going on with the local store only")
             return default
 
@@ -131,14 +140,8 @@ class ReadThroughStore:
                 return replace(got, location="remote")
         return here
 
-    def is_complete(self, key: str, deep: bool = False) -> bool:
-        return self.lookup(key, deep).hit
-
     def is_cached(self, key: str) -> bool:
         return self.local.is_cached(key)
-
-    def manifest(self, key: str) -> Any:
-        return self.lookup(key).manifest
 
     def artifact_dir(self, key: str) -> Path:
         if not self.local.lookup(key).hit:
@@ -160,12 +163,6 @@ class ReadThroughStore:
             if m.key not in seen:
                 yield m
 
-    def new_staging(self, key: str) -> Path:
-        return self.local.new_staging(key)
-
-    def seal(self, folder: Path, manifest: Any) -> dict[str, Any]:
-        return self.local.seal(folder, manifest)
-
     def publish(self, folder: Path, key: str, replace: bool = False) -> Path:
         dest = self.local.publish(folder, key, replace)
         self.push(key, replace)
@@ -186,25 +183,15 @@ class ReadThroughStore:
             there = self._read(lambda: self.remote.quarantine(key, reason), None)
         return here or there
 
-    def clean_staging(self) -> int:
-        return self.local.clean_staging()
-
     def blob_size(self, sha256: str) -> int | None:
         size = self.local.blob_size(sha256)
         return size if size is not None else self._read(lambda: self.remote.blob_size(sha256), None)
-
-    def put_blob(self, sha256: str, src: Path) -> bool:
-        return self.local.put_blob(sha256, src)
 
     def get_blob(self, sha256: str, dest: Path) -> None:
         try:
             self.local.get_blob(sha256, dest)
         except (FileNotFoundError, ValueError):
             self.remote.get_blob(sha256, dest)
-
-    def raw_manifest(self, key: str) -> dict[str, Any] | None:
-        raw = self.local.raw_manifest(key)
-        return raw if raw is not None else self._read(lambda: self.remote.raw_manifest(key), None)
 
     def put_manifest(self, key: str, raw: dict[str, Any], replace: bool = False) -> bool:
         return self.local.put_manifest(key, raw, replace)
@@ -218,7 +205,7 @@ class ReadThroughStore:
         with tempfile.TemporaryDirectory(prefix="neuron-build-fetch.") as scratch:
             ok = copy_key(self.remote, self.local, key, Path(scratch), report)
         if not ok and report.failed:
-            self._warn(f"remote artifact {key[:16]} in {self.remote_location} not used: {report.failed[0][1]}")
+            self.warn(f"remote artifact {key[:16]} in {self.remote_location} not used: {report.failed[0][1]}")
         return ok
 
     def push(self, key: str, replace: bool = False) -> bool:
@@ -232,8 +219,8 @@ class ReadThroughStore:
             with tempfile.TemporaryDirectory(prefix="neuron-build-push.") as scratch:
                 ok = copy_key(self.local, self.remote, key, Path(scratch), report, heal=True, replace=replace)
             if report.unreachable is not None:
-                self._unreachable(report.unreachable)
-        marker = f"{PENDING}/{key}"
+                self.mark_unreachable(report.unreachable)
+        marker = layout.pending_path(key)
         if ok:
             if key in self.pending():
                 self.local.delete_object(marker)
@@ -245,12 +232,13 @@ class ReadThroughStore:
         self.pending().add(key)
         return False
 
-    def _unreachable(self, reason: str) -> None:
-        """Give the remote up for the rest of this process (reads and writes): it could not be reached."""
+    def mark_unreachable(self, reason: str) -> None:
+        """Give the remote up for the rest of this process (reads and writes; pushes are left pending): it
+        could not be reached (``reason``, one line). The first time, :attr:`warn` says so."""
         self.unreachable = reason
         if self.remote_down is None:
             self.remote_down = reason
-            self._warn(f"remote store {self.remote_location} cannot be reached ({reason}); going on with the "
+            self.warn(f"remote store {self.remote_location} cannot be reached ({reason}); going on with the "
                        "local store only (the next build pushes what this one could not)")
 
     def push_pending(self) -> list[tuple[str, str]]:
@@ -259,7 +247,7 @@ class ReadThroughStore:
         failed = []
         for key in sorted(self.pending()):
             if not self.local.lookup(key).hit:  # collected or damaged here since: nothing left to push
-                self.local.delete_object(f"{PENDING}/{key}")
+                self.local.delete_object(layout.pending_path(key))
                 self.pending().discard(key)
             elif self.remote_down is not None:
                 failed.append((key, self.remote_down))
@@ -270,7 +258,7 @@ class ReadThroughStore:
     def pending(self) -> set[str]:
         """Keys built here whose push failed and has not been retried successfully yet."""
         if self._pending is None:
-            self._pending = {p.rsplit("/", 1)[-1] for p in self.local.list_objects(PENDING)}
+            self._pending = {p.rsplit("/", 1)[-1] for p in self.local.list_objects(layout.PENDING_DIR)}
         return self._pending
 
     # -- records: written to both, read here first ------------------------------------------------
@@ -280,14 +268,7 @@ class ReadThroughStore:
             try:
                 write_remote()
             except Exception as e:
-                self._warn(f"could not write a record to {self.remote_location} ({one_line(e)}); kept locally")
-
-    def put_target(self, record: TargetRecord) -> None:
-        self._both(lambda: self.local.put_target(record), lambda: self.remote.put_target(record))
-
-    def target(self, target_id: str) -> TargetRecord | None:
-        rec = self.local.target(target_id)
-        return rec if rec is not None else self._read(lambda: self.remote.target(target_id), None)
+                self.warn(f"could not write a record to {self.remote_location} ({one_line(e)}); kept locally")
 
     def _merged(self, here: list[Any], there: list[Any]) -> Iterator[Any]:
         by_id = {r.target: r for r in there}
@@ -312,28 +293,8 @@ class ReadThroughStore:
         self._both(lambda: None, lambda: self.remote.add_recorded_imports(model, new))
         return new
 
-    def put_failure(self, record: FailureRecord, log: bytes) -> None:
-        self.local.put_failure(record, log)
-
-    def failure(self, target_id: str) -> FailureRecord | None:
-        return self.local.failure(target_id)
-
-    def failures(self, model: str, bucket_id: str | None = None) -> Iterator[FailureRecord]:
-        return self.local.failures(model, bucket_id)
-
     def failure_log(self, target_id: str) -> Path:
         return self.local.failure_log(target_id)
-
-    def clear_failure(self, target_id: str) -> None:
-        self.local.clear_failure(target_id)
-
-    def put_result(self, key: str, kind: str, name: str, result: dict[str, Any]) -> None:
-        self._both(lambda: self.local.put_result(key, kind, name, result),
-                   lambda: self.remote.put_result(key, kind, name, result))
-
-    def result(self, key: str, kind: str, name: str) -> dict[str, Any] | None:
-        got = self.local.result(key, kind, name)
-        return got if got is not None else self._read(lambda: self.remote.result(key, kind, name), None)
 
     def results(self, key: str, kind: str) -> dict[str, dict[str, Any]]:
         out = dict(self._read(lambda: self.remote.results(key, kind), {}))
@@ -350,24 +311,6 @@ class ReadThroughStore:
                 raise BuildFailed(f"release {release_id} not recorded: its artifact {key[:16]} could not be "
                                   f"pushed to {self.remote_location} ({reason}); fix the remote and run it again")
         return self.remote.put_release(model, release_id, record)
-
-    def release(self, model: str, release_id: str) -> dict[str, Any] | None:
-        return self.remote.release(model, release_id)
-
-    def release_ids(self, model: str, prefix: str = "") -> list[str]:
-        return self.remote.release_ids(model, prefix)
-
-    def releases(self, model: str | None = None) -> Iterator[tuple[str, str, Any]]:
-        return self.remote.releases(model)
-
-    def channel(self, model: str, channel: str) -> dict[str, Any] | None:
-        return self.remote.channel(model, channel)
-
-    def channels(self) -> Iterator[tuple[str, str, Any]]:
-        return self.remote.channels()
-
-    def channel_ref(self, model: str, channel: str) -> tuple[dict[str, Any] | None, str | None]:
-        return self.remote.channel_ref(model, channel)
 
     def swap_channel(self, model: str, channel: str, pointer: dict[str, Any], expected: str | None) -> bool:
         """Swap the remote's pointer (the one every host shares) and mirror it into the local store. A local
@@ -387,12 +330,8 @@ class ReadThroughStore:
         self._mirror(lambda: self.local.put_object(layout.channel_path(model, channel), json_bytes(pointer)))
         return True
 
-    def append_history(self, model: str, channel: str, entry: dict[str, Any]) -> None:
-        """Add the entry to the remote's history, and the same object to the local mirror."""
-        rel, data = self.remote.put_history_entry(model, channel, entry)
-        self._mirror(lambda: self.local.put_object(rel, data, create_only=True))
-
     def put_history_entry(self, model: str, channel: str, entry: dict[str, Any]) -> tuple[str, bytes]:
+        """Add the entry to the remote's history, and the same object to the local mirror."""
         rel, data = self.remote.put_history_entry(model, channel, entry)
         self._mirror(lambda: self.local.put_object(rel, data, create_only=True))
         return rel, data
@@ -404,10 +343,7 @@ class ReadThroughStore:
         try:
             write()
         except Exception as e:
-            self._warn(f"could not mirror a channel into {self.location} ({one_line(e)}); the remote's is kept")
-
-    def history(self, model: str, channel: str) -> list[dict[str, Any]]:
-        return self.remote.history(model, channel)
+            self.warn(f"could not mirror a channel into {self.location} ({one_line(e)}); the remote's is kept")
 
     # -- coordination: this host's ----------------------------------------------------------------
     def key_lock(self, key: str, target: str = "", heartbeat_s: float = 15.0) -> Any:
@@ -415,9 +351,6 @@ class ReadThroughStore:
         hosts that share the remote compile a key once."""
         from neuron_build.store.shared_lock import SharedKeyLock
         return SharedKeyLock(self, key, target=target, heartbeat_s=heartbeat_s)
-
-    def memory_budget(self, max_bytes: int | None, heartbeat_s: float = 15.0) -> Any:
-        return self.local.memory_budget(max_bytes, heartbeat_s=heartbeat_s)
 
     # -- whole objects (ledger entries and the like): written to both, read here first ------------
     def put_object(self, path: str, data: bytes, create_only: bool = False) -> bool:
@@ -443,4 +376,4 @@ def _log_warning(message: str) -> None:
     get_logger().warning(message)
 
 
-__all__ = ["PENDING", "ReadThroughStore", "one_line"]
+__all__ = ["ReadThroughStore", "one_line"]

@@ -220,7 +220,7 @@ def _watched_send_class() -> type:
                         task.cancel()
                         try:
                             await task
-                        except BaseException:  # noqa: BLE001 - the cancelled attempt's own error
+                        except BaseException:  # (any error:) the cancelled attempt's own error
                             pass
                         from botocore.exceptions import ReadTimeoutError
                         raise ReadTimeoutError(endpoint_url=request.url,

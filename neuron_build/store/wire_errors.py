@@ -51,7 +51,7 @@ def wire_error(exc: BaseException, url: str, what: str, writing: bool, endpoint:
     if names & {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}:
         return StoreDenied(f"{url}: no credentials found ({what}); set AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
                            f"AWS_SECRET_ACCESS_KEY, or give them in [build] remote_options", url, writing)
-    if any(_is_missing_bucket(e) for e in chain):
+    if is_missing_bucket(exc):
         bucket = url.split("://", 1)[-1].split("/", 1)[0]
         return StoreMissing(f"{url}: bucket {bucket!r} does not exist{' at' + at if at else ''} ({what}); "
                             f"create it (`aws s3 mb s3://{bucket}`) or fix the store URL", url, writing)
@@ -78,10 +78,15 @@ def wire_error(exc: BaseException, url: str, what: str, writing: bool, endpoint:
     return None
 
 
-def _is_missing_bucket(e: BaseException) -> bool:
-    resp = getattr(e, "response", None)
-    code = ((resp.get("Error") or {}).get("Code") if isinstance(resp, dict) else None)
-    return code == "NoSuchBucket" or "specified bucket does not exist" in str(e).lower()
+def is_missing_bucket(exc: BaseException) -> bool:
+    """Does ``exc`` (or an exception in its cause/context chain: s3fs wraps botocore's ``ClientError`` in
+    an OSError) say the bucket does not exist (S3 error code ``NoSuchBucket``)?"""
+    for e in _chain(exc):
+        resp = getattr(e, "response", None)
+        code = ((resp.get("Error") or {}).get("Code") if isinstance(resp, dict) else None)
+        if code == "NoSuchBucket" or "specified bucket does not exist" in str(e).lower():
+            return True
+    return False
 
 
 @contextmanager
@@ -102,4 +107,4 @@ def wire(url: str, what: str, writing: bool = False, endpoint: str | None = None
         raise
 
 
-__all__ = ["wire", "wire_error"]
+__all__ = ["is_missing_bucket", "wire", "wire_error"]

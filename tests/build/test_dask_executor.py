@@ -167,7 +167,7 @@ def test_worker_killed_mid_compile_is_rescheduled(two_workers, tmp_path):
     assert "1 target: 1 built, 0 cached, 0 failed" in out
     again = starts(cfg.parent)
     assert len(again) == 2 and again[1]["ppid"] != victim.pid  # compiled again, on the other worker
-    from neuron_build.store.maintenance import verify_store
+    from neuron_build.store.verify import verify_store
     b = builder(cfg)
     m = manifest(b, "sleepy/b1/fp32/p1")
     assert m["worker"] != victim_addr and m["worker"] in two_workers.worker_addresses()

@@ -242,7 +242,7 @@ def test_gc_of_the_remote_keeps_what_releases_and_current_targets_name(s3_bucket
     import hashlib
 
     from neuron_build.store import open_store
-    from neuron_build.store.remote_gc import collect_remote_garbage
+    from neuron_build.store.gc import collect_garbage
     from tests.helpers.store import publish
 
     store = open_store(f"s3://{s3_bucket}/team")
@@ -254,14 +254,14 @@ def test_gc_of_the_remote_keeps_what_releases_and_current_targets_name(s3_bucket
     store.put_release("m", "r-0001", {"id": "r-0001", "artifacts": [
         {"target": "m/b1/fp32/p", "key": pinned, "files": {"model.pt": {"sha256": sha[pinned], "size": 14}}}]})
 
-    young = collect_remote_garbage(store, keep_keys=[current], keep_days=7)  # everything is minutes old
+    young = collect_garbage(store, keep_keys=[current], keep_days=7, current_targets=())  # everything is minutes old
     assert young.removed == [] and young.kept_young == 1 and young.referenced == 2
 
-    dry = collect_remote_garbage(store, keep_keys=[current], keep_days=0, dry_run=True)
+    dry = collect_garbage(store, keep_keys=[current], keep_days=0, dry_run=True, current_targets=())
     assert sorted(r.kind for r in dry.removed) == ["blob", "object"]
     assert store.lookup(stale).hit  # a dry run removes nothing
 
-    rep = collect_remote_garbage(store, keep_keys=[current], keep_days=0)
+    rep = collect_garbage(store, keep_keys=[current], keep_days=0, current_targets=())
     assert [(r.kind, r.key) for r in rep.removed if r.kind == "object"] == [("object", stale)]
     assert [r.path for r in rep.removed if r.kind == "blob"] == [f"cas/{sha[stale][:2]}/{sha[stale]}"]
     assert rep.failed == []

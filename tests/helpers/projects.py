@@ -108,7 +108,7 @@ def rewrite_manifest(path: Path, change) -> dict:
     """Edit a stored manifest the way a deliberate test fixture must: apply ``change(dict)`` and re-seal it
     with its own sha256, so the store still sees a complete object (an edit without resealing is caught
     as corruption and quarantined)."""
-    from neuron_build.store.local import SELF_DIGEST, manifest_digest
+    from neuron_build.store.digests import SELF_DIGEST, manifest_digest
 
     m = json.loads(path.read_text())
     change(m)

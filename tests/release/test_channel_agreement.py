@@ -46,7 +46,7 @@ def _host(tmp_path, name: str, url: str) -> ReadThroughStore:
     return ReadThroughStore(LocalStore(tmp_path / name / "artifacts"), RemoteStore(url, cache_dir=tmp_path / name / "c"))
 
 
-def test_two_hosts_promote_through_lost_answers_into_one_unbroken_history(proj, tmp_path):  # noqa: F811
+def test_two_hosts_promote_through_lost_answers_into_one_unbroken_history(proj, tmp_path):
     project, _, local, settings = ctx(proj)
     url = f"file://{tmp_path}/shared"
     r1, r2 = make(proj), make(proj, "bf16")
@@ -62,7 +62,7 @@ def test_two_hosts_promote_through_lost_answers_into_one_unbroken_history(proj, 
         try:
             results[rel["id"]] = promote(host, settings, "tiny", "dev", release=rel["id"], allow_unvalidated=True,
                                          reason="two hosts", before_swap=lambda: barrier.wait(timeout=60))
-        except Exception as e:  # noqa: BLE001 - the test reports it
+        except Exception as e:  # the test reports it
             errors.append(e)
 
     threads = [threading.Thread(target=run, args=(h, r)) for h, r in zip(hosts, (r1, r2), strict=True)]
@@ -91,7 +91,7 @@ def test_two_hosts_promote_through_lost_answers_into_one_unbroken_history(proj, 
     assert channel_pointer(shared, "tiny", "dev")["release"] == first["to"]
 
 
-def test_local_channels_are_shared_by_push_before_the_pair_promotes(proj, tmp_path):  # noqa: F811
+def test_local_channels_are_shared_by_push_before_the_pair_promotes(proj, tmp_path):
     project, _, local, settings = ctx(proj)
     r1, r2 = make(proj), make(proj, "bf16")
     promote(local, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True, reason="before the remote")

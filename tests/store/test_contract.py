@@ -469,7 +469,7 @@ def test_manifests_are_create_only(case, tmp_path):
     src.write_bytes(b"model")
     s.put_blob(entry(b"model")["sha256"], src)
     raw = manifest(KEY_A, {"model.pt": b"model"}).model_dump(mode="json")
-    from neuron_build.store.local import SELF_DIGEST, manifest_digest
+    from neuron_build.store.digests import SELF_DIGEST, manifest_digest
     raw[SELF_DIGEST] = manifest_digest(raw)  # sealed: a manifest without its own digest is not trusted
     assert s.put_manifest(KEY_A, raw) is True
     assert s.lookup(KEY_A).hit and s.keys() == [KEY_A]

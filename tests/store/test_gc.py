@@ -6,6 +6,7 @@ and puts back what a new manifest lists or what was touched since its plan)."""
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import os
 import random
@@ -16,9 +17,8 @@ from pathlib import Path
 import pytest
 
 from neuron_build.store import LocalStore
-from neuron_build.store.maintenance import collect_garbage
+from neuron_build.store.gc import collect_garbage
 from neuron_build.store.remote import RemoteStore
-from neuron_build.store.remote_gc import collect_remote_garbage
 from tests.helpers.store import manifest
 
 #: Races per store kind.
@@ -50,7 +50,7 @@ def _race(kind: str, root: Path, i: int) -> bool:
         folder_of_store, gc = store.root, collect_garbage
     else:
         store = RemoteStore(f"file://{root}/shared", cache_dir=root / "cache")
-        folder_of_store, gc = root / "shared", collect_remote_garbage
+        folder_of_store, gc = root / "shared", functools.partial(collect_garbage, current_targets=())
     long_ago = (_dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(days=10)).isoformat()
     store.publish(_stage(store, OLD, {"model.pt": SHARED}, long_ago), OLD)
     _age_tree(folder_of_store, 10)  # the old artifact and its blob are well outside the window
@@ -76,7 +76,7 @@ def _race(kind: str, root: Path, i: int) -> bool:
         try:
             start.wait()
             gc(store, keep_keys=[new], keep_days=1)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=publisher), threading.Thread(target=collector)]

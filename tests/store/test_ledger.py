@@ -17,7 +17,7 @@ from neuron_build.evaluate.openmetrics import openmetrics_text
 from neuron_build.project.config import MonitoringSettings, load_project
 from neuron_build.store import LocalStore, failures, ledger
 from neuron_build.store.contract import ObjectIO
-from neuron_build.store.maintenance import collect_garbage
+from neuron_build.store.gc import collect_garbage
 from neuron_build.store.records import TargetRecord
 from tests.helpers.projects import write_tiny_project
 

@@ -9,7 +9,7 @@ import pytest
 
 from neuron_build.errors import UserError
 from neuron_build.store import LocalStore, layout, open_store
-from neuron_build.store.local import ReadOnlyStore
+from neuron_build.store.core import ReadOnlyStore
 from tests.helpers.store import FILES, KEY_A, KEY_B, entry, publish
 
 

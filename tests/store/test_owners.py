@@ -11,7 +11,7 @@ import time
 import psutil
 
 from neuron_build.store import owners
-from neuron_build.store.owners import _me, owner_alive
+from neuron_build.store.owners import owner_alive, owner_record
 
 
 def test_start_ticks_are_field_22_of_proc_stat_even_with_a_paren_in_the_name(tmp_path):
@@ -40,7 +40,7 @@ def test_start_ticks_are_field_22_of_proc_stat_even_with_a_paren_in_the_name(tmp
 def test_a_live_owner_stays_alive_when_the_wall_clock_steps(monkeypatch):
     """psutil's start time is the boot time (derived from the wall clock) plus the ticks: a clock step moves
     it by seconds. The old check compared it within 1 s and judged a live compiling holder dead."""
-    me = _me(token="t")
+    me = owner_record(token="t")
     real = psutil.Process.create_time
     monkeypatch.setattr(psutil.Process, "create_time", lambda self: real(self) + 2.5)  # NTP stepped the clock
     assert owner_alive(me) is True
@@ -52,7 +52,7 @@ def test_a_live_owner_stays_alive_when_the_wall_clock_steps(monkeypatch):
 def test_a_reused_pid_another_boot_and_another_host_are_not_the_owner():
     from neuron_build.store.owners import boot_id, proc_start_ticks
 
-    me = _me()
+    me = owner_record()
     assert owner_alive({**me, "proc_start_ticks": me["proc_start_ticks"] + 1}) is False  # pid reused since
     assert owner_alive({**me, "boot_id": "00000000-0000-0000-0000-000000000000"}) is False  # the host rebooted
     assert owner_alive({**me, "host": "another-host"}) is None  # unknown: waited for, never taken over

@@ -15,13 +15,14 @@ import pytest
 
 from neuron_build.errors import StoreDenied, StoreFailed, StoreMissing, StoreUnreachable
 from neuron_build.store import LocalStore, layout, open_store
-from neuron_build.store.local import ReadOnlyStore
-from neuron_build.store.remote import LeaseLock, RemoteStore, cache_root
+from neuron_build.store.core import ReadOnlyStore
+from neuron_build.store.locks import LeaseLock
+from neuron_build.store.remote import RemoteStore, cache_root
 from tests.helpers.cli import REPO
 from tests.helpers.s3 import FaultProxy, S3Server, aws_env, free_port
 from tests.helpers.store import FILES, KEY_A, KEY_B, entry, publish
 
-#: fast retries for fault tests: botocore's standard mode, 2 attempts in all (the default is RETRIES)
+#: fast retries for fault tests: botocore's standard mode, 2 attempts in all (the default is WireSettings().retries())
 FAST = {"config_kwargs": {"retries": {"total_max_attempts": 2, "mode": "standard"}, "connect_timeout": 2}}
 
 

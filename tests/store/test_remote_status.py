@@ -11,7 +11,7 @@ from tests.helpers.cli import in_a_terminal, run_cli
 from tests.helpers.projects import write_tiny_project
 
 
-def FILE_MATRIX(url: str) -> str:  # noqa: N802 (a template, like MATRIX)
+def FILE_MATRIX(url: str) -> str:  # a template, like MATRIX
     """:data:`MATRIX` for a ``file://`` remote: without the S3 client's options."""
     return "\n".join(ln for ln in MATRIX.format(remote=url, buckets="1, 4").splitlines()
                      if not ln.startswith("remote_options")) + "\n"

@@ -53,6 +53,7 @@ from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import (
     EXIT_TOOLCHAIN_MISSING,
     CompileFailed,
+    CompilerBase,
     CompileRequest,
     CompileResult,
     enter_stage,
@@ -233,7 +234,7 @@ class RankModelFactory:
         return build_model(self.root, self.factory, self.kwargs, self.dtype, hf=self.hf), {}
 
 
-class NeuronCompiler:
+class NeuronCompiler(CompilerBase):
     """``torch_neuronx.trace`` (TP degree 1) or ``neuronx_distributed.trace.parallel_model_trace``."""
 
     name = "neuron"
@@ -633,3 +634,8 @@ def _last_log_line(path: Path | None) -> str:
 
 def _profile(request: CompileRequest) -> str:
     return request.target.rsplit("/", 1)[-1]
+
+
+__all__ = ["ADDED_IN", "EXIT_KILLED", "EXIT_TRANSIENT", "LOG_NAME", "SOURCE_ANALYZE", "SOURCE_HLO", "SOURCE_LOG",
+           "ChildPeakMonitor", "NeuronCompiler", "RankModelFactory", "analyze_op_count", "classify_failure",
+           "graph_env", "log_digest", "plan_trace_kwargs", "signature_params"]

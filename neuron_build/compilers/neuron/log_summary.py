@@ -157,3 +157,7 @@ def failure_reason(summary: LogSummary) -> str | None:
         if c.kind == "compile_failed":
             return c.detail
     return None
+
+
+__all__ = ["MAX_ITEMS", "MAX_MESSAGE", "MAX_NOTES", "CacheEvent", "Diagnostic", "InternalError", "LogSummary",
+           "failure_reason", "first_diagnostic_line"]

@@ -29,7 +29,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from neuron_build.compilers.base import CompileFailed, CompileRequest, CompileResult, enter_stage
+from neuron_build.compilers.base import CompileFailed, CompilerBase, CompileRequest, CompileResult, enter_stage
 from neuron_build.status import Status
 
 #: HF ``model_type`` -> (NxDI module, InferenceConfig class, application class) [code: NxDI models/].
@@ -79,7 +79,7 @@ def bucket_compiler_args(work: Path) -> dict[str, list[str]]:
     return out
 
 
-class NxDICompiler:
+class NxDICompiler(CompilerBase):
     """One NxDI compile of a text-generation model at one batch size: every prefill (context-encoding) and
     decode (token-generation) bucket, into the artifact folder."""
 

@@ -39,7 +39,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from neuron_build.compilers.base import EXIT_TOOLCHAIN_MISSING, CompileFailed, CompileRequest, CompileResult
+from neuron_build.compilers.base import (
+    EXIT_TOOLCHAIN_MISSING,
+    CompileFailed,
+    CompilerBase,
+    CompileRequest,
+    CompileResult,
+)
 from neuron_build.compilers.compile_cache import (
     BLOB,
     LOADER,
@@ -139,7 +145,7 @@ def native_api_problem() -> str | None:
             f"the neuron device); uninstall it and {NEURON_INSTALL_HINT}.")
 
 
-class TorchNeuronCompiler:
+class TorchNeuronCompiler(CompilerBase):
     """``torch.compile(model, backend="neuron", fullgraph=True, dynamic=False)`` run once on the bucket's
     example inputs on the ``neuron`` device (CPU tensors without a NeuronCore, compile-only), synchronised;
     the NEFF cache files, the ``save_cache_artifacts()`` blob and the per-graph metrics are the artifact."""
@@ -258,7 +264,7 @@ def root_cause(exc: BaseException) -> BaseException:
 def _safe_metrics() -> list[dict[str, Any]]:
     try:
         return dynamo_metrics()
-    except Exception:  # noqa: BLE001  metrics are a nicety on the failure path
+    except Exception:  # metrics are a nicety on the failure path
         return []
 
 

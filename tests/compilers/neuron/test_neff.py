@@ -6,7 +6,7 @@ import pytest
 
 from neuron_build.compilers.neuron import neff
 from neuron_build.compilers.neuron.neff import NeffError, payload_kind, read_neff_header
-from tests.helpers.neff import build_neff, neff_header, tar_bytes, tar_gz_bytes, write_neff  # noqa: E402
+from tests.helpers.neff import build_neff, neff_header, tar_bytes, tar_gz_bytes, write_neff
 
 FILES = {"neff.json": b'{"version": 2}', "sg00/def.json": b"{}" * 300}
 

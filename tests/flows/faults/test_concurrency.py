@@ -18,7 +18,8 @@ import pytest
 
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
-from neuron_build.store.locks import GB, KeyLock, MemoryBudget
+from neuron_build.store.budget import GB, MemoryBudget
+from neuron_build.store.locks import KeyLock
 from tests.helpers.cli import events
 from tests.helpers.faultkit import (
     REPO,
@@ -240,7 +241,7 @@ def test_memory_budget_queues_compiles_across_processes(tmp_path):
 
 HOLD_MEMORY = r'''
 import sys
-from neuron_build.store.locks import MemoryBudget, GB
+from neuron_build.store.budget import MemoryBudget, GB
 with MemoryBudget(sys.argv[1], int(1 * GB), poll_s=0.05).reserve(int(float(sys.argv[2]) * GB), "holder"):
     print("held", flush=True)
     sys.stdin.read()   # until the test closes stdin (or kills this process)

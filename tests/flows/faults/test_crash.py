@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from neuron_build.store.local import LocalStore
-from neuron_build.store.maintenance import verify_store
+from neuron_build.store.verify import verify_store
 from tests.helpers.faultkit import (
     HERE,
     cli_env,

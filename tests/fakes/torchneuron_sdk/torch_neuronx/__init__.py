@@ -202,6 +202,6 @@ if os.environ.get("FAKE_TORCHNEURON_GRAPH_BREAK") == "1":
 
     torch.nn.modules.module.register_module_forward_pre_hook(_break)
 
-from torch_neuronx import profiling  # noqa: E402,F401
+from torch_neuronx import profiling  # noqa: E402
 
 __all__ = ["get_dynamo_metrics", "neuron_backend", "profiling"]

@@ -1,40 +1,24 @@
-"""Store upkeep: ``verify`` (every manifest and blob against its digests; damage reported with what it
-breaks, moved to quarantine only with ``repair``) and ``gc`` (what nothing needs, removed; what could not
-be removed, said).
-
-**GC roots**: a blob is kept when a release pins it (``releases/<model>/<id>.json``, ``artifacts[].files``
-by sha256: channels point at releases, so a channel's release is a release), or when the manifest of a
-kept key lists it. A key is kept when a release names it, when it is the key of a *current* target (a
-target id of the project's current matrix, its current key or the key its record names), or when it is
-younger than the keep window. Targets that left the matrix keep nothing alive.
+"""``verify``: every manifest and blob of a store against its digests, every release and channel against
+what it names, every record against its kind. Damage is reported with what it breaks (the keys that list
+a blob, the releases and channels that pin it) and the fix; it is moved to quarantine only with
+``repair``. The collector is :mod:`neuron_build.store.gc`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from neuron_build.errors import StoreError
-
-# gc lives in neuron_build.store.gc (one collector for every store); its names stay importable here
-from neuron_build.store.gc import GcReport, Removal, Unremoved, collect_garbage
-from neuron_build.store.gc import release_artifacts as _release_artifacts
-from neuron_build.store.gc_local import collect_failure_workdirs, tree_bytes
+from neuron_build.store import layout
+from neuron_build.store.gc import release_artifacts
 from neuron_build.store.local import LocalStore
-
-DAY_S = 86400.0
-#: Temporary files (``.<name>.<pid>.<token>.tmp``) live milliseconds; ones older than this were left by a
-#: killed process. Blobs that no manifest lists yet are kept this long too (a build may be publishing them).
-TMP_MAX_AGE_S = 3600.0
-
-
 
 
 def _release_keys(rel: Any) -> list[tuple[str, str]] | None:
     """[(target, key)] of a release record, or None when it is not one."""
-    arts = _release_artifacts(rel)
+    arts = release_artifacts(rel)
     return None if arts is None else [(a["target"], a["key"]) for a in arts]
 
 
@@ -57,7 +41,7 @@ def release_pins(store: LocalStore) -> Pins:
             by_release.setdefault((model, rid), []).append(f"channel {model}/{channel}")
     pins = Pins()
     for model, rid, rel in store.releases():
-        for a in _release_artifacts(rel) or []:
+        for a in release_artifacts(rel) or []:
             for name, ent in a["files"].items():
                 sha = ent.get("sha256") if isinstance(ent, dict) else None
                 if not isinstance(sha, str):
@@ -173,12 +157,25 @@ def verify_store(store: LocalStore, deep: bool = False, repair: bool = False,
     pins = release_pins(store)
     blobs: dict[str, BadObject] = {}
     checked_blobs: dict[tuple[str, int], str | None] = {}
+    _check_manifests(store, rep, pins, blobs, checked_blobs)
+    _check_pinned_blobs(store, rep, pins, blobs, checked_blobs)
+    rep.blobs_checked = len({s for s, _ in checked_blobs})
+    if repair:
+        for sha, bad in blobs.items():
+            if store.blob_size(sha) is not None:
+                bad.moved_to = store.quarantine_blob(sha, bad.reason + " (found by verify --repair)")
+    rep.problems.extend(_reference_problems(store, shared))
+    rep.records_checked, bad_records = check_records(store)
+    rep.bad.extend(bad_records)
+    return rep
 
-    def blob_check(sha: str, size: int) -> str | None:
-        if (sha, size) not in checked_blobs:
-            checked_blobs[(sha, size)] = store.blob_damage(sha, size, deep)
-        return checked_blobs[(sha, size)]
 
+def _check_manifests(store: LocalStore, rep: VerifyReport, pins: Pins, blobs: dict[str, BadObject],
+                     checked_blobs: dict[tuple[str, int], str | None]) -> None:
+    """Every key of the action cache: a complete artifact (its blobs noted as checked in ``checked_blobs``),
+    a damaged blob (one :class:`BadObject` per blob in ``blobs``, naming every key that lists it) or a
+    damaged manifest. With ``rep.repair``, the damaged keys are quarantined."""
+    deep, repair = rep.deep, rep.repair
     for key in store.keys():
         rep.checked += 1
         found = store.lookup(key, deep=deep)
@@ -204,44 +201,51 @@ def verify_store(store: LocalStore, deep: bool = False, repair: bool = False,
                  if repair else None)
         fix = f"`neuron-build build{' ' + target if target else ''}` compiles the key again"
         rep.bad.append(BadObject(key, target, found.damage, moved, kind="manifest", keys=[key], fix=fix))
-    # blobs pinned by releases, whether or not a manifest still lists them
+
+
+def _check_pinned_blobs(store: LocalStore, rep: VerifyReport, pins: Pins, blobs: dict[str, BadObject],
+                        checked_blobs: dict[tuple[str, int], str | None]) -> None:
+    """The blobs releases pin, whether or not a manifest still lists them (each checked once)."""
     for sha, who in pins.blobs.items():
         if sha in blobs:
             continue
         size = pins.sizes.get(sha)
-        why = blob_check(sha, size) if size is not None else None
+        if size is None:
+            continue
+        if (sha, size) not in checked_blobs:
+            checked_blobs[(sha, size)] = store.blob_damage(sha, size, rep.deep)
+        why = checked_blobs[(sha, size)]
         if why is None:
             continue
         name, target = pins.names.get(sha), pins.targets.get(sha)
         blobs[sha] = BadObject(sha, target, f"{name}: {why}", kind="blob", pinned_by=list(who),
                                fix=orphan_blob_fix(target))
         rep.bad.append(blobs[sha])
-    rep.blobs_checked = len({s for s, _ in checked_blobs})
-    if repair:
-        for sha, bad in blobs.items():
-            if store.blob_size(sha) is not None:
-                bad.moved_to = store.quarantine_blob(sha, bad.reason + " (found by verify --repair)")
+
+
+def _reference_problems(store: LocalStore, shared: Any) -> list[str]:
+    """Reference faults: a release naming a key with no complete artifact, or not a release at all; a
+    channel naming a release that neither ``store`` nor ``shared`` holds."""
+    problems = []
     for model, rid, rel in store.releases():
-        where = f"releases/{model}/{rid}.json"
+        where = layout.release_path(model, rid)
         keys = _release_keys(rel)
         if keys is None:
-            rep.problems.append(f"{where}: not a readable release (JSON with artifacts)")
+            problems.append(f"{where}: not a readable release (JSON with artifacts)")
             continue
         for tid, key in keys:
             if not store.is_complete(key):
-                rep.problems.append(f"{where}: artifact {tid} key {key[:12]} is not complete in the store")
+                problems.append(f"{where}: artifact {tid} key {key[:12]} is not complete in the store")
     for model, channel, ch in store.channels():
-        where = f"channels/{model}/{channel}.json"
+        where = layout.channel_path(model, channel)
         rid = ch.get("release") if isinstance(ch, dict) else None
         if not isinstance(rid, str):
-            rep.problems.append(f"{where}: not a readable channel (JSON with release)")
+            problems.append(f"{where}: not a readable channel (JSON with release)")
             continue
         if _release_keys(store.release(model, rid)) is None and _release_keys(_shared_release(shared, model, rid)) is None:
-            rep.problems.append(f"{where}: points at release {rid}, "
-                                f"but releases/{model}/{rid}.json is missing or unreadable")
-    rep.records_checked, bad_records = check_records(store)
-    rep.bad.extend(bad_records)
-    return rep
+            problems.append(f"{where}: points at release {rid}, "
+                            f"but {layout.release_path(model, rid)} is missing or unreadable")
+    return problems
 
 
 def _is_history_entry(raw: Any) -> bool:
@@ -272,31 +276,32 @@ def _record_kind(rel: str) -> tuple[str, Any] | None:
     name, area = parts[-1], parts[0]
     if not name.endswith(".json"):
         return None
-    if area == "targets":
+    if area == layout.TARGETS_DIR:
         return {"last.json": ("target record", lambda r: TargetRecord.from_json(r) is not None),
                 "failure.json": ("failure record", lambda r: FailureRecord.from_json(r) is not None),
                 "imports.json": ("recorded imports", lambda r: isinstance(r, dict) and isinstance(r.get("files"), list)),
                 "reads.json": ("recorded reads", lambda r: isinstance(r, dict))}.get(name)
-    if area == "results" and len(parts) == 4:
+    if area == layout.RESULTS_DIR and len(parts) == 4:
         return ("validation result", _is_validation) if parts[2] == "validation" else (
             f"{parts[2]} result", lambda r: isinstance(r, dict))
-    if area == "channels" and len(parts) == 4 and parts[2].endswith(".history"):
+    if area == layout.CHANNELS_DIR and len(parts) == 4 and parts[2].endswith(".history"):
         return "history entry", _is_history_entry
-    if area == "ledger":
+    if area == layout.LEDGER_DIR:
         return "ledger record", _is_ledger_object
-    if area == "graphs" and len(parts) == 3:
+    if area == layout.GRAPHS_DIR and len(parts) == 3:
         return "graph index entry", lambda r: GraphEntry.from_json(r, name[:-5]) is not None
-    if area == "leases" and len(parts) == 2:
+    if area == layout.LEASES_DIR and len(parts) == 2:
         return "lease", lambda r: isinstance(r, dict)
-    if area == "failures" and name == "entry.json" and len(parts) == 4:
+    if area == layout.FAILURES_DIR and name == "entry.json" and len(parts) == 4:
         return "kept failure entry", lambda r: isinstance(r, dict)
-    if rel == "store-id.json":
+    if rel == layout.STORE_ID_PATH:
         return "store identity", lambda r: isinstance(r, dict)
     return None
 
 
 #: The areas of :func:`check_records` (releases and channel pointers are checked as references).
-RECORD_AREAS = ("targets", "results", "channels", "ledger", "graphs", "leases", "failures")
+RECORD_AREAS = (layout.TARGETS_DIR, layout.RESULTS_DIR, layout.CHANNELS_DIR, layout.LEDGER_DIR, layout.GRAPHS_DIR,
+                layout.LEASES_DIR, layout.FAILURES_DIR)
 
 
 def check_records(store: Any) -> tuple[int, list[BadObject]]:
@@ -311,8 +316,8 @@ def check_records(store: Any) -> tuple[int, list[BadObject]]:
     """
     checked, bad = 0, []
     rels = [r for area in RECORD_AREAS for r in store.list_objects(area)]
-    if store.get_object("store-id.json") is not None:
-        rels.append("store-id.json")
+    if store.get_object(layout.STORE_ID_PATH) is not None:
+        rels.append(layout.STORE_ID_PATH)
     for rel in rels:
         kind = _record_kind(rel)
         if kind is None:
@@ -330,21 +335,19 @@ def check_records(store: Any) -> tuple[int, list[BadObject]]:
             why = None if ok(raw) else f"JSON, but not a {what}"
         if why is None:
             continue
-        target = "/".join(rel.split("/")[1:-1]) if rel.startswith("targets/") else None
+        target = "/".join(rel.split("/")[1:-1]) if rel.startswith(layout.TARGETS_DIR + "/") else None
         bad.append(BadObject(rel, target, f"{what}: {why}", kind="record", fix=_record_fix(rel, target)))
     return checked, bad
 
 
 def _record_fix(rel: str, target: str | None) -> str:
-    if rel.startswith("targets/") and rel.endswith("/last.json"):
+    if rel.startswith(layout.TARGETS_DIR + "/") and rel.endswith("/last.json"):
         return f"`neuron-build build {target}` writes it again (a cached target too); or remove {rel}"
-    if rel.startswith("results/"):
+    if rel.startswith(layout.RESULTS_DIR + "/"):
         return f"`neuron-build validate` (or bench) writes it again; or remove {rel}"
-    if rel.startswith("channels/"):
+    if rel.startswith(layout.CHANNELS_DIR + "/"):
         return f"a history entry is written once: move {rel} aside (the channel's history then lacks it)"
     return f"remove {rel} (it is rewritten or not needed)"
-
-
 
 
 def _shared_release(shared: Any, model: str, rid: str) -> Any:
@@ -357,11 +360,5 @@ def _shared_release(shared: Any, model: str, rid: str) -> Any:
         return None
 
 
-def referenced_keys(store: Any, extra: Iterable[str] = (), current_targets: Iterable[str] | None = None) -> set[str]:
-    """Keys that ``gc`` must keep (:func:`neuron_build.store.gc.gc_roots`)."""
-    from neuron_build.store.gc import gc_roots
-    return gc_roots(store, extra, current_targets).keys
-
-
-__all__ = ["check_records", "verify_store", "VerifyReport", "BadObject", "collect_failure_workdirs", "collect_garbage", "GcReport",
-           "Removal", "Unremoved", "referenced_keys", "release_pins", "tree_bytes"]
+__all__ = ["BadObject", "Pins", "RECORD_AREAS", "VerifyReport", "blob_fix", "check_records", "orphan_blob_fix",
+           "release_pins", "verify_store"]

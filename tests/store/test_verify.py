@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from neuron_build.store.local import LocalStore
-from neuron_build.store.maintenance import verify_store
+from neuron_build.store.verify import verify_store
 
 KEY = "ab" * 32
 
