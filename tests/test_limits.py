@@ -18,7 +18,6 @@ MAX_FUNCTION_LINES = 80
 
 #: module (path under neuron_build/) -> why it is longer than MAX_MODULE_LINES
 LONG_MODULES = {
-    "build/builder.py": "being split (issue 33 item 3: graph reuse and publishing leave it)",
     "build/dask_executor.py": "DaskBuild is one cluster session (connect, submit, collect, cancel, recover); the "
                               "build_targets rework (issue 33 item 5) reshapes it",
     "build/session.py": "BuildSession is doit's task loader with the plan cache and the recorded-run hooks",

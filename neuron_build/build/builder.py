@@ -5,26 +5,22 @@ Domain code: no doit here (see :mod:`neuron_build.tasks`) and no torch (the comp
 
 The layers: :class:`~neuron_build.build.planner.Planner` (keys, state, what changed, requests),
 :class:`~neuron_build.build.executor.Executor` (runs one compile: :class:`~neuron_build.build.local.LocalExecutor`
-by default), :mod:`neuron_build.build.attempt` (what a run means, the full-disk failures) and the
-:class:`Builder` here, which holds the key's lock and the memory reservation, retries transient failures,
-records failures and publishes artifacts.
+by default), :mod:`neuron_build.build.attempt` (what a run means, the full-disk failures),
+:mod:`neuron_build.build.graph_reuse` (the graph key: ask, gate, index, publish over the same graph's blobs),
+:mod:`neuron_build.build.manifests` (the one manifest builder; each staged file hashed once),
+:mod:`neuron_build.build.recorder` (target records, failure records, the ledger, kept failure workdirs) and the
+:class:`Builder` here, which holds the key's lock and the memory reservation, retries transient failures and
+publishes artifacts.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime as _dt
 import errno
-import json
-import os
-import re
 import shutil
-import socket
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from neuron_build import __version__
 from neuron_build.build import graph_probe
 from neuron_build.build.attempt import (
     Classification,
@@ -33,58 +29,28 @@ from neuron_build.build.attempt import (
     as_status,
     classify,
     disk_full,
-    failure_log,
     free_space,
 )
+from neuron_build.build.context import BuildContext
 from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun, Executor
-from neuron_build.build.graph_gate import GraphGate
+from neuron_build.build.graph_reuse import GRAPH_KEY_ENV, GraphReuse, Reused
 from neuron_build.build.local import LocalExecutor, default_jobs
+from neuron_build.build.manifests import artifact_manifest, hash_files
+from neuron_build.build.nxdi_hooks import remember_cache, restore_cache
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.planner import Planner
+from neuron_build.build.recorder import Recorder, Unrecorded, failure_stage, hbm_estimate
 from neuron_build.compilers import graph_key
-from neuron_build.compilers.base import STAGE_PREFIX, CompileRequest
+from neuron_build.compilers.base import CompileRequest
 from neuron_build.log import get_logger
 from neuron_build.project.config import Project
 from neuron_build.project.keys import COMPONENTS, KeyInfo
 from neuron_build.project.matrix import Target
 from neuron_build.project.toolchain import announce_backend, neuron_status
 from neuron_build.status import DOWNLOADED, BuildResult, Status, TargetState
-from neuron_build.store import cached_store, graph_index, ledger
-from neuron_build.store import failures as kept_failures
+from neuron_build.store import cached_store
 from neuron_build.store.budget import GB
 from neuron_build.store.contract import ArtifactStore
-from neuron_build.store.manifest import Manifest, Metrics, is_log_name
-from neuron_build.store.records import FailureRecord, TargetRecord
-from neuron_build.util import file_sha256, utc_now
-
-#: Set to 0 (or false, no, off) to turn the graph key off for one build (benchmarks, a suspected bad reuse).
-GRAPH_KEY_ENV = "NEURON_BUILD_GRAPH_KEY"
-
-
-@dataclass(frozen=True)
-class BuildContext:
-    """One target being built: the target, its key, the attempt's number (1 for the first compile, 0
-    before any), the logger bound to the target, the key components changed since its last build, and
-    (while a failed attempt is recorded) the attempt's work folder. ``stale``: why the artifact the store
-    holds for the key is stale (recorded inputs that changed): this build's manifest replaces it."""
-
-    target: Target
-    ki: KeyInfo
-    log: Any
-    attempt: int = 0
-    changed: tuple[str, ...] = field(default_factory=tuple)
-    work: Path | None = None
-    stale: tuple[str, ...] = field(default_factory=tuple)
-
-
-@dataclass(frozen=True)
-class Unrecorded:
-    """A failed attempt whose failure record could not be written because the disk was full: ``record``
-    and ``log`` are written once the attempt's staging files are gone."""
-
-    outcome: Outcome
-    record: FailureRecord
-    log: bytes
 
 
 class Builder:
@@ -122,6 +88,9 @@ class Builder:
         self.transient_retries = cfg.transient_retries if transient_retries is None else transient_retries
         self.provenance = {"executor": "local", **(provenance or {})}
         self._toolchain_problem: str | None | bool = False  # False: not checked yet
+        self.graph = GraphReuse(project, self.store, self.provenance)
+        self.recorder = Recorder(self.store, self.keys.backend, project.config.monitoring,
+                                 lambda: getattr(self.executor, "name", type(self.executor).__name__))
 
     def announce_backend(self) -> None:
         """Log the ``auto`` fallback note ("backend auto: using inductor because ..."), once per process.
@@ -200,12 +169,12 @@ class Builder:
         found = self.store.repair(ki.key)
         ctx = self._check_recorded(ctx, found)
         if found.hit and not ctx.stale:
-            self._remember(ctx, Status.PASS)
+            self.recorder.remember(ctx, Status.PASS)
             if found.location == "remote":
                 ctx.log.info("downloaded", remote=self.store.remote_location)
-                self._record(ctx, "downloaded", Status.PASS, manifest=found.manifest)
+                self.recorder.ledger(ctx, "downloaded", Status.PASS, manifest=found.manifest)
                 return Outcome(target.id, ki.key, BuildResult.CACHED, DOWNLOADED)
-            self._record(ctx, "cached", Status.PASS, manifest=found.manifest)
+            self.recorder.ledger(ctx, "cached", Status.PASS, manifest=found.manifest)
             ctx.log.debug("cached")
             return Outcome(target.id, ki.key, BuildResult.CACHED)
         if not retry_failed:
@@ -232,8 +201,8 @@ class Builder:
             found = self.store.repair(ki.key)
             ctx = self._check_recorded(ctx, found)
             if found.hit and not ctx.stale:
-                self._remember(ctx, Status.PASS)
-                self._record(ctx, "reused", Status.PASS, manifest=found.manifest)
+                self.recorder.remember(ctx, Status.PASS)
+                self.recorder.ledger(ctx, "reused", Status.PASS, manifest=found.manifest)
                 who = lock.waited_for or {}
                 by = f"pid {who['pid']} on {who.get('host')}" if who.get("pid") else "another builder"
                 ctx.log.info("reused", built_by=by, waited_s=round(lock.waited_s, 1))
@@ -280,38 +249,11 @@ class Builder:
                 return out
             ctx.log.warning("transient compiler failure, retrying", attempt=ctx.attempt, retries=retries)
 
-    def _remember(self, ctx: BuildContext, status: Status) -> None:
-        """Write the target's record (its current key and last status) unless it says so already; best
-        effort on a full disk."""
-        target, ki = ctx.target, ctx.ki
-        rec = self.store.target(target.id)
-        if rec and rec.key == ki.key and rec.status == status:
-            return
-        try:
-            with disk_full("recording the target", target.id):
-                self.store.put_target(TargetRecord(target=target.id, key=ki.key, status=status, details=ki.details,
-                                                   hashes=ki.hashes, time=utc_now()))
-        except DiskFull as e:
-            get_logger(target=target.id).warning("could not record the target (disk full)", error=str(e.__cause__))
-
-    def _missing_toolchain(self, ctx: BuildContext, reason: str) -> Outcome:
-        """Fail the attempt as TOOLCHAIN_MISSING without starting a worker."""
-        status = Status.TOOLCHAIN_MISSING
-        metrics = {"status": status, "compile_time_s": 0.0, "peak_rss_bytes": 0, "exit_code": None,
-                   "attempts": ctx.attempt, "reason": reason}
-        self.store.put_failure(FailureRecord(target=ctx.target.id, key=ctx.ki.key, status=status, reason=reason,
-                                             attempts=ctx.attempt, details={"backend": self.keys.backend},
-                                             time=utc_now()), (reason + "\n").encode())
-        self._remember(ctx, status)
-        self._record(ctx, "compile", status, reason=reason, stage=("toolchain", None, None), run=NOT_RUN)
-        ctx.log.error("compile failed", status=status, reason=reason)
-        return Outcome(ctx.target.id, ctx.ki.key, status, reason, compiled=False, metrics=metrics)
-
     def _compile(self, ctx: BuildContext) -> Outcome:
         """One attempt: stage, run the executor, publish or record the failure, clean the staging folder."""
         problem = self.toolchain_problem()
         if problem:
-            return self._missing_toolchain(ctx, problem)
+            return self.recorder.toolchain_missing(ctx, problem)
         staging: Path | None = None
         try:
             # no room even to start the compile (staging folder, request, log)
@@ -321,11 +263,11 @@ class Builder:
                 obj.mkdir()
                 work.mkdir()
                 req = self.request(ctx.target, ctx.ki, obj, work)
-                self._graph_option(ctx, req, work)
-                self._nxdi_cache(ctx, req, work)
+                self.graph.ask(ctx, req, work)
+                restore_cache(self.store, ctx, req, work)
                 ctx.log.info("compiling", backend=req.backend, hardware_target=req.hardware_target,
                              attempt=ctx.attempt)
-                with self._graph_gate(ctx, req, work):  # the graph key's lock, held until it is indexed
+                with self.graph.gate(ctx, req, work):  # the graph key's lock, held until it is indexed
                     # one probe per model build answers "graph unchanged" without a worker per target
                     run = graph_probe.reuse_run(self, ctx, req, work) or self.executor.run(req, work, ctx.log)
                     done = self._finish(ctx, req, run, obj)
@@ -336,18 +278,12 @@ class Builder:
                         run = self.executor.run(req, work, ctx.log)
                         done = self._finish(ctx, req, run, obj)
         except DiskFull as e:
-            done = self._fail(ctx, Classification(Status.ERROR, str(e)), NOT_RUN)
+            done = self.recorder.failure(ctx, Classification(Status.ERROR, str(e)), NOT_RUN)
         finally:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
         if isinstance(done, Unrecorded):  # the disk was full: try again now that the staging files are gone
-            try:
-                with disk_full("recording the failure", ctx.target.id):
-                    self.store.put_failure(done.record, done.log)
-                    self._remember(ctx, done.outcome.status)
-            except DiskFull as e:
-                ctx.log.warning("could not record the failure (disk full)", error=str(e.__cause__))
-            return done.outcome
+            return self.recorder.late_failure(ctx, done)
         return done
 
     def _finish(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path) -> Outcome | Unrecorded | None:
@@ -358,43 +294,12 @@ class Builder:
         if verdict.status == Status.PASS:
             try:
                 if (run.result or {}).get("graph_hit"):
-                    return self._reuse_graph(ctx, req, run, obj)
+                    reused = self.graph.reuse(ctx, req, run, obj, self._recorded_inputs(ctx, run))
+                    return None if reused is None else self._adopt(ctx, run, reused)
                 return self._publish(ctx, req, run, obj)
             except DiskFull as e:
                 verdict = Classification(Status.ERROR, str(e))
-        return self._fail(replace(ctx, work=obj.parent / "work"), verdict, run)
-
-    def _fail(self, ctx: BuildContext, verdict: Classification, run: CompileRun) -> Outcome | Unrecorded:
-        """Record a failed attempt under its target and return its outcome; :class:`Unrecorded` when the
-        disk is too full to record it now. The failure log is the worker's log and the compiler's. The
-        attempt's work folder ``ctx.work`` (request, worker log, the compiler's workdir; None: nothing) is kept
-        in the store (``[monitoring] keep_failed_workdirs``, ``failed_workdirs_max_mb``) and the attempt goes
-        to the ledger with its failure stage."""
-        status, reason = verdict.status, verdict.reason
-        metrics = {"status": status, "compile_time_s": round(run.wall_s, 3), "peak_rss_bytes": run.peak_rss_bytes,
-                   "exit_code": run.exit_code, "attempts": ctx.attempt, "reason": reason}
-        prev = self.store.failure(ctx.target.id)
-        total = 1 + ((prev.attempts_total or prev.attempts) if prev and prev.key == ctx.ki.key else 0)
-        details = (run.error or {}).get("details") or {}
-        record = FailureRecord(target=ctx.target.id, key=ctx.ki.key, status=status, reason=reason,
-                               compile_time_s=metrics["compile_time_s"], peak_rss_bytes=run.peak_rss_bytes,
-                               exit_code=run.exit_code, attempts=ctx.attempt, attempts_total=total, details=details,
-                               time=utc_now())
-        out = Outcome(ctx.target.id, ctx.ki.key, status, reason, compiled=True, metrics=metrics)
-        log_bytes = failure_log(run)
-        done: Outcome | Unrecorded = out
-        try:
-            with disk_full("recording the failure", ctx.target.id):
-                self.store.put_failure(record, log_bytes)
-                self._remember(ctx, status)
-        except DiskFull:
-            done = Unrecorded(out, record, log_bytes)  # recorded by _compile once the staging files are gone
-        stage = failure_stage(run, details, self.keys.backend)
-        kept = (self._keep_workdir(ctx, ctx.work, record, stage)
-                if ctx.work is not None and isinstance(done, Outcome) else None)
-        self._record(ctx, "compile", status, reason=reason, stage=stage, run=run, details=details, workdir=kept)
-        ctx.log.error("compile failed", status=status, reason=reason, compile_time_s=metrics["compile_time_s"])
-        return done
+        return self.recorder.failure(replace(ctx, work=obj.parent / "work"), verdict, run)
 
     def _publish(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path) -> Outcome:
         """Write the worker log and the manifest (last, fsynced) into the staging object and publish it.
@@ -411,184 +316,36 @@ class Builder:
         with disk_full("publishing", obj):
             self.store.publish(obj, ctx.ki.key, replace=bool(ctx.stale))
         self.store.clear_failure(ctx.target.id)
-        self._remember(ctx, Status.PASS)
-        self._index_graph(ctx, req, (run.result or {}).get("graph_key"), (run.result or {}).get("graph_document"))
-        self._nxdi_remember(ctx, req, obj)
-        self._record(ctx, "compile", Status.PASS, run=run, metrics=metrics)
+        self.recorder.remember(ctx, Status.PASS)
+        self.graph.index(ctx, req, (run.result or {}).get("graph_key"), (run.result or {}).get("graph_document"))
+        remember_cache(self.store, ctx, req)
+        self.recorder.ledger(ctx, "compile", Status.PASS, run=run, metrics=metrics)
         ctx.log.info("built", compile_time_s=metrics["compile_time_s"], op_count=metrics["op_count"],
                      artifact_mb=round(metrics["artifact_bytes"] / 2**20, 2),
                      peak_rss_mb=round(run.peak_rss_bytes / 2**20))
         return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, compiled=True, metrics=metrics)
 
-    # -- the graph key (the second level) ------------------------------------------------------------
+    # -- the graph key (the second level: :mod:`neuron_build.build.graph_reuse`) ---------------------
     def graph_keys_on(self) -> bool:
         """Is the graph key on: ``[build] graph_key`` and not ``NEURON_BUILD_GRAPH_KEY=0``?"""
-        env = os.environ.get(GRAPH_KEY_ENV, "").strip().lower()
-        return bool(self.project.config.build.graph_key) and env not in ("0", "false", "no", "off")
+        return self.graph.on()
 
-    def _graph_option(self, ctx: BuildContext, req: CompileRequest, work: Path) -> None:
-        """Ask the worker for the graph key (:mod:`neuron_build.compilers.graph_key`): the source key's
-        non-model components, and the graph keys the index holds now (``known-graphs.json`` in the
-        workdir). A store whose index cannot be listed gives an empty list (the target compiles)."""
-        if not self.graph_keys_on():
-            return
-        try:
-            known = graph_index.known(self.store)
-        except OSError as e:
-            ctx.log.warning("could not list the graph index; compiling", error=str(e))
-            known = []
-        path = work / "known-graphs.json"
-        path.write_text(json.dumps(known))
-        req.options[graph_key.OPTION] = {"base": graph_key.base_of(ctx.ki.details), "known": str(path), "gate": True}
-
-    def _graph_gate(self, ctx: BuildContext, req: CompileRequest, work: Path) -> Any:
-        """The graph key's compile lock for this attempt (:class:`~neuron_build.build.graph_gate.GraphGate`),
-        or a no-op context when the worker makes no graph key."""
-        if graph_key.OPTION not in req.options:
-            return contextlib.nullcontext()
-        return GraphGate(self.store, work, ctx.target.id, self.project.config.build.heartbeat_s, ctx.log)
-
-    def _nxdi_cache(self, ctx: BuildContext, req: CompileRequest, work: Path) -> None:
-        """NxDI: restore the target's persistent-cache entries from the store into the workdir
-        (:mod:`neuron_build.compilers.neuron.nxdi_cache`); a store that cannot be read means a cold cache."""
-        from neuron_build.compilers.neuron import nxdi_cache
-        from neuron_build.store import neuron_cache
-        if not nxdi_cache.is_nxdi(req):
-            return
-        cache = work / nxdi_cache.CACHE_FILES
-        try:
-            got = neuron_cache.restore(self.store, ctx.target.id, ctx.ki.details.get("toolchain", {}).get("neuronx-cc"),
-                                     cache)
-        except OSError as e:
-            got = {"error": str(e)}
-        req.options[nxdi_cache.OPTION] = str(cache.resolve())
-        ctx.log.info("NxDI persistent cache", **{k: (v[:12] if isinstance(v, str) else v) for k, v in got.items()})
-
-    def _nxdi_remember(self, ctx: BuildContext, req: CompileRequest, obj: Path) -> None:
-        """NxDI: point the target's persistent cache at the artifact just published."""
-        from neuron_build.compilers.neuron import nxdi_cache
-        from neuron_build.store import neuron_cache
-        if not nxdi_cache.is_nxdi(req):
-            return
-        man = self.store.manifest(ctx.ki.key)
-        try:
-            neuron_cache.remember(self.store, ctx.target.id, ctx.ki.details.get("toolchain", {}).get("neuronx-cc"),
-                                ctx.ki.key, man.files if man is not None else {})
-        except (OSError, ValueError) as e:
-            ctx.log.warning("could not record the NxDI cache pointer", error=str(e))
-
-    def _index_graph(self, ctx: BuildContext, req: CompileRequest, gk: str | None, document: str | None) -> None:
-        """Record graph key ``gk`` (of the canonical document with digest ``document``) -> the key just
-        published in the graph index (an entry whose artifact is gone, or that :meth:`_reuse_refused`
-        refuses, is replaced); best effort."""
-        if not gk or not self.graph_keys_on():
-            return
-        entry = graph_index.GraphEntry(graph_key=gk, key=ctx.ki.key, target=ctx.target.id, backend=req.backend,
-                                       time=utc_now())
-        try:
-            old = graph_index.lookup(self.store, gk)
-            stale = old is not None and old.key != ctx.ki.key and (
-                not self.store.is_complete(old.key)
-                or self._reuse_refused(ctx, req, gk, document, self.store.manifest(old.key)) is not None)
-            graph_index.record(self.store, entry, replace=stale or old is None)
-        except (OSError, ValueError) as e:
-            ctx.log.warning("could not record the graph key", graph_key=gk[:12], error=str(e))
-
-    def _reuse_graph(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path) -> Outcome | None:
-        """Publish ``ctx``'s key over the blobs of the artifact compiled from the same graph (the worker
-        found its graph key in the index): the files are copied from that artifact, the manifest gets
-        ``graph_key`` and ``reused_from``, nothing is compiled. None when the entry is stale (no entry,
-        or its artifact is not complete here): the caller compiles.
-
-        Raises:
-            DiskFull: the file system filled up; nothing was published.
-        """
-        result = run.result or {}
-        gk = result.get("graph_key")
-        entry = graph_index.lookup(self.store, gk) if gk else None
-        found = self.store.repair(entry.key) if entry is not None else None
-        # (a key's manifest is replaced when its recorded inputs went stale: the entry's key may hold
-        # another graph's artifact now)
-        if entry is None or found is None or not found.hit or found.manifest.graph_key != gk:
-            ctx.log.warning("graph index entry is stale; compiling", graph_key=(gk or "")[:12])
-            return None
-        old = found.manifest
-        refused = self._reuse_refused(ctx, req, gk, result.get("graph_document"), old)
-        if refused is not None:
-            ctx.log.warning("graph index entry is stale; compiling", graph_key=gk[:12], candidate=entry.key[:12],
-                            reason=refused)
-            return None
-        src = self.store.artifact_dir(entry.key)
-        with disk_full("writing the artifact", obj):
-            for name in old.files:
-                dest = obj / name
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    os.link(src / name, dest)
-                except OSError:
-                    shutil.copyfile(src / name, dest)
-            (obj / WORKER_LOG).write_bytes(run.log)
-        metrics = {**old.metrics.model_dump(), "status": Status.PASS, "compile_time_s": round(run.wall_s, 3),
-                   "peak_rss_bytes": run.peak_rss_bytes, "exit_code": run.exit_code, "attempts": ctx.attempt,
-                   "reason": None}
-        files = {n: e.model_dump() for n, e in old.files.items()}
-        logs = {WORKER_LOG: {"sha256": file_sha256(obj / WORKER_LOG), "size": (obj / WORKER_LOG).stat().st_size}}
-        t = ctx.target
-        manifest = Manifest(
-            key=ctx.ki.key, target=t.id, model=t.model, bucket=dict(t.bucket), dtype=t.dtype, profile=t.profile,
-            backend=req.backend, hardware_target=req.hardware_target, key_details=ctx.ki.details,
-            component_hashes=ctx.ki.hashes, files=files, logs=logs, metrics=Metrics(**metrics),
-            toolchain=dict(old.toolchain), compiler=dict(old.compiler), created=utc_now(), host=socket.gethostname(),
-            graph_key=gk, graph_document=old.graph_document,
-            reused_from=entry.key if entry.key != ctx.ki.key else old.reused_from,
-            neuron_build_version=__version__, recorded_inputs=self._recorded_inputs(ctx, run), **self.provenance)
-        with disk_full("writing the manifest", obj):
-            self.store.seal(obj, manifest)
-        with disk_full("publishing", obj):
-            self.store.publish(obj, ctx.ki.key, replace=bool(ctx.stale))
-        return self._adopt(ctx, run, entry.key, gk, old, metrics)
-
-    @staticmethod
-    def _reuse_refused(ctx: BuildContext, req: CompileRequest, gk: str | None, document: str | None,
-                       candidate: Manifest | None) -> str | None:
-        """Why the artifact ``candidate`` (the manifest a graph index entry names) cannot stand for the graph
-        ``gk`` with canonical document digest ``document`` of ``ctx``'s target, or None when it can: the
-        manifest must record the same graph key and document digest (an artifact without them is never
-        reused), and the same backend, hardware target, dtype and input shapes and dtypes. The entry and
-        the manifest are untrusted input: an entry naming another graph's artifact is stale."""
-        if candidate is None:
-            return "the artifact has no manifest"
-        want = {"graph key": gk, "graph document": document, "backend": req.backend,
-                "hardware target": req.hardware_target, "dtype": ctx.target.dtype,
-                "inputs": ctx.ki.details.get("inputs")}
-        got = {"graph key": candidate.graph_key, "graph document": candidate.graph_document,
-               "backend": candidate.backend, "hardware target": candidate.hardware_target,
-               "dtype": candidate.dtype, "inputs": (candidate.key_details or {}).get("inputs")}
-        if not gk or not document:
-            return "this graph has no graph key or document digest"
-        differ = [k for k in want if want[k] != got[k]]
-        return f"its manifest records another {', '.join(differ)}" if differ else None
-
-    def _adopt(self, ctx: BuildContext, run: CompileRun, reused: str, gk: str, old: Manifest,
-               metrics: dict | None = None) -> Outcome:
-        """Record a graph reuse of ``reused`` (the target record, the ledger) and return its outcome."""
-        metrics = metrics or {**old.metrics.model_dump(), "compile_time_s": round(run.wall_s, 3)}
+    def _adopt(self, ctx: BuildContext, run: CompileRun, reused: Reused) -> Outcome:
+        """Record a graph reuse just published (the target record, the ledger) and return its outcome."""
+        src, gk = reused.source, reused.graph_key
         self.store.clear_failure(ctx.target.id)
-        self._remember(ctx, Status.PASS)
-        self._record(ctx, "graph-reused", Status.PASS, run=run, metrics=metrics, reused_from=reused, graph_key=gk)
-        ctx.log.info("source changed, graph unchanged", reused=reused[:12], graph_key=gk[:12],
+        self.recorder.remember(ctx, Status.PASS)
+        self.recorder.ledger(ctx, "graph-reused", Status.PASS, run=run, metrics=reused.metrics, reused_from=src, graph_key=gk)
+        ctx.log.info("source changed, graph unchanged", reused=src[:12], graph_key=gk[:12],
                      seconds=round(run.wall_s, 1))
-        return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, f"graph unchanged: reused {reused}",
-                       compiled=False, metrics=metrics)
+        return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, f"graph unchanged: reused {src}",
+                       compiled=False, metrics=reused.metrics)
 
     def _seal(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path, metrics: dict) -> None:
         """Complete ``metrics`` (in place) from the object's files and the worker's result, and seal the
-        object with its manifest."""
-        target, ki, result = ctx.target, ctx.ki, run.result or {}
-        files, logs = {}, {}
-        for f in sorted(p for p in obj.rglob("*") if p.is_file()):
-            name = f.relative_to(obj).as_posix()
-            (logs if is_log_name(name) else files)[name] = {"sha256": file_sha256(f), "size": f.stat().st_size}
+        object with its manifest (each file hashed once, here: :func:`~neuron_build.build.manifests.hash_files`)."""
+        result = run.result or {}
+        files, logs = hash_files(obj)
         details = dict(result.get("details", {}))
         extra_metrics = details.pop("metrics", None) or {}   # backend metrics (neuron: compiler status, ...)
         extra_toolchain = details.pop("toolchain", None) or {}  # versions only the worker can see
@@ -597,108 +354,18 @@ class Builder:
                        artifact_bytes=sum(v["size"] for v in files.values()),
                        compiler_compile_time_s=extra_metrics.get("compiler_compile_time_s",
                                                                  details.get("compiler_compile_time_s")))
-        manifest = Manifest(
-            key=ki.key, target=target.id, model=target.model, bucket=dict(target.bucket), dtype=target.dtype,
-            profile=target.profile, backend=req.backend, hardware_target=req.hardware_target,
-            key_details=ki.details, component_hashes=ki.hashes, files=files, logs=logs, metrics=Metrics(**metrics),
-            toolchain={**ki.details["toolchain"], **extra_toolchain}, compiler=details, created=utc_now(),
-            host=socket.gethostname(), graph_key=result.get("graph_key"),
-            graph_document=result.get("graph_document"), neuron_build_version=__version__,
+        manifest = artifact_manifest(
+            ctx, req, files, logs, metrics, toolchain={**ctx.ki.details["toolchain"], **extra_toolchain},
+            compiler=details, graph_key=result.get("graph_key"), graph_document=result.get("graph_document"),
             recorded_inputs=self._recorded_inputs(ctx, run), **self.provenance)
         self.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last
 
-    # -- the ledger and the kept failure workdirs ------------------------------------------------------
+    # -- the ledger (:class:`~neuron_build.build.recorder.Recorder`) ---------------------------------------
     def record_cache_hits(self, target_ids: list[str]) -> None:
         """Write one ledger object listing a ``cached`` record for each of ``target_ids`` (targets doit found
         up to date without calling :meth:`build`); best effort, like every ledger write."""
-        executor = getattr(self.executor, "name", type(self.executor).__name__)
-        hits = [(tid, self.key(self.by_id[tid]).key) for tid in target_ids if tid in self.by_id]
-        try:
-            ledger.append_cache_hits(self.store, hits, executor, self.keys.backend)
-        except OSError as e:
-            get_logger().warning("could not write the ledger records of the cache hits", error=str(e))
-
-    def _keep_workdir(self, ctx: BuildContext, work: Path, record: FailureRecord,
-                      stage: tuple[str | None, str | None, str | None]) -> str | None:
-        """Keep the failed attempt's work folder in the store (best effort: a failure to keep it is logged,
-        never a failure of the build). Returns the entry's store path, or None."""
-        mon = self.project.config.monitoring
-        if not work.is_dir():
-            return None
-        info = {"target": record.target, "key": record.key, "status": str(record.status), "reason": record.reason,
-                "time": record.time, "failure_stage": stage[0], "compiler_pass": stage[1], "diagnostic_code": stage[2]}
-        try:
-            ent, removed = kept_failures.keep_workdir(self.store, work, info, mon.keep_failed_workdirs,
-                                                      int(mon.failed_workdirs_max_mb * 1e6))
-        except OSError as e:
-            ctx.log.warning("could not keep the failure workdir", error=str(e))
-            return None
-        for r in removed:
-            ctx.log.info("failure workdir removed (bounds under [monitoring])", workdir=r.path, of_target=r.target)
-        if ent is None or ent in removed:
-            return None
-        ctx.log.info("failure workdir kept", workdir=ent.path, files=len(ent.files), bytes=ent.bytes)
-        return ent.path
-
-    def _record(self, ctx: BuildContext, event: str, status: Status, *, reason: str = "",
-                stage: tuple[str | None, str | None, str | None] = (None, None, None), run: CompileRun | None = None,
-                details: dict | None = None, metrics: dict | None = None, manifest: Manifest | None = None,
-                workdir: str | None = None, reused_from: str | None = None, graph_key: str | None = None) -> None:
-        """Append one record to the store's ledger (:mod:`neuron_build.store.ledger`); best effort: a store
-        that cannot be written is logged, never a failure of the build."""
-        m = metrics or (manifest.metrics.model_dump() if manifest is not None else {})
-        diags = list((details or {}).get("diagnostics") or []) + list(m.get("diagnostics") or [])
-        rec = ledger.LedgerRecord(
-            target=ctx.target.id, key=ctx.ki.key, event=event, status=str(status),
-            time=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds"),
-            host=socket.gethostname(), executor=getattr(self.executor, "name", type(self.executor).__name__),
-            backend=self.keys.backend, attempt=ctx.attempt, failure_stage=stage[0], compiler_pass=stage[1],
-            diagnostic_code=stage[2], reason=reason,
-            compile_time_s=round(run.wall_s, 3) if run is not None and event == "compile" else None,
-            peak_rss_bytes=run.peak_rss_bytes if run is not None and event == "compile" else None,
-            hbm_peak_bytes=hbm_estimate(diags), op_count=m.get("op_count"), artifact_bytes=m.get("artifact_bytes"),
-            changed=ctx.changed, workdir=workdir, reused_from=reused_from, graph_key=graph_key)
-        try:
-            ledger.append(self.store, rec)
-        except OSError as e:
-            ctx.log.warning("could not write the ledger record", error=str(e))
+        self.recorder.cache_hits([(tid, self.key(self.by_id[tid]).key) for tid in target_ids if tid in self.by_id])
 
 
-#: ``Estimated peak HBM usage (22.84) exceeds 16GB`` (XCG815) [seen]; the figure is in GB [guess: 1e9 bytes].
-_HBM = re.compile(r"peak HBM usage\s*\(\s*(\d+(?:\.\d+)?)\s*\)", re.IGNORECASE)
-
-
-def hbm_estimate(diagnostics: list) -> int | None:
-    """The peak HBM the compiler log estimates, bytes (GB taken as 1e9), from a diagnostic's message; None
-    when no diagnostic states one."""
-    for d in diagnostics:
-        m = _HBM.search(str(d.get("message", "")) if isinstance(d, dict) else "")
-        if m:
-            return int(float(m.group(1)) * 1e9)
-    return None
-
-
-def failure_stage(run: CompileRun, details: dict, backend: str) -> tuple[str | None, str | None, str | None]:
-    """Where a failed compile stopped: (stage, last compiler pass, diagnostic code).
-
-    The stage is ``neuronx-cc`` when the Neuron compiler ran and failed (the worker's details carry its
-    exit status, diagnostics or log), else the last ``neuron-build stage:`` line of the worker log
-    (``model``, ``export``, ``compile``, ``save``, ``count``; see
-    :data:`neuron_build.compilers.base.STAGES`), else None (no worker output). The pass is the last one the
-    parsed compiler log shows finished (``details.log.pass_times``); the code the first error diagnostic's.
-    """
-    diags = [d for d in details.get("diagnostics") or [] if isinstance(d, dict)]
-    code = next((d.get("code") for d in diags if d.get("severity") == "error"), None)
-    passes = list((details.get("log") or {}).get("pass_times") or {})
-    compiler_pass = passes[-1] if passes else None
-    if backend == "neuron" and ("compiler_exit_code" in details or details.get("compiler_log")):
-        return "neuronx-cc", compiler_pass, code
-    stage = None
-    for line in run.log.decode("utf-8", "replace").splitlines():
-        if line.startswith(STAGE_PREFIX):
-            stage = line[len(STAGE_PREFIX):].strip() or None
-    return stage, compiler_pass, code
-
-
-__all__ = ["COMPONENTS", "WORKER_LOG", "BuildContext", "Builder", "Outcome", "Unrecorded", "failure_stage",
+__all__ = ["COMPONENTS", "GRAPH_KEY_ENV", "WORKER_LOG", "BuildContext", "Builder", "Outcome", "Unrecorded", "failure_stage",
            "hbm_estimate"]

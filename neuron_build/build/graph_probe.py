@@ -11,7 +11,7 @@ once and computes the graph key and document digest of every target of the same 
 key misses (one export or trace per target, nothing compiled), and the factory's reads and imported project
 files once (every target of that build gets them: they are the same build). When the target's graph key is
 in the index (its artifact complete), :func:`reuse_run` returns a run that reads as the compile worker's
-graph hit, and the builder's graph reuse (``_reuse_graph``: the candidate's manifest checked, the blobs
+graph hit, and the builder's graph reuse (``GraphReuse.reuse``: the candidate's manifest checked, the blobs
 linked, the new key published) takes it from there without a compile worker. Otherwise the target compiles
 as before (its worker makes its graph key again and takes the graph key's lock).
 

@@ -49,10 +49,6 @@ class Planner:
             ki = self._keyinfo[target.id] = self.keys.key(target)
         return ki
 
-    def forget(self, target: Target) -> None:
-        """Drop the target's computed key (it is computed again on next use)."""
-        self._keyinfo.pop(target.id, None)
-
     def state(self, target: Target) -> TargetState:
         """``cached`` (a complete artifact for the current key whose recorded inputs all still match),
         ``failed`` (the last compile of the current key failed; it will be retried) or ``missing``

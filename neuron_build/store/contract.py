@@ -127,7 +127,8 @@ class ActionCache(Protocol):
 
     def publish(self, folder: Path, key: str, replace: bool = False) -> Path:
         """Make a sealed folder the artifact of ``key``, atomically: every file the manifest lists goes in
-        by :meth:`put_blob`, the logs it lists under ``logs/<key>/``, then the manifest by
+        as :meth:`put_blob` stores it (under the digest its sealer computed, its size checked: each file is
+        hashed once, by the sealer), the logs it lists under ``logs/<key>/``, then the manifest by
         :meth:`put_manifest` (the commit point). When a complete artifact already exists (another builder
         won), the folder is discarded and the existing one kept, unless ``replace`` (the builder found the
         existing one stale: an input its build recorded changed): then the new manifest replaces it, in
@@ -135,6 +136,17 @@ class ActionCache(Protocol):
 
         Returns:
             The artifact's folder (:meth:`artifact_dir`).
+        """
+        ...
+
+    def publish_as(self, folder: Path, key: str, source: str, replace: bool = False) -> Path:
+        """:meth:`publish` a sealed folder that holds only the logs of ``key``'s manifest, whose files are
+        exactly those of ``source``'s complete artifact: "publish key B over key A's blobs" (a graph reuse).
+        Each of ``source``'s blobs is verified by digest once; no artifact file is copied.
+
+        Raises:
+            ValueError: ``source`` is not complete in this store, lists other files, or a blob of it is
+                damaged; nothing is published.
         """
         ...
 

@@ -28,25 +28,24 @@ from typing import TYPE_CHECKING, Any
 from neuron_build.errors import StoreError
 from neuron_build.store import layout
 from neuron_build.store.contract import Lookup
-from neuron_build.store.digests import SELF_DIGEST, check_manifest, manifest_digest
+from neuron_build.store.digests import check_manifest
 from neuron_build.store.layout import MANIFEST
 from neuron_build.store.medium import Medium
 from neuron_build.store.objects import JsonObjects
+from neuron_build.store.publishing import HEAL_ROUNDS, Publishing
 from neuron_build.trust import check_files
-from neuron_build.util import file_sha256, fsync_path, json_bytes, temp_name, write_atomic
+from neuron_build.util import file_sha256, json_bytes, temp_name, write_atomic
 
 if TYPE_CHECKING:
     from neuron_build.store.manifest import Manifest
 
-#: Rounds of "check my blobs again after the commit, put back what is gone" of one publish.
-HEAL_ROUNDS = 3
 
 
 class ReadOnlyStore(OSError):
     """A write was asked of a store opened read-only (or on a read-only folder)."""
 
 
-class Store(JsonObjects):
+class Store(Publishing, JsonObjects):
     """A store over a medium. Implements :class:`~neuron_build.store.contract.ArtifactStore`.
 
     Args:
@@ -162,17 +161,7 @@ class Store(JsonObjects):
         src = Path(src)
         if file_sha256(src) != sha256:
             raise ValueError(f"{src} does not hash to {sha256[:16]}...; not stored as that blob")
-        rel = layout.blob_path(sha256)
-        if self.medium.put_file(rel, src, create_only=True):
-            return True
-        why = self.blob_damage(sha256, src.stat().st_size, deep=True)
-        if why is None:
-            if self.medium.touch(rel, src):
-                return False
-            return self.medium.put_file(rel, src, create_only=True)  # collected between the two calls
-        self._quarantine_object(rel, sha256, f"{why}; replaced by a new copy")
-        self.medium.put_file(rel, src, create_only=False)
-        return True
+        return self._store_blob(sha256, src)
 
     def get_blob(self, sha256: str, dest: Path) -> None:
         self.get_blobs([(sha256, Path(dest))])
@@ -268,82 +257,6 @@ class Store(JsonObjects):
             m = self.manifest(key)
             if m is not None:
                 yield m
-
-    def seal(self, folder: Path, manifest: Manifest) -> dict[str, Any]:
-        for f in sorted(p for p in folder.rglob("*") if p.is_file()):
-            fsync_path(f)
-        raw = manifest.model_dump(mode="json")
-        raw[SELF_DIGEST] = manifest_digest(raw)
-        write_atomic(folder / MANIFEST, (json.dumps(raw, indent=2) + "\n").encode())
-        fsync_path(folder)
-        return raw
-
-    def publish(self, folder: Path, key: str, replace: bool = False) -> Path:
-        """Store a sealed folder's files as blobs, its logs under ``logs/<key>/``, then its manifest
-        (create-only, the commit point); then check the blobs once more and put back any a collector
-        removed meanwhile. A complete artifact already there is kept (the folder is discarded) unless
-        ``replace`` (it is stale: the new manifest replaces it); a damaged manifest in the way is
-        quarantined first.
-
-        Returns:
-            :meth:`artifact_dir` of ``key``.
-
-        Raises:
-            OSError or StoreError: e.g. ENOSPC, a wire fault, a read-only store; the key is not committed.
-            ValueError: the folder has no manifest of ``key``, or a file does not match it.
-        """
-        self._writable()
-        folder = Path(folder)
-        text = (folder / MANIFEST).read_bytes()
-        raw = json.loads(text)
-        if not isinstance(raw, dict) or raw.get("key") != key:
-            raise ValueError(f"{folder / MANIFEST} is not the manifest of key {key[:12]}")
-        found = self.lookup(key)
-        stale = replace and found.hit and self.get_object(layout.manifest_path(key)) != text
-        if not found.hit or stale:
-            if found.damage is not None:
-                self.quarantine(key, found.damage)
-            files = raw.get("files") or {}
-            for ent_name, ent in files.items():
-                self.put_blob(ent["sha256"], folder / ent_name)
-            for name in raw.get("logs") or {}:
-                if (folder / name).is_file():
-                    self.put_object(layout.log_path(key, name), (folder / name).read_bytes())
-            if stale:
-                self.put_manifest(key, raw, replace=True)
-            elif not self.put_manifest(key, raw) and not self.is_complete(key):
-                self.repair(key)  # a damaged entry appeared between our check and our commit
-                if not self.put_manifest(key, raw):
-                    raise OSError(errno.EEXIST, f"{self.location}: could not commit {layout.manifest_path(key)}: "
-                                                f"another writer keeps replacing it; retry the build")
-            self._heal(folder, files)
-            self._committed(folder, key, text, files)
-        shutil.rmtree(folder, ignore_errors=True)
-        return self.artifact_dir(key)
-
-    def _heal(self, folder: Path, files: dict[str, Any]) -> None:
-        """Put back blobs of a just-committed artifact that a concurrent collector removed."""
-        for _ in range(HEAL_ROUNDS):
-            gone = [(n, e) for n, e in files.items() if self.blob_size(e["sha256"]) != e["size"]]
-            if not gone:
-                return
-            for name, ent in gone:
-                self.medium.put_file(layout.blob_path(ent["sha256"]), folder / name, create_only=True)
-
-    def _committed(self, folder: Path, key: str, text: bytes, files: dict[str, Any]) -> None:
-        """After a commit: when ours won, the staged files become the local view (nothing is downloaded
-        again)."""
-        if self.cache is None or self.get_object(layout.manifest_path(key)) != text:
-            return
-        raw = json.loads(text)
-        for name in raw.get("logs") or {}:
-            (folder / name).unlink(missing_ok=True)
-        view = self.view_dir(key)
-        view.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._swap_view(folder, view, text, files)
-        except OSError:
-            pass
 
     def _quarantine_object(self, rel: str, name: str, reason: str) -> str | None:
         """Move the object at ``rel`` to ``quarantine/<name>.<token>/`` (a rename where the medium has

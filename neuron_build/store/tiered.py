@@ -168,6 +168,13 @@ class ReadThroughStore(Store):
         self.push(key, replace)
         return dest
 
+    def publish_as(self, folder: Path, key: str, source: str, replace: bool = False) -> Path:
+        """:meth:`~neuron_build.store.core.Store.publish_as` into the local store (``source`` must be complete
+        there: :meth:`repair` fetches it), then push ``key`` as :meth:`publish` does."""
+        dest = self.local.publish_as(folder, key, source, replace)
+        self.push(key, replace)
+        return dest
+
     def quarantine(self, key: str, reason: str) -> str | None:
         """Quarantine both copies (the remote's failing open: it is warned about, never raised)."""
         here = self.local.quarantine(key, reason)

@@ -243,6 +243,45 @@ def test_publishing_over_damage_heals_the_blob(case):
     assert s.lookup(KEY_B, deep=True).hit
 
 
+def _logs_only(s: ArtifactStore, key: str, files: dict[str, bytes], log: bytes) -> Path:
+    """A staging folder of ``key`` sealed with a manifest listing ``files`` that holds only ``worker.log``:
+    what a graph reuse hands to publish_as."""
+    folder = s.new_staging(key) / "object"
+    folder.mkdir()
+    (folder / "worker.log").write_bytes(log)
+    s.seal(folder, manifest(key, files, logs={"worker.log": log}))
+    return folder
+
+
+def test_publish_as_publishes_a_key_over_another_keys_blobs(case):
+    s = case.store
+    publish(s, KEY_A, FILES)
+    before = {n: e.sha256 for n, e in s.manifest(KEY_A).files.items()}
+    folder = _logs_only(s, KEY_B, FILES, b"reused in 0.1 s\n")
+    view = s.publish_as(folder, KEY_B, KEY_A)
+    assert not folder.exists()
+    found = s.lookup(KEY_B, deep=True)
+    assert found.hit and {n: e.sha256 for n, e in found.manifest.files.items()} == before
+    assert {n: (view / n).read_bytes() for n in FILES} == FILES
+    assert s.get_object(layout.log_path(KEY_B, "worker.log")) == b"reused in 0.1 s\n"
+    assert s.lookup(KEY_A, deep=True).hit  # the source is untouched
+
+
+def test_publish_as_refuses_a_damaged_source_blob_another_file_list_and_an_absent_source(case):
+    s = case.store
+    with pytest.raises(ValueError, match="no complete artifact"):
+        s.publish_as(_logs_only(s, KEY_B, FILES, b"log\n"), KEY_B, KEY_A)  # no source at all
+    publish(s, KEY_A, FILES)
+    with pytest.raises(ValueError, match="no complete artifact with the files"):
+        s.publish_as(_logs_only(s, KEY_B, {"model.pt": FILES["model.pt"]}, b"log\n"), KEY_B, KEY_A)
+    flipped = bytearray(FILES["model.pt"])
+    flipped[3] ^= 0x20
+    case.damage(KEY_A, "model.pt", bytes(flipped))  # same size: only the digest tells
+    with pytest.raises(ValueError, match="rot or tampering"):
+        s.publish_as(_logs_only(s, KEY_B, FILES, b"log\n"), KEY_B, KEY_A)
+    assert not s.lookup(KEY_B).hit and s.raw_manifest(KEY_B) is None
+
+
 def test_quarantine_says_where_it_went_and_nothing_when_absent(case):
     s = case.store
     publish(s, KEY_A, FILES)
