@@ -18,27 +18,27 @@ MAX_FUNCTION_LINES = 80
 
 #: module (path under neuron_build/) -> why it is longer than MAX_MODULE_LINES
 LONG_MODULES = {
-    "build/dask_executor.py": "DaskBuild is one cluster session (connect, submit, collect, cancel, recover); the "
-                              "build_targets rework (issue 33 item 5) reshapes it",
+    "build/dask_executor.py": "DaskBuild is one cluster session (connect, submit, collect, cancel, recover, the "
+                              "fleet's dispatch and the scaler); splitting it is the next pass's",
     "build/session.py": "BuildSession is doit's task loader with the plan cache and the recorded-run hooks",
     "compilers/graph_key.py": "one canonical document per graph kind (FX export, TorchScript, HLO) and the checkpoint "
                               "that reads them: the key's second level, kept in one place to be read whole",
-    "compilers/neuron/__init__.py": "NeuronCompiler (trace, neuronx-cc, failure classification) and its helpers; "
-                                    "the backend seam (issue 33 item 1) moves its facts out",
+    "compilers/neuron/__init__.py": "NeuronCompiler (trace, the HLO key before neuronx-cc, failure "
+                                    "classification) and its helpers; its facts are in backends.py already",
     "compilers/neuron/neuronx_log.py": "the neuronx-cc log parser: a docstring of every format it recognises (90 "
                                        "lines), then one small private recogniser per kind of line",
     "project/config.py": "buckets.toml's pydantic models, one class per table, each field with its rule",
-    "evaluate/validate.py": "validation's reference, comparison, diagnosis and isolated run; the text-generation "
-                            "seam (issue 33 item 2) reshapes it",
+    "evaluate/validate.py": "validation's reference, comparison, diagnosis and isolated run (text generation "
+                            "is textgen_validate.py's); splitting it is the next pass's",
 }
 
 #: "path:qualified name" -> why the function is longer than MAX_FUNCTION_LINES
 LONG_FUNCTIONS = {
-    "build/dask_executor.py:DaskBuild._submit_and_collect": "the submit/collect loop with cancellation and "
-                                                            "resubmission; the build_targets rework (issue 33 "
-                                                            "item 5) reshapes it",
-    "compilers/neuron/__init__.py:NeuronCompiler.compile": "trace, compile and classify in one attempt; the "
-                                                           "backend seam (issue 33 item 1) reworks the compiler",
+    "build/dask_executor.py:DaskBuild._submit_and_collect": "the submit/collect loop with cancellation, "
+                                                            "resubmission and the dispatcher's revisions, one "
+                                                            "state machine read whole",
+    "compilers/neuron/__init__.py:NeuronCompiler.compile": "trace (or the HLO key's split path), compile "
+                                                           "and classify in one attempt, read whole",
 }
 
 #: module (path under neuron_build/) -> why it has no __all__ yet
