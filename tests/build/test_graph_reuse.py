@@ -16,7 +16,7 @@ from neuron_build.project.config import load_project
 from neuron_build.status import Status
 from neuron_build.store import graph_index, layout, ledger
 from tests.helpers.hashing import hash_spy
-from tests.helpers.projects import write_tiny_project
+from tests.helpers.projects import twin_project
 
 GK = hashlib.sha256(b"the graph").hexdigest()
 DOC = hashlib.sha256(b"the graph's canonical document").hexdigest()
@@ -49,14 +49,7 @@ class GraphWorker:
 def twin_builder(tmp_path: Path, hits: set[str]) -> Builder:
     """A builder of the tiny project plus model ``twin`` (model ``other``'s module under another name: another
     source key, the same inputs), with the graph key on and a :class:`GraphWorker`."""
-    cfg = write_tiny_project(tmp_path / "proj", extra='''
-        [models.twin]
-        factory = "tinylib.twin:build"
-        dtypes = ["fp32"]
-        profiles = ["p1"]
-        inputs = [{ name = "x", shape = [2, 16] }]
-    ''')
-    (cfg.parent / "tinylib" / "twin.py").write_text("# another module\n" + (cfg.parent / "tinylib" / "other.py").read_text())
+    cfg = twin_project(tmp_path)
     b = Builder(load_project(cfg), executor=GraphWorker(hits))
     assert b.graph_keys_on()
     return b

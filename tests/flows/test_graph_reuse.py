@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import run_cli
-from tests.helpers.projects import write_tiny_project
+from tests.helpers.projects import twin_project, write_tiny_project
 
 MODEL = '''\
 import torch
@@ -144,21 +144,6 @@ def test_torchscript_graph_neutral_edit_compiles_nothing_and_a_graph_change_reco
 @pytest.mark.slow
 def test_inductor_graph_neutral_edit_compiles_nothing_and_a_graph_change_recompiles_the_model(tmp_path):
     check_reuse(tmp_path, "inductor", "1", 1)
-
-
-def twin_project(tmp_path: Path) -> Path:
-    """The tiny project plus model ``twin``: model ``other``'s module with a comment on top (another source key,
-    the same graph). Returns the config path."""
-    cfg = write_tiny_project(tmp_path / "proj", extra='''
-        [models.twin]
-        factory = "tinylib.twin:build"
-        dtypes = ["fp32"]
-        profiles = ["p1"]
-        inputs = [{ name = "x", shape = [2, 16] }]
-    ''')
-    other = (cfg.parent / "tinylib" / "other.py").read_text()
-    (cfg.parent / "tinylib" / "twin.py").write_text("# the same model, another module\n" + other)
-    return cfg
 
 
 def test_two_targets_with_identical_graphs_compile_once(tmp_path):

@@ -154,3 +154,18 @@ def shipped_on(dest: Path, backend: str, one_seq: bool = True) -> Path:
     if one_seq:
         edit(cfg, "buckets = { batch = [8], seq = [32, 64, 128] }", "buckets = { batch = [8], seq = [32] }")
     return cfg
+
+
+def twin_project(tmp_path: Path) -> Path:
+    """The tiny project plus model ``twin``: model ``other``'s module with a comment on top (another source key,
+    the same graph). Returns the config path."""
+    cfg = write_tiny_project(tmp_path / "proj", extra='''
+        [models.twin]
+        factory = "tinylib.twin:build"
+        dtypes = ["fp32"]
+        profiles = ["p1"]
+        inputs = [{ name = "x", shape = [2, 16] }]
+    ''')
+    other = (cfg.parent / "tinylib" / "other.py").read_text()
+    (cfg.parent / "tinylib" / "twin.py").write_text("# the same model, another module\n" + other)
+    return cfg
