@@ -18,8 +18,6 @@ MAX_FUNCTION_LINES = 80
 
 #: module (path under neuron_build/) -> why it is longer than MAX_MODULE_LINES
 LONG_MODULES = {
-    "build/dask_executor.py": "DaskBuild is one cluster session (connect, submit, collect, cancel, recover, the "
-                              "fleet's dispatch and the scaler); splitting it is the next pass's",
     "build/session.py": "BuildSession is doit's task loader with the plan cache and the recorded-run hooks",
     "compilers/graph_key.py": "one canonical document per graph kind (FX export, TorchScript, HLO) and the checkpoint "
                               "that reads them: the key's second level, kept in one place to be read whole",
@@ -34,9 +32,6 @@ LONG_MODULES = {
 
 #: "path:qualified name" -> why the function is longer than MAX_FUNCTION_LINES
 LONG_FUNCTIONS = {
-    "build/dask_executor.py:DaskBuild._submit_and_collect": "the submit/collect loop with cancellation, "
-                                                            "resubmission and the dispatcher's revisions, one "
-                                                            "state machine read whole",
     "compilers/neuron/__init__.py:NeuronCompiler.compile": "trace (or the HLO key's split path), compile "
                                                            "and classify in one attempt, read whole",
 }

@@ -5,9 +5,11 @@ shared store.
 "tcp://host:8786"`` (or ``--scheduler``, or Dask's ``DASK_SCHEDULER_ADDRESS``). The client (:class:`DaskBuild`)
 plans as a local build does, refuses to start unless every worker sees the same store, and submits one
 ``Client.submit(compile_task, ..., pure=False)`` per target as the dispatcher releases it, collected with
-``distributed.as_completed``. On the worker, :func:`compile_task` opens the store from its location, loads
-the project from the same config path (each worker host needs the checkout at that path: a shared mount or
-the same clone), checks it computes the same key, and runs the same :class:`~neuron_build.build.builder.Builder`
+``distributed.as_completed`` (reaching the scheduler and checking the workers' store:
+:mod:`neuron_build.build.dask_connect`). On the worker (:mod:`neuron_build.build.dask_worker`),
+:func:`compile_task` opens the store from its location, loads the project from the same config path (each
+worker host needs the checkout at that path: a shared mount or the same clone), checks it computes the same
+key, and runs the same :class:`~neuron_build.build.builder.Builder`
 as a local build: the key's store lock (so two clients never compile one key twice), the worker subprocess
 (:class:`~neuron_build.build.local.LocalExecutor`: timeout, peak memory, failure classes), staging, seal,
 publish, failure records. The manifest records ``executor = "dask"`` and the worker's address.
@@ -28,16 +30,27 @@ away) kills its compile within 0.2 s (the executor polls the worker's task state
 
 from __future__ import annotations
 
-import os
 import secrets
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from neuron_build.build.attempt import Outcome, as_status
+from neuron_build.build.dask_connect import CONNECT_TIMEOUT_S, check_workers, connect, scheduler_address
+from neuron_build.build.dask_worker import (
+    MEMORY_RESOURCE,
+    StoreSpec,
+    TransientCompileError,
+    compile_task,
+    executing_keys,
+    memory_bound,
+    open_spec,
+    outcome_dict,
+    probe_store,
+    task_cancelled,
+    worker_memory_limit,
+)
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.predict import dispatch_jobs, target_predictions
 from neuron_build.build.progress import BuildProgress, estimate_eta, pace, progress_line
@@ -47,26 +60,13 @@ from neuron_build.project.matrix import Target
 from neuron_build.status import BuildResult, Status
 from neuron_build.store.budget import GB
 
-#: Seconds the client waits for the scheduler to answer, and for a first worker to join.
-CONNECT_TIMEOUT_S = 10.0
 #: Seconds between the client's looks at the cluster (finished tasks, who runs what).
 POLL_S = 0.5
-#: The Dask resource a compile host advertises (``--resources "memory_gb=N"``), GB.
-MEMORY_RESOURCE = "memory_gb"
 #: The memory the dispatcher gives a worker that advertises no bound, bytes.
 UNBOUNDED = 2**62
 
 
-# -- where the workers publish ----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StoreSpec:
-    """How a Dask worker opens the shared store: its location (a folder every worker mounts at this path,
-    or a remote URL) and the storage options passed to :func:`neuron_build.store.open_store`."""
-
-    location: str
-    options: dict[str, Any] = field(default_factory=dict)
-
-
+# -- where the workers publish (StoreSpec and probe_store: dask_worker.py) ------------------------------
 def shared_store_spec(project: Any) -> StoreSpec:
     """The store Dask workers publish into: ``[build] remote`` with its ``remote_options`` when the project
     has a remote store, else ``[build] store`` (an absolute folder path)."""
@@ -74,240 +74,6 @@ def shared_store_spec(project: Any) -> StoreSpec:
     if remote:
         return StoreSpec(str(remote), dict(project.config.build.remote_options or {}))
     return StoreSpec(project.store_url(), {})
-
-
-def open_spec(spec: StoreSpec):
-    """The store of ``spec`` (through :func:`neuron_build.store.open_store`)."""
-    from neuron_build.store import open_store
-    return open_store(spec.location, options=spec.options or None)
-
-
-def probe_store(location: str, options: dict[str, Any], expected_id: str) -> str | None:
-    """Run on a worker: None when the store at ``location`` is the client's (its ``store-id.json`` holds
-    ``expected_id``), else the one-clause reason it is not."""
-    from neuron_build.store.identity import store_id
-    try:
-        found = store_id(open_spec(StoreSpec(location, options)), create=False)
-    except Exception as e:  # unreachable, unreadable, not a store: all mean "cannot use it"
-        return f"cannot open it there ({type(e).__name__}: {e})"
-    if found is None:
-        return "that location holds no store-id.json there: it is another folder than the client's"
-    if found != expected_id:
-        return f"the store there has id {found}, the client's has {expected_id}: it is another store"
-    return None
-
-
-# -- connecting -------------------------------------------------------------------------------------------
-def scheduler_address(cli: str | None, configured: str | None, config_file: Any = "buckets.toml") -> str:
-    """The scheduler to use: ``--scheduler``, else ``[build] scheduler``, else ``DASK_SCHEDULER_ADDRESS``.
-
-    Raises:
-        UserError: none of them is set.
-    """
-    addr = cli or configured or os.environ.get("DASK_SCHEDULER_ADDRESS")
-    if not addr:
-        raise UserError(f"{config_file}: executor dask needs a scheduler: set scheduler = \"tcp://HOST:8786\" under "
-                        f"[build], pass --scheduler ADDR, or set DASK_SCHEDULER_ADDRESS (or build here with "
-                        f"--executor local)")
-    return addr
-
-
-def _close_half_made(error: BaseException, client_cls: type) -> None:
-    """Close the ``distributed.Client`` whose constructor raised ``error`` (found in the traceback's frames) now,
-    while its event loop still runs: left to ``Client.__del__`` at interpreter exit, its close waits for a
-    loop that is gone and prints ``Exception ignored in: Client.__del__ ... TimeoutError`` about 20 s later."""
-    import contextlib
-
-    tb = error.__traceback__
-    while tb is not None:
-        made = tb.tb_frame.f_locals.get("self")
-        if isinstance(made, client_cls):
-            with contextlib.suppress(Exception):
-                made.close(timeout=2)
-            made.status = "closed"  # so that __del__ has nothing left to close
-            return
-        tb = tb.tb_next
-
-
-def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S):
-    """A ``distributed.Client`` of the scheduler at ``address``.
-
-    Raises:
-        UserError: the scheduler did not answer within ``timeout_s`` seconds (one line, with the fix).
-    """
-    from distributed import Client
-    try:
-        return Client(address, timeout=timeout_s, set_as_default=False)
-    except Exception as e:  # OSError / TimeoutError / ValueError (a bad address), all "cannot reach"
-        _close_half_made(e, Client)
-        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot reach the Dask scheduler at {address} ({why[:200]}); start it (dask scheduler), fix "
-                        f"[build] scheduler or --scheduler, or build on this host with --executor local") from None
-
-
-def check_workers(client: Any, spec: StoreSpec, ident: str, address: str, wait_s: float = CONNECT_TIMEOUT_S) -> dict:
-    """Wait for at least one worker, then check from every worker that the store is reachable and is the
-    client's store. Returns the scheduler's worker table (address -> info with ``nthreads``, ``resources``).
-
-    Raises:
-        UserError: no worker joined within ``wait_s`` seconds, or a worker sees another store (or none) at
-            the location; the message names the worker, the location and the fix.
-    """
-    try:
-        client.wait_for_workers(1, timeout=wait_s)
-    except Exception:
-        raise UserError(f"no Dask workers are connected to {address}; start some with "
-                        f"`dask worker {address} --nthreads 1` (or build here with --executor local)") from None
-    answers = client.run(probe_store, spec.location, spec.options, ident)
-    bad = {w: why for w, why in sorted(answers.items()) if why is not None}
-    if bad:
-        w, why = next(iter(bad.items()))
-        more = f" (and {len(bad) - 1} more workers)" if len(bad) > 1 else ""
-        raise UserError(f"the store {spec.location} is not reachable as the same store from Dask worker {w}{more}: "
-                        f"{why}; Dask workers publish straight into the store, so use a folder every worker mounts "
-                        f"at that path or a remote store ([build] remote), or build here with --executor local")
-    return dict(client.scheduler_info(n_workers=-1)["workers"])
-
-
-# -- on the worker ----------------------------------------------------------------------------------------
-class TransientCompileError(Exception):
-    """A compile failed with the transient exit status 70 on a worker: raised so that Dask retries the task
-    (``retries=``). ``outcome`` is the failed attempt's outcome as a dict (see :func:`outcome_dict`)."""
-
-    def __init__(self, outcome: dict[str, Any]):
-        super().__init__(f"{outcome.get('target')}: TRANSIENT: {outcome.get('reason')}")
-        self.outcome = outcome
-
-    def __reduce__(self):
-        return (TransientCompileError, (self.outcome,))
-
-
-_builders: dict[tuple, Any] = {}
-_builders_lock = threading.Lock()
-
-
-def _builder_for(job: dict[str, Any], worker: Any):
-    """The worker process's Builder for one client build (made on first use; the last few are kept)."""
-    from neuron_build.build.builder import Builder
-    from neuron_build.build.local import LocalExecutor
-    from neuron_build.project.config import load_project
-
-    ident = (job["build_id"], job["config"], job["backend"], job["store"]["location"])
-    with _builders_lock:
-        b = _builders.get(ident)
-        if b is None:
-            project = load_project(job["config"])
-            cfg = project.config.build
-            store = open_spec(StoreSpec(**job["store"]))
-            limit, limit_of = worker_memory_limit(worker)
-            executor = LocalExecutor(cfg.timeout_s, cfg.heartbeat_s, should_stop=lambda: task_cancelled(worker),
-                                     memory_limit_bytes=limit, memory_limit_of=limit_of)
-            b = Builder(project, backend=job["backend"], executor=executor, store=store, host_memory=False,
-                        transient_retries=0, provenance={"executor": "dask", "worker": worker.address,
-                                                         "scheduler": job.get("scheduler")})
-            while len(_builders) >= 4:
-                _builders.pop(next(iter(_builders)))
-            _builders[ident] = b
-    return b
-
-
-def memory_bound(memory_limit: Any, resources: dict | None) -> int | None:
-    """The memory a compile on a worker may use, bytes: the smaller of its ``--memory-limit`` (bytes; 0 or
-    None: none) and its :data:`MEMORY_RESOURCE` resource (GB = 1e9 bytes); None when it has neither."""
-    figures = []
-    if isinstance(memory_limit, (int, float)) and memory_limit > 0:
-        figures.append(int(memory_limit))
-    gb = (resources or {}).get(MEMORY_RESOURCE)
-    if isinstance(gb, (int, float)) and gb > 0:
-        figures.append(int(gb * GB))
-    return min(figures) if figures else None
-
-
-def worker_memory_limit(worker: Any) -> tuple[int | None, str]:
-    """(bytes, whose bound) a compile subprocess on this Dask worker is held to: see :func:`memory_bound`.
-    The compile runs outside the worker's own memory accounting (Dask watches the worker process only), so
-    the executor enforces it on the subprocess's tree."""
-    try:
-        ml = worker.memory_manager.memory_limit
-    except AttributeError:
-        ml = getattr(worker, "memory_limit", None)
-    res = dict(getattr(worker.state, "total_resources", None) or {})
-    bound = memory_bound(ml, res)
-    if bound is None:
-        return None, ""
-    which = "--memory-limit" if isinstance(ml, (int, float)) and ml > 0 and int(ml) == bound else MEMORY_RESOURCE
-    return bound, f"the memory limit of Dask worker {worker.address} ({which})"
-
-
-def task_cancelled(worker: Any) -> bool:
-    """Called in a task's thread on a Dask worker: has the scheduler cancelled or released the task?"""
-    try:
-        key = worker.get_current_task()
-        ts = worker.state.tasks.get(key)
-    except Exception:
-        return False
-    return ts is None or ts.state in ("cancelled", "released", "forgotten")
-
-
-def executing_keys(dask_worker: Any) -> list:
-    """Run on a worker (``Client.run``): the keys of the tasks it is executing now."""
-    return [ts.key for ts in list(dask_worker.state.executing)]
-
-
-def outcome_dict(out: Outcome, worker: str) -> dict[str, Any]:
-    """An Outcome as plain data for the trip back to the client, with the worker's address."""
-    return {"target": out.target, "key": out.key, "status": str(out.status), "reason": out.reason,
-            "compiled": out.compiled, "metrics": dict(out.metrics), "worker": worker}
-
-
-def compile_task(job: dict[str, Any]) -> dict[str, Any]:
-    """The Dask task of one target (runs on a worker): build it into the shared store as a local build would.
-
-    Args:
-        job: ``config`` (path of buckets.toml), ``target`` (id), ``key`` (what the client computed),
-            ``backend`` (override or None), ``store`` (:class:`StoreSpec` fields), ``store_id`` (the
-            client's store identity), ``retry_failed``, ``build_id``, ``scheduler``.
-
-    Returns:
-        :func:`outcome_dict` of the build (PASS, cached/reused, or a deterministic failure).
-
-    Raises:
-        TransientCompileError: the compile exited with status 70 (Dask retries the task).
-    """
-    from distributed import get_worker
-
-    from neuron_build.build.local import CompileCancelled
-
-    worker = get_worker()
-    me = worker.address
-    tid, key = job["target"], job["key"]
-
-    def failed(reason: str) -> dict[str, Any]:
-        return {"target": tid, "key": key, "status": str(Status.ERROR), "reason": reason, "compiled": False,
-                "metrics": {}, "worker": me}
-
-    why = probe_store(job["store"]["location"], job["store"]["options"], job["store_id"])
-    if why is not None:
-        return failed(f"the store {job['store']['location']} on Dask worker {me}: {why}")
-    try:
-        b = _builder_for(job, worker)
-    except Exception as e:
-        return failed(f"Dask worker {me} could not load the project {job['config']}: {type(e).__name__}: {e}"[:500])
-    target = b.by_id.get(tid)
-    if target is None:
-        return failed(f"Dask worker {me}: {job['config']} there has no target {tid}: its checkout differs")
-    mine = b.key(target).key
-    if mine != key:
-        return failed(f"Dask worker {me} computes key {mine[:12]} for {tid}, the client {key[:12]}: its checkout, "
-                      f"environment or toolchain differs (neuron-build explain {tid} on both)")
-    try:
-        out = b.build(target, retry_failed=job["retry_failed"])
-    except CompileCancelled as e:
-        return {**failed(str(e)), "status": "CANCELLED"}
-    res = outcome_dict(out, me)
-    if out.status == Status.TRANSIENT:
-        raise TransientCompileError(res)
-    return res
 
 
 # -- on the client ----------------------------------------------------------------------------------------
@@ -426,18 +192,11 @@ class DaskBuild:
     def _submit_and_collect(self, client: Any, todo: list[Target], spec: StoreSpec, ident: str, workers: dict) -> None:
         from distributed import as_completed
 
-        from neuron_build.build.dispatch import Dispatcher
-
         b = self.b
         build_id = secrets.token_hex(4)
         retries = b.project.config.build.transient_retries
         futures: dict[Any, Target] = {}
-        todo = self._drop_too_big(todo, workers)
-        predicted = target_predictions(b, todo)
-        jobs = dispatch_jobs(todo, predicted, b.project.config.build.default_compile_memory_gb)
-        self._cap_at_largest(jobs, workers)
-        dispatch = Dispatcher(jobs)
-        self._sync_workers(dispatch, workers)
+        todo, predicted, dispatch = self._dispatcher(todo, workers)
         by_id = {t.id: t for t in todo}
         tries: dict[str, int] = {}
         advertised = any(MEMORY_RESOURCE in (w.get("resources") or {}) for w in workers.values())
@@ -446,11 +205,7 @@ class DaskBuild:
             for tid, addr in dispatch.assign(time.monotonic()):
                 t = by_id[tid]
                 tries[tid] = tries.get(tid, 0) + 1
-                kw: dict[str, Any] = {"workers": [addr], "allow_other_workers": False,
-                                      "priority": dispatch.priority(tid)}
-                if advertised:  # within Dask's own accounting too: the p50 the dispatcher reserved
-                    p50 = dispatch.jobs[tid].memory_p50 or dispatch.jobs[tid].memory
-                    kw["resources"] = {MEMORY_RESOURCE: round(min(p50, dispatch.workers[addr].memory) / GB, 3)}
+                kw = self._placement(dispatch, tid, addr, advertised)
                 fut = client.submit(compile_task, self._job(t, spec, ident, build_id), pure=False, retries=retries,
                                     key=f"neuron-build-{t.id}-{b.key(t).key[:12]}-{build_id}-{tries[tid]}", **kw)
                 futures[fut] = t
@@ -486,10 +241,7 @@ class DaskBuild:
                     done += 1
                     failed += 0 if out.ok else 1
                     started.pop(t.id, None)
-                    if display is not None:
-                        if t.id not in shown:
-                            display.started(t.id, where=self.workers.get(t.id))
-                        display.finished(out)
+                    self._show_finished(display, t.id, out, shown)
                 self._follow_workers(client, dispatch, futures)
                 submit_ready()
                 running = self._running(client, by_key, started)
@@ -507,14 +259,43 @@ class DaskBuild:
                 if done < total:
                     time.sleep(POLL_S)
         except BaseException:  # Ctrl-C (KeyboardInterrupt) included: cancel everything, then re-raise
-            left = [f for f in futures if not f.done()]
-            self.log.warning("cancelling", tasks=len(left))
-            if left:
-                client.cancel(left, force=True)  # returns once the scheduler took it; workers kill the compiles
+            self._cancel_all(client, futures)
             raise
         finally:
             if display is not None:
                 display.stop()
+
+    def _dispatcher(self, todo: list[Target], workers: dict) -> tuple[list[Target], dict, Any]:
+        """(the targets to submit, their predictions, the :class:`~neuron_build.build.dispatch.Dispatcher` of
+        them over ``workers``): ``todo`` without what :meth:`_drop_too_big` refuses, each job capped by
+        :meth:`_cap_at_largest`."""
+        from neuron_build.build.dispatch import Dispatcher
+
+        todo = self._drop_too_big(todo, workers)
+        predicted = target_predictions(self.b, todo)
+        jobs = dispatch_jobs(todo, predicted, self.b.project.config.build.default_compile_memory_gb)
+        self._cap_at_largest(jobs, workers)
+        dispatch = Dispatcher(jobs)
+        self._sync_workers(dispatch, workers)
+        return todo, predicted, dispatch
+
+    @staticmethod
+    def _placement(dispatch: Any, tid: str, addr: str, advertised: bool) -> dict[str, Any]:
+        """``Client.submit``'s placement of target ``tid`` on worker ``addr``: pinned there with the dispatcher's
+        priority and, when workers advertise :data:`MEMORY_RESOURCE` (``advertised``), the p50 peak the
+        dispatcher reserved (capped at the worker's memory, GB) as a resource."""
+        kw: dict[str, Any] = {"workers": [addr], "allow_other_workers": False, "priority": dispatch.priority(tid)}
+        if advertised:  # within Dask's own accounting too: the p50 the dispatcher reserved
+            p50 = dispatch.jobs[tid].memory_p50 or dispatch.jobs[tid].memory
+            kw["resources"] = {MEMORY_RESOURCE: round(min(p50, dispatch.workers[addr].memory) / GB, 3)}
+        return kw
+
+    def _cancel_all(self, client: Any, futures: dict) -> None:
+        """Cancel every task of ``futures`` not done yet."""
+        left = [f for f in futures if not f.done()]
+        self.log.warning("cancelling", tasks=len(left))
+        if left:
+            client.cancel(left, force=True)  # returns once the scheduler took it; workers kill the compiles
 
     def _drop_too_big(self, todo: list[Target], workers: dict) -> list[Target]:
         """``todo`` without the targets :meth:`_too_big` refuses (each gets its KILLED outcome and line)."""
@@ -557,6 +338,12 @@ class DaskBuild:
                     self.report(f"  FAILED {tid}: KILLED: {why}")
                 n += 1
         return n
+
+    def _show_finished(self, display: Any, tid: str, out: Outcome, shown: set[str]) -> None:
+        if display is not None:
+            if tid not in shown:
+                display.started(tid, where=self.workers.get(tid))
+            display.finished(out)
 
     @staticmethod
     def _show_started(display: Any, running: dict[str, str], shown: set[str]) -> None:
@@ -649,6 +436,7 @@ __all__ = [
     "executing_keys",
     "memory_bound",
     "open_spec",
+    "outcome_dict",
     "probe_store",
     "scheduler_address",
     "shared_store_spec",

@@ -1,0 +1,95 @@
+"""How the Dask executor's client (:class:`~neuron_build.build.dask_executor.DaskBuild`) reaches its cluster:
+which scheduler (:func:`scheduler_address`), a ``distributed.Client`` of it (:func:`connect`), and the check,
+run on every worker, that each sees the client's store (:func:`check_workers`). Each failure is one line
+naming the scheduler, worker or store and the fix (``--executor local`` among them).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from neuron_build.build.dask_worker import StoreSpec, probe_store
+from neuron_build.errors import UserError
+
+#: Seconds the client waits for the scheduler to answer, and for a first worker to join.
+CONNECT_TIMEOUT_S = 10.0
+
+
+def scheduler_address(cli: str | None, configured: str | None, config_file: Any = "buckets.toml") -> str:
+    """The scheduler to use: ``--scheduler``, else ``[build] scheduler``, else ``DASK_SCHEDULER_ADDRESS``.
+
+    Raises:
+        UserError: none of them is set.
+    """
+    addr = cli or configured or os.environ.get("DASK_SCHEDULER_ADDRESS")
+    if not addr:
+        raise UserError(f"{config_file}: executor dask needs a scheduler: set scheduler = \"tcp://HOST:8786\" under "
+                        f"[build], pass --scheduler ADDR, or set DASK_SCHEDULER_ADDRESS (or build here with "
+                        f"--executor local)")
+    return addr
+
+
+def _close_half_made(error: BaseException, client_cls: type) -> None:
+    """Close the ``distributed.Client`` whose constructor raised ``error`` (found in the traceback's frames) now,
+    while its event loop still runs: left to ``Client.__del__`` at interpreter exit, its close waits for a
+    loop that is gone and prints ``Exception ignored in: Client.__del__ ... TimeoutError`` about 20 s later."""
+    import contextlib
+
+    tb = error.__traceback__
+    while tb is not None:
+        made = tb.tb_frame.f_locals.get("self")
+        if isinstance(made, client_cls):
+            with contextlib.suppress(Exception):
+                made.close(timeout=2)
+            made.status = "closed"  # so that __del__ has nothing left to close
+            return
+        tb = tb.tb_next
+
+
+def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S):
+    """A ``distributed.Client`` of the scheduler at ``address``.
+
+    Raises:
+        UserError: the scheduler did not answer within ``timeout_s`` seconds (one line, with the fix).
+    """
+    from distributed import Client
+    try:
+        return Client(address, timeout=timeout_s, set_as_default=False)
+    except Exception as e:  # OSError / TimeoutError / ValueError (a bad address), all "cannot reach"
+        _close_half_made(e, Client)
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot reach the Dask scheduler at {address} ({why[:200]}); start it (dask scheduler), fix "
+                        f"[build] scheduler or --scheduler, or build on this host with --executor local") from None
+
+
+def check_workers(client: Any, spec: StoreSpec, ident: str, address: str, wait_s: float = CONNECT_TIMEOUT_S) -> dict:
+    """Wait for at least one worker, then check from every worker that the store is reachable and is the
+    client's store. Returns the scheduler's worker table (address -> info with ``nthreads``, ``resources``).
+
+    Raises:
+        UserError: no worker joined within ``wait_s`` seconds, or a worker sees another store (or none) at
+            the location; the message names the worker, the location and the fix.
+    """
+    try:
+        client.wait_for_workers(1, timeout=wait_s)
+    except Exception:
+        raise UserError(f"no Dask workers are connected to {address}; start some with "
+                        f"`dask worker {address} --nthreads 1` (or build here with --executor local)") from None
+    answers = client.run(probe_store, spec.location, spec.options, ident)
+    bad = {w: why for w, why in sorted(answers.items()) if why is not None}
+    if bad:
+        w, why = next(iter(bad.items()))
+        more = f" (and {len(bad) - 1} more workers)" if len(bad) > 1 else ""
+        raise UserError(f"the store {spec.location} is not reachable as the same store from Dask worker {w}{more}: "
+                        f"{why}; Dask workers publish straight into the store, so use a folder every worker mounts "
+                        f"at that path or a remote store ([build] remote), or build here with --executor local")
+    return dict(client.scheduler_info(n_workers=-1)["workers"])
+
+
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "check_workers",
+    "connect",
+    "scheduler_address",
+]
