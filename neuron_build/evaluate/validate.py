@@ -20,10 +20,11 @@ key never changes.
   reference (and which factory kwarg, e.g. ``eps``, is the cause), dtype precision, and a wrong artifact
   apart.
 
-The comparison of outputs is :mod:`neuron_build.evaluate.validate_compare`'s; running the reference and
-the artifact in this process and the diagnosis are :mod:`neuron_build.evaluate.validate_run`'s (this module
-re-exports their public names); this module holds the torch-free helpers, :func:`validate_target` and the
-fresh validation process it starts. Torch is imported only inside the functions that run models;
+The seed and the device kind are :mod:`neuron_build.evaluate.validate_setup`'s, the comparison of outputs
+:mod:`neuron_build.evaluate.validate_compare`'s, running the reference and the artifact in this process and
+the diagnosis :mod:`neuron_build.evaluate.validate_run`'s (this module re-exports their public names); this
+module holds the other torch-free helpers, :func:`validate_target` and the fresh validation process it
+starts. Torch is imported only inside the functions that run models;
 :func:`is_validated` and :func:`artifact_device_kind` are torch-free (doit uses them to decide what is up to
 date).
 """
@@ -39,10 +40,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict, cast, get_args
 
-from neuron_build.backends import find_backend
 from neuron_build.errors import UserError
 from neuron_build.evaluate.validate_compare import compare_outputs, compare_tensors, failure_message, flatten_outputs
 from neuron_build.evaluate.validate_run import Prepared, diagnose, prepare, validate_here
+from neuron_build.evaluate.validate_setup import artifact_device_kind, validation_seed
 from neuron_build.project.config import DeviceKind, ModelSpec, Project
 from neuron_build.project.matrix import Target
 from neuron_build.status import Verdict
@@ -61,12 +62,6 @@ DEVICE_KINDS: tuple[str, ...] = get_args(DeviceKind)
 # --------------------------------------------------------------------------------------------------
 # torch-free helpers
 
-def validation_seed(key: str) -> int:
-    """The seed of a target's validation (and benchmark) inputs: hex digits 8-15 of its key, an int in
-    [0, 2**32). The compile's example inputs use digits 0-7, so validation runs on other values."""
-    return int(key[8:16], 16)
-
-
 def neuron_devices() -> list[str]:
     """The NeuronCore device nodes of this host (``/dev/neuron0``, ...). [guess: the Neuron driver creates
     one ``/dev/neuron<N>`` per Neuron device; not in the toolchain notes, verify on a Neuron host]"""
@@ -75,18 +70,6 @@ def neuron_devices() -> list[str]:
 
 def _cuda_devices() -> list[str]:
     return sorted(glob.glob("/dev/nvidia[0-9]*"))
-
-
-def artifact_device_kind(backend: str, hardware_target: str) -> str:
-    """The device kind an artifact runs on: its backend record's
-    (:meth:`neuron_build.backends.BackendSpec.device_kind`): ``neuron`` for the neuron and torchneuron
-    backends, else ``cuda`` or ``cpu`` (the ``[build] device`` the inductor, compile-cache or torchscript
-    backend compiled for). An unknown backend (a manifest this version did not write): ``cuda`` for a
-    ``cuda`` target, else ``cpu``."""
-    spec = find_backend(backend)
-    if spec is not None:
-        return spec.device_kind(hardware_target)
-    return "cuda" if hardware_target == "cuda" else "cpu"
 
 
 def can_run_here(device_kind: str) -> tuple[bool, str | None]:

@@ -18,6 +18,7 @@ from neuron_build.artifact import artifact_file, load_artifact
 from neuron_build.backends import find_backend
 from neuron_build.errors import UserError
 from neuron_build.evaluate.validate_compare import compare_outputs, compare_tensors, failure_message
+from neuron_build.evaluate.validate_setup import artifact_device_kind, validation_seed
 from neuron_build.project.config import ModelSpec, Project
 from neuron_build.project.matrix import Target
 from neuron_build.status import Verdict
@@ -123,7 +124,6 @@ def prepare(project: Project, store: ArtifactStore, target: Target, key: str) ->
     Raises:
         UserError: the store holds no complete artifact for ``key``.
     """
-    from neuron_build.evaluate.validate import artifact_device_kind, validation_seed  # imports this module
     from neuron_build.examples import make_inputs
 
     m = store.manifest(key)
@@ -260,7 +260,6 @@ def validate_here(project: Project, store: Any, target: Target, key: str, keys, 
     import torch
 
     from neuron_build.evaluate.textgen_validate import ReferenceFailed
-    from neuron_build.evaluate.validate import validation_seed  # validate imports this module
 
     kind = rec["device_kind"]
     if kind == "cuda" and not torch.cuda.is_available():
