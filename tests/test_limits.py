@@ -26,8 +26,6 @@ LONG_MODULES = {
     "compilers/neuron/neuronx_log.py": "the neuronx-cc log parser: a docstring of every format it recognises (90 "
                                        "lines), then one small private recogniser per kind of line",
     "project/config.py": "buckets.toml's pydantic models, one class per table, each field with its rule",
-    "evaluate/validate.py": "validation's reference, comparison, diagnosis and isolated run (text generation "
-                            "is textgen_validate.py's); splitting it is the next pass's",
 }
 
 #: "path:qualified name" -> why the function is longer than MAX_FUNCTION_LINES

@@ -20,8 +20,13 @@ key never changes.
   reference (and which factory kwarg, e.g. ``eps``, is the cause), dtype precision, and a wrong artifact
   apart.
 
-This module imports torch only inside the functions that run models; :func:`is_validated` and
-:func:`target_device_kind` are torch-free (doit uses them to decide what is up to date).
+The seed and the device kind are :mod:`neuron_build.evaluate.validate_setup`'s, the comparison of outputs
+:mod:`neuron_build.evaluate.validate_compare`'s, running the reference and the artifact in this process and
+the diagnosis :mod:`neuron_build.evaluate.validate_run`'s (this module re-exports their public names); this
+module holds the other torch-free helpers, :func:`validate_target` and the fresh validation process it
+starts. Torch is imported only inside the functions that run models;
+:func:`is_validated` and :func:`artifact_device_kind` are torch-free (doit uses them to decide what is up to
+date).
 """
 
 from __future__ import annotations
@@ -30,14 +35,15 @@ import glob
 import math
 import socket
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict, cast, get_args
 
-from neuron_build.artifact import artifact_file, load_artifact
-from neuron_build.backends import find_backend
 from neuron_build.errors import UserError
+from neuron_build.evaluate.validate_compare import compare_outputs, compare_tensors, failure_message, flatten_outputs
+from neuron_build.evaluate.validate_run import Prepared, diagnose, prepare, validate_here
+from neuron_build.evaluate.validate_setup import artifact_device_kind, validation_seed
 from neuron_build.project.config import DeviceKind, ModelSpec, Project
 from neuron_build.project.matrix import Target
 from neuron_build.status import Verdict
@@ -56,12 +62,6 @@ DEVICE_KINDS: tuple[str, ...] = get_args(DeviceKind)
 # --------------------------------------------------------------------------------------------------
 # torch-free helpers
 
-def validation_seed(key: str) -> int:
-    """The seed of a target's validation (and benchmark) inputs: hex digits 8-15 of its key, an int in
-    [0, 2**32). The compile's example inputs use digits 0-7, so validation runs on other values."""
-    return int(key[8:16], 16)
-
-
 def neuron_devices() -> list[str]:
     """The NeuronCore device nodes of this host (``/dev/neuron0``, ...). [guess: the Neuron driver creates
     one ``/dev/neuron<N>`` per Neuron device; not in the toolchain notes, verify on a Neuron host]"""
@@ -70,18 +70,6 @@ def neuron_devices() -> list[str]:
 
 def _cuda_devices() -> list[str]:
     return sorted(glob.glob("/dev/nvidia[0-9]*"))
-
-
-def artifact_device_kind(backend: str, hardware_target: str) -> str:
-    """The device kind an artifact runs on: its backend record's
-    (:meth:`neuron_build.backends.BackendSpec.device_kind`): ``neuron`` for the neuron and torchneuron
-    backends, else ``cuda`` or ``cpu`` (the ``[build] device`` the inductor, compile-cache or torchscript
-    backend compiled for). An unknown backend (a manifest this version did not write): ``cuda`` for a
-    ``cuda`` target, else ``cpu``."""
-    spec = find_backend(backend)
-    if spec is not None:
-        return spec.device_kind(hardware_target)
-    return "cuda" if hardware_target == "cuda" else "cpu"
 
 
 def can_run_here(device_kind: str) -> tuple[bool, str | None]:
@@ -134,327 +122,6 @@ def tolerance_for(spec: ModelSpec, model: str, dtype: str) -> tuple[float, str]:
     return DEFAULT_TOLERANCE[dtype], f"default for {dtype}"
 
 
-
-
-# --------------------------------------------------------------------------------------------------
-# metrics
-
-def flatten_outputs(out: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """Name the tensors of a model output: a tensor is ``output0``; the items of a tuple or list are
-    ``output0``, ``output1``, ...; the items of a dict (or a transformers ``ModelOutput``) are named by
-    key; nested containers join names with ``.`` (``output1.0``). Non-tensor leaves (None, ints) are
-    dropped."""
-    import torch
-
-    if isinstance(out, torch.Tensor):
-        return [(prefix or "output0", out)]
-    items: list[tuple[str, Any]]
-    if isinstance(out, dict):
-        items = [(str(k), v) for k, v in out.items()]
-    elif isinstance(out, (list, tuple)):
-        items = [(f"output{i}" if not prefix else str(i), v) for i, v in enumerate(out)]
-    else:
-        return []
-    flat: list[tuple[str, Any]] = []
-    for name, v in items:
-        flat.extend(flatten_outputs(v, f"{prefix}.{name}" if prefix else name))
-    return flat
-
-
-def compare_tensors(actual, reference) -> dict[str, float]:
-    """Error figures of ``actual`` against ``reference`` (same shape), computed in float64 on the CPU.
-
-    Returns:
-        ``max_abs_error`` (in the output's units), ``rel_l2_error`` = ||a - r||_2 / ||r||_2 (0 when both
-        are zero, inf when only r is), ``cosine_similarity`` (1.0 when both are zero, 0.0 when only one is;
-        nan when a holds non-finite values), and ``ref_l2_norm``.
-    """
-    import torch
-
-    a = actual.detach().to("cpu", torch.float64).reshape(-1)
-    r = reference.detach().to("cpu", torch.float64).reshape(-1)
-    if a.numel() == 0:
-        return {"max_abs_error": 0.0, "rel_l2_error": 0.0, "cosine_similarity": 1.0, "ref_l2_norm": 0.0}
-    d = a - r
-    dn, rn, an = float(d.norm()), float(r.norm()), float(a.norm())
-    if not math.isfinite(dn):
-        rel = math.inf
-    elif rn == 0:
-        rel = 0.0 if dn == 0 else math.inf
-    else:
-        rel = dn / rn
-    if not (math.isfinite(an) and math.isfinite(rn)):
-        cos = math.nan
-    elif an == 0 and rn == 0:
-        cos = 1.0
-    elif an == 0 or rn == 0:
-        cos = 0.0
-    else:
-        cos = float(torch.dot(a, r)) / (an * rn)
-    mx = float(d.abs().max())
-    return {"max_abs_error": mx if math.isfinite(mx) else math.inf, "rel_l2_error": rel,
-            "cosine_similarity": cos, "ref_l2_norm": rn}
-
-
-def compare_outputs(actual: Any, reference: Any, tolerance: float) -> tuple[list[dict[str, Any]], str | None]:
-    """Compare two model outputs output by output (see :func:`flatten_outputs` for names).
-
-    Returns:
-        (rows, structure problem): one row per reference output with ``name``, ``shape``,
-        ``max_abs_error``, ``rel_l2_error``, ``cosine_similarity``, ``tolerance`` and ``pass``
-        (relative L2 error <= tolerance, finite); the problem is a one-line message when the outputs do
-        not match in names or shapes (rows then cover only the outputs that do).
-    """
-    fa, fr = dict(flatten_outputs(actual)), flatten_outputs(reference)
-    rows, problems = [], []
-    if [n for n, _ in fr] != list(fa):
-        problems.append(f"the artifact returns outputs {list(fa) or 'none'}, the reference {[n for n, _ in fr]}")
-    for name, r in fr:
-        a = fa.get(name)
-        if a is None:
-            continue
-        if tuple(a.shape) != tuple(r.shape):
-            problems.append(f"{name} has shape {list(a.shape)}, the reference {list(r.shape)}")
-            continue
-        m = compare_tensors(a, r)
-        ok = math.isfinite(m["rel_l2_error"]) and m["rel_l2_error"] <= tolerance
-        rows.append({"name": name, "shape": list(r.shape), "dtype": str(a.dtype).removeprefix("torch."),
-                     "max_abs_error": m["max_abs_error"], "rel_l2_error": m["rel_l2_error"],
-                     "cosine_similarity": m["cosine_similarity"], "ref_l2_norm": m["ref_l2_norm"],
-                     "tolerance": tolerance, "pass": ok})
-    return rows, ("; ".join(problems) or None)
-
-
-def failure_message(target_id: str, rows: Sequence[dict[str, Any]]) -> str:
-    """One line naming every failing output, its error and the tolerance, e.g.
-    ``rmsnorm_fused/static/fp32/o1: output0 rel L2 error 3.1e-03 > tolerance 1.0e-04 (max abs error
-    2.0e-02, cosine 0.999995)``."""
-    parts = [f"{r['name']} rel L2 error {r['rel_l2_error']:.1e} > tolerance {r['tolerance']:.1e} "
-             f"(max abs error {r['max_abs_error']:.1e}, cosine {r['cosine_similarity']:.6f})"
-             for r in rows if not r["pass"]]
-    return f"{target_id}: " + "; ".join(parts)
-
-
-# --------------------------------------------------------------------------------------------------
-# loading and running
-
-@dataclass
-class Prepared:
-    """Everything needed to run one target's artifact and its models on the same inputs.
-
-    ``inputs`` are the deterministic inputs (target dtype, CPU); ``device`` is where the artifact runs
-    (``cpu``, ``cuda``; ``cpu`` for neuron, whose traced models take CPU tensors [doc: torch_neuronx.trace
-    returns a ScriptModule called with CPU tensors]).
-    """
-
-    project: Project
-    store: ArtifactStore
-    target: Target
-    key: str
-    manifest: Manifest
-    device_kind: str
-    device: str
-    seed: int
-    inputs: tuple
-    reference_model: str
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def model_spec(self) -> ModelSpec:
-        return self.project.config.models[self.target.model]
-
-    @property
-    def factory(self) -> str | None:
-        """The artifact's factory, as recorded in its key (what was compiled); None for an hf model."""
-        return self.manifest.key_details["model"].get("factory")
-
-    @property
-    def kwargs(self) -> dict[str, Any]:
-        return dict(self.manifest.key_details["model"]["kwargs"])
-
-    @property
-    def batch(self) -> int:
-        """Samples per call: the first dim of the first input (1 for a 0-d input)."""
-        shape = self.manifest.key_details["inputs"]["inputs"][0]["shape"]
-        return int(shape[0]) if shape else 1
-
-    def device_inputs(self) -> tuple:
-        return tuple(t.to(self.device) for t in self.inputs)
-
-    def reference_inputs(self) -> tuple:
-        """The inputs for the fp32 CPU reference: float inputs cast (exactly) to fp32."""
-        return tuple(t.float() if t.is_floating_point() else t for t in self.inputs)
-
-    def eager(self, dtype: str, kwargs: dict[str, Any] | None = None, model: str | None = None,
-              device: str = "cpu"):
-        """The eager model (this target's, or ``model``'s from buckets.toml) in ``dtype`` on ``device``."""
-        from neuron_build.examples import build_model
-
-        if model is None:
-            factory, kw, hf = self.factory, (self.kwargs if kwargs is None else kwargs), self.model_spec.hf_spec()
-        else:
-            spec = self.project.config.models[model]
-            factory, kw, hf = spec.factory, (dict(spec.kwargs) if kwargs is None else kwargs), spec.hf_spec()
-        return build_model(self.project.root, factory, kw, dtype, hf=hf).to(device)
-
-    def load_artifact(self):
-        """Load the artifact onto its device and return a callable.
-
-        The file and loader are :func:`neuron_build.artifact.artifact_file`'s; loading is
-        :func:`neuron_build.artifact.load_artifact`'s: ``inductor`` -> ``torch._inductor.aoti_load_package``;
-        ``torchscript`` -> ``torch.jit.load`` onto :attr:`device`; ``neuron`` -> ``import torch_neuronx``
-        (registers the Neuron ops; its ``ImportError`` propagates) then ``torch.jit.load``, which places the
-        NEFF on a NeuronCore [doc]; ``compile-cache`` and ``torchneuron`` -> the eager model compiled with the
-        recorded settings after the artifact's caches were installed
-        (:func:`neuron_build.compilers.compile_cache.compile_from_caches`).
-
-        Raises:
-            UserError: unknown backend or no artifact file.
-        """
-        m = self.manifest
-        found = artifact_file(m.compiler, m.files)
-        spec = find_backend(m.backend)
-        name = found[0] if found else (m.compiler.get("artifact") or (spec.artifact if spec else "model.pt"))
-        path = self.store.artifact_dir(self.key) / name
-        if found is None or not path.is_file():
-            raise UserError(f"{self.target.id}: artifact {self.key[:12]} has no {name}; "
-                            f"rebuild it (neuron-build build {self.target.id})")
-        serving = (m.compiler or {}).get("serving")
-        if spec is not None and spec.serving == "caches" and serving is not None:
-            from neuron_build.compilers.compile_cache import compile_from_caches
-
-            module = self.eager(self.target.dtype, device=self.device)
-            return compile_from_caches([self.store.artifact_dir(self.key)], serving, m.backend, module)[0]
-        if spec is None or spec.serving != "artifact":
-            raise UserError(f"{self.target.id}: cannot load an artifact of backend {m.backend!r}")
-        return load_artifact(path, found[1], m.backend, self.device, explain_missing_neuronx=False)
-
-
-def prepare(project: Project, store: ArtifactStore, target: Target, key: str) -> Prepared:
-    """Read the artifact's manifest and make the target's inputs (imports torch).
-
-    Raises:
-        UserError: the store holds no complete artifact for ``key``.
-    """
-    from neuron_build.examples import make_inputs
-
-    m = store.manifest(key)
-    if m is None:
-        raise UserError(f"{target.id} is not built for its current key {key[:12]}; "
-                        f"run `neuron-build build {target.id}` (or `doit validate`, which builds first)")
-    kind = artifact_device_kind(m.backend, m.hardware_target)
-    device = "cuda" if kind == "cuda" else "cpu"
-    seed = validation_seed(key)
-    inputs = make_inputs(m.key_details["inputs"]["inputs"], seed)
-    spec = project.config.models[target.model]
-    return Prepared(project, store, target, key, m, kind, device, seed, inputs, spec.reference or target.model)
-
-
-def _run(fn, inputs: tuple):
-    import torch
-
-    with torch.inference_mode():
-        return fn(*inputs)
-
-
-def _max_rel(out, ref) -> float:
-    rows, problem = compare_outputs(out, ref, math.inf)
-    if problem or not rows:
-        return math.inf
-    return max(r["rel_l2_error"] for r in rows)
-
-
-def _factory_defaults(root, factory: str | None) -> dict[str, Any]:
-    """The keyword defaults of a factory function ({} when it cannot be inspected; for an hf model,
-    :data:`neuron_build.hf.DEFAULT_KWARGS`)."""
-    import inspect
-
-    from neuron_build.examples import load_factory
-
-    if factory is None:
-        from neuron_build.hf import DEFAULT_KWARGS
-        return dict(DEFAULT_KWARGS)
-    try:
-        sig = inspect.signature(load_factory(root, factory))
-    except (ImportError, TypeError, ValueError):
-        return {}
-    return {n: prm.default for n, prm in sig.parameters.items() if prm.default is not inspect.Parameter.empty}
-
-
-def diagnose(p: Prepared, ref_out, tolerance: float) -> tuple[list[str], dict[str, Any]]:
-    """Why a validation failed, by running eager models against the same reference output.
-
-    1. When the reference is another model: the eager fp32 model against it. If that already fails, the
-       model definitions disagree (not the compiler); each factory kwarg that differs from the
-       reference's is swapped in turn, and a swap that brings the error within tolerance is named as the
-       cause (``eps=None`` leaves a fused kernel at ``torch.finfo(dtype).eps``).
-    2. Else the eager model in the target dtype on the CPU: if it fails too, the error comes from the
-       dtype's precision; if it passes, the artifact itself is wrong.
-
-    Returns:
-        (lines of explanation, figures: ``eager_fp32_rel_l2``, ``eager_<dtype>_rel_l2``, ``kwarg_swaps``).
-    """
-    notes: list[str] = []
-    figs: dict[str, Any] = {}
-    dtype, ref_name = p.target.dtype, p.reference_model
-    ref_inputs = p.reference_inputs()
-    if ref_name != p.target.model:
-        e32 = _max_rel(_run(p.eager("fp32"), ref_inputs), ref_out)
-        figs["eager_fp32_rel_l2"] = e32
-        if e32 > tolerance:
-            ref_spec = p.project.config.models[ref_name]
-            mine, theirs = p.kwargs, dict(ref_spec.kwargs)
-            diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k, "<unset>") != theirs.get(k, "<unset>"))
-            notes.append(f"the eager fp32 model {p.target.model} already differs from its reference {ref_name} "
-                         f"(rel L2 error {e32:.1e}): the two models disagree, not the compiler")
-            my_defaults = _factory_defaults(p.project.root, p.factory)
-            ref_defaults = _factory_defaults(p.project.root, ref_spec.factory)
-
-            def show(d: dict[str, Any], k: str) -> str:
-                if k in d:
-                    return repr(d[k])
-                dflt = (my_defaults if d is mine else ref_defaults).get(k, "<none>")
-                return f"unset (the factory's default {dflt!r})" if dflt != "<none>" else "unset"
-
-            if diff:
-                shown = ", ".join(f"{k}={show(mine, k)} here vs {show(theirs, k)}" for k in diff)
-                notes.append(f"the factory kwargs differ from {ref_name}'s {'only ' if len(diff) == 1 else ''}"
-                             f"in: {shown}")
-            swaps: dict[str, float] = {}
-            for k in diff:
-                kw = dict(mine)
-                if k in theirs:
-                    kw[k] = theirs[k]
-                else:
-                    kw.pop(k, None)
-                try:
-                    err = _max_rel(_run(p.eager("fp32", kwargs=kw), ref_inputs), ref_out)
-                except Exception:  # the factory does not take the reference's value
-                    continue
-                swaps[k] = err
-                if err <= tolerance:
-                    note = (f"cause: {k}: with {k}={show(theirs, k)} as in {ref_name} the error drops "
-                            f"to {err:.1e}")
-                    if k == "eps" and mine.get(k, my_defaults.get(k, 0.0)) is None:
-                        note += ("; eps=None leaves the kernel at its default, torch.finfo(dtype).eps of the dtype "
-                                 f"it computes in (1.19e-07 for fp32), not {theirs.get(k)!r}")
-                    notes.append(note)
-            figs["kwarg_swaps"] = swaps
-            return notes, figs
-    if dtype != "fp32":
-        ed = _max_rel(_run(p.eager(dtype), p.inputs), ref_out)
-        figs[f"eager_{dtype}_rel_l2"] = ed
-        if ed > tolerance:
-            notes.append(f"the eager {dtype} model on the CPU has rel L2 error {ed:.1e} too: the error comes from "
-                         f"{dtype} precision, not the compiler; raise tolerance.{dtype} only if that is acceptable")
-            return notes, figs
-        notes.append(f"the eager {dtype} model on the CPU is within tolerance (rel L2 error {ed:.1e}): "
-                     f"the compiled artifact is wrong (compiler, artifact file or loader)")
-        return notes, figs
-    e32 = figs.get("eager_fp32_rel_l2", 0.0)  # 0: the model is its own reference
-    notes.append(f"the eager fp32 model matches the reference (rel L2 error {e32:.1e}): the compiled artifact "
-                 "is wrong (compiler, artifact file or loader)")
-    return notes, figs
 
 
 class ValidationRecord(TypedDict, total=False):
@@ -630,75 +297,6 @@ def _validate_isolated(project: Project, view: ArtifactView, target: Target, key
             "reason": f"{target.id}: the validation process exited with status {rc} before a verdict: {last}"}
 
 
-def validate_here(project: Project, store: Any, target: Target, key: str, keys, rec: dict[str, Any]) -> dict[str, Any]:
-    """Run the reference and the artifact in this process and fill ``rec`` (:func:`validate_target` made
-    it) with the rows and the verdict; ``store`` needs only ``manifest`` and ``artifact_dir``
-    (:class:`ArtifactView`), ``keys`` only ``.key(target).key`` (:class:`KeyTable`).
-
-    An exception while the reference is built or run gives verdict ``error`` (never ``fail``): the artifact
-    was not judged. An artifact that does not load or run is a ``fail``.
-
-    Raises:
-        UserError: the target (or a partner graph) is not built.
-    """
-    import torch
-
-    from neuron_build.evaluate.textgen_validate import ReferenceFailed
-
-    kind = rec["device_kind"]
-    if kind == "cuda" and not torch.cuda.is_available():
-        return {**rec, "verdict": Verdict.NOT_VALIDATED, "device": None,
-                "reason": "no CUDA device here (this torch build sees none)"}
-    tol = rec["tolerance"]
-    try:
-        if target.graph:  # a prefill or decode graph: greedy generation with its partner graphs
-            from neuron_build.evaluate.textgen_validate import validate_textgen
-
-            rec.update(device="cpu", torch=torch.__version__)
-            try:
-                validate_textgen(project, store, target, keys, rec, tol, validation_seed(key), compare_tensors)
-            except (UserError, ReferenceFailed):
-                raise
-            except Exception as e:  # graphs that do not load or run have failed validation
-                rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: the graphs did not load or run: {_first(e)}")
-            return rec
-        p = prepare(project, store, target, key)
-        rec["device"] = p.device if p.device != "cuda" else f"cuda:{torch.cuda.current_device()}"
-        rec["torch"] = torch.__version__
-        try:
-            ref_out = _run(p.eager("fp32", model=rec["reference"]["model"]), p.reference_inputs())
-        except Exception as e:  # no reference: no verdict
-            raise ReferenceFailed(f"the fp32 reference {rec['reference']['model']} did not build or run: "
-                                  f"{_first(e)}") from e
-        try:
-            out = _run(p.load_artifact(), p.device_inputs())
-        except UserError:
-            raise
-        except Exception as e:  # an artifact that does not load or run has failed validation
-            out, problem = None, f"the artifact did not load or run: {_first(e)}"
-        rows, problem = compare_outputs(out, ref_out, tol) if out is not None else ([], problem)
-        rec["outputs"] = rows
-        if out is None:
-            rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: {problem}")
-        elif problem:
-            rec.update(verdict=Verdict.FAIL, reason=f"{target.id}: output structure differs: {problem}")
-        elif all(r["pass"] for r in rows):
-            rec.update(verdict=Verdict.PASS, reason=None)
-        else:
-            rec.update(verdict=Verdict.FAIL, reason=failure_message(target.id, rows))
-            notes, figs = diagnose(p, ref_out, tol)
-            rec["diagnosis"], rec["diagnosis_figures"] = notes, figs
-    except ReferenceFailed as e:
-        rec.update(verdict=Verdict.ERROR, reason=f"{target.id}: no verdict: {e}")
-    return rec
-
-
-def _first(e: BaseException) -> str:
-    """``Type: first line of the message`` (at most 300 characters of it)."""
-    first = (str(e).strip().splitlines() or [""])[0][:300]
-    return f"{type(e).__name__}: {first}"
-
-
 def _json_safe(obj: Any) -> Any:
     """Replace non-finite floats by strings ("inf", "nan"): the store writes strict JSON."""
     if isinstance(obj, float) and not math.isfinite(obj):
@@ -725,6 +323,8 @@ def summary_line(rec: dict[str, Any]) -> str:
     return (f"pass  {rec['target']}: {what} rel L2 error "
             f"{worst['rel_l2_error']:.1e} <= {worst['tolerance']:.1e}, max abs error {worst['max_abs_error']:.1e}, "
             f"cosine {worst['cosine_similarity']:.6f} ({rec['device_kind']}, vs {rec['reference']['model']} fp32)")
+
+
 
 
 __all__ = ["DEFAULT_TOLERANCE", "VERDICTS", "ArtifactView", "KeyTable", "Prepared", "ValidationRecord",
