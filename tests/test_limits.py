@@ -19,8 +19,6 @@ MAX_FUNCTION_LINES = 80
 #: module (path under neuron_build/) -> why it is longer than MAX_MODULE_LINES
 LONG_MODULES = {
     "build/session.py": "BuildSession is doit's task loader with the plan cache and the recorded-run hooks",
-    "compilers/graph_key.py": "one canonical document per graph kind (FX export, TorchScript, HLO) and the checkpoint "
-                              "that reads them: the key's second level, kept in one place to be read whole",
     "compilers/neuron/__init__.py": "NeuronCompiler (trace, the HLO key before neuronx-cc, failure "
                                     "classification) and its helpers; its facts are in backends.py already",
     "compilers/neuron/neuronx_log.py": "the neuronx-cc log parser: a docstring of every format it recognises (90 "
