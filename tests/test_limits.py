@@ -23,8 +23,6 @@ LONG_MODULES = {
                               "that reads them: the key's second level, kept in one place to be read whole",
     "compilers/neuron/__init__.py": "NeuronCompiler (trace, the HLO key before neuronx-cc, failure "
                                     "classification) and its helpers; its facts are in backends.py already",
-    "compilers/neuron/neuronx_log.py": "the neuronx-cc log parser: a docstring of every format it recognises (90 "
-                                       "lines), then one small private recogniser per kind of line",
     "project/config.py": "buckets.toml's pydantic models, one class per table, each field with its rule",
 }
 
