@@ -21,8 +21,6 @@ LONG_MODULES = {
     "build/session.py": "BuildSession is doit's task loader with the plan cache and the recorded-run hooks",
     "compilers/neuron/__init__.py": "NeuronCompiler (trace, the HLO key before neuronx-cc, failure "
                                     "classification) and its helpers; its facts are in backends.py already",
-    "compilers/neuron/neuronx_log.py": "the neuronx-cc log parser: a docstring of every format it recognises (90 "
-                                       "lines), then one small private recogniser per kind of line",
 }
 
 #: "path:qualified name" -> why the function is longer than MAX_FUNCTION_LINES
