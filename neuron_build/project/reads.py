@@ -1,43 +1,71 @@
-"""What a model's factory reads at build time besides its declared inputs, recorded by the worker and kept
-in the artifact's manifest (``recorded_inputs``), checked at every lookup: ccache's direct mode, where the key
-holds the declared inputs and a hit also needs every recorded input unchanged.
+"""What a model's build reads besides its declared inputs, recorded by the worker and kept in the artifact's
+manifest (``recorded_inputs``), checked at every lookup: ccache's direct mode, where the key holds the
+declared inputs and a hit also needs every recorded input unchanged. Fail closed: what the recorder is
+unsure of is recorded (an extra input costs a rebuild), what it cannot record makes the record
+``incomplete`` (never a hit, rebuilt by every build, the reason in one line), nothing is dropped.
 
-Three kinds, recorded by :class:`ReadRecorder` in the worker while the factory runs:
+Four kinds, recorded by :class:`ReadRecorder` in the worker while the block runs:
 
-- ``files``: project files it opens for reading, whatever code opens them: an audit hook on ``open``
-  (``open()``, ``io.open``, ``np.load``, ``torch.load`` raise it) and, on Linux, inotify watches on the
-  project's folders (``IN_OPEN``: safetensors' ``load_file`` and ``safe_open`` open and memory-map in Rust,
-  ``torch.from_file`` in C++, transformers' ``from_pretrained`` through safetensors; inotify_simple, the
-  kernel's inotify(7)); a file written, created or modified meanwhile (an output, a log) is not an input.
-  As POSIX paths relative to the project folder; Python sources are left out (imports are recorded and
-  checked as such), so are files of installed distributions, folders that are never inputs (hidden, VCS,
-  ``__pycache__``, ``*.egg-info``, ``*.dist-info``: :func:`~neuron_build.project.sources.never_input_folder`),
-  the store and the compile's own folders. inotify sees every process's opens in the watched folders, so a
-  file another process opens while the factory runs may be recorded too: an extra input (a needless rebuild
-  when it changes), never a missing one;
-- ``env``: the environment variables read through ``os.environ`` / ``os.getenv`` by project code (the
-  caller's frame is a project file: what torch or transformers read for themselves is not the factory's);
-- ``dists``: the distributions whose modules building the model imported (the factory call, not the compile:
-  a compile and a graph reuse record the same set)
+- ``files``: files it opens for reading, whatever code opens them: an audit hook on ``open``
+  (``open()``, ``io.open``, ``io.open_code``, ``np.load``, ``torch.load`` raise it); on Linux, inotify
+  watches on the project's folders and on the folders its file symlinks point into
+  (:class:`~neuron_build.project.native_reads.Watch`: safetensors' ``load_file`` and ``safe_open``,
+  ``torch.from_file``, transformers' ``from_pretrained``; a read through a link is recorded under the
+  link's name, so re-pointing the link changes the digest); and, as the block ends, the files mapped into
+  the process (``/proc/self/maps``: a checkpoint memory-mapped from anywhere). A file first created or
+  written in the block (an output, a log) is no input; one read before it was rewritten (even with the
+  same bytes) is. Project files by POSIX path relative to the project folder; files outside it by
+  absolute path, or ``~/...`` under the user's home, except the interpreter, installed distributions,
+  system folders, the toolchain and tool caches (:data:`~neuron_build.project.outside.NOT_RECORDED_OUTSIDE`).
+  A Python file read but not imported (``runpy.run_path``, ``exec(open(f).read())``) is a read; an
+  imported one is not (imports are recorded as such: :func:`~neuron_build.project.sources.recorded_files`).
+  Never recorded: folders that are never inputs (VCS, tools' caches, ``__pycache__``, ``*.egg-info``,
+  ``*.dist-info``: :func:`never_read_folder`), the store and the compile's own folders. inotify sees every
+  process's opens in the watched folders, so a file another process opens meanwhile may be recorded too:
+  an extra input, never a missing one;
+- ``listings``: folders whose entries were listed (``os.listdir``, ``os.scandir``, ``os.walk``,
+  ``glob.glob``, ``Path.glob``, ``Path.iterdir``; not the import system's own listings), by the sorted
+  names in them: a new shard a glob matches changes it;
+- ``env``: the environment variables read by the block's own code (project code, or code imported from a
+  folder outside the project and outside installed distributions), through ``os.environ``,
+  ``os.getenv``, ``os.environb`` or ``os.getenvb`` (bytes names recorded decoded); what torch or
+  transformers read for themselves is not the factory's;
+- ``dists``: the distributions whose modules building the model imported (the factory call, not the
+  compile: a compile and a graph reuse record the same set)
   (``importlib.metadata.packages_distributions()`` over the new entries of ``sys.modules``), so a numpy
   upgrade is noticed without ``packages = [...]``; neuron-build itself is left out (the manifest
   records its version).
 
-:class:`InputCheck` turns a record into digests (each file's sha256, each variable's value, None when unset,
-each distribution's version, None when gone) and says which recorded input changed since. No torch here.
+What the block's own code does that no recorder can follow marks the record incomplete, naming it and
+the fix (declare the inputs: model options ``inputs_from`` and ``env``, or ``always_rebuild``): a child
+process (``subprocess``, ``os.system``, ``os.exec*``, ``os.posix_spawn``, ``os.fork``: not torch's own
+compiler processes) and a network connection (``socket.connect``, ``urllib``), as do an inotify that
+cannot watch every folder or whose queue overflowed.
+
+:class:`InputCheck` turns a record into digests (each file's sha256, ``missing`` unless a regular file,
+each listing's names digest, each variable's value, None when unset, each distribution's version, None
+when gone) and says which recorded input changed since. No torch here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
 import sys
+import sysconfig
 from collections.abc import Iterable
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+from neuron_build.project.native_reads import Watch as _Watch
+from neuron_build.project.native_reads import mapped_files
+from neuron_build.project.outside import INSTALLED_PARTS, is_outside_name, outside_name, outside_path
+from neuron_build.project.read_events import CHILD_EVENTS, FIX, IMPORT_MACHINERY, NETWORK_EVENTS, TRANSPORT, what
 from neuron_build.project.sources import is_project_file, never_input_folder
 
-KINDS = ("files", "env", "dists")
+KINDS = ("files", "listings", "env", "dists")
 #: Hidden folders whose files are never recorded reads: version control, tools' caches, the default state
 #: folder. Any other hidden folder of the project (``.weights/``, ``.cache/``) may hold what a factory loads,
 #: so its reads are recorded like any other folder's (fail closed: an extra input costs a rebuild, a missing
@@ -50,21 +78,29 @@ NEVER_READ_HIDDEN = frozenset({".git", ".hg", ".svn", ".bzr", ".tox", ".nox", ".
 OWN = ("neuron-build", "neuron_build", "inotify-simple")
 _HOOKED: list[ReadRecorder] = []  # the recorders listening (an audit hook cannot be removed)
 _INSTALLED = False
+_HERE = (__file__, sys.modules[_Watch.__module__].__file__)
 
 
 def _audit(event: str, args: tuple) -> None:
-    if event != "open" or not _HOOKED:
+    if not _HOOKED:
         return
-    path = args[0] if args else None
-    mode = args[1] if len(args) > 1 else None
-    flags = args[2] if len(args) > 2 else 0
-    if isinstance(mode, str):
-        reading = not any(c in mode for c in "wax+")
-    else:  # os.open: no mode, the flags say it
-        reading = isinstance(flags, int) and not flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND)
-    if reading and isinstance(path, (str, bytes, os.PathLike)):
+    if event == "open":
+        path = args[0] if args else None
+        mode = args[1] if len(args) > 1 else None
+        flags = args[2] if len(args) > 2 else 0
+        if isinstance(mode, str):
+            reading = not any(c in mode for c in "wax+")
+        else:  # os.open: no mode, the flags say it
+            reading = isinstance(flags, int) and not flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        if isinstance(path, (str, bytes, os.PathLike)):
+            for r in _HOOKED:
+                r._opened(path) if reading else r._wrote(path)
+    elif event in ("os.listdir", "os.scandir"):
         for r in _HOOKED:
-            r._opened(path)
+            r._listed(args[0] if args else None)
+    elif event in CHILD_EVENTS or event in NETWORK_EVENTS:
+        for r in _HOOKED:
+            r._unrecordable(event, args)
 
 
 def never_read_folder(name: str) -> bool:
@@ -91,89 +127,189 @@ def merge(*records: dict[str, Any] | None) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
+@cache
+def _stdlib() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib") if paths.get(k)}
+    return tuple(d.rstrip(os.sep) + os.sep for d in dirs)
+
+
 class ReadRecorder:
-    """Records the files a block opens and the environment variables project code reads in it.
+    """Records the files and folders a block reads and the environment variables its own code reads, and
+    marks the record incomplete when its own code starts a child process or opens a connection.
 
     Args:
         root: the project folder (of ``buckets.toml``).
         exclude: folders whose files are never recorded (the compile's staging folder, the store).
+        native: watch with inotify and scan the process's mappings (else the audit hook alone).
     """
 
     def __init__(self, root: str | Path, exclude: Iterable[str | Path] = (), native: bool = True):
         self.root = Path(root).resolve()
         self.exclude = [Path(e).resolve() for e in exclude]
         self.files: set[str] = set()
+        self.listings: set[str] = set()
         self.env: set[str] = set()
-        #: why the files read may be incomplete (inotify could not watch every folder, its queue
-        #: overflowed); None when complete
+        #: why the record may be incomplete (inotify could not watch every folder, its queue overflowed, a
+        #: child process or a connection of the block's own code); None when complete
         self.incomplete: str | None = None
+        #: seconds the mappings scan took when the block ended
+        self.scan_s = 0.0
         self._orig: Any = None
         self._native = native
         self._watch: _Watch | None = None
+        self._code: dict[str, Path] = {}  # Python files read: name -> resolved path (imported ones dropped)
+        self._written: set[Path] = set()  # files outside the project the block wrote (its outputs)
+        self._kinds: dict[str, str] = {}
         #: the folders inotify watched while the block ran (set when it ends)
         self.watched: list[Path] = []
+
+    def _name(self, path: Path, real: Path, folder: bool = False) -> str | None:
+        """The record's name of a file (or ``folder``) ``path`` (absolute, as named; ``real``: resolved):
+        relative to the project when either lies in it (None when that place is never read), else its
+        outside name (None for the places never recorded)."""
+        inside = False
+        for c in (path, real):
+            if c.is_relative_to(self.root):
+                inside = True
+                if is_project_file(c / "_" if folder else c, self.root, self.exclude, never=never_read_folder):
+                    return c.relative_to(self.root).as_posix()
+        if inside or any(p.is_relative_to(e) for e in self.exclude for p in (path, real)):
+            return None
+        return outside_name(path) if outside_name(real) is not None else None
 
     def _opened(self, path: Any) -> None:
         try:
             p = Path(os.path.abspath(os.fsdecode(path)))  # as named: through a folder the project links to
-            candidates = (p, p.resolve())
-        except (OSError, ValueError, TypeError):
+            self._native_opened(p)
+        except (OSError, ValueError, TypeError, RuntimeError):
             return
-        for c in candidates:
-            if self._native_opened(c):
-                return
+
+    def _wrote(self, path: Any) -> None:
+        try:
+            self._written.add(Path(os.path.abspath(os.fsdecode(path))).resolve())
+        except (OSError, ValueError, TypeError, RuntimeError):
+            return
 
     def _native_opened(self, path: Path) -> bool:
-        """A file seen opened (by inotify: any code, native included); True when it is recorded."""
-        if path.suffix in (".py", ".pyc") or not path.is_file():
+        """A file seen opened (by the audit hook, inotify or a mapping: any code, native included); True
+        when it is recorded."""
+        try:
+            real = path.resolve()
+            if path.suffix == ".pyc" or not real.is_file():
+                return False
+        except (OSError, RuntimeError):
             return False
-        if is_project_file(path, self.root, self.exclude, never=never_read_folder):
-            self.files.add(path.relative_to(self.root).as_posix())
-            return True
-        return False
+        name = self._name(path, real)
+        if name is None or (is_outside_name(name) and real in self._written):
+            return False
+        if path.suffix == ".py":
+            self._code[name] = real  # decided when the block ends: an imported module is no read
+        else:
+            self.files.add(name)
+        return True
+
+    def _listed(self, path: Any) -> None:
+        """A folder listed; recorded unless the import system listed it."""
+        try:
+            if isinstance(path, int):
+                path = os.readlink(f"/proc/self/fd/{path}")
+            p = Path(os.path.abspath(os.fsdecode(path if path is not None else ".")))
+            name = self._name(p, p.resolve(), folder=True)
+        except (OSError, ValueError, TypeError, RuntimeError):
+            return
+        if name is None or name in self.listings:
+            return
+        f = sys._getframe(2)
+        while f is not None:
+            code = f.f_code.co_filename
+            mod = str(f.f_globals.get("__name__", "")).split(".")[0]
+            if mod in IMPORT_MACHINERY or code.startswith(("<frozen importlib", "<frozen zipimport")) \
+                    or code in _HERE:
+                return
+            f = f.f_back
+        self.listings.add(name or ".")
+
+    def _kind(self, filename: str) -> str:
+        """``own`` (project code, or code outside the project and installed distributions), ``std`` (the
+        standard library, this module), ``pseudo`` (``<string>``: exec'd code) or ``lib``."""
+        k = self._kinds.get(filename)
+        if k is None:
+            if filename.startswith("<"):
+                k = "std" if filename.startswith("<frozen ") else "pseudo"
+            elif filename in _HERE:
+                k = "std"
+            else:
+                real = os.path.realpath(filename)
+                if real.startswith(_stdlib()) and not INSTALLED_PARTS.intersection(Path(real).parts):
+                    k = "std"
+                elif self._name(Path(filename), Path(real)) is not None:
+                    k = "own"
+                else:
+                    k = "lib"
+            self._kinds[filename] = k
+        return k
 
     def _from_project(self) -> bool:
-        """Is the code reading the environment a project file (the first frame outside ``os`` and the
-        mapping machinery)?"""
+        """Is the code reading the environment the block's own (the first frame outside ``os``, the mapping
+        machinery and exec'd strings)?"""
         f = sys._getframe(2)
-        skip = (os.__file__, getattr(sys.modules.get("_collections_abc"), "__file__", ""), __file__)
-        while f is not None and (f.f_code.co_filename in skip or f.f_code.co_filename.startswith("<frozen ")):
+        skip = (os.__file__, getattr(sys.modules.get("_collections_abc"), "__file__", ""), *_HERE)
+        while f is not None and (f.f_code.co_filename in skip or f.f_code.co_filename.startswith("<")):
+            f = f.f_back
+        return f is not None and self._kind(f.f_code.co_filename) == "own"
+
+    def _unrecordable(self, event: str, args: tuple) -> None:
+        """A child process or a connection: the record is incomplete when the block's own code made it
+        (the first frame outside the standard library and :data:`TRANSPORT`), not torch's compilers."""
+        if self.incomplete:
+            return
+        f = sys._getframe(2)
+        while f is not None:
+            k = self._kind(f.f_code.co_filename)
+            if k == "own":
+                break
+            if k == "lib" and str(f.f_globals.get("__name__", "")).split(".")[0] not in TRANSPORT:
+                return
             f = f.f_back
         if f is None:
-            return False
-        name = f.f_code.co_filename
-        try:
-            return is_project_file(Path(name).resolve(), self.root, self.exclude)
-        except (OSError, ValueError):
-            return False
+            return
+        if event in CHILD_EVENTS:
+            self.incomplete = (f"project code ran a child process ({what(event, args)}) whose reads cannot "
+                               f"be recorded: {FIX}")
+        else:
+            self.incomplete = (f"project code opened a connection ({what(event, args)}) whose data cannot be "
+                               f"recorded: {FIX}")
 
     def __enter__(self) -> ReadRecorder:
         global _INSTALLED
-        if not _INSTALLED:
-            sys.addaudithook(_audit)
-            _INSTALLED = True
-        _HOOKED.append(self)
-        cls = type(os.environ)
-        self._orig = cls.__getitem__
-        orig, me = self._orig, self
-
-        def getitem(environ, key):  # os.environ[k], os.environ.get, os.getenv, `k in os.environ`
-            if isinstance(key, str) and me._from_project():
-                me.env.add(key)
-            return orig(environ, key)
-
-        cls.__getitem__ = getitem
-        if self._native:
-            self._watch = _Watch.start(self.root, self.exclude)
+        if self._native:  # before the hook listens: its own walk lists every folder
+            self._watch = _Watch.start(self.root, self.exclude, never_read_folder)
             if self._watch is not None and self._watch.problem:
                 self.incomplete = self._watch.problem
             elif self._watch is None and sys.platform.startswith("linux"):
                 # fail closed: on Linux native reads are seen only through inotify; without it the record
                 # may miss weights read by native code, so the artifact is never trusted as up to date
                 self.incomplete = _Watch.unavailable or "inotify is not available"
+        if not _INSTALLED:
+            sys.addaudithook(_audit)
+            _INSTALLED = True
+        cls = type(os.environ)  # os.environb is another instance of the same class
+        self._orig = cls.__getitem__
+        orig, me = self._orig, self
+
+        def getitem(environ, key):  # os.environ[k], .get, os.getenv, `k in os.environ`, os.environb, getenvb
+            if isinstance(key, (str, bytes)) and me._from_project():
+                me.env.add(os.fsdecode(key))
+            return orig(environ, key)
+
+        cls.__getitem__ = getitem
+        _HOOKED.append(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        import time
+
         type(os.environ).__getitem__ = self._orig
         if self in _HOOKED:
             _HOOKED.remove(self)
@@ -184,96 +320,26 @@ class ReadRecorder:
             self.incomplete = self.incomplete or problem
             for p in opened:
                 self._native_opened(p)
+        if self._native:
+            t0 = time.perf_counter()
+            for p in mapped_files():
+                self._native_opened(p)
+            self.scan_s = time.perf_counter() - t0
+        imported = set()
+        for mod in list(sys.modules.values()):
+            f = getattr(mod, "__file__", None)
+            if isinstance(f, str) and f.endswith(".py"):
+                imported.add(os.path.realpath(f))
+        self.files.update(n for n, real in self._code.items() if str(real) not in imported)
 
     def to_json(self, modules_before: Iterable[str] = ()) -> dict[str, list[str]]:
-        """The record: ``files``, ``env`` and ``dists`` (of the modules imported since ``modules_before``,
-        the names of ``sys.modules`` when the build began)."""
-        out: dict[str, Any] = {"files": sorted(self.files), "env": sorted(self.env),
-                               "dists": imported_distributions(modules_before)}
+        """The record: ``files``, ``listings``, ``env`` and ``dists`` (of the modules imported since
+        ``modules_before``, the names of ``sys.modules`` when the build began), and ``incomplete``."""
+        out: dict[str, Any] = {"files": sorted(self.files), "listings": sorted(self.listings),
+                               "env": sorted(self.env), "dists": imported_distributions(modules_before)}
         if self.incomplete:
             out["incomplete"] = self.incomplete
         return out
-
-
-class _Watch:
-    """inotify watches (inotify_simple) on every folder under the project that may hold inputs, while a
-    block runs: the files opened for reading in them, by any code of any process. Linux only; elsewhere
-    (or without inotify_simple) :meth:`start` returns None and the audit hook alone records; on Linux the
-    recorder then marks its record incomplete (:attr:`unavailable` says why), so it never counts as a hit."""
-
-    #: Why inotify could not be started, once :meth:`start` returned None.
-    unavailable: str | None = None
-
-    def __init__(self, ino: Any, flags: Any, dirs: dict[int, Path], problem: str | None):
-        self.ino, self.flags, self.dirs, self.problem = ino, flags, dirs, problem
-
-    @classmethod
-    def start(cls, root: Path, exclude: list[Path]) -> _Watch | None:
-        try:
-            from inotify_simple import INotify, flags
-            ino = INotify()
-        except ImportError:
-            cls.unavailable = ("inotify_simple is not installed (a dependency of neuron-build: "
-                               "pip install inotify_simple), so native reads could not be seen")
-            return None
-        except (OSError, AttributeError) as e:
-            cls.unavailable = f"inotify could not be started ({e}), so native reads could not be seen"
-            return None
-        mask = flags.OPEN | flags.CLOSE_WRITE | flags.MODIFY | flags.CREATE | flags.MOVED_TO
-        dirs: dict[int, Path] = {}
-        problem = None
-        seen = {root.resolve()}  # a folder reached twice (a link to a folder already watched, a link cycle)
-        for dirpath, dirnames, _ in os.walk(root, followlinks=True):  # a linked checkpoint folder is watched
-            here = Path(dirpath)
-            keep = []
-            for d in sorted(dirnames):
-                if never_read_folder(d) or any((here / d).is_relative_to(e) for e in exclude) \
-                        or (here / d / "pyvenv.cfg").is_file():  # a virtualenv (another than this one's)
-                    continue
-                try:
-                    real = (here / d).resolve()
-                except (OSError, RuntimeError):
-                    continue
-                if real in seen or any(real.is_relative_to(e) for e in exclude):
-                    continue
-                if is_project_file(here / d / "_", root, exclude, never=never_read_folder):
-                    seen.add(real)
-                    keep.append(d)
-            dirnames[:] = keep
-            try:
-                dirs[ino.add_watch(dirpath, mask)] = here
-            except OSError as e:  # ENOSPC: fs.inotify.max_user_watches reached
-                problem = f"could not watch {dirpath} for native reads: {e.strerror or e}"
-                break
-        return cls(ino, flags, dirs, problem)
-
-    def stop(self) -> tuple[list[Path], str | None]:
-        """Stop watching; the files opened for reading meanwhile (not written, created or moved in), and
-        why the record may be incomplete (the event queue overflowed), or None."""
-        f = self.flags
-        opened: set[Path] = set()
-        written: set[Path] = set()
-        problem = None
-        try:
-            while True:
-                events = self.ino.read(timeout=0)
-                if not events:
-                    break
-                for ev in events:
-                    if ev.mask & f.Q_OVERFLOW:
-                        problem = "the inotify event queue overflowed while the factory ran"
-                        continue
-                    base = self.dirs.get(ev.wd)
-                    if base is None or not ev.name or ev.mask & f.ISDIR:
-                        continue
-                    p = base / ev.name
-                    if ev.mask & (f.CLOSE_WRITE | f.MODIFY | f.CREATE | f.MOVED_TO):
-                        written.add(p)
-                    elif ev.mask & f.OPEN:
-                        opened.add(p)
-        finally:
-            self.ino.close()
-        return sorted(opened - written), problem
 
 
 def imported_distributions(modules_before: Iterable[str] = ()) -> list[str]:
@@ -289,8 +355,10 @@ def imported_distributions(modules_before: Iterable[str] = ()) -> list[str]:
 
 
 #: The kinds of a manifest's ``recorded_inputs``, each with the word its change is reported with.
-RECORDED = {"imports": "recorded import", "files": "recorded read", "env": "recorded variable",
-            "dists": "recorded distribution"}
+RECORDED = {"imports": "recorded import", "files": "recorded read", "listings": "recorded listing",
+            "env": "recorded variable", "dists": "recorded distribution"}
+#: Entries in a listing's digest never: what tools and the build itself add beside the inputs.
+_NOT_LISTED = (".doit.db", "__pycache__")
 
 
 class InputCheck:
@@ -308,23 +376,47 @@ class InputCheck:
         self.environ = environ
         self.digest = digest
         self._files: dict[str, str] = {}
+        self._listings: dict[str, str] = {}
         self._dists: dict[str, str | None] = {}
         self._verdicts: dict[str, list[str]] = {}
 
+    def _path(self, name: str) -> Path | None:
+        """The path a record's ``name`` stands for: relative to the project, or outside it (``~/...``
+        under this environment's home, absolute); None for a name no record may hold (``..``, an exempt
+        place: an untrusted record never makes the check read a device, a kernel file or the toolchain)."""
+        if is_outside_name(name):
+            home = self.environ.get("HOME") if hasattr(self.environ, "get") else None
+            return outside_path(name, home)
+        p = Path(name)
+        if not name or p.is_absolute() or ".." in p.parts:
+            return None
+        return self.root / p
+
     def file(self, rel: str) -> str:
-        """sha256 of the project file ``rel`` (``missing`` when it is not a file, or not a safe relative
-        path: an untrusted record never names a file outside the project)."""
+        """sha256 of the file a record names (``rel``: relative to the project, ``~/...`` or absolute);
+        ``missing`` when it is not a regular file (a device, a fifo: never read) or no record may name it."""
         if rel not in self._files:
-            p = Path(rel)
-            if not rel or p.is_absolute() or ".." in p.parts:
+            f = self._path(rel)
+            try:
+                self._files[rel] = self.digest(f) if f is not None and stat.S_ISREG(os.stat(f).st_mode) \
+                    else "missing"
+            except OSError:
                 self._files[rel] = "missing"
-            else:
-                f = self.root / p
-                try:
-                    self._files[rel] = self.digest(f) if f.is_file() else "missing"
-                except OSError:
-                    self._files[rel] = "missing"
         return self._files[rel]
+
+    def listing(self, name: str) -> str:
+        """sha256 of the sorted entry names of the folder a record names (``.``: the project folder), tools'
+        entries left out (``.git``, ``__pycache__``, ``.doit.db*``); ``missing`` when it is no folder."""
+        if name not in self._listings:
+            f = self._path(name)
+            try:
+                names = sorted(n for n in os.listdir(f) if not n.startswith(_NOT_LISTED)
+                               and n not in NEVER_READ_HIDDEN) if f is not None and f.is_dir() else None
+            except OSError:
+                names = None
+            self._listings[name] = "missing" if names is None else \
+                hashlib.sha256("\0".join(names).encode("utf-8", "surrogateescape")).hexdigest()
+        return self._listings[name]
 
     def dist(self, name: str) -> str | None:
         """The installed version of distribution ``name`` (None when not installed)."""
@@ -338,10 +430,11 @@ class InputCheck:
         return self._dists[name]
 
     def current(self, names: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
-        """``names`` (``imports``, ``files``, ``env``, ``dists``: lists of names) with their digests now:
-        file -> sha256 (or ``missing``), variable -> value (None when unset), distribution -> version."""
+        """``names`` (``imports``, ``files``, ``listings``, ``env``, ``dists``: lists of names) with their
+        digests now: file -> sha256 (or ``missing``), folder -> digest of its names (or ``missing``), variable -> value (None when unset), distribution -> version."""
         return {"imports": {r: self.file(r) for r in names.get("imports", [])},
                 "files": {r: self.file(r) for r in names.get("files", [])},
+                "listings": {r: self.listing(r) for r in names.get("listings", [])},
                 "env": {n: self.environ.get(n) for n in names.get("env", [])},
                 "dists": {n: self.dist(n) for n in names.get("dists", [])}}
 
@@ -366,6 +459,9 @@ class InputCheck:
         else:
             if recorded.get("incomplete"):
                 out.append(f"its build's reads were not fully recorded ({recorded['incomplete']})")
+            unknown = sorted(str(k) for k in recorded if k not in RECORDED and k != "incomplete")
+            if unknown:  # a newer recorder's kind this version cannot check: fail closed
+                out.append(f"its recorded inputs hold kinds this version cannot check ({', '.join(unknown)})")
             for kind, word in RECORDED.items():
                 entries = recorded.get(kind, {})
                 now = self.current({kind: [n for n in entries if isinstance(n, str)]})[kind]
