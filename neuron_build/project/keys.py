@@ -46,6 +46,7 @@ from neuron_build.project.compiler_args import key_args
 from neuron_build.project.config import Project
 from neuron_build.project.digest_cache import DigestCache
 from neuron_build.project.matrix import Target
+from neuron_build.project.outside import outside_name
 from neuron_build.project.plan_cache import InputLog
 from neuron_build.project.sources import glob_sources, is_project_file, local_imports
 from neuron_build.project.toolchain import resolve_backend, toolchain_versions, version
@@ -291,23 +292,33 @@ class KeyMaker:
                         and self._input(f)],
             "files": [f for f in rec["files"] if self._input(f, never=_reads.never_read_folder)
                       and not any(f == c or f.startswith(c + "/") for c in covered)],
+            "listings": [f for f in rec["listings"] if self._input(f, never=_reads.never_read_folder, folder=True)
+                         and not any(f == c or f.startswith(c + "/") for c in covered)],
             "env": rec["env"],
             "dists": [d for d in rec["dists"] if d.replace("_", "-").lower() not in toolchain],
         }
         out = self.checker().current(names)
         if isinstance(reads, dict) and reads.get("incomplete"):
-            out["incomplete"] = str(reads["incomplete"])[:200]
+            out["incomplete"] = str(reads["incomplete"])[:300]
         return out
 
-    def _input(self, rel: str, never: Any = None) -> bool:
-        """Is the relative path ``rel`` (from a worker's record) a project file that may be an input?
+    def _input(self, rel: str, never: Any = None, folder: bool = False) -> bool:
+        """Is ``rel`` (from a worker's record: a path relative to the project, ``.`` for its folder when
+        ``folder``, or an outside name, ``~/...`` or absolute) a file (a ``folder``) that may be an input?
         ``never``: the folder-name test of :func:`~neuron_build.project.sources.is_project_file` (recorded
-        reads: :func:`~neuron_build.project.reads.never_read_folder`, hidden checkpoint folders count)."""
-        p = Path(rel)
-        if p.is_absolute() or ".." in p.parts or not rel:
-            return False
+        reads: :func:`~neuron_build.project.reads.never_read_folder`, hidden checkpoint folders count).
+        An outside name is one :func:`~neuron_build.project.outside.outside_path` accepts, not under the
+        project or the store."""
+        from neuron_build.project.outside import is_outside_name, outside_path
+
         root = self.project.root.resolve()
-        return is_project_file(root / p, root, self.exclude, never=never)
+        if isinstance(rel, str) and is_outside_name(rel):
+            p = outside_path(rel, self.environ.get("HOME"))
+            return p is not None and not any(p.is_relative_to(e) for e in (root, *self.exclude))
+        p = Path(rel)
+        if p.is_absolute() or ".." in p.parts or not rel or (rel == "." and not folder):
+            return False
+        return is_project_file(root / p / "_" if folder else root / p, root, self.exclude, never=never)
 
     def checker(self) -> Any:
         """The :class:`~neuron_build.project.reads.InputCheck` of this project (its digest cache, the
@@ -325,16 +336,21 @@ class KeyMaker:
         return self.checker().stale(recorded)
 
     def _keyed_folders(self, name: str) -> list[str]:
-        """Project-relative paths (POSIX) whose files a model's component keys by content already: an hf
-        model's folder and the declared weights; a recorded read inside them is not keyed twice."""
+        """Paths (project-relative POSIX, or outside names) whose files a model's component keys by content
+        already: an hf model's folder and the declared weights; a recorded read inside them is not keyed
+        twice."""
         m = self.project.config.models[name]
         root = self.project.root.resolve()
         out = []
         for p in ([m.hf] if m.hf is not None else []) + [str(w) for w in m.weights]:
             try:
-                out.append((root / p).resolve().relative_to(root).as_posix())
-            except (ValueError, OSError):  # outside the project, or a package name: never a recorded read
+                real = (root / os.path.expanduser(p)).resolve()
+            except (OSError, RuntimeError):
                 continue
+            if real.is_relative_to(root):
+                out.append(real.relative_to(root).as_posix())
+            elif (name := outside_name(real)) is not None:  # declared weights under ~/ or /data
+                out.append(name)
         return out
 
     def model_component(self, name: str) -> dict[str, Any]:

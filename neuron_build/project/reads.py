@@ -54,6 +54,7 @@ import os
 import stat
 import sys
 import sysconfig
+import threading
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
@@ -61,7 +62,7 @@ from typing import Any
 
 from neuron_build.project.native_reads import Watch as _Watch
 from neuron_build.project.native_reads import mapped_files
-from neuron_build.project.outside import INSTALLED_PARTS, is_outside_name, outside_name, outside_path
+from neuron_build.project.outside import INSTALLED_PARTS, exempt_folders, is_outside_name, outside_name, outside_path
 from neuron_build.project.read_events import CHILD_EVENTS, FIX, IMPORT_MACHINERY, NETWORK_EVENTS, TRANSPORT, what
 from neuron_build.project.sources import is_project_file, never_input_folder
 
@@ -78,12 +79,21 @@ NEVER_READ_HIDDEN = frozenset({".git", ".hg", ".svn", ".bzr", ".tox", ".nox", ".
 OWN = ("neuron-build", "neuron_build", "inotify-simple")
 _HOOKED: list[ReadRecorder] = []  # the recorders listening (an audit hook cannot be removed)
 _INSTALLED = False
+_BUSY = threading.local()
 _HERE = (__file__, sys.modules[_Watch.__module__].__file__)
 
 
 def _audit(event: str, args: tuple) -> None:
-    if not _HOOKED:
+    if not _HOOKED or getattr(_BUSY, "on", False):
         return
+    _BUSY.on = True  # what the recorder itself does (resolve a path, read a variable) is no read
+    try:
+        _event(event, args)
+    finally:
+        _BUSY.on = False
+
+
+def _event(event: str, args: tuple) -> None:
     if event == "open":
         path = args[0] if args else None
         mode = args[1] if len(args) > 1 else None
@@ -224,8 +234,7 @@ class ReadRecorder:
         while f is not None:
             code = f.f_code.co_filename
             mod = str(f.f_globals.get("__name__", "")).split(".")[0]
-            if mod in IMPORT_MACHINERY or code.startswith(("<frozen importlib", "<frozen zipimport")) \
-                    or code in _HERE:
+            if mod in IMPORT_MACHINERY or code.startswith(("<frozen importlib", "<frozen zipimport")):
                 return
             f = f.f_back
         self.listings.add(name or ".")
@@ -283,6 +292,7 @@ class ReadRecorder:
 
     def __enter__(self) -> ReadRecorder:
         global _INSTALLED
+        exempt_folders(), _stdlib()  # computed before the hook listens (they list /opt, read variables)
         if self._native:  # before the hook listens: its own walk lists every folder
             self._watch = _Watch.start(self.root, self.exclude, never_read_folder)
             if self._watch is not None and self._watch.problem:
@@ -299,8 +309,13 @@ class ReadRecorder:
         orig, me = self._orig, self
 
         def getitem(environ, key):  # os.environ[k], .get, os.getenv, `k in os.environ`, os.environb, getenvb
-            if isinstance(key, (str, bytes)) and me._from_project():
-                me.env.add(os.fsdecode(key))
+            if isinstance(key, (str, bytes)) and not getattr(_BUSY, "on", False):
+                _BUSY.on = True
+                try:
+                    if me._from_project():
+                        me.env.add(os.fsdecode(key))
+                finally:
+                    _BUSY.on = False
             return orig(environ, key)
 
         cls.__getitem__ = getitem

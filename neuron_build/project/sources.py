@@ -207,12 +207,19 @@ def glob_sources(root: Path, patterns: Iterable[str]) -> list[Path]:
 
 
 def recorded_files(modules: Iterable[object], root: Path, exclude: Iterable[Path] = ()) -> list[str]:
-    """The project files among imported ``modules`` (``sys.modules.values()`` in the worker), as POSIX
-    paths relative to ``root``, sorted. Built-in and frozen modules (no ``__file__``) and relative
-    ``__file__`` values are skipped; so is anything under ``exclude`` (the compile's staging folder)."""
+    """The files among imported ``modules`` (``sys.modules.values()`` in the worker) that are the build's
+    own code, sorted: project files, as POSIX paths relative to ``root``, and modules imported from a folder
+    outside the project that belong to no installed distribution (``sys.path.insert(0, "/some/lib")`` in a
+    factory), by their outside name (``~/...`` or absolute:
+    :func:`~neuron_build.project.outside.outside_name`; the interpreter, installed distributions and the
+    toolchain are never named). Built-in and frozen modules (no ``__file__``) and relative ``__file__``
+    values are skipped; so is anything under ``exclude`` (the compile's staging folder)."""
+    from neuron_build.project.outside import outside_name
+
     root = Path(root).resolve()
     exclude = [Path(e).resolve() for e in exclude]
     out = set()
+    installed: set[str] | None = None
     for mod in list(modules):
         f = getattr(mod, "__file__", None)
         if not isinstance(f, str) or not f.endswith(".py") or not Path(f).is_absolute():
@@ -223,6 +230,15 @@ def recorded_files(modules: Iterable[object], root: Path, exclude: Iterable[Path
             continue
         if is_project_file(p, root, exclude):
             out.add(p.relative_to(root).as_posix())
+            continue
+        name = None if p.is_relative_to(root) else outside_name(p, exclude)
+        if name is None:
+            continue
+        if installed is None:  # the top-level modules of installed distributions (their versions are recorded)
+            import importlib.metadata as md
+            installed = set(md.packages_distributions())
+        if str(getattr(mod, "__name__", "")).split(".")[0] not in installed:
+            out.add(name)
     return sorted(out)
 
 
