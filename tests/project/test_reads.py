@@ -245,7 +245,9 @@ def test_never_an_input(tmp_path, rel):
     assert list(got["files"]) == ["data.txt"] and got["imports"] == {}
 
 
-def test_an_untrusted_record_never_names_a_file_outside_the_project(tmp_path):
+def test_an_untrusted_record_never_leaves_the_project_by_a_relative_name(tmp_path):
+    """A relative name never climbs out of the project; a file outside it is named absolutely (or ``~/``)
+    and hashed only when it is a regular file in no exempt place (tests/project/test_read_escapes.py)."""
     from neuron_build.project.reads import InputCheck
 
     (tmp_path / "secret").write_text("s")
@@ -253,7 +255,8 @@ def test_an_untrusted_record_never_names_a_file_outside_the_project(tmp_path):
     root.mkdir()
     check = InputCheck(root, {}, lambda f: "sha-of-" + f.name)
     assert check.stale({"files": {"../secret": "sha-of-secret"}}) == ["recorded read ../secret changed"]
-    assert check.stale({"files": {str(tmp_path / "secret"): "sha-of-secret"}}) != []
+    assert check.stale({"files": {str(tmp_path / "secret"): "sha-of-secret"}}) == []
+    assert check.stale({"files": {"/dev/null": "sha-of-null"}}) == ["recorded read /dev/null changed"]
     assert check.stale({"files": "not a table"}) == ["its recorded inputs do not parse"]
     assert check.stale(None) == []
     assert check.stale({"incomplete": "queue overflow"}) == [
