@@ -337,8 +337,10 @@ class ReadRecorder:
                 self._native_opened(p)
         if self._native:
             t0 = time.perf_counter()
-            for p in mapped_files():
-                self._native_opened(p)
+            skip = exempt_folders()
+            for p in mapped_files():  # the toolchain's and the interpreter's libraries: no resolve needed
+                if not str(p).startswith(skip) and not INSTALLED_PARTS.intersection(p.parts):
+                    self._native_opened(p)
             self.scan_s = time.perf_counter() - t0
         imported = set()
         for mod in list(sys.modules.values()):

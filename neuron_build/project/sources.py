@@ -13,8 +13,10 @@ Three ways a file gets into a model's sources:
    counts as much as a module under the models folder.
 2. **Recorded imports** (:func:`recorded_files`): what no static reading sees (a module loaded by a string,
    ``importlib.import_module(name)``) is found by the worker, which lists the project-local files it actually
-   imported during the build; the next plan hashes that recorded set too (ccache's depend mode, DVC's
-   recorded dependencies).
+   imported during the build, and the modules it imported from a folder outside the project that no
+   installed distribution provides (``sys.path.insert(0, "/some/lib")``: by absolute or ``~/`` name,
+   :mod:`neuron_build.project.outside`); the next plan hashes that recorded set too (ccache's depend mode,
+   DVC's recorded dependencies).
 3. **``sources = [globs]``** in the model's table (:func:`glob_sources`): an escape hatch for files read in
    other ways (a config file the factory opens, a kernel source compiled at build time).
 
