@@ -274,12 +274,15 @@ class KeyMaker:
         """The ``recorded_inputs`` of a manifest of model ``name``: what its build recorded besides the
         declared inputs, each with its digest now (:func:`neuron_build.project.reads.current`).
 
-        ``imported`` (project files imported, relative POSIX paths) and ``reads`` (``{"files", "env",
-        "dists", "incomplete"}``) come from the worker's ``result.json`` (untrusted): a path that is absolute,
-        leaves the project or is never an input (hidden (recorded reads: VCS and tool caches only), VCS, ``__pycache__``, ``*.egg-info``, ``*.dist-info``,
-        the store: :func:`~neuron_build.project.sources.is_project_file`) is dropped; so are the files the
-        model component keys already (static sources, an hf folder, declared weights) and the distributions
-        the toolchain component holds.
+        ``imported`` (files imported: project-relative POSIX paths, or outside names) and ``reads``
+        (``{"files", "listings", "env", "dists", "incomplete"}``) come from the worker's ``result.json``
+        (untrusted): a relative path that leaves the project or is never an input (hidden (recorded reads:
+        VCS and tool caches only), VCS, ``__pycache__``, ``*.egg-info``, ``*.dist-info``, the store:
+        :func:`~neuron_build.project.sources.is_project_file`) is dropped, and so is an outside name (``~/...``
+        or absolute) that is not clean or names an exempt place
+        (:func:`~neuron_build.project.outside.outside_path`); so are the files and folders the model
+        component keys already (static sources, an hf folder, declared weights) and the distributions the
+        toolchain component holds.
         """
         from neuron_build.project import reads as _reads
 

@@ -9,7 +9,7 @@ Used by :class:`neuron_build.project.reads.ReadRecorder`; standard library and i
   file counts as read when it was opened and closed read-only before it was first written, created or
   moved in (a factory that reads a file, then rewrites it with the same bytes, still read it: a later
   real change must be noticed), or opened and never written at all; a file first created or written
-  meanwhile is an output. A read of a link's target is recorded under the link's name too.
+  meanwhile is an output. A read of a link's target is recorded under the link's name (by the recorder).
 - :func:`mapped_files`: the regular files mapped into this process (``/proc/self/maps``) when the block
   ends: what safetensors' ``load_file`` and ``safe_open`` (and ``torch.load(mmap=True)``, numpy's memmap)
   left mapped, wherever it lies (a checkpoint under the user's home is in no watched folder).
@@ -97,7 +97,8 @@ class Watch:
 
     def stop(self) -> tuple[list[Path], str | None]:
         """Stop watching; the files read meanwhile (opened, and closed read-only before they were first
-        written, created or moved in, or never written at all; a link's target with its links), and why
+        written, created or moved in, or never written at all; a link's target as the kernel names it: the
+        recorder names it by :attr:`links`), and why
         the record may be incomplete (the event queue overflowed), or None."""
         f = self.flags
         opened: set[Path] = set()
@@ -126,14 +127,7 @@ class Watch:
                         opened.add(p)
         finally:
             self.ino.close()
-        read = (opened - written) | (read_first & opened)
-        for p in list(read):
-            try:
-                real = p.resolve()
-            except (OSError, RuntimeError):
-                continue
-            read.update(self.links.get(real, ()))
-        return sorted(read), problem
+        return sorted((opened - written) | (read_first & opened)), problem
 
 
 def mapped_files() -> list[Path]:

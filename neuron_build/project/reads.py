@@ -42,16 +42,14 @@ process (``subprocess``, ``os.system``, ``os.exec*``, ``os.posix_spawn``, ``os.f
 compiler processes) and a network connection (``socket.connect``, ``urllib``), as do an inotify that
 cannot watch every folder or whose queue overflowed.
 
-:class:`InputCheck` turns a record into digests (each file's sha256, ``missing`` unless a regular file,
+:class:`InputCheck` (:mod:`~neuron_build.project.read_check`, re-exported here) turns a record into digests (each file's sha256, ``missing`` unless a regular file,
 each listing's names digest, each variable's value, None when unset, each distribution's version, None
 when gone) and says which recorded input changed since. No torch here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import stat
 import sys
 import sysconfig
 import threading
@@ -62,7 +60,8 @@ from typing import Any
 
 from neuron_build.project.native_reads import Watch as _Watch
 from neuron_build.project.native_reads import mapped_files
-from neuron_build.project.outside import INSTALLED_PARTS, exempt_folders, is_outside_name, outside_name, outside_path
+from neuron_build.project.outside import INSTALLED_PARTS, exempt_folders, is_outside_name, outside_name
+from neuron_build.project.read_check import RECORDED, InputCheck, record_path
 from neuron_build.project.read_events import CHILD_EVENTS, FIX, IMPORT_MACHINERY, NETWORK_EVENTS, TRANSPORT, what
 from neuron_build.project.sources import is_project_file, never_input_folder
 
@@ -204,9 +203,12 @@ class ReadRecorder:
     def _native_opened(self, path: Path) -> bool:
         """A file seen opened (by the audit hook, inotify or a mapping: any code, native included); True
         when it is recorded."""
+        if path.suffix == ".pyc" or (not path.is_relative_to(self.root) and (
+                str(path).startswith(exempt_folders()) or INSTALLED_PARTS.intersection(path.parts))):
+            return False  # bytecode, an installed or the interpreter's file (most opens): no resolve
         try:
             real = path.resolve()
-            if path.suffix == ".pyc" or not real.is_file():
+            if not real.is_file():
                 return False
         except (OSError, RuntimeError):
             return False
@@ -221,15 +223,6 @@ class ReadRecorder:
 
     def _listed(self, path: Any) -> None:
         """A folder listed; recorded unless the import system listed it."""
-        try:
-            if isinstance(path, int):
-                path = os.readlink(f"/proc/self/fd/{path}")
-            p = Path(os.path.abspath(os.fsdecode(path if path is not None else ".")))
-            name = self._name(p, p.resolve(), folder=True)
-        except (OSError, ValueError, TypeError, RuntimeError):
-            return
-        if name is None or name in self.listings:
-            return
         f = sys._getframe(2)
         while f is not None:
             code = f.f_code.co_filename
@@ -237,6 +230,15 @@ class ReadRecorder:
             if mod in IMPORT_MACHINERY or code.startswith(("<frozen importlib", "<frozen zipimport")):
                 return
             f = f.f_back
+        try:
+            if isinstance(path, int):
+                path = os.readlink(f"/proc/self/fd/{path}")
+            p = Path(os.path.abspath(os.fsdecode(path if path is not None else ".")))
+            name = self._name(p, p.resolve(), folder=True)
+        except (OSError, ValueError, TypeError, RuntimeError):
+            return
+        if name is None:
+            return
         self.listings.add(name or ".")
 
     def _kind(self, filename: str) -> str:
@@ -328,19 +330,23 @@ class ReadRecorder:
         type(os.environ).__getitem__ = self._orig
         if self in _HOOKED:
             _HOOKED.remove(self)
+        aliases: dict[Path, Path] = {}  # a folder the project links to (resolved) -> the project's name for it
+        links: dict[Path, list[Path]] = {}  # a file a project symlink points to -> the links
         if self._watch is not None:
             self.watched = sorted(set(self._watch.dirs.values()))
+            aliases = {d.resolve(): d for d in self.watched if d.is_relative_to(self.root)}
+            links = self._watch.links
             opened, problem = self._watch.stop()
             self._watch = None
             self.incomplete = self.incomplete or problem
             for p in opened:
-                self._native_opened(p)
+                self._seen(p, aliases, links)
         if self._native:
             t0 = time.perf_counter()
             skip = exempt_folders()
             for p in mapped_files():  # the toolchain's and the interpreter's libraries: no resolve needed
                 if not str(p).startswith(skip) and not INSTALLED_PARTS.intersection(p.parts):
-                    self._native_opened(p)
+                    self._seen(p, aliases, links)
             self.scan_s = time.perf_counter() - t0
         imported = set()
         for mod in list(sys.modules.values()):
@@ -348,6 +354,19 @@ class ReadRecorder:
             if isinstance(f, str) and f.endswith(".py"):
                 imported.add(os.path.realpath(f))
         self.files.update(n for n, real in self._code.items() if str(real) not in imported)
+
+    def _seen(self, p: Path, aliases: dict[Path, Path], links: dict[Path, list[Path]]) -> None:
+        """A file natively read, named as the kernel names it (resolved, where a mapping lies): recorded by
+        the project's names for it (the symlinks pointing to it, a linked folder's), else by its own."""
+        try:
+            real = p.resolve()
+        except (OSError, RuntimeError):
+            return
+        named = links.get(real) or ([aliases[real.parent] / real.name] if real.parent in aliases else [])
+        if real.is_relative_to(self.root) or not named:
+            self._native_opened(p)  # its own name: a project file, or outside the project and named by none
+        for n in named:
+            self._native_opened(n)
 
     def to_json(self, modules_before: Iterable[str] = ()) -> dict[str, list[str]]:
         """The record: ``files``, ``listings``, ``env`` and ``dists`` (of the modules imported since
@@ -371,121 +390,5 @@ def imported_distributions(modules_before: Iterable[str] = ()) -> list[str]:
     return sorted(d for d in dists if d.replace("_", "-").lower() not in OWN)
 
 
-#: The kinds of a manifest's ``recorded_inputs``, each with the word its change is reported with.
-RECORDED = {"imports": "recorded import", "files": "recorded read", "listings": "recorded listing",
-            "env": "recorded variable", "dists": "recorded distribution"}
-#: Entries in a listing's digest never: what tools and the build itself add beside the inputs.
-_NOT_LISTED = (".doit.db", "__pycache__")
-
-
-class InputCheck:
-    """The current digests of recorded inputs, and which of a manifest's recorded inputs changed.
-
-    Args:
-        root: the project folder (resolved).
-        environ: the environment the build sees.
-        digest: file -> sha256 (a :class:`~neuron_build.project.digest_cache.DigestCache`'s ``digest``:
-            a file whose stat signature is unchanged is not read again).
-    """
-
-    def __init__(self, root: Path, environ: Any, digest: Any):
-        self.root = root
-        self.environ = environ
-        self.digest = digest
-        self._files: dict[str, str] = {}
-        self._listings: dict[str, str] = {}
-        self._dists: dict[str, str | None] = {}
-        self._verdicts: dict[str, list[str]] = {}
-
-    def _path(self, name: str) -> Path | None:
-        """The path a record's ``name`` stands for: relative to the project, or outside it (``~/...``
-        under this environment's home, absolute); None for a name no record may hold (``..``, an exempt
-        place: an untrusted record never makes the check read a device, a kernel file or the toolchain)."""
-        if is_outside_name(name):
-            home = self.environ.get("HOME") if hasattr(self.environ, "get") else None
-            return outside_path(name, home)
-        p = Path(name)
-        if not name or p.is_absolute() or ".." in p.parts:
-            return None
-        return self.root / p
-
-    def file(self, rel: str) -> str:
-        """sha256 of the file a record names (``rel``: relative to the project, ``~/...`` or absolute);
-        ``missing`` when it is not a regular file (a device, a fifo: never read) or no record may name it."""
-        if rel not in self._files:
-            f = self._path(rel)
-            try:
-                self._files[rel] = self.digest(f) if f is not None and stat.S_ISREG(os.stat(f).st_mode) \
-                    else "missing"
-            except OSError:
-                self._files[rel] = "missing"
-        return self._files[rel]
-
-    def listing(self, name: str) -> str:
-        """sha256 of the sorted entry names of the folder a record names (``.``: the project folder), tools'
-        entries left out (``.git``, ``__pycache__``, ``.doit.db*``); ``missing`` when it is no folder."""
-        if name not in self._listings:
-            f = self._path(name)
-            try:
-                names = sorted(n for n in os.listdir(f) if not n.startswith(_NOT_LISTED)
-                               and n not in NEVER_READ_HIDDEN) if f is not None and f.is_dir() else None
-            except OSError:
-                names = None
-            self._listings[name] = "missing" if names is None else \
-                hashlib.sha256("\0".join(names).encode("utf-8", "surrogateescape")).hexdigest()
-        return self._listings[name]
-
-    def dist(self, name: str) -> str | None:
-        """The installed version of distribution ``name`` (None when not installed)."""
-        import importlib.metadata as md
-
-        if name not in self._dists:
-            try:
-                self._dists[name] = md.version(name)
-            except (md.PackageNotFoundError, ValueError):
-                self._dists[name] = None
-        return self._dists[name]
-
-    def current(self, names: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
-        """``names`` (``imports``, ``files``, ``listings``, ``env``, ``dists``: lists of names) with their
-        digests now: file -> sha256 (or ``missing``), folder -> digest of its names (or ``missing``), variable -> value (None when unset), distribution -> version."""
-        return {"imports": {r: self.file(r) for r in names.get("imports", [])},
-                "files": {r: self.file(r) for r in names.get("files", [])},
-                "listings": {r: self.listing(r) for r in names.get("listings", [])},
-                "env": {n: self.environ.get(n) for n in names.get("env", [])},
-                "dists": {n: self.dist(n) for n in names.get("dists", [])}}
-
-    def stale(self, recorded: Any, memo: str | None = None) -> list[str]:
-        """One line per recorded input of ``recorded`` (a manifest's ``recorded_inputs``, untrusted) that
-        changed since, e.g. ``recorded read models/w.safetensors changed``; empty when all still match.
-        None (nothing recorded) matches; a record that does not parse, or one marked ``incomplete``, never
-        does (fail closed). ``memo``: a digest of ``recorded`` (equal records share one verdict)."""
-        if recorded is None:
-            return []
-        if memo is None:
-            import json
-            try:
-                memo = json.dumps(recorded, sort_keys=True)
-            except (TypeError, ValueError):
-                return ["its recorded inputs do not parse"]
-        if memo in self._verdicts:
-            return self._verdicts[memo]
-        out: list[str] = []
-        if not isinstance(recorded, dict) or not all(isinstance(recorded.get(k, {}), dict) for k in RECORDED):
-            out.append("its recorded inputs do not parse")
-        else:
-            if recorded.get("incomplete"):
-                out.append(f"its build's reads were not fully recorded ({recorded['incomplete']})")
-            unknown = sorted(str(k) for k in recorded if k not in RECORDED and k != "incomplete")
-            if unknown:  # a newer recorder's kind this version cannot check: fail closed
-                out.append(f"its recorded inputs hold kinds this version cannot check ({', '.join(unknown)})")
-            for kind, word in RECORDED.items():
-                entries = recorded.get(kind, {})
-                now = self.current({kind: [n for n in entries if isinstance(n, str)]})[kind]
-                out += [f"{word} {n} changed" for n in sorted(entries, key=str)
-                        if not isinstance(n, str) or now.get(n) != entries[n]]
-        self._verdicts[memo] = out
-        return out
-
-
-__all__ = ["KINDS", "RECORDED", "InputCheck", "ReadRecorder", "empty", "imported_distributions", "merge"]
+__all__ = ["KINDS", "NEVER_READ_HIDDEN", "RECORDED", "InputCheck", "ReadRecorder", "empty", "imported_distributions",
+           "merge", "never_read_folder", "record_path"]
