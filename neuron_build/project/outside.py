@@ -14,11 +14,8 @@ untrusted record (:meth:`neuron_build.project.keys.KeyMaker.recorded_inputs`) us
 
 from __future__ import annotations
 
-import getpass
 import os
 import sys
-import sysconfig
-import tempfile
 from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
@@ -39,12 +36,17 @@ def _home() -> str:
 
 
 def _interpreter() -> list[str]:
+    import sysconfig  # (lazy: the no-op's check imports this module and needs none of it)
+
     paths = sysconfig.get_paths()
     return [sys.prefix, sys.base_prefix, sys.exec_prefix,
             *(paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib", "include"))]
 
 
 def _tool_caches() -> list[str]:
+    import getpass
+    import tempfile
+
     home, tmp = _home(), tempfile.gettempdir()
     try:
         user = getpass.getuser()

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import os
 import sys
-import sysconfig
 import threading
 from collections.abc import Iterable
 from functools import cache
@@ -138,6 +137,8 @@ def merge(*records: dict[str, Any] | None) -> dict[str, list[str]]:
 
 @cache
 def _stdlib() -> tuple[str, ...]:
+    import sysconfig
+
     paths = sysconfig.get_paths()
     dirs = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib") if paths.get(k)}
     return tuple(d.rstrip(os.sep) + os.sep for d in dirs)
