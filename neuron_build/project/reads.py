@@ -96,10 +96,11 @@ def _event(event: str, args: tuple) -> None:
         path = args[0] if args else None
         mode = args[1] if len(args) > 1 else None
         flags = args[2] if len(args) > 2 else 0
-        if isinstance(mode, str):
-            reading = not any(c in mode for c in "wax+")
-        else:  # os.open: no mode, the flags say it
-            reading = isinstance(flags, int) and not flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        if isinstance(mode, str):  # r, r+, a+ read what the file held; w, w+, x, a do not
+            reading = not any(c in mode for c in "wx") and ("r" in mode or "+" in mode)
+        else:  # os.open: no mode, the flags say it (O_RDWR reads what the file held unless truncated)
+            reading = isinstance(flags, int) and not flags & (os.O_WRONLY | os.O_TRUNC) \
+                and not (flags & os.O_CREAT and flags & os.O_EXCL)
         if isinstance(path, (str, bytes, os.PathLike)):
             for r in _HOOKED:
                 r._opened(path) if reading else r._wrote(path)

@@ -296,6 +296,21 @@ def test_a_file_read_then_rewritten_with_the_same_bytes_stays_an_input(tmp_path)
     assert stale(root, rec_) == ["recorded read w.bin changed"]
 
 
+def test_a_file_opened_for_reading_and_writing_is_read(tmp_path):
+    """``open(f, "r+b")`` and ``os.open(f, O_RDWR)`` read what the file held: inputs, unlike ``"w+"``."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    for name in ("rplus.bin", "rdwr.bin", "wplus.bin"):
+        (root / name).write_bytes(b"x")
+    with ReadRecorder(root, native=False) as rec:
+        with open(root / "rplus.bin", "r+b") as f:
+            f.read()
+        os.close(os.open(root / "rdwr.bin", os.O_RDWR))
+        with open(root / "wplus.bin", "w+b") as f:
+            f.write(b"y")
+    assert rec.files == {"rplus.bin", "rdwr.bin"}
+
+
 def test_a_record_of_an_unknown_kind_is_never_a_hit(tmp_path):
     """A kind a newer recorder wrote and this version cannot check fails closed."""
     assert InputCheck(tmp_path, {}, sha).stale({"files": {}, "sockets": {"x": "y"}}) == [
