@@ -1,5 +1,6 @@
 """What native code reads, seen from outside the interpreter: inotify watches on the project's folders
-(:class:`Watch`) and the file-backed memory mappings of the process (:func:`mapped_files`).
+(:class:`Watch`), the file-backed memory mappings of the process (:func:`mapped_files`) and the files it
+holds open (:func:`open_files`).
 
 Used by :class:`neuron_build.project.reads.ReadRecorder`; standard library and inotify_simple only.
 
@@ -12,7 +13,8 @@ Used by :class:`neuron_build.project.reads.ReadRecorder`; standard library and i
   meanwhile is an output. A read of a link's target is recorded under the link's name (by the recorder).
 - :func:`mapped_files`: the regular files mapped into this process (``/proc/self/maps``) when the block
   ends: what safetensors' ``load_file`` and ``safe_open`` (and ``torch.load(mmap=True)``, numpy's memmap)
-  left mapped, wherever it lies (a checkpoint under the user's home is in no watched folder).
+  left mapped, wherever it lies (a checkpoint under the user's home is in no watched folder), and
+  :func:`open_files`: the regular files it holds open read-only then (a handle native code keeps).
 """
 
 from __future__ import annotations
@@ -146,4 +148,27 @@ def mapped_files() -> list[Path]:
     return [Path(os.fsdecode(p)) for p in sorted(out)]
 
 
-__all__ = ["Watch", "mapped_files"]
+def open_files() -> list[Path]:
+    """The regular files this process holds open read-only now (``/proc/self/fd`` and the access mode in
+    ``/proc/self/fdinfo``: a handle native code keeps, wherever the file lies); empty where there is no
+    ``/proc``. A file open for writing (a log) is an output, never listed."""
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return []
+    out = set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if not target.startswith("/") or target.endswith(" (deleted)"):
+                continue
+            with open(f"/proc/self/fdinfo/{fd}", "rb") as fh:
+                flags = next((int(line.split()[1], 8) for line in fh if line.startswith(b"flags:")), None)
+        except (OSError, ValueError, IndexError):
+            continue
+        if flags is not None and flags & os.O_ACCMODE == os.O_RDONLY:
+            out.add(target)
+    return [Path(p) for p in sorted(out)]
+
+
+__all__ = ["Watch", "mapped_files", "open_files"]

@@ -12,7 +12,8 @@ Four kinds, recorded by :class:`ReadRecorder` in the worker while the block runs
   (:class:`~neuron_build.project.native_reads.Watch`: safetensors' ``load_file`` and ``safe_open``,
   ``torch.from_file``, transformers' ``from_pretrained``; a read through a link is recorded under the
   link's name, so re-pointing the link changes the digest); and, as the block ends, the files mapped into
-  the process (``/proc/self/maps``: a checkpoint memory-mapped from anywhere). A file first created or
+  the process (``/proc/self/maps``: a checkpoint memory-mapped from anywhere) or held open read-only
+  (``/proc/self/fd``). A file first created or
   written in the block (an output, a log) is no input; one read before it was rewritten (even with the
   same bytes) is. Project files by POSIX path relative to the project folder; files outside it by
   absolute path, or ``~/...`` under the user's home, except the interpreter, installed distributions,
@@ -58,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.project.native_reads import Watch as _Watch
-from neuron_build.project.native_reads import mapped_files
+from neuron_build.project.native_reads import mapped_files, open_files
 from neuron_build.project.outside import INSTALLED_PARTS, exempt_folders, is_outside_name, outside_name
 from neuron_build.project.read_check import RECORDED, InputCheck, record_path
 from neuron_build.project.read_events import CHILD_EVENTS, FIX, IMPORT_MACHINERY, NETWORK_EVENTS, TRANSPORT, what
@@ -346,7 +347,7 @@ class ReadRecorder:
         if self._native:
             t0 = time.perf_counter()
             skip = exempt_folders()
-            for p in mapped_files():  # the toolchain's and the interpreter's libraries: no resolve needed
+            for p in [*mapped_files(), *open_files()]:  # the toolchain's, the interpreter's: no resolve needed
                 if not str(p).startswith(skip) and not INSTALLED_PARTS.intersection(p.parts):
                     self._seen(p, aliases, links)
             self.scan_s = time.perf_counter() - t0

@@ -201,6 +201,29 @@ def test_reads_outside_the_project_are_recorded_by_home_relative_or_absolute_nam
                                  "recorded read ~/ckpt/w.safetensors changed"]
 
 
+def test_a_file_native_code_holds_open_outside_the_project_is_recorded(tmp_path, monkeypatch):
+    """A handle native code opened (libc's ``open``: no audit event, no watched folder) and keeps while the
+    block ends is a read; one it holds open for writing is an output."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    home = tmp_path / "home"
+    (home / "ckpt").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    (home / "ckpt" / "w.bin").write_bytes(b"w")
+    root = tmp_path / "proj"
+    root.mkdir()
+    with ReadRecorder(root) as rec:
+        rfd = libc.open(str(home / "ckpt" / "w.bin").encode(), os.O_RDONLY)
+        wfd = libc.open(str(home / "out.log").encode(), os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        assert rfd >= 0 and wfd >= 0
+        assert rec.files == {"~/ckpt/w.bin"}
+    finally:
+        os.close(rfd)
+        os.close(wfd)
+
+
 def test_an_outside_name_is_hashed_only_when_it_is_a_regular_file(tmp_path):
     root = tmp_path / "proj"
     root.mkdir()
