@@ -147,7 +147,7 @@ class WorkerReads:
         if rec is None:
             return
         rec.__exit__(None, None, None)
-        record = rec.to_json(sys.modules if modules_before is None else modules_before)
+        record = rec.to_json(list(sys.modules) if modules_before is None else modules_before)
         for rel in record.get("files", []):
             if rel not in self.digests:  # the content as it is when the block that read it ends
                 self.digests[rel] = _sha256(self.root / rel)
