@@ -140,7 +140,12 @@ def test_always_rebuild_is_never_cached(tmp_path):
     assert first.compiled
     recorded = json.loads(manifest_file(b.store, b.key(t).key).read_text())["recorded_inputs"]
     assert recorded["incomplete"] == "always_rebuild = true in [models.m]"
-    assert state(cfg) == ("missing", ["always_rebuild = true in [models.m]: never served from the cache"])
+    why = "always_rebuild = true in [models.m]: never served from the cache"
+    assert state(cfg) == ("missing", [why])
+    from tests.helpers.cli import run_cli
+    status = run_cli("status", "--json", "-c", str(cfg))
+    rows = json.loads(status.stdout)["targets"]
+    assert [(r["target"], r["here"], r.get("stale")) for r in rows] == [(t.id, False, [why])], status.stderr
     _, _, again = build_once(cfg)
     assert again.status != BuildResult.CACHED  # compiled again (or the same graph reused), never cached
 
