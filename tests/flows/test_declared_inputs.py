@@ -113,6 +113,24 @@ def test_reads_while_the_model_is_traced_are_recorded(tmp_path, monkeypatch):
     assert state(cfg) == ("missing", ["recorded read data/bias.json changed"])
 
 
+def test_the_graph_probe_records_reads_while_the_model_is_traced(tmp_path, monkeypatch):
+    """A comment in the factory: the graph probe proves the graph unchanged and the target is reused; the
+    reused artifact's record still holds the variable ``forward`` reads at trace time, so changing it
+    later makes the target missing (a probe that recorded the factory call only would leave it cached)."""
+    monkeypatch.setenv("SCALE", "2")
+    cfg = project(tmp_path / "proj", TRACE)
+    (cfg.parent / "data" / "bias.json").write_text('{"bias": 1}')
+    build_once(cfg)
+    src = cfg.parent / "mods" / "m.py"
+    src.write_text(src.read_text() + "# a comment: the graph is unchanged\n")
+    b, t, out = build_once(cfg)
+    assert (out.compiled, out.reason.startswith("graph unchanged: reused")) == (False, True), out.reason
+    recorded = json.loads(manifest_file(b.store, b.key(t).key).read_text())["recorded_inputs"]
+    assert (recorded["env"], list(recorded["files"])) == ({"SCALE": "2"}, ["data/bias.json"])
+    monkeypatch.setenv("SCALE", "3")
+    assert state(cfg) == ("missing", ["recorded variable SCALE changed"])
+
+
 def test_a_file_changed_while_the_target_compiles_is_never_a_hit(tmp_path, capfd):
     """The factory read ``w.txt`` = 1 (the artifact computes x * 1); it holds 2 by the time the artifact is
     published: the record is incomplete (warning naming the file), so the target is missing, not cached
