@@ -5,8 +5,9 @@ Reads a :class:`~neuron_build.compilers.base.CompileRequest`, builds the model f
 example inputs, runs the backend, and writes ``result.json`` (op count, its source, backend details, and
 ``imported``: the project files, relative to the project folder, that were imported while the model was
 built and compiled, so the manifest records modules no static reading finds; ``reads``: the project
-files the factory opened (by any code), the environment variables it read and the distributions the build
-imported, :mod:`neuron_build.project.reads`; ``graph_key``, ``graph_document`` and ``graph_hit``: the graph key the
+files the model's code opened (by any code) and the environment variables it read while the model was built,
+traced or exported and compiled, each file's sha256 when the block that read it ended (``digests``), and the
+distributions the model's build imported, :class:`WorkerReads`; ``graph_key``, ``graph_document`` and ``graph_hit``: the graph key the
 backend made, the digest of its canonical document, and whether the graph index held it,
 :mod:`neuron_build.compilers.graph_key`, in which case nothing was
 compiled) into the request's work_dir. On failure it writes ``error.json`` (status, reason, details) there and exits with
