@@ -116,7 +116,8 @@ class WorkerReads:
     the same set).
 
     Each recorded file's sha256 is taken when the block that read it ends: the factory call for what the
-    factory read, the end of the compile for what trace, export or compile read first. The record's
+    factory read, the end of the compile for what trace, export or compile read first (a file over 64 MiB,
+    a checkpoint, by its stat signature instead: it is not read twice). The record's
     ``digests`` (path -> sha256, ``missing``) let the builder see a file that changed between the read and
     the publish (the artifact holds the old content): :func:`neuron_build.build.builder.Builder` then marks
     the record incomplete.
@@ -178,10 +179,15 @@ class WorkerReads:
 
 
 def _sha256(path: Path) -> str:
-    """sha256 of a file, ``missing`` when it cannot be read."""
+    """sha256 of a file, ``missing`` when it cannot be read; a file over
+    :data:`~neuron_build.project.declared.READ_STAT_BYTES` (a checkpoint: not read twice) by its stat
+    signature instead (:func:`~neuron_build.project.declared.stat_digest`)."""
+    from neuron_build.project.declared import READ_STAT_BYTES, stat_digest
     from neuron_build.util import file_sha256
     try:
-        return file_sha256(path) if path.is_file() else "missing"
+        if not path.is_file():
+            return "missing"
+        return stat_digest(path) if path.stat().st_size > READ_STAT_BYTES else file_sha256(path)
     except OSError:
         return "missing"
 

@@ -235,7 +235,8 @@ class Builder:
         out = self.keys.recorded_inputs(ctx.target.model, result.get("imported") or [], reads)
         model = ctx.target.model
         changed = declared.changed_since_read(out.get("files") or {},
-                                              reads.get("digests") if isinstance(reads, dict) else None)
+                                              reads.get("digests") if isinstance(reads, dict) else None,
+                                              self.project.root.resolve())
         if changed:
             out["incomplete"] = f"{changed[0]} {declared.CHANGED_WHILE}"
             ctx.log.warning(f"{changed[0]} {declared.CHANGED_WHILE}: this artifact is rebuilt by the next build")

@@ -22,8 +22,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ALWAYS_REBUILD", "CHANGED_WHILE", "INCOMPLETE", "changed_since_read", "declared_env", "fix",
-           "glob_anchor", "inputs_from_entries", "reasons"]
+__all__ = ["ALWAYS_REBUILD", "CHANGED_WHILE", "INCOMPLETE", "MISSING_FILE", "READ_STAT_BYTES", "changed_since_read",
+           "declared_env", "fix", "glob_anchor", "inputs_from_entries", "reasons", "stat_digest"]
 
 #: The ``incomplete`` reason a build of an ``always_rebuild`` model records (never a cache hit).
 ALWAYS_REBUILD = "always_rebuild = true"
@@ -32,6 +32,9 @@ INCOMPLETE = "its build's reads were not fully recorded"
 #: The ``incomplete`` reason of a file changed between the worker's read and the publish.
 CHANGED_WHILE = "changed while the target compiled"
 _GLOB_CHARS = frozenset("*?[")
+#: Files larger than this (bytes) are reported by the worker by their stat signature, not read again.
+READ_STAT_BYTES = 64 * 2**20
+MISSING_FILE = "missing"
 
 
 def glob_anchor(root: Path, pattern: str) -> tuple[Path, str]:
@@ -108,12 +111,30 @@ def reasons(model: str, stale: list[str], always_rebuild: bool = False) -> list[
             for line in stale]
 
 
-def changed_since_read(files: dict[str, Any], digests: Any) -> list[str]:
+def stat_digest(path: Path | str) -> str:
+    """``stat:<size>:<mtime_ns>:<ctime_ns>:<inode>`` of a file: what the worker reports for a file over
+    :data:`READ_STAT_BYTES` instead of its sha256 (the digest cache trusts the same signature)."""
+    st = os.stat(path)
+    return f"stat:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+
+
+def changed_since_read(files: dict[str, Any], digests: Any, root: Path | None = None) -> list[str]:
     """The recorded files (``files``: a ``recorded_inputs``' ``files``, name -> sha256 now) whose content
-    is not what the worker read (``digests``: its record's name -> sha256 when read). None (a worker that
+    is not what the worker read (``digests``: its record's name -> sha256 when read, or
+    :func:`stat_digest` for a large file, compared with the file under ``root`` now). None (a worker that
     took no digests) checks nothing; a file the worker did not digest counts as changed (fail closed)."""
     if digests is None:
         return []
     if not isinstance(digests, dict):
         return sorted(files)
-    return sorted(f for f, now in files.items() if digests.get(f) != now)
+    out = []
+    for f, now in files.items():
+        then = digests.get(f)
+        if isinstance(then, str) and then.startswith("stat:") and root is not None:
+            try:
+                now = stat_digest(root / f)
+            except OSError:
+                now = MISSING_FILE
+        if then != now:
+            out.append(f)
+    return sorted(out)

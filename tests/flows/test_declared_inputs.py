@@ -249,3 +249,20 @@ def test_an_incomplete_record_says_why_with_the_fix(tmp_path):
 def test_declared_options_are_checked(tmp_path, option, fault):
     cfg = project(tmp_path / "proj", PLAIN, option + "\n")
     assert faults_of(cfg) == [fault]
+
+
+def test_the_read_time_check_compares_digests_and_stat_signatures(tmp_path):
+    """What the worker digested when it read (sha256, or the stat signature of a large file) against the
+    file at publish; no digests (an older worker) checks nothing, a file it did not digest fails closed."""
+    from neuron_build.project.declared import changed_since_read, stat_digest
+    from neuron_build.util import sha256_hex
+
+    (tmp_path / "a.bin").write_bytes(b"a")
+    (tmp_path / "big.bin").write_bytes(b"b")
+    now = {"a.bin": sha256_hex(b"a"), "big.bin": sha256_hex(b"b")}
+    read = {"a.bin": sha256_hex(b"a"), "big.bin": stat_digest(tmp_path / "big.bin")}
+    assert changed_since_read(now, read, tmp_path) == []
+    assert changed_since_read(now, None, tmp_path) == []
+    assert changed_since_read(now, {"a.bin": read["a.bin"]}, tmp_path) == ["big.bin"]
+    os.utime(tmp_path / "big.bin", ns=(1, 1))
+    assert changed_since_read(now, {**read, "a.bin": sha256_hex(b"old")}, tmp_path) == ["a.bin", "big.bin"]
