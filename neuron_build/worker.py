@@ -5,8 +5,9 @@ Reads a :class:`~neuron_build.compilers.base.CompileRequest`, builds the model f
 example inputs, runs the backend, and writes ``result.json`` (op count, its source, backend details, and
 ``imported``: the project files, relative to the project folder, that were imported while the model was
 built and compiled, so the manifest records modules no static reading finds; ``reads``: the project
-files the factory opened (by any code), the environment variables it read and the distributions the build
-imported, :mod:`neuron_build.project.reads`; ``graph_key``, ``graph_document`` and ``graph_hit``: the graph key the
+files the model's code opened (by any code) and the environment variables it read while the model was built,
+traced or exported and compiled, each file's sha256 when the block that read it ended (``digests``), and the
+distributions the model's build imported, :class:`WorkerReads`; ``graph_key``, ``graph_document`` and ``graph_hit``: the graph key the
 backend made, the digest of its canonical document, and whether the graph index held it,
 :mod:`neuron_build.compilers.graph_key`, in which case nothing was
 compiled) into the request's work_dir. On failure it writes ``error.json`` (status, reason, details) there and exits with
@@ -32,7 +33,7 @@ from neuron_build.compilers import graph_key
 from neuron_build.status import Status
 from neuron_build.util import write_json_atomic
 
-__all__ = ["run", "probe", "main"]
+__all__ = ["WorkerReads", "main", "probe", "run"]
 
 
 def run(request_path: str) -> int:
@@ -42,8 +43,7 @@ def run(request_path: str) -> int:
     req = CompileRequest(**json.loads(Path(request_path).read_text()))
     work = Path(req.work_dir)
     t0 = time.monotonic()
-    from neuron_build.project.reads import ReadRecorder
-    recorder = ReadRecorder(req.root, exclude=[work.parent, Path(req.out_dir).parent, *map(Path, req.never_read)])
+    recording = WorkerReads(req, work)
     print(f"neuron-build worker: target {req.target} key {req.key[:12]} backend {req.backend} "
           f"({req.hardware_target}) dtype {req.dtype}", flush=True)
     try:
@@ -60,14 +60,10 @@ def run(request_path: str) -> int:
             modules_before = list(sys.modules)  # after the backend's own imports (preflight)
             if (req.options or {}).get(graph_key.OPTION) and spec.graph_key == "before":
                 graph_key.watch_custom_ops()  # the kernels the model registers: a custom op is keyed by them
-            with recorder:  # what the factory opens and which variables it reads
-                model = (build_model(req.root, req.factory, req.kwargs, req.dtype, hf=req.hf)
-                         if compiler.needs_module else None)
-            # the distributions the model's build imported (not the compile's: a compile and a graph reuse
-            # of one model record the same set, so no target's key moves when another compiles)
-            reads = recorder.to_json(modules_before)
-            if reads.get("incomplete"):
-                print(f"warning: {reads['incomplete']}: this artifact is rebuilt by every build", flush=True)
+            recording.start()  # what the model's code opens and reads: model build, trace/export, compile
+            model = (build_model(req.root, req.factory, req.kwargs, req.dtype, hf=req.hf)
+                     if compiler.needs_module else None)
+            recording.model_built(modules_before)
         except CompileFailed:
             raise
         except ImportError as e:
@@ -78,7 +74,9 @@ def run(request_path: str) -> int:
         if (req.options or {}).get(graph_key.OPTION) and spec.graph_key == "none":
             print(f"no graph key for backend {req.backend}: {spec.graph_key_why}; compiling", flush=True)
         result = compiler.compile(model, inputs, req)
+        reads = recording.end()
     except graph_key.GraphHit as e:  # the graph index holds this graph's artifact: nothing compiled
+        reads = recording.end()
         graph = _graph_file(work)  # (a hit re-raised by a wrapper may have lost its document digest)
         document = e.document or (graph.get("document") if graph.get("graph_key") == e.graph_key else None)
         write_json_atomic(work / "result.json", {"op_count": None, "op_count_source": None, "details": {},
@@ -88,10 +86,12 @@ def run(request_path: str) -> int:
         print(f"graph unchanged: done in {time.monotonic() - t0:.1f} s without compiling", flush=True)
         return 0
     except CompileFailed as e:
+        recording.end()
         print(f"compile failed: {e.status}: {e.reason}", flush=True)
         write_json_atomic(work / "error.json", {"status": e.status, "reason": e.reason, "details": e.details})
         return e.exit_code
     except Exception as e:  # an unexpected failure in the compiler or the model: a compile error
+        recording.end()
         traceback.print_exc()
         sys.stdout.flush()
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -106,6 +106,90 @@ def run(request_path: str) -> int:
                                   "reads": reads})
     print(f"compile done in {time.monotonic() - t0:.1f} s", flush=True)
     return 0
+
+
+class WorkerReads:
+    """What the model's own code reads in a worker, compile or graph probe alike
+    (:class:`~neuron_build.project.reads.ReadRecorder`): the files it opens and the variables it reads
+    while the model is built (the factory call) and then traced, exported and compiled, the worker's own
+    folders left out. ``dists`` stay those the model's build imported (a compile and a graph reuse record
+    the same set).
+
+    Each recorded file's sha256 is taken when the block that read it ends: the factory call for what the
+    factory read, the end of the compile for what trace, export or compile read first (a file over 64 MiB,
+    a checkpoint, by its stat signature instead: it is not read twice). The record's
+    ``digests`` (path -> sha256, ``missing``) let the builder see a file that changed between the read and
+    the publish (the artifact holds the old content): :func:`neuron_build.build.builder.Builder` then marks
+    the record incomplete.
+
+    Use: :meth:`start` before the model is built, :meth:`model_built` when the factory returned,
+    :meth:`end` (idempotent; a no-op when never started) when the compile or the probe ended; the record
+    is :attr:`reads`.
+    """
+
+    def __init__(self, req, work: Path):
+        self.root = Path(req.root)
+        self._exclude = [work.parent, Path(req.out_dir).parent, *map(Path, req.never_read)]
+        self._recorder = None
+        self._records: list[dict] = []
+        self._dists: list[str] = []
+        self.digests: dict[str, str] = {}
+        #: the record (``files``, ``env``, ``dists``, ``digests``, ``incomplete``), set by :meth:`end`
+        self.reads: dict | None = None
+
+    def start(self) -> WorkerReads:
+        """Begin recording (a new block)."""
+        from neuron_build.project.reads import ReadRecorder
+        self._recorder = ReadRecorder(self.root, exclude=self._exclude)
+        self._recorder.__enter__()
+        return self
+
+    def _stop(self, modules_before: list[str] | None) -> None:
+        rec, self._recorder = self._recorder, None
+        if rec is None:
+            return
+        rec.__exit__(None, None, None)
+        record = rec.to_json(list(sys.modules) if modules_before is None else modules_before)
+        for rel in record.get("files", []):
+            if rel not in self.digests:  # the content as it is when the block that read it ends
+                self.digests[rel] = _sha256(self.root / rel)
+        self._records.append(record)
+
+    def model_built(self, modules_before: list[str]) -> None:
+        """The factory returned: digest what it read, note the distributions it imported, record on."""
+        self._stop(modules_before)
+        self._dists = self._records[-1].get("dists", []) if self._records else []
+        self.start()
+
+    def end(self) -> dict | None:
+        """Stop recording; the record (None when recording never started)."""
+        if self._recorder is None:
+            return self.reads
+        self._stop(None)
+        from neuron_build.project.reads import merge
+        reads: dict = merge(*self._records)
+        reads["dists"] = list(self._dists)
+        reads["digests"] = {f: self.digests[f] for f in reads.get("files", []) if f in self.digests}
+        why = [r["incomplete"] for r in self._records if r.get("incomplete")]
+        if why:
+            reads["incomplete"] = why[0]
+            print(f"warning: {why[0]}: this artifact is rebuilt by every build", flush=True)
+        self.reads = reads
+        return reads
+
+
+def _sha256(path: Path) -> str:
+    """sha256 of a file, ``missing`` when it cannot be read; a file over
+    :data:`~neuron_build.project.declared.READ_STAT_BYTES` (a checkpoint: not read twice) by its stat
+    signature instead (:func:`~neuron_build.project.declared.stat_digest`)."""
+    from neuron_build.project.declared import READ_STAT_BYTES, stat_digest
+    from neuron_build.util import file_sha256
+    try:
+        if not path.is_file():
+            return "missing"
+        return stat_digest(path) if path.stat().st_size > READ_STAT_BYTES else file_sha256(path)
+    except OSError:
+        return "missing"
 
 
 def _backend(name: str):
@@ -136,13 +220,13 @@ def probe(spec_path: str) -> int:
 
     from neuron_build.compilers.base import CompileRequest, load_compiler
     from neuron_build.examples import build_model, make_inputs
-    from neuron_build.project.reads import ReadRecorder
 
     spec = json.loads(Path(spec_path).read_text())
     reqs = [CompileRequest(**r) for r in spec["requests"]]
     out = Path(spec["results"])
     first, t0 = reqs[0], time.monotonic()
     work = Path(first.work_dir)
+    recording = WorkerReads(first, work)
     print(f"neuron-build graph probe: model {first.factory or (first.hf or {}).get('source')} dtype {first.dtype} "
           f"backend {first.backend}: {len(reqs)} targets", flush=True)
     try:
@@ -154,13 +238,12 @@ def probe(spec_path: str) -> int:
         compiler.preflight(first)
         modules_before = list(sys.modules)
         graph_key.watch_custom_ops()
-        recorder = ReadRecorder(first.root, exclude=[work.parent, Path(first.out_dir).parent,
-                                                     *map(Path, first.never_read)])
-        with recorder:
-            model = (build_model(first.root, first.factory, first.kwargs, first.dtype, hf=first.hf)
-                     if compiler.needs_module else None)
-        reads = recorder.to_json(modules_before)
+        recording.start()  # as a compile worker records: the model build, then every target's export
+        model = (build_model(first.root, first.factory, first.kwargs, first.dtype, hf=first.hf)
+                 if compiler.needs_module else None)
+        recording.model_built(modules_before)
     except Exception as e:  # the target compiles in its own worker, which reports this failure
+        recording.end()
         traceback.print_exc()
         write_json_atomic(out, {"error": f"the model does not build: {type(e).__name__}: {e}"[:500]})
         return 1
@@ -181,6 +264,7 @@ def probe(spec_path: str) -> int:
         print(f"{req.target}: graph key {(targets[req.key]['graph_key'] or 'none')[:12]} "
               f"({time.monotonic() - t1:.2f} s){'' if targets[req.key]['graph_key'] else ': ' + targets[req.key]['reason']}",
               flush=True)
+    reads = recording.end()
     write_json_atomic(out, {"reads": reads, "imported": _imported(first, work), "targets": targets})
     print(f"graph probe done in {time.monotonic() - t0:.1f} s", flush=True)
     return 0

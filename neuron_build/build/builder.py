@@ -218,15 +218,34 @@ class Builder:
         one is logged."""
         if not found.hit:
             return replace(ctx, stale=())
-        stale = tuple(self.keys.stale_inputs(found.manifest.recorded_inputs))
+        stale = tuple(self.keys.rebuild_reasons(ctx.target.model, found.manifest.recorded_inputs))
         if stale and stale != ctx.stale:
             ctx.log.info("stale: compiling", why="; ".join(stale[:5]))
         return replace(ctx, stale=stale)
 
     def _recorded_inputs(self, ctx: BuildContext, run: CompileRun) -> dict[str, Any]:
-        """The manifest's ``recorded_inputs`` of the worker's run (its ``imported`` and ``reads``)."""
+        """The manifest's ``recorded_inputs`` of the worker's run (its ``imported`` and ``reads``), each
+        file by its content now. Marked ``incomplete`` (never a hit), with a one-line warning, when a file's
+        content now is not what the worker read (its ``reads.digests``: it changed while the target
+        compiled), when the worker could not record every read, or when the model is ``always_rebuild``."""
+        from neuron_build.project import declared
+
         result = run.result or {}
-        return self.keys.recorded_inputs(ctx.target.model, result.get("imported") or [], result.get("reads"))
+        reads = result.get("reads")
+        out = self.keys.recorded_inputs(ctx.target.model, result.get("imported") or [], reads)
+        model = ctx.target.model
+        changed = declared.changed_since_read(out.get("files") or {},
+                                              reads.get("digests") if isinstance(reads, dict) else None,
+                                              self.project.root.resolve())
+        if changed:
+            out["incomplete"] = f"{changed[0]} {declared.CHANGED_WHILE}"
+            ctx.log.warning(f"{changed[0]} {declared.CHANGED_WHILE}: this artifact is rebuilt by the next build")
+        elif out.get("incomplete"):
+            ctx.log.warning(f"{declared.INCOMPLETE} ({out['incomplete']}): this artifact is rebuilt by every "
+                            f"build; {declared.fix(model)}")
+        if self.project.config.models[model].always_rebuild:
+            out["incomplete"] = f"{declared.ALWAYS_REBUILD} in [models.{model}]"
+        return out
 
     def _read_only(self, ctx: BuildContext, error: OSError | None = None) -> Outcome:
         """The outcome of a target that must be compiled into a store this process may not write (opened

@@ -57,7 +57,7 @@ class Planner:
         found = self.store.lookup(key)  # reads only: plan and show never move a damaged object
         self._stale[target.id] = []
         if found.hit:
-            stale = self.keys.stale_inputs(found.manifest.recorded_inputs)
+            stale = self.keys.rebuild_reasons(target.model, found.manifest.recorded_inputs)
             if not stale:
                 self._location[key] = found.location or "local"
                 return TargetState.CACHED

@@ -154,9 +154,17 @@ def _save_plan(b: Builder, interp: dict[str, Any]) -> None:
             or not p.config_sha256):
         return
     plan_cache.write(p.state_dir, config_path=p.path, config_sha256=p.config_sha256, log=b.keys.inputs,
-                     env_names=[n for names in KEY_ENV.values() for n in names],
+                     env_names=[n for names in KEY_ENV.values() for n in names] + _declared_env_names(p),
                      store=str(b.store.folder), backend=b.keys.backend, hardware_target=b.keys.hardware_target,
                      targets=[(t.id, b.key(t).key) for t in b.targets], interp=interp)
+
+
+def _declared_env_names(project: Any) -> list[str]:
+    """The variables the models declare (``env = [...]``: in their keys), and ``HOME`` when an
+    ``inputs_from`` glob starts with ``~`` (the folder it names)."""
+    models = project.config.models.values()
+    home = any(g.startswith("~") for m in models for g in m.inputs_from)
+    return sorted({n for m in models for n in m.env} | ({"HOME"} if home else set()))
 
 
 class Recorded:

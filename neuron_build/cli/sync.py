@@ -164,7 +164,8 @@ def cmd_status(args) -> int:
         local, remote = open_store(project.store_url()), None
         b = Builder(project, store=local)
     targets = {t.id: b.key(t).key for t in select(b.targets, args.patterns)}
-    stale = lambda m: b.keys.stale_inputs(m.recorded_inputs)  # noqa: E731 (recorded inputs changed since)
+    # recorded inputs changed since, an incomplete record (with its fix), or an always_rebuild model
+    stale = lambda m: b.keys.rebuild_reasons(str(m.target or "").split("/")[0], m.recorded_inputs)  # noqa: E731
     if remote is None:
         doc = local_status(local, targets, stale)
     else:

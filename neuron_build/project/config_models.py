@@ -162,6 +162,11 @@ class ModelSpec(_Frozen):
     (default: a clear error); ``convert_dtypes`` lets an input of another dtype than the artifact's be
     converted (default: a clear error, because a bf16 artifact silently fed fp32 is a classic slow or
     wrong path).
+
+    What the factory reads that no recorder sees (:mod:`neuron_build.project.declared`): ``inputs_from``
+    are globs (``~`` expanded, absolute or relative to the config's folder) of files whose content is part
+    of the key; ``env`` names environment variables whose values are part of the key; ``always_rebuild``
+    never serves the model's targets from the cache.
     """
 
     factory: StrictStr | None = None
@@ -183,6 +188,9 @@ class ModelSpec(_Frozen):
     task: Task | None = None
     max_seq_len: PositiveInt | None = Field(default=None, strict=True)
     decode_buckets: tuple[PositiveInt, ...] = ()
+    inputs_from: tuple[StrictStr, ...] = ()
+    env: tuple[StrictStr, ...] = ()
+    always_rebuild: StrictBool = False
 
     @property
     def is_textgen(self) -> bool:
@@ -221,6 +229,21 @@ class ModelSpec(_Frozen):
     @field_validator("dtypes", "profiles")
     @classmethod
     def _unique(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return _no_duplicates(v)
+
+    @field_validator("inputs_from")
+    @classmethod
+    def _inputs_from(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not x.strip() for x in v):
+            raise ValueError("holds an empty string; give a path or glob such as \"data/*.json\"")
+        return _no_duplicates(v)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [x for x in v if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", x)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not an environment variable name (e.g. \"MY_VAR\")")
         return _no_duplicates(v)
 
     @field_validator("tolerance")

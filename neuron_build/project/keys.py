@@ -208,6 +208,7 @@ class KeyMaker:
         #: every file-system fact the keys computed so far depend on (for the plan cache)
         self.inputs = InputLog()
         self._checker: Any = None
+        self._declared_env: dict[str, dict[str, Any]] = {}
 
     def static_sources(self, name: str) -> dict[str, str]:
         """Project file (relative POSIX path) -> sha256 of every source a model's factory runs that static
@@ -239,14 +240,38 @@ class KeyMaker:
                 "version": dist.version,
                 "weights": {str(f): _observed(log, self.digests.digest, Path(dist.locate_file(f))) for f in pfiles},
             }
+        declared = self._declared(m, root)
         if m.hf is None:
             comp = {"factory": m.factory, "kwargs": m.kwargs, "sources": sources, "weights": weights,
                     "packages": packages}
         else:
             comp = {"hf": self._hf(m, root), "kwargs": m.kwargs, "sources": sources, "weights": weights,
                     "packages": packages}
+        comp.update(declared)
         self._static_cache[name] = comp
         return comp
+
+    def _declared(self, m, root: Path) -> dict[str, Any]:
+        """The ``model`` component's entries of a model's declared inputs (:mod:`neuron_build.project.declared`):
+        ``inputs_from`` and ``always_rebuild``, each only when given (a model without them keeps its key)."""
+        from neuron_build.project.declared import inputs_from_entries
+
+        out: dict[str, Any] = {}
+        if m.inputs_from:
+            out["inputs_from"] = inputs_from_entries(root, m.inputs_from, self.digests.digest, observe=self.inputs)
+        if m.always_rebuild:
+            out["always_rebuild"] = True
+        return out
+
+    def rebuild_reasons(self, name: str, recorded: Any) -> list[str]:
+        """Why the artifact of a target of model ``name`` whose manifest records ``recorded`` is not a hit:
+        :meth:`stale_inputs`, an incomplete record's line with its fix, or the model's ``always_rebuild``
+        (:func:`neuron_build.project.declared.reasons`); empty for a hit."""
+        from neuron_build.project.declared import reasons
+
+        stale = self.stale_inputs(recorded)
+        m = self.project.config.models.get(name)
+        return reasons(name, stale, always_rebuild=bool(m is not None and m.always_rebuild))
 
     def _hf(self, m, root: Path) -> dict[str, Any]:
         """The ``hf`` part of an hf model's ``model`` component: the auto class, the output, the effective
@@ -381,9 +406,20 @@ class KeyMaker:
             "model": self.model_component(target.model),
             "inputs": self._inputs(target, m),
             "compiler": comp,
-            "env": self._env,
+            "env": self._model_env(target.model, m),
             "toolchain": self._toolchain,
         }
+
+    def _model_env(self, name: str, m) -> dict[str, Any]:
+        """The ``env`` component of model ``name``: the backend's allow-list, plus the variables the model
+        declares (``env = [...]``, None when unset; cached per model)."""
+        if not m.env:
+            return self._env
+        got = self._declared_env.get(name)
+        if got is None:
+            from neuron_build.project.declared import declared_env
+            got = self._declared_env[name] = {**self._env, **declared_env(m.env, self.environ)}
+        return got
 
     def _inputs(self, target: Target, m) -> dict[str, Any]:
         """The ``inputs`` component; a text-generation graph adds ``graph`` and ``max_seq_len`` (the KV

@@ -23,7 +23,8 @@ def test_unknown_key_did_you_mean(tiny):
     edit(tiny, 'dtypes = ["fp32", "bf16"]', 'dtypes = ["fp32", "bf16"]\ntolerence = {}')
     assert faults_of(tiny) == [
         "models.tiny.tolerence: unknown key 'tolerence'; did you mean 'tolerance'? allowed keys: factory, "
-        "hf, auto_class, output, kwargs, dtypes, profiles, inputs, buckets, weights, sources, packages, tolerance, truncate, convert_dtypes, reference, task, max_seq_len, decode_buckets"]
+        "hf, auto_class, output, kwargs, dtypes, profiles, inputs, buckets, weights, sources, packages, tolerance, truncate, convert_dtypes, reference, task, max_seq_len, decode_buckets, "
+        "inputs_from, env, always_rebuild"]
 
 
 def test_misspelt_flag_value(tiny):
