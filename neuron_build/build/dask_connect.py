@@ -7,6 +7,7 @@ naming the scheduler, worker or store and the fix (``--executor local`` among th
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from neuron_build.build.dask_worker import StoreSpec, probe_store
@@ -114,19 +115,26 @@ def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S):
                         f"[build] scheduler or --scheduler, or build on this host with --executor local") from None
 
 
-def check_workers(client: Any, spec: StoreSpec, ident: str, address: str, wait_s: float = CONNECT_TIMEOUT_S) -> dict:
+def check_workers(client: Any, spec: StoreSpec, ident: str, address: str, wait_s: float = CONNECT_TIMEOUT_S,
+                  wait: Callable[[Any, str], None] | None = None) -> dict:
     """Wait for at least one worker, then check from every worker that the store is reachable and is the
     client's store. Returns the scheduler's worker table (address -> info with ``nthreads``, ``resources``).
+    ``wait(client, address)``: the wait for a first worker of a cluster started for the build (Slurm:
+    :meth:`~neuron_build.build.slurm_wait.SlurmStart.wait_for_workers`, which raises its own error); None:
+    ``wait_s`` seconds for a worker someone starts with ``dask worker``.
 
     Raises:
         UserError: no worker joined within ``wait_s`` seconds, or a worker sees another store (or none) at
             the location; the message names the worker, the location and the fix.
     """
-    try:
-        client.wait_for_workers(1, timeout=wait_s)
-    except Exception:
-        raise UserError(f"no Dask workers are connected to {address}; start some with "
-                        f"`dask worker {address} --nthreads 1` (or build here with --executor local)") from None
+    if wait is not None:
+        wait(client, address)
+    else:
+        try:
+            client.wait_for_workers(1, timeout=wait_s)
+        except Exception:
+            raise UserError(f"no Dask workers are connected to {address}; start some with "
+                            f"`dask worker {address} --nthreads 1` (or build here with --executor local)") from None
     answers = client.run(probe_store, spec.location, spec.options, ident)
     bad = {w: why for w, why in sorted(answers.items()) if why is not None}
     if bad:
