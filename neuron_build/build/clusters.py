@@ -28,13 +28,10 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from neuron_build.errors import UserError
 from neuron_build.project.config_dask import DaskSettings
-
-if TYPE_CHECKING:
-    from neuron_build.build.slurm_wait import SlurmStart
 
 #: Seconds assumed for a compile nothing predicts (no recorded compile of its model and bucket).
 DEFAULT_COMPILE_S = 600.0
@@ -218,7 +215,7 @@ def recorded_times(builder: Any, targets: Any) -> Callable[[str], float | None]:
 
 
 @contextmanager
-def started_cluster(project: Any, predict: Callable[[str], float | None]) -> Iterator[SlurmStart | None]:
+def started_cluster(project: Any, predict: Callable[[str], float | None]) -> Iterator[Any]:
     """For ``[dask] cluster = "slurm"``: yields a :class:`~neuron_build.build.slurm_wait.SlurmStart`, which
     starts the cluster on first call (so a build with nothing to compile submits no job) and returns its
     scheduler's address; the cluster (its jobs cancelled) is closed on exit. For ``cluster = "scheduler"``:
@@ -231,7 +228,8 @@ def started_cluster(project: Any, predict: Callable[[str], float | None]) -> Ite
     if project.config.dask.cluster != "slurm":
         yield None
         return
-    start = SlurmStart(project, predict)
+    settings, root, path = project.config.dask, Path(project.root), project.path
+    start = SlurmStart(project, lambda waiting: slurm_cluster(settings, root, predict, path, waiting))
     try:
         yield start
     finally:

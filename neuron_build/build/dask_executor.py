@@ -80,7 +80,7 @@ def shared_store_spec(project: Any) -> StoreSpec:
 def _as_outcome(d: dict[str, Any]) -> Outcome:
     status = BuildResult.CACHED if d["status"] == BuildResult.CACHED else as_status(d["status"])
     return Outcome(d["target"], d["key"], status, d.get("reason", ""), compiled=bool(d.get("compiled")),
-                   metrics=dict(d.get("metrics") or {}))
+                   metrics=dict(d.get("metrics") or {}), rechecked=tuple(d.get("rechecked") or ()))
 
 
 class DaskBuild:

@@ -55,31 +55,29 @@ def queue_states(job_ids: Iterable[str], user: str | None = None) -> dict[str, t
 
 
 class SlurmStart:
-    """Starts the build's ``SLURMCluster`` on first call (:func:`~neuron_build.build.clusters.slurm_cluster`)
+    """Starts the build's ``SLURMCluster`` on first call (``make``: :func:`~neuron_build.build.clusters.slurm_cluster`)
     and waits for its first worker (:meth:`wait_for_workers`); :meth:`close` cancels its jobs.
 
     Args:
         project: the loaded project (``[dask]``, ``[build] scheduler_timeout_s``, its folder and config path).
-        predict: ``predict(target id)`` -> predicted compile seconds (None: unknown).
+        make: ``make(waiting)`` -> the started cluster (``slurm_cluster`` with the project's settings).
     """
 
-    def __init__(self, project: Any, predict: Callable[[str], float | None]):
+    def __init__(self, project: Any, make: Callable[[Callable[[], Iterable[str]] | None], Any]):
         self.settings = project.config.dask
         self.root = Path(project.root)
         self.config_file = project.path
         self.stuck_s = float(project.config.build.scheduler_timeout_s)
-        self.predict = predict
+        self.make = make
         self.cluster: Any = None
         self.log = get_logger(executor="dask", cluster="slurm")
 
     def __call__(self, waiting: Callable[[], Iterable[str]] | None = None) -> str:
         """Start the cluster (once) and return its scheduler's address. ``waiting()``: the target ids the
         client still has to build; the cluster asks Slurm for jobs from them at once (from zero jobs too)."""
-        from neuron_build.build.clusters import slurm_cluster
-
         if self.cluster is None:
             s = self.settings
-            self.cluster = slurm_cluster(s, self.root, self.predict, self.config_file, waiting)
+            self.cluster = self.make(waiting)
             self.log.info("slurm cluster", scheduler=self.cluster.scheduler_address, minimum_jobs=s.minimum_jobs,
                           maximum_jobs=s.maximum_jobs, lifetime_s=s.lifetime_s)
         return self.cluster.scheduler_address
