@@ -65,8 +65,10 @@ class BuildSummary:
         changed, the graph did not, nothing compiled, ``failed``), ``status`` (the
         compile's :class:`~neuron_build.status.Status`, or ``cached``), ``verdict`` (``pass``: the store holds
         it; ``fail``), ``reason`` (one line; empty unless failed), ``compile_time_s`` (seconds of this
-        build's compile, or of the stored artifact's for a cached one; None when failed before compiling)
-        and ``log`` (for a failure: the command that shows its log)."""
+        build's compile, or of the stored artifact's for a cached one; None when failed before compiling),
+        ``rechecked`` (why its stored artifact was checked again: the recorded inputs that changed, e.g.
+        ``package pillow 10.0 -> 11.0``; empty when it was not) and ``log`` (for a failure: the command that
+        shows its log)."""
         ids = [t.id for t in chosen]
         after = {t.id: builder.state(t) for t in chosen}
 
@@ -98,7 +100,8 @@ class BuildSummary:
             ct = m.metrics.compile_time_s if m else None
         row = {"target": tid, "key": key, "result": result, "status": status,
                "verdict": "fail" if result == "failed" else "pass", "reason": reason if result == "failed" else "",
-               "compile_time_s": None if ct is None else round(float(ct), 3)}
+               "compile_time_s": None if ct is None else round(float(ct), 3),
+               "rechecked": list(self.rechecked.get(tid, ()))}
         if result == "failed":
             row["log"] = log_command(tid)
         return row
