@@ -29,15 +29,24 @@ NEVER_ENDS = frozenset({"JobHeldUser", "JobHeldAdmin", "PartitionDown", "Partiti
                         "PartitionNodeLimit", "InvalidAccount", "InvalidQOS", "DependencyNeverSatisfied",
                         "BadConstraints", "AccountNotAllowed", "QOSMaxWallDurationPerJobLimit",
                         "AssocMaxWallDurationPerJobLimit"})
+#: Job states of a job that is over (squeue may still list it for ``MinJobAge`` seconds).
+ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                   "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"})
 #: Seconds between two looks at the queue while waiting for a first worker.
 POLL_S = 1.0
 #: The Slurm job name dask-jobqueue's log files are named after (``<name>-<job id>.err``).
 JOB_NAME = "neuron-build"
 
 
-def queue_states(job_ids: Iterable[str], user: str | None = None) -> dict[str, tuple[str, str]]:
-    """job id -> (state, reason) of those of ``job_ids`` that Slurm still lists (``squeue``: pending, running,
-    completing); a job that ended is absent. Empty when ``squeue`` fails."""
+def _job_order(job_id: str) -> tuple[int, str]:
+    """Job ids in submission order (numbers, not text: job 10 after job 9)."""
+    return (int(job_id), "") if job_id.isdigit() else (0, job_id)
+
+
+def queue_states(job_ids: Iterable[str], user: str | None = None) -> dict[str, tuple[str, str]] | None:
+    """job id -> (state, reason) of those of ``job_ids`` that Slurm still holds (``squeue``: pending, running,
+    completing); a job that ended (gone, or in a state of :data:`ENDED`) is absent. None when ``squeue`` fails
+    (nothing known)."""
     ids = set(job_ids)
     if not ids:
         return {}
@@ -45,11 +54,13 @@ def queue_states(job_ids: Iterable[str], user: str | None = None) -> dict[str, t
         r = subprocess.run(["squeue", "-h", "-u", user or getpass.getuser(), "-o", "%i|%T|%r"], capture_output=True,
                            text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
-        return {}
+        return None
+    if r.returncode != 0:
+        return None
     out = {}
-    for line in r.stdout.splitlines() if r.returncode == 0 else []:
+    for line in r.stdout.splitlines():
         parts = line.strip().split("|")
-        if len(parts) == 3 and parts[0] in ids:
+        if len(parts) == 3 and parts[0] in ids and parts[1] not in ENDED:
             out[parts[0]] = (parts[1], parts[2])
     return out
 
@@ -122,9 +133,13 @@ class SlurmStart:
                 raise UserError(f"{self.config_file}: [dask] cluster = \"slurm\": no Dask worker joined {address}: "
                                 f"{problem}")
 
-    def problem(self, seen: set[str], queue: dict[str, tuple[str, str]], waited: float, address: str) -> str | None:
-        """Why the wait for a first worker cannot end, or has lasted ``start_timeout_s`` (None: wait on)."""
+    def problem(self, seen: set[str], queue: dict[str, tuple[str, str]] | None, waited: float,
+                address: str) -> str | None:
+        """Why the wait for a first worker cannot end, or has lasted ``start_timeout_s`` (None: wait on).
+        ``queue``: :func:`queue_states` of the jobs ``seen`` (None: squeue failed, only the timeout applies)."""
         s = self.settings
+        if queue is None:  # squeue failed: nothing known of the jobs, only the timeout applies
+            return self._timed_out(seen, "squeue did not answer") if waited >= s.start_timeout_s else None
         if not seen:
             if waited < self.stuck_s:
                 return None
@@ -140,17 +155,21 @@ class SlurmStart:
             return (f"Slurm job {j} is {state} ({reason}), which does not end by itself; {fix} (squeue -j {j}; "
                     f"its log: {self.log_of(j)})")
         if not queue and waited >= self.stuck_s:
-            j = sorted(seen)[-1]
+            j = max(seen, key=_job_order)
             return (f"Slurm job {j} ended before its worker connected; read its log {self.log_of(j)} (a failing "
                     f"[dask] job_script_prologue, a python without neuron-build, a scheduler_host or interface the "
                     f"job cannot reach)")
         if waited < s.start_timeout_s:
             return None
-        jobs = ", ".join(f"job {j} {state} ({reason})" for j, (state, reason) in sorted(queue.items())) or "no job left"
-        j = sorted(seen)[-1]
-        return (f"none within {s.start_timeout_s:g} s ([dask] start_timeout_s); Slurm: {jobs}; a PENDING job waits "
-                f"for the cluster (raise start_timeout_s, or ask for less: [dask] cores, memory, queue), a RUNNING "
-                f"one cannot reach the scheduler ([dask] scheduler_host, interface; its log: {self.log_of(j)})")
+        return self._timed_out(seen, ", ".join(f"job {j} {state} ({reason})" for j, (state, reason)
+                                               in sorted(queue.items())) or "no job left")
+
+    def _timed_out(self, seen: set[str], jobs: str) -> str:
+        """The end of a wait of ``start_timeout_s`` for the jobs ``seen`` (``jobs``: what squeue says of them)."""
+        log = self.log_of(max(seen, key=_job_order)) if seen else "none yet"
+        return (f"none within {self.settings.start_timeout_s:g} s ([dask] start_timeout_s); Slurm: {jobs}; a "
+                f"PENDING job waits for the cluster (raise start_timeout_s, or ask for less: [dask] cores, memory, "
+                f"queue), a RUNNING one cannot reach the scheduler ([dask] scheduler_host, interface; its log: {log})")
 
 
-__all__ = ["NEVER_ENDS", "SlurmStart", "queue_states"]
+__all__ = ["ENDED", "NEVER_ENDS", "SlurmStart", "queue_states"]

@@ -340,10 +340,17 @@ def _toml(v) -> str:
     return json.dumps(v) if isinstance(v, (str, list)) else str(v)
 
 
-def test_a_held_slurm_job_is_one_line_within_scheduler_timeout_s(slurm, tmp_path):
-    """A worker job Slurm holds (--hold: pending with reason JobHeldUser, forever): the build stops within
-    scheduler_timeout_s with the job, its state and reason and the fix, not after start_timeout_s."""
-    extra = SLURM_DASK.format(queue=slurm.partition).replace('["--job-name=nb-test"]', '["--hold"]')
+@pytest.mark.parametrize(("edit", "says"), [
+    (('["--job-name=nb-test"]', '["--hold"]'),
+     "is PENDING (JobHeldUser), which does not end by itself; release it (scontrol release "),
+    (('["export NB_PROLOGUE_RAN=1"]', '["echo the prologue failed >&2; exit 3"]'),
+     "ended before its worker connected; read its log "),
+])
+def test_a_slurm_job_that_cannot_give_a_worker_is_one_line_within_scheduler_timeout_s(slurm, tmp_path, edit, says):
+    """A worker job Slurm holds (--hold: pending with reason JobHeldUser, forever), or one that ends before its
+    worker starts (a failing prologue): the build stops within scheduler_timeout_s with the job, its state and
+    reason or its log, and the fix, not after start_timeout_s."""
+    extra = SLURM_DASK.format(queue=slurm.partition).replace(*edit)
     extra = extra.replace("minimum_jobs = 2", "minimum_jobs = 0").replace("start_timeout_s = 120", "start_timeout_s = 300")
     cfg = write_sleepy_project(tmp_path / "p", seconds=0.1, batches=(1,),
                                build_extra='executor = "dask"\nscheduler_timeout_s = 3', extra=extra)
@@ -354,8 +361,11 @@ def test_a_held_slurm_job_is_one_line_within_scheduler_timeout_s(slurm, tmp_path
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert f'{cfg}: [dask] cluster = "slurm": no Dask worker joined tcp://127.0.0.1:' in lines[0], lines[0]
-    assert "is PENDING (JobHeldUser), which does not end by itself; release it (scontrol release " in lines[0]
-    assert str(cfg.parent / "slurm-logs" / "neuron-build-") in lines[0]
+    assert says in lines[0], lines[0]
+    log = lines[0].split(str(cfg.parent / "slurm-logs") + "/")[1].split(".err")[0] + ".err"
+    assert log.startswith("neuron-build-"), lines[0]
+    if "prologue" in edit[1]:
+        assert "the prologue failed" in (cfg.parent / "slurm-logs" / log).read_text()
     assert took < 60, took
-    wait_for(lambda: not slurm.jobs(), 30, "the held job to be cancelled")
+    wait_for(lambda: not slurm.jobs(), 30, "the job to be cancelled")
     assert not calls(cfg.parent)
