@@ -69,3 +69,28 @@ def test_the_recheck_line_counts_and_names_each_reason_once():
                                 "data/x.bin changed: 2 unchanged (nothing compiled), 1 compiled")
     assert s.text().splitlines()[1:3] == ["4 targets: 1 built, 2 cached, 1 failed", s.recheck_line()]
     assert BuildSummary(["a"], [], [], []).recheck_line() is None
+
+
+def test_a_rechecked_target_says_why_in_its_progress_line_and_in_the_doit_summary():
+    import io
+
+    from neuron_build.build.attempt import Outcome
+    from neuron_build.build.display import BuildDisplay
+    from neuron_build.build.summary import from_outcomes
+    from neuron_build.status import Status
+
+    out = io.StringIO()
+    d = BuildDisplay(2, slots=1, stream=out)
+    why = ("package pillow 10.0 -> 11.0", "recorded variable HF_HOME changed")
+    same = Outcome("m/b1", "k1", Status.PASS, "graph unchanged: reused abc", metrics={"compile_time_s": 1.5},
+                   rechecked=why)
+    d.finished(same)
+    d.finished(Outcome("m/b2", "k2", Status.PASS, compiled=True, metrics={"compile_time_s": 2.0}))
+    d.stop()
+    first = out.getvalue().splitlines()[0]
+    assert first.startswith("[1/2] m/b1 PASS in 1.5 s (re-checked: package pillow 10.0 -> 11.0 and 1 more)"), first
+    s = from_outcomes(["m/b1", "m/b2"], {"m/b1": same, "m/b2": Outcome("m/b2", "k2", Status.PASS, compiled=True)})
+    assert s.text().splitlines()[1:3] == [
+        "2 targets: 1 built, 1 cached, 0 failed",
+        "  1 target re-checked because package pillow 10.0 -> 11.0, recorded variable HF_HOME changed: "
+        "1 unchanged (nothing compiled)"]
