@@ -36,6 +36,8 @@ class Outcome:
     ``TOOLCHAIN_MISSING``); ``reason`` is one line for the CLI. A target skipped by ``retry_failed=False``
     keeps its recorded failure status, with ``compiled`` False and a reason starting ``not retried``.
     ``metrics`` are the compile's (``compile_time_s`` in seconds, ``peak_rss_bytes`` in bytes, ...).
+    ``rechecked``: why the store's artifact of this key was checked again instead of served (its recorded
+    inputs that changed, e.g. ``package pillow 10.0 -> 11.0``); empty when it was not.
     """
 
     target: str
@@ -44,6 +46,7 @@ class Outcome:
     reason: str = ""
     compiled: bool = False
     metrics: dict[str, Any] = field(default_factory=dict)
+    rechecked: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -40,6 +40,7 @@ from neuron_build.build.nxdi_hooks import remember_cache, restore_cache
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.planner import Planner
 from neuron_build.build.recorder import Recorder, Unrecorded, failure_stage, hbm_estimate
+from neuron_build.build.summary import why_rechecked
 from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import CompileRequest
 from neuron_build.log import get_logger
@@ -210,7 +211,11 @@ class Builder:
                                f"reused: built by {by} while this builder waited {lock.waited_s:.1f} s")
             peak = expected_peak(self.store, target.model, target.bucket_id, int(cfg.default_compile_memory_gb * GB))
             with self.memory.reserve(peak.bytes, target.id, ctx.log, peak.source):
-                return self._build_locked(ctx)
+                out = self._build_locked(ctx)
+            if ctx.stale:  # the summary says why (summary.why_rechecked: versions of changed distributions)
+                out = replace(out, rechecked=why_rechecked(ctx.stale, found.manifest.recorded_inputs,
+                                                           self.keys.checker().dist))
+            return out
 
     def _check_recorded(self, ctx: BuildContext, found: Any) -> BuildContext:
         """``ctx`` with :attr:`BuildContext.stale` set from the found artifact's recorded inputs (the files,

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from neuron_build.errors import UserError
-from neuron_build.log import get_logger
 from neuron_build.project.config_dask import DaskSettings
 
 #: Seconds assumed for a compile nothing predicts (no recorded compile of its model and bucket).
@@ -75,25 +74,28 @@ def _adaptive_base() -> type:
     return Adaptive
 
 
-def make_adaptive(settings: DaskSettings, predict: Callable[[str], float | None]) -> type:
-    """The ``Adaptive`` class for ``SLURMCluster.adapt(Adaptive=...)``: see :class:`PredictedAdaptive`."""
+def make_adaptive(settings: DaskSettings, predict: Callable[[str], float | None],
+                  waiting: Callable[[], Iterable[str]] | None = None) -> type:
+    """The ``Adaptive`` class for ``SLURMCluster.adapt(Adaptive=...)``: see :class:`PredictedAdaptive`.
+    ``waiting()``: the target ids the client still has to build (its queue, submitted or not), if any."""
     base = _adaptive_base()
 
     class PredictedAdaptive(base):  # type: ignore[misc, valid-type]
-        """Scales a dask-jobqueue cluster to :func:`scale_target` jobs from the predicted work of the compile
-        tasks the scheduler holds (``predict(target id)`` -> seconds, None: :data:`DEFAULT_COMPILE_S`), and
-        closes only workers that run nothing."""
+        """Scales a dask-jobqueue cluster to :func:`scale_target` jobs from the predicted work of the compiles
+        left (``predict(target id)`` -> seconds, None: :data:`DEFAULT_COMPILE_S`): the compile tasks the
+        scheduler holds and the targets the client still holds (``waiting``: the client releases a task only
+        to a worker that is there, so from zero workers the scheduler alone would never see work and no job
+        would ever be submitted), and closes only workers that run nothing."""
 
         def work(self) -> tuple[int, float]:
-            """(pending compile tasks, their predicted seconds) in the scheduler (same process, same loop)."""
-            n, total = 0, 0.0
+            """(pending compiles, their predicted seconds): the scheduler's (same process, same loop) and the
+            client's queue."""
+            tids = set(waiting() if waiting is not None else ())
             for key, ts in list(self.cluster.scheduler.tasks.items()):
                 tid = target_of_task(key)
-                if tid is None or ts.state not in _PENDING:
-                    continue
-                n += 1
-                total += predict(tid) or DEFAULT_COMPILE_S
-            return n, total
+                if tid is not None and ts.state in _PENDING:
+                    tids.add(tid)
+            return len(tids), sum(predict(tid) or DEFAULT_COMPILE_S for tid in tids)
 
         async def target(self) -> int:
             n, total = self.work()
@@ -145,10 +147,10 @@ def check_job_script(script: str, config_file: Any) -> None:
 
 
 def slurm_cluster(settings: DaskSettings, root: Path, predict: Callable[[str], float | None],
-                  config_file: Any = "buckets.toml") -> Any:
+                  config_file: Any = "buckets.toml", waiting: Callable[[], Iterable[str]] | None = None) -> Any:
     """A started, adaptive ``dask_jobqueue.SLURMCluster`` from ``[dask]`` (``root``: the config's folder,
-    against which ``log_directory`` resolves; ``config_file``: named in errors), whose worker job Slurm
-    accepts (:func:`check_job_script`).
+    against which ``log_directory`` resolves; ``config_file``: named in errors; ``waiting``: the client's
+    queue, see :func:`make_adaptive`), whose worker job Slurm accepts (:func:`check_job_script`).
 
     Raises:
         UserError: dask-jobqueue is not installed, ``sbatch`` is not on PATH, the scheduler cannot start,
@@ -190,7 +192,7 @@ def slurm_cluster(settings: DaskSettings, root: Path, predict: Callable[[str], f
         cluster.close()
         raise
     cluster.adapt(minimum_jobs=settings.minimum_jobs, maximum_jobs=settings.maximum_jobs,
-                  Adaptive=make_adaptive(settings, predict), interval="1s", wait_count=3)
+                  Adaptive=make_adaptive(settings, predict, waiting), interval="1s", wait_count=3)
     return cluster
 
 
@@ -213,32 +215,25 @@ def recorded_times(builder: Any, targets: Any) -> Callable[[str], float | None]:
 
 
 @contextmanager
-def started_cluster(project: Any, predict: Callable[[str], float | None]) -> Iterator[Callable[[], str] | None]:
-    """For ``[dask] cluster = "slurm"``: yields a function that starts the cluster on first call (so a build
-    with nothing to compile submits no job) and returns its scheduler's address; the cluster (its jobs
-    cancelled) is closed on exit. For ``cluster = "scheduler"``: yields None (use ``[build] scheduler``).
+def started_cluster(project: Any, predict: Callable[[str], float | None]) -> Iterator[Any]:
+    """For ``[dask] cluster = "slurm"``: yields a :class:`~neuron_build.build.slurm_wait.SlurmStart`, which
+    starts the cluster on first call (so a build with nothing to compile submits no job) and returns its
+    scheduler's address; the cluster (its jobs cancelled) is closed on exit. For ``cluster = "scheduler"``:
+    yields None (use ``[build] scheduler``).
 
     ``predict(target id)``: the predicted compile seconds of a target (None: unknown).
     """
-    settings: DaskSettings = project.config.dask
-    if settings.cluster != "slurm":
+    from neuron_build.build.slurm_wait import SlurmStart
+
+    if project.config.dask.cluster != "slurm":
         yield None
         return
-    made: list[Any] = []
-    log = get_logger(executor="dask", cluster="slurm")
-
-    def start() -> str:
-        if not made:
-            made.append(slurm_cluster(settings, Path(project.root), predict, project.path))
-            log.info("slurm cluster", scheduler=made[0].scheduler_address, minimum_jobs=settings.minimum_jobs,
-                     maximum_jobs=settings.maximum_jobs, lifetime_s=settings.lifetime_s)
-        return made[0].scheduler_address
-
+    settings, root, path = project.config.dask, Path(project.root), project.path
+    start = SlurmStart(project, lambda waiting: slurm_cluster(settings, root, predict, path, waiting))
     try:
         yield start
     finally:
-        for c in made:
-            c.close()
+        start.close()
 
 
 __all__ = ["DEFAULT_COMPILE_S", "check_job_script", "make_adaptive", "recorded_times", "scale_target", "slurm_cluster",

@@ -80,7 +80,7 @@ def shared_store_spec(project: Any) -> StoreSpec:
 def _as_outcome(d: dict[str, Any]) -> Outcome:
     status = BuildResult.CACHED if d["status"] == BuildResult.CACHED else as_status(d["status"])
     return Outcome(d["target"], d["key"], status, d.get("reason", ""), compiled=bool(d.get("compiled")),
-                   metrics=dict(d.get("metrics") or {}))
+                   metrics=dict(d.get("metrics") or {}), rechecked=tuple(d.get("rechecked") or ()))
 
 
 class DaskBuild:
@@ -89,7 +89,10 @@ class DaskBuild:
     Args:
         builder: the client's :class:`~neuron_build.build.builder.Builder` (plans, keys, the store it reads).
         address: the scheduler (``tcp://host:8786``), or a function that starts a cluster and returns its
-            scheduler's address (called only when something is left to compile).
+            scheduler's address (called only when something is left to compile, with a function returning
+            the ids of the targets still to build, from which the cluster scales: see
+            :class:`~neuron_build.build.slurm_wait.SlurmStart`; its ``wait_for_workers``, if any, is the wait
+            for a first worker).
         retry_failed: compile targets whose current key failed last time (default True).
         report: called with each progress line (e.g. print to stderr); None: log only.
         connect_timeout_s: seconds to wait for the scheduler and for a first worker.
@@ -103,7 +106,7 @@ class DaskBuild:
         workers: target id -> address of the worker whose result came back.
     """
 
-    def __init__(self, builder: Any, address: str | Callable[[], str], retry_failed: bool = True,
+    def __init__(self, builder: Any, address: str | Callable[..., str], retry_failed: bool = True,
                  report: Callable[[str], None] | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S,
                  display: Callable[[int, int, dict], Any] | None = None):
         self.b = builder
@@ -138,8 +141,11 @@ class DaskBuild:
                 todo.append(t)
         if not todo:
             return self.outcomes
+        wait = None
         if callable(self.address):  # a cluster started for this build (clusters.started_cluster): only now
-            self.address = self.address()
+            start = self.address
+            wait = getattr(start, "wait_for_workers", None)
+            self.address = start(lambda: [t.id for t in todo if t.id not in self.outcomes])
         client = connect(self.address, self.connect_timeout_s)
         try:
             try:
@@ -147,7 +153,7 @@ class DaskBuild:
             except (OSError, ValueError) as e:
                 raise UserError(f"cannot read or write the identity of the store {spec.location} ({e}); the Dask "
                                 f"executor needs a store it can write, or build here with --executor local") from None
-            workers = check_workers(client, spec, ident, self.address, self.connect_timeout_s)
+            workers = check_workers(client, spec, ident, self.address, self.connect_timeout_s, wait)
             self._submit_and_collect(client, todo, spec, ident, workers)
         finally:
             client.close()

@@ -142,7 +142,8 @@ def executing_keys(dask_worker: Any) -> list:
 def outcome_dict(out: Outcome, worker: str) -> dict[str, Any]:
     """An Outcome as plain data for the trip back to the client, with the worker's address."""
     return {"target": out.target, "key": out.key, "status": str(out.status), "reason": out.reason,
-            "compiled": out.compiled, "metrics": dict(out.metrics), "worker": worker}
+            "compiled": out.compiled, "metrics": dict(out.metrics), "worker": worker,
+            "rechecked": list(out.rechecked)}
 
 
 def compile_task(job: dict[str, Any]) -> dict[str, Any]:

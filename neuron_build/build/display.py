@@ -242,9 +242,14 @@ class BuildDisplay:
             return estimate_eta(pending, running, max(self.slots, self._peak_running), pace(self._paced))
 
     def finished_line(self, out: Any) -> str:
-        """``[3/10] <target> PASS in 41.7 s; 7 left, about 1m05s`` (the ETA part when one is known)."""
+        """``[3/10] <target> PASS in 41.7 s; 7 left, about 1m05s`` (the ETA part when one is known); a target
+        checked again because a recorded input changed says why: ``PASS (re-checked: package pillow 10.0 ->
+        11.0)``."""
         ct = (getattr(out, "metrics", None) or {}).get("compile_time_s")
         line = f"[{self.done}/{self.total}] {out.target} {out.status}" + (f" in {ct:.1f} s" if ct is not None else "")
+        why = tuple(getattr(out, "rechecked", ()) or ())
+        if why:
+            line += f" (re-checked: {why[0]}" + (f" and {len(why) - 1} more" if len(why) > 1 else "") + ")"
         left = self.total - self.done
         eta = self.eta_s()
         if left > 0 and eta is not None:

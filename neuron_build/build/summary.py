@@ -46,6 +46,8 @@ class BuildSummary:
     downloaded: list[str] = field(default_factory=list)  # cached: fetched from [build] remote by this build
     rows: list[dict] = field(default_factory=list)   # build --json: one object per target (see of)
     graph_reused: list[str] = field(default_factory=list)  # source changed, graph unchanged: nothing compiled
+    #: target id -> why its stored artifact was checked again (recorded inputs that changed), failed ones aside
+    rechecked: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, builder: Any, chosen: Sequence[Any], before: Mapping[str, str],
@@ -63,8 +65,10 @@ class BuildSummary:
         changed, the graph did not, nothing compiled, ``failed``), ``status`` (the
         compile's :class:`~neuron_build.status.Status`, or ``cached``), ``verdict`` (``pass``: the store holds
         it; ``fail``), ``reason`` (one line; empty unless failed), ``compile_time_s`` (seconds of this
-        build's compile, or of the stored artifact's for a cached one; None when failed before compiling)
-        and ``log`` (for a failure: the command that shows its log)."""
+        build's compile, or of the stored artifact's for a cached one; None when failed before compiling),
+        ``rechecked`` (why its stored artifact was checked again: the recorded inputs that changed, e.g.
+        ``package pillow 10.0 -> 11.0``; empty when it was not) and ``log`` (for a failure: the command that
+        shows its log)."""
         ids = [t.id for t in chosen]
         after = {t.id: builder.state(t) for t in chosen}
 
@@ -77,7 +81,7 @@ class BuildSummary:
         failed = [t for t in ids if after[t] != TargetState.CACHED]
         failures = {t: _failure(builder.store, t, outcomes.get(t)) for t in failed}
         out = cls(ids, built, said("reused"), failed, failures, said(DOWNLOADED, exact=True),
-                  graph_reused=said("graph unchanged"))
+                  graph_reused=said("graph unchanged"), rechecked=_rechecked(ids, outcomes, failed))
         out.rows = [out._row(builder, t, outcomes.get(t.id)) for t in chosen]
         return out
 
@@ -96,7 +100,8 @@ class BuildSummary:
             ct = m.metrics.compile_time_s if m else None
         row = {"target": tid, "key": key, "result": result, "status": status,
                "verdict": "fail" if result == "failed" else "pass", "reason": reason if result == "failed" else "",
-               "compile_time_s": None if ct is None else round(float(ct), 3)}
+               "compile_time_s": None if ct is None else round(float(ct), 3),
+               "rechecked": list(self.rechecked.get(tid, ()))}
         if result == "failed":
             row["log"] = log_command(tid)
         return row
@@ -122,9 +127,23 @@ class BuildSummary:
                 + (f" ({len(self.downloaded)} downloaded from the remote store)" if self.downloaded else "")
                 + f", {len(self.failed)} failed")
 
+    def recheck_line(self) -> str | None:
+        """``  8 targets re-checked because package pillow 10.0 -> 11.0: 8 unchanged (nothing compiled)``:
+        the targets whose stored artifact was checked again because a recorded input changed (counted as
+        cached when nothing compiled, so said here), each reason once; None when there are none."""
+        if not self.rechecked:
+            return None
+        reasons = list(dict.fromkeys(r for why in self.rechecked.values() for r in why))
+        said = ", ".join(reasons[:3]) + (f" and {len(reasons) - 3} more" if len(reasons) > 3 else "")
+        compiled = sum(1 for t in self.rechecked if t in self.built)
+        parts = ([f"{len(self.rechecked) - compiled} unchanged (nothing compiled)"] if compiled < len(self.rechecked)
+                 else []) + ([f"{compiled} compiled"] if compiled else [])
+        return f"  {_plural(len(self.rechecked), 'target')} re-checked because {said}: {', '.join(parts)}"
+
     def text(self) -> str:
         """The summary as plain text (a blank line first, to set it off doit's report)."""
-        return "\n".join(["\n" + self.head(), *self.lines])
+        recheck = self.recheck_line()
+        return "\n".join(["\n" + self.head(), *([recheck] if recheck else []), *self.lines])
 
     def print(self, stream: Any = None, rich: bool | None = None, width: int | None = None) -> None:
         """Print the summary on ``stream`` (default stdout): plain :meth:`text`, or with ``rich`` (default:
@@ -143,6 +162,8 @@ class BuildSummary:
         console = make_console(s, terminal=True if rich else None, width=width)
         console.print()
         console.print(Text(self.head(), style="bold red" if self.failed else "bold green"))
+        if self.recheck_line():
+            console.print(Text(self.recheck_line() or "", style="yellow"))
         if self.failed:
             # the reason gets the room (an 80-column terminal included), the command showing the log goes
             # on the line below it, whole: ids and commands never fold mid-word while there is room
@@ -186,7 +207,37 @@ def from_outcomes(targets: Iterable[str], outcomes: Mapping[str, Any], hits: Ite
                   else ("not built", NOT_RUN))
     failures = {t: (str(outcomes[t].status), outcomes[t].reason) if t in outcomes else unfinished
                 for t in failed}
-    return BuildSummary(ids, built, reused, failed, failures, downloaded)
+    return BuildSummary(ids, built, reused, failed, failures, downloaded, rechecked=_rechecked(ids, outcomes, failed))
+
+
+def _rechecked(ids: Iterable[str], outcomes: Mapping[str, Any], failed: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """target id -> its outcome's ``rechecked`` (why it was checked again), for the targets not ``failed``."""
+    bad = set(failed)
+    return {t: tuple(outcomes[t].rechecked) for t in ids
+            if t in outcomes and t not in bad and getattr(outcomes[t], "rechecked", ())}
+
+
+def why_rechecked(stale: Iterable[str], recorded: Any, version: Any) -> tuple[str, ...]:
+    """The reasons a stored artifact was checked again, for the summary: ``stale`` (the lines of
+    :meth:`~neuron_build.project.reads.InputCheck.stale`) with each changed distribution said with its
+    versions, ``package pillow 10.0 -> 11.0`` (the recorded one from ``recorded``, a manifest's
+    ``recorded_inputs``; the installed one from ``version(name)``, None: ``removed``).
+
+    >>> why_rechecked(["recorded distribution pillow changed", "recorded read w.bin changed"],
+    ...               {"dists": {"pillow": "10.0"}}, lambda name: "11.0")
+    ('package pillow 10.0 -> 11.0', 'recorded read w.bin changed')
+    """
+    word = "recorded distribution "
+    dists = recorded.get("dists") if isinstance(recorded, dict) else None
+    out = []
+    for line in stale:
+        name = line[len(word):-len(" changed")] if line.startswith(word) and line.endswith(" changed") else None
+        if name is None or not isinstance(dists, dict):
+            out.append(line)
+            continue
+        now = version(name)
+        out.append(f"package {name} {dists.get(name) or 'none'} -> {now if now is not None else 'removed'}")
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -234,4 +285,4 @@ def reported_outcome(target_id: str, msg: str | None) -> Any:
     return _Reported(target_id, msg)
 
 
-__all__ = ["BuildSummary", "from_outcomes", "log_command", "reported_outcome"]
+__all__ = ["BuildSummary", "from_outcomes", "log_command", "reported_outcome", "why_rechecked"]

@@ -16,7 +16,8 @@ prints under ``registry``), so the page and the JSON show the same numbers. Elem
 
 A target no longer in the matrix is marked in the tables (``class="gone"``) and in the chart legends.
 Legends sit beside the axes in as many columns as needed (at most 14 entries a column), so they stay
-readable with many targets.
+readable with many targets; each target has its own marker and is nudged sideways at each release
+(:func:`~neuron_build.evaluate.charts.dodge`), so targets with equal figures do not hide one another.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import math
 import re
 from typing import Any
 
+from neuron_build.evaluate.charts import MARKERS, dodge
 from neuron_build.evaluate.charts import figure as _figure
 from neuron_build.evaluate.charts import svg as _svg
 
@@ -83,16 +85,17 @@ def _chart(model: dict[str, Any], fields: tuple[str, ...], ylabel: str) -> str |
     rels = model["releases"]
     fig, ax = _figure(max(5.0, 1.1 * len(rels) + 3.0) + 2.6 * ncol,
                       max(3.2, 0.22 * min(len(targets), per_col) + 1.2))
-    for t in targets:
+    for k, t in enumerate(targets):  # each target its own marker, nudged sideways: equal values stay visible
+        dx = dodge(k, len(targets))
         pts = series[0].get(t, [])
         label = t + (f" ({GONE})" if t in gone else "")
-        style = {"marker": "o", "markerfacecolor": "none" if t in gone else None}
-        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label, **style)
+        style = {"marker": MARKERS[k % len(MARKERS)], "markerfacecolor": "none" if t in gone else None}
+        line, = ax.plot([p[0] + dx for p in pts], [p[1] for p in pts], label=label, alpha=0.85, **style)
         for s in series[1:]:
             extra = s.get(t, [])
             if extra:
-                ax.plot([p[0] for p in extra], [p[1] for p in extra], linestyle="--", marker="^",
-                        color=line.get_color(), markerfacecolor="none")
+                ax.plot([p[0] + dx for p in extra], [p[1] for p in extra], linestyle="--",
+                        marker=MARKERS[k % len(MARKERS)], color=line.get_color(), markerfacecolor="none")
     ax.set_xticks(range(len(rels)))
     ax.set_xticklabels([f"{r['id'][:10]}\n{r['dtype']}/{r['profile']}" for r in rels], fontsize="small")
     ax.set_xlim(-0.5, len(rels) - 0.5)

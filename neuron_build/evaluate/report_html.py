@@ -8,23 +8,29 @@ inlined into the page, with the style sheet; the page loads nothing and runs no 
 - ``chart-op-count``: op count per target (newest passing artifact);
 - ``chart-artifact-size``: artifact size per target (MiB);
 - ``chart-failures``: failed compiles by failure stage.
+
+A chart with nothing to draw is one ``<p class="empty">`` line with the same id instead ("no failures: ...").
+Tables wider than the page scroll inside it, long cells wrap, and charts shrink to the page width.
 """
 
 from __future__ import annotations
 
 import html
-import io
 import re
 from collections.abc import Sequence
 
+from neuron_build.evaluate import charts
 from neuron_build.evaluate.monitoring import Report
 
 CHARTS = ("chart-compile-time", "chart-op-count", "chart-artifact-size", "chart-failures")
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
-table { border-collapse: collapse; margin: 1em 0; }
-th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }
+table { border-collapse: collapse; margin: 1em 0; display: block; max-width: 100%; overflow-x: auto; }
+th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; overflow-wrap: break-word; }
+td code { overflow-wrap: anywhere; }
+figure svg { max-width: 100%; height: auto; }
+p.empty { color: #666; font-style: italic; }
 td:nth-child(2), td:nth-child(3) { white-space: nowrap; }
 th { background: #f0f0f0; }
 td.ok { color: #176317; font-weight: bold; }
@@ -37,58 +43,65 @@ figcaption { font-weight: bold; margin-bottom: .5em; }
 
 def _svg(fig) -> str:
     """A matplotlib figure as inline SVG text (without the XML prolog and DOCTYPE)."""
-    import matplotlib
-
-    buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text stays text (searchable, small)
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    text = buf.getvalue()
-    return text[text.index("<svg"):]
+    return charts.svg(fig)
 
 
 def _figure(width: float = 8.0, height: float = 3.2):
-    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
-
-    fig = Figure(figsize=(width, height), dpi=96)
-    return fig, fig.add_subplot(1, 1, 1)
+    return charts.figure(width, height)
 
 
-def _compile_time_chart(rep: Report) -> str:
-    fig, ax = _figure()
-    drawn = False
+def _compile_time_chart(rep: Report) -> str | None:
+    """Compile time per target over its builds (x: the target's build number, whole numbers only; each
+    target its own marker, nudged sideways so equal times stay visible); None when nothing compiled."""
+    series = []
     for t in rep.targets:
         pts = [(i, b["compile_time_s"], b["status"]) for i, b in enumerate(t["builds"], 1)
                if b["compile_time_s"] is not None]
-        if not pts:
-            continue
-        drawn = True
-        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=t["target"])
+        if pts:
+            series.append((t["target"], pts))
+    if not series:
+        return None
+    fig, ax = _figure(8.0, max(3.2, 0.22 * min(len(series), 14) + 1.2))
+    for k, (name, pts) in enumerate(series):
+        dx = charts.dodge(k, len(series))
+        mark = charts.MARKERS[k % len(charts.MARKERS)]
+        line, = ax.plot([p[0] + dx for p in pts], [p[1] for p in pts], marker=mark, markersize=6, label=name,
+                        alpha=0.85)
         bad = [p for p in pts if p[2] != "PASS"]
         if bad:
-            ax.scatter([p[0] for p in bad], [p[1] for p in bad], marker="x", s=80, color=line.get_color())
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.scatter([p[0] + dx for p in bad], [p[1] for p in bad], marker="x", s=80, color=line.get_color())
+    last = max(p[0] for _n, pts in series for p in pts)
+    ax.set_xticks(range(1, last + 1))
+    ax.set_xlim(0.5, last + 0.5)
     ax.set_xlabel("build of the target (1 = first in the window)")
     ax.set_ylabel("compile time (s)")
-    if drawn:
-        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    else:
-        ax.text(0.5, 0.5, "no compiles in the window", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
+              ncol=max(1, -(-len(series) // 14)))
     return _svg(fig)
 
 
-def _bar_chart(labels: list[str], values: list[float], xlabel: str, empty: str) -> str:
+def _bar_chart(labels: list[str], values: list[float], xlabel: str, empty: str = "") -> str | None:
+    """A horizontal bar chart (SVG), None when there is no bar (the caller says so in words: an empty axes
+    reads as a chart of zeros)."""
+    if not labels:
+        return None
     fig, ax = _figure(8.0, max(1.6, 0.35 * len(labels) + 0.8))
-    if labels:
-        ax.barh(labels, values, color="#4472c4")
-        ax.invert_yaxis()
-        for y, v in enumerate(values):
-            ax.text(v, y, f" {v:g}", va="center", fontsize="small")
-    else:
-        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
+    ax.barh(labels, values, color="#4472c4")
+    ax.invert_yaxis()
+    for y, v in enumerate(values):
+        ax.text(v, y, f" {v:g}", va="center", fontsize="small")
     ax.set_xlabel(xlabel)
     return _svg(fig)
+
+
+def chart_html(cid: str, title: str, svg: str | None, empty: str) -> str:
+    """``<figure id=cid>`` with its caption and SVG, or, with nothing drawn, one ``<p class="empty">`` line
+    with the same id saying so (``empty``)."""
+    esc = html.escape
+    if svg is None:
+        return f'<p class="empty" id="{cid}"><b>{esc(title)}:</b> {esc(empty)}</p>'
+    return f'<figure id="{cid}"><figcaption>{esc(title)}</figcaption>{svg}</figure>'
 
 
 def render_html(rep: Report, sections: Sequence[str] = (), registry: dict | None = None) -> str:
@@ -122,27 +135,28 @@ def render_html(rep: Report, sections: Sequence[str] = (), registry: dict | None
                      f"<td>{peak}</td></tr>")
     with_ops = [t for t in rep.targets if t["op_count"] is not None]
     with_size = [t for t in rep.targets if t["artifact_bytes"] is not None]
-    charts = {
-        "chart-compile-time": ("Compile time per target over builds", _compile_time_chart(rep)),
+    drawn = {
+        "chart-compile-time": ("Compile time per target over builds", _compile_time_chart(rep),
+                               "no compiles in the window"),
         "chart-op-count": ("Op count per target", _bar_chart([t["target"] for t in with_ops],
-                                                              [t["op_count"] for t in with_ops], "op count",
-                                                              "no passing artifacts in the window")),
+                                                              [t["op_count"] for t in with_ops], "op count"),
+                           "no passing artifacts in the window"),
         "chart-artifact-size": ("Artifact size per target", _bar_chart(
             [t["target"] for t in with_size], [round(t["artifact_bytes"] / 2**20, 3) for t in with_size],
-            "artifact size (MiB)", "no passing artifacts in the window")),
+            "artifact size (MiB)"), "no passing artifacts in the window"),
         "chart-failures": ("Failed compiles by failure stage", _bar_chart(
-            list(rep.failures_by_stage), list(rep.failures_by_stage.values()), "failed compiles",
-            "no failed compiles in the window")),
+            list(rep.failures_by_stage), list(rep.failures_by_stage.values()), "failed compiles"),
+            f"no failures: none of the {c['compiles']} compiles in the window failed"),
     }
-    figs = "\n".join(f"<figure id=\"{cid}\"><figcaption>{esc(title)}</figcaption>{svg}</figure>"
-                     for cid, (title, svg) in charts.items())
+    figs = "\n".join(chart_html(cid, title, svg, empty) for cid, (title, svg, empty) in drawn.items())
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>neuron-build report</title>
 <style>{_CSS}</style></head>
 <body>
 <h1>neuron-build report</h1>
 <p>Store {esc(rep.location)}; window since {esc(since)} until {esc(rep.until.strftime('%Y-%m-%d %H:%M UTC'))}:
-{c['compiles']} compiles ({c['failed']} failed), {c['cached']} cache hits, {c['reused']} reuses.</p>
+{c['compiles']} compiles ({c['failed']} failed), {c['cached']} cache hits, {c['reused']} reuses,
+{c['graph_reused']} graph reuses (source changed, graph unchanged: nothing compiled).</p>
 <h2>Checklist</h2>
 <table id="checklist"><tr><th>signal</th><th>figure</th><th>limit</th><th>verdict</th><th>detail</th><th>action</th></tr>
 {''.join(rows)}
@@ -169,4 +183,4 @@ def _registry_section(registry: dict | None) -> str:
     return render_registry(registry)
 
 
-__all__ = ["CHARTS", "render_html"]
+__all__ = ["CHARTS", "chart_html", "render_html"]

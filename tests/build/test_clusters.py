@@ -16,7 +16,7 @@ from neuron_build.errors import ConfigError
 from neuron_build.project.config import load_project
 from neuron_build.project.config_dask import DaskSettings, walltime_seconds
 from tests.helpers.cli import run_cli
-from tests.helpers.daskkit import calls, dask_env, wait_for, write_sleepy_project
+from tests.helpers.daskkit import REPO, calls, dask_env, wait_for, write_sleepy_project
 
 
 # -- the schema -------------------------------------------------------------------------------------------
@@ -272,3 +272,100 @@ def test_the_worker_job_carries_the_dask_settings(slurm, tmp_path, monkeypatch):
     assert "--lifetime 540s --lifetime-stagger 15s --resources memory_gb=1.000" in script, script
     assert "--nthreads 2" in script and "tcp://127.0.0.1:" in script, script
     assert not slurm.jobs()  # checking the job queued nothing
+
+
+# -- docs/slurm-one-node.md on a real one-node Slurm ----------------------------------------------------------
+PAGE = REPO / "docs" / "slurm-one-node.md"
+#: slurm.conf keys whose values are this host's files or ports: the helper keeps them in its scratch folder
+_PLACES = {"StateSaveLocation", "SlurmdSpoolDir", "SlurmctldPidFile", "SlurmdPidFile", "SlurmctldLogFile",
+           "SlurmdLogFile", "SlurmctldPort", "SlurmdPort", "AuthInfo", "ClusterName"}
+
+
+def _blocks(lang: str) -> list[str]:
+    import re
+    return re.findall(rf"```{lang}\n(.*?)```", PAGE.read_text(), flags=re.S)
+
+
+def _conf(text: str) -> dict[str, str]:
+    """slurm.conf lines as key -> value (a node or partition line: its name -> the rest)."""
+    out = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith(("cat ", "EOF", "mkdir")):
+            k, _, v = line.strip().partition("=")
+            out[k] = v
+    return {k: v for k, v in out.items() if k not in _PLACES}
+
+
+def test_the_slurm_page_uses_the_helpers_slurm_conf(slurm):
+    """The page's slurm.conf is the one the test helper runs (this host's files and ports aside), with the
+    host's name and CPUs where the page writes $(hostname) and $(nproc), and the packages it installs."""
+    from tests.helpers.slurm import CONF
+
+    page = next(b for b in _blocks("sh") if "slurm.conf <<EOF" in b)
+    page = page.replace("$(hostname)", slurm.host).replace("$(nproc)", str(slurm.cpus))
+    ours = _conf(slurm.conf.read_text())
+    theirs = _conf(page)
+    ours["NodeName"] = ours["NodeName"].replace(ours["NodeName"].split("RealMemory=")[1].split()[0], "4096")
+    assert theirs == ours
+    assert set(_conf(CONF)) == set(ours)
+    assert "apt-get install -y slurmctld slurmd slurm-client munge" in _blocks("sh")[0]
+
+
+def test_the_slurm_page_builds_from_zero_jobs(slurm, tmp_path):
+    """The page's [dask] table (minimum_jobs = 0) on a real one-node Slurm: the build submits a job as soon as
+    it has something to compile and builds (before: no sbatch ever ran, and the build waited start_timeout_s
+    for a worker); a no-op build then submits none."""
+    import tomllib
+
+    page = tomllib.loads(next(b for b in _blocks("toml") if "[dask]" in b))
+    assert page["build"] == {"executor": "dask"} and page["dask"]["minimum_jobs"] == 0
+    dask = "\n[dask]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in page["dask"].items()) + "start_timeout_s = 90\n"
+    cfg = write_sleepy_project(tmp_path / "p", seconds=0.5, batches=(1,), build_extra='executor = "dask"', extra=dask)
+    env = slurm.env(dask_env())
+    t0 = time.monotonic()
+    r = run_cli("-c", str(cfg), "build", env=env, timeout=240)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert "1 target: 1 built, 0 cached, 0 failed" in r.stdout, r.stdout
+    assert len(list((cfg.parent / "slurm-logs").glob("neuron-build-*.err"))) == 1  # one job, sbatch'ed by the build
+    assert took < 80, took
+    wait_for(lambda: not slurm.jobs(), 60, "the job to end after the build")
+    again = run_cli("-c", str(cfg), "build", env=env, timeout=120)
+    assert "1 target: 0 built, 1 cached, 0 failed" in again.stdout, again.stdout + again.stderr
+    assert len(list((cfg.parent / "slurm-logs").glob("neuron-build-*.err"))) == 1 and not slurm.jobs()
+
+
+def _toml(v) -> str:
+    import json
+    return json.dumps(v) if isinstance(v, (str, list)) else str(v)
+
+
+@pytest.mark.parametrize(("edit", "says"), [
+    (('["--job-name=nb-test"]', '["--hold"]'),
+     "is PENDING (JobHeldUser), which does not end by itself; release it (scontrol release "),
+    (('["export NB_PROLOGUE_RAN=1"]', '["echo the prologue failed >&2; exit 3"]'),
+     "ended before its worker connected; read its log "),
+])
+def test_a_slurm_job_that_cannot_give_a_worker_is_one_line_within_scheduler_timeout_s(slurm, tmp_path, edit, says):
+    """A worker job Slurm holds (--hold: pending with reason JobHeldUser, forever), or one that ends before its
+    worker starts (a failing prologue): the build stops within scheduler_timeout_s with the job, its state and
+    reason or its log, and the fix, not after start_timeout_s."""
+    extra = SLURM_DASK.format(queue=slurm.partition).replace(*edit)
+    extra = extra.replace("minimum_jobs = 2", "minimum_jobs = 0").replace("start_timeout_s = 120", "start_timeout_s = 300")
+    cfg = write_sleepy_project(tmp_path / "p", seconds=0.1, batches=(1,),
+                               build_extra='executor = "dask"\nscheduler_timeout_s = 3', extra=extra)
+    t0 = time.monotonic()
+    r = run_cli("-c", str(cfg), "build", env=slurm.env(dask_env()), timeout=200)
+    took = time.monotonic() - t0
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f'{cfg}: [dask] cluster = "slurm": no Dask worker joined tcp://127.0.0.1:' in lines[0], lines[0]
+    assert says in lines[0], lines[0]
+    log = lines[0].split(str(cfg.parent / "slurm-logs") + "/")[1].split(".err")[0] + ".err"
+    assert log.startswith("neuron-build-"), lines[0]
+    if "prologue" in edit[1]:
+        assert "the prologue failed" in (cfg.parent / "slurm-logs" / log).read_text()
+    assert took < 60, took
+    wait_for(lambda: not slurm.jobs(), 30, "the job to be cancelled")
+    assert not calls(cfg.parent)

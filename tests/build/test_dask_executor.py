@@ -260,6 +260,32 @@ def test_scheduler_unreachable_is_one_line(tmp_path):
     assert starts(cfg.parent) == []
 
 
+def test_an_http_server_as_the_scheduler_fails_within_scheduler_timeout_s(tmp_path):
+    """``--scheduler`` naming a port where an HTTP server listens (a scheduler's dashboard, 8787): the
+    connection opens but nothing answers as Dask; the build says so within scheduler_timeout_s, not never."""
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"tcp://127.0.0.1:{server.server_address[1]}"
+    try:
+        cfg = write_sleepy_project(tmp_path / "p", build_extra='executor = "dask"\nscheduler_timeout_s = 2\n')
+        t0 = time.monotonic()
+        r = cli(cfg, "build", "--executor", "dask", "--scheduler", address, timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert (f"{address} did not answer as a Dask scheduler within 2 s (is it the dashboard port? the scheduler "
+            "listens on 8786 by default)") in lines[0], lines[0]
+    assert took < 20, took  # 2 s of waiting, plus the CLI's start
+    assert starts(cfg.parent) == []
+
+
 def test_no_scheduler_configured(tmp_path, monkeypatch):
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
     cfg = dask_project(tmp_path / "p", None)
