@@ -221,6 +221,9 @@ def resolve_release(store: ArtifactStore, settings: ReleaseSettings, req: Promot
             raise UserError(f"--from and --to are both '{to}'")
         src = get_pointer(store, model, req.from_channel)
         if not src:
+            unshared = _unshared_channel(store, model, req.from_channel)
+            if unshared:
+                raise UserError(unshared)
             raise UserError(f"channel '{req.from_channel}' of model '{model}' holds no release yet; promote one "
                             f"into it first")
         rel = get_release(store, model, src.release)
@@ -243,6 +246,18 @@ def resolve_release(store: ArtifactStore, settings: ReleaseSettings, req: Promot
         extra["rolled_back"] = rolled
     return Candidate(release=rel, source=source, device_kind=kind, waivers=waivers, rolled=rolled, extra=extra,
                      op=new_op())
+
+
+def _unshared_channel(store: ArtifactStore, model: str, channel: str) -> str | None:
+    """Why a channel the local tier of a local+remote pair holds, and the remote does not account for (one
+    promoted before the remote was added), cannot be promoted from yet: one line naming both stores and
+    ``push``; None for any other store."""
+    local, remote = getattr(store, "local", None), getattr(store, "remote", None)
+    if local is None or remote is None:
+        return None
+    from neuron_build.store.sync import channel_disagreement
+
+    return channel_disagreement(remote, local, model, channel)
 
 
 def check_gates(store: ArtifactStore, settings: ReleaseSettings, req: PromotionRequest, cand: Candidate,
