@@ -130,6 +130,17 @@ def normalize_compiler_args(args: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(_show(f, seen[f]) for f in sorted(seen))
 
 
+#: The flags documented for neuronx-cc that a profile may set (the user's list: ``docs/neuron.md``).
+DOCUMENTED = tuple(sorted((set(ENUMERATED) | VALUE_FLAGS | BOOL_FLAGS) - set(RESERVED)))
+
+
+def unknown_flags(normalized: Iterable[str], unchecked: Iterable[str] = ()) -> list[str]:
+    """The flags of normalised args that are neither :data:`DOCUMENTED` nor reserved nor in ``unchecked``
+    (flag names a profile accepts on purpose: ``unchecked_args``), in order."""
+    known = set(DOCUMENTED) | set(RESERVED) | {ALIASES.get(f, f) for f in unchecked} | set(unchecked)
+    return [f for f in (a.partition("=")[0] for a in normalized) if f not in known]
+
+
 def _show(flag: str, value: str | None) -> str:
     return flag if value is None else f"{flag}={value}"
 
@@ -140,5 +151,5 @@ def key_args(normalized: Iterable[str]) -> tuple[str, ...]:
     return tuple(a for a in normalized if a.partition("=")[0] not in NOT_IN_KEY)
 
 
-__all__ = ["ALIASES", "BOOL_FLAGS", "ENUMERATED", "NOT_IN_KEY", "OPPOSITES", "RESERVED", "VALUE_FLAGS", "key_args",
-           "normalize_compiler_args"]
+__all__ = ["ALIASES", "BOOL_FLAGS", "DOCUMENTED", "ENUMERATED", "NOT_IN_KEY", "OPPOSITES", "RESERVED", "VALUE_FLAGS", "key_args",
+           "normalize_compiler_args", "unknown_flags"]

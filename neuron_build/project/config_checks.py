@@ -138,6 +138,32 @@ def _slurm_needs_dask(cfg: ConfigFile, root: Path) -> list[str]:
     return []
 
 
+def _documented_flags(cfg: ConfigFile, root: Path) -> list[str]:
+    """Every neuronx-cc flag of a profile is documented, or named in its ``unchecked_args`` (it is in the key:
+    a misspelt flag would make new keys and fail, or be ignored, at compile time)."""
+    from neuron_build.project.compiler_args import DOCUMENTED, unknown_flags
+
+    out = []
+    for name, prof in cfg.profiles.items():
+        unknown = unknown_flags(prof.compiler_args, prof.unchecked_args)
+        if unknown:
+            u = unknown[0]
+            out.append(f"{toml_path(('profiles', name, 'compiler_args'))}: {u} is not a documented neuronx-cc flag "
+                       f"(documented: {', '.join(DOCUMENTED)}); fix the spelling, or if your neuronx-cc takes it, "
+                       f"add unchecked_args = [\"{u}\"] to [profiles.{name}]")
+    return out
+
+
+def _walltime_fits_a_compile(cfg: ConfigFile, root: Path) -> list[str]:
+    """A Slurm worker lives its walltime less its lifetime margin: a compile may take ``timeout_s``."""
+    d = cfg.dask
+    if d.cluster != "slurm" or d.lifetime_s >= cfg.build.timeout_s:
+        return []
+    return [f"dask.walltime: {d.walltime!r} lets a worker run {d.lifetime_s} s (the walltime less its lifetime margin "
+            f"of {d.margin_s} s), less than [build] timeout_s ({cfg.build.timeout_s:g} s): a compile that runs its "
+            f"full time would be stopped with its Slurm job; raise walltime or lower timeout_s"]
+
+
 # --------------------------------------------------------------------------------------------------
 # one model table
 
@@ -249,8 +275,10 @@ def _reference(cfg: ConfigFile, root: Path, name: str, m: ModelSpec) -> list[str
     ref = cfg.models.get(m.reference)
     if ref is None:
         others = [n for n in cfg.models if n != name]
+        alone = "" if others else (" (a model is its own reference by default: remove the line, or define the "
+                                   "model to compare with)")
         return [f"{where}: unknown model '{m.reference}'; {_hint(m.reference, others)}defined models: "
-                f"{', '.join(others) or 'none'}"]
+                f"{', '.join(cfg.models)}{alone}"]
     if m.reference == name:
         return [f"{where}: a model is its own reference by default; remove the line or name another model"]
 
@@ -455,7 +483,8 @@ def _missing_imports(tree: ast.AST, path: Path, root: Path, where: str, via: Pat
 
 #: The checks of the whole file, in report order.
 PROJECT_CHECKS: list[ProjectCheck] = [_store_is_local, _store_beside_sources, _state_dir_is_a_folder,
-                                      _table_names, _one_scheduler, _slurm_needs_dask]
+                                      _table_names, _one_scheduler, _slurm_needs_dask, _documented_flags,
+                                      _walltime_fits_a_compile]
 #: The checks of each ``[models.NAME]`` table, in report order.
 MODEL_CHECKS: list[ModelCheck] = [_known_profiles, _textgen, _inputs_given, _input_dims, _input_names, _used_dims,
                                   _weights_exist, _sources_match, _packages_installed, _reference, _loads]

@@ -70,6 +70,8 @@ def lifetime_margin_s(walltime_s: int) -> int:
 def _not_bool(v):
     if isinstance(v, bool):
         raise ValueError("must be a whole number, not true/false")
+    if isinstance(v, str):  # "600" would pass as 600.0 in pydantic's lax mode
+        raise ValueError(f"{v!r} is a string; write the number without quotes")
     return v
 
 
