@@ -62,3 +62,17 @@ def test_report_counts_and_names_unreadable_ledger_records(tmp_path, capsys):
     assert doc["records"] == 2 and doc["unreadable_records"] == [
         "ledger/2026-12-02/060000.000000Z-host-abcd.json (not JSON)",
         "ledger/2026-12-02/070000.000000Z-host-abcd.json#1 (not a ledger record)"]
+
+
+def test_release_of_another_backend_advises_a_build_of_that_backend(tmp_path, capsys):
+    """`release --backend inductor` on a torchscript project: `neuron-build build T` would build torchscript
+    again; the advice says to set [build] backend first."""
+    cfg, _ = _project(tmp_path)
+    assert main(["release", "other", "--backend", "inductor", "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert ("other/static/fp32/p1: missing: not built (key ") in err
+    assert ("set [build] backend = \"inductor\" in buckets.toml, then run `neuron-build build "
+            "other/static/fp32/p1` (a build now compiles for torchscript)") in err
+    assert main(["release", "other", "-c", str(cfg)]) == 2       # the project's own backend: the plain advice
+    err = capsys.readouterr().err
+    assert "; run `neuron-build build other/static/fp32/p1`" in err and "[build] backend" not in err
