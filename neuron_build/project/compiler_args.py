@@ -141,6 +141,19 @@ def unknown_flags(normalized: Iterable[str], unchecked: Iterable[str] = ()) -> l
     return [f for f in (a.partition("=")[0] for a in normalized) if f not in known]
 
 
+def flag_faults(profile: str, normalized: Iterable[str], unchecked: Iterable[str] = ()) -> list[str]:
+    """The one line for a profile whose compiler args hold a flag that is not documented (it is in the key:
+    a misspelt flag would make new keys and fail, or be ignored, at compile time): it names the flag, the
+    documented ones and the escape hatch (``unchecked_args``); empty when there is none."""
+    unknown = unknown_flags(normalized, unchecked)
+    if not unknown:
+        return []
+    u = unknown[0]
+    return [f"profiles.{profile}.compiler_args: {u} is not a documented neuronx-cc flag (documented: "
+            f"{', '.join(DOCUMENTED)}); fix the spelling, or if your neuronx-cc takes it, add unchecked_args = "
+            f"[\"{u}\"] to [profiles.{profile}]"]
+
+
 def _show(flag: str, value: str | None) -> str:
     return flag if value is None else f"{flag}={value}"
 
@@ -151,5 +164,5 @@ def key_args(normalized: Iterable[str]) -> tuple[str, ...]:
     return tuple(a for a in normalized if a.partition("=")[0] not in NOT_IN_KEY)
 
 
-__all__ = ["ALIASES", "BOOL_FLAGS", "DOCUMENTED", "ENUMERATED", "NOT_IN_KEY", "OPPOSITES", "RESERVED", "VALUE_FLAGS", "key_args",
+__all__ = ["ALIASES", "BOOL_FLAGS", "DOCUMENTED", "ENUMERATED", "flag_faults", "NOT_IN_KEY", "OPPOSITES", "RESERVED", "VALUE_FLAGS", "key_args",
            "normalize_compiler_args", "unknown_flags"]

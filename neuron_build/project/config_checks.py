@@ -139,29 +139,16 @@ def _slurm_needs_dask(cfg: ConfigFile, root: Path) -> list[str]:
 
 
 def _documented_flags(cfg: ConfigFile, root: Path) -> list[str]:
-    """Every neuronx-cc flag of a profile is documented, or named in its ``unchecked_args`` (it is in the key:
-    a misspelt flag would make new keys and fail, or be ignored, at compile time)."""
-    from neuron_build.project.compiler_args import DOCUMENTED, unknown_flags
+    """Every neuronx-cc flag of a profile is documented, or in its ``unchecked_args`` (:func:`flag_faults`)."""
+    from neuron_build.project.compiler_args import flag_faults
 
-    out = []
-    for name, prof in cfg.profiles.items():
-        unknown = unknown_flags(prof.compiler_args, prof.unchecked_args)
-        if unknown:
-            u = unknown[0]
-            out.append(f"{toml_path(('profiles', name, 'compiler_args'))}: {u} is not a documented neuronx-cc flag "
-                       f"(documented: {', '.join(DOCUMENTED)}); fix the spelling, or if your neuronx-cc takes it, "
-                       f"add unchecked_args = [\"{u}\"] to [profiles.{name}]")
-    return out
+    return [f for name, prof in cfg.profiles.items() for f in flag_faults(name, prof.compiler_args, prof.unchecked_args)]
 
 
 def _walltime_fits_a_compile(cfg: ConfigFile, root: Path) -> list[str]:
-    """A Slurm worker lives its walltime less its lifetime margin: a compile may take ``timeout_s``."""
-    d = cfg.dask
-    if d.cluster != "slurm" or d.lifetime_s >= cfg.build.timeout_s:
-        return []
-    return [f"dask.walltime: {d.walltime!r} lets a worker run {d.lifetime_s} s (the walltime less its lifetime margin "
-            f"of {d.margin_s} s), less than [build] timeout_s ({cfg.build.timeout_s:g} s): a compile that runs its "
-            f"full time would be stopped with its Slurm job; raise walltime or lower timeout_s"]
+    """A Slurm worker lives long enough for a compile of ``timeout_s`` (:meth:`DaskSettings.timeout_fault`)."""
+    fault = cfg.dask.timeout_fault(cfg.build.timeout_s)
+    return [fault] if fault else []
 
 
 # --------------------------------------------------------------------------------------------------
