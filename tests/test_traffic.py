@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from neuron_build.cli import main
 from neuron_build.project import bucket_search
-from neuron_build.project.bucket_search import evaluate, optimal_lists, round_up, suggest
+from neuron_build.project.bucket_search import evaluate, optimal_lists, round_up, serve, suggest
 from neuron_build.traffic import TrafficRecorder, load_traffic
 from tests.helpers.cli import run_cli
 from tests.helpers.projects import write_tiny_project
@@ -594,3 +594,25 @@ def test_a_refusal_that_more_neffs_would_lift_names_the_budget(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "--max-buckets 3" in err and "--max-buckets one more" not in err
     assert main([*base, "--max-buckets", "3", "--write"]) == 0
+
+
+def test_the_joint_search_keeps_todays_largest_bucket_of_every_dim():
+    """Two dims, exact and coordinate descent alike: every budget's lists end at today's largest sizes (a
+    candidate that serves no request seen), and the padding is the brute force's over such lists."""
+    counts = {(1, 10): 30, (2, 40): 5, (1, 60): 20, (3, 12): 7}
+    for limit in (bucket_search.JOINT_EXACT_LIMIT, 0):      # 0: every split by coordinate descent
+        old = bucket_search.JOINT_EXACT_LIMIT
+        bucket_search.JOINT_EXACT_LIMIT = limit
+        try:
+            curve = suggest(counts, ["batch", "seq"], 6, [None, 8], tops=[4, 128])
+        finally:
+            bucket_search.JOINT_EXACT_LIMIT = old
+        assert curve and all(max(ev.buckets["batch"]) == 4 and max(ev.buckets["seq"]) == 128 for ev, _m in curve)
+        assert all(s % 8 == 0 for ev, _m in curve for s in ev.buckets["seq"])
+    best = min(curve[-1][0].padded, suggest(counts, ["batch", "seq"], 6, [None, 8], tops=[4, 128])[-1][0].padded)
+    real = sum(c * b * s for (b, s), c in counts.items())
+    brute = min(sum(c * serve(b, bl) * serve(s, sl) for (b, s), c in counts.items()) - real
+                for nb in range(1, 4) for bl in itertools.combinations([1, 2, 3], nb - 1)
+                for ns in range(1, 6 // nb + 1) for sl in itertools.combinations([16, 40, 64], ns - 1)
+                for bl in [sorted([*bl, 4])] for sl in [sorted([*sl, 128])])
+    assert best == brute
