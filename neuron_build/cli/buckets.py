@@ -14,7 +14,8 @@ from neuron_build.errors import ExitCode, UserError
 SUGGEST_HELP = """\
 Padding ratio over the searched dims: sum(count * (prod bucket - prod value)) / sum(count * prod value)
 over the requests the buckets serve (one dim: sum(count * (bucket - value)) / sum(count * value)).
-A suggestion serves every request in one call (its largest size >= the largest value seen).
+A suggestion serves every request in one call (its largest size >= the largest value seen), and keeps
+today's largest bucket of each dim (--narrow: it may end at the largest value seen instead).
 One dim: the exact optimum (dynamic programming over the observed values, or with --multiple over
 the values rounded up to multiples of M, which is still exact over sizes that are multiples of M).
 Several dims (the default for a model with several bucket dims; --dim picks some, the others are
