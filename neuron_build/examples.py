@@ -52,22 +52,60 @@ def _forget_foreign(top: str, root: str) -> None:
     importlib.invalidate_caches()
 
 
+def resolve_path_kwargs(root: str | Path, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with each top-level string value that is a relative path naming a file or folder under the
+    project folder ``root`` (``weights/x.pt``) replaced by its absolute path: a compile runs in a fresh
+    temporary folder, so the factory would not find it otherwise. Other values (numbers, names such as
+    ``"bert"`` that are no file there, URLs, absolute paths) are passed as given. The file's content is
+    recorded like any file the factory reads (:mod:`neuron_build.project.reads`); the key holds the value
+    as written."""
+    out = dict(kwargs)
+    base = Path(root)
+    for name, value in kwargs.items():
+        if not isinstance(value, str) or not value or "://" in value or Path(value).is_absolute():
+            continue
+        path = base / value
+        try:
+            if path.exists():
+                out[name] = str(path)
+        except OSError:  # a name too long to be a path, and the like: not a file here
+            continue
+    return out
+
+
+def _call_factory(root: str | Path, factory: str, kwargs: dict[str, Any]):
+    """Call the factory with :func:`resolve_path_kwargs`; a relative path it cannot open is one line naming
+    the factory, the path, the folder it was resolved against and the fix (a FileNotFoundError)."""
+    try:
+        return load_factory(root, factory)(**resolve_path_kwargs(root, kwargs))
+    except FileNotFoundError as e:
+        name = e.filename
+        if not isinstance(name, str) or Path(name).is_absolute():
+            raise
+        raise FileNotFoundError(
+            f"factory {factory} could not open {name!r}: a compile runs in a fresh temporary folder ({Path.cwd()}), "
+            f"not the project folder; name the file in kwargs (a relative path there is resolved against {root}) or "
+            f"open it relative to the factory's module (Path(__file__).parent)") from e
+
+
 def build_model(root: str | Path, factory: str | None, kwargs: dict[str, Any], dtype: str,
                 hf: dict[str, Any] | None = None):
     """Call the factory (or, with ``hf``, load the Hugging Face model offline: :func:`neuron_build.hf.build`
     with ``kwargs`` for ``from_pretrained``) and return the module in eval mode, float weights cast to
-    ``dtype`` (``fp32``/``bf16``/``fp16``), gradients off.
+    ``dtype`` (``fp32``/``bf16``/``fp16``), gradients off. A factory's string kwargs naming a file or folder
+    under ``root`` are passed as absolute paths (:func:`resolve_path_kwargs`).
 
     Raises:
         ImportError: the factory does not import; the hf folder or package is not there.
         TypeError: the factory did not return a ``torch.nn.Module``.
+        FileNotFoundError: the factory opened a relative path that is not there (one line with the fix).
     """
     import torch
     if hf is not None:
         from neuron_build import hf as hf_models
         model = hf_models.build(hf, kwargs, root)
     else:
-        model = load_factory(root, factory)(**kwargs)
+        model = _call_factory(root, factory, kwargs)
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"factory {factory} returned {type(model).__name__}, not a torch.nn.Module")
     model = model.to(torch_dtype(dtype)).eval()
@@ -109,4 +147,4 @@ def make_inputs(inputs: Sequence[dict[str, Any]], seed: int, device: str = "cpu"
     return tuple(out)
 
 
-__all__ = ["TORCH_DTYPES", "build_model", "load_factory", "make_inputs", "torch_dtype"]
+__all__ = ["TORCH_DTYPES", "build_model", "load_factory", "make_inputs", "resolve_path_kwargs", "torch_dtype"]

@@ -157,6 +157,10 @@ def _ranged(**kw):
     (0, -1, (0, 0), r"input 'ids' holds -1 at \[0, 0\]; .* allows values in \[0, 100\) \(the declared range\)$"),
     (1, 2, (0, 3), r"input 'mask' holds 2 at \[0, 3\]; .* allows values in \[1, 2\) or 0 \(its pad value\)$"),
     (2, float("nan"), (1, 1, 2), r"input 'feats' holds NaN at \[1, 1, 2\]; release r-fake of enc takes numbers"),
+    (2, float("inf"), (0, 2, 1), r"input 'feats' holds inf at \[0, 2, 1\]; release r-fake of enc takes finite "
+                                 r"numbers$"),
+    (2, float("-inf"), (1, 0, 0), r"input 'feats' holds -inf at \[1, 0, 0\]; release r-fake of enc takes finite "
+                                  r"numbers$"),
 ])
 def test_values_are_checked_before_any_bucket_runs(which, value, at, message):
     m, mods = _ranged()

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from neuron_build.cli import main
 from neuron_build.project import bucket_search
-from neuron_build.project.bucket_search import evaluate, optimal_lists, round_up, suggest
+from neuron_build.project.bucket_search import evaluate, optimal_lists, round_up, serve, suggest
 from neuron_build.traffic import TrafficRecorder, load_traffic
 from tests.helpers.cli import run_cli
 from tests.helpers.projects import write_tiny_project
@@ -244,14 +244,19 @@ def test_write_edits_buckets_in_place_keeping_comments_and_prints_the_plan_diffe
     assert doc["suggested"]["buckets"] == {"seq": [16, 64]} and doc["written"]["changed"] is False  # already optimal
     assert cfg.read_text() == before
 
-    # [10, 40, 60] would refuse the requests of 61-64 that today's [16, 64] serves: said, and refused without --force
+    # the search keeps today's largest bucket (64) unless --narrow: then [10, 40, 60] would refuse the requests
+    # of 61-64 that today's [16, 64] serves: said, and refused without --force
     assert main(["buckets", "suggest", "enc", "--traffic", str(tr), "--dim", "seq", "--max-buckets", "3",
-                 "--write", "-c", str(cfg)]) == 2
+                 "--json", "-c", str(cfg)]) == 0
+    assert json.loads(capsys.readouterr().out)["suggested"]["buckets"] == {"seq": [10, 40, 64]}
+    assert main(["buckets", "suggest", "enc", "--traffic", str(tr), "--dim", "seq", "--max-buckets", "3",
+                 "--narrow", "--write", "-c", str(cfg)]) == 2
     err = capsys.readouterr().err
-    assert "serve seq up to 60 (today up to 64: requests of 61 to 64 would be refused)" in err and "--force" in err
+    assert "serve seq up to 60 (today up to 64: requests of 61 to 64 would be refused); drop --narrow to keep " \
+           "today's largest bucket, or add --force" in err
     assert cfg.read_text() == before
     assert main(["buckets", "suggest", "enc", "--traffic", str(tr), "--dim", "seq", "--max-buckets", "3",
-                 "--write", "--force", "-c", str(cfg)]) == 0
+                 "--narrow", "--write", "--force", "-c", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert "NARROWER THAN TODAY: the suggestion serves seq up to 60, the current buckets up to 64" in out
     after = cfg.read_text()
@@ -286,7 +291,7 @@ def test_applying_a_suggestion_is_a_domain_function_without_the_cli(tmp_path):
     with pytest.raises(UserError, match="its requests have dims \\['batch', 'seq'\\], not 'len'"):
         model_traffic("enc", files, ["len"])
     project = load_project(cfg)
-    doc = suggestion(project.config.models["enc"], mt, ["seq"], 3)
+    doc = suggestion(project.config.models["enc"], mt, ["seq"], 3, narrow=True)
     doc["narrower_than_current"] = narrower_dims(doc)
     assert doc["narrower_than_current"] == {"seq": {"current": 64, "suggested": 60}}
     with pytest.raises(UserError, match="not written: the suggested buckets seq=\\[10, 40, 60\\] serve seq up to 60"):
@@ -318,7 +323,7 @@ def test_a_suggestion_that_pads_more_than_today_is_said_and_write_refuses_it_wit
     assert main([*argv, "--write"]) == 2
     err = capsys.readouterr().err
     assert err == (f"error: {cfg}: not written: the suggested buckets seq=[64] pad 107.06 %, more than the current "
-                   f"seq=[16, 64] (22.35 %); allow more NEFFs (--max-buckets), drop --multiple, or add --force to "
+                   f"seq=[16, 64] (22.35 %); drop --multiple (today's 16 is no multiple of 64), or add --force to "
                    f"write them anyway\n")
     assert cfg.read_text() == before
     assert main([*argv, "--write", "--force"]) == 0
@@ -346,7 +351,7 @@ def test_the_current_buckets_are_a_candidate_of_the_suggestion(monkeypatch):
             return {(10,): 30, (40,): 5, (60,): 20}
 
     # a search that finds only worse buckets than today's (as coordinate descent can)
-    monkeypatch.setattr(bucket_search, "suggest", lambda counts, dims, k, m: [
+    monkeypatch.setattr(bucket_search, "suggest", lambda counts, dims, k, m, tops=None: [
         (Evaluation({"seq": [64]}, 1820, 1700), "coordinate-descent")])
     doc = bucket_search.suggestion(Spec(), Traffic(), ["seq"], 2)
     assert doc["suggested"]["buckets"] == {"seq": [16, 64]} and doc["suggested_source"] == "current"
@@ -535,3 +540,79 @@ def test_one_dim_of_a_two_dim_release_served_and_suggested(tmp_path):
     counts = {s: served.count(s) for s in set(served)}
     assert doc["suggested"]["padded"] == brute_1d(counts, 2, None) and doc["suggested"]["unserved"] == 0
     assert doc["other_dims"] == {"batch": [1, 2, 4]} and doc["dims"] == ["seq"]
+
+
+DOCS_LIKE = '''
+[models.enc]
+factory = "tinylib.tiny:build"
+dtypes = ["fp32"]
+profiles = ["p1"]
+inputs = [{ name = "x", shape = ["batch", "seq", 16] }]
+buckets = { batch = [8], seq = [32, 64, 128] }
+'''
+
+
+def test_suggest_never_advises_what_write_refuses_and_keeps_todays_top_bucket(tmp_path, capsys):
+    """docs/traffic.md's walk-through on minilm's buckets (seq = [32, 64, 128]) and traffic that has not (yet)
+    held a request over 100: the search keeps today's largest bucket (128), so the suggestion never narrows what
+    is served; a dry run says `add --write` only when --write would write, and a refusal's advice works."""
+    cfg = write_tiny_project(tmp_path / "proj", extra=DOCS_LIKE)
+    tr = enc_traffic(tmp_path / "t.jsonl", {10: 30, 40: 5, 60: 20}, batch=8)
+    base = ["buckets", "suggest", "enc", "--traffic", str(tr), "--dim", "seq", "-c", str(cfg)]
+    for k in ("4", "5", "6", "8"):
+        assert main([*base, "--max-buckets", k, "--multiple", "32", "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert max(doc["suggested"]["buckets"]["seq"]) == 128 and doc["narrower_than_current"] == {}, k
+    # docs' --multiple 64: 32 is no multiple of 64 and every list of multiples of 64 pads more than today's
+    argv = [*base, "--max-buckets", "4", "--multiple", "64"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "next: add --write" not in out
+    assert "next: drop --multiple (today's 32 is no multiple of 64), or add --write --force" in out
+    assert main([*argv, "--write"]) == 2
+    err = capsys.readouterr().err
+    assert "drop --multiple (today's 32 is no multiple of 64), or add --force" in err
+    assert "--max-buckets" not in err        # more NEFFs cannot help: only 64 and 128 are candidates
+    # the docs' form with --multiple 32 writes (no refusal)
+    assert main([*base, "--max-buckets", "4", "--multiple", "32"]) == 0
+    assert "next: add --write" in capsys.readouterr().out
+    assert main([*base, "--max-buckets", "4", "--multiple", "32", "--write"]) == 0
+    # the advice works: without --multiple nothing is refused, and the largest bucket stays 128
+    assert main([*base, "--max-buckets", "4", "--write"]) == 0
+    from neuron_build.project.config import load_project
+
+    assert load_project(cfg).config.models["enc"].buckets["seq"] == (10, 40, 60, 128)
+
+
+def test_a_refusal_that_more_neffs_would_lift_names_the_budget(tmp_path, capsys):
+    """A suggestion worse than today because the budget is too small: the refusal names the smallest
+    --max-buckets whose suggestion pads no more than today's buckets, and that budget writes."""
+    cfg = write_tiny_project(tmp_path / "proj", extra=DOCS_LIKE)
+    tr = enc_traffic(tmp_path / "t.jsonl", {10: 30, 40: 5, 60: 20}, batch=8)
+    base = ["buckets", "suggest", "enc", "--traffic", str(tr), "--dim", "seq", "-c", str(cfg), "--multiple", "32"]
+    assert main([*base, "--max-buckets", "2", "--write"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-buckets 3" in err and "--max-buckets one more" not in err
+    assert main([*base, "--max-buckets", "3", "--write"]) == 0
+
+
+def test_the_joint_search_keeps_todays_largest_bucket_of_every_dim():
+    """Two dims, exact and coordinate descent alike: every budget's lists end at today's largest sizes (a
+    candidate that serves no request seen), and the padding is the brute force's over such lists."""
+    counts = {(1, 10): 30, (2, 40): 5, (1, 60): 20, (3, 12): 7}
+    for limit in (bucket_search.JOINT_EXACT_LIMIT, 0):      # 0: every split by coordinate descent
+        old = bucket_search.JOINT_EXACT_LIMIT
+        bucket_search.JOINT_EXACT_LIMIT = limit
+        try:
+            curve = suggest(counts, ["batch", "seq"], 6, [None, 8], tops=[4, 128])
+        finally:
+            bucket_search.JOINT_EXACT_LIMIT = old
+        assert curve and all(max(ev.buckets["batch"]) == 4 and max(ev.buckets["seq"]) == 128 for ev, _m in curve)
+        assert all(s % 8 == 0 for ev, _m in curve for s in ev.buckets["seq"])
+    best = min(curve[-1][0].padded, suggest(counts, ["batch", "seq"], 6, [None, 8], tops=[4, 128])[-1][0].padded)
+    real = sum(c * b * s for (b, s), c in counts.items())
+    brute = min(sum(c * serve(b, bl) * serve(s, sl) for (b, s), c in counts.items()) - real
+                for nb in range(1, 4) for bl in itertools.combinations([1, 2, 3], nb - 1)
+                for ns in range(1, 6 // nb + 1) for sl in itertools.combinations([16, 40, 64], ns - 1)
+                for bl in [sorted([*bl, 4])] for sl in [sorted([*sl, 128])])
+    assert best == brute

@@ -1,10 +1,12 @@
-"""``doit build`` in a subfolder of a neuron-build project: one line and exit 2, not doit's exit 3.
+"""``doit build`` in a subfolder of a neuron-build project, or beside a ``buckets.toml`` without ``dodo.py``:
+one line and exit 2, not doit's exit 3.
 
 doit looks for ``dodo.py`` in the current folder only (``--seek-file`` searches the parents); without it,
 doit says "Could not find dodo file" and exits 3, which in neuron-build's table means a gate refused a
 promotion. :class:`Run` is doit's own ``run`` command (doit's ``run`` plugin, registered under the
 ``doit.COMMAND`` entry point in pyproject.toml) that, only when a parent folder holds a neuron-build
-project (``dodo.py`` beside ``buckets.toml``), says where it is and what to run instead, and exits 2
+project (``dodo.py`` beside ``buckets.toml``), or this folder or a parent holds ``buckets.toml`` without
+``dodo.py``, says where it is and what to run instead, and exits 2
 (:class:`~neuron_build.errors.ExitCode`). Everywhere else it is doit's ``run`` unchanged.
 """
 
@@ -29,10 +31,16 @@ def project_above(folder: Path) -> Path | None:
 
 
 def seek_hint(folder: Path) -> str | None:
-    """The one line for ``doit`` run in ``folder`` below a neuron-build project, or None (not below one)."""
+    """The one line for ``doit`` run in ``folder`` below a neuron-build project, or in (or below) a folder
+    holding ``buckets.toml`` but no ``dodo.py``; None elsewhere (doit's own error stays)."""
     root = project_above(folder)
     if root is None:
-        return None
+        here = folder.resolve()
+        config = next((p for p in (here, *here.parents) if (p / "buckets.toml").is_file()), None)
+        if config is None:
+            return None
+        return (f"no dodo.py in {config} beside buckets.toml: run `neuron-build build`, or write a dodo.py holding "
+                f"`from neuron_build.tasks import *` (what `neuron-build init` writes) to build with doit")
     return (f"no dodo.py in {folder.resolve()}; the project is {root}: run `doit --seek-file build` (doit "
             f"searches the parent folders) or `neuron-build build` (it finds buckets.toml the same way)")
 

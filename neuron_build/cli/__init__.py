@@ -94,14 +94,16 @@ WRITES = {"release": "a release record", "promote": "the channel pointer and its
           "gc": "its removals", "verify": "quarantined objects"}
 
 
-def read_only_line(command: str, e: OSError) -> str:
+def read_only_line(command: str, e: OSError, store_option: bool = False) -> str:
     """The one line for a command that had to write into a read-only store (``e``: the
-    :class:`~neuron_build.store.local.ReadOnlyStore` raised, whose text names the store)."""
+    :class:`~neuron_build.store.local.ReadOnlyStore` raised, whose text names the store); ``--store`` is
+    advised only for a command that has that option (``store_option``)."""
     text = str(e.strerror or e)
     store = text.removeprefix("store ").split(" is opened read-only")[0] if text.startswith("store ") else "the store"
     what = WRITES.get(command, "its records")
+    where = "[build] store (buckets.toml) or --store" if store_option else "[build] store (buckets.toml)"
     return (f"store {store} is read-only: `neuron-build {command}` writes {what} into it; make it writable (or run "
-            f"as a user who may write it), or point [build] store (buckets.toml) or --store at a writable store")
+            f"as a user who may write it), or point {where} at a writable store")
 
 
 #: What a command stopped by Ctrl-C leaves behind (for the one line it prints); others: :data:`KEPT_DEFAULT`.
@@ -196,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.debug or not isinstance(e, ReadOnlyStore):
             raise
-        display_error(read_only_line(args.command, e), prefix="error")
-        print_json_error(read_only_line(args.command, e))
+        line = read_only_line(args.command, e, store_option=hasattr(args, "store"))
+        display_error(line, prefix="error")
+        print_json_error(line)
         return int(ExitCode.USAGE)
 
 

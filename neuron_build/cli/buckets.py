@@ -1,5 +1,5 @@
 """``neuron-build buckets suggest MODEL --traffic FILE... --max-buckets K [--dim D] [--multiple M] [--json]
-[--write]``: the buckets that minimise padding on recorded serving traffic (:mod:`neuron_build.traffic`,
+[--write] [--narrow] [--force]``: the buckets that minimise padding on recorded serving traffic (:mod:`neuron_build.traffic`,
 :mod:`neuron_build.project.bucket_search`), beside the current buckets' padding; ``--write`` puts them into
 ``buckets.toml`` (comments kept) and prints the plan's difference."""
 
@@ -14,7 +14,8 @@ from neuron_build.errors import ExitCode, UserError
 SUGGEST_HELP = """\
 Padding ratio over the searched dims: sum(count * (prod bucket - prod value)) / sum(count * prod value)
 over the requests the buckets serve (one dim: sum(count * (bucket - value)) / sum(count * value)).
-A suggestion serves every request in one call (its largest size >= the largest value seen).
+A suggestion serves every request in one call (its largest size >= the largest value seen), and keeps
+today's largest bucket of each dim (--narrow: it may end at the largest value seen instead).
 One dim: the exact optimum (dynamic programming over the observed values, or with --multiple over
 the values rounded up to multiples of M, which is still exact over sizes that are multiples of M).
 Several dims (the default for a model with several bucket dims; --dim picks some, the others are
@@ -50,6 +51,9 @@ def register(add) -> None:
                    help="write the suggestion into buckets.toml (comments kept) and print the plan's difference; "
                         "refused when the suggestion pads more than the current buckets or serves less (a smaller "
                         "largest bucket), unless --force")
+    p.add_argument("--narrow", action="store_true",
+                   help="let the search end a dim below today's largest bucket when the traffic never reached it "
+                        "(default: today's largest bucket is kept, so nothing served today is refused)")
     p.add_argument("--force", action="store_true",
                    help="with --write: write a suggestion even when it pads more or serves less than the current "
                         "buckets")
@@ -68,7 +72,7 @@ def cmd_buckets(args) -> int:
     """``buckets suggest``: print (or ``--json``) the current and suggested buckets and the per-K curve;
     ``--write`` edits ``buckets.toml``. Exit 0; 2 for a user error (one line)."""
     from neuron_build.project.bucket_search import narrower_dims, suggestion
-    from neuron_build.project.config_edit import apply_suggestion
+    from neuron_build.project.config_edit import apply_suggestion, refusal
     from neuron_build.traffic import model_traffic
 
     project = open_project(args)
@@ -92,7 +96,7 @@ def cmd_buckets(args) -> int:
                             f"serve them; raise max_seq_len in {project.path.name} (and rebuild) or leave those "
                             f"requests out of the traffic")
     try:
-        doc = suggestion(spec, mt, dims, args.max_buckets, args.multiple)
+        doc = suggestion(spec, mt, dims, args.max_buckets, args.multiple, narrow=args.narrow)
     except ValueError as e:
         raise UserError(f"{', '.join(args.traffic)}: {e}; serve some requests first") from None
     other = [d for d in spec.buckets if d not in dims]
@@ -110,8 +114,12 @@ def cmd_buckets(args) -> int:
     if w:
         print(format_written(w))
     elif not args.write:
-        print(f"next: add --write to put the suggested buckets into {project.path.name}, then `neuron-build build "
-              f"{args.model}` compiles only the new targets")
+        why = refusal(out)
+        if why:   # never advise what --write refuses
+            print(f"next: {', '.join(why[1])}, or add --write --force")
+        else:
+            print(f"next: add --write to put the suggested buckets into {project.path.name}, then `neuron-build "
+                  f"build {args.model}` compiles only the new targets")
     return ExitCode.OK
 
 

@@ -50,12 +50,14 @@ def _report(args):
         except ValueError as e:
             raise UserError(str(e)) from None
         since, window_s = now - delta, delta.total_seconds()
-    records = ledger.read(store, since=since)
+    skipped: list[str] = []
+    records = ledger.read(store, since=since, skipped=skipped)
     from neuron_build.project.matrix import expand
 
     current = {t.id for t in expand(project)}
     rep = evaluate(records, project.config.monitoring, store=store, since=since, until=now, current=current)
     rep.location = store.location
+    rep.unreadable_records = skipped
     rep.kept_failures = [e.to_json() for e in failures.kept(store)]
     return rep, window_s
 
@@ -79,10 +81,15 @@ def cmd_report(args) -> int:
         out = Path(args.html)
         _write_output(out, page.encode(), "--html")
         display_note(f"wrote {out} ({mib(len(page.encode()))}, self-contained)")
+    skipped = rep.unreadable_records
     if args.json:
-        print_json({**rep.to_json(), "schema": schema_id("report"), "registry": registry})
+        print_json({**rep.to_json(), "schema": schema_id("report"), "registry": registry,
+                    "unreadable_records": skipped})
     else:
         print(format_text(rep))
+        if skipped:
+            print(f"{plural(len(skipped), 'unreadable ledger record')} skipped: {', '.join(skipped)}; "
+                  f"`neuron-build verify` reports them with the fix (the build that wrote them is not counted)")
     return ExitCode.OK
 
 

@@ -167,19 +167,23 @@ def cmd_channels(args) -> int:
     else:
         models = list(project.config.models)
     rows = channel_rows(store, project.config.release, models)
+    rc = ExitCode.FAILED if any(r["corrupt"] for r in rows) else ExitCode.OK
     if args.json:
         print_json(rows, "channels")
-        return ExitCode.OK
+        return rc
     for r in rows:
+        if r["corrupt"]:
+            print(f"{r['model']:16} {r['channel']:10} CORRUPT {r['corrupt']}")
+            continue
         if not args.model and r["release"] is None:
             continue
         what = (f"{r['release']}  v{r['version']}  {r['dtype']}/{r['profile']}  {human_age(r['age_s'])} ago  "
                 f"{r['action']} by {r['who']}" + ("  [rolled back before]" if r["rolled_back"] else "")
                 if r["release"] else "-")
         print(f"{r['model']:16} {r['channel']:10} {what}")
-    if not args.model and all(r["release"] is None for r in rows):
+    if not args.model and all(r["release"] is None and not r["corrupt"] for r in rows):
         print("no channel holds a release yet")
-    return ExitCode.OK
+    return rc
 
 
 def release_rows(store, settings, model: str) -> list[dict]:

@@ -52,7 +52,7 @@ def require_existing(store):
 def cmd_verify(args) -> int:
     """Verify every manifest and blob; exit 1 when anything was bad. Damage is reported with the releases
     and channels it breaks and the fix; only ``--repair`` moves it (to quarantine/)."""
-    from neuron_build.store.verify import verify_store
+    from neuron_build.store.verify import NOT_HASHED, verify_store
 
     b = open_builder(args)
     store = chosen_store(b, args.remote)
@@ -74,7 +74,7 @@ def cmd_verify(args) -> int:
             print(f"     fix: {bad.fix}")
     for p in rep.problems:
         print(f"REF  {p}")
-    how = "sha256 of every blob" if args.deep else "sizes; --deep also checks every sha256"
+    how = "sha256 of every blob" if args.deep else f"sizes only: {NOT_HASHED}"
     moved = (" (moved to quarantine/; the next build compiles them again)" if args.repair
              else " (reported only; --repair moves them to quarantine/)")
     print(f"verified {rep.checked} artifacts and {rep.blobs_checked} blobs in {store.location} ({how}): "

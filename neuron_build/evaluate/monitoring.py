@@ -91,6 +91,7 @@ class Report:
     failures_by_stage: dict[str, int]
     kept_failures: list[dict[str, Any]] = field(default_factory=list)
     location: str = ""
+    unreadable_records: list[str] = field(default_factory=list)  # ledger records skipped (:func:`ledger.read`)
 
     def counts(self) -> dict[str, int]:
         recs = self.records

@@ -58,7 +58,8 @@ def round_up(v: int, multiple: int | None) -> int:
     return -(-v // multiple) * multiple
 
 
-def optimal_lists(weights: Mapping[int, int], k_max: int, multiple: int | None = None) -> list[tuple[int, list[int]]]:
+def optimal_lists(weights: Mapping[int, int], k_max: int, multiple: int | None = None,
+                  top: int | None = None) -> list[tuple[int, list[int]]]:
     """The one-dim optimum for every list length: minimises ``sum(weight(v) * bucket(v))``.
 
     Args:
@@ -66,15 +67,19 @@ def optimal_lists(weights: Mapping[int, int], k_max: int, multiple: int | None =
             weights >= 0.
         k_max: the most sizes in a list.
         multiple: sizes are multiples of this (None: any size).
+        top: the largest size of every list is at least this (rounded up to ``multiple``): today's largest
+            bucket, kept although the traffic never reached it (None: the largest value rounded up).
 
     Returns:
         ``[(cost, sizes)]`` for k = 1 .. min(k_max, number of candidates): ``cost`` the minimal
-        ``sum(weight * bucket)`` (an int), ``sizes`` ascending, its last the largest value rounded up.
+        ``sum(weight * bucket)`` (an int), ``sizes`` ascending, its last the largest value (or ``top``) rounded up.
     """
     cand: dict[int, int] = {}
     for v, w in weights.items():
         u = round_up(int(v), multiple)
         cand[u] = cand.get(u, 0) + int(w)
+    if cand and top is not None and round_up(int(top), multiple) > max(cand):
+        cand[round_up(int(top), multiple)] = 0     # serves nothing seen; the list must end there
     u = sorted(cand)
     m = len(u)
     if m == 0:
@@ -228,7 +233,7 @@ def _lists_of(values: Sequence[int], k: int) -> list[list[int]]:
     return [sorted([*combo, top]) for combo in itertools.combinations(rest, k - 1)]
 
 
-def _descent(counts, ks: tuple[int, ...], mults) -> tuple[int, list[list[int]], str]:
+def _descent(counts, ks: tuple[int, ...], mults, tops) -> tuple[int, list[list[int]], str]:
     """Coordinate descent for lists of lengths ``ks``, from the per-dim optima of each dim's own counts."""
     n = len(ks)
     lists = []
@@ -236,12 +241,12 @@ def _descent(counts, ks: tuple[int, ...], mults) -> tuple[int, list[list[int]], 
         marg: dict[int, int] = {}
         for v, c in counts.items():
             marg[v[i]] = marg.get(v[i], 0) + c
-        lists.append(optimal_lists(marg, ks[i], mults[i])[ks[i] - 1][1])
+        lists.append(optimal_lists(marg, ks[i], mults[i], tops[i])[ks[i] - 1][1])
     cost = _cost(counts, lists)
     for _ in range(DESCENT_ROUNDS):
         improved = False
         for i in range(n):
-            c_i, sizes = optimal_lists(_dim_weights(counts, lists, i), ks[i], mults[i])[ks[i] - 1]
+            c_i, sizes = optimal_lists(_dim_weights(counts, lists, i), ks[i], mults[i], tops[i])[ks[i] - 1]
             if c_i < cost:
                 lists[i], cost, improved = sizes, c_i, True
         if not improved:
@@ -249,12 +254,12 @@ def _descent(counts, ks: tuple[int, ...], mults) -> tuple[int, list[list[int]], 
     return cost, lists, "coordinate-descent"
 
 
-def _splits(counts, cands: list[list[int]], max_buckets: int, mults) -> dict:
+def _splits(counts, cands: list[list[int]], max_buckets: int, mults, tops) -> dict:
     """The best lists for every split of list lengths ``ks`` with ``prod(ks) <= max_buckets``:
     ``{ks: (cost, lists, method)}``."""
     n = len(cands)
     if n == 1:
-        res = optimal_lists({v[0]: c for v, c in counts.items()}, max_buckets, mults[0])
+        res = optimal_lists({v[0]: c for v, c in counts.items()}, max_buckets, mults[0], tops[0])
         return {(k,): (cost, [sizes], "exact") for k, (cost, sizes) in enumerate(res, 1)}
     last = max(range(n), key=lambda i: len(cands[i]))
     others = [i for i in range(n) if i != last]
@@ -274,14 +279,14 @@ def _splits(counts, cands: list[list[int]], max_buckets: int, mults) -> dict:
 
         if combos * len(counts) > JOINT_EXACT_LIMIT:
             for kl in range(1, min(room, len(cands[last])) + 1):
-                out[full(kl)] = _descent(counts, full(kl), mults)
+                out[full(kl)] = _descent(counts, full(kl), mults, tops)
             continue
         for pick in itertools.product(*(_lists_of(cands[i], k) for i, k in zip(others, oks, strict=True))):
             lists: list[list[int]] = [[] for _ in range(n)]
             for i, lst in zip(others, pick, strict=True):
                 lists[i] = lst
             lists[last] = [max(cands[last])]   # a placeholder: _dim_weights leaves dim `last` out
-            res = optimal_lists(_dim_weights(counts, lists, last), room, mults[last])
+            res = optimal_lists(_dim_weights(counts, lists, last), room, mults[last], tops[last])
             for kl, (cost, sizes) in enumerate(res, 1):
                 ks = full(kl)
                 if ks not in out or cost < out[ks][0]:
@@ -290,7 +295,8 @@ def _splits(counts, cands: list[list[int]], max_buckets: int, mults) -> dict:
 
 
 def suggest(counts: Mapping[tuple[int, ...], int], dims: Sequence[str], max_buckets: int,
-            multiple: int | None | Sequence[int | None] = None) -> list[tuple[Evaluation, str]]:
+            multiple: int | None | Sequence[int | None] = None,
+            tops: Sequence[int | None] | None = None) -> list[tuple[Evaluation, str]]:
     """The best buckets for each NEFF budget n = 1 .. ``max_buckets``: ``[(evaluation, method)]`` (entries
     stop once every candidate has its own bucket: more NEFFs cannot lower the padding further).
 
@@ -299,6 +305,8 @@ def suggest(counts: Mapping[tuple[int, ...], int], dims: Sequence[str], max_buck
         dims: the searched bucket dims.
         max_buckets: the most buckets (NEFFs per dtype and profile: the product of the list lengths).
         multiple: every size a multiple of this (None: any size), or one such per dim of ``dims``.
+        tops: per dim of ``dims``, a size the largest bucket must reach (today's largest; None: the largest
+            value seen, rounded up).
 
     Raises:
         ValueError: no traffic, or ``max_buckets`` < 1.
@@ -311,8 +319,12 @@ def suggest(counts: Mapping[tuple[int, ...], int], dims: Sequence[str], max_buck
     n = len(dims)
     real = sum(c * math.prod(v) for v, c in counts.items())
     mults = list(multiple) if isinstance(multiple, (list, tuple)) else [multiple] * n
+    tops = list(tops) if tops is not None else [None] * n
     cands = [sorted({round_up(v[i], mults[i]) for v in counts}) for i in range(n)]
-    splits = _splits(counts, cands, max_buckets, mults)
+    for i, top in enumerate(tops):    # today's largest bucket, above every value seen: a candidate that serves none
+        if top and round_up(top, mults[i]) > cands[i][-1]:
+            cands[i].append(round_up(top, mults[i]))
+    splits = _splits(counts, cands, max_buckets, mults, tops)
     full = math.prod(len(c) for c in cands)
     out: list[tuple[Evaluation, str]] = []
     for budget in range(1, min(max_buckets, full) + 1):
@@ -334,7 +346,7 @@ def batch_dim_of(spec: ModelSpec) -> str | None:
 
 
 def suggestion(spec: ModelSpec, traffic: ModelTraffic, dims: Sequence[str], max_buckets: int,
-               multiple: int | None = None) -> dict:
+               multiple: int | None = None, narrow: bool = False) -> dict:
     """The current buckets of a model and the best for ``max_buckets`` NEFFs on its traffic, as one document.
 
     Args:
@@ -344,6 +356,9 @@ def suggestion(spec: ModelSpec, traffic: ModelTraffic, dims: Sequence[str], max_
         max_buckets: the most buckets over ``dims`` (the product of their list lengths).
         multiple: every suggested size a multiple of this, except the batch dim's when other dims are
             searched too (batch sizes are small; compilers want multiples along sequence dims).
+        narrow: let the search end a dim below today's largest bucket when the traffic never reached it
+            (default: the largest suggested size of each dim is at least today's largest, so a suggestion
+            never refuses a request today's buckets serve).
 
     Returns:
         ``{"dims", "requests", "distinct", "method", "current", "suggested", "curve"}``: ``current`` and
@@ -353,7 +368,8 @@ def suggestion(spec: ModelSpec, traffic: ModelTraffic, dims: Sequence[str], max_
         buckets are a candidate (:func:`current_is_candidate`): when nothing searched pads less, they are the
         suggestion (``suggested_source`` ``"current"``, else ``"search"``). ``worse_than_current``: the
         suggestion pads more than the current buckets, which serve every request (e.g. they are within the
-        budget but not multiples of ``multiple``, or need more NEFFs than ``max_buckets``).
+        budget but not multiples of ``multiple``, or need more NEFFs than ``max_buckets``); then ``remedies``
+        says what would not be worse (:func:`remedies`).
 
     Raises:
         ValueError: the traffic holds no request.
@@ -362,7 +378,8 @@ def suggestion(spec: ModelSpec, traffic: ModelTraffic, dims: Sequence[str], max_
     current = evaluate(counts, dims, {d: list(spec.buckets[d]) for d in dims}, batch_dim=batch_dim_of(spec),
                        truncate=spec.truncate)
     mults = [None if d == "batch" and len(dims) > 1 else multiple for d in dims]
-    curve = suggest(counts, dims, max_buckets, mults)
+    tops = None if narrow else [max(spec.buckets[d]) for d in dims]
+    curve = suggest(counts, dims, max_buckets, mults, tops)
     rows, prev = [], None
     for n, (ev, method) in enumerate(curve, 1):
         r = ev.padding_ratio
@@ -380,7 +397,34 @@ def suggestion(spec: ModelSpec, traffic: ModelTraffic, dims: Sequence[str], max_
     return {"dims": list(dims), "requests": sum(counts.values()), "distinct": len(counts),
             "method": "exact" if methods == {"exact"} else "coordinate-descent",
             "suggested_method": method, "suggested_source": source, "worse_than_current": worse,
+            "remedies": remedies(counts, dims, current, mults, tops, max_buckets, len(curve)) if worse else {},
             "current": current.to_json(), "suggested": best.to_json(), "curve": rows}
+
+
+#: ``remedies`` searches budgets up to this many NEFFs above ``--max-buckets``.
+REMEDY_EXTRA_BUDGET = 16
+
+
+def remedies(counts, dims: Sequence[str], current: Evaluation, mults: Sequence[int | None], tops, max_buckets: int,
+             searched: int) -> dict:
+    """What would give a suggestion no worse than today's buckets, each checked, never guessed:
+    ``max_buckets`` the smallest larger budget (up to :data:`REMEDY_EXTRA_BUDGET` more) whose search pads no
+    more than ``current`` (absent when more NEFFs cannot help); ``not_multiple`` a size of today's buckets
+    that is no multiple of its dim's ``multiple`` when, without ``--multiple``, today's buckets would be kept
+    (``{"dim", "size", "multiple"}``)."""
+    out: dict = {}
+    if searched >= max_buckets:   # the curve stopped early: every candidate already had its own bucket
+        curve = suggest(counts, dims, max_buckets + REMEDY_EXTRA_BUDGET, mults, tops)
+        for n, (ev, _m) in enumerate(curve, 1):
+            if n > max_buckets and ev.padding_ratio is not None and ev.padding_ratio <= current.padding_ratio:
+                out["max_buckets"] = n
+                break
+    for d, m in zip(dims, mults, strict=True):
+        bad = [v for v in current.buckets[d] if m and v % m]
+        if bad and current_is_candidate(current, max_buckets, dict.fromkeys(dims)):
+            out["not_multiple"] = {"dim": d, "size": bad[0], "multiple": m}
+            break
+    return out
 
 
 def current_is_candidate(current: Evaluation, max_buckets: int, multiples: Mapping[str, int | None]) -> bool:
@@ -404,5 +448,6 @@ def narrower_dims(doc: Mapping) -> dict[str, dict[str, int]]:
     return out
 
 
-__all__ = ["DESCENT_ROUNDS", "JOINT_EXACT_LIMIT", "Evaluation", "current_is_candidate", "evaluate", "narrower_dims", "optimal_lists", "round_up", "serve",
+__all__ = ["DESCENT_ROUNDS", "JOINT_EXACT_LIMIT", "REMEDY_EXTRA_BUDGET", "Evaluation", "current_is_candidate", "evaluate",
+           "narrower_dims", "optimal_lists", "remedies", "round_up", "serve",
            "suggest", "suggestion", "batch_dim_of"]

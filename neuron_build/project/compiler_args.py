@@ -130,6 +130,30 @@ def normalize_compiler_args(args: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(_show(f, seen[f]) for f in sorted(seen))
 
 
+#: The flags documented for neuronx-cc that a profile may set (the user's list: ``docs/neuron.md``).
+DOCUMENTED = tuple(sorted((set(ENUMERATED) | VALUE_FLAGS | BOOL_FLAGS) - set(RESERVED)))
+
+
+def unknown_flags(normalized: Iterable[str], unchecked: Iterable[str] = ()) -> list[str]:
+    """The flags of normalised args that are neither :data:`DOCUMENTED` nor reserved nor in ``unchecked``
+    (flag names a profile accepts on purpose: ``unchecked_args``), in order."""
+    known = set(DOCUMENTED) | set(RESERVED) | {ALIASES.get(f, f) for f in unchecked} | set(unchecked)
+    return [f for f in (a.partition("=")[0] for a in normalized) if f not in known]
+
+
+def flag_faults(profile: str, normalized: Iterable[str], unchecked: Iterable[str] = ()) -> list[str]:
+    """The one line for a profile whose compiler args hold a flag that is not documented (it is in the key:
+    a misspelt flag would make new keys and fail, or be ignored, at compile time): it names the flag, the
+    documented ones and the escape hatch (``unchecked_args``); empty when there is none."""
+    unknown = unknown_flags(normalized, unchecked)
+    if not unknown:
+        return []
+    u = unknown[0]
+    return [f"profiles.{profile}.compiler_args: {u} is not a documented neuronx-cc flag (documented: "
+            f"{', '.join(DOCUMENTED)}); fix the spelling, or if your neuronx-cc takes it, add unchecked_args = "
+            f"[\"{u}\"] to [profiles.{profile}]"]
+
+
 def _show(flag: str, value: str | None) -> str:
     return flag if value is None else f"{flag}={value}"
 
@@ -140,5 +164,5 @@ def key_args(normalized: Iterable[str]) -> tuple[str, ...]:
     return tuple(a for a in normalized if a.partition("=")[0] not in NOT_IN_KEY)
 
 
-__all__ = ["ALIASES", "BOOL_FLAGS", "ENUMERATED", "NOT_IN_KEY", "OPPOSITES", "RESERVED", "VALUE_FLAGS", "key_args",
-           "normalize_compiler_args"]
+__all__ = ["ALIASES", "BOOL_FLAGS", "DOCUMENTED", "ENUMERATED", "flag_faults", "NOT_IN_KEY", "OPPOSITES", "RESERVED", "VALUE_FLAGS", "key_args",
+           "normalize_compiler_args", "unknown_flags"]

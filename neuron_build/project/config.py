@@ -76,10 +76,12 @@ DeviceKind = Literal[DEVICE_KINDS]  # type: ignore[valid-type]
 def _not_bool(v: Any) -> Any:
     if isinstance(v, bool):  # TOML true/false would pass as 1.0/0.0 where ints are allowed for floats
         raise ValueError("must be a number, not true/false")
+    if isinstance(v, str):  # "900" would pass as 900.0 in pydantic's lax mode
+        raise ValueError(f"{v!r} is a string; write the number without quotes")
     return v
 
 
-#: A float setting that also takes an integer (``timeout_s = 600``), never a boolean.
+#: A float setting that also takes an integer (``timeout_s = 600``), never a boolean or a string.
 Number = Annotated[float, BeforeValidator(_not_bool)]
 
 
@@ -183,17 +185,22 @@ class Profile(_Frozen):
     """``[profiles.NAME]``: compiler args and options.
 
     ``compiler_args`` are stored normalised (see :func:`neuron_build.project.compiler_args.normalize_compiler_args`).
-    ``tp_degree`` is the tensor-parallel degree (NeuronCores per model replica).
+    ``tp_degree`` is the tensor-parallel degree (NeuronCores per model replica). A flag that is not documented
+    for neuronx-cc (:data:`~neuron_build.project.compiler_args.DOCUMENTED`) is refused unless ``unchecked_args``
+    names it (the escape hatch for a flag a newer compiler takes).
     """
 
     compiler_args: tuple[str, ...] = ()
     inline_weights_to_neff: StrictBool = True
     tp_degree: PositiveInt = Field(default=1, strict=True)
+    unchecked_args: tuple[StrictStr, ...] = ()
 
     @field_validator("compiler_args", mode="before")
     @classmethod
     def _normalise(cls, v: Any) -> tuple[str, ...]:
-        if not isinstance(v, (str, list, tuple)):
+        if isinstance(v, str):
+            raise ValueError("must be a list of strings such as [\"--optlevel=2\"], not a string")
+        if not isinstance(v, (list, tuple)):
             raise ValueError("must be a list of strings such as [\"--optlevel=2\"]")
         return normalize_compiler_args(v)
 

@@ -138,6 +138,19 @@ def _slurm_needs_dask(cfg: ConfigFile, root: Path) -> list[str]:
     return []
 
 
+def _documented_flags(cfg: ConfigFile, root: Path) -> list[str]:
+    """Every neuronx-cc flag of a profile is documented, or in its ``unchecked_args`` (:func:`flag_faults`)."""
+    from neuron_build.project.compiler_args import flag_faults
+
+    return [f for name, prof in cfg.profiles.items() for f in flag_faults(name, prof.compiler_args, prof.unchecked_args)]
+
+
+def _walltime_fits_a_compile(cfg: ConfigFile, root: Path) -> list[str]:
+    """A Slurm worker lives long enough for a compile of ``timeout_s`` (:meth:`DaskSettings.timeout_fault`)."""
+    fault = cfg.dask.timeout_fault(cfg.build.timeout_s)
+    return [fault] if fault else []
+
+
 # --------------------------------------------------------------------------------------------------
 # one model table
 
@@ -249,8 +262,10 @@ def _reference(cfg: ConfigFile, root: Path, name: str, m: ModelSpec) -> list[str
     ref = cfg.models.get(m.reference)
     if ref is None:
         others = [n for n in cfg.models if n != name]
+        alone = "" if others else (" (a model is its own reference by default: remove the line, or define the "
+                                   "model to compare with)")
         return [f"{where}: unknown model '{m.reference}'; {_hint(m.reference, others)}defined models: "
-                f"{', '.join(others) or 'none'}"]
+                f"{', '.join(cfg.models)}{alone}"]
     if m.reference == name:
         return [f"{where}: a model is its own reference by default; remove the line or name another model"]
 
@@ -455,7 +470,8 @@ def _missing_imports(tree: ast.AST, path: Path, root: Path, where: str, via: Pat
 
 #: The checks of the whole file, in report order.
 PROJECT_CHECKS: list[ProjectCheck] = [_store_is_local, _store_beside_sources, _state_dir_is_a_folder,
-                                      _table_names, _one_scheduler, _slurm_needs_dask]
+                                      _table_names, _one_scheduler, _slurm_needs_dask, _documented_flags,
+                                      _walltime_fits_a_compile]
 #: The checks of each ``[models.NAME]`` table, in report order.
 MODEL_CHECKS: list[ModelCheck] = [_known_profiles, _textgen, _inputs_given, _input_dims, _input_names, _used_dims,
                                   _weights_exist, _sources_match, _packages_installed, _reference, _loads]

@@ -70,6 +70,8 @@ def lifetime_margin_s(walltime_s: int) -> int:
 def _not_bool(v):
     if isinstance(v, bool):
         raise ValueError("must be a whole number, not true/false")
+    if isinstance(v, str):  # "600" would pass as 600.0 in pydantic's lax mode
+        raise ValueError(f"{v!r} is a string; write the number without quotes")
     return v
 
 
@@ -148,6 +150,15 @@ class DaskSettings(BaseModel):
             raise ValueError(f"lifetime_margin_s ({self.lifetime_margin_s}) is over half the walltime "
                              f"({self.walltime}); lower it or raise walltime")
         return self
+
+    def timeout_fault(self, timeout_s: float) -> str | None:
+        """With ``cluster = "slurm"``: the one line when a worker's life (the walltime less its lifetime margin)
+        is shorter than a compile may take (``[build] timeout_s``); None otherwise."""
+        if self.cluster != "slurm" or self.lifetime_s >= timeout_s:
+            return None
+        return (f"dask.walltime: {self.walltime!r} lets a worker run {self.lifetime_s} s (the walltime less its "
+                f"lifetime margin of {self.margin_s} s), less than [build] timeout_s ({timeout_s:g} s): a compile "
+                f"that runs its full time would be stopped with its Slurm job; raise walltime or lower timeout_s")
 
     @property
     def walltime_s(self) -> int:

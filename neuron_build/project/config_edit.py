@@ -56,29 +56,42 @@ def _pct(r: float | None) -> str:
     return "-" if r is None else f"{100 * r:.2f} %"
 
 
-def check_suggestion(config: str | Path, doc: Mapping, force: bool = False) -> None:
-    """Refuse to write a :func:`~neuron_build.project.bucket_search.suggestion` document ``doc`` into
-    ``config`` that serves less than the current buckets (a smaller largest bucket of some dim: ``doc``'s
-    ``narrower_than_current``) or pads more (``worse_than_current``), unless ``force``.
-
-    Raises:
-        UserError: one line naming the file, what the suggestion would lose and the fix.
-    """
-    if force:
-        return
+def refusal(doc: Mapping) -> tuple[str, list[str]] | None:
+    """Why ``--write`` refuses a :func:`~neuron_build.project.bucket_search.suggestion` document ``doc``
+    (it serves less than the current buckets: ``narrower_than_current``, or pads more:
+    ``worse_than_current``) and the fixes that would lift the refusal, each one true (``doc``'s
+    ``remedies``; ``--force`` is the caller's to add); None when ``--write`` would write."""
     sug = doc["suggested"]
     narrower = doc.get("narrower_than_current") or {}
     if narrower:
         lost = "; ".join(f"{d} up to {v['suggested']} (today up to {v['current']}: requests of {v['suggested'] + 1} "
                          f"to {v['current']} would be refused)" for d, v in narrower.items())
-        raise UserError(f"{config}: not written: the suggested buckets {_fmt_buckets(sug['buckets'])} serve {lost}; "
-                        f"keep the largest bucket (--max-buckets one more), or add --force to narrow what is served")
-    if doc["worse_than_current"]:
-        cur = doc["current"]
-        raise UserError(f"{config}: not written: the suggested buckets {_fmt_buckets(sug['buckets'])} pad "
-                        f"{_pct(sug['padding_ratio'])}, more than the current {_fmt_buckets(cur['buckets'])} "
-                        f"({_pct(cur['padding_ratio'])}); allow more NEFFs (--max-buckets), drop "
-                        f"--multiple, or add --force to write them anyway")
+        return (f"the suggested buckets {_fmt_buckets(sug['buckets'])} serve {lost}",
+                ["drop --narrow to keep today's largest bucket"])
+    if not doc["worse_than_current"]:
+        return None
+    cur, rem, fixes = doc["current"], doc.get("remedies") or {}, []
+    if rem.get("max_buckets"):
+        fixes.append(f"allow {rem['max_buckets']} NEFFs (--max-buckets {rem['max_buckets']})")
+    if rem.get("not_multiple"):
+        nm = rem["not_multiple"]
+        fixes.append(f"drop --multiple (today's {nm['size']} is no multiple of {nm['multiple']})")
+    if not fixes:
+        fixes.append("keep today's buckets (no search within these limits pads less)")
+    return (f"the suggested buckets {_fmt_buckets(sug['buckets'])} pad {_pct(sug['padding_ratio'])}, more than the "
+            f"current {_fmt_buckets(cur['buckets'])} ({_pct(cur['padding_ratio'])})", fixes)
+
+
+def check_suggestion(config: str | Path, doc: Mapping, force: bool = False) -> None:
+    """Refuse to write a :func:`~neuron_build.project.bucket_search.suggestion` document ``doc`` into
+    ``config`` that serves less than the current buckets or pads more (:func:`refusal`), unless ``force``.
+
+    Raises:
+        UserError: one line naming the file, what the suggestion would lose and the fixes that work.
+    """
+    why = None if force else refusal(doc)
+    if why:
+        raise UserError(f"{config}: not written: {why[0]}; {', '.join(why[1])}, or add --force to write them anyway")
 
 
 def write_buckets(project: Any, model: str, buckets: Mapping[str, Sequence[int]]) -> dict[str, Any]:
@@ -139,4 +152,4 @@ def apply_suggestion(project: Any, model: str, doc: Mapping, force: bool = False
     return write_buckets(project, model, doc["suggested"]["buckets"])
 
 
-__all__ = ["apply_suggestion", "check_suggestion", "set_buckets", "write_buckets"]
+__all__ = ["refusal", "apply_suggestion", "check_suggestion", "set_buckets", "write_buckets"]

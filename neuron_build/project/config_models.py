@@ -6,7 +6,7 @@ share. Split out of :mod:`neuron_build.project.config`, which re-exports every p
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -177,17 +177,17 @@ class ModelSpec(_Frozen):
     dtypes: tuple[Dtype, ...] = Field(min_length=1)
     profiles: tuple[StrictStr, ...] = Field(min_length=1)
     inputs: tuple[InputSpec, ...] = ()
-    buckets: dict[str, tuple[PositiveInt, ...]] = {}
+    buckets: dict[str, tuple[Annotated[int, Field(gt=0, strict=True)], ...]] = {}
     weights: tuple[StrictStr, ...] = ()
     sources: tuple[StrictStr, ...] = ()
     packages: tuple[StrictStr, ...] = ()
-    tolerance: dict[Dtype, float] = {}
+    tolerance: dict[Dtype, Annotated[float, Field(strict=True)]] = {}
     truncate: StrictBool = False
     convert_dtypes: StrictBool = False
     reference: StrictStr | None = None
     task: Task | None = None
     max_seq_len: PositiveInt | None = Field(default=None, strict=True)
-    decode_buckets: tuple[PositiveInt, ...] = ()
+    decode_buckets: tuple[Annotated[int, Field(gt=0, strict=True)], ...] = ()
     inputs_from: tuple[StrictStr, ...] = ()
     env: tuple[StrictStr, ...] = ()
     always_rebuild: StrictBool = False

@@ -221,6 +221,9 @@ def resolve_release(store: ArtifactStore, settings: ReleaseSettings, req: Promot
             raise UserError(f"--from and --to are both '{to}'")
         src = get_pointer(store, model, req.from_channel)
         if not src:
+            unshared = _unshared_channel(store, model, req.from_channel)
+            if unshared:
+                raise UserError(unshared)
             raise UserError(f"channel '{req.from_channel}' of model '{model}' holds no release yet; promote one "
                             f"into it first")
         rel = get_release(store, model, src.release)
@@ -243,6 +246,18 @@ def resolve_release(store: ArtifactStore, settings: ReleaseSettings, req: Promot
         extra["rolled_back"] = rolled
     return Candidate(release=rel, source=source, device_kind=kind, waivers=waivers, rolled=rolled, extra=extra,
                      op=new_op())
+
+
+def _unshared_channel(store: ArtifactStore, model: str, channel: str) -> str | None:
+    """Why a channel the local tier of a local+remote pair holds, and the remote does not account for (one
+    promoted before the remote was added), cannot be promoted from yet: one line naming both stores and
+    ``push``; None for any other store."""
+    local, remote = getattr(store, "local", None), getattr(store, "remote", None)
+    if local is None or remote is None:
+        return None
+    from neuron_build.store.sync import channel_disagreement
+
+    return channel_disagreement(remote, local, model, channel)
 
 
 def check_gates(store: ArtifactStore, settings: ReleaseSettings, req: PromotionRequest, cand: Candidate,
@@ -418,18 +433,38 @@ def missing_artifacts(store: ArtifactStore, rel) -> list[str]:
             or any(store.blob_size(e["sha256"]) != e["size"] for e in a.files.values())]
 
 
+def corrupt_pointer(store: ArtifactStore, model: str, channel: str) -> str | None:
+    """One line for a channel pointer that is there but is not one (not a JSON object, or no release named):
+    the file, what is wrong and the fix (promote the release its history last recorded: a promotion replaces
+    an unreadable pointer); None when the pointer is absent or reads."""
+    from neuron_build.store import layout
+
+    raw, token = store.channel_ref(model, channel)
+    if token is None or ChannelPointer.from_json(raw) is not None:
+        return None
+    where = f"{getattr(store, 'shared_tier', store).location}/{layout.channel_path(model, channel)}"
+    why = "not a JSON object" if raw is None else "JSON, but no release named"
+    last = next((e.get("to") for e in reversed(store.history(model, channel)) if isinstance(e.get("to"), str)), None)
+    fix = (f"promote the release its history last recorded again (`neuron-build promote {model} {last} --to "
+           f"{channel}`) to rewrite it" if last else
+           f"its history records no promotion: move it aside, then promote a release into {channel}")
+    return f"{where}: not a channel pointer ({why}); {fix}"
+
+
 def channel_rows(store: ArtifactStore, settings: ReleaseSettings, models: Iterable[str]) -> list[dict[str, Any]]:
     """One row per (model, declared channel): ``model``, ``channel``, ``release``, ``version``, ``time``,
     ``age_s`` (seconds since ``time``), ``who``, ``action``, ``dtype``, ``profile``, ``rolled_back`` (the
     release was rolled back from some channel before: :func:`rollbacks_of`) (None, version 0 and
-    ``rolled_back`` False for an empty channel)."""
+    ``rolled_back`` False for an empty channel), ``corrupt`` (:func:`corrupt_pointer`: the one line for a
+    pointer file that is there but does not parse; None otherwise)."""
     now = _dt.datetime.now(_dt.timezone.utc)
     rows = []
     for m in models:
         for c in settings.channels:
             p = get_pointer(store, m, c)
             rel = find_release(store, m, p.release) if p else None
-            rows.append({"model": m, "channel": c, "release": p.release if p else None,
+            rows.append({"model": m, "channel": c, "corrupt": None if p else corrupt_pointer(store, m, c),
+                         "release": p.release if p else None,
                          "version": p.version if p else 0, "time": p.time if p else None,
                          "age_s": seconds_since(p.time, now) if p else None, "who": p.who if p else None,
                          "action": p.action if p else None,
@@ -443,6 +478,7 @@ __all__ = [
     "PromotionRefused",
     "channel_rows",
     "check_channel",
+    "corrupt_pointer",
     "check_waivers",
     "missing_artifacts",
     "promote",

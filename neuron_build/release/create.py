@@ -75,8 +75,22 @@ def release_candidates(builder, target) -> tuple[dict[str, str], str | None]:
         return {}, f"failed: {fail.status}: {fail.reason}".rstrip(": ")
     if stale:
         return {}, (f"missing: not built for this checkout (changed since its last build: {'; '.join(stale)}); "
-                    f"run `neuron-build build {target.id}`")
-    return {}, f"missing: not built (key {ki.key[:12]}); run `neuron-build build {target.id}`"
+                    f"{build_advice(builder, target.id)}")
+    return {}, f"missing: not built (key {ki.key[:12]}); {build_advice(builder, target.id)}"
+
+
+def build_advice(builder, target_id: str) -> str:
+    """How to build ``target_id`` for the builder's backend: ``run `neuron-build build T``` when a plain build
+    compiles for that backend, else first set ``[build] backend`` (``release --backend`` chose another)."""
+    from neuron_build.project.toolchain import resolve_backend
+
+    build = builder.project.config.build
+    used = builder.keys.backend
+    plain, _note = resolve_backend(build.backend, build.target)
+    if plain == used:
+        return f"run `neuron-build build {target_id}`"
+    return (f"set [build] backend = \"{used}\" in {builder.project.path.name}, then run `neuron-build build "
+            f"{target_id}` (a build now compiles for {plain})")
 
 
 def _toolchain_text(tc_json: str) -> str:
@@ -272,4 +286,4 @@ def record_release(builder, draft: Release, metrics: dict[str, dict[str, Any]], 
     return find_release(store, model, rid) or record
 
 
-__all__ = ["ReleaseChoice", "artifact_summary", "create_release", "release_candidates", "require_model"]
+__all__ = ["build_advice", "ReleaseChoice", "artifact_summary", "create_release", "release_candidates", "require_model"]

@@ -246,6 +246,12 @@ class BucketedModel(Router):
                     if bool(nan.any()):
                         raise BucketError(f"input '{name}' holds NaN at {list(_first(nan))}; release "
                                           f"{self.release.get('release')} of {self.release['model']} takes numbers")
+                    inf = torch.isinf(t)
+                    if bool(inf.any()):
+                        at = _first(inf)
+                        raise BucketError(f"input '{name}' holds {t[at].item()} at {list(at)}; release "
+                                          f"{self.release.get('release')} of {self.release['model']} takes finite "
+                                          f"numbers")
             out.append(t)
         return tuple(out)
 

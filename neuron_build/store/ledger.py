@@ -249,10 +249,12 @@ def append_batch(store: ObjectIO, records: list[LedgerRecord]) -> str | None:
     raise OSError("could not find a free ledger name after 8 tries")  # pragma: no cover
 
 
-def read(store: ObjectIO, since: _dt.datetime | None = None, until: _dt.datetime | None = None) -> list[LedgerRecord]:
+def read(store: ObjectIO, since: _dt.datetime | None = None, until: _dt.datetime | None = None,
+         skipped: list[str] | None = None) -> list[LedgerRecord]:
     """The ledger records of ``store`` with ``since <= time <= until`` (both optional, aware datetimes),
     oldest first (ties by target). Day folders outside the window are not read; unreadable records are
-    skipped."""
+    skipped, each added to ``skipped`` (when given) as ``"<path> (not JSON)"`` or ``"<path>#<index in its
+    batch> (not a ledger record)"``."""
     day_from = since.astimezone(_dt.timezone.utc).strftime("%Y-%m-%d") if since else None
     day_to = until.astimezone(_dt.timezone.utc).strftime("%Y-%m-%d") if until else None
     out: list[LedgerRecord] = []
@@ -269,11 +271,16 @@ def read(store: ObjectIO, since: _dt.datetime | None = None, until: _dt.datetime
         try:
             raw = json.loads(data)
         except ValueError:
+            if skipped is not None:
+                skipped.append(f"{path} (not JSON)")
             continue
-        batch = raw.get("records") if isinstance(raw, dict) and isinstance(raw.get("records"), list) else [raw]
-        for item in batch:
+        many = isinstance(raw, dict) and isinstance(raw.get("records"), list)
+        batch = raw["records"] if many else [raw]
+        for i, item in enumerate(batch):
             rec = LedgerRecord.from_json(item)
             if rec is None:
+                if skipped is not None:
+                    skipped.append(f"{path}#{i} (not a ledger record)" if many else f"{path} (not a ledger record)")
                 continue
             when = rec.when
             if (since and when < since) or (until and when > until):

@@ -71,8 +71,7 @@ class LocalStore(Store):
         not_folder = not_a_folder(self.root)
         if not_folder is not None:
             what = "is a file" if not_folder == self.root else f"is inside {not_folder}, a file"
-            raise UserError(f"store {self.root} {what}, not a folder; set [build] store (buckets.toml) or "
-                            f"--store to a folder")
+            raise UserError(f"store {self.root} {what}, not a folder; set [build] store (buckets.toml) to a folder")
         if (self.root / "objects").is_dir():
             raise UserError(f"store at {self.root} has the old layout (objects/); rebuild it or move it aside "
                             f"(e.g. `mv {self.root} {self.root}.old`, then `neuron-build build`)")

@@ -82,6 +82,10 @@ class BadObject:
     fix: str = ""
 
 
+#: What ``verify`` without ``--deep`` does not see, and how to see it.
+NOT_HASHED = "a blob changed in place at the same size passes; --deep hashes every blob"
+
+
 @dataclass
 class VerifyReport:
     """What ``verify`` found. ``problems`` are reference faults: a release naming a key with no complete
@@ -103,7 +107,8 @@ class VerifyReport:
     def to_json(self) -> dict[str, Any]:
         return {"deep": self.deep, "repair": self.repair, "checked": self.checked, "ok": self.ok,
                 "blobs_checked": self.blobs_checked, "records_checked": self.records_checked, "clean": self.clean,
-                "bad": [asdict(b) for b in self.bad], "problems": self.problems}
+                "bad": [asdict(b) for b in self.bad], "problems": self.problems,
+                "not_checked": None if self.deep else "blob contents (sha256): --deep hashes every blob"}
 
 
 def blob_fix(target: str | None, damage: str, pinned_by: list[str] | tuple[str, ...] = ()) -> str:
@@ -360,5 +365,5 @@ def _shared_release(shared: Any, model: str, rid: str) -> Any:
         return None
 
 
-__all__ = ["BadObject", "Pins", "RECORD_AREAS", "VerifyReport", "blob_fix", "check_records", "orphan_blob_fix",
+__all__ = ["NOT_HASHED", "BadObject", "Pins", "RECORD_AREAS", "VerifyReport", "blob_fix", "check_records", "orphan_blob_fix",
            "release_pins", "verify_store"]

@@ -195,7 +195,7 @@ def test_build_of_a_missing_target_on_a_read_only_store_is_a_usage_error():
         assert r.returncode == 2, r.stdout + r.stderr
         assert _one_line(r.stderr) == (
             f"error: store {store} is read-only: `neuron-build build` writes artifacts into it; make it writable "
-            f"(or run as a user who may write it), or point [build] store (buckets.toml) or --store at a writable "
+            f"(or run as a user who may write it), or point [build] store (buckets.toml) at a writable "
             f"store")
         assert "FAILED" not in r.stdout and "Traceback" not in r.stdout
         assert sorted(p.relative_to(store).as_posix() for p in store.rglob("*")) == files

@@ -94,7 +94,7 @@ def test_release_promote_validate_and_bench_on_a_read_only_store_are_one_line():
             assert r.returncode == 2, r.stdout + r.stderr
             assert r.stderr.endswith(
                 f"error: store {store} is read-only: `neuron-build {command}` writes {what} into it; make it writable "
-                f"(or run as a user who may write it), or point [build] store (buckets.toml) or --store at a "
+                f"(or run as a user who may write it), or point [build] store (buckets.toml) at a "
                 f"writable store\n"), r.stderr
             assert len(r.stderr.splitlines()) <= 2 and "Traceback" not in r.stdout + r.stderr
 

@@ -240,3 +240,17 @@ def test_doit_outside_a_project_keeps_doits_own_error(tmp_path, monkeypatch, cap
     monkeypatch.chdir(tmp_path)
     assert _doit_with_the_plugin().run(["build"]) == 3  # doit's own code, as without neuron-build
     assert "Could not find dodo file" in capsys.readouterr().err
+
+
+def test_doit_build_beside_a_buckets_toml_without_dodo_py_is_one_line_exit_2(tiny, monkeypatch, capsys):
+    """A project with buckets.toml but no dodo.py (written by hand from docs/config.md): doit's own error
+    exited 3, the code of a gate's refusal; now one line and exit 2, here and in a subfolder."""
+    monkeypatch.chdir(tiny.parent)
+    assert _doit_with_the_plugin().run(["build"]) == 2
+    assert _one_line(capsys.readouterr().err) == (
+        f"ERROR: no dodo.py in {tiny.parent.resolve()} beside buckets.toml: run `neuron-build build`, or write a "
+        f"dodo.py holding `from neuron_build.tasks import *` (what `neuron-build init` writes) to build with doit")
+    sub = tiny.parent / "tinylib"
+    monkeypatch.chdir(sub)
+    assert _doit_with_the_plugin().run(["build"]) == 2
+    assert "no dodo.py in " in capsys.readouterr().err

@@ -41,7 +41,7 @@ def test_a_store_that_is_a_file_is_one_line_exit_2_for_build(file_store, how):
     sf = file_store.parent / "sf"
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (f"error: store {sf} is a file, not a folder; set [build] store (buckets.toml) "
-                                f"or --store to a folder")
+                                f"to a folder")    # build has no --store option: not advised
     assert "Traceback" not in r.stdout + r.stderr and sf.read_text() == "not a store\n"
 
 
@@ -243,7 +243,7 @@ def test_a_read_only_store_folder_as_an_unprivileged_user_fails_in_one_line():
         assert r.returncode == 2, r.stdout + r.stderr
         assert r.stderr == (f"error: store {store} is read-only: `neuron-build build` writes artifacts into it; make "
                             f"it writable (or run as a user who may write it), or point [build] store (buckets.toml) "
-                            f"or --store at a writable store\n")
+                            f"at a writable store\n")
         assert "FAILED" not in r.stdout and "Traceback" not in r.stdout + r.stderr and list(store.iterdir()) == []
     finally:
         subprocess.run(["chmod", "-R", "u+w", str(shared)], check=False)

@@ -234,3 +234,55 @@ def test_bad_model_name_says_the_whole_rule(tiny, name):
     faults = faults_of(tiny)
     assert f"name {name!r} may hold only ASCII letters, digits, '_', '.', '-' and must start with a letter or " \
            f"digit" in faults[0], faults
+
+
+def test_an_unknown_compiler_flag_is_one_line_naming_it_and_the_documented_flags(tiny):
+    """`--no-such-flag` would change the key and fail (or be ignored) at compile time: refused with the
+    documented flags; `unchecked_args` in the profile is the explicit escape hatch."""
+    edit(tiny, 'compiler_args = ["--optlevel=1"]', 'compiler_args = ["--optlevel=1", "--no-such-flag"]')
+    f = faults_of(tiny)
+    assert len(f) == 1 and f[0].startswith(
+        "profiles.p1.compiler_args: --no-such-flag is not a documented neuronx-cc flag (documented: --auto-cast, ")
+    assert "--optlevel" in f[0] and "--target" not in f[0].split("documented:")[1].split(")")[0]
+    assert f[0].endswith('if your neuronx-cc takes it, add unchecked_args = ["--no-such-flag"] to [profiles.p1]')
+    edit(tiny, '"--no-such-flag"]', '"--no-such-flag"]\nunchecked_args = ["--no-such-flag"]')
+    assert load_project(tiny).config.profiles["p1"].compiler_args == ("--no-such-flag", "--optlevel=1")
+    edit(tiny, 'unchecked_args = ["--no-such-flag"]', 'unchecked_args = ["--optlevel"]')
+    assert faults_of(tiny)[0].startswith("profiles.p1.compiler_args: --no-such-flag is not a documented")
+
+
+@pytest.mark.parametrize(("old", "new", "says"), [
+    ("timeout_s = 120", 'timeout_s = "900"', "build.timeout_s: '900' is a string; write the number without quotes"),
+    ("heartbeat_s = 1", 'heartbeat_s = "1"', "build.heartbeat_s: '1' is a string; write the number without quotes"),
+    ("buckets = { batch = [1, 4] }", 'buckets = { batch = ["1", 4] }', "models.tiny.buckets.batch[0]: '1' is not "
+                                                                       "allowed; it must be a whole number"),
+    ('compiler_args = ["--optlevel=1"]', 'compiler_args = "--optlevel=1"',
+     'profiles.p1.compiler_args: must be a list of strings such as ["--optlevel=2"], not a string'),
+])
+def test_numbers_written_as_strings_and_a_string_for_a_list_are_refused(tiny, old, new, says):
+    edit(tiny, old, new)
+    f = faults_of(tiny)
+    assert len(f) == 1 and f[0].startswith(says), f
+
+
+def test_an_unknown_reference_names_the_defined_models(tiny):
+    """With one other model the hint named it; with none the line said "defined models: none" while the model
+    itself is defined: it now names every defined model."""
+    cfg = tiny.read_text()
+    tiny.write_text(cfg[:cfg.index("[models.other]")])
+    edit(tiny, "kwargs = { width = 16 }", 'kwargs = { width = 16 }\nreference = "nothere"')
+    assert faults_of(tiny) == ["models.tiny.reference: unknown model 'nothere'; defined models: tiny (a model is "
+                               "its own reference by default: remove the line, or define the model to compare with)"]
+
+
+def test_a_slurm_walltime_shorter_than_timeout_s_is_refused(tiny):
+    """A job whose walltime ends before a compile may time out kills the compile with its job: refused."""
+    edit(tiny, "timeout_s = 120", 'timeout_s = 900\nexecutor = "dask"')
+    with open(tiny, "a") as f:
+        f.write('\n[dask]\ncluster = "slurm"\nwalltime = "00:10:00"\n')
+    assert faults_of(tiny) == [
+        "dask.walltime: '00:10:00' lets a worker run 540 s (the walltime less its lifetime margin of 60 s), less "
+        "than [build] timeout_s (900 s): a compile that runs its full time would be stopped with its Slurm job; "
+        "raise walltime or lower timeout_s"]
+    edit(tiny, 'walltime = "00:10:00"', 'walltime = "00:20:00"')
+    assert load_project(tiny).config.dask.walltime == "00:20:00"

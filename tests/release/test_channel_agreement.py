@@ -123,3 +123,20 @@ def test_local_channels_are_shared_by_push_before_the_pair_promotes(proj, tmp_pa
     assert len(rep.disagree) == 1 and "tiny/staging" in rep.disagree[0] and "\n" not in rep.disagree[0]
     assert local.location in rep.disagree[0] and remote.location in rep.disagree[0]
     assert channel_pointer(remote, "tiny", "staging")["release"] == r1["id"]  # left as it was
+
+
+def test_promote_from_a_local_channel_before_push_names_both_stores_and_push(proj, tmp_path):
+    """`promote --from dev --to staging` after adding a remote, before `push`: the local store holds dev, the
+    remote does not; not "holds no release yet" (false) but the one line docs/store.md promises."""
+    project, _, local, settings = ctx(proj)
+    r1 = make(proj)
+    promote(local, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True, reason="before the remote")
+    remote = RemoteStore(f"file://{tmp_path}/shared", cache_dir=tmp_path / "c")
+    pair = ReadThroughStore(local, remote)
+    assert pair.put_release("tiny", r1["id"], r1)
+    with pytest.raises(UserError) as e:
+        promote(pair, settings, "tiny", "staging", from_channel="dev", allow_unvalidated=True, reason="after")
+    msg = str(e.value)
+    assert "holds no release yet" not in msg and "\n" not in msg
+    assert "channel tiny/dev" in msg and local.location in msg and remote.location in msg and "push --all" in msg
+    assert channel_pointer(remote, "tiny", "staging") is None
