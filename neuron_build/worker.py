@@ -145,6 +145,7 @@ class WorkerReads:
         return self
 
     def _stop(self, modules_before: list[str] | None) -> None:
+        from neuron_build.project.read_check import record_path
         rec, self._recorder = self._recorder, None
         if rec is None:
             return
@@ -152,7 +153,8 @@ class WorkerReads:
         record = rec.to_json(list(sys.modules) if modules_before is None else modules_before)
         for rel in record.get("files", []):
             if rel not in self.digests:  # the content as it is when the block that read it ends
-                self.digests[rel] = _sha256(self.root / rel)
+                path = record_path(self.root, rel)  # a project file, or one outside it (``~/...``, absolute)
+                self.digests[rel] = _sha256(path) if path is not None else "missing"
         self._records.append(record)
 
     def model_built(self, modules_before: list[str]) -> None:

@@ -246,8 +246,9 @@ class Builder:
             out["incomplete"] = f"{changed[0]} {declared.CHANGED_WHILE}"
             ctx.log.warning(f"{changed[0]} {declared.CHANGED_WHILE}: this artifact is rebuilt by the next build")
         elif out.get("incomplete"):
-            ctx.log.warning(f"{declared.INCOMPLETE} ({out['incomplete']}): this artifact is rebuilt by every "
-                            f"build; {declared.fix(model)}")
+            why = str(out["incomplete"])
+            ctx.log.warning(f"{declared.INCOMPLETE} ({why}): this artifact is rebuilt by every build"
+                            + ("" if "always_rebuild" in why else f"; {declared.fix(model)}"))
         if self.project.config.models[model].always_rebuild:
             out["incomplete"] = f"{declared.ALWAYS_REBUILD} in [models.{model}]"
         return out

@@ -107,8 +107,8 @@ def reasons(model: str, stale: list[str], always_rebuild: bool = False) -> list[
     ``always_rebuild`` model says so instead."""
     if always_rebuild:
         return [f"{ALWAYS_REBUILD} in [models.{model}]: never served from the cache"]
-    return [f"{line}; {fix(model)}" if line.startswith(INCOMPLETE) and CHANGED_WHILE not in line else line
-            for line in stale]
+    return [f"{line}; {fix(model)}" if line.startswith(INCOMPLETE) and CHANGED_WHILE not in line
+            and "always_rebuild" not in line else line for line in stale]
 
 
 def stat_digest(path: Path | str) -> str:
@@ -131,8 +131,10 @@ def changed_since_read(files: dict[str, Any], digests: Any, root: Path | None = 
     for f, now in files.items():
         then = digests.get(f)
         if isinstance(then, str) and then.startswith("stat:") and root is not None:
+            from neuron_build.project.read_check import record_path
+            path = record_path(root, f)
             try:
-                now = stat_digest(root / f)
+                now = stat_digest(path) if path is not None else MISSING_FILE
             except OSError:
                 now = MISSING_FILE
         if then != now:
