@@ -27,12 +27,13 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from neuron_build.compilers import graph_key
 from neuron_build.status import Status
 from neuron_build.util import write_json_atomic
 
-__all__ = ["run", "probe", "main"]
+__all__ = ["run", "probe", "main", "reads_record"]
 
 
 def run(request_path: str) -> int:
@@ -159,7 +160,7 @@ def probe(spec_path: str) -> int:
         with recorder:
             model = (build_model(first.root, first.factory, first.kwargs, first.dtype, hf=first.hf)
                      if compiler.needs_module else None)
-        reads = recorder.to_json(modules_before)
+        reads = reads_record(recorder, modules_before)
     except Exception as e:  # the target compiles in its own worker, which reports this failure
         traceback.print_exc()
         write_json_atomic(out, {"error": f"the model does not build: {type(e).__name__}: {e}"[:500]})
@@ -184,6 +185,13 @@ def probe(spec_path: str) -> int:
     write_json_atomic(out, {"reads": reads, "imported": _imported(first, work), "targets": targets})
     print(f"graph probe done in {time.monotonic() - t0:.1f} s", flush=True)
     return 0
+
+
+def reads_record(recorder: Any, modules_before: list[str]) -> dict:
+    """The record of what a model build read (``reads`` of ``result.json`` and of the probe's results): one
+    function for the compile worker and the graph probe, so both record reads in the same shape (digests
+    included)."""
+    return recorder.to_json(modules_before)
 
 
 def _imported(req, work: Path) -> list[str]:
