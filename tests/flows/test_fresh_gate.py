@@ -22,7 +22,7 @@ class Served:
         served = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
+            def do_GET(self):
                 body = served.value.encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
