@@ -234,9 +234,13 @@ def run_probe(reqs: list[Any], folder: Path, name: str, timeout: float) -> tuple
     _prctl()  # loaded before the fork
     try:
         with open(logf, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "neuron_build.worker", "--graphs", str(spec)], stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(cwd), env=env,
-                                    start_new_session=True, preexec_fn=partial(die_with_parent, os.getpid()))
+            try:
+                proc = subprocess.Popen([sys.executable, "-m", "neuron_build.worker", "--graphs", str(spec)],
+                                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(cwd),
+                                        env=env, start_new_session=True,
+                                        preexec_fn=partial(die_with_parent, os.getpid()))
+            except OSError as e:  # fail closed: its targets are not keyed
+                return {"error": f"the probe could not be started: {e}"}, "", None, time.monotonic() - t0
             try:
                 status = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
