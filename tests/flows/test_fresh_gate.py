@@ -90,3 +90,19 @@ def test_a_network_fed_factory_is_caught_by_verify_fresh_and_the_fresh_gate(tmp_
         served.value = "2.0"  # back to what the artifact holds: fresh again
         r = run_cli("verify", "--fresh", *c, "blk/*")
         assert r.returncode == 0 and "1 fresh, 0 differ" in r.stdout, r.stdout + r.stderr[-2000:]
+
+
+def test_a_target_without_a_graph_key_is_reported_unverifiable_not_passed(tmp_path):
+    """An artifact built with the graph key off (``NEURON_BUILD_GRAPH_KEY=0``) records none: ``verify --fresh``
+    has nothing to compare, says so on a line of its own and counts it; no probe runs for it."""
+    cfg = project(tmp_path / "proj", '"fp32"', "1")
+    c = ("-c", str(cfg))
+    r = run_cli("build", *c, env={"NEURON_BUILD_GRAPH_KEY": "0"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    r = run_cli("verify", "--fresh", *c)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert r.stdout.splitlines()[0] == "UNVERIFIABLE blk/b1/fp32/p1  its artifact records no graph key"
+    assert "0 probe(s)" in r.stdout and "0 fresh, 0 differ, 0 unchecked, 1 unverifiable" in r.stdout
+    r = run_cli("verify", "blk/*", *c)  # patterns are for --fresh: plain verify checks the whole store
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        "verify blk/*: target patterns are for `verify --fresh`; plain verify checks the whole store"), r.stderr
