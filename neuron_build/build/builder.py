@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import shutil
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,9 @@ class Builder:
                  store: ArtifactStore | None = None, host_memory: bool = True, transient_retries: int | None = None,
                  provenance: dict[str, Any] | None = None):
         self.project = project
+        #: this build's id (random, once per Builder: its threads and the runner processes doit forks share
+        #: it): graph probe results are stamped with it and used by this build only (build.graph_probe)
+        self.build_id = uuid.uuid4().hex
         self.store = store if store is not None else cached_store(project.store_url(), project.remote_url(),
                                                                  project.config.build.remote_options)
         self.planner = Planner(project, self.store, backend=backend)

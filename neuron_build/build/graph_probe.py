@@ -20,8 +20,13 @@ source, kwargs, dtype, backend, hardware target, task) never share one. Results 
 (``<state>/graph-probe/<first-level key>.json``), written and read under the group's file lock
 (:mod:`filelock`), so threads and ``doit -n 2`` processes run one probe per group: the first asks for every
 target of the group that misses, the others find their results. A result is used once (removed when its
-target consumes it) and only while the recorded inputs it carries are unchanged (a result left by a build of
-other targets may be older than a data file the factory reads).
+target consumes it), only by the build that asked for it (each result is stamped with the Builder's
+``build_id``, made once per Builder: its threads and the runner processes doit forks from it share it; a
+result of any other build, such as one left by ``build 'm/b1/*'`` for targets it did not build, is ignored
+and removed: the environment may have changed since), and only while the recorded inputs it carries are
+unchanged. Each probe runs in a fresh temporary working folder, removed when it ends, as a compile worker
+does (its own work folder): a factory's cwd-relative cache never carries a graph from one probe to the
+next.
 
 Fails closed: a probe that cannot be started, crashes, times out (``[build] timeout_s``) or cannot key a
 target means the target compiles as before (one warning per probe). No-op builds never get here (a
@@ -122,13 +127,34 @@ def _folder(builder: Any) -> Path:
     return folder
 
 
+def build_id(builder: Any) -> str:
+    """The build a probe result belongs to: the Builder's ``build_id`` (a random id made once per Builder;
+    see the module docstring)."""
+    return str(getattr(builder, "build_id", "") or "")
+
+
+def _mine(builder: Any, path: Path) -> bool:
+    """Does the result at ``path`` exist and belong to this build? A result of another build is removed."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    if isinstance(raw, dict) and raw.get("build") and raw.get("build") == build_id(builder):
+        return True
+    path.unlink(missing_ok=True)
+    return False
+
+
 def _take(builder: Any, path: Path, key: str) -> tuple[dict, str] | None:
-    """The result for first-level key ``key`` at ``path`` when it is usable (removed: used once), else None."""
+    """The result for first-level key ``key`` at ``path`` when it is usable (removed: used once), else None.
+    A result another build left (its ``build`` stamp is not this Builder's) is removed, never used."""
     try:
         raw = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(raw, dict) or raw.get("key") != key:
+    if not isinstance(raw, dict) or raw.get("key") != key or not raw.get("build") \
+            or raw.get("build") != build_id(builder):
+        path.unlink(missing_ok=True)
         return None
     if raw.get("graph_key") and builder.keys.stale_inputs(raw.get("recorded") or {}):
         path.unlink(missing_ok=True)  # the factory's reads changed since: probe again
@@ -168,7 +194,7 @@ def _requests(builder: Any, ctx: Any, req: Any, group: str, folder: Path) -> lis
         if t.model != ctx.target.model or t.id == ctx.target.id:
             continue
         ki = builder.key(t)
-        if builder.store.is_complete(ki.key) or (folder / f"{ki.key}.json").exists():
+        if builder.store.is_complete(ki.key) or _mine(builder, folder / f"{ki.key}.json"):
             continue
         other = builder.request(t, ki, scratch / "out", scratch / ki.key[:16])
         other.options[graph_key.OPTION] = {"base": graph_key.base_of(ki.details)}
@@ -183,51 +209,75 @@ def _requests(builder: Any, ctx: Any, req: Any, group: str, folder: Path) -> lis
     return out
 
 
-def _probe(builder: Any, ctx: Any, req: Any, group: str, folder: Path) -> None:
-    """Run one probe for ``ctx``'s target and the rest of its group; write one result per target (a failure:
-    a result without a graph key, so no other target of the group probes again)."""
+def run_probe(reqs: list[Any], folder: Path, name: str, timeout: float) -> tuple[dict, str, int | None, float]:
+    """Run one ``python -m neuron_build.worker --graphs`` subprocess on ``reqs`` (one model build, each with
+    the graph key option's ``probe`` set; their work folders exist) in a fresh temporary working folder
+    (removed when it ends, as a compile worker's own work folder), with its request, results and log in
+    ``folder`` under ``name``; killed (its process group) past ``timeout`` seconds.
+
+    Returns:
+        ``(results, log, exit status, seconds)``: the worker's results (``{"reads", "imported",
+        "targets"}``, or ``{"error"}``; {} when it wrote none), the last 20,000 characters of its log, its
+        exit status (None: timed out) and its wall time.
+    """
+    import tempfile
+
     from neuron_build.build.local import PACKAGE_PARENT, _kill_group, _prctl, die_with_parent
 
-    shutil.rmtree(folder / "work" / group[:32], ignore_errors=True)
-    reqs = _requests(builder, ctx, req, group, folder)
-    spec, results = folder / f"{group[:32]}.request.json", folder / f"{group[:32]}.result.json"
-    logf = folder / f"{group[:32]}.log"
+    spec, results, logf = folder / f"{name}.request.json", folder / f"{name}.result.json", folder / f"{name}.log"
     results.unlink(missing_ok=True)
     write_json_atomic(spec, {"requests": [r.to_json() for r in reqs], "results": str(results)})
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)}
-    timeout = float(builder.project.config.build.timeout_s)
     t0, status = time.monotonic(), None
-    ctx.log.info("graph probe", targets=len(reqs))
+    cwd = Path(tempfile.mkdtemp(prefix="neuron-build-probe-"))  # fresh per run: no state from an earlier probe
     _prctl()  # loaded before the fork
-    with open(logf, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "neuron_build.worker", "--graphs", str(spec)], stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(folder), env=env,
-                                start_new_session=True,
-                                preexec_fn=partial(die_with_parent, os.getpid()))
-        try:
-            status = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
-            proc.wait()
-        except BaseException:
-            _kill_group(proc.pid)
-            proc.wait()
-            raise
+    try:
+        with open(logf, "wb") as out:
+            try:
+                proc = subprocess.Popen([sys.executable, "-m", "neuron_build.worker", "--graphs", str(spec)],
+                                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(cwd),
+                                        env=env, start_new_session=True,
+                                        preexec_fn=partial(die_with_parent, os.getpid()))
+            except OSError as e:  # fail closed: its targets are not keyed
+                return {"error": f"the probe could not be started: {e}"}, "", None, time.monotonic() - t0
+            try:
+                status = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc.pid)
+                proc.wait()
+            except BaseException:
+                _kill_group(proc.pid)
+                proc.wait()
+                raise
+    finally:
+        shutil.rmtree(cwd, ignore_errors=True)
     seconds = time.monotonic() - t0
-    shutil.rmtree(folder / "work" / group[:32], ignore_errors=True)
-    with open(folder / PROBE_LOG, "a") as f:
-        f.write(f"{time.time():.3f} {group[:12]} {ctx.target.model} targets={len(reqs)} seconds={seconds:.2f} "
-                f"exit={status}\n")
     try:
         raw = json.loads(results.read_text())
     except (OSError, ValueError):
         raw = {}
-    log = logf.read_text(errors="replace")[-20000:]
+    return (raw if isinstance(raw, dict) else {}), logf.read_text(errors="replace")[-20000:], status, seconds
+
+
+def _probe(builder: Any, ctx: Any, req: Any, group: str, folder: Path) -> None:
+    """Run one probe for ``ctx``'s target and the rest of its group; write one result per target, stamped
+    with this build (a failure: a result without a graph key, so no other target of the group probes
+    again in this build)."""
+    shutil.rmtree(folder / "work" / group[:32], ignore_errors=True)
+    reqs = _requests(builder, ctx, req, group, folder)
+    ctx.log.info("graph probe", targets=len(reqs))
+    try:
+        raw, log, status, seconds = run_probe(reqs, folder, group[:32], float(builder.project.config.build.timeout_s))
+    finally:
+        shutil.rmtree(folder / "work" / group[:32], ignore_errors=True)
+    with open(folder / PROBE_LOG, "a") as f:
+        f.write(f"{time.time():.3f} {group[:12]} {ctx.target.model} targets={len(reqs)} seconds={seconds:.2f} "
+                f"exit={status}\n")
     why = raw.get("error") or ("" if raw.get("targets") else
                                f"the probe {'timed out' if status is None else f'exited with status {status}'}")
     if why:
-        ctx.log.warning("graph probe failed; its targets compile", reason=why, log=str(logf))
+        ctx.log.warning("graph probe failed; its targets compile", reason=why, log=str(folder / f"{group[:32]}.log"))
     per = seconds / len(reqs)
     targets = raw.get("targets") or {}
     imported, reads = raw.get("imported") or [], raw.get("reads")
@@ -235,9 +285,9 @@ def _probe(builder: Any, ctx: Any, req: Any, group: str, folder: Path) -> None:
     for r in reqs:
         got = targets.get(r.key) if isinstance(targets.get(r.key), dict) else {}
         write_json_atomic(folder / f"{r.key}.json", {
-            "key": r.key, "target": r.target, "graph_key": got.get("graph_key"),
+            "key": r.key, "target": r.target, "build": build_id(builder), "graph_key": got.get("graph_key"),
             "graph_document": got.get("graph_document"), "reason": got.get("reason") or why or None,
             "imported": imported, "reads": reads, "recorded": recorded, "seconds": round(per, 3), "log": log})
 
 
-__all__ = ["PROBE_DIR", "PROBE_ENV", "PROBE_LOG", "group_of", "probe_on", "reuse_run"]
+__all__ = ["PROBE_DIR", "PROBE_ENV", "PROBE_LOG", "build_id", "group_of", "probe_on", "reuse_run", "run_probe"]

@@ -122,7 +122,7 @@ def cmd_promote(args) -> int:
         entry = promote(store, project.config.release, args.model, args.to, release=args.release,
                         from_channel=args.from_channel, reason=args.reason, allow_unvalidated=args.allow_unvalidated,
                         device_kind=args.device_kind, waive=args.waive,
-                        factory_root=project.root).to_json()
+                        factory_root=project.root, fresh=fresh_checker(args)).to_json()
     except PromotionRefused as e:
         if not args.json:
             raise
@@ -137,6 +137,31 @@ def cmd_promote(args) -> int:
           f"was {entry['from'] or 'empty'})")
     print(format_gates(entry["gates"]))
     return ExitCode.OK
+
+
+def fresh_checker(args):
+    """The ``fresh`` gate's check for ``promote`` (:data:`neuron_build.release.gates.FreshCheck`): the
+    release's targets captured again from today's source (:func:`neuron_build.build.fresh.fresh_check`,
+    one probe per model build, with the release's backend) against the release's artifacts; a released
+    target no longer in ``buckets.toml`` is ``unchecked``. Answers once per release (a promotion checks its
+    gates again when its compare-and-swap loses a race)."""
+    answers: dict[str, dict] = {}
+
+    def check(release) -> dict:
+        if release.id not in answers:
+            from neuron_build.build.fresh import fresh_check
+
+            b = open_builder(args, backend=release.backend, quiet=True)
+            given = {a.target: a.key for a in release.artifacts}
+            rep = fresh_check(b, [b.by_id[t] for t in given if t in b.by_id], given).to_json()
+            gone = [t for t in given if t not in b.by_id]
+            rep["targets"] += [{"target": t, "verdict": "unchecked", "key": given[t], "component": None,
+                                "reason": "no longer a target of buckets.toml: nothing to capture it from"}
+                               for t in gone]
+            answers[release.id] = {**rep, "clean": rep["clean"] and not gone}
+        return answers[release.id]
+
+    return check
 
 
 @command("rollback")
@@ -362,4 +387,4 @@ def cmd_pull(args) -> int:
     return ExitCode.OK
 
 
-__all__ = ["given_store", "register", "release_rows", "seconds_since_iso", "typed_name"]
+__all__ = ["fresh_checker", "given_store", "register", "release_rows", "seconds_since_iso", "typed_name"]

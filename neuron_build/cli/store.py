@@ -1,4 +1,5 @@
-"""``neuron-build verify [--deep] [--repair] [--json]`` and ``neuron-build gc [--dry-run] [--keep-days N] [--json]``."""
+"""``neuron-build verify [--deep] [--repair] [--json]``, ``neuron-build verify --fresh [PATTERN...] [--json]``
+(:mod:`neuron_build.build.fresh`) and ``neuron-build gc [--dry-run] [--keep-days N] [--json]``."""
 
 from __future__ import annotations
 
@@ -6,12 +7,17 @@ from neuron_build.cli.app import command, mib, open_builder, print_json
 from neuron_build.errors import ExitCode, UserError
 from neuron_build.status import Verdict
 
-__all__ = ["register", "chosen_store", "require_existing", "cmd_verify", "cmd_gc"]
+__all__ = ["register", "chosen_store", "require_existing", "cmd_verify", "cmd_verify_fresh", "cmd_gc"]
 
 
 def register(add) -> None:
     """Add the ``verify`` and ``gc`` sub-commands."""
-    s = add("verify", "check every manifest and blob; report damage with the releases it breaks")
+    s = add("verify", "check every manifest and blob; report damage with the releases it breaks; with --fresh: "
+                      "is each target's artifact what a build from today's source and environment makes?")
+    s.add_argument("patterns", nargs="*", metavar="PATTERN", help="with --fresh: the targets to check (default: all)")
+    s.add_argument("--fresh", action="store_true",
+                   help="re-capture each target's graph key (one probe per model build, nothing compiled) and "
+                        "compare it with its artifact's; exit 1 when one differs")
     s.add_argument("--deep", action="store_true", help="also compare the sha256 of every blob (reads every byte)")
     s.add_argument("--repair", action="store_true",
                    help="move damaged manifests and blobs to quarantine/ (the next build compiles them again)")
@@ -54,6 +60,11 @@ def cmd_verify(args) -> int:
     and channels it breaks and the fix; only ``--repair`` moves it (to quarantine/)."""
     from neuron_build.store.verify import NOT_HASHED, verify_store
 
+    if args.fresh:
+        return cmd_verify_fresh(args)
+    if args.patterns:
+        raise UserError(f"verify {' '.join(args.patterns)}: target patterns are for `verify --fresh`; "
+                        f"plain verify checks the whole store")
     b = open_builder(args)
     store = chosen_store(b, args.remote)
     if args.repair and store.read_only:
@@ -81,6 +92,38 @@ def cmd_verify(args) -> int:
           f"{rep.ok} ok, {len(rep.bad)} bad" + (moved if rep.bad else "")
           + (f", {len(rep.problems)} reference problems" if rep.problems else ""))
     return ExitCode.OK if rep.clean else ExitCode.FAILED
+
+
+def cmd_verify_fresh(args) -> int:
+    """``verify --fresh [PATTERN...]``: each matching target's artifact against a fresh capture of its graph
+    (:func:`neuron_build.build.fresh.fresh_check`). Exit 1 when an artifact differs or a target could not be
+    keyed; unverifiable and unbuilt targets are listed (exit 0 when nothing else is wrong)."""
+    import time
+
+    from neuron_build.build.fresh import fresh_check
+    from neuron_build.project.matrix import select
+
+    if args.deep or args.repair or args.remote:
+        raise UserError("verify --fresh checks targets against today's source; drop --deep, --repair and --remote")
+    b = open_builder(args)
+    targets = select(b.targets, args.patterns)
+    t0 = time.monotonic()
+    rep = fresh_check(b, targets)
+    seconds = time.monotonic() - t0
+    b.keys.save()
+    code = ExitCode.OK if rep.clean else ExitCode.FAILED
+    if args.json:
+        print_json({"schema": "neuron-build/verify-fresh/v1", **rep.to_json(), "seconds": round(seconds, 2),
+                    "verdict": str(Verdict.PASS if rep.clean else Verdict.FAIL)})
+        return code
+    for r in rep.rows:
+        if r.verdict != "fresh":
+            print(r.line())
+    n = rep.to_json()["counts"]
+    print(f"verify --fresh: {len(rep.rows)} target(s), {len(rep.probes)} probe(s) in {seconds:.1f} s: "
+          f"{n['fresh']} fresh, {n['differs']} differ, {n['unchecked']} unchecked, "
+          f"{n['unverifiable']} unverifiable (no graph key to compare), {n['unbuilt']} unbuilt")
+    return code
 
 
 @command("gc")

@@ -5,7 +5,7 @@ Domain code: no doit, no torch. The package:
 - :mod:`neuron_build.release.records`: the typed release record, channel pointer and history entry, and
   reading releases (:func:`load_release`, ...).
 - :mod:`neuron_build.release.create`: making a release, one step a function (:func:`create_release`).
-- :mod:`neuron_build.release.gates`: the eight promotion gates (:data:`GATES`, :func:`evaluate_gates`).
+- :mod:`neuron_build.release.gates`: the nine promotion gates (:data:`GATES`, :func:`evaluate_gates`).
 - :mod:`neuron_build.release.channels`: promotion (compare-and-swap), rollback, the channel table.
 - :mod:`neuron_build.release.pull`: writing a channel's release into a folder, checksums verified.
 

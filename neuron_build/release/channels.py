@@ -101,6 +101,8 @@ class PromotionRequest:
         factory_root: where a compile-cache release's model factory imports from for the warm-up gate.
         before_swap: called after the first round's gates and before its swap (tests use it to line up a
             race).
+        fresh: the ``fresh`` gate's check (:data:`~neuron_build.release.gates.FreshCheck`; None: not
+            checked), called once per round: the caller keeps its answer per release.
     """
 
     model: str
@@ -113,6 +115,7 @@ class PromotionRequest:
     waive: Iterable[str] = ()
     factory_root: Any = None
     before_swap: Callable[[], None] | None = None
+    fresh: Callable[[Any], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,7 @@ def promote(store: ArtifactStore, settings: ReleaseSettings, model: str, to: str
 
     Args:
         options: the fields of :class:`PromotionRequest` (``release`` or ``from_channel``, ``reason``,
-            ``allow_unvalidated``, ``waive``, ``device_kind``, ``factory_root``, ``before_swap``).
+            ``allow_unvalidated``, ``waive``, ``device_kind``, ``factory_root``, ``before_swap``, ``fresh``).
 
     Returns:
         The promotion's :class:`~neuron_build.release.records.HistoryEntry` (``version``: the channel's
@@ -266,7 +269,7 @@ def check_gates(store: ArtifactStore, settings: ReleaseSettings, req: PromotionR
     candidate against the release the channel held at this read (``seen``, with its version ``token``)."""
     baseline = get_release(store, req.model, seen.release) if seen else None
     gates = evaluate_gates(store, settings, cand.release, req.to, req.from_channel, baseline, cand.device_kind,
-                           req.allow_unvalidated, cand.waivers, factory_root=req.factory_root)
+                           req.allow_unvalidated, cand.waivers, factory_root=req.factory_root, fresh=req.fresh)
     return GateRound(seen=seen, token=token, gates=gates)
 
 
@@ -299,6 +302,9 @@ def admit(store: ArtifactStore, req: PromotionRequest, cand: Candidate, rnd: Gat
         if any(g.name == "validated" for g in failed):
             why += (f"\nvalidate on {kind} with `neuron-build validate {model}`, or pass "
                     f"--allow-unvalidated --reason TEXT (recorded in the history)")
+        if any(g.name == "fresh" for g in failed):
+            why += (f"\nbuild {model} from today's source (`neuron-build build {model}`) and release it again, or "
+                    f"pass --waive fresh --reason TEXT (recorded in the history)")
         if any(g.name == "latency" for g in failed):
             why += (f"\nre-measure both in one session with `neuron-build bench {model} --against {to}`, "
                     f"or pass --waive latency --reason TEXT (recorded in the history)")

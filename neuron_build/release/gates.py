@@ -1,6 +1,8 @@
-"""The eight promotion gates, evaluated in :data:`GATES` order: channel order, validation, artifact count, op
-count, latency, compile-time p95, the serving toolchain and, for compile-cache and torchneuron releases,
-the fresh-process warm-up (:mod:`neuron_build.release.warmup`).
+"""The nine promotion gates, evaluated in :data:`GATES` order: channel order, validation, artifact count, op
+count, latency, compile-time p95, the serving toolchain, for compile-cache and torchneuron releases the
+fresh-process warm-up (:mod:`neuron_build.release.warmup`), and ``fresh``: is every artifact what a build from
+today's source and environment makes (its graph captured again, :mod:`neuron_build.build.fresh`, which the
+caller runs and hands in: this layer does not build)?
 
 The validation and latency gates read stored results; result records live beside artifacts
 (:meth:`neuron_build.store.contract.ArtifactStore.put_result`), never in the key:
@@ -36,7 +38,11 @@ R = TypeVar("R", BenchResult, dict)
 
 #: The order in which promotion gates are evaluated and reported.
 GATES = ("channel_order", "validated", "artifact_count", "op_count", "latency", "compile_time_p95",
-         "serving_toolchain", "warmup")
+         "serving_toolchain", "warmup", "fresh")
+
+#: A fresh-capture check: the release -> the report of :func:`neuron_build.build.fresh.fresh_check` as JSON
+#: (``{"targets": [{"target", "verdict", "component", "reason", ...}], "probes", "counts", "clean"}``).
+FreshCheck = Callable[[Release], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -335,10 +341,36 @@ def warmup_gate(store: ArtifactStore, release: Release, device_kind: str, factor
     return GateCheck(GATE, passed, message, figures)
 
 
+def fresh_gate(release: Release, check: FreshCheck | None) -> GateCheck:
+    """Is every artifact of the release what a build from today's source and environment makes? ``check``
+    captures each target's graph again (one probe per model build, nothing compiled) and compares it with
+    the artifact's graph key. Fails when an artifact differs (the component named) or a target could not be
+    keyed; targets whose backend makes no graph key are listed as unverifiable (the gate still passes on
+    them: nothing to compare). ``check`` None (a caller without a project to capture from): the gate passes
+    marked ``checked: false`` (``neuron-build promote`` always checks)."""
+    if check is None:
+        return GateCheck("fresh", True, "not checked: no project to capture the graphs from (neuron-build promote "
+                         "checks it)", {"checked": False})
+    rep = check(release)
+    rows = rep.get("targets") or []
+    bad = [r for r in rows if r.get("verdict") in ("differs", "unchecked", "unbuilt")]
+    unverifiable = [r["target"] for r in rows if r.get("verdict") == "unverifiable"]
+    figures = {"checked": True, "counts": rep.get("counts"), "probes": rep.get("probes"),
+               "not_fresh": [{k: r.get(k) for k in ("target", "verdict", "component", "reason")} for r in bad],
+               "unverifiable": unverifiable}
+    note = f"; unverifiable (no graph key): {', '.join(unverifiable)}" if unverifiable else ""
+    if bad:
+        shown = "; ".join(f"{r['target']} {r.get('component') or r.get('verdict')}: {r.get('reason')}" for r in bad)
+        return GateCheck("fresh", False, f"{len(bad)} artifact(s) not what today's code builds: {shown}{note}",
+                         figures)
+    fresh = sum(1 for r in rows if r.get("verdict") == "fresh")
+    return GateCheck("fresh", True, f"{fresh} artifact(s) match a fresh capture of their graph{note}", figures)
+
+
 def evaluate_gates(store: ArtifactStore, settings: ReleaseSettings, release: Release, to: str,
                    from_channel: str | None, baseline: Release | None, device_kind: str,
                    allow_unvalidated: bool = False, waivers: dict[str, str] | None = None,
-                   factory_root=None) -> list[GateCheck]:
+                   factory_root=None, fresh: FreshCheck | None = None) -> list[GateCheck]:
     """Every gate of a promotion of ``release`` into ``to``, run and returned in :data:`GATES` order (each
     name in ``GATES`` picks its gate function).
 
@@ -350,6 +382,7 @@ def evaluate_gates(store: ArtifactStore, settings: ReleaseSettings, release: Rel
         waivers: gate name -> the reason it may fail (:data:`WAIVABLE`); a failed gate named here passes
             with verdict ``waived`` (:func:`waive`). A passing gate is not affected.
         factory_root: where a compile-cache release's model factory imports from (the project folder).
+        fresh: the fresh-capture check of the ``fresh`` gate (:func:`fresh_gate`; None: not checked).
     """
     waivers = dict(waivers or {})
     cand_b = {b: v["key"] for b, v in _by_bucket(release).items()}
@@ -372,6 +405,7 @@ def evaluate_gates(store: ArtifactStore, settings: ReleaseSettings, release: Rel
         "compile_time_p95": lambda: compile_time_gate(release, settings.max_compile_time_p95_s),
         "serving_toolchain": lambda: serving_toolchain_gate(release, settings, to),
         "warmup": lambda: warmup_gate(store, release, device_kind, factory_root, allow_unvalidated),
+        "fresh": lambda: fresh_gate(release, fresh),
     }
     checks = [run[name]() for name in GATES]
     return [waive(g, waivers[g.name]) if not g.passed and g.name in waivers else g for g in checks]
@@ -388,7 +422,9 @@ def format_gates(gates: Iterable[GateCheck | dict[str, Any]]) -> str:
     return "\n".join(lines)
 __all__ = [
     "GATES",
+    "FreshCheck",
     "GateCheck",
+    "fresh_gate",
     "artifact_count_gate",
     "WAIVABLE",
     "bench_records",

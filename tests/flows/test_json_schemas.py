@@ -27,7 +27,7 @@ NOT_RUN_HERE = {"warmup"}
 
 def json_commands() -> set[str]:
     """The commands of the CLI that take ``--json`` (``buckets suggest`` as ``buckets-suggest``), plus
-    ``releases diff``, a positional form of ``releases``."""
+    ``releases diff``, a positional form of ``releases``, and ``verify --fresh``, another report of ``verify``."""
     def walk(p: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[str]:
         out = []
         for a in p._actions:
@@ -37,7 +37,7 @@ def json_commands() -> set[str]:
         if prefix and any("--json" in a.option_strings for a in p._actions):
             out.append("-".join(prefix))
         return out
-    return {*walk(parser()), "releases-diff"}
+    return {*walk(parser()), "releases-diff", "verify-fresh"}
 
 
 def schema_of(name: str) -> dict:
@@ -98,6 +98,8 @@ def test_every_json_output_starts_with_its_schema_and_validates(tmp_path):
     run("releases-diff", "releases", *c, "diff", r1, r2)
     run("pull", "pull", *c, "tiny", "--channel", "dev", "--dest", str(tmp_path / "serve"))
     run("verify", "verify", *c, ok=(0, 1))  # its verdict is not what this test checks (see the report)
+    fresh = run("verify-fresh", "verify", *c, "--fresh", "tiny/*/fp32/p1")
+    assert [(t["target"], t["verdict"]) for t in fresh["targets"]] == [(t, "fresh") for t in p1]
     run("gc", "gc", *c, "--dry-run")
     run("failures", "failures", *c)
     run("report", "report", *c)

@@ -243,8 +243,9 @@ def test_every_gate_reported_and_refusals_recorded(proj):
     r1 = make(proj)
     e = refused(store, settings, "dev", release=r1["id"], reason="try")
     assert [g["name"] for g in e["gates"]] == ["channel_order", "validated", "artifact_count", "op_count",
-                                               "latency", "compile_time_p95", "serving_toolchain", "warmup"]
-    warm = e["gates"][-1]  # a torchscript release holds compiled models: nothing to warm
+                                               "latency", "compile_time_p95", "serving_toolchain", "warmup",
+                                               "fresh"]
+    warm = e["gates"][-2]  # a torchscript release holds compiled models: nothing to warm
     assert (warm["passed"], warm["figures"]) == (True, {"applies": False})
     assert channel_pointer(store, "tiny", "dev") is None
     hist = channel_history(store, "tiny", "dev")
