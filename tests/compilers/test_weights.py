@@ -66,3 +66,24 @@ def test_a_package_must_list_every_weight():
     assert weights.uncovered(["fc1.bias", "fc1.weight", "fc2.bias"], state) is None
     assert "inlined fc2.bias" in weights.uncovered(["fc1.weight", "fc1.bias"], state)      # the 1-D <= 8 trap
     assert "no weight: x" in weights.uncovered(["fc1.weight", "fc1.bias", "fc2.bias", "x"], state)
+
+
+@pytest.mark.slow
+def test_a_package_that_inlines_a_small_weight_is_compiled_with_its_weights_inline(tmp_path, monkeypatch):
+    """The inline-constant trap [ran: shared/weights-and-real-hlo.md 3.4]: without
+    ``always_keep_tensor_constants`` AOTInductor bakes fc2.bias (4 elements) and the 0-d scale into its
+    kernels; a swap would serve wrong numbers. The compile sees it (``get_constant_fqns()`` does not list
+    them) and fails closed: the package is compiled again with every weight inline, no weights file."""
+    from neuron_build.compilers import inductor
+
+    monkeypatch.setattr(weights, "AOTI_EXTERNAL_CONFIG", {"aot_inductor.package_constants_in_so": False})
+    m = Tiny(3).eval()
+    ep = _ep(m)
+    state = weights.exported_state(ep)
+    weights.write(tmp_path, state)
+    why = inductor._compile(ep, tmp_path / "model.pt2", True, state)
+    assert why is not None and "fc2.bias" in why and "scale" in why
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt2"]
+    x = torch.randn(2, 8)
+    got = torch._inductor.aoti_load_package(str(tmp_path / "model.pt2"))(x)   # runs without load_constants
+    assert torch.allclose(got, m(x), atol=1e-5)
