@@ -45,7 +45,7 @@ def refused(store: Any, source: str, old: Any, obj: Path) -> str | None:
     return weights.problem(store.artifact_dir(source), Path(obj) / weights.WEIGHTS_FILE)
 
 
-def relink(graph: Any, ctx: Any, req: Any, run: Any, obj: Path, source: str, old: Any,
+def relink(graph: Any, ctx: Any, req: Any, run: Any, obj: Path, source: str, old: Any,  # noqa: PLR0913
            recorded_inputs: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """Publish ``ctx``'s key as ``source``'s compiled files plus the weights staged in ``obj``.
 

@@ -76,14 +76,14 @@ class Msg:
             out.append(v)
         return out
 
-    def ClearField(self, name):  # noqa: N802 (protobuf's name)
-        for n, (fname, kind) in self.SCHEMA.items():
+    def ClearField(self, name):  # (protobuf's name)
+        for fname, _ in self.SCHEMA.values():
             if fname == name:
                 setattr(self, name, type(self)().__dict__[name])
                 return
         raise ValueError(f"no field {name}")
 
-    def SerializeToString(self, deterministic=False):  # noqa: N802
+    def SerializeToString(self, deterministic=False):
         out = b""
         for number in sorted(self.SCHEMA):
             name, kind = self.SCHEMA[number]
