@@ -70,6 +70,21 @@ def count_package_kernels(package: Path) -> tuple[int, dict]:
     return total, breakdown
 
 
+def _external_state(ep, folder: Path) -> dict | None:
+    """The exported program's weights, written beside the package (:func:`weights.write`); None (a warning:
+    the target compiles with its weights inline) when they cannot be read or written: fail closed."""
+    try:
+        state = weights.exported_state(ep)
+        weights.write(folder, state)
+        return state
+    except Exception as e:  # an unreadable state dict, a dtype safetensors cannot hold: compile inline
+        for name in (weights.WEIGHTS_FILE, weights.SPEC_FILE):
+            (folder / name).unlink(missing_ok=True)
+        print(f"warning: the weights cannot be kept apart ({type(e).__name__}: {str(e)[:200]}); "
+              "compiling with the weights inline", flush=True)
+        return None
+
+
 def _compile(ep, out: Path, external: bool, state: dict | None) -> str | None:
     """AOTInductor-compile ``ep`` to ``out``; with ``external``, weight-free (the weights file beside it)
     when the package lists every weight, else (fail closed) compiled again with the weights inlined and the
@@ -114,15 +129,16 @@ class InductorCompiler(CompilerBase):
             ep = torch.export.export(model, example_inputs, strict=False)
         print(f"exported graph: {len(ep.graph.nodes)} nodes; AOTInductor compile for {device}", flush=True)
         out = Path(request.out_dir) / "model.pt2"
-        external = not request.inline_weights_to_neff  # the profile's weights = "external"
-        if external:  # the weights go beside the package, before the key: a hit relinks them
-            state = weights.exported_state(ep)
-            weights.write(out.parent, state)
+        state = _external_state(ep, out.parent) if not request.inline_weights_to_neff else None
+        external = state is not None  # the profile's weights = "external", and the weights could be written
+        if external:  # (beside the package, before the key: a hit relinks them)
             graph_key.checkpoint(request, lambda: weights.structure_document(ep, state))
         else:
             graph_key.checkpoint(request, lambda: graph_key.export_document(ep))  # a hit stops before compiling
         enter_stage("compile")  # compiles and writes model.pt2 in one call
-        why = _compile(ep, out, external, state if external else None)
+        why = _compile(ep, out, external, state)
+        if not external and not request.inline_weights_to_neff:
+            why = "the weights could not be kept apart"
         enter_stage("count")
         ops, breakdown = count_package_kernels(out)
         print(f"op count {ops} ({breakdown['fused']} fused, {breakdown['extern']} extern)", flush=True)
@@ -131,7 +147,7 @@ class InductorCompiler(CompilerBase):
         isa = package_cpu_isa(out)  # -march=native: the package needs a host with this ISA
         details = {"artifact": "model.pt2", "loader": "torch._inductor.aoti_load_package",
                    "exported_nodes": len(ep.graph.nodes), "op_breakdown": breakdown,
-                   "weights": "external" if external and why is None else "inline"}
+                   "weights": "external" if external and why is None else "inline"}  # (relink: only external)
         if why is not None:
             details["weights_inline_why"] = why
         if isa is not None:

@@ -87,3 +87,18 @@ def test_a_package_that_inlines_a_small_weight_is_compiled_with_its_weights_inli
     x = torch.randn(2, 8)
     got = torch._inductor.aoti_load_package(str(tmp_path / "model.pt2"))(x)   # runs without load_constants
     assert torch.allclose(got, m(x), atol=1e-5)
+
+
+def test_weights_that_cannot_be_kept_apart_mean_an_inline_compile(tmp_path, monkeypatch, capsys):
+    from neuron_build.compilers import inductor
+
+    ep = _ep(Tiny(0))
+    assert set(inductor._external_state(ep, tmp_path)) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias",
+                                                          "scale"}
+    assert {p.name for p in tmp_path.iterdir()} == {weights.WEIGHTS_FILE, weights.SPEC_FILE}
+
+    def unreadable(_ep):
+        raise graph_key.NoGraphKey("the value of fc1.weight is not a tensor of the exported program")
+    monkeypatch.setattr(weights, "exported_state", unreadable)
+    assert inductor._external_state(ep, tmp_path) is None
+    assert list(tmp_path.iterdir()) == [] and "compiling with the weights inline" in capsys.readouterr().out
