@@ -73,15 +73,27 @@ def load_artifact(path: str | Path, loader: str, backend: str, device: str | Non
         explain_missing_neuronx: True: a missing torch-neuronx is a :class:`UserError` naming the file;
             False: its ``ImportError`` propagates (validation records it as the artifact failing to load).
 
+    An AOTInductor package with external weights (``weights.json`` beside it) gets ``weights.safetensors``
+    loaded after names, shapes and dtypes are checked (:func:`neuron_build.compilers.weights.load_into`).
+
     Raises:
-        UserError: a neuron artifact and no torch-neuronx here (with ``explain_missing_neuronx``).
+        UserError: a neuron artifact and no torch-neuronx here (with ``explain_missing_neuronx``); external
+            weights that do not fit the package (one line; nothing loaded).
         ImportError: the same, without it.
     """
     import torch
 
     path = Path(path)
     if loader == AOTI_LOADER or path.suffix == ".pt2":
-        return torch._inductor.aoti_load_package(str(path))
+        from neuron_build.compilers import weights
+
+        why = weights.problem(path.parent)  # external weights: checked before the package is even loaded
+        if why is not None:
+            raise UserError(why)
+        module = torch._inductor.aoti_load_package(str(path))
+        if weights.read_spec(path.parent) is not None:
+            weights.load_into(module, path.parent)
+        return module
     spec = find_backend(backend)
     if spec is not None and spec.jit_registers:  # torch_neuronx: registers the Neuron TorchScript classes
         try:

@@ -42,6 +42,7 @@ from neuron_build.build.peaks import expected_peak
 from neuron_build.build.planner import Planner
 from neuron_build.build.recorder import Recorder, Unrecorded, failure_stage, hbm_estimate
 from neuron_build.build.summary import why_rechecked
+from neuron_build.build.relink import RELINKED
 from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import CompileRequest
 from neuron_build.log import get_logger
@@ -365,6 +366,10 @@ class Builder:
         self.store.clear_failure(ctx.target.id)
         self.recorder.remember(ctx, Status.PASS)
         self.recorder.ledger(ctx, "graph-reused", Status.PASS, run=run, metrics=reused.metrics, reused_from=src, graph_key=gk)
+        if reused.relinked:  # new weights with the stored compiled files (build/relink.py)
+            ctx.log.info("weights changed, graph unchanged", relinked=src[:12], graph_key=gk[:12])
+            return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, RELINKED.format(source=src), compiled=False,
+                           metrics=reused.metrics)
         ctx.log.info("source changed, graph unchanged", reused=src[:12], graph_key=gk[:12],
                      seconds=round(run.wall_s, 1))
         return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, f"graph unchanged: reused {src}",

@@ -1,6 +1,7 @@
 """The graph key, the second level of the key, as the builder uses it (:mod:`neuron_build.compilers.graph_key`
 makes it in the worker): ask the worker for it, hold its compile lock, index a published artifact under it,
-and publish a new key over the blobs of the artifact compiled from the same graph.
+and publish a new key over the blobs of the artifact compiled from the same graph (or, for external
+weights, its compiled files plus the new weights: :mod:`neuron_build.build.relink`).
 
 The graph index is untrusted input: a reuse is published only when the candidate's manifest records the same
 graph key, canonical document digest, backend, hardware target, dtype and inputs (:func:`reuse_refused`),
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_build.build import relink
 from neuron_build.build.attempt import disk_full
 from neuron_build.build.context import BuildContext
 from neuron_build.build.executor import WORKER_LOG, CompileRun
@@ -42,6 +44,8 @@ class Reused:
     source: str
     graph_key: str
     metrics: dict[str, Any]
+    #: the new weights were published with the source's compiled files (:mod:`neuron_build.build.relink`)
+    relinked: bool = False
 
 
 def reuse_refused(ctx: BuildContext, req: CompileRequest, gk: str | None, document: str | None,
@@ -157,6 +161,9 @@ class GraphReuse:
             return None
         source, old = found
         gk = str(old.graph_key)
+        if relink.staged(obj) or (old.compiler or {}).get("weights") == "external":
+            done = relink.relink(self, ctx, req, run, obj, source, old, recorded_inputs)
+            return None if done is None else Reused(source, done[0], done[1], relinked=True)
         with disk_full("writing the artifact", obj):
             (obj / WORKER_LOG).write_bytes(run.log)
         metrics = {**old.metrics.model_dump(), "status": Status.PASS, "compile_time_s": round(run.wall_s, 3),

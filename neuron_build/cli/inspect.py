@@ -115,7 +115,10 @@ def format_explain(b, t) -> str:
     m = b.store.manifest(ki.key) if state == TargetState.CACHED else None
     if m is not None and m.logs:
         out.append(f"logs    {b.store.log_file(ki.key, 'worker.log').parent} ({', '.join(m.logs)})")
-    if m is not None and m.reused_from:
+    if m is not None and getattr(m, "relinked_from", None):
+        out.append(f"graph   weights changed, graph unchanged: relinked from {m.relinked_from} "
+                   f"(graph key {m.graph_key})")
+    elif m is not None and m.reused_from:
         out.append(f"graph   source changed, graph unchanged: reused {m.reused_from} (graph key {m.graph_key})")
     elif m is not None and m.graph_key:
         out.append(f"graph   compiled; graph key {m.graph_key}")
@@ -160,7 +163,9 @@ def explain_doc(b, t) -> dict[str, Any]:
     graph = None
     if m is not None and (m.graph_key or m.reused_from):
         graph = {"graph_key": m.graph_key, "reused_from": m.reused_from,
-                 "summary": (f"source changed, graph unchanged: reused {m.reused_from}" if m.reused_from
+                 "summary": (f"weights changed, graph unchanged: relinked from {m.relinked_from}"
+                             if getattr(m, "relinked_from", None) else
+                             f"source changed, graph unchanged: reused {m.reused_from}" if m.reused_from
                              else "compiled")}
     return {"target": t.id, "key": ki.key, "state": str(state),
             "last": {"key": rec.key, "status": str(rec.status), "time": rec.time} if rec else None,

@@ -5,6 +5,11 @@ package: call sites, in the wrapper's ``run_impl``, of fused kernels (``cpp_fuse
 launches on CUDA) plus extern calls into ATen (``aoti_torch_cpu_*``/``aoti_torch_cuda_*`` ops and the
 ``aoti_torch_*_out`` fallbacks such as ``aoti_torch_cpu_addmm_out``). Allocations and views
 (``aoti_torch_empty_strided``, ``reinterpret_tensor``) are not kernels and are not counted.
+
+With the profile's ``weights = "external"`` (the request's ``inline_weights_to_neff`` false) the package is
+weight-free (:data:`neuron_build.compilers.weights.AOTI_EXTERNAL_CONFIG`), the weights go beside it
+(``weights.safetensors`` + ``weights.json``) and the graph key is made from the structure part of the
+graph (:func:`neuron_build.compilers.weights.structure_document`): a weights-only change is relinked.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import zipfile
 from collections import Counter
 from pathlib import Path
 
-from neuron_build.compilers import graph_key
+from neuron_build.compilers import graph_key, weights
 from neuron_build.compilers.base import CompileFailed, CompilerBase, CompileRequest, CompileResult, enter_stage
 from neuron_build.status import Status
 
@@ -65,6 +70,44 @@ def count_package_kernels(package: Path) -> tuple[int, dict]:
     return total, breakdown
 
 
+def _external_state(ep, folder: Path) -> dict | None:
+    """The exported program's weights, written beside the package (:func:`weights.write`); None (a warning:
+    the target compiles with its weights inline) when they cannot be read or written: fail closed."""
+    try:
+        state = weights.exported_state(ep)
+        weights.write(folder, state)
+        return state
+    except Exception as e:  # an unreadable state dict, a dtype safetensors cannot hold: compile inline
+        for name in (weights.WEIGHTS_FILE, weights.SPEC_FILE):
+            (folder / name).unlink(missing_ok=True)
+        print(f"warning: the weights cannot be kept apart ({type(e).__name__}: {str(e)[:200]}); "
+              "compiling with the weights inline", flush=True)
+        return None
+
+
+def _compile(ep, out: Path, external: bool, state: dict | None) -> str | None:
+    """AOTInductor-compile ``ep`` to ``out``; with ``external``, weight-free (the weights file beside it)
+    when the package lists every weight, else (fail closed) compiled again with the weights inlined and the
+    weights files removed. Returns why the weights ended up inline, or None."""
+    import torch
+
+    if not external:
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(out))
+        return None
+    torch._inductor.aoti_compile_and_package(ep, package_path=str(out), inductor_configs=weights.AOTI_EXTERNAL_CONFIG)
+    try:
+        why = weights.uncovered(list(torch._inductor.aoti_load_package(str(out)).get_constant_fqns()), state or {})
+    except Exception as e:  # a package that cannot list its constants cannot take them from outside
+        why = f"the package cannot list its constants ({type(e).__name__})"
+    if why is None:
+        return None
+    print(f"warning: {why}: compiling with the weights inlined", flush=True)
+    for name in (weights.WEIGHTS_FILE, weights.SPEC_FILE):
+        (out.parent / name).unlink(missing_ok=True)
+    torch._inductor.aoti_compile_and_package(ep, package_path=str(out))
+    return why
+
+
 class InductorCompiler(CompilerBase):
     """``torch.export.export`` + ``torch._inductor.aoti_compile_and_package`` -> ``model.pt2``."""
 
@@ -85,10 +128,17 @@ class InductorCompiler(CompilerBase):
         with torch.no_grad():
             ep = torch.export.export(model, example_inputs, strict=False)
         print(f"exported graph: {len(ep.graph.nodes)} nodes; AOTInductor compile for {device}", flush=True)
-        graph_key.checkpoint(request, lambda: graph_key.export_document(ep))  # a hit stops before compiling
         out = Path(request.out_dir) / "model.pt2"
+        state = _external_state(ep, out.parent) if not request.inline_weights_to_neff else None
+        external = state is not None  # the profile's weights = "external", and the weights could be written
+        if external:  # (beside the package, before the key: a hit relinks them)
+            graph_key.checkpoint(request, lambda: weights.structure_document(ep, state))
+        else:
+            graph_key.checkpoint(request, lambda: graph_key.export_document(ep))  # a hit stops before compiling
         enter_stage("compile")  # compiles and writes model.pt2 in one call
-        torch._inductor.aoti_compile_and_package(ep, package_path=str(out))
+        why = _compile(ep, out, external, state)
+        if not external and not request.inline_weights_to_neff:
+            why = "the weights could not be kept apart"
         enter_stage("count")
         ops, breakdown = count_package_kernels(out)
         print(f"op count {ops} ({breakdown['fused']} fused, {breakdown['extern']} extern)", flush=True)
@@ -96,7 +146,10 @@ class InductorCompiler(CompilerBase):
 
         isa = package_cpu_isa(out)  # -march=native: the package needs a host with this ISA
         details = {"artifact": "model.pt2", "loader": "torch._inductor.aoti_load_package",
-                   "exported_nodes": len(ep.graph.nodes), "op_breakdown": breakdown}
+                   "exported_nodes": len(ep.graph.nodes), "op_breakdown": breakdown,
+                   "weights": "external" if external and why is None else "inline"}  # (relink: only external)
+        if why is not None:
+            details["weights_inline_why"] = why
         if isa is not None:
             details["cpu_isa"] = isa
         return CompileResult(op_count=ops, op_count_source=OP_COUNT_SOURCE, details=details)

@@ -185,15 +185,39 @@ class Profile(_Frozen):
     """``[profiles.NAME]``: compiler args and options.
 
     ``compiler_args`` are stored normalised (see :func:`neuron_build.project.compiler_args.normalize_compiler_args`).
-    ``tp_degree`` is the tensor-parallel degree (NeuronCores per model replica). A flag that is not documented
-    for neuronx-cc (:data:`~neuron_build.project.compiler_args.DOCUMENTED`) is refused unless ``unchecked_args``
-    names it (the escape hatch for a flag a newer compiler takes).
+    ``tp_degree`` is the tensor-parallel degree (NeuronCores per model replica).
+    ``weights``: ``"inline"`` (the default: weights compiled into the artifact) or ``"external"`` (the
+    compiled part is weight-free and the weights travel beside it, so a change of weight values alone is
+    relinked, not compiled: :mod:`neuron_build.compilers.weights`). ``inline_weights_to_neff`` is the Neuron
+    spelling of the same choice: either may be given, both are set from it, and a pair that disagrees is
+    one config error naming the profile.
+    A flag that is not documented for neuronx-cc (:data:`~neuron_build.project.compiler_args.DOCUMENTED`) is
+    refused unless ``unchecked_args`` names it (the escape hatch for a flag a newer compiler takes).
     """
 
     compiler_args: tuple[str, ...] = ()
+    weights: Literal["inline", "external"] = "inline"
     inline_weights_to_neff: StrictBool = True
     tp_degree: PositiveInt = Field(default=1, strict=True)
     unchecked_args: tuple[StrictStr, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_weights_answer(cls, v: Any) -> Any:
+        if not isinstance(v, dict) or v.get("weights") not in ("inline", "external"):
+            return v
+        inline = v["weights"] == "inline"
+        given = v.get("inline_weights_to_neff")
+        if isinstance(given, bool) and given != inline:
+            raise ValueError(f"weights = \"{v['weights']}\" but inline_weights_to_neff = {str(given).lower()} "
+                             "(its Neuron spelling); keep one of the two")
+        return {**v, "inline_weights_to_neff": inline}
+
+    @model_validator(mode="after")
+    def _weights_from_neuron_spelling(self) -> Profile:
+        if "weights" not in self.model_fields_set and not self.inline_weights_to_neff:
+            object.__setattr__(self, "weights", "external")
+        return self
 
     @field_validator("compiler_args", mode="before")
     @classmethod

@@ -12,7 +12,7 @@ Components (each hashed on its own so ``explain`` can say which one changed):
 - ``inputs``: the target dtype and each input's concrete shape, dtype and range (for a text-generation
   graph also ``graph``, prefill or decode, and ``max_seq_len``, the static KV cache's length);
 - ``compiler``: backend, hardware target, normalised compiler args (without ``--verbose``), profile
-  options (``inline_weights_to_neff``, ``tp_degree``), and the version of what the backend writes
+  options (``inline_weights_to_neff``, ``tp_degree``, ``weights`` when ``"external"``), and the version of what the backend writes
   (:data:`ARTIFACT_FORMAT`); for AOTInductor on CPU (built with ``-march=native``) also ``cpu_isa``, the
   build host's CPU ISA (:mod:`neuron_build.cpu_isa`);
 - ``env``: the environment variables of :data:`KEY_ENV` for the backend (an allow-list: logging, debug,
@@ -399,6 +399,8 @@ class KeyMaker:
                 "compiler_args": list(key_args(prof.compiler_args)),
                 "inline_weights_to_neff": prof.inline_weights_to_neff, "tp_degree": prof.tp_degree,
                 "artifact_format": ARTIFACT_FORMAT.get(self.backend, 1)}
+            if prof.weights == "external":  # (absent when inline: the keys of before stay as they were)
+                comp["weights"] = "external"
             if self.cpu_isa is not None:
                 comp["cpu_isa"] = self.cpu_isa
         return {

@@ -286,3 +286,22 @@ def test_a_slurm_walltime_shorter_than_timeout_s_is_refused(tiny):
         "raise walltime or lower timeout_s"]
     edit(tiny, 'walltime = "00:10:00"', 'walltime = "00:20:00"')
     assert load_project(tiny).config.dask.walltime == "00:20:00"
+
+
+def test_weights_inline_or_external_one_answer_per_profile(tiny):
+    """``weights`` and ``inline_weights_to_neff`` (its Neuron spelling) say one thing; a conflict is one line
+    naming the profile."""
+    assert load_project(tiny).config.profiles["p1"].weights == "inline"
+    edit(tiny, 'compiler_args = ["--optlevel=1"]', 'compiler_args = ["--optlevel=1"]\nweights = "external"')
+    p1 = load_project(tiny).config.profiles["p1"]
+    assert (p1.weights, p1.inline_weights_to_neff) == ("external", False)
+    edit(tiny, 'weights = "external"', 'inline_weights_to_neff = false')
+    p1 = load_project(tiny).config.profiles["p1"]
+    assert (p1.weights, p1.inline_weights_to_neff) == ("external", False)
+    edit(tiny, 'inline_weights_to_neff = false', 'inline_weights_to_neff = true\nweights = "external"')
+    assert faults_of(tiny) == [
+        'profiles.p1: weights = "external" but inline_weights_to_neff = true (its Neuron spelling); '
+        'keep one of the two']
+    edit(tiny, 'weights = "external"', 'weights = "outside"')
+    (fault,) = faults_of(tiny)
+    assert fault.startswith("profiles.p1.weights:") and "inline" in fault and "external" in fault

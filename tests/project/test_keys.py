@@ -168,3 +168,15 @@ def test_removed_target_index_picks_the_closest_record():
         hashes = {c: sha256_hex(canonical_json(new[c])) for c in comps}
         want = min(recs, key=lambda r: (len(diff_components(r.details, new)), r.target))
         assert idx.closest(hashes).target == want.target
+
+
+def test_the_weights_choice_is_in_the_compiler_component_of_that_profile_only(tiny):
+    before = keys_of(tiny)
+    edit(tiny, 'compiler_args = ["--optlevel=1"]', 'compiler_args = ["--optlevel=1"]\nweights = "external"')
+    after = keys_of(tiny)
+    changed = {i for i in after if after[i] != before[i]}
+    assert changed and changed == {i for i in after if i.endswith("/p1")}
+    p = load_project(tiny)
+    t = next(t for t in expand(p) if t.id.endswith("/p1"))
+    comp = KeyMaker(p).details(t)["compiler"]
+    assert (comp["weights"], comp["inline_weights_to_neff"]) == ("external", False)

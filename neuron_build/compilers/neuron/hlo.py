@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["count_hlo_instructions", "count_proto_instructions", "count_text_instructions", "find_hlo"]
+__all__ = ["count_hlo_instructions", "count_proto_instructions", "count_text_instructions", "find_hlo",
+           "without_fields"]
 
 MODULE_COMPUTATIONS = 3    # HloModuleProto.computations [guess, see module docstring]
 COMPUTATION_INSTRUCTIONS = 2  # HloComputationProto.instructions [guess]
@@ -67,6 +68,36 @@ def _fields(buf: bytes):
         if pos > end:
             raise ValueError("truncated field")
         yield number, wire, value
+
+
+def without_fields(data: bytes, numbers: set[int] | frozenset[int]) -> bytes:
+    """``data`` (one serialized protobuf message) with every top-level field whose number is in ``numbers``
+    dropped, whatever the schema that wrote it (the other fields' bytes are kept as they were, in order).
+
+    Raises:
+        ValueError: the bytes are not a well-formed message.
+    """
+    out, pos, end = bytearray(), 0, len(data)
+    while pos < end:
+        start = pos
+        tag, pos = _varint(data, pos)
+        number, wire = tag >> 3, tag & 7
+        if number == 0:
+            raise ValueError("field number 0")
+        if wire == _WIRE_VARINT:
+            _, pos = _varint(data, pos)
+        elif wire in (_WIRE_I64, _WIRE_I32):
+            pos += 8 if wire == _WIRE_I64 else 4
+        elif wire == _WIRE_LEN:
+            n, pos = _varint(data, pos)
+            pos += n
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        if pos > end:
+            raise ValueError("truncated field")
+        if number not in numbers:
+            out += data[start:pos]
+    return bytes(out)
 
 
 def count_proto_instructions(data: bytes) -> int | None:

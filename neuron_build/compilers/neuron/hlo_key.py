@@ -16,7 +16,8 @@ The document keyed (:func:`hlo_document`), everything ``model.pt`` is made of:
 - the HLO module, canonical (:func:`canonical_hlo`): instruction ``metadata`` (``op_name`` with its
   per-instance counters, ``source_file``, ``source_line``) cleared; module, computation and instruction
   names and ids renumbered structurally (they are handed out in lowering order [inference, facts 3]);
-  the stack-frame index (file names) cleared; everything else kept, serialised with
+  the stack-frame index (file names) cleared, and for a protobuf message dropped on the wire (field 17)
+  whatever the schema that parsed it; everything else kept, serialised with
   ``SerializeToString(deterministic=True)`` (map fields such as ``frontend_attributes`` have no order
   otherwise [protobuf]). The proto that is compiled is never touched;
 - the weights by content: the inlined ones (``constant_parameter_tensors``, folded into the NEFF [code,
@@ -46,6 +47,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from neuron_build.compilers import graph_key as gk
+from neuron_build.compilers.neuron.hlo import without_fields
 
 #: The module whose functions the split path relies on [code: NxD trace/functions.py, optimum cache.py].
 XLA_TRACE_MODULE = "torch_neuronx.xla_impl.trace"
@@ -57,6 +59,10 @@ REQUIRED = {"generate_neff": ("hlo_artifacts", "compiler_workdir", "compiler_arg
 DROPPED_FLAGS = ("--logfile", "--verbose", "--output", "--cache_dir", "--cache-dir", "--dump", "--pipeline-dump")
 #: Fields of an instruction and of the module that are cosmetic (cleared in the canonical copy).
 _COSMETIC_MODULE_FIELDS = ("stack_frame_index",)
+#: ``HloModuleProto.stack_frame_index`` [code: XLA hlo.proto]: file names and lines under ``XLA_IR_DEBUG``;
+#: a schema without it keeps it as unknown bytes [ran: shared/weights-and-real-hlo.md 1.4], so it is
+#: dropped on the wire too.
+_COSMETIC_MODULE_FIELD_NUMBERS = frozenset({17})
 FALLBACK_WARNING = ("torch_neuronx.xla_impl.trace has no {what}: the HLO graph key is made after neuronx-cc runs "
                     "(today's path), so a graph-neutral edit still compiles")
 
@@ -141,7 +147,13 @@ def canonical_hlo(module: Any) -> bytes:
         for f in _COSMETIC_MODULE_FIELDS:
             if hasattr(m, f):
                 m.ClearField(f)
-        return m.SerializeToString(deterministic=True)
+        data = m.SerializeToString(deterministic=True)
+        if hasattr(m, "DESCRIPTOR"):  # a protobuf message: its bytes are the wire format
+            try:
+                data = without_fields(data, _COSMETIC_MODULE_FIELD_NUMBERS)
+            except ValueError as e:
+                raise gk.NoGraphKey(f"the HLO module is not well-formed protobuf wire format ({e})") from None
+        return data
     except gk.NoGraphKey:
         raise
     except (AttributeError, KeyError, TypeError, ValueError) as e:

@@ -1,0 +1,99 @@
+"""Relink instead of compile: a target whose graph *structure* is stored, with other weight values.
+
+A profile with ``weights = "external"`` keys its graph by structure (:mod:`neuron_build.compilers.weights`);
+its worker writes the weights file (``weights.safetensors``) and the spec (``weights.json``) into the
+staging folder before it asks the graph index. When the index holds the structure, nothing is compiled:
+:func:`relink` publishes the stored artifact's compiled files (linked, verified by digest as any publish
+does) plus the new weights file, the manifest records ``relinked_from`` (and ``explain`` says
+``weights changed, graph unchanged: relinked from <key>``). The weights file is content-addressed like
+every file: buckets of one model with the same weights share one blob.
+
+Fails closed (None: the caller compiles): the stored artifact's compiler did not record
+``weights = "external"`` (it inlined its weights: an older artifact, or a package that did not list every
+weight), the staged weights do not fit the stored spec (names, dtypes, shapes, read from the header), or the
+staged folder has no weights file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from neuron_build.build.attempt import disk_full
+from neuron_build.build.executor import WORKER_LOG
+from neuron_build.build.manifests import artifact_manifest, hash_files
+from neuron_build.compilers import weights
+from neuron_build.status import Status
+
+#: The outcome reason of a relink (``explain`` prints the same words from the manifest).
+RELINKED = "weights changed, graph unchanged: relinked from {source}"
+
+
+def staged(obj: Path) -> bool:
+    """Does the worker's staging folder hold external weights (a relink, not a plain reuse)?"""
+    return (Path(obj) / weights.WEIGHTS_FILE).is_file()
+
+
+def refused(store: Any, source: str, old: Any, obj: Path) -> str | None:
+    """Why the artifact of ``source`` (manifest ``old``) cannot take the weights staged in ``obj``, or None."""
+    if (old.compiler or {}).get("weights") != "external":
+        return "the stored artifact holds its weights inline"
+    if weights.SPEC_FILE not in old.files or weights.WEIGHTS_FILE not in old.files:
+        return "the stored artifact has no weights spec"
+    return weights.problem(store.artifact_dir(source), Path(obj) / weights.WEIGHTS_FILE)
+
+
+def relink(graph: Any, ctx: Any, req: Any, run: Any, obj: Path, source: str, old: Any,  # noqa: PLR0913
+           recorded_inputs: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """Publish ``ctx``'s key as ``source``'s compiled files plus the weights staged in ``obj``.
+
+    Args:
+        graph: the :class:`~neuron_build.build.graph_reuse.GraphReuse` (store, provenance).
+        source, old: the stored artifact of the same structure and its manifest (already checked by
+            :func:`~neuron_build.build.graph_reuse.reuse_refused`).
+
+    Returns:
+        (graph key, the new manifest's metrics), or None (logged) when the relink is refused: compile.
+
+    Raises:
+        DiskFull: the file system filled up; nothing was published.
+    """
+    store, gk = graph.store, str(old.graph_key)
+    why = refused(store, source, old, obj)
+    if why is not None:
+        ctx.log.warning("cannot relink the weights; compiling", graph_key=gk[:12], candidate=source[:12], reason=why)
+        return None
+    view = store.artifact_dir(source)
+    with disk_full("writing the artifact", obj):
+        for name in old.files:
+            if name == weights.WEIGHTS_FILE:
+                continue  # the new weights, staged by the worker
+            dest = Path(obj) / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.unlink(missing_ok=True)  # the worker's spec: the stored one is what the weights were checked by
+            try:
+                os.link(view / name, dest)
+            except OSError:
+                shutil.copyfile(view / name, dest)
+        (Path(obj) / WORKER_LOG).write_bytes(run.log)
+    files, logs = hash_files(obj)
+    if set(files) != set(old.files):
+        ctx.log.warning("cannot relink the weights; compiling", graph_key=gk[:12], candidate=source[:12],
+                        reason=f"the staged files are {sorted(files)}, the stored ones {sorted(old.files)}")
+        return None
+    metrics = {**old.metrics.model_dump(), "status": Status.PASS, "compile_time_s": round(run.wall_s, 3),
+               "peak_rss_bytes": run.peak_rss_bytes, "exit_code": run.exit_code, "attempts": ctx.attempt,
+               "reason": None, "artifact_bytes": sum(e["size"] for e in files.values())}
+    manifest = artifact_manifest(
+        ctx, req, files, logs, metrics, toolchain=dict(old.toolchain), compiler=dict(old.compiler), graph_key=gk,
+        graph_document=old.graph_document, relinked_from=source, recorded_inputs=recorded_inputs, **graph.provenance)
+    with disk_full("writing the manifest", obj):
+        store.seal(obj, manifest)
+    with disk_full("publishing", obj):
+        store.publish(obj, ctx.ki.key, replace=bool(ctx.stale))
+    return gk, metrics
+
+
+__all__ = ["RELINKED", "refused", "relink", "staged"]
