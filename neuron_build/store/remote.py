@@ -139,6 +139,7 @@ class RemoteStore(Store):
         if proto in ("s3", "s3a"):
             fs, client, self.endpoint = _s3_clients(self.url, self.options)
             medium: FsspecMedium = S3Medium(fs, rest, self.url, client, self.endpoint, self.attempts)
+            medium.settings = self.wire
         else:
             medium = fsspec_medium(self.url, fs_options)
         self.io = medium
