@@ -421,9 +421,11 @@ class S3Medium(FsspecMedium):
         if not pairs:
             return []
         from fsspec.asyn import sync
-        return sync(self.fs.loop, self._download_all, pairs)
 
-    async def _download_all(self, pairs):
+        from neuron_build.store.transfer import RESUME_DIR
+        return sync(self.fs.loop, self._download_all, pairs, RESUME_DIR.get())  # (read in the caller's thread)
+
+    async def _download_all(self, pairs, resume=None):
         import asyncio
 
         from neuron_build.store import transfer
@@ -433,8 +435,8 @@ class S3Medium(FsspecMedium):
 
         async def one(rel: str, dest: Path) -> str:
             async with sem:
-                return await transfer.download(self.fs, self.bucket, self.key(rel), Path(dest),
-                                               self.settings.multipart_chunksize, ranges)
+                return await transfer.download(self.fs, (self.bucket, self.key(rel)), Path(dest),
+                                               self.settings.multipart_chunksize, ranges, resume)
 
         return list(await asyncio.gather(*(one(r, d) for r, d in pairs)))
 

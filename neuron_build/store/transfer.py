@@ -21,10 +21,14 @@ here on s3fs's aiobotocore client, so every request keeps the bounds of :mod:`ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import hashlib
+import json
 import os
 import threading
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,44 +151,82 @@ async def _body(resp: dict[str, Any]) -> bytes:
         body.close()
 
 
-async def download(fs: Any, bucket: str, key: str, dest: Path, chunk: int, concurrency: int) -> str:
-    """Download ``bucket/key`` to ``dest`` in ranges of ``chunk`` bytes, ``concurrency`` at a time, written
-    and hashed in order as they arrive; fsynced. Returns the sha256 of the bytes.
+#: the folder a download keeps its partial files in, to resume from (None: no resuming); see :func:`resumable`
+RESUME_DIR: contextvars.ContextVar[Path | None] = contextvars.ContextVar("resume_dir", default=None)
 
-    Raises:
-        FileNotFoundError: no such object.
-    """
-    s3 = await _client(fs)
-    loop = asyncio.get_running_loop()
 
-    async def ranged(at: int) -> bytes:
+@contextlib.contextmanager
+def resumable(folder: Path) -> Iterator[Path]:
+    """Downloads of large objects made by this thread inside the block keep their progress in ``folder``: a
+    partial file per object (the bytes received so far, in order) and a sidecar ``<name>.parts.json``
+    (the object's ETag and size, and the bytes done), so a download killed midway resumes from there. A
+    finished download moves its partial file to its destination; one that fails keeps it."""
+    token = RESUME_DIR.set(Path(folder))
+    try:
+        yield Path(folder)
+    finally:
+        RESUME_DIR.reset(token)
+
+
+class _Partial:
+    """The partial file of a resumable download and its sidecar."""
+
+    def __init__(self, folder: Path, key: str):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / key.rsplit("/", 1)[-1]
+        self.side = folder / (self.path.name + ".parts.json")
+
+    def done(self) -> tuple[int, str | None]:
+        """(bytes done, ETag) of an earlier download, or (0, None)."""
         try:
-            resp = await s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={at}-{at + chunk - 1}")
+            doc = json.loads(self.side.read_text())
+            done = int(doc["done"])
+            if self.path.stat().st_size >= done:
+                return done, str(doc["etag"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return 0, None
+
+    def save(self, done: int, etag: str, size: int) -> None:
+        tmp = self.side.with_name(self.side.name + ".tmp")
+        tmp.write_text(json.dumps({"etag": etag, "size": size, "done": done}))
+        os.replace(tmp, self.side)
+
+    def drop(self) -> None:
+        self.side.unlink(missing_ok=True)
+        self.path.unlink(missing_ok=True)
+
+
+class _Ranges:
+    """Ranged GETs of one object; ``meta`` holds its size and ETag once the first answer came."""
+
+    def __init__(self, s3: Any, bucket: str, key: str, chunk: int):
+        self.s3, self.bucket, self.key, self.chunk = s3, bucket, key, chunk
+        self.meta: dict[str, Any] = {}
+
+    async def get(self, at: int) -> bytes:
+        try:
+            resp = await self.s3.get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes={at}-{at + self.chunk - 1}")
         except Exception as e:
-            if at == 0 and error_code(e) in ("InvalidRange", "416"):  # an empty object has no byte 0
-                resp = await s3.get_object(Bucket=bucket, Key=key)
-                sizes.append(0)
+            if error_code(e) in ("InvalidRange", "416") and not self.meta:  # past the end (an empty object)
+                resp = await self.s3.get_object(Bucket=self.bucket, Key=self.key)
+                self.meta.update(size=0, etag=resp.get("ETag"), empty=True)
                 return await _body(resp)
             if error_code(e) in ("NoSuchKey", "404", "NotFound"):
-                raise FileNotFoundError(2, f"no object {key}", key) from None
+                raise FileNotFoundError(2, f"no object {self.key}", self.key) from None
             raise
-        if at == 0:
-            sizes.append(_total(resp))
+        if not self.meta:
+            self.meta.update(size=_total(resp), etag=resp.get("ETag"))
         return await _body(resp)
 
-    sizes: list[int] = []
-    h = hashlib.sha256()
-    with open(dest, "wb") as f:
-        def take(data: bytes) -> None:
-            h.update(data)
-            f.write(data)
-
-        first = await ranged(0)
-        await loop.run_in_executor(None, take, first)
+    async def stream(self, start: int, take: Any, concurrency: int) -> None:
+        """Fetch from ``start`` (past the first range, already taken) to the end, ``concurrency`` ranges in
+        flight, handing each to ``take`` in order (in a worker thread: hashing and writing)."""
+        loop = asyncio.get_running_loop()
         window: deque[asyncio.Future] = deque()
         try:
-            for at in range(len(first), sizes[0], chunk) if len(first) < sizes[0] else ():
-                window.append(asyncio.ensure_future(ranged(at)))
+            for at in range(start, self.meta["size"], self.chunk):
+                window.append(asyncio.ensure_future(self.get(at)))
                 if len(window) >= concurrency:
                     await loop.run_in_executor(None, take, await window.popleft())
             while window:
@@ -194,10 +236,59 @@ async def download(fs: Any, bucket: str, key: str, dest: Path, chunk: int, concu
                 t.cancel()
             await asyncio.gather(*window, return_exceptions=True)
             raise
+
+
+async def download(fs: Any, where: tuple[str, str], dest: Path, chunk: int, concurrency: int,
+                   resume: Path | None = None) -> str:
+    """Download the object ``where`` (bucket, key) to ``dest`` in ranges of ``chunk`` bytes, ``concurrency``
+    at a time, written and hashed in order as they arrive; fsynced. Returns the sha256 of the bytes. With
+    ``resume`` (a folder, see :func:`resumable`) the bytes go to a partial file there first, and an earlier
+    partial download of the same object (same ETag) is continued: its bytes are hashed from the disk, not
+    fetched again.
+
+    Raises:
+        FileNotFoundError: no such object.
+    """
+    rg = _Ranges(await _client(fs), where[0], where[1], chunk)
+    loop = asyncio.get_running_loop()
+    part = _Partial(resume, where[1]) if resume is not None else None
+    start, etag = part.done() if part is not None else (0, None)
+    first = await rg.get(start)
+    if start and (rg.meta["etag"] != etag or rg.meta.get("empty")):  # another object since: start over
+        rg.meta.clear()
+        start, first = 0, await rg.get(0)
+    h = hashlib.sha256()
+    with open(part.path if part is not None else dest, "r+b" if start else "wb") as f:
+        if start:
+            await loop.run_in_executor(None, _rehash, f, start, h)
+            f.truncate(start)
+
+        def take(data: bytes) -> None:
+            h.update(data)
+            f.write(data)
+            if part is not None and rg.meta["size"] > chunk:  # progress on disk first, then in the sidecar
+                f.flush()
+                os.fsync(f.fileno())
+                part.save(f.tell(), rg.meta["etag"], rg.meta["size"])
+
+        await loop.run_in_executor(None, take, first)
+        await rg.stream(start + len(first), take, concurrency)
         f.flush()
         os.fsync(f.fileno())
+    if part is not None:
+        os.replace(part.path, dest)
+        part.side.unlink(missing_ok=True)
     return h.hexdigest()
 
 
-__all__ = ["LOST_CODES", "MAX_PARTS", "MIN_PART", "LostRace", "download", "error_code", "key_lock", "part_size",
-           "upload"]
+def _rehash(f: Any, upto: int, h: Any) -> None:
+    f.seek(0)
+    left = upto
+    while left > 0 and (b := f.read(min(left, 8 << 20))):
+        h.update(b)
+        left -= len(b)
+    f.seek(upto)
+
+
+__all__ = ["LOST_CODES", "MAX_PARTS", "MIN_PART", "RESUME_DIR", "LostRace", "download", "error_code", "key_lock",
+           "part_size", "resumable", "upload"]

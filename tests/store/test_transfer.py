@@ -5,6 +5,7 @@ they stream; on moto behind the counting proxy."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 
@@ -169,3 +170,49 @@ def test_transfer_settings_are_checked(tmp_path):
     assert rest == {"profile": "x"}
     with pytest.raises(UserError, match=r"multipart_chunksize = 1024 is not a whole number >= 5242880"):
         WireSettings.from_options({"multipart_chunksize": 1024})
+
+
+_PULL_ONE = """
+import sys
+from pathlib import Path
+from neuron_build.store.remote import RemoteStore
+from neuron_build.store.transfer import resumable
+s = RemoteStore(sys.argv[1], {"multipart_chunksize": 5 << 20, "max_concurrency": 2}, cache_dir=sys.argv[2])
+with resumable(Path(sys.argv[3])):
+    s.get_blob(sys.argv[4], Path(sys.argv[5]))
+"""
+
+
+def test_a_download_killed_midway_resumes_from_the_ranges_it_has(s3_bucket, s3_env, proxy, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers.faultkit import cli_env, wait_for
+
+    data = os.urandom(30 * MIB)
+    sha = hashlib.sha256(data).hexdigest()
+    rel = layout.blob_path(sha)
+    s3_env.client().put_object(Bucket=s3_bucket, Key=f"p/{rel}", Body=data)
+    partial, dest = tmp_path / "partial", tmp_path / "serve" / "model.pt"
+    side = partial / f"{sha}.parts.json"
+    args = [sys.executable, "-c", _PULL_ONE, f"s3://{s3_bucket}/p", str(tmp_path / "c"), str(partial), sha, str(dest)]
+    proxy.fail("GET", f"/p/{rel}", times=None, when=lambda: time.sleep(0.4) or False)  # a slow link: never fails
+    p = subprocess.Popen(args, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: side.exists() and json.loads(side.read_text())["done"] >= 15 * MIB, timeout=120,
+                 what="half of the blob downloaded")
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    done = json.loads(side.read_text())["done"]
+    assert done < len(data) and not dest.exists() and list(dest.parent.iterdir()) == []  # no half file in place
+    proxy.rules.clear()
+    before = sum(1 for m, path, _ in proxy.seen if m == "GET" and rel in path)
+    r = subprocess.run(args, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert dest.read_bytes() == data
+    again = sum(1 for m, path, _ in proxy.seen if m == "GET" and rel in path) - before
+    assert again * 5 * MIB < 0.6 * len(data), (again, done)  # only the ranges it did not have
+    assert sorted(x.name for x in partial.iterdir()) == []  # the partial file became the blob
