@@ -245,8 +245,8 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
     staging.mkdir()
     copier = _Copier(store, staging, rel.runtime.get("textgen") is not None, channel, warn, progress)
     if progress is not None:
-        pinned = {(ent["sha256"] if copier.textgen and n == WEIGHTS else f"{a.bucket_id}/{n}"): int(ent.get("size") or 0)
-                  for a in rel.artifacts for n, ent in a.files.items()}
+        pinned = {ent["sha256"]: int(ent.get("size") or 0)  # a blob pinned twice is fetched once (then linked)
+                  for a in rel.artifacts for ent in a.files.values()}
         progress.begin(len(pinned), sum(pinned.values()))
     partial = dest.parent / f".{dest.name}.partial"  # a large blob's partial download, resumed by the next pull
     try:

@@ -203,21 +203,36 @@ class _Ranges:
     def __init__(self, s3: Any, bucket: str, key: str, chunk: int):
         self.s3, self.bucket, self.key, self.chunk = s3, bucket, key, chunk
         self.meta: dict[str, Any] = {}
+        #: requests per range (botocore retries a request, not a body cut off midway: that is retried here)
+        self.attempts = int((s3.meta.config.retries or {}).get("total_max_attempts") or 4)
 
     async def get(self, at: int) -> bytes:
+        """The bytes of the range at ``at``: a body cut off or stalled midway is asked for again (up to
+        :attr:`attempts` times; a request that fails is botocore's to retry, so a dark network still ends
+        within one call's bound and one read timeout)."""
+        for attempt in range(1, self.attempts + 1):
+            resp = await self._request(at)
+            try:
+                return await _body(resp)
+            except Exception as e:
+                if attempt == self.attempts or not _cut_off(e):
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _request(self, at: int) -> dict[str, Any]:
         try:
             resp = await self.s3.get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes={at}-{at + self.chunk - 1}")
         except Exception as e:
             if error_code(e) in ("InvalidRange", "416") and not self.meta:  # past the end (an empty object)
                 resp = await self.s3.get_object(Bucket=self.bucket, Key=self.key)
                 self.meta.update(size=0, etag=resp.get("ETag"), empty=True)
-                return await _body(resp)
+                return resp
             if error_code(e) in ("NoSuchKey", "404", "NotFound"):
                 raise FileNotFoundError(2, f"no object {self.key}", self.key) from None
             raise
         if not self.meta:
             self.meta.update(size=_total(resp), etag=resp.get("ETag"))
-        return await _body(resp)
+        return resp
 
     async def stream(self, start: int, take: Any, concurrency: int) -> None:
         """Fetch from ``start`` (past the first range, already taken) to the end, ``concurrency`` ranges in
@@ -279,6 +294,17 @@ async def download(fs: Any, where: tuple[str, str], dest: Path, chunk: int, conc
         os.replace(part.path, dest)
         part.side.unlink(missing_ok=True)
     return h.hexdigest()
+
+
+def _cut_off(e: BaseException) -> bool:
+    """Was ``e`` a body cut off or stalled midway (a reset, a read timeout while streaming)?"""
+    names = {"ClientPayloadError", "ServerDisconnectedError", "ClientOSError", "ResponseStreamingError",
+             "ReadTimeoutError", "IncompleteReadError", "ContentLengthError", "TimeoutError"}
+    while e is not None:
+        if type(e).__name__ in names or isinstance(e, ConnectionError | TimeoutError):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _rehash(f: Any, upto: int, h: Any) -> None:
