@@ -203,6 +203,8 @@ class _Ranges:
     def __init__(self, s3: Any, bucket: str, key: str, chunk: int):
         self.s3, self.bucket, self.key, self.chunk = s3, bucket, key, chunk
         self.meta: dict[str, Any] = {}
+        #: set once the first answer's headers (size, ETag) came: the other ranges start then
+        self.known = asyncio.Event()
         #: requests per range (botocore retries a request, not a body cut off midway: that is retried here)
         self.attempts = int((s3.meta.config.retries or {}).get("total_max_attempts") or 4)
 
@@ -226,19 +228,31 @@ class _Ranges:
             if error_code(e) in ("InvalidRange", "416") and not self.meta:  # past the end (an empty object)
                 resp = await self.s3.get_object(Bucket=self.bucket, Key=self.key)
                 self.meta.update(size=0, etag=resp.get("ETag"), empty=True)
+                self.known.set()
                 return resp
             if error_code(e) in ("NoSuchKey", "404", "NotFound"):
                 raise FileNotFoundError(2, f"no object {self.key}", self.key) from None
             raise
         if not self.meta:
             self.meta.update(size=_total(resp), etag=resp.get("ETag"))
+            self.known.set()
         return resp
 
-    async def stream(self, start: int, take: Any, concurrency: int) -> None:
-        """Fetch from ``start`` (past the first range, already taken) to the end, ``concurrency`` ranges in
-        flight, handing each to ``take`` in order (in a worker thread: hashing and writing)."""
+    async def first(self, at: int) -> asyncio.Future:
+        """The range at ``at`` in flight, once its answer's headers came (:attr:`meta` is known then)."""
+        task = asyncio.ensure_future(self.get(at))
+        known = asyncio.ensure_future(self.known.wait())
+        await asyncio.wait({task, known}, return_when=asyncio.FIRST_COMPLETED)
+        known.cancel()
+        if task.done() and task.exception() is not None:
+            raise task.exception()
+        return task
+
+    async def stream(self, first: asyncio.Future, start: int, take: Any, concurrency: int) -> None:
+        """The range ``first`` (in flight), then the ranges from ``start`` to the end, ``concurrency`` in
+        flight, each handed to ``take`` in order (in a worker thread: hashing and writing)."""
         loop = asyncio.get_running_loop()
-        window: deque[asyncio.Future] = deque()
+        window: deque[asyncio.Future] = deque([first])
         try:
             for at in range(start, self.meta["size"], self.chunk):
                 window.append(asyncio.ensure_future(self.get(at)))
@@ -268,10 +282,13 @@ async def download(fs: Any, where: tuple[str, str], dest: Path, chunk: int, conc
     loop = asyncio.get_running_loop()
     part = _Partial(resume, where[1]) if resume is not None else None
     start, etag = part.done() if part is not None else (0, None)
-    first = await rg.get(start)
+    first = await rg.first(start)
     if start and (rg.meta["etag"] != etag or rg.meta.get("empty")):  # another object since: start over
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
         rg.meta.clear()
-        start, first = 0, await rg.get(0)
+        rg.known.clear()
+        start, first = 0, await rg.first(0)
     h = hashlib.sha256()
     with open(part.path if part is not None else dest, "r+b" if start else "wb") as f:
         if start:
@@ -286,8 +303,7 @@ async def download(fs: Any, where: tuple[str, str], dest: Path, chunk: int, conc
                 os.fsync(f.fileno())
                 part.save(f.tell(), rg.meta["etag"], rg.meta["size"])
 
-        await loop.run_in_executor(None, take, first)
-        await rg.stream(start + len(first), take, concurrency)
+        await rg.stream(first, start + chunk, take, concurrency)
         f.flush()
         os.fsync(f.fileno())
     if part is not None:
