@@ -3,7 +3,7 @@
 
     PYTHONPATH=. python benchmarks/wire_s3.py [--size-mib 1024] [--rounds 2] [--cap-mbs 25] [--weed PATH] [--out F]
 
-1. **moto** (``python -m moto.server`` in its own process): ``push`` (:meth:`RemoteStore.put_blob`: the
+1. **moto** (``ThreadedMotoServer``, as the tests run it, in its own process): ``push`` (:meth:`RemoteStore.put_blob`: the
    sha256 of the file, then a concurrent multipart upload, create-only) against ``upload_file``, and
    ``pull`` (:meth:`RemoteStore.get_blob`: ranged concurrent GETs hashed in order, then moved into place)
    against ``download_file``. moto answers a ranged GET by copying the whole object, so every ranged
@@ -193,8 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     procs = []
     try:
         port = _free_port()
-        procs.append(subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        serve = (f"from moto.server import ThreadedMotoServer; import time; "
+                 f"ThreadedMotoServer(ip_address='127.0.0.1', port={port}, verbose=False).start(); time.sleep(1e9)")
+        procs.append(subprocess.Popen([sys.executable, "-c", serve], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))  # (as the tests run it)
         moto = f"http://127.0.0.1:{port}"
         _wait_http(moto)
         _bucket(moto)
