@@ -199,15 +199,16 @@ def main(argv: list[str] | None = None) -> int:
                                       stderr=subprocess.DEVNULL))  # (as the tests run it)
         moto = f"http://127.0.0.1:{port}"
         _wait_http(moto)
-        _bucket(moto)
 
         def on_moto(op: str, r: int) -> dict:
-            prefix = f"{op.split('_', maxsplit=1)[0]}{r}"
             if op.endswith(("push", "upload")):
-                return _run(op, moto, prefix, blob, sha)
-            return _run(op, moto, f"{'ours' if op.startswith('ours') else 'boto3'}0", blob, sha, work / "out.bin")
+                _reset(moto)  # moto keeps every object and part in memory: a fresh server state per upload
+                return _run(op, moto, f"up{r}", blob, sha)
+            return _run(op, moto, "seed", blob, sha, work / "out.bin")
 
         got = _rounds(["ours_push", "boto3_upload"], a.rounds, on_moto)
+        _reset(moto)
+        _seed(moto, blob, sha)
         got.update(_rounds(["ours_pull", "boto3_download"], 1, on_moto))  # (moto copies the object per range)
         result["moto"] = _summary(got, size, [("ours_push", "boto3_upload"), ("ours_pull", "boto3_download")])
         if a.weed:
@@ -228,6 +229,19 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         Path(a.out).write_text(text + "\n")
     return 0
+
+
+def _reset(endpoint: str) -> None:
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=60).read()
+    _bucket(endpoint)
+
+
+def _seed(endpoint: str, blob: Path, sha: str) -> None:
+    import boto3
+
+    boto3.session.Session().client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                                   aws_secret_access_key="testing", region_name="us-east-1").upload_file(
+        str(blob), BUCKET, f"seed/cas/{sha[:2]}/{sha}")
 
 
 def _bucket(endpoint: str) -> None:
@@ -252,11 +266,7 @@ def _seaweed(a: argparse.Namespace, work: Path, blob: Path, sha: str, size: int,
             break
         except Exception:  # still starting
             time.sleep(1)
-    import boto3
-
-    boto3.session.Session().client("s3", endpoint_url=direct, aws_access_key_id="testing",
-                                   aws_secret_access_key="testing", region_name="us-east-1").upload_file(
-        str(blob), BUCKET, f"seed/cas/{sha[:2]}/{sha}")
+    _seed(direct, blob, sha)
     proxy = CappedProxy(("127.0.0.1", s3port), a.cap_mbs)
     capped = f"http://127.0.0.1:{proxy.port}"
     got = _rounds(["ours_pull", "boto3_download"], a.rounds,
