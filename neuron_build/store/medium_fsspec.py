@@ -308,6 +308,8 @@ class S3Medium(FsspecMedium):
         #: part sizes and concurrency of large transfers (:mod:`neuron_build.store.transfer`); the store's
         #: :class:`~neuron_build.store.wire.WireSettings` (set by :class:`~neuron_build.store.remote.RemoteStore`)
         self.settings = WireSettings()
+        #: the folder of the host's upload locks (:meth:`_host_lock`), or None
+        self.lock_dir: Path | None = None
         self.bucket, _, prefix = self.root.partition("/")
         self.prefix = prefix.strip("/")
 
@@ -370,8 +372,8 @@ class S3Medium(FsspecMedium):
         try:
             lock = transfer.key_lock(f"{self.bucket}/{key}")
             waited = not lock.acquire(blocking=False)
-            with lock if waited else _held(lock):
-                big = src.stat().st_size >= st.multipart_threshold
+            big = src.stat().st_size >= st.multipart_threshold
+            with lock if waited else _held(lock), self._host_lock(key if big and create_only else None):
                 if create_only and (big or waited) and self._size(rel) is not None:
                     return False  # another thread (a waited lock) or host (a large blob) put it
                 for tries in (1, 2):
@@ -387,6 +389,18 @@ class S3Medium(FsspecMedium):
         finally:
             self.fs.invalidate_cache(self.full(rel))
         return False
+
+    def _host_lock(self, key: str | None) -> Any:
+        """A file lock of ``key`` in :attr:`lock_dir` (the processes of one host, e.g. a build's workers,
+        upload a large blob once: the second waits, then finds it there); nothing without a folder."""
+        import contextlib
+
+        if key is None or self.lock_dir is None:
+            return contextlib.nullcontext()
+        from filelock import FileLock
+
+        self.lock_dir.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.lock_dir / (sha256_hex(f"{self.bucket}/{key}".encode())[:32] + ".lock")))
 
     def _touch(self, rel, src):
         try:

@@ -78,6 +78,31 @@ def test_a_sequential_push_of_artifacts_sharing_a_blob_offers_it_once(s3_bucket,
     assert s.remote.lookup(KEY_B, deep=True).hit
 
 
+def test_two_processes_of_one_host_upload_a_large_blob_once(s3_bucket, proxy, tmp_path, monkeypatch):
+    from neuron_build.store import transfer
+
+    monkeypatch.setattr(transfer, "key_lock", lambda name: threading.Lock())  # two processes: no shared thread lock
+    data = os.urandom(12 * MIB)
+    sha = hashlib.sha256(data).hexdigest()
+    src = tmp_path / "blob"
+    src.write_bytes(data)
+    stores = [RemoteStore(f"s3://{s3_bucket}/p", SMALL, cache_dir=tmp_path / "host-cache") for _ in range(2)]
+    go, out = threading.Barrier(2), {}
+
+    def one(i: int) -> None:
+        go.wait()
+        out[i] = stores[i].put_blob(sha, src)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(out.values()) == [False, True]  # the second found it there (and refreshed it: a copy)
+    rel = layout.blob_path(sha)
+    assert [m for m, p, _ in proxy.seen if rel in p and p.endswith("?uploads")] == ["POST"]  # one upload
+
+
 def test_two_hosts_racing_on_one_blob_both_succeed(s3_bucket, proxy, tmp_path, monkeypatch):
     from neuron_build.store import transfer
 
