@@ -13,6 +13,7 @@
    MB/s (S3's per-stream limit): ``pull`` against ``download_file``; one stream's cap is the reference a
    single-GET download cannot beat.
 
+``WIRE_BENCH_OPTIONS`` (JSON) gives our side ``remote_options`` (e.g. ``{"max_concurrency": 16}``).
 Every timed operation runs in its own process (``--child``), which times only the transfer and reports its
 peak RSS (``getrusage``, the whole process: imports included). Prints JSON: seconds of every round, medians, ratios ours/boto3, peak
 RSS (MB) of each operation, throughput (MB/s, 10^6 bytes).
@@ -66,7 +67,8 @@ def child(a: argparse.Namespace) -> None:
     if a.child.startswith("ours"):
         from neuron_build.store.remote import RemoteStore
 
-        store = RemoteStore(f"s3://{BUCKET}/{a.prefix}", cache_dir=Path(tempfile.mkdtemp()))
+        store = RemoteStore(f"s3://{BUCKET}/{a.prefix}", json.loads(os.environ.get("WIRE_BENCH_OPTIONS") or "{}"),
+                            cache_dir=Path(tempfile.mkdtemp()))
         t0 = time.perf_counter()
         if a.child == "ours_push":
             assert store.put_blob(a.sha, src) is True

@@ -305,6 +305,7 @@ class S3Medium(FsspecMedium):
         super().__init__(fs, root, url, endpoint, attempts)
         from neuron_build.store.wire import WireSettings
         self.client = client
+        fs._nb_sync_client = client  # (transfer: ranged reads in threads)
         #: part sizes and concurrency of large transfers (:mod:`neuron_build.store.transfer`); the store's
         #: :class:`~neuron_build.store.wire.WireSettings` (set by :class:`~neuron_build.store.remote.RemoteStore`)
         self.settings = WireSettings()

@@ -15,7 +15,10 @@ here on s3fs's aiobotocore client, so every request keeps the bounds of :mod:`ne
   :class:`LostRace`: the caller checks whether the object is there now;
 - a download asks for the first part with a ``Range``; an object larger than that is fetched in ranges,
   ``max_concurrency`` at a time, written and hashed in order as they arrive (no second read; memory:
-  ``max_concurrency`` parts).
+  ``max_concurrency`` parts). The ranges after the first are read through the store's boto3 client in
+  threads (same timeouts and attempts): one event loop reading every socket was measured 4x slower than
+  boto3's ``download_file`` behind a per-connection bandwidth cap (256 MiB, SeaweedFS, 25 MB/s per
+  connection: 5.6 s against 1.4 s; in threads 1.7 s).
 """
 
 from __future__ import annotations
@@ -39,6 +42,20 @@ LOST_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409", 
 
 _KEY_LOCKS: dict[str, threading.Lock] = {}
 _KEY_LOCKS_GUARD = threading.Lock()
+
+
+#: id(aiobotocore client) -> the boto3 client of the same store (see :class:`_Ranges`)
+SYNC_CLIENT: dict[int, Any] = {}
+_POOLS: dict[int, Any] = {}
+
+
+def _pool(n: int) -> Any:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with _KEY_LOCKS_GUARD:
+        if n not in _POOLS:
+            _POOLS[n] = ThreadPoolExecutor(n, thread_name_prefix="s3-range")
+        return _POOLS[n]
 
 
 class LostRace(Exception):
@@ -71,6 +88,9 @@ def part_size(size: int, chunk: int) -> int:
 
 async def _client(fs: Any) -> Any:
     await fs.set_session()
+    sync = getattr(fs, "_nb_sync_client", None)
+    if sync is not None:
+        SYNC_CLIENT[id(fs.s3)] = sync
     return fs.s3
 
 
@@ -203,6 +223,8 @@ class _Ranges:
     def __init__(self, s3: Any, bucket: str, key: str, chunk: int):
         self.s3, self.bucket, self.key, self.chunk = s3, bucket, key, chunk
         self.meta: dict[str, Any] = {}
+        #: the store's boto3 client, when known: ranges after the first are read through it in threads
+        self.sync = SYNC_CLIENT.get(id(s3))
         #: set once the first answer's headers (size, ETag) came: the other ranges start then
         self.known = asyncio.Event()
         #: requests per range (botocore retries a request, not a body cut off midway: that is retried here)
@@ -212,6 +234,8 @@ class _Ranges:
         """The bytes of the range at ``at``: a body cut off or stalled midway is asked for again (up to
         :attr:`attempts` times; a request that fails is botocore's to retry, so a dark network still ends
         within one call's bound and one read timeout)."""
+        if self.sync is not None and self.meta:  # boto3 in threads: the sockets read in parallel
+            return await asyncio.get_running_loop().run_in_executor(_pool(16), self._get_sync, at)
         for attempt in range(1, self.attempts + 1):
             resp = await self._request(at)
             try:
@@ -219,6 +243,18 @@ class _Ranges:
             except Exception as e:
                 if attempt == self.attempts or not _cut_off(e):
                     raise
+        raise AssertionError("unreachable")
+
+    def _get_sync(self, at: int) -> bytes:
+        for attempt in range(1, self.attempts + 1):
+            resp = self.sync.get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes={at}-{at + self.chunk - 1}")
+            try:
+                return resp["Body"].read()
+            except Exception as e:
+                if attempt == self.attempts or not _cut_off(e):
+                    raise
+            finally:
+                resp["Body"].close()
         raise AssertionError("unreachable")
 
     async def _request(self, at: int) -> dict[str, Any]:
