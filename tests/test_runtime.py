@@ -214,6 +214,9 @@ def test_tiny_release_served(tmp_path):
     m = BucketedModel.load(serve)
     assert [b.id for b in m.buckets] == ["b1", "b4"]
     assert type(m._modules["b1"]).__name__ == "RecursiveScriptModule"
+    # the tiny model traces to the same bytes at both batch sizes: one blob, one file on disk, loaded once
+    assert (serve / "b1/model.pt").stat().st_ino == (serve / "b4/model.pt").stat().st_ino
+    assert m._modules["b1"] is m._modules["b4"]
     sys.path.insert(0, str(cfg.parent))
     try:
         from tinylib.tiny import build

@@ -5,11 +5,18 @@ which :class:`neuron_build.runtime.BucketedModel` loads, and the pull's own mark
 (``.neuron-build-pull.json``: release id and the files it wrote). A pull replaces only a folder that
 carries the marker, and deletes nothing it did not write.
 
-The ``weights.safetensors`` every graph of a text-generation model shares (one sha256: one model and
+Files of one digest pinned at several paths (the buckets of a TorchScript model traced to the same bytes)
+are one file on disk: the later paths are hard links of the first (a copy where the file system has no
+hard links), so a deploy host holds each blob once. The ``weights.safetensors`` every graph of a
+text-generation model shares (one sha256: one model and
 dtype) is written once, in the first bucket's folder that pins it; in
 ``release.json`` each bucket's ``files`` maps the pulled path (relative to the folder) to its size and
 sha256, so the other buckets list that same path (``prefill-b2-s8/weights.safetensors``). A file's name
 inside its artifact is the path after the first ``/`` (:func:`neuron_build.artifact.pulled_path`).
+
+A large blob from S3 is downloaded in ranges through a partial file in ``.<dest>.partial/`` beside the
+folder (:func:`neuron_build.store.transfer.resumable`), never inside a release folder: a pull killed midway
+leaves it there, and the next pull continues from the bytes it has.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from neuron_build.release.records import actor, check_channel, get_pointer, get_
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.layout import MANIFEST
 from neuron_build.store.sync import TransferProgress
+from neuron_build.store.transfer import resumable
 from neuron_build.trust import check_name, check_release
 from neuron_build.util import fsync_path, read_json, swap_in_folder, utc_now, write_json_atomic
 
@@ -237,11 +245,13 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
     staging.mkdir()
     copier = _Copier(store, staging, rel.runtime.get("textgen") is not None, channel, warn, progress)
     if progress is not None:
-        pinned = {(ent["sha256"] if copier.textgen and n == WEIGHTS else f"{a.bucket_id}/{n}"): int(ent.get("size") or 0)
-                  for a in rel.artifacts for n, ent in a.files.items()}
+        pinned = {ent["sha256"]: int(ent.get("size") or 0)  # a blob pinned twice is fetched once (then linked)
+                  for a in rel.artifacts for ent in a.files.values()}
         progress.begin(len(pinned), sum(pinned.values()))
+    partial = dest.parent / f".{dest.name}.partial"  # a large blob's partial download, resumed by the next pull
     try:
-        buckets = [copier.bucket(a) for a in rel.artifacts]
+        with resumable(partial):
+            buckets = [copier.bucket(a) for a in rel.artifacts]
         rt = rel.runtime
         done = PulledRelease(
             release=rel.id, model=model, channel=channel, channel_version=channel_version, dtype=rel.dtype,
@@ -262,6 +272,7 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
             shutil.rmtree(staging, ignore_errors=True)  # the previous pull, exchanged out: all ours
         else:
             swap_in_folder(staging, dest)
+        shutil.rmtree(partial, ignore_errors=True)  # done: whatever a killed pull left there is of no use
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -269,6 +280,16 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
         if progress is not None:
             progress.end()
     return done
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    """``dest`` becomes a hard link of ``src`` (same digest: one copy on disk); a copy where the file system
+    has no hard links."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
 
 
 @dataclass
@@ -305,6 +326,12 @@ class _Copier:
             if self.progress is not None:
                 self.progress.file(a.target, name, int(ent.get("size") or 0), False)
             return self.first[ent["sha256"]]
+        if ent["sha256"] in self.first:  # a blob two buckets pin: one file on disk, linked at both paths
+            _link_or_copy(self.staging / self.first[ent["sha256"]], self.staging / rel_name)
+            self.written.append(rel_name)
+            if self.progress is not None:
+                self.progress.file(a.target, name, int(ent.get("size") or 0), False)
+            return rel_name
         try:
             self.store.get_blob(ent["sha256"], self.staging / rel_name)
         except FileNotFoundError:

@@ -4,6 +4,7 @@ checks, pads, runs and slices each call, or generates from a text-generation rel
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -109,14 +110,20 @@ class BucketedModel(Router):
 
     def _load_compiled(self) -> None:
         """A release of compiled models (AOTInductor, TorchScript, Neuron): each bucket's own artifact, after
-        the AOTInductor package's CPU instruction set is checked against this host's."""
+        the AOTInductor package's CPU instruction set is checked against this host's. A file two buckets name
+        (one path, or hard links of one blob: the same ``(st_dev, st_ino)``) is loaded once and shared."""
+        loaded: dict[tuple[int, int, str], Any] = {}
         for b in self.buckets:
             isa = package_cpu_isa(b.artifact) if str(b.artifact).endswith(".pt2") else None
             where = f"{b.artifact} (bucket {b.id} of release {self.release.get('release')})"
             problem = isa_problem(isa, where) if isa else None
             if problem:
                 raise UserError(problem)
-            self._modules[b.id] = load_artifact(b.artifact, b.loader, self.release.get("backend", ""))
+            st = os.stat(b.artifact)
+            ident = (st.st_dev, st.st_ino, b.loader)
+            if ident not in loaded:
+                loaded[ident] = load_artifact(b.artifact, b.loader, self.release.get("backend", ""))
+            self._modules[b.id] = loaded[ident]
 
     def _load_cached(self, user_model: Any, factory_root: str | Path | None, neff_cache_dir: str | Path | None) -> None:
         """A compile-cache or torchneuron release: install every bucket's caches, build the user's model and

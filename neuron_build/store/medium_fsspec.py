@@ -14,7 +14,6 @@ the URL and the fix).
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import shutil
@@ -220,6 +219,19 @@ class FsspecMedium(Medium):
         return out
 
 
+class _held:
+    """A lock already acquired, released on exit."""
+
+    def __init__(self, lock: threading.Lock):
+        self.lock = lock
+
+    def __enter__(self):
+        return self.lock
+
+    def __exit__(self, *exc):
+        self.lock.release()
+
+
 class MemoryMedium(FsspecMedium):
     """``memory://``: one process's dict; a process-wide lock makes create-only writes and swaps atomic."""
 
@@ -291,7 +303,14 @@ class S3Medium(FsspecMedium):
 
     def __init__(self, fs, root, url, client, endpoint=None, attempts=4):
         super().__init__(fs, root, url, endpoint, attempts)
+        from neuron_build.store.wire import WireSettings
         self.client = client
+        fs._nb_sync_client = client  # (transfer: ranged reads in threads)
+        #: part sizes and concurrency of large transfers (:mod:`neuron_build.store.transfer`); the store's
+        #: :class:`~neuron_build.store.wire.WireSettings` (set by :class:`~neuron_build.store.remote.RemoteStore`)
+        self.settings = WireSettings()
+        #: the folder of the host's upload locks (:meth:`_host_lock`), or None
+        self.lock_dir: Path | None = None
         self.bucket, _, prefix = self.root.partition("/")
         self.prefix = prefix.strip("/")
 
@@ -344,10 +363,45 @@ class S3Medium(FsspecMedium):
         return True
 
     def _put_file(self, rel, src, create_only):
+        """One upload per object in this process (a lock per key; a large create-only upload first asks
+        whether the object is there); a lost create-only race counts as "already there" once a HEAD finds
+        the object, and is tried once more when it does not."""
+        from fsspec.asyn import sync
+
+        from neuron_build.store import transfer
+        st, key = self.settings, self.key(rel)
         try:
-            return super()._put_file(rel, src, create_only)
+            lock = transfer.key_lock(f"{self.bucket}/{key}")
+            waited = not lock.acquire(blocking=False)
+            big = src.stat().st_size >= st.multipart_threshold
+            with lock if waited else _held(lock), self._host_lock(key if big and create_only else None):
+                if create_only and (big or waited) and self._size(rel) is not None:
+                    return False  # another thread (a waited lock) or host (a large blob) put it
+                for tries in (1, 2):
+                    try:
+                        sync(self.fs.loop, transfer.upload, self.fs, self.bucket, key, src, st, create_only)
+                        return True
+                    except transfer.LostRace as e:
+                        if self._size(rel) is not None:
+                            return False
+                        if tries == 2:
+                            raise StoreError(f"{self.url}: {e} but nothing is at {rel} (uploading {rel}); retry",
+                                             self.url, True) from None
         finally:
             self.fs.invalidate_cache(self.full(rel))
+        return False
+
+    def _host_lock(self, key: str | None) -> Any:
+        """A file lock of ``key`` in :attr:`lock_dir` (the processes of one host, e.g. a build's workers,
+        upload a large blob once: the second waits, then finds it there); nothing without a folder."""
+        import contextlib
+
+        if key is None or self.lock_dir is None:
+            return contextlib.nullcontext()
+        from filelock import FileLock
+
+        self.lock_dir.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.lock_dir / (sha256_hex(f"{self.bucket}/{key}".encode())[:32] + ".lock")))
 
     def _touch(self, rel, src):
         try:
@@ -377,39 +431,29 @@ class S3Medium(FsspecMedium):
 
     def _get_files(self, pairs):
         """All objects concurrently (at most :data:`DOWNLOADS` at once) on s3fs's event loop, each one
-        streamed to its file and hashed as its chunks arrive (no second read), then fsynced."""
+        in ranges (:func:`neuron_build.store.transfer.download`: ``max_concurrency`` ranges in flight, shared
+        among the objects) written and hashed as they arrive (no second read), then fsynced."""
         if not pairs:
             return []
         from fsspec.asyn import sync
-        return sync(self.fs.loop, self._download_all, pairs)
 
-    async def _download_all(self, pairs):
+        from neuron_build.store.transfer import RESUME_DIR
+        return sync(self.fs.loop, self._download_all, pairs, RESUME_DIR.get())  # (read in the caller's thread)
+
+    async def _download_all(self, pairs, resume=None):
         import asyncio
-        sem = asyncio.Semaphore(DOWNLOADS)
+
+        from neuron_build.store import transfer
+        at_once = min(len(pairs), DOWNLOADS)
+        sem = asyncio.Semaphore(at_once)
+        ranges = max(1, self.settings.max_concurrency // at_once)
 
         async def one(rel: str, dest: Path) -> str:
             async with sem:
-                return await self._download_one(rel, dest)
+                return await transfer.download(self.fs, (self.bucket, self.key(rel)), Path(dest),
+                                               self.settings.multipart_chunksize, ranges, resume)
 
         return list(await asyncio.gather(*(one(r, d) for r, d in pairs)))
-
-    async def _download_one(self, rel: str, dest: Path) -> str:
-        try:
-            resp = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self.key(rel))
-        except FileNotFoundError:
-            raise FileNotFoundError(errno.ENOENT, f"no object {rel}", rel) from None
-        body = resp["Body"]
-        h = hashlib.sha256()
-        try:
-            with open(dest, "wb") as f:
-                while chunk := await body.read(4 * CHUNK):
-                    h.update(chunk)
-                    f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-        finally:
-            body.close()
-        return h.hexdigest()
 
 
 def _check_folder(url: str, root: str) -> None:

@@ -139,11 +139,14 @@ class RemoteStore(Store):
         if proto in ("s3", "s3a"):
             fs, client, self.endpoint = _s3_clients(self.url, self.options)
             medium: FsspecMedium = S3Medium(fs, rest, self.url, client, self.endpoint, self.attempts)
+            medium.settings = self.wire
         else:
             medium = fsspec_medium(self.url, fs_options)
         self.io = medium
-        super().__init__(medium, self.url, read_only,
-                         cache=LocalStore(Path(cache_dir) if cache_dir else cache_root(self.url)))
+        cache = Path(cache_dir) if cache_dir else cache_root(self.url)
+        if isinstance(medium, S3Medium):  # the host's processes upload a large blob once
+            medium.lock_dir = cache / ".upload-locks"
+        super().__init__(medium, self.url, read_only, cache=LocalStore(cache))
 
 
 __all__ = ["RemoteStore", "cache_root", "clear_client_cache"]

@@ -18,6 +18,7 @@ from neuron_build.errors import StoreUnreachable
 from neuron_build.store import layout
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.layout import log_path
+from neuron_build.store.transfer import key_lock
 from neuron_build.trust import name_problem, release_problem, target_id_problem
 
 
@@ -45,6 +46,9 @@ class SyncReport:
     unreachable: str | None = None
     #: one line per channel whose pointer and history disagree between the two stores (nothing copied)
     disagree: list[str] = field(default_factory=list)
+    #: digests of the blobs this copy already put in the destination (each blob goes once, however many
+    #: artifacts name it)
+    sent: set[str] = field(default_factory=set)
 
     def to_json(self) -> dict[str, Any]:
         """The report as the ``--json`` of push and fetch print it (sizes in bytes)."""
@@ -104,9 +108,16 @@ def copy_blob(src: ArtifactStore, dst: ArtifactStore, sha256: str, scratch: Path
     try:
         src.get_blob(sha256, path)
         size = path.stat().st_size
-        return size if dst.put_blob(sha256, path) else 0
+        try:
+            return size if dst.put_blob(sha256, path) else 0
+        except Exception as e:  # name the side that failed: the upload, never "missing" in the source
+            raise UploadFailed(f"upload of blob {sha256[:16]} to {dst.location}: {_one_line(e)}") from e
     finally:
         path.unlink(missing_ok=True)
+
+
+class UploadFailed(Exception):
+    """Writing a blob to the destination of a copy failed (one line: which blob, where, why)."""
 
 
 def copy_key(src: ArtifactStore, dst: ArtifactStore, key: str, scratch: Path, report: SyncReport,
@@ -133,11 +144,13 @@ def copy_key(src: ArtifactStore, dst: ArtifactStore, key: str, scratch: Path, re
             return False
         target = str(raw.get("target") or key[:16])
         for name, sha, size in _named_entries(raw):
-            if not heal and dst.blob_size(sha) == size:
-                if progress is not None:
-                    progress.file(target, name, max(size, 0), False)
-                continue
-            written = copy_blob(src, dst, sha, scratch)
+            with key_lock(f"sent/{sha}"):  # a thread putting the same blob: wait for it, then skip it
+                if sha in report.sent or (not heal and dst.blob_size(sha) == size):
+                    if progress is not None:
+                        progress.file(target, name, max(size, 0), False)
+                    continue
+                written = copy_blob(src, dst, sha, scratch)
+                report.sent.add(sha)
             report.blobs += 1 if written else 0
             report.bytes += written
             if progress is not None:
@@ -163,7 +176,7 @@ def copy_key(src: ArtifactStore, dst: ArtifactStore, key: str, scratch: Path, re
         return False
     except Exception as e:  # a store error, an OSError, a digest mismatch: the next copy retries
         report.failed.append((key, _one_line(e)))
-        if isinstance(e, StoreUnreachable):
+        if isinstance(e.__cause__ if isinstance(e, UploadFailed) else e, StoreUnreachable):
             report.unreachable = report.unreachable or _one_line(e)
         return False
     report.copied.append(key)
@@ -301,5 +314,5 @@ def _one_line(e: BaseException) -> str:
     return (text[0] if text else type(e).__name__)[:300]
 
 
-__all__ = ["SyncReport", "TransferProgress", "channel_disagreement", "copy_blob", "copy_channel", "copy_channels",
+__all__ = ["SyncReport", "TransferProgress", "UploadFailed", "channel_disagreement", "copy_blob", "copy_channel", "copy_channels",
            "copy_key", "copy_keys", "copy_records"]

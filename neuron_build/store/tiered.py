@@ -68,6 +68,8 @@ class ReadThroughStore(Store):
         self.unreachable: str | None = None
         self.warn = warn or _log_warning
         self._pending: set[str] | None = None
+        #: blobs this process put in (or verified on) the remote: a later push offers each one no more
+        self._sent: set[str] = set()
 
     # -- the tiers (the contract's Tiers) ----------------------------------------------------------
     @property
@@ -216,6 +218,7 @@ class ReadThroughStore(Store):
         if self.unreachable is not None:  # found dark earlier in this process: no second wait
             ok, report.failed = False, [(key, self.unreachable)]
         else:
+            report.sent = self._sent  # each blob goes up once per process, however many artifacts name it
             with tempfile.TemporaryDirectory(prefix="neuron-build-push.") as scratch:
                 ok = copy_key(self.local, self.remote, key, Path(scratch), report, heal=True, replace=replace)
             if report.unreachable is not None:

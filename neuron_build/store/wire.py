@@ -15,11 +15,14 @@ blobs, listings and reads; boto3 over urllib3 for the small objects whose ETag m
   timeouts, 5xx and throttling are retried with exponential backoff and jitter); s3fs's own retry loop is
   turned off so the two do not multiply.
 
-Multipart uploads (s3fs sends files of 100 MiB and more in 50 MiB parts) get the same bounds per part.
+Large objects go up and down in parts, several at once (:mod:`neuron_build.store.transfer`); every part
+gets the same bounds, and the parts of one object are in flight together, so they time out together.
 
-They are set in ``[build] remote_options`` (seconds; all optional)::
+They are set in ``[build] remote_options`` (seconds; all optional), with the transfer settings (bytes,
+bytes, parts at once; s3transfer's defaults)::
 
-    remote_options = { connect_timeout_s = 5, read_timeout_s = 30, attempts = 4 }
+    remote_options = { connect_timeout_s = 5, read_timeout_s = 30, attempts = 4,
+                       multipart_threshold = 8388608, multipart_chunksize = 8388608, max_concurrency = 10 }
 
 and taken out of the options before the rest is given to fsspec. botocore's own ``config_kwargs``
 (``connect_timeout``, ``read_timeout``, ``retries``) still work and win over these.
@@ -33,7 +36,10 @@ from dataclasses import dataclass
 from typing import Any
 
 #: ``[build] remote_options`` keys that are this module's (taken out before the options reach fsspec).
-OPTION_KEYS = ("connect_timeout_s", "read_timeout_s", "attempts")
+OPTION_KEYS = ("connect_timeout_s", "read_timeout_s", "attempts", "multipart_threshold", "multipart_chunksize",
+               "max_concurrency")
+#: the transfer keys: whole numbers (bytes, bytes, requests) and their least values
+_TRANSFER_LEAST = {"multipart_threshold": 1, "multipart_chunksize": 5 << 20, "max_concurrency": 1}
 #: botocore's standard-mode backoff before retry n (1-based) is at most min(2 ** (n - 1), 20) seconds.
 MAX_BACKOFF_S = 20.0
 #: Bytes a watched request body hands to aiohttp at a time (progress is seen per piece).
@@ -53,6 +59,12 @@ class WireSettings:
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 30.0
     attempts: int = 4
+    #: bytes from which an object goes up as a multipart upload (:mod:`neuron_build.store.transfer`)
+    multipart_threshold: int = 8 << 20
+    #: bytes of one part of an upload and of one ranged GET of a download (S3's least part: 5 MiB)
+    multipart_chunksize: int = 8 << 20
+    #: parts (or ranges) of one object in flight at once
+    max_concurrency: int = 10
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None) -> tuple[WireSettings, dict[str, Any]]:
@@ -82,7 +94,9 @@ class WireSettings:
                 elif retries.get("max_attempts") is not None:
                     got["attempts"] = _whole(retries["max_attempts"], "config_kwargs.retries.max_attempts", 0) + 1
         for name, value in got.items():
-            if name == "attempts":
+            if name in _TRANSFER_LEAST:
+                got[name] = _whole(value, name, _TRANSFER_LEAST[name])
+            elif name == "attempts":
                 got[name] = _whole(value, name, 1)
             elif isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 from neuron_build.errors import UserError
@@ -135,7 +149,7 @@ def _whole(value: Any, name: str, least: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         from neuron_build.errors import UserError
         raise UserError(f"[build] remote_options: {name} = {value!r} is not a whole number >= {least}; "
-                        f"give e.g. attempts = {WireSettings.attempts}")
+                        f"give e.g. {name} = {getattr(WireSettings, name)}")
     return value
 
 

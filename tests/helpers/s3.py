@@ -56,9 +56,12 @@ class S3Server:
 
 
 def slow_down(code: int = 503) -> tuple[int, bytes]:
-    """The XML body S3 sends with a 503 SlowDown (or a 500 InternalError for ``code`` 500)."""
-    name, msg = ("SlowDown", "Please reduce your request rate.") if code == 503 else (
-        "InternalError", "We encountered an internal error. Please try again.")
+    """The XML body S3 sends with a 503 SlowDown (a 500 InternalError for ``code`` 500, a 404 NoSuchUpload, a
+    412 PreconditionFailed)."""
+    name, msg = {503: ("SlowDown", "Please reduce your request rate."),
+                 404: ("NoSuchUpload", "The specified upload does not exist."),
+                 412: ("PreconditionFailed", "At least one of the pre-conditions you specified did not hold")}.get(
+        code, ("InternalError", "We encountered an internal error. Please try again."))
     return code, (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{name}</Code><Message>{msg}</Message>'
                   f"<RequestId>fault</RequestId></Error>").encode()
 

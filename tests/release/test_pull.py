@@ -43,6 +43,8 @@ def test_pull_verifies_and_refuses_tampered_object(proj, tmp_path):
             data = (dest / name).read_bytes()
             assert hashlib.sha256(data).hexdigest() == ent["sha256"] and len(data) == ent["size"]
             assert data == store.path(layout.blob_path(ent["sha256"])).read_bytes()
+    # b1 and b4 pin one blob (below): one file on the deploy host, linked at both paths
+    assert os.stat(dest / "b1/model.pt").st_ino == os.stat(dest / "b4/model.pt").st_ino
 
     # tamper one byte of a stored model blob (same size, so only the checksum can tell); the tiny model
     # traces to the same bytes at every batch size, so b1 and b4 share that blob: stored once
@@ -118,9 +120,8 @@ def test_an_interrupted_pull_leaves_the_previous_one_intact(proj, tmp_path, monk
 
     def dies_midway(sha, path):
         n.append(sha)
-        if len(n) == 2:
-            raise KeyboardInterrupt  # Ctrl-C after the first file
         real(sha, path)
+        raise KeyboardInterrupt  # Ctrl-C after the first file (b4's is a link of it: not fetched again)
 
     monkeypatch.setattr(store, "get_blob", dies_midway)
     with pytest.raises(KeyboardInterrupt):

@@ -147,8 +147,8 @@ def test_push_fetch_and_pull_print_one_line_per_file_when_piped_and_a_bar_on_a_t
     nb(b, "promote", "tiny", r1, "--to", "dev", "--allow-unvalidated", "--reason", "progress test")
     r = nb(b, "pull", "tiny", "--channel", "dev", "--dest", str(tmp_path / "serve"))
     pulled = [x for x in r.stderr.splitlines() if x.startswith("pull tiny/")]
-    assert len(pulled) == 2
-    assert re.match(r"pull tiny/b4/fp32/p1 model\.pt: [\d,]+ bytes \(2/2 files, ([\d,]+) of \1 bytes", pulled[-1])
+    assert len(pulled) == 1  # b1 and b4 pin one blob: fetched once, then linked (one file on disk)
+    assert re.match(r"pull tiny/b1/fp32/p1 model\.pt: ([\d,]+) bytes \(1/1 files, \1 of \1 bytes", pulled[-1])
 
     # on a terminal: rich's bar with the bytes (no per-file lines)
     out = in_a_terminal([sys.executable, "-m", "neuron_build.cli", "pull", "tiny", "--channel", "dev", "--dest",

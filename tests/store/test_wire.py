@@ -105,11 +105,15 @@ def test_a_black_hole_mid_upload_ends_the_build_within_the_bound_and_the_next_bu
         assert hashlib.sha256(body.read()).hexdigest() == ent["sha256"]
 
 
-def _store(bucket: str, tmp_path: Path):
+#: 5 MiB parts (S3's least), 3 at once: a multipart transfer of a small blob
+PARTS = {"multipart_threshold": 5 << 20, "multipart_chunksize": 5 << 20, "max_concurrency": 3}
+
+
+def _store(bucket: str, tmp_path: Path, **more):
     from neuron_build.store.remote import RemoteStore, clear_client_cache
 
     clear_client_cache()  # AWS_ENDPOINT_URL changed: clients for the proxy
-    return RemoteStore(f"s3://{bucket}/team", {"connect_timeout_s": 1, "read_timeout_s": 2, "attempts": 3},
+    return RemoteStore(f"s3://{bucket}/team", {"connect_timeout_s": 1, "read_timeout_s": 2, "attempts": 3, **more},
                        cache_dir=tmp_path / "cache")
 
 
@@ -158,15 +162,13 @@ def test_a_black_hole_in_a_multipart_upload_ends_within_the_push_bound(tmp_path,
     from neuron_build.errors import StoreUnreachable
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-    store = _store(s3_bucket, tmp_path)
+    store = _store(s3_bucket, tmp_path, **PARTS)
     sha, path = _blob(tmp_path, 11)
-    rel = f"cas/{sha[:2]}/{sha}"
-    # 5 MiB parts (s3fs's own 50 MiB parts would need a 100 MiB blob): the first part goes dark after 1 MiB,
-    # then the abort of the upload meets the same black hole
+    # three 5 MiB parts in flight at once: they go dark after 1 MiB, then the abort of the upload meets the
+    # same black hole
     proxy.black_hole(b"partNumber=", after_bytes=1 << 20)
     with pytest.raises(StoreUnreachable) as e:
-        with store.io.wire(f"uploading {rel}", writing=True):
-            store.io.fs.put_file(str(path), store.io.full(rel), mode="create", chunksize=5 << 20)
+        store.put_blob(sha, path)
     after_hole = time.monotonic() - proxy.holed_at
     settings = store.wire
     print(f"multipart: ended {after_hole:.1f} s after the black hole (bound {settings.push_bound_s():g} s)")
@@ -175,10 +177,32 @@ def test_a_black_hole_in_a_multipart_upload_ends_within_the_push_bound(tmp_path,
     proxy.heal()
     assert store.blob_size(sha) is None  # nothing half-published
     proxy.reset(b"partNumber=2", after_bytes=1 << 20)  # a reset mid-part is retried
-    with store.io.wire(f"uploading {rel}", writing=True):
-        store.io.fs.put_file(str(path), store.io.full(rel), mode="create", chunksize=5 << 20)
+    assert store.put_blob(sha, path) is True
     assert proxy.resets == 1
     assert store.blob_damage(sha, path.stat().st_size, deep=True) is None
+
+
+def test_ranged_downloads_retry_a_reset_pass_delays_and_end_within_the_bound_in_a_black_hole(
+        tmp_path, s3_env, s3_bucket, proxy, monkeypatch):
+    from neuron_build.errors import StoreUnreachable
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    store = _store(s3_bucket, tmp_path, **PARTS)
+    sha, path = _blob(tmp_path, 11)
+    s3_env.client().put_object(Bucket=s3_bucket, Key=f"team/cas/{sha[:2]}/{sha}", Body=path.read_bytes())
+    proxy.reset(b"GET /", after_bytes=0, times=1)  # the first range's connection reset
+    store.get_blob(sha, tmp_path / "a")
+    assert proxy.resets == 1 and (tmp_path / "a").read_bytes() == path.read_bytes()
+    proxy.delay(0.0005)  # a slow link: three ranges, none timed out
+    store.get_blob(sha, tmp_path / "b")
+    assert (tmp_path / "b").read_bytes() == path.read_bytes()
+    proxy.heal()
+    proxy.black_hole(b"GET /", after_bytes=0)
+    with pytest.raises(StoreUnreachable):
+        store.get_blob(sha, tmp_path / "c")
+    after_hole = time.monotonic() - proxy.holed_at
+    assert after_hole <= store.wire.call_bound_s() + store.wire.read_timeout_s + 1
+    assert not (tmp_path / "c").exists() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
 def test_a_history_entry_whose_answer_was_lost_is_recorded_once(tmp_path, s3_env, s3_bucket, proxy, monkeypatch):
