@@ -41,8 +41,8 @@ from neuron_build.build.nxdi_hooks import remember_cache, restore_cache
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.planner import Planner
 from neuron_build.build.recorder import Recorder, Unrecorded, failure_stage, hbm_estimate
-from neuron_build.build.summary import why_rechecked
 from neuron_build.build.relink import RELINKED
+from neuron_build.build.summary import why_rechecked
 from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import CompileRequest
 from neuron_build.log import get_logger

@@ -104,11 +104,12 @@ def outside_name(path: str | Path, exclude: Iterable[str | Path] = ()) -> str | 
         return None
     if any(part in INSTALLED_PARTS for part in Path(p).parts):
         return None
-    if any(p.startswith(f) for f in exempt_folders()):
+    under = p.rstrip(os.sep) + os.sep  # a folder itself (a listing of /proc) as well as what is in it
+    if any(under.startswith(f) for f in exempt_folders()):
         return None
     for e in exclude:
         e = os.fspath(e).rstrip(os.sep) + os.sep
-        if p.startswith(e):
+        if under.startswith(e):
             return None
     home = _home().rstrip(os.sep) + os.sep
     if home != os.sep and p.startswith(home):

@@ -146,6 +146,30 @@ def _stdlib() -> tuple[str, ...]:
     return tuple(d.rstrip(os.sep) + os.sep for d in dirs)
 
 
+def _installed(path: Path) -> bool:
+    """Is ``path`` (resolved) a module file of an installed distribution found on ``sys.path`` outside the
+    usual folders (its top-level module named by ``importlib.metadata.packages_distributions()``, as
+    :func:`~neuron_build.project.sources.recorded_files` counts them): library code, not the model's own."""
+    import importlib.metadata as md
+
+    global _INSTALLED_TOPS
+    for entry in sys.path:
+        try:
+            base = Path(entry or ".").resolve()
+        except (OSError, RuntimeError):
+            continue
+        if base != path and path.is_relative_to(base):
+            top = path.relative_to(base).parts[0].removesuffix(".py")
+            if _INSTALLED_TOPS is None:
+                _INSTALLED_TOPS = frozenset(md.packages_distributions())
+            if top in _INSTALLED_TOPS:
+                return True
+    return False
+
+
+_INSTALLED_TOPS: frozenset[str] | None = None
+
+
 class ReadRecorder:
     """Records the files and folders a block reads and the environment variables its own code reads, and
     marks the record incomplete when its own code starts a child process or opens a connection.
@@ -257,7 +281,8 @@ class ReadRecorder:
                 real = os.path.realpath(filename)
                 if real.startswith(_stdlib()) and not INSTALLED_PARTS.intersection(Path(real).parts):
                     k = "std"
-                elif self._name(Path(filename), Path(real)) is not None:
+                elif self._name(Path(filename), Path(real)) is not None and (
+                        Path(real).is_relative_to(self.root) or not _installed(Path(real))):
                     k = "own"
                 else:
                     k = "lib"
