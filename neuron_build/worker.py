@@ -28,7 +28,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
 
 from neuron_build.compilers import graph_key
 from neuron_build.status import Status

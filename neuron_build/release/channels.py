@@ -255,8 +255,8 @@ def _unshared_channel(store: ArtifactStore, model: str, channel: str) -> str | N
     """Why a channel the local tier of a local+remote pair holds, and the remote does not account for (one
     promoted before the remote was added), cannot be promoted from yet: one line naming both stores and
     ``push``; None for any other store."""
-    local, remote = getattr(store, "local", None), getattr(store, "remote", None)
-    if local is None or remote is None:
+    local, remote = store.local_tier, store.remote_tier
+    if remote is None or local is store:
         return None
     from neuron_build.store.sync import channel_disagreement
 
@@ -448,7 +448,7 @@ def corrupt_pointer(store: ArtifactStore, model: str, channel: str) -> str | Non
     raw, token = store.channel_ref(model, channel)
     if token is None or ChannelPointer.from_json(raw) is not None:
         return None
-    where = f"{getattr(store, 'shared_tier', store).location}/{layout.channel_path(model, channel)}"
+    where = f"{store.shared_tier.location}/{layout.channel_path(model, channel)}"
     why = "not a JSON object" if raw is None else "JSON, but no release named"
     last = next((e.get("to") for e in reversed(store.history(model, channel)) if isinstance(e.get("to"), str)), None)
     fix = (f"promote the release its history last recorded again (`neuron-build promote {model} {last} --to "
