@@ -70,7 +70,10 @@ class BuildSummary:
         ``package pillow 10.0 -> 11.0``; empty when it was not) and ``log`` (for a failure: the command that
         shows its log)."""
         ids = [t.id for t in chosen]
-        after = {t.id: builder.state(t) for t in chosen}
+        # an ok outcome of this run holds its artifact, even one whose record is incomplete (never a hit
+        # later: ``plan`` says missing, and the next build builds it again)
+        after = {t.id: TargetState.CACHED if t.id in outcomes and outcomes[t.id].ok else builder.state(t)
+                 for t in chosen}
 
         def said(start: str, exact: bool = False) -> list[str]:
             return [t for t in ids if t in outcomes

@@ -63,9 +63,10 @@ def test_a_network_fed_factory_is_caught_by_verify_fresh_and_the_fresh_gate(tmp_
         r = run_cli("promote", *c, "blk", rel, "--to", "dev", "--allow-unvalidated", "--reason", "first")
         assert r.returncode == 0 and "PASS fresh: 1 artifact(s) match" in r.stdout, r.stdout + r.stderr[-2000:]
 
-        served.value = "3.0"  # nothing the recorder sees changed: plan still says cached
+        served.value = "3.0"  # no file or variable changed: the record can only say it was incomplete
         plan = json.loads(run_cli("plan", *c, "--json").stdout)
-        assert [t["state"] for t in plan["targets"]] == ["cached"], plan["targets"]
+        (row,) = plan["targets"]
+        assert row["state"] == "missing" and any("opened a connection" in w for w in row["changed"]), row
         r = run_cli("verify", "--fresh", *c)
         assert r.returncode == 1, r.stdout + r.stderr[-2000:]
         bad = [line for line in r.stdout.splitlines() if line.startswith("DIFFERS")]
