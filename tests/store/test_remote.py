@@ -150,7 +150,9 @@ def reader_keys(s3_env, s3_bucket):
     iam.create_user(UserName="reader")
     iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json.dumps({
         "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"],
+        # moto 5.2.6 authorises a HEAD and a listing by their own action names (AWS: s3:GetObject and
+        # s3:ListBucket): read-only by wildcards
+        "Statement": [{"Effect": "Allow", "Action": ["s3:Get*", "s3:Head*", "s3:List*"],
                        "Resource": [f"arn:aws:s3:::{s3_bucket}", f"arn:aws:s3:::{s3_bucket}/*"]}]}))
     key = iam.create_access_key(UserName="reader")["AccessKey"]
     return key["AccessKeyId"], key["SecretAccessKey"]
