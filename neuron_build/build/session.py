@@ -242,7 +242,7 @@ class Recorded:
         """The check of a cached plan's project (no config parsed: its folder and state folder are the
         plan's)."""
         from neuron_build.project.digest_cache import DigestCache
-        from neuron_build.project.reads import InputCheck
+        from neuron_build.project.read_check import InputCheck
 
         digests = DigestCache(Path(plan.state_dir) / "digests.json")
         return cls(store, InputCheck(Path(plan.root), os.environ, digests.digest), digests.save,

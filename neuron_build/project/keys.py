@@ -351,10 +351,10 @@ class KeyMaker:
     def checker(self) -> Any:
         """The :class:`~neuron_build.project.reads.InputCheck` of this project (its digest cache, the
         environment, every file it reads noted in :attr:`inputs`)."""
-        from neuron_build.project import reads as _reads
+        from neuron_build.project.read_check import InputCheck  # not the recorder: the no-op path checks only
 
         if self._checker is None:
-            self._checker = _reads.InputCheck(self.project.root.resolve(), self.environ, self.digests.digest)
+            self._checker = InputCheck(self.project.root.resolve(), self.environ, self.digests.digest)
         return self._checker
 
     def stale_inputs(self, recorded: Any) -> list[str]:
