@@ -337,8 +337,15 @@ class ReadRecorder:
         cls = type(os.environ)  # os.environb is another instance of the same class
         self._orig = cls.__getitem__
         orig, me = self._orig, self
+        # torch.compiler.is_compiling when torch is loaded: TorchDynamo (torch.export, torch.compile) traces
+        # through this function and cannot follow the frame walk; it folds this call to True, so a trace reads
+        # the variable as before (its value enters the graph, which the graph key and the fresh gate see)
+        torch = sys.modules.get("torch")
+        compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
 
         def getitem(environ, key):  # os.environ[k], .get, os.getenv, `k in os.environ`, os.environb, getenvb
+            if compiling is not None and compiling():
+                return orig(environ, key)
             if isinstance(key, (str, bytes)) and not getattr(_BUSY, "on", False):
                 _BUSY.on = True
                 try:
