@@ -4,10 +4,9 @@ checks of a weights file before anything is loaded. No compile here (tests/build
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from neuron_build.compilers import graph_key, weights  # noqa: E402
+from neuron_build.compilers import graph_key, weights
 
 
 class Tiny(torch.nn.Module):
