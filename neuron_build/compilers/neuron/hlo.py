@@ -18,10 +18,11 @@ Anything else (a file in another format, a truncated proto) gives None: a count 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["count_hlo_instructions", "count_proto_instructions", "count_text_instructions", "find_hlo",
-           "without_fields"]
+           "wire_fields", "without_fields"]
 
 MODULE_COMPUTATIONS = 3    # HloModuleProto.computations [guess, see module docstring]
 COMPUTATION_INSTRUCTIONS = 2  # HloComputationProto.instructions [guess]
@@ -42,24 +43,27 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(buf: bytes):
-    """Yield (field number, wire type, value) of one protobuf message; LEN values are bytes.
+def wire_fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes, int, int]]:
+    """Yield ``(field number, wire type, value, start, end)`` for each top-level field of one serialized
+    protobuf message, in order: LEN values are bytes, VARINT values ints, I64/I32 values their raw bytes;
+    ``buf[start:end]`` is the whole field (tag included). No schema and no protobuf library needed.
 
     Raises:
-        ValueError: the bytes are not a well-formed message (unknown wire type, truncation).
+        ValueError: the bytes are not a well-formed message (field number 0, unknown wire type,
+            truncation).
     """
     pos, end = 0, len(buf)
     while pos < end:
+        start = pos
         tag, pos = _varint(buf, pos)
         number, wire = tag >> 3, tag & 7
         if number == 0:
             raise ValueError("field number 0")
         if wire == _WIRE_VARINT:
             value, pos = _varint(buf, pos)
-        elif wire == _WIRE_I64:
-            value, pos = buf[pos:pos + 8], pos + 8
-        elif wire == _WIRE_I32:
-            value, pos = buf[pos:pos + 4], pos + 4
+        elif wire in (_WIRE_I64, _WIRE_I32):
+            size = 8 if wire == _WIRE_I64 else 4
+            value, pos = buf[pos:pos + size], pos + size
         elif wire == _WIRE_LEN:
             n, pos = _varint(buf, pos)
             value, pos = buf[pos:pos + n], pos + n
@@ -67,7 +71,7 @@ def _fields(buf: bytes):
             raise ValueError(f"unsupported wire type {wire}")
         if pos > end:
             raise ValueError("truncated field")
-        yield number, wire, value
+        yield number, wire, value, start, pos
 
 
 def without_fields(data: bytes, numbers: set[int] | frozenset[int]) -> bytes:
@@ -77,27 +81,7 @@ def without_fields(data: bytes, numbers: set[int] | frozenset[int]) -> bytes:
     Raises:
         ValueError: the bytes are not a well-formed message.
     """
-    out, pos, end = bytearray(), 0, len(data)
-    while pos < end:
-        start = pos
-        tag, pos = _varint(data, pos)
-        number, wire = tag >> 3, tag & 7
-        if number == 0:
-            raise ValueError("field number 0")
-        if wire == _WIRE_VARINT:
-            _, pos = _varint(data, pos)
-        elif wire in (_WIRE_I64, _WIRE_I32):
-            pos += 8 if wire == _WIRE_I64 else 4
-        elif wire == _WIRE_LEN:
-            n, pos = _varint(data, pos)
-            pos += n
-        else:
-            raise ValueError(f"unsupported wire type {wire}")
-        if pos > end:
-            raise ValueError("truncated field")
-        if number not in numbers:
-            out += data[start:pos]
-    return bytes(out)
+    return b"".join(data[start:stop] for number, _, _, start, stop in wire_fields(data) if number not in numbers)
 
 
 def count_proto_instructions(data: bytes) -> int | None:
@@ -105,10 +89,10 @@ def count_proto_instructions(data: bytes) -> int | None:
     one (malformed wire format, or no computation holding an instruction)."""
     try:
         total, computations = 0, 0
-        for number, wire, value in _fields(data):
+        for number, wire, value, _, _ in wire_fields(data):
             if number == MODULE_COMPUTATIONS and wire == _WIRE_LEN:
                 computations += 1
-                total += sum(1 for n, w, _ in _fields(value) if n == COMPUTATION_INSTRUCTIONS and w == _WIRE_LEN)
+                total += sum(1 for n, w, *_ in wire_fields(value) if n == COMPUTATION_INSTRUCTIONS and w == _WIRE_LEN)
     except ValueError:
         return None
     return total if computations and total else None

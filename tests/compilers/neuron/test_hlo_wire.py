@@ -3,9 +3,10 @@
 numbers there [ran: shared/weights-and-real-hlo.md 1.4]; an older ``hlo_pb2`` keeps the field as unknown
 bytes, which must not reach the key.
 
-No protobuf library is needed: :class:`Msg` is a minimal protobuf message (the wire format, a schema of
-field numbers, unknown fields kept and re-serialised after the known ones, as protobuf does), and the
-modules are hand-made serialized ``HloModuleProto`` bytes with XLA's field numbers.
+No protobuf library is needed: ``tests/compilers/neuron/hlo_messages.py`` has a minimal protobuf message
+(the wire format, a schema of field numbers, unknown fields kept and re-serialised after the known ones, as
+protobuf does), and the modules are hand-made serialized ``HloModuleProto`` bytes with XLA's field numbers.
+``test_hlo_real.py`` runs the same checks on real torch-xla HLO.
 """
 
 from __future__ import annotations
@@ -14,116 +15,10 @@ import copy
 
 import pytest
 
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _len(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _int(number: int, value: int) -> bytes:
-    return _varint(number << 3) + _varint(value)
-
-
-class Msg:
-    """A protobuf-like message: ``SCHEMA`` maps field number -> (name, kind); kind is "str", "int",
-    "ints" (packed repeated), a Msg subclass (singular) or [Msg subclass] (repeated)."""
-
-    SCHEMA: dict = {}
-    DESCRIPTOR = "hand-made"  # what marks a real protobuf message
-
-    def __init__(self):
-        for name, kind in self.SCHEMA.values():
-            setattr(self, name, [] if kind == "ints" or isinstance(kind, list) else
-                    (kind() if isinstance(kind, type) else ("" if kind == "str" else 0)))
-        self._unknown = b""
-
-    @classmethod
-    def parse(cls, data: bytes):
-        from neuron_build.compilers.neuron.hlo import _fields
-        m = cls()
-        for number, wire, value in _fields(data):
-            if number not in cls.SCHEMA:
-                m._unknown += (_len(number, value) if wire == 2 else _int(number, value))
-                continue
-            name, kind = cls.SCHEMA[number]
-            if kind == "str":
-                setattr(m, name, value.decode())
-            elif kind == "int":
-                setattr(m, name, value)
-            elif kind == "ints":
-                getattr(m, name).extend(Msg._unpack(value))
-            elif isinstance(kind, list):
-                getattr(m, name).append(kind[0].parse(value))
-            else:
-                setattr(m, name, kind.parse(value))
-        return m
-
-    @staticmethod
-    def _unpack(buf: bytes) -> list:
-        from neuron_build.compilers.neuron.hlo import _varint as rd
-        out, pos = [], 0
-        while pos < len(buf):
-            v, pos = rd(buf, pos)
-            out.append(v)
-        return out
-
-    def ClearField(self, name):  # (protobuf's name)
-        for fname, _ in self.SCHEMA.values():
-            if fname == name:
-                setattr(self, name, type(self)().__dict__[name])
-                return
-        raise ValueError(f"no field {name}")
-
-    def SerializeToString(self, deterministic=False):
-        out = b""
-        for number in sorted(self.SCHEMA):
-            name, kind = self.SCHEMA[number]
-            v = getattr(self, name)
-            if kind == "str" and v:
-                out += _len(number, v.encode())
-            elif kind == "int" and v:
-                out += _int(number, v)
-            elif kind == "ints" and v:
-                out += _len(number, b"".join(_varint(x) for x in v))
-            elif isinstance(kind, list):
-                out += b"".join(_len(number, x.SerializeToString()) for x in v)
-            elif isinstance(kind, type):
-                body = v.SerializeToString()
-                out += _len(number, body) if body else b""
-        return out + self._unknown
-
-
-class OpMetadata(Msg):
-    SCHEMA = {1: ("op_type", "str"), 2: ("op_name", "str"), 3: ("source_file", "str"), 4: ("source_line", "int")}
-
-
-class Instruction(Msg):
-    SCHEMA = {1: ("name", "str"), 2: ("opcode", "str"), 7: ("metadata", OpMetadata), 9: ("parameter_number", "int"),
-              35: ("id", "int"), 36: ("operand_ids", "ints"), 37: ("control_predecessor_ids", "ints"),
-              38: ("called_computation_ids", "ints")}
-
-
-class Computation(Msg):
-    SCHEMA = {1: ("name", "str"), 2: ("instructions", [Instruction]), 5: ("id", "int"), 6: ("root_id", "int")}
-
-
-class OldModule(Msg):
-    """``HloModuleProto`` as an older schema knows it: no field 17 (``stack_frame_index``)."""
-    SCHEMA = {1: ("name", "str"), 2: ("entry_computation_name", "str"), 3: ("computations", [Computation]),
-              5: ("id", "int"), 6: ("entry_computation_id", "int")}
-
-
-class NewModule(OldModule):
-    SCHEMA = {**OldModule.SCHEMA, 17: ("stack_frame_index", "str")}
+from tests.compilers.neuron.hlo_messages import NewModule, OldModule
+from tests.compilers.neuron.hlo_messages import int_field as _int
+from tests.compilers.neuron.hlo_messages import len_field as _len
+from tests.compilers.neuron.hlo_messages import varint as _varint
 
 
 def _instruction(iid, name, opcode, operands=(), path="", line=0) -> bytes:
