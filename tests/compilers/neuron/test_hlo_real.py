@@ -1,0 +1,91 @@
+"""The HLO key on real torch-xla HLO: the fixtures in ``real_hlo/`` are ``HloModuleProto`` bytes lowered by
+torch-xla 2.9.0 on CPU from one tiny seeded model (``benchmarks/real_hlo/generate.py`` made them and says how
+to remake them; ``fixtures.json`` records each variant). The tests only parse the committed bytes, with the
+project's own wire reader (``tests/compilers/neuron/hlo_messages.py``): neither torch-xla nor protobuf is needed.
+
+Each check runs with a schema that lacks ``stack_frame_index`` (field 17, as an older ``hlo_pb2``) and with
+one that knows it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from neuron_build.compilers.graph_key import NoGraphKey
+from neuron_build.compilers.neuron.hlo import count_hlo_instructions, count_proto_instructions, wire_fields
+from neuron_build.compilers.neuron.hlo_key import canonical_hlo, hlo_document
+from tests.compilers.neuron.hlo_messages import NewModule, OldModule, int_field, len_field
+
+FIXTURES = Path(__file__).parent / "real_hlo"
+SCHEMAS = pytest.mark.parametrize("schema", [OldModule, NewModule], ids=["without-field-17", "with-field-17"])
+
+
+def raw(name: str) -> bytes:
+    return (FIXTURES / name).read_bytes()
+
+
+def key(schema, name: str) -> str:
+    return hashlib.sha256(canonical_hlo(schema.parse(raw(name)))).hexdigest()
+
+
+def test_the_fixtures_are_what_the_generator_recorded_and_hold_no_machine_path():
+    manifest = json.loads((FIXTURES / "fixtures.json").read_text())
+    assert manifest["torch_xla"] == "2.9.0" and manifest["torch"].startswith("2.9.0")
+    assert sorted(p.name for p in FIXTURES.glob("*.pb")) == sorted(manifest["fixtures"])
+    for name, entry in manifest["fixtures"].items():
+        data = raw(name)
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"] and len(data) == entry["bytes"] < 16_000
+        for root in (b"/tmp/", b"/home/", b"/root/", b"/usr/", b"/opt/"):
+            assert root not in data, (name, root)
+    # the debug fixtures differ where the key must look past them: paths, lines, per-process counters
+    ref = raw("tiny_block.debug.pb")
+    assert b"/src/work/checkout/tiny_model.py" in ref and b"/src/site-packages/torch/nn/modules/linear.py" in ref
+    assert b"/src/work/elsewhere/moved/tiny_model.py" in raw("tiny_block.debug.moved.pb")
+    for other in ("tiny_block.pb", "tiny_block.debug.moved.pb", "tiny_block.debug.comment.pb",
+                  "tiny_block.debug.second.pb"):
+        assert raw(other) != ref, other
+    assert b"aten__add.2/aten__add" in raw("tiny_block.debug.second.pb") and b"aten__add.2" not in ref
+    # weights are HLO parameters: new values give the same bytes, debug or not
+    assert raw("tiny_block.seed7.pb") == raw("tiny_block.pb")
+    assert raw("tiny_block.debug.seed7.pb") == ref
+
+
+@SCHEMAS
+def test_debug_a_moved_folder_a_comment_edit_new_weights_and_a_second_lowering_keep_the_key(schema):
+    base = key(schema, "tiny_block.pb")
+    for name in ("tiny_block.debug.pb", "tiny_block.debug.moved.pb", "tiny_block.debug.comment.pb",
+                 "tiny_block.seed7.pb", "tiny_block.debug.seed7.pb", "tiny_block.debug.second.pb"):
+        assert key(schema, name) == base, name
+    canon = canonical_hlo(schema.parse(raw("tiny_block.debug.moved.pb")))
+    assert b"/src/" not in canon and b"tiny_model" not in canon and b"aten__" not in canon
+
+
+@SCHEMAS
+def test_a_semantic_change_changes_the_key_debug_or_not(schema):
+    base = key(schema, "tiny_block.pb")
+    tanh = key(schema, "tiny_block.tanh.pb")
+    assert tanh != base
+    assert key(schema, "tiny_block.debug.tanh.pb") == tanh
+
+
+def test_the_instruction_count_of_real_hlo():
+    # TinyBlock: 3 computations (entry, the softmax's max and add reducers), 83 instructions [ran]; the tanh
+    # GELU (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))) to 7 more than the erf one
+    assert count_proto_instructions(raw("tiny_block.pb")) == 83
+    assert count_proto_instructions(raw("tiny_block.debug.pb")) == 83
+    assert count_hlo_instructions(FIXTURES / "tiny_block.debug.moved.pb") == 83
+    assert count_proto_instructions(raw("tiny_block.tanh.pb")) == 90
+    m = OldModule.parse(raw("tiny_block.pb"))
+    assert [len(c.instructions) for c in m.computations] == [3, 3, 77]
+    ops = [i.opcode for c in m.computations for i in c.instructions]
+    assert ops.count("dot") == 7 and ops.count("reduce") == 2 and ops.count("erf") == 1
+    entry = m.computations[-1]
+    params = sorted(i.parameter_number for i in entry.instructions if i.opcode == "parameter")
+    assert params == list(range(12))  # x, the 10 weights and biases, and the scalar of "/ 4.0"
+    tanh_ops = [i.opcode for c in OldModule.parse(raw("tiny_block.tanh.pb")).computations for i in c.instructions]
+    assert tanh_ops.count("tanh") == 1 and "erf" not in tanh_ops and tanh_ops.count("parameter") == 16
