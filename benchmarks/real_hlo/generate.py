@@ -12,6 +12,8 @@ fixture                         debug  what changed against ``tiny_block.debug.p
 ``tiny_block.pb``               off    debug off
 ``tiny_block.seed7.pb``         off    debug off, new weight values (seed 7)
 ``tiny_block.tanh.pb``          off    debug off, ``GELU(approximate="tanh")`` (a semantic change)
+``tiny_block.scale8.pb``        off    debug off, ``/ 8.0`` for ``/ 4.0`` in ``forward`` (semantic, and yet
+                                       the same bytes: the scalar is an HLO parameter, ``f32[]``)
 ``tiny_block.debug.pb``         on     (the reference)
 ``tiny_block.debug.second.pb``  on     the second lowering of the same model in the same process
 ``tiny_block.debug.moved.pb``   on     the model source copied to another folder
@@ -23,7 +25,7 @@ fixture                         debug  what changed against ``tiny_block.debug.p
 "Debug on" is NxD's INFO metadata level: ``XLA_IR_DEBUG=1 XLA_HLO_DEBUG=1`` and
 ``torch_xla._XLAC._set_ir_debug(True)`` [code: NxD ``trace/model_builder.py`` ``_get_hlo_metadata_context``].
 ``fixtures.json`` beside them records each file's variant, size and sha256, and the torch and torch-xla
-versions.
+versions (timings are printed, not recorded, so that a rerun that lowers the same bytes changes no file).
 
 Paths: with debug on, absolute paths sit in every instruction's ``metadata.source_file`` (``HloModuleProto``
 3 -> ``HloComputationProto`` 2 -> ``HloInstructionProto`` 7 -> ``OpMetadata`` 3) and in the module's
@@ -33,6 +35,8 @@ as it was, in order): the scratch workspace becomes ``/src/work``, the venv's si
 ``/src/site-packages``, the Python install ``/src/python``, this repository ``/src/repo``. The folder a model
 sits in below the workspace is kept (``checkout/`` vs ``elsewhere/moved/``), so the moved-folder fixture
 still differs from the reference. Writing fails if any machine path is left anywhere in the bytes.
+The stack frames of the debug fixtures include this script's own lines (``lower``): editing it changes
+their bytes on the next run (the key does not change).
 
 Needs torch 2.9.0 and torch-xla 2.9.0 (``_XLAC.so`` is built against torch 2.9.0's C++ ABI; torch 2.13
 cannot load it), so it runs in a throwaway venv outside the repository, never the project's::
@@ -91,12 +95,14 @@ COMMENTED = '''\
 # a comment-only edit
 ''' + MODEL.replace("    def forward(self, x):\n", "    def forward(self, x):\n        # attention, then the MLP\n")
 TANH = MODEL.replace("torch.nn.GELU()", 'torch.nn.GELU(approximate="tanh")')
+SCALE8 = MODEL.replace("/ 4.0", "/ 8.0")
 
 #: fixture name -> (model source, folder below the workspace, seed, debug, which lowering in the process)
 VARIANTS = {
     "tiny_block.pb": (MODEL, "checkout", 0, False, 1),
     "tiny_block.seed7.pb": (MODEL, "checkout", 7, False, 1),
     "tiny_block.tanh.pb": (TANH, "checkout", 0, False, 1),
+    "tiny_block.scale8.pb": (SCALE8, "checkout", 0, False, 1),
     "tiny_block.debug.pb": (MODEL, "checkout", 0, True, 1),
     "tiny_block.debug.second.pb": (MODEL, "checkout", 0, True, 2),
     "tiny_block.debug.moved.pb": (MODEL, "elsewhere/moved", 0, True, 1),
@@ -209,9 +215,8 @@ def main(argv: list[str]) -> int:
             (outdir / name).write_bytes(data)
             manifest["torch"], manifest["torch_xla"] = info.pop("torch"), info.pop("torch_xla")
             manifest["fixtures"][name] = {"folder": folder, "seed": seed, "debug": debug, "lowering": nth,
-                                          "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                                          "process_s": round(time.perf_counter() - t0, 1), **info}
-            print(name, manifest["fixtures"][name])
+                                          "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            print(name, len(data), "bytes, process", round(time.perf_counter() - t0, 1), "s", info)
     (outdir / "fixtures.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return 0
 
