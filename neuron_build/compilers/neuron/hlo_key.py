@@ -19,7 +19,13 @@ The document keyed (:func:`hlo_document`), everything ``model.pt`` is made of:
   the stack-frame index (file names) cleared, and for a protobuf message dropped on the wire (field 17)
   whatever the schema that parsed it; everything else kept, serialised with
   ``SerializeToString(deterministic=True)`` (map fields such as ``frontend_attributes`` have no order
-  otherwise [protobuf]). The proto that is compiled is never touched;
+  otherwise [protobuf]). A field the copy does not understand, read on the wire whatever the schema (one of
+  a newer XLA, the ``schedule`` and ``original_value``, which name instructions by id or name), or an id
+  defined twice: no key. On real torch-xla 2.9 HLO (``tests/compilers/neuron/real_hlo/``) debug metadata, a
+  moved folder, a comment edit, new weights and a second lowering in one process keep the key [ran]. A
+  scalar literal of ``forward`` (``x / 4.0``) is an HLO *parameter* there, not a constant: the module is
+  the same bytes for ``/ 8.0`` [ran], so the parameters' values (the weights below) must be in the key.
+  The proto that is compiled is never touched;
 - the weights by content: the inlined ones (``constant_parameter_tensors``, folded into the NEFF [code,
   1.13 copy]) and the external ones (``weights``, which travel in ``model.pt``), as
   ``(index, dtype, shape, sha256)``;
@@ -47,7 +53,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from neuron_build.compilers import graph_key as gk
-from neuron_build.compilers.neuron.hlo import without_fields
+from neuron_build.compilers.neuron.hlo import wire_fields, without_fields
 
 #: The module whose functions the split path relies on [code: NxD trace/functions.py, optimum cache.py].
 XLA_TRACE_MODULE = "torch_neuronx.xla_impl.trace"
@@ -63,6 +69,18 @@ _COSMETIC_MODULE_FIELDS = ("stack_frame_index",)
 #: a schema without it keeps it as unknown bytes [ran: shared/weights-and-real-hlo.md 1.4], so it is
 #: dropped on the wire too.
 _COSMETIC_MODULE_FIELD_NUMBERS = frozenset({17})
+#: The fields the canonical copy understands, by message [code: xla/service/hlo.proto, openxla/xla 0b8fa9f]:
+#: renumbered (ids), renamed (names), cleared (metadata, 17) or kept as they are because they hold no
+#: instruction or computation id, no name and no path (shapes, literals, dimensions, shardings, aliasing by
+#: parameter number, frontend attributes, backend config). Any other field, of a newer XLA or a removed one
+#: (``operand_names`` 4 ...), gives no key: it might refer to what the copy renumbers [house rule: fail closed].
+_MODULE_FIELDS = frozenset({1, 2, 3, 4, 5, 6, 8, 10, 11, 12, 13, 14, 15, 16, 18, 19})
+_COMPUTATION_FIELDS = frozenset({1, 2, 4, 5, 6, 7, 8})
+_INSTRUCTION_FIELDS = frozenset({1, 2, 3, 7, 8, 9, *range(11, 41), 43, 45, *range(47, 53), *range(54, 64),
+                                 *range(65, 78), 79, 80, 81, 82, 85, 86, 87, 89, 90, 91}) - {12, 39}
+#: Fields XLA defines that the key refuses: what they hold is not renumbered or renamed in the copy.
+_REFUSED = {("module", 7): "the schedule (instruction ids by computation id)",
+            ("instruction", 88): "original_value (instructions by their lowering-order names)"}
 FALLBACK_WARNING = ("torch_neuronx.xla_impl.trace has no {what}: the HLO graph key is made after neuronx-cc runs "
                     "(today's path), so a graph-neutral edit still compiles")
 
@@ -117,6 +135,31 @@ def _renumber(values: Any, mapping: dict[int, int], what: str) -> None:
     values.extend(new)
 
 
+def _understood(data: bytes, what: str = "module") -> None:
+    """Raise NoGraphKey naming the first field of ``data`` (the canonical bytes of an HloModuleProto, or of
+    one of its computations or instructions) that the key does not understand (:data:`_MODULE_FIELDS`)."""
+    known = {"module": _MODULE_FIELDS, "computation": _COMPUTATION_FIELDS, "instruction": _INSTRUCTION_FIELDS}[what]
+    inner = {"module": (3, "computation"), "computation": (2, "instruction")}.get(what)
+    for number, _, value, _, _ in wire_fields(data):
+        if number not in known:
+            why = _REFUSED.get((what, number), "unknown to the HLO key")
+            raise gk.NoGraphKey(f"the HLO {what} has field {number}: {why}; the target compiles (teach "
+                                f"neuron_build/compilers/neuron/hlo_key.py what it holds to key it)")
+        if inner and number == inner[0]:
+            if not isinstance(value, bytes):
+                raise gk.NoGraphKey(f"the HLO {what}'s field {number} is not a message")
+            _understood(value, inner[1])
+
+
+def _ids(items: Any, what: str) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for item in items:
+        if int(item.id) in out:
+            raise gk.NoGraphKey(f"the HLO module defines {what} id {int(item.id)} twice")
+        out[int(item.id)] = len(out)
+    return out
+
+
 def canonical_hlo(module: Any) -> bytes:
     """The canonical bytes of an ``HloModuleProto`` (see the module docstring); ``module`` is not changed.
 
@@ -126,11 +169,8 @@ def canonical_hlo(module: Any) -> bytes:
     try:
         m = copy.deepcopy(module)
         comps = list(m.computations)
-        comp_ids = {int(c.id): n for n, c in enumerate(comps)}
-        inst_ids: dict[int, int] = {}
-        for c in comps:
-            for inst in c.instructions:
-                inst_ids[int(inst.id)] = len(inst_ids)
+        comp_ids = _ids(comps, "computation")
+        inst_ids = _ids([inst for c in comps for inst in c.instructions], "instruction")
         for n, c in enumerate(comps):
             c.name, c.id = f"computation.{n}", n
             c.root_id = inst_ids[int(c.root_id)]
@@ -151,6 +191,7 @@ def canonical_hlo(module: Any) -> bytes:
         if hasattr(m, "DESCRIPTOR"):  # a protobuf message: its bytes are the wire format
             try:
                 data = without_fields(data, _COSMETIC_MODULE_FIELD_NUMBERS)
+                _understood(data)
             except ValueError as e:
                 raise gk.NoGraphKey(f"the HLO module is not well-formed protobuf wire format ({e})") from None
         return data

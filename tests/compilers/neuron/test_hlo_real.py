@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from neuron_build.compilers.graph_key import NoGraphKey
-from neuron_build.compilers.neuron.hlo import count_hlo_instructions, count_proto_instructions, wire_fields
+from neuron_build.compilers.neuron.hlo import count_hlo_instructions, count_proto_instructions
 from neuron_build.compilers.neuron.hlo_key import canonical_hlo, hlo_document
 from tests.compilers.neuron.hlo_messages import NewModule, OldModule, int_field, len_field
 
@@ -89,3 +89,67 @@ def test_the_instruction_count_of_real_hlo():
     assert params == list(range(12))  # x, the 10 weights and biases, and the scalar of "/ 4.0"
     tanh_ops = [i.opcode for c in OldModule.parse(raw("tiny_block.tanh.pb")).computations for i in c.instructions]
     assert tanh_ops.count("tanh") == 1 and "erf" not in tanh_ops and tanh_ops.count("parameter") == 16
+
+
+def test_a_scalar_literal_is_an_hlo_parameter_so_the_key_holds_the_parameters_values():
+    # "/ 8.0" for "/ 4.0" in forward lowers to the very same bytes: torch-xla passes the scalar as parameter 7
+    # (f32[]), so the module alone cannot tell the two models apart [ran]; the key holds the values of every
+    # parameter that is not an input (the inlined and the external weights, by content)
+    import torch
+
+    assert raw("tiny_block.scale8.pb") == raw("tiny_block.pb")
+
+    def document(scale: float) -> dict:
+        art = SimpleNamespace(hlo_module=OldModule.parse(raw("tiny_block.scale8.pb" if scale == 8 else "tiny_block.pb")),
+                              constant_parameter_tensors={7: torch.tensor(scale)}, weights=None, metaneff=b"m",
+                              flattener=None, packer=None)
+        return hlo_document(art, ["--target", "trn1"], True, "2.30")
+
+    four, eight = document(4.0), document(8.0)
+    assert four["module"] == eight["module"] and four["inlined_weights"] != eight["inlined_weights"]
+    assert four != eight
+
+
+def _with(m, where: str, field: bytes):
+    target = {"module": m, "computation": m.computations[-1], "instruction": m.computations[-1].instructions[5]}[where]
+    target._unknown += field
+    return m
+
+
+@SCHEMAS
+@pytest.mark.parametrize(("where", "field", "reason"), [
+    # HloModuleProto.schedule: computation id -> instruction ids, which the canonical copy does not renumber
+    ("module", len_field(7, len_field(1, int_field(1, 86) + len_field(2, len_field(1, bytes([1, 2, 3]))))), "schedule"),
+    ("module", int_field(20, 1), "field 20"),                      # a field newer than the key
+    ("computation", int_field(9, 1), "field 9"),
+    ("instruction", len_field(4, b"p0.1"), "field 4"),             # operand_names: names, removed from XLA
+    ("instruction", int_field(92, 1), "field 92"),
+    ("instruction", len_field(88, len_field(1, b"p0.1")), "original_value"),
+], ids=["schedule", "module-20", "computation-9", "operand-names", "instruction-92", "original-value"])
+def test_a_field_the_key_does_not_understand_gives_no_key(schema, where, field, reason):
+    m = _with(schema.parse(raw("tiny_block.pb")), where, field)
+    with pytest.raises(NoGraphKey, match=reason):
+        canonical_hlo(m)
+
+
+@SCHEMAS
+def test_fields_the_key_understands_are_kept_as_they_are(schema):
+    base = key(schema, "tiny_block.pb")
+    attrs = len_field(19, len_field(1, len_field(1, b"neff_input_names") + len_field(2, b"input0")))
+    alias = len_field(8, len_field(1, int_field(2, 1)))            # input_output_alias: parameter 1 -> output {}
+    for extra in (attrs, alias):
+        m = _with(schema.parse(raw("tiny_block.pb")), "module", extra)
+        assert hashlib.sha256(canonical_hlo(m)).hexdigest() != base
+
+
+@SCHEMAS
+def test_an_id_defined_twice_gives_no_key(schema):
+    m = schema.parse(raw("tiny_block.pb"))
+    entry = m.computations[-1]
+    entry.instructions[4].id = entry.instructions[3].id
+    with pytest.raises(NoGraphKey, match="twice"):
+        canonical_hlo(m)
+    m = schema.parse(raw("tiny_block.pb"))
+    m.computations[0].id = m.computations[1].id
+    with pytest.raises(NoGraphKey, match="twice"):
+        canonical_hlo(m)
