@@ -14,6 +14,8 @@ fixture                         debug  what changed against ``tiny_block.debug.p
 ``tiny_block.tanh.pb``          off    debug off, ``GELU(approximate="tanh")`` (a semantic change)
 ``tiny_block.scale8.pb``        off    debug off, ``/ 8.0`` for ``/ 4.0`` in ``forward`` (semantic, and yet
                                        the same bytes: the scalar is an HLO parameter, ``f32[]``)
+``tiny_block.irtohlo.pb``       off    debug off, lowered by ``_XLAC._get_xla_tensors_hlo_proto`` (module
+                                       ``IrToHlo.<n>``) instead of ``LoweringContext``
 ``tiny_block.debug.pb``         on     (the reference)
 ``tiny_block.debug.second.pb``  on     the second lowering of the same model in the same process
 ``tiny_block.debug.moved.pb``   on     the model source copied to another folder
@@ -97,12 +99,14 @@ COMMENTED = '''\
 TANH = MODEL.replace("torch.nn.GELU()", 'torch.nn.GELU(approximate="tanh")')
 SCALE8 = MODEL.replace("/ 4.0", "/ 8.0")
 
-#: fixture name -> (model source, folder below the workspace, seed, debug, which lowering in the process)
+#: fixture name -> (model source, folder below the workspace, seed, debug, which lowering in the process;
+#: 0: the first, through ``_get_xla_tensors_hlo_proto``)
 VARIANTS = {
     "tiny_block.pb": (MODEL, "checkout", 0, False, 1),
     "tiny_block.seed7.pb": (MODEL, "checkout", 7, False, 1),
     "tiny_block.tanh.pb": (TANH, "checkout", 0, False, 1),
     "tiny_block.scale8.pb": (SCALE8, "checkout", 0, False, 1),
+    "tiny_block.irtohlo.pb": (MODEL, "checkout", 0, False, 0),
     "tiny_block.debug.pb": (MODEL, "checkout", 0, True, 1),
     "tiny_block.debug.second.pb": (MODEL, "checkout", 0, True, 2),
     "tiny_block.debug.moved.pb": (MODEL, "elsewhere/moved", 0, True, 1),
@@ -117,7 +121,8 @@ MACHINE_ROOTS = (b"/tmp/", b"/home/", b"/root/", b"/work/", b"/usr/", b"/opt/", 
 
 def lower(model_dir: str, out: str, seed: int, nth: int) -> None:
     """In this process: import ``tiny_model`` from ``model_dir``, build it with ``seed``, lower it ``nth``
-    times on the XLA CPU device and write the last lowering's ``HloModuleProto`` bytes to ``out``."""
+    times on the XLA CPU device (``LoweringContext``; ``nth`` 0: once, by ``_get_xla_tensors_hlo_proto``)
+    and write the last lowering's ``HloModuleProto`` bytes to ``out``."""
     t0 = time.perf_counter()
     sys.path.insert(0, model_dir)
     import torch
@@ -133,9 +138,12 @@ def lower(model_dir: str, out: str, seed: int, nth: int) -> None:
     x = torch.randn(4, 16)
     dev = torch_xla.device()
     model, x = model.to(dev), x.to(dev)
-    for _ in range(nth):
+    for _ in range(max(nth, 1)):
         with torch.no_grad():
             y = model(x)
+        if nth == 0:  # the other entry point (torch-xla's gradient accumulation uses it)
+            raw = torch_xla._XLAC._get_xla_tensors_hlo_proto([y])
+            break
         ctx = torch_xla._XLAC.lowering.LoweringContext()
         ctx.build([y])
         raw = ctx.hlo()

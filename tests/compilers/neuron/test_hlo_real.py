@@ -49,6 +49,7 @@ def test_the_fixtures_are_what_the_generator_recorded_and_hold_no_machine_path()
     for other in ("tiny_block.pb", "tiny_block.debug.moved.pb", "tiny_block.debug.comment.pb",
                   "tiny_block.debug.second.pb"):
         assert raw(other) != ref, other
+    assert b"IrToHlo." in raw("tiny_block.irtohlo.pb") and b"PyLoweringContext." in raw("tiny_block.pb")
     assert b"aten__add.2/aten__add" in raw("tiny_block.debug.second.pb") and b"aten__add.2" not in ref
     # weights are HLO parameters: new values give the same bytes, debug or not
     assert raw("tiny_block.seed7.pb") == raw("tiny_block.pb")
@@ -59,7 +60,8 @@ def test_the_fixtures_are_what_the_generator_recorded_and_hold_no_machine_path()
 def test_debug_a_moved_folder_a_comment_edit_new_weights_and_a_second_lowering_keep_the_key(schema):
     base = key(schema, "tiny_block.pb")
     for name in ("tiny_block.debug.pb", "tiny_block.debug.moved.pb", "tiny_block.debug.comment.pb",
-                 "tiny_block.seed7.pb", "tiny_block.debug.seed7.pb", "tiny_block.debug.second.pb"):
+                 "tiny_block.seed7.pb", "tiny_block.debug.seed7.pb", "tiny_block.debug.second.pb",
+                 "tiny_block.irtohlo.pb"):
         assert key(schema, name) == base, name
     canon = canonical_hlo(schema.parse(raw("tiny_block.debug.moved.pb")))
     assert b"/src/" not in canon and b"tiny_model" not in canon and b"aten__" not in canon
