@@ -56,7 +56,7 @@ def artifact_file(compiler: Mapping[str, Any] | None, files: Collection[str]) ->
 
 
 def load_artifact(path: str | Path, loader: str, backend: str, device: str | None = None, *,
-                  explain_missing_neuronx: bool = True) -> Any:
+                  explain_missing_neuronx: bool = True, shared_weights: Any = None) -> Any:
     """Load a compiled model file and return the callable module.
 
     ``.pt2`` files (or ``loader`` :data:`AOTI_LOADER`) go to ``torch._inductor.aoti_load_package``; anything
@@ -74,7 +74,9 @@ def load_artifact(path: str | Path, loader: str, backend: str, device: str | Non
             False: its ``ImportError`` propagates (validation records it as the artifact failing to load).
 
     An AOTInductor package with external weights (``weights.json`` beside it) gets ``weights.safetensors``
-    loaded after names, shapes and dtypes are checked (:func:`neuron_build.compilers.weights.load_into`).
+    loaded after names, shapes and dtypes are checked (:func:`neuron_build.compilers.weights.load_into`);
+    with ``shared_weights`` (a :class:`neuron_build.compilers.weights.SharedWeights`) the tensors come from
+    it, loaded once per file content and shared by every package given the same one.
 
     Raises:
         UserError: a neuron artifact and no torch-neuronx here (with ``explain_missing_neuronx``); external
@@ -92,7 +94,8 @@ def load_artifact(path: str | Path, loader: str, backend: str, device: str | Non
             raise UserError(why)
         module = torch._inductor.aoti_load_package(str(path))
         if weights.read_spec(path.parent) is not None:
-            weights.load_into(module, path.parent)
+            state = shared_weights.get(path.parent) if shared_weights is not None else None
+            weights.load_into(module, path.parent, state=state)
         return module
     spec = find_backend(backend)
     if spec is not None and spec.jit_registers:  # torch_neuronx: registers the Neuron TorchScript classes

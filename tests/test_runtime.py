@@ -378,3 +378,27 @@ def test_verify_pulled_checks_sizes_and_sha256_of_every_listed_file(tmp_path):
     rel["files"] = {"../outside": ent(b"x")}
     with pytest.raises(UntrustedRecord, match="file '../outside' resolves outside"):
         verify_pulled(rel, tmp_path, verify="size")
+
+
+def test_verify_pulled_reads_hard_links_of_one_blob_once(tmp_path, monkeypatch):
+    """A pull hard-links the files of one digest (the weights every bucket shares): sha256 is read once per
+    file on disk, not once per name; a copy (another inode) is read on its own."""
+    import hashlib
+    import os
+
+    from neuron_build.runtime import install, verify_pulled
+
+    data = b"weights" * 1000
+    ent = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    for b in ("b1", "b2", "b3"):
+        (tmp_path / b).mkdir()
+    (tmp_path / "b1" / "weights.safetensors").write_bytes(data)
+    os.link(tmp_path / "b1" / "weights.safetensors", tmp_path / "b2" / "weights.safetensors")
+    (tmp_path / "b3" / "weights.safetensors").write_bytes(data)
+    rel = {"release": "r-x", "model": "m",
+           "buckets": [{"id": b, "files": {f"{b}/weights.safetensors": ent}} for b in ("b1", "b2", "b3")]}
+    read: list[str] = []
+    real = install.file_sha256
+    monkeypatch.setattr(install, "file_sha256", lambda p: read.append(p.parent.name) or real(p))
+    verify_pulled(rel, tmp_path)
+    assert read == ["b1", "b3"]

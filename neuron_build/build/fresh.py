@@ -112,7 +112,7 @@ def _plan(builder: Any, targets: list[Any], given: dict[str, str] | None, scratc
             done.append(row)
             continue
         ki = builder.key(t)
-        req = builder.request(t, ki, scratch / "out", scratch / ki.key[:16])
+        req = builder.request(t, ki, scratch / "out" / ki.key[:16], scratch / ki.key[:16])
         spec = get_backend(req.backend)
         row.recorded_graph_key = m.graph_key
         if spec.graph_key != "before":
@@ -123,6 +123,7 @@ def _plan(builder: Any, targets: list[Any], given: dict[str, str] | None, scratc
         else:
             req.options[graph_key.OPTION] = {"base": graph_key.base_of(ki.details), "probe": True}
             Path(req.work_dir).mkdir(parents=True, exist_ok=True)
+            Path(req.out_dir).mkdir(parents=True, exist_ok=True)  # external weights are written there first
             groups.setdefault(graph_probe.group_of(req), []).append((row, req, m))
             continue
         done.append(row)

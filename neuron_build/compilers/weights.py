@@ -18,6 +18,10 @@ weight-free artifact and ships the weights beside it, so a change of weight valu
   ``get_constant_fqns()`` lists every weight (:func:`uncovered`); it does not check anything, it segfaults
   when called before its constants are loaded, and a wrong-shape tensor corrupts the heap: the loader
   (:func:`load_into`) checks names, shapes and dtypes against :data:`SPEC_FILE` **before** any load.
+- **Weights once in a serving process**: :class:`SharedWeights` loads each weights file once (known by its
+  sha256 or inode) and every package of that content is handed the same tensors
+  (``load_constants(..., user_managed=True)``: the package keeps pointers, no copy), each after the
+  tensors are checked against its own spec (:func:`state_problem`).
 - **The files**: :data:`WEIGHTS_FILE` (safetensors, every weight by FQN) is the weights part;
   :data:`SPEC_FILE` (``{"format", "file", "tensors": {fqn: {"dtype", "shape"}}}``) belongs to the compiled
   part (it is the structure's weights) and is what the weights file is checked against.
@@ -172,9 +176,46 @@ def _safetensors_dtype(torch_dtype: str) -> str:
     return _ST_DTYPES.get(torch_dtype, torch_dtype)
 
 
-def load_into(module: Any, folder: str | Path, where: str = "") -> Any:
+def state_problem(spec: dict[str, dict[str, Any]], state: dict[str, Any]) -> str | None:
+    """Why loaded tensors (FQN -> tensor) do not fit a spec (:func:`read_spec`): a name missing or extra, or
+    another dtype or shape; or None. The last check before a package is handed tensors it does not check."""
+    missing, extra = sorted(set(spec) - set(state)), sorted(set(state) - set(spec))
+    if missing or extra:
+        return (f"the weights do not match the compiled graph (missing: {', '.join(missing[:5]) or '-'}; "
+                f"unexpected: {', '.join(extra[:5]) or '-'})")
+    for k, want in spec.items():
+        t = state[k]
+        if _dtype(t) != want["dtype"] or [int(d) for d in t.shape] != want["shape"]:
+            return (f"weight {k} is {_dtype(t)} {list(t.shape)} but the compiled graph expects "
+                    f"{want['dtype']} {want['shape']}")
+    return None
+
+
+def load_checked(folder: str | Path, where: str = "") -> dict[str, Any]:
+    """``folder``'s :data:`WEIGHTS_FILE` as FQN -> CPU tensor, after its header is checked against the
+    folder's :data:`SPEC_FILE` (:func:`problem`).
+
+    Raises:
+        neuron_build.errors.UserError: the file does not fit or cannot be read (one line; nothing loaded).
+    """
+    from neuron_build.errors import UserError
+
+    why = problem(folder)
+    if why is not None:
+        raise UserError(f"{where}{why}")
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(folder) / WEIGHTS_FILE))
+
+
+def load_into(module: Any, folder: str | Path, where: str = "", *, state: dict[str, Any] | None = None) -> Any:
     """Load ``folder``'s external weights into an AOTInductor package (``aoti_load_package``'s result), after
     checking the file against the spec and the package's ``get_constant_fqns()``; returns ``module``.
+
+    ``state``: the weights already loaded (:class:`SharedWeights`); the package then uses these very
+    tensors (``load_constants(..., user_managed=True)``: no copy, the caller keeps them alive and never
+    writes them), after they are checked against this folder's spec. None: the file is read and its
+    tensors copied into the package.
 
     Raises:
         neuron_build.errors.UserError: a weights file that does not fit (nothing loaded: the package is
@@ -189,14 +230,54 @@ def load_into(module: Any, folder: str | Path, where: str = "") -> Any:
             why = uncovered(list(module.get_constant_fqns()), dict.fromkeys(spec))
         except (AttributeError, RuntimeError) as e:
             why = f"the package cannot list its constants ({type(e).__name__})"
+        if why is None and state is not None:
+            why = state_problem(spec, state)
         why = None if why is None else f"{Path(folder) / SPEC_FILE}: {why}; rebuild the artifact"
     if why is not None:
         raise UserError(f"{where}{why}")
-    from safetensors.torch import load_file
-
-    module.load_constants(load_file(str(Path(folder) / WEIGHTS_FILE)), check_full_update=True)
+    if state is not None:
+        module.load_constants(state, check_full_update=True, user_managed=True)
+    else:
+        module.load_constants(load_checked(folder, where), check_full_update=True)
     return module
 
 
-__all__ = ["AOTI_EXTERNAL_CONFIG", "SPEC_FILE", "SPEC_FORMAT", "WEIGHTS_FILE", "exported_state", "load_into",
-           "problem", "read_spec", "spec_of", "structure_document", "uncovered", "weights_document", "write"]
+class SharedWeights:
+    """The weights files of one serving process, each loaded once: every AOTInductor package whose weights
+    file has the same content gets the same tensors (:func:`load_into` with ``state``).
+
+    A file is known by its sha256 when ``digests`` (resolved path -> sha256, e.g. a pulled
+    ``release.json``'s) lists it, else by ``(st_dev, st_ino)`` (one file, or hard links of one blob).
+    ``loaded``: identity -> FQN -> tensor (kept alive here: the packages hold pointers to them).
+    """
+
+    def __init__(self, digests: dict[str, str] | None = None):
+        self.digests = dict(digests or {})
+        self.loaded: dict[Any, dict[str, Any]] = {}
+
+    def get(self, folder: str | Path, where: str = "") -> dict[str, Any]:
+        """The tensors of ``folder``'s :data:`WEIGHTS_FILE`, loaded (:func:`load_checked`) on first use.
+
+        Raises:
+            neuron_build.errors.UserError: as :func:`load_checked`.
+        """
+        path = Path(folder) / WEIGHTS_FILE
+        ident: Any = self.digests.get(str(path.resolve()))
+        if ident is None:
+            try:
+                st = path.stat()
+            except OSError:
+                return load_checked(folder, where)  # its one-line error
+            ident = (st.st_dev, st.st_ino)
+        if ident not in self.loaded:
+            self.loaded[ident] = load_checked(folder, where)
+        return self.loaded[ident]
+
+    def nbytes(self) -> int:
+        """Bytes of the tensors held (each file once)."""
+        return sum(t.numel() * t.element_size() for s in self.loaded.values() for t in s.values())
+
+
+__all__ = ["AOTI_EXTERNAL_CONFIG", "SPEC_FILE", "SPEC_FORMAT", "WEIGHTS_FILE", "SharedWeights", "exported_state",
+           "load_checked", "load_into", "problem", "read_spec", "spec_of", "state_problem", "structure_document",
+           "uncovered", "weights_document", "write"]

@@ -10,7 +10,9 @@ cache release) and :mod:`~neuron_build.runtime.warmup` (:func:`warmup`). Every p
 bucket's artifact with its loader (:func:`neuron_build.artifact.load_artifact`): ``torch.jit.load`` for
 ``.pt`` (TorchScript, and Neuron artifacts, which are TorchScript modules holding the NEFF and are placed on
 a NeuronCore when loaded [doc: toolchain notes]), ``torch._inductor.aoti_load_package`` for ``.pt2``
-(AOTInductor).
+(AOTInductor). A file several buckets name (hard links of one blob) is loaded once; external weights
+(``weights = "external"``) are read once per content and every bucket's AOTInductor package runs on the same
+tensors (:class:`neuron_build.compilers.weights.SharedWeights`), each package's spec checked first.
 
 Routing rules, per call:
 

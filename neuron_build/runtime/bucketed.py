@@ -46,6 +46,9 @@ class BucketedModel(Router):
         self.installed: dict[str, int] = {}
         self.serving_env: dict[str, str] = {}
         self.neff_cache_dir: Path | None = None
+        #: External weights loaded once for every bucket (:class:`~neuron_build.compilers.weights.SharedWeights`;
+        #: its ``loaded``: one FQN -> tensor map per weights file content), else None.
+        self.weights: Any = None
         #: A text-generation release's engine (:mod:`neuron_build.compilers.textgen_load`), else None.
         self.textgen: Any = None
         #: The traffic this model served (:mod:`neuron_build.traffic`); ``metrics``: a prometheus_client
@@ -111,7 +114,15 @@ class BucketedModel(Router):
     def _load_compiled(self) -> None:
         """A release of compiled models (AOTInductor, TorchScript, Neuron): each bucket's own artifact, after
         the AOTInductor package's CPU instruction set is checked against this host's. A file two buckets name
-        (one path, or hard links of one blob: the same ``(st_dev, st_ino)``) is loaded once and shared."""
+        (one path, or hard links of one blob: the same ``(st_dev, st_ino)``) is loaded once and shared. External
+        weights (an AOTInductor package with ``weights.json``) are loaded once per content (the sha256
+        ``release.json`` lists) and every package runs on the same tensors (:attr:`weights`), each package's
+        spec checked against them first."""
+        from neuron_build.compilers.weights import SharedWeights
+
+        self.weights = SharedWeights({str((self.root / n).resolve()): e["sha256"] for b in self.release["buckets"]
+                                      for n, e in (b.get("files") or {}).items()
+                                      if isinstance(e, dict) and isinstance(e.get("sha256"), str)})
         loaded: dict[tuple[int, int, str], Any] = {}
         for b in self.buckets:
             isa = package_cpu_isa(b.artifact) if str(b.artifact).endswith(".pt2") else None
@@ -122,7 +133,8 @@ class BucketedModel(Router):
             st = os.stat(b.artifact)
             ident = (st.st_dev, st.st_ino, b.loader)
             if ident not in loaded:
-                loaded[ident] = load_artifact(b.artifact, b.loader, self.release.get("backend", ""))
+                loaded[ident] = load_artifact(b.artifact, b.loader, self.release.get("backend", ""),
+                                              shared_weights=self.weights)
             self._modules[b.id] = loaded[ident]
 
     def _load_cached(self, user_model: Any, factory_root: str | Path | None, neff_cache_dir: str | Path | None) -> None:

@@ -64,7 +64,8 @@ def check_pulled(release: Any, root: Path) -> None:
 def verify_pulled(release: dict[str, Any], root: Path, verify: str = "sha256") -> None:
     """Check every file a pulled ``release.json`` (in folder ``root``) lists, in each bucket's ``files`` and in
     a top-level ``files`` map when there is one: it must exist with the listed size and, with ``verify =
-    "sha256"``, the listed sha256 (every byte read once). Call after :func:`check_pulled`.
+    "sha256"``, the listed sha256 (every byte read once: hard links of one file are hashed once). Call after
+    :func:`check_pulled`.
 
     Raises:
         UserError: one line naming the first file that is missing, of another size or another sha256.
@@ -89,9 +90,14 @@ def verify_pulled(release: dict[str, Any], root: Path, verify: str = "sha256") -
                             f"pull: pull the release again")
     if verify != "sha256":
         return
+    hashed: dict[tuple[int, int], str] = {}  # hard links of one blob (a pull links files of one digest): read once
     for name, ent in listed:
         p = root / name
-        got = file_sha256(p)
+        st = p.stat()
+        ident = (st.st_dev, st.st_ino)
+        if ident not in hashed:
+            hashed[ident] = file_sha256(p)
+        got = hashed[ident]
         if got != ent.get("sha256"):
             raise UserError(f"{p}: sha256 {got[:16]}..., release.json lists {str(ent.get('sha256'))[:16]}...; the "
                             f"file was changed after pull: pull the release again")

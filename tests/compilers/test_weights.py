@@ -101,3 +101,68 @@ def test_weights_that_cannot_be_kept_apart_mean_an_inline_compile(tmp_path, monk
     monkeypatch.setattr(weights, "exported_state", unreadable)
     assert inductor._external_state(ep, tmp_path) is None
     assert list(tmp_path.iterdir()) == [] and "compiling with the weights inline" in capsys.readouterr().out
+
+
+class _Package:
+    """What :func:`weights.load_into` needs of an AOTInductor package: its constants' names, and a record of
+    what ``load_constants`` was handed (nothing real is loaded: no compile in this file)."""
+
+    def __init__(self, fqns):
+        self.fqns, self.calls = list(fqns), []
+
+    def get_constant_fqns(self):
+        return self.fqns
+
+    def load_constants(self, state, *, check_full_update, user_managed=False):
+        self.calls.append((state, check_full_update, user_managed))
+
+
+def test_shared_weights_are_loaded_once_and_handed_to_every_package_uncopied(tmp_path):
+    import os
+
+    state = weights.exported_state(_ep(Tiny(0)))
+    a, b, c = (tmp_path / n for n in ("b1", "b2", "b3"))
+    for d in (a, b, c):
+        d.mkdir()
+    weights.write(a, state)
+    for d in (b, c):
+        (d / weights.SPEC_FILE).write_bytes((a / weights.SPEC_FILE).read_bytes())
+    os.link(a / weights.WEIGHTS_FILE, b / weights.WEIGHTS_FILE)                       # a pulled release's hard link
+    (c / weights.WEIGHTS_FILE).write_bytes((a / weights.WEIGHTS_FILE).read_bytes())   # a copy: known by its digest
+    shared = weights.SharedWeights({str((c / weights.WEIGHTS_FILE).resolve()): "sha-of-c"})
+    pkgs = [_Package(state) for _ in range(3)]
+    for p, d in zip(pkgs, (a, b, c), strict=True):
+        weights.load_into(p, d, state=shared.get(d))
+    assert len(shared.loaded) == 2                      # a and b: one inode; c: another content identity
+    assert shared.nbytes() == 2 * sum(t.numel() * 4 for t in state.values())
+    (sa, full_a, um_a), (sb, _, um_b) = pkgs[0].calls[0], pkgs[1].calls[0]
+    assert sa is sb and full_a and um_a and um_b         # the same tensors, user-managed: never copied
+    assert all(sa[k].data_ptr() == sb[k].data_ptr() for k in state)
+    assert all(torch.equal(sa[k], state[k]) for k in state)
+    one = weights.SharedWeights({str((d / weights.WEIGHTS_FILE).resolve()): "d" for d in (a, c)})
+    assert one.get(a) is one.get(c)                      # two files, one listed digest: loaded once
+
+
+def test_shared_weights_that_do_not_fit_a_package_are_refused_before_it_gets_them(tmp_path):
+    from neuron_build.errors import UserError
+
+    state = weights.exported_state(_ep(Tiny(0)))
+    weights.write(tmp_path, state)
+    shared = weights.SharedWeights()
+    pkg = _Package(state)
+    wide = {**state, "fc1.bias": torch.zeros(32)}          # the heap-corruption case: a wrong shape
+    with pytest.raises(UserError, match=r"weight fc1.bias is float32 \[32\] but the compiled graph expects "
+                                        r"float32 \[16\]; rebuild the artifact"):
+        weights.load_into(pkg, tmp_path, "bucket b1: ", state=wide)
+    with pytest.raises(UserError, match="missing: scale"):
+        weights.load_into(pkg, tmp_path, state={k: v for k, v in state.items() if k != "scale"})
+    with pytest.raises(UserError, match="inlined fc2.bias"):   # a package that baked a weight in
+        weights.load_into(_Package([k for k in state if k != "fc2.bias"]), tmp_path, state=shared.get(tmp_path))
+    assert pkg.calls == []
+    (tmp_path / weights.WEIGHTS_FILE).write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage")
+    with pytest.raises(UserError, match="cannot be read") as e:
+        weights.SharedWeights().get(tmp_path, "bucket b2: ")
+    assert str(e.value).startswith("bucket b2: ") and "\n" not in str(e.value)
+    (tmp_path / weights.WEIGHTS_FILE).unlink()
+    with pytest.raises(UserError, match="cannot be read"):
+        weights.SharedWeights().get(tmp_path)
