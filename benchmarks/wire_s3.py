@@ -61,6 +61,8 @@ def _wait_http(url: str, timeout: float = 60.0) -> None:
 
 # -- the child: one timed transfer -------------------------------------------------------------------
 def child(a: argparse.Namespace) -> None:
+    import resource
+
     os.environ.update(AWS_ENDPOINT_URL=a.endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                       AWS_DEFAULT_REGION="us-east-1")
     src, dest = Path(a.file), Path(a.dest) if a.dest else None
@@ -69,7 +71,7 @@ def child(a: argparse.Namespace) -> None:
 
         store = RemoteStore(f"s3://{BUCKET}/{a.prefix}", json.loads(os.environ.get("WIRE_BENCH_OPTIONS") or "{}"),
                             cache_dir=Path(tempfile.mkdtemp()))
-        t0 = time.perf_counter()
+        cpu0, t0 = _cpu(), time.perf_counter()
         if a.child == "ours_push":
             assert store.put_blob(a.sha, src) is True
         else:
@@ -80,14 +82,21 @@ def child(a: argparse.Namespace) -> None:
 
         s3 = boto3.session.Session().client("s3")
         key = f"{a.prefix}/cas/{a.sha[:2]}/{a.sha}"
-        t0 = time.perf_counter()
+        cpu0, t0 = _cpu(), time.perf_counter()
         if a.child == "boto3_upload":
             s3.upload_file(str(src), BUCKET, key, Config=TransferConfig())
         else:
             s3.download_file(BUCKET, key, str(dest), Config=TransferConfig())
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"s": time.perf_counter() - t0, "rss_mb": ru.ru_maxrss / 1024,
+                      "cpu_s": round(ru.ru_utime + ru.ru_stime - cpu0, 2)}))
+
+
+def _cpu() -> float:
     import resource
 
-    print(json.dumps({"s": time.perf_counter() - t0, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def _run(op: str, endpoint: str, prefix: str, blob: Path, sha: str, dest: Path | None = None) -> dict:

@@ -201,7 +201,7 @@ _PULL_ONE = """
 import sys
 from pathlib import Path
 from neuron_build.store.remote import RemoteStore
-from neuron_build.store.transfer import resumable
+from neuron_build.store.ranged import resumable
 s = RemoteStore(sys.argv[1], {"multipart_chunksize": 5 << 20, "max_concurrency": 2}, cache_dir=sys.argv[2])
 with resumable(Path(sys.argv[3])):
     s.get_blob(sys.argv[4], Path(sys.argv[5]))
