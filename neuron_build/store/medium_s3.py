@@ -119,7 +119,8 @@ class S3Medium(FsspecMedium):
                         return True
                     except transfer.LostRace as e:
                         if self._size(rel) is not None:
-                            self._raced.add(rel)
+                            if big:  # (it was not there before: a small blob is not asked for first)
+                                self._raced.add(rel)
                             return False
                         if tries == 2:
                             raise StoreError(f"{self.url}: {e} but nothing is at {rel} (uploading {rel}); retry",

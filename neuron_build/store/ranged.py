@@ -37,6 +37,8 @@ from typing import Any
 
 from neuron_build.store.transfer import SYNC_CLIENT, _client, _pool, error_code
 
+#: bytes of one read of a range's body (s3transfer's ``io_chunksize``)
+PIECE = 256 << 10
 #: bytes written between two starts of the file's writeback (``sync_file_range``)
 WRITEBACK = 32 << 20
 #: a resumable download saves its progress (fdatasync, then the sidecar) after this many bytes or seconds
@@ -115,7 +117,7 @@ class _Ranges:
         #: requests per range (botocore retries a request, not a body cut off midway: that is retried here)
         self.attempts = int((s3.meta.config.retries or {}).get("total_max_attempts") or 4)
 
-    async def get(self, at: int) -> bytes:
+    async def get(self, at: int) -> list[bytes]:
         """The bytes of the range at ``at``: a body cut off or stalled midway is asked for again (up to
         :attr:`attempts` times; a request that fails is botocore's to retry, so a dark network still ends
         within one call's bound and one read timeout)."""
@@ -125,7 +127,7 @@ class _Ranges:
             resp = await self._request(at)
             body = resp["Body"]
             try:
-                return await body.read()
+                return [await body.read()]
             except Exception as e:
                 if attempt == self.attempts or not _cut_off(e):
                     raise
@@ -133,11 +135,14 @@ class _Ranges:
                 body.close()
         raise AssertionError("unreachable")
 
-    def _get_sync(self, at: int) -> bytes:
+    def _get_sync(self, at: int) -> list[bytes]:
         for attempt in range(1, self.attempts + 1):
             resp = self.sync.get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes={at}-{at + self.chunk - 1}")
-            try:
-                return resp["Body"].read()
+            try:  # in pieces, as s3transfer reads: small buffers the allocator reuses (no fresh pages per range)
+                body, pieces = resp["Body"], []
+                while piece := body.read(PIECE):
+                    pieces.append(piece)
+                return pieces
             except Exception as e:
                 if attempt == self.attempts or not _cut_off(e):
                     raise
@@ -220,12 +225,16 @@ class _Sink:
         self.flushed = self.saved = f.tell()
         self.saved_at = time.monotonic()
 
-    async def take(self, data: bytes) -> None:
-        """Hand ``data`` (the next range) on, once the range before it is written and hashed."""
+    async def take(self, data: list[bytes]) -> None:
+        """Hand ``data`` (the next range, in pieces) on, once the range before it is written and hashed."""
         await self.drain()
         loop = asyncio.get_running_loop()
         self.busy = asyncio.gather(loop.run_in_executor(self.pools[0], self._write, data),
-                                   loop.run_in_executor(self.pools[1], self.h.update, data))
+                                   loop.run_in_executor(self.pools[1], self._hash, data))
+
+    def _hash(self, data: list[bytes]) -> None:
+        for piece in data:
+            self.h.update(piece)
 
     async def drain(self) -> None:
         """Wait for the range in hand."""
@@ -237,9 +246,10 @@ class _Sink:
         for p in self.pools:
             p.shutdown(wait=True)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: list[bytes]) -> None:
         f = self.f
-        f.write(data)
+        for piece in data:
+            f.write(piece)
         at = f.tell()
         if at - self.flushed >= WRITEBACK:
             f.flush()
@@ -339,4 +349,4 @@ def _start_writeback(fd: int, offset: int, nbytes: int) -> None:
         _LIBC[0](fd, offset, nbytes, 2)  # SYNC_FILE_RANGE_WRITE
 
 
-__all__ = ["CHECKPOINT_BYTES", "CHECKPOINT_S", "RESUME_DIR", "WRITEBACK", "download", "resumable"]
+__all__ = ["CHECKPOINT_BYTES", "CHECKPOINT_S", "PIECE", "RESUME_DIR", "WRITEBACK", "download", "resumable"]
