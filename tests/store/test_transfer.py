@@ -311,3 +311,35 @@ def test_two_processes_pulling_into_one_partial_folder_do_not_share_it(s3_bucket
     assert (tmp_path / "b" / "model.pt").read_bytes() == data
     assert sorted(x.name for x in partial.iterdir()) == []  # the first's partial file became its blob
     assert (tmp_path / "partial.lock").exists()  # (the lock beside the folder, never removed)
+
+
+@pytest.mark.parametrize("how", ["direct", "page cache", "refused"])
+def test_the_writer_of_a_download_writes_every_range_in_place(tmp_path, monkeypatch, how):
+    """Ranges go to the file through O_DIRECT where the offsets are aligned (the unaligned tail through the
+    page cache), through the page cache when the range size is not aligned, and the rest through the page
+    cache when the file system refuses a direct write (EINVAL)."""
+    import errno
+
+    from neuron_build.store import ranged
+
+    chunk = 2 * ranged.ALIGN + (1 if how == "page cache" else 0)
+    data = os.urandom(3 * chunk + 100)
+    path = tmp_path / "f"
+    if how == "refused":
+        real = os.pwrite
+
+        def pwrite(fd, buf, at):
+            if fd == out.direct:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return real(fd, buf, at)
+
+        monkeypatch.setattr(ranged.os, "pwrite", pwrite)
+    with open(path, "wb") as f:
+        out = ranged._Writer(f.fileno(), path, 0, chunk)
+        assert (out.direct is not None) == (how != "page cache")
+        for at in range(0, len(data), chunk):
+            piece = data[at:at + chunk]
+            out.write([piece[:100], piece[100:]])  # (a range comes in pieces)
+        assert (out.direct is None) == (how != "direct")
+        out.close()
+    assert path.read_bytes() == data
