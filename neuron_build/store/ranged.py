@@ -15,8 +15,8 @@ the earlier scheme (a window of ``max_concurrency`` ranges taken strictly in ord
 thread, the fsync at the end) was 1.28x boto3 ``download_file``; see ``docs/store.md`` for this one's figures.
 
 Resuming (:func:`resumable`): a folder holds a partial file per object and a sidecar with its ETag and the
-bytes done; one process at a time uses the folder (a file lock beside it: a second process downloads
-without resuming rather than share the partial files).
+bytes done; one process at a time uses the folder (a lock in it: a second process downloads without
+resuming rather than share the partial files).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import hashlib
 import json
 import mmap
 import os
+import shutil
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -59,28 +60,42 @@ def resumable(folder: Path) -> Iterator[Path | None]:
     (the object's ETag and size, and the bytes done), so a download killed midway resumes from there. A
     finished download moves its partial file to its destination; one that fails keeps it.
 
-    One process at a time: the block holds the file lock ``<folder>.lock`` (beside the folder, never
-    removed). When another process holds it (two pulls into one destination), the downloads of this block
-    do not resume (each goes to its own temporary file) and it yields None; else it yields ``folder``.
+    One process at a time: the block holds the lock ``folder/.lock`` (``flock``; the lock of a folder its
+    owner removed meanwhile does not count). When another process holds it (two pulls into one
+    destination), the downloads of this block do not resume (each goes to its own temporary file) and it
+    yields None; else it yields ``folder``, and removes it on the way out when no partial file is left in it.
     """
-    from filelock import FileLock, Timeout
-
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(folder.with_name(folder.name + ".lock")), thread_local=False)
+    fd = _own(folder)
+    token = RESUME_DIR.set(folder if fd is not None else None)
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        owned = None
-    else:
-        owned = folder
-    token = RESUME_DIR.set(owned)
-    try:
-        yield owned
+        yield folder if fd is not None else None
     finally:
         RESUME_DIR.reset(token)
-        if owned is not None:
-            lock.release()
+        if fd is not None:
+            try:
+                if {p.name for p in folder.iterdir()} <= {".lock"}:
+                    shutil.rmtree(folder, ignore_errors=True)  # (still ours: removed under the lock)
+            except OSError:
+                pass
+            os.close(fd)
+
+
+def _own(folder: Path) -> int | None:
+    """The descriptor holding ``folder/.lock`` (created), or None when another process holds it."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / ".lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+            return fd
+    except OSError:  # held (EWOULDBLOCK), or removed by its owner since we opened it
+        pass
+    os.close(fd)
+    return None
 
 
 class _Partial:

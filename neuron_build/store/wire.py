@@ -15,8 +15,9 @@ blobs, listings and reads; boto3 over urllib3 for the small objects whose ETag m
   timeouts, 5xx and throttling are retried with exponential backoff and jitter); s3fs's own retry loop is
   turned off so the two do not multiply.
 
-Large objects go up and down in parts, several at once (:mod:`neuron_build.store.transfer`); every part
-gets the same bounds, and the parts of one object are in flight together, so they time out together.
+Large objects go up and down in parts, several at once (:mod:`neuron_build.store.transfer`,
+:mod:`neuron_build.store.ranged`); every part gets the same bounds, and the parts of one object are in
+flight together, so they time out together.
 
 They are set in ``[build] remote_options`` (seconds; all optional), with the transfer settings (bytes,
 bytes, parts at once; s3transfer's defaults)::
