@@ -265,7 +265,7 @@ class _Writer:
                 try:
                     _pwrite(self.direct, mv[:cut], self.at)
                 except OSError as e:
-                    if e.errno != errno.EINVAL:
+                    if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
                         raise
                     refused, cut = True, 0
                 _pwrite(self.fd, mv[cut:n], self.at + cut)
