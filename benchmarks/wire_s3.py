@@ -48,6 +48,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _weed_port() -> int:
+    """A free port P whose P + 10000 is free too: SeaweedFS serves gRPC there (a P over 55535 hangs it)."""
+    for _ in range(100):
+        p = _free_port()
+        if p <= 55535:
+            try:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p + 10000))
+                return p
+            except OSError:
+                pass
+    raise RuntimeError("no free port pair for SeaweedFS")
+
+
 def _wait_http(url: str, timeout: float = 60.0) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -283,12 +297,12 @@ def _bucket(endpoint: str) -> None:
 
 
 def _seaweed(a: argparse.Namespace, work: Path, blob: Path, sha: str, size: int, procs: list) -> dict:
-    s3port = _free_port()
+    s3port = _weed_port()
     data = work / "weed"
     data.mkdir()
     procs.append(subprocess.Popen(
         [a.weed, "server", "-ip=127.0.0.1", f"-dir={data}", "-s3", f"-s3.port={s3port}",
-         f"-master.port={_free_port()}", f"-volume.port={_free_port()}", f"-filer.port={_free_port()}",
+         f"-master.port={_weed_port()}", f"-volume.port={_weed_port()}", f"-filer.port={_weed_port()}",
          "-volume.max=0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     direct = f"http://127.0.0.1:{s3port}"
     for _ in range(120):
