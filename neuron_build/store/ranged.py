@@ -10,10 +10,11 @@ end waits for little. The ranges after the first are read through the store's bo
 (same timeouts and attempts): one event loop reading every socket was measured 4x slower than boto3's
 ``download_file`` behind a per-connection bandwidth cap.
 
-Measured (``benchmarks/wire_s3.py``, 1 GiB, SeaweedFS behind a 25 MB/s-per-connection proxy, a loaded 2-core
-VM): the earlier scheme (a window of ``max_concurrency`` ranges taken strictly in order, hash and write in
-one thread through the page cache) was 1.28x boto3 ``download_file``, CPU-bound; this one uses 1.9-2.3 s of
-CPU against boto3's 2.9-3.9 s and took 0.6x its time (``benchmarks/results/wire_s3_1g.json``).
+Measured (``benchmarks/wire_s3.py``, 1 GiB, SeaweedFS behind a 25 MB/s-per-connection proxy, a shared 2-core
+VM; ``benchmarks/results/wire_s3_1g.json``): the earlier scheme (a window of ``max_concurrency`` ranges taken
+strictly in order, hash and write in one thread through the page cache) took 1.26x boto3 ``download_file``,
+CPU-bound (3.7 s of CPU); this one 0.97x (4.55 s against 4.69 s; the cap allows 4.29 s) with 1.9 s of CPU
+against boto3's 1.8-2.3 s, and 0.6x on a heavily loaded host.
 
 Resuming (:func:`resumable`): a folder holds a partial file per object and a sidecar with its ETag and the
 bytes done; one process at a time uses the folder (a lock in it: a second process downloads without
