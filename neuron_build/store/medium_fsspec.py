@@ -1,11 +1,8 @@
-"""The fsspec media: a store at a URL (``s3://bucket/prefix``, ``memory://name``, ``file:///path``, any
-fsspec URL), the primitives of :class:`~neuron_build.store.medium.Medium` over one filesystem.
+"""The fsspec media: a store at a URL (``memory://name``, ``file:///path``, any fsspec URL; ``s3://`` is
+:mod:`neuron_build.store.medium_s3`), the primitives of :class:`~neuron_build.store.medium.Medium` over one
+filesystem.
 
-S3 has no rename, so every write is whole and conditional where it matters: create-only writes are
-``If-None-Match: *`` (boto3 ``IfNoneMatch="*"``, s3fs ``put_file(..., mode="create")``), swaps are
-``If-Match: <etag>`` (boto3; s3fs has no If-Match on writes), a 412 or 409 is a lost race, and a
-conditional delete is ``DeleteObject(IfMatch=...)``. On other filesystems the token is the sha256 of the
-bytes: ``memory://`` swaps under a process lock, ``file://`` under a file lock (as a folder does); a
+The token of an object is the sha256 of its bytes (S3's is its ETag): ``memory://`` swaps under a process lock, ``file://`` under a file lock (as a folder does); a
 filesystem with neither refuses a swap with a clear error rather than risk a lost update.
 
 Every call's exceptions pass through :func:`neuron_build.store.wire_errors.wire` (one-line store errors naming
@@ -26,9 +23,6 @@ from neuron_build.errors import StoreError
 from neuron_build.store.medium import CHUNK, FolderMedium, Medium, sort_key
 from neuron_build.store.wire_errors import is_missing_bucket, wire
 from neuron_build.util import commit_temp, file_sha256, fsync_path, sha256_hex, temp_name
-
-#: Blobs downloaded at once by :meth:`S3Medium.get_files`.
-DOWNLOADS = 8
 
 _MEMORY_LOCK = threading.RLock()  # memory:// lives in this process: one lock makes its writes atomic
 
@@ -219,19 +213,6 @@ class FsspecMedium(Medium):
         return out
 
 
-class _held:
-    """A lock already acquired, released on exit."""
-
-    def __init__(self, lock: threading.Lock):
-        self.lock = lock
-
-    def __enter__(self):
-        return self.lock
-
-    def __exit__(self, *exc):
-        self.lock.release()
-
-
 class MemoryMedium(FsspecMedium):
     """``memory://``: one process's dict; a process-wide lock makes create-only writes and swaps atomic."""
 
@@ -294,168 +275,6 @@ class FileUrlMedium(FsspecMedium):
         return self.folder.move(src, dest)
 
 
-class S3Medium(FsspecMedium):
-    """``s3://``: s3fs for blobs, listings and reads of many; boto3 for the small objects whose ETag
-    matters (``IfNoneMatch="*"`` to create, ``IfMatch=etag`` to swap, ``DeleteObject(IfMatch=...)``), and
-    to refresh a blob's ``LastModified`` by copying it onto itself."""
-
-    protocol = "s3"
-
-    def __init__(self, fs, root, url, client, endpoint=None, attempts=4):
-        super().__init__(fs, root, url, endpoint, attempts)
-        from neuron_build.store.wire import WireSettings
-        self.client = client
-        fs._nb_sync_client = client  # (transfer: ranged reads in threads)
-        #: part sizes and concurrency of large transfers (:mod:`neuron_build.store.transfer`); the store's
-        #: :class:`~neuron_build.store.wire.WireSettings` (set by :class:`~neuron_build.store.remote.RemoteStore`)
-        self.settings = WireSettings()
-        #: the folder of the host's upload locks (:meth:`_host_lock`), or None
-        self.lock_dir: Path | None = None
-        self.bucket, _, prefix = self.root.partition("/")
-        self.prefix = prefix.strip("/")
-
-    def key(self, rel: str) -> str:
-        return f"{self.prefix}/{rel}" if self.prefix else rel
-
-    @staticmethod
-    def _code(e: Exception) -> str:
-        return str((getattr(e, "response", None) or {}).get("Error", {}).get("Code", ""))
-
-    def _get(self, rel):
-        try:
-            r = self.client.get_object(Bucket=self.bucket, Key=self.key(rel))
-        except Exception as e:
-            if self._code(e) in ("NoSuchKey", "404"):
-                return None
-            raise
-        return r["Body"].read(), r["ETag"]
-
-    def _cond_put(self, rel: str, data: bytes, **cond: str) -> bool:
-        try:
-            self.client.put_object(Bucket=self.bucket, Key=self.key(rel), Body=data, **cond)
-        except Exception as e:
-            if self._code(e) in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
-                return False
-            if cond.get("IfMatch") and self._code(e) in ("NoSuchKey", "404"):
-                return False  # the object was deleted meanwhile: the swap lost
-            raise
-        finally:
-            self.fs.invalidate_cache(self.full(rel))
-        return True
-
-    def _put(self, rel, data, create_only):
-        return self._cond_put(rel, data, **({"IfNoneMatch": "*"} if create_only else {}))
-
-    def _swap(self, rel, data, expected):
-        return self._cond_put(rel, data, **({"IfMatch": expected} if expected is not None else {"IfNoneMatch": "*"}))
-
-    def _delete(self, rel, token):
-        if self._head(rel) is None:
-            return False
-        try:
-            self.client.delete_object(Bucket=self.bucket, Key=self.key(rel), **({"IfMatch": token} if token else {}))
-        except Exception as e:
-            if self._code(e) in ("PreconditionFailed", "NoSuchKey", "404", "412"):
-                return False
-            raise
-        finally:
-            self.fs.invalidate_cache(self.full(rel))
-        return True
-
-    def _put_file(self, rel, src, create_only):
-        """One upload per object in this process (a lock per key; a large create-only upload first asks
-        whether the object is there); a lost create-only race counts as "already there" once a HEAD finds
-        the object, and is tried once more when it does not."""
-        from fsspec.asyn import sync
-
-        from neuron_build.store import transfer
-        st, key = self.settings, self.key(rel)
-        try:
-            lock = transfer.key_lock(f"{self.bucket}/{key}")
-            waited = not lock.acquire(blocking=False)
-            big = src.stat().st_size >= st.multipart_threshold
-            with lock if waited else _held(lock), self._host_lock(key if big and create_only else None):
-                if create_only and (big or waited) and self._size(rel) is not None:
-                    return False  # another thread (a waited lock) or host (a large blob) put it
-                for tries in (1, 2):
-                    try:
-                        sync(self.fs.loop, transfer.upload, self.fs, self.bucket, key, src, st, create_only)
-                        return True
-                    except transfer.LostRace as e:
-                        if self._size(rel) is not None:
-                            return False
-                        if tries == 2:
-                            raise StoreError(f"{self.url}: {e} but nothing is at {rel} (uploading {rel}); retry",
-                                             self.url, True) from None
-        finally:
-            self.fs.invalidate_cache(self.full(rel))
-        return False
-
-    def _host_lock(self, key: str | None) -> Any:
-        """A file lock of ``key`` in :attr:`lock_dir` (the processes of one host, e.g. a build's workers,
-        upload a large blob once: the second waits, then finds it there); nothing without a folder."""
-        import contextlib
-
-        if key is None or self.lock_dir is None:
-            return contextlib.nullcontext()
-        from filelock import FileLock
-
-        self.lock_dir.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.lock_dir / (sha256_hex(f"{self.bucket}/{key}".encode())[:32] + ".lock")))
-
-    def _touch(self, rel, src):
-        try:
-            self.client.copy_object(Bucket=self.bucket, Key=self.key(rel), MetadataDirective="REPLACE",
-                                    CopySource={"Bucket": self.bucket, "Key": self.key(rel)})
-        except Exception as e:
-            if self._code(e) in ("NoSuchKey", "404"):
-                return False
-            raise
-        return True
-
-    def _head(self, rel) -> dict | None:
-        try:
-            return self.client.head_object(Bucket=self.bucket, Key=self.key(rel))
-        except Exception as e:
-            if self._code(e) in ("NoSuchKey", "404", "NotFound"):
-                return None
-            raise
-
-    def _size(self, rel):
-        head = self._head(rel)
-        return None if head is None else int(head["ContentLength"])
-
-    def _modified(self, rel):
-        head = self._head(rel)
-        return None if head is None else head["LastModified"].timestamp()
-
-    def _get_files(self, pairs):
-        """All objects concurrently (at most :data:`DOWNLOADS` at once) on s3fs's event loop, each one
-        in ranges (:func:`neuron_build.store.transfer.download`: ``max_concurrency`` ranges in flight, shared
-        among the objects) written and hashed as they arrive (no second read), then fsynced."""
-        if not pairs:
-            return []
-        from fsspec.asyn import sync
-
-        from neuron_build.store.transfer import RESUME_DIR
-        return sync(self.fs.loop, self._download_all, pairs, RESUME_DIR.get())  # (read in the caller's thread)
-
-    async def _download_all(self, pairs, resume=None):
-        import asyncio
-
-        from neuron_build.store import transfer
-        at_once = min(len(pairs), DOWNLOADS)
-        sem = asyncio.Semaphore(at_once)
-        ranges = max(1, self.settings.max_concurrency // at_once)
-
-        async def one(rel: str, dest: Path) -> str:
-            async with sem:
-                return await transfer.download(self.fs, (self.bucket, self.key(rel)), Path(dest),
-                                               self.settings.multipart_chunksize, ranges, resume)
-
-        return list(await asyncio.gather(*(one(r, d) for r, d in pairs)))
-
-
 def _check_folder(url: str, root: str) -> None:
     """Raise :class:`~neuron_build.errors.StoreIsAFile` when ``root`` (the path of a ``file://`` store) or the
     nearest of its parents that exists is not a folder (a store there could never be written)."""
@@ -495,4 +314,4 @@ def fsspec_medium(url: str, options: dict[str, Any]) -> FsspecMedium:
     return FsspecMedium(fs, root, url)
 
 
-__all__ = ["DOWNLOADS", "FileUrlMedium", "FsspecMedium", "MemoryMedium", "S3Medium", "fsspec_medium"]
+__all__ = ["FileUrlMedium", "FsspecMedium", "MemoryMedium", "fsspec_medium"]

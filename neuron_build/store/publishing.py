@@ -39,11 +39,17 @@ class Publishing:
 
     def _store_blob(self, sha256: str, src: Path, deep: bool = True) -> bool:
         """:meth:`put_blob` of a file whose digest its caller computed (not hashed again). An existing blob
-        is checked by size, and with ``deep`` by digest, before it is kept."""
+        is checked by size, and with ``deep`` by digest, before it is kept; one a concurrent writer put while
+        this upload was under way (:meth:`Medium.lost_race`) by size only (fresh: not touched)."""
         rel = layout.blob_path(sha256)
         if self.medium.put_file(rel, src, create_only=True):
             return True
-        why = self.blob_damage(sha256, src.stat().st_size, deep=deep)
+        if self.medium.lost_race(rel):  # put just now by a concurrent writer: kept by its size, not read back
+            why = self.blob_damage(sha256, src.stat().st_size)
+            if why is None:
+                return False
+        else:
+            why = self.blob_damage(sha256, src.stat().st_size, deep=deep)
         if why is None:
             if self.medium.touch(rel, src):
                 return False

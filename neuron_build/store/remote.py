@@ -30,7 +30,8 @@ from typing import Any
 from neuron_build.store.aws_profile import check_profile
 from neuron_build.store.core import Store
 from neuron_build.store.local import LocalStore
-from neuron_build.store.medium_fsspec import FsspecMedium, S3Medium, fsspec_medium
+from neuron_build.store.medium_fsspec import FsspecMedium, fsspec_medium
+from neuron_build.store.medium_s3 import S3Medium
 from neuron_build.store.wire import WireSettings, check_option_keys
 from neuron_build.util import sha256_hex
 

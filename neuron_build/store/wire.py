@@ -15,14 +15,16 @@ blobs, listings and reads; boto3 over urllib3 for the small objects whose ETag m
   timeouts, 5xx and throttling are retried with exponential backoff and jitter); s3fs's own retry loop is
   turned off so the two do not multiply.
 
-Large objects go up and down in parts, several at once (:mod:`neuron_build.store.transfer`); every part
-gets the same bounds, and the parts of one object are in flight together, so they time out together.
+Large objects go up and down in parts, several at once (:mod:`neuron_build.store.transfer`,
+:mod:`neuron_build.store.ranged`); every part gets the same bounds, and the parts of one object are in
+flight together, so they time out together.
 
 They are set in ``[build] remote_options`` (seconds; all optional), with the transfer settings (bytes,
 bytes, parts at once; s3transfer's defaults)::
 
     remote_options = { connect_timeout_s = 5, read_timeout_s = 30, attempts = 4,
-                       multipart_threshold = 8388608, multipart_chunksize = 8388608, max_concurrency = 10 }
+                       multipart_threshold = 8388608, multipart_chunksize = 8388608, max_concurrency = 10,
+                       multipart_copy_threshold = 5368709120 }
 
 and taken out of the options before the rest is given to fsspec. botocore's own ``config_kwargs``
 (``connect_timeout``, ``read_timeout``, ``retries``) still work and win over these.
@@ -37,9 +39,12 @@ from typing import Any
 
 #: ``[build] remote_options`` keys that are this module's (taken out before the options reach fsspec).
 OPTION_KEYS = ("connect_timeout_s", "read_timeout_s", "attempts", "multipart_threshold", "multipart_chunksize",
-               "max_concurrency")
-#: the transfer keys: whole numbers (bytes, bytes, requests) and their least values
-_TRANSFER_LEAST = {"multipart_threshold": 1, "multipart_chunksize": 5 << 20, "max_concurrency": 1}
+               "max_concurrency", "multipart_copy_threshold")
+#: the transfer keys: whole numbers (bytes, bytes, requests, bytes) and their least values
+_TRANSFER_LEAST = {"multipart_threshold": 1, "multipart_chunksize": 5 << 20, "max_concurrency": 1,
+                   "multipart_copy_threshold": 5 << 20}
+#: the largest object one ``CopyObject`` copies (AWS S3 documentation, "CopyObject": 5 GB in one atomic operation)
+COPY_MAX = 5 << 30
 #: botocore's standard-mode backoff before retry n (1-based) is at most min(2 ** (n - 1), 20) seconds.
 MAX_BACKOFF_S = 20.0
 #: Bytes a watched request body hands to aiohttp at a time (progress is seen per piece).
@@ -65,6 +70,9 @@ class WireSettings:
     multipart_chunksize: int = 8 << 20
     #: parts (or ranges) of one object in flight at once
     max_concurrency: int = 10
+    #: bytes from which a blob's refresh (a copy onto itself) is a multipart copy (``UploadPartCopy``, parts of
+    #: ``multipart_chunksize``); at most :data:`COPY_MAX`, the largest a single ``CopyObject`` copies
+    multipart_copy_threshold: int = COPY_MAX
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None) -> tuple[WireSettings, dict[str, Any]]:
@@ -95,7 +103,8 @@ class WireSettings:
                     got["attempts"] = _whole(retries["max_attempts"], "config_kwargs.retries.max_attempts", 0) + 1
         for name, value in got.items():
             if name in _TRANSFER_LEAST:
-                got[name] = _whole(value, name, _TRANSFER_LEAST[name])
+                got[name] = _whole(value, name, _TRANSFER_LEAST[name], COPY_MAX if name == "multipart_copy_threshold"
+                                   else None)
             elif name == "attempts":
                 got[name] = _whole(value, name, 1)
             elif isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -145,10 +154,11 @@ class WireSettings:
                 f"{self.push_bound_s():g} s")
 
 
-def _whole(value: Any, name: str, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+def _whole(value: Any, name: str, least: int, most: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least or (most is not None and value > most):
         from neuron_build.errors import UserError
-        raise UserError(f"[build] remote_options: {name} = {value!r} is not a whole number >= {least}; "
+        bound = f">= {least}" if most is None else f"from {least} to {most} (S3's CopyObject limit)"
+        raise UserError(f"[build] remote_options: {name} = {value!r} is not a whole number {bound}; "
                         f"give e.g. {name} = {getattr(WireSettings, name)}")
     return value
 

@@ -145,7 +145,8 @@ def test_remote_options_keys_of_s3fs_and_neuron_build_are_known():
         check_option_keys("s3://bucket/prefix", {"endpoint": "http://minio:9000"})
     assert str(e.value).startswith("[build] remote_options: unknown key 'endpoint' for s3://bucket/prefix (did you "
                                    "mean 'endpoint_url'?); the keys are connect_timeout_s, read_timeout_s, attempts, "
-                                   "multipart_threshold, multipart_chunksize, max_concurrency and the storage options "
+                                   "multipart_threshold, multipart_chunksize, max_concurrency, multipart_copy_threshold "
+                                   "and the storage options "
                                    "of fsspec's s3:// file system: anon, ")
     with pytest.raises(UserError, match=r"unknown key 'region' .*\(the region goes in client_kwargs = "):
         check_option_keys("s3://bucket/prefix", {"region": "us-east-1"})

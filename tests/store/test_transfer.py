@@ -98,9 +98,11 @@ def test_two_processes_of_one_host_upload_a_large_blob_once(s3_bucket, proxy, tm
         t.start()
     for t in threads:
         t.join()
-    assert sorted(out.values()) == [False, True]  # the second found it there (and refreshed it: a copy)
+    assert sorted(out.values()) == [False, True]  # the second waited, then found it there
     rel = layout.blob_path(sha)
     assert [m for m, p, _ in proxy.seen if rel in p and p.endswith("?uploads")] == ["POST"]  # one upload
+    assert [m for m, p, _ in proxy.seen if rel in p and m == "GET"] == []  # not read back (nor copied: fresh)
+    assert [p for m, p, _ in proxy.seen if rel in p and m == "PUT" and "partNumber=" not in p] == []
 
 
 def test_two_hosts_racing_on_one_blob_both_succeed(s3_bucket, proxy, tmp_path, monkeypatch):
@@ -144,8 +146,11 @@ def test_a_competing_completion_means_the_blob_is_there(s3_bucket, s3_env, proxy
         return True
 
     proxy.fail("POST", f"/p/{rel}\\?uploadId=", times=1, code=404, when=rival_completes)
-    assert s.put_blob(sha, src) is False  # kept the rival's (verified) copy; no error
+    assert s.put_blob(sha, src) is False  # kept the rival's copy; no error
     assert [st for m, path, st in proxy.seen if m == "POST" and "uploadId=" in path] == [404]
+    # resolved by a HEAD (its size): the rival's blob is neither downloaded again nor copied onto itself
+    assert [(m, path) for m, path, _ in proxy.seen if rel in path and (
+        m == "GET" or (m == "PUT" and "uploadId=" not in path))] == [], proxy.seen
     assert s.blob_damage(sha, len(data), deep=True) is None
 
 
@@ -195,15 +200,43 @@ def test_transfer_settings_are_checked(tmp_path):
     assert rest == {"profile": "x"}
     with pytest.raises(UserError, match=r"multipart_chunksize = 1024 is not a whole number >= 5242880"):
         WireSettings.from_options({"multipart_chunksize": 1024})
+    assert WireSettings().multipart_copy_threshold == 5 << 30  # S3's CopyObject copies at most 5 GiB
+    with pytest.raises(UserError, match=r"multipart_copy_threshold = 6442450944 is not a whole number from 5242880 "
+                                        r"to 5368709120 \(S3's CopyObject limit\)"):
+        WireSettings.from_options({"multipart_copy_threshold": 6 << 30})
+
+
+def test_a_refresh_above_the_copy_threshold_is_a_multipart_copy(s3_bucket, s3_env, proxy, tmp_path):
+    """A blob found there is refreshed by a copy onto itself; CopyObject copies at most 5 GB, so above
+    ``multipart_copy_threshold`` it is a multipart copy (UploadPartCopy)."""
+    data = os.urandom(6 * MIB)
+    sha = hashlib.sha256(data).hexdigest()
+    rel, src = layout.blob_path(sha), tmp_path / "blob"
+    src.write_bytes(data)
+    cli = s3_env.client()
+    for threshold, parts, copies in ((5 * MIB, 2, 0), (None, 0, 1)):
+        cli.delete_object(Bucket=s3_bucket, Key=f"p/{rel}")
+        opts = {**SMALL, "multipart_threshold": 8 * MIB} | ({"multipart_copy_threshold": threshold} if threshold else {})
+        s = RemoteStore(f"s3://{s3_bucket}/p", opts, cache_dir=tmp_path / "c")
+        assert s.put_blob(sha, src) is True  # one PUT (below the upload threshold)
+        etag = cli.head_object(Bucket=s3_bucket, Key=f"p/{rel}")["ETag"]
+        before = len(proxy.seen)
+        assert s.put_blob(sha, src) is False  # there: verified, then refreshed
+        puts = [p for m, p, st in proxy.seen[before:] if m == "PUT" and rel in p and st == 200]  # (not the 412)
+        assert (sum("partNumber=" in p for p in puts), sum("partNumber=" not in p for p in puts)) == (parts, copies)
+        head = cli.head_object(Bucket=s3_bucket, Key=f"p/{rel}")
+        assert head["ContentLength"] == len(data) and (head["ETag"] != etag) == bool(parts)  # a multipart ETag
+        assert cli.get_object(Bucket=s3_bucket, Key=f"p/{rel}")["Body"].read() == data
 
 
 _PULL_ONE = """
 import sys
 from pathlib import Path
 from neuron_build.store.remote import RemoteStore
-from neuron_build.store.transfer import resumable
+from neuron_build.store.ranged import resumable
 s = RemoteStore(sys.argv[1], {"multipart_chunksize": 5 << 20, "max_concurrency": 2}, cache_dir=sys.argv[2])
-with resumable(Path(sys.argv[3])):
+with resumable(Path(sys.argv[3])) as ours:
+    print("resuming" if ours else "not resuming", flush=True)
     s.get_blob(sys.argv[4], Path(sys.argv[5]))
 """
 
@@ -240,4 +273,72 @@ def test_a_download_killed_midway_resumes_from_the_ranges_it_has(s3_bucket, s3_e
     assert dest.read_bytes() == data
     again = sum(1 for m, path, _ in proxy.seen if m == "GET" and rel in path) - before
     assert again * 5 * MIB < 0.6 * len(data), (again, done)  # only the ranges it did not have
-    assert sorted(x.name for x in partial.iterdir()) == []  # the partial file became the blob
+    assert not partial.exists()  # the partial file became the blob; the folder, empty, went
+
+
+def test_two_processes_pulling_into_one_partial_folder_do_not_share_it(s3_bucket, s3_env, proxy, tmp_path):
+    """Two pulls into the same destination use the same ``.<dest>.partial/``: the second does not resume (the
+    first holds the folder's lock, ``.lock`` in it), so neither writes into the other's partial file (before: both wrote one
+    file, and the second kept writing into the first's blob after it was moved into place)."""
+    import subprocess
+    import sys
+
+    from tests.helpers.faultkit import cli_env
+
+    data = os.urandom(12 * MIB)
+    sha = hashlib.sha256(data).hexdigest()
+    rel = layout.blob_path(sha)
+    s3_env.client().put_object(Bucket=s3_bucket, Key=f"p/{rel}", Body=data)
+    partial = tmp_path / "partial"
+    released = threading.Event()
+    proxy.fail("GET", f"/p/{rel}", times=None, when=lambda: released.wait(120) and False)  # held until both began
+
+    def pull(name: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", _PULL_ONE, f"s3://{s3_bucket}/p", str(tmp_path / f"c-{name}"),
+                                 str(partial), sha, str(tmp_path / name / "model.pt")],
+                                env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    first = pull("a")
+    try:
+        assert first.stdout.readline().strip() == "resuming"  # it holds the folder, its first range on the way
+        second = pull("b")
+        assert second.stdout.readline().strip() == "not resuming"  # the folder is the first's
+    finally:
+        released.set()
+    outs = [p.communicate(timeout=180)[0] for p in (first, second)]
+    assert [p.returncode for p in (first, second)] == [0, 0], outs
+    assert (tmp_path / "a" / "model.pt").read_bytes() == data
+    assert (tmp_path / "b" / "model.pt").read_bytes() == data
+    assert not partial.exists()  # the first's partial file became its blob; the folder, empty, went
+
+
+@pytest.mark.parametrize("how", ["direct", "page cache", "refused"])
+def test_the_writer_of_a_download_writes_every_range_in_place(tmp_path, monkeypatch, how):
+    """Ranges go to the file through O_DIRECT where the offsets are aligned (the unaligned tail through the
+    page cache), through the page cache when the range size is not aligned, and the rest through the page
+    cache when the file system refuses a direct write (EINVAL)."""
+    import errno
+
+    from neuron_build.store import ranged
+
+    chunk = 2 * ranged.ALIGN + (1 if how == "page cache" else 0)
+    data = os.urandom(3 * chunk + 100)
+    path = tmp_path / "f"
+    if how == "refused":
+        real = os.pwrite
+
+        def pwrite(fd, buf, at):
+            if fd == out.direct:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return real(fd, buf, at)
+
+        monkeypatch.setattr(ranged.os, "pwrite", pwrite)
+    with open(path, "wb") as f:
+        out = ranged._Writer(f.fileno(), path, 0, chunk)
+        assert (out.direct is not None) == (how != "page cache")
+        for at in range(0, len(data), chunk):
+            piece = data[at:at + chunk]
+            out.write([piece[:100], piece[100:]])  # (a range comes in pieces)
+        assert (out.direct is None) == (how != "direct")
+        out.close()
+    assert path.read_bytes() == data

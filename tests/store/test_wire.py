@@ -180,6 +180,15 @@ def test_a_black_hole_in_a_multipart_upload_ends_within_the_push_bound(tmp_path,
     assert store.put_blob(sha, path) is True
     assert proxy.resets == 1
     assert store.blob_damage(sha, path.stat().st_size, deep=True) is None
+    # a slow link (every chunk delayed, none past the timeouts), then a stall past the read timeout: retried
+    for delay, times in ((0.0005, None), (3.0, 1)):
+        sha, path = _blob(tmp_path, 11)
+        proxy.delay(delay, times=times)
+        t0 = time.monotonic()
+        assert store.put_blob(sha, path) is True
+        assert time.monotonic() - t0 > (2 if times else 0.2)  # the delay was there
+        proxy.heal()
+        assert store.blob_damage(sha, path.stat().st_size, deep=True) is None
 
 
 def test_ranged_downloads_retry_a_reset_pass_delays_and_end_within_the_bound_in_a_black_hole(
@@ -193,6 +202,9 @@ def test_ranged_downloads_retry_a_reset_pass_delays_and_end_within_the_bound_in_
     proxy.reset(b"GET /", after_bytes=0, times=1)  # the first range's connection reset
     store.get_blob(sha, tmp_path / "a")
     assert proxy.resets == 1 and (tmp_path / "a").read_bytes() == path.read_bytes()
+    proxy.reset(b"bytes=5242880-", after_bytes=0, times=1)  # a later range's (read in a thread, boto3)
+    store.get_blob(sha, tmp_path / "a2")
+    assert proxy.resets == 2 and (tmp_path / "a2").read_bytes() == path.read_bytes()
     proxy.delay(0.0005)  # a slow link: three ranges, none timed out
     store.get_blob(sha, tmp_path / "b")
     assert (tmp_path / "b").read_bytes() == path.read_bytes()
