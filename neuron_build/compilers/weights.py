@@ -20,7 +20,9 @@ weight-free artifact and ships the weights beside it, so a change of weight valu
   (:func:`load_into`) checks names, shapes and dtypes against :data:`SPEC_FILE` **before** any load.
 - **The files**: :data:`WEIGHTS_FILE` (safetensors, every weight by FQN) is the weights part;
   :data:`SPEC_FILE` (``{"format", "file", "tensors": {fqn: {"dtype", "shape"}}}``) belongs to the compiled
-  part (it is the structure's weights) and is what the weights file is checked against.
+  part (it is the structure's weights) and is what the weights file is checked against. A spec may name
+  several weights files instead (``{"format", "files": {path: {fqn: {"dtype", "shape"}}}}``: NxDI's shards
+  ``weights/tp{rank}_sharded_checkpoint.safetensors``, :mod:`neuron_build.compilers.neuron.nxdi_weights`).
 """
 
 from __future__ import annotations
