@@ -162,7 +162,8 @@ def read_spec(folder: str | Path) -> dict[str, dict[str, Any]] | None:
 
 def header_spec(path: str | Path) -> dict[str, dict[str, Any]]:
     """``{fqn: {"dtype", "shape"}}`` of a safetensors file, from its header only (no tensor is read); dtypes
-    by their torch names (``float32``, ``bfloat16``).
+    by their torch names (``float32``, ``bfloat16``). Opened with safetensors' numpy framework: the builder
+    checks a relink's weights without importing torch (seconds on a busy host).
 
     Raises:
         Exception: whatever safetensors raises for a missing or unreadable file.
@@ -170,7 +171,7 @@ def header_spec(path: str | Path) -> dict[str, dict[str, Any]]:
     from safetensors import safe_open
 
     back = {v: k for k, v in _ST_DTYPES.items()}
-    with safe_open(str(path), framework="pt") as f:
+    with safe_open(str(path), framework="numpy") as f:
         return {k: {"dtype": back.get(f.get_slice(k).get_dtype(), f.get_slice(k).get_dtype()),
                     "shape": list(f.get_slice(k).get_shape())} for k in f.keys()}
 
