@@ -9,13 +9,23 @@ counted from the ledger (``report --json``), the ratio fine-tune / cold (build o
 and the store's bytes: the weights blobs (one per weight values, shared by the 6 buckets) against the
 compiled parts. Goal of issue 38: 0 compiles, and the fine-tune's wall time far below the cold build's.
 
-    .venv/bin/python benchmarks/relink.py [--buckets 6] [--hidden 64] [--out benchmarks/results/relink.json]
+The NxDI row (``--backend nxdi``; against the NxDI double in tests/fakes/nxdi unless the real packages are
+installed): a tiny Llama checkpoint (transformers, random weights) on ``backend = "neuron"``, tp_degree 2, 3
+context-encoding and 3 token-generation buckets (6 NEFFs), the double's neuronx-cc taking ``--cc-sleep`` seconds
+per NEFF. Cold build, then a fine-tune (the checkpoint saved again from another seed: same config and tensors)
+relinked: NxDI's ``shard_weights`` only, no ``compile()`` (no trace) and no neuronx-cc run; then, for
+comparison, another fine-tune with the graph key off (``NEURON_BUILD_GRAPH_KEY=0``): NxDI's ``compile()``
+again, its NEFFs from the persistent cache the store owns. No validate (no NeuronCore here).
+
+    .venv/bin/python benchmarks/relink.py [--backend inductor|nxdi] [--buckets 6] [--hidden 64] [--cc-sleep 2]
+        [--out benchmarks/results/relink.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -66,10 +76,10 @@ buckets = {{ batch = [{batches}] }}
 '''
 
 
-def _cli(*args: str) -> tuple[float, subprocess.CompletedProcess]:
+def _cli(*args: str, env: dict | None = None) -> tuple[float, subprocess.CompletedProcess]:
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "neuron_build.cli", *args], capture_output=True, text=True,
-                       cwd=str(REPO), timeout=7200)
+                       cwd=str(REPO), timeout=7200, env={**os.environ, **(env or {})})
     return time.monotonic() - t0, r
 
 
@@ -115,12 +125,70 @@ def _store_bytes(cfg: Path) -> dict:
             "compiled_blobs": len(compiled), "compiled_bytes": sum(compiled.values())}
 
 
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _nxdi_phase(cfg: Path, env: dict) -> dict:
+    """One NxDI build: wall seconds, neuronx-cc runs, NxDI compile() and shard_weights calls, ledger counts."""
+    cc, nx = Path(env["FAKE_NEURONX_CC_CALLS"]), Path(env["FAKE_NXDI_CALLS"])
+    n_cc, n_nx = _lines(cc), _lines(nx)
+    _, r = _cli("report", "--json", "-c", str(cfg), env=env)
+    before = json.loads(r.stdout)
+    build_s, b = _cli("build", "-c", str(cfg), env=env)
+    if b.returncode != 0:
+        raise SystemExit(f"NxDI build failed:\n{b.stdout[-3000:]}\n{b.stderr[-3000:]}")
+    _, r = _cli("report", "--json", "-c", str(cfg), env=env)
+    after = json.loads(r.stdout)
+    calls = [json.loads(x)["call"] for x in nx.read_text().splitlines()[n_nx:]] if nx.exists() else []
+    _, r = _cli("show", "llama/nxdi-b1/bf16/p1", "--json", "-c", str(cfg), env=env)
+    m = json.loads(r.stdout)
+    m = m.get("manifest", m)
+    return {"build_s": round(build_s, 2), "worker_s": m["metrics"]["compile_time_s"], "neuronx_cc_runs": _lines(cc) - n_cc,
+            "nxdi_compile_calls": calls.count("compile"), "nxdi_shard_calls": calls.count("shard_weights"),
+            "compiles": after["compiles"] - before["compiles"], "relinked": after["graph_reused"] - before["graph_reused"]}
+
+
+def nxdi(tmp: Path, cc_sleep: float) -> dict:
+    """The NxDI row (see the module docstring)."""
+    from tests.helpers.textgen import save_llama_checkpoint, write_project
+
+    fakes = REPO / "tests" / "fakes"
+    root = tmp / "nxdi"
+    cfg = write_project(root, backend="neuron", gpt2=False, llama_buckets="{ batch = [1], seq = [8, 16, 32] }",
+                        extra="decode_buckets = [32, 48, 64]")  # (a checkpoint of seed 0)
+    text = cfg.read_text().replace('device = "cpu"', 'target = "trn1"').replace('dtypes = ["fp32"]', 'dtypes = ["bf16"]')
+    cfg.write_text(text.replace("compiler_args = []", "compiler_args = []\ntp_degree = 2"))
+    env = {"PYTHONPATH": os.pathsep.join([str(fakes / "nxdi"), str(fakes / "neuron_sdk"), str(REPO)]),
+           "PATH": os.pathsep.join([str(fakes / "bin"), os.environ.get("PATH", "")]), "FAKE_NEURON_PYTHON": sys.executable,
+           "FAKE_NEURONX_CC_CALLS": str(tmp / "cc-calls.jsonl"), "FAKE_NXDI_CALLS": str(tmp / "nxdi-calls.jsonl"),
+           "FAKE_NEURONX_CC_SLEEP": str(cc_sleep)}
+    cold = _nxdi_phase(cfg, env)
+    save_llama_checkpoint(root / "hf-llama", seed=1)
+    fine = _nxdi_phase(cfg, env)
+    save_llama_checkpoint(root / "hf-llama", seed=2)
+    off = _nxdi_phase(cfg, {**env, "NEURON_BUILD_GRAPH_KEY": "0"})
+    return {"neffs": 6, "tp_degree": 2, "cc_sleep_s_per_neff": cc_sleep, "cold": cold, "fine_tune": fine,
+            "fine_tune_graph_key_off": off, "ratio_build": round(fine["build_s"] / cold["build_s"], 3),
+            "ratio_build_graph_key_off": round(off["build_s"] / cold["build_s"], 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", choices=("inductor", "nxdi"), default="inductor")
     ap.add_argument("--buckets", type=int, default=6)
     ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--cc-sleep", type=float, default=2.0, help="the NxDI double's seconds per NEFF compile")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    if a.backend == "nxdi":
+        with tempfile.TemporaryDirectory(prefix="relink-bench-") as tmp:
+            out = {"nxdi": nxdi(Path(tmp), a.cc_sleep)}
+        text = json.dumps(out, indent=1)
+        print(text)
+        if a.out:
+            Path(a.out).write_text(text + "\n")
+        return
     with tempfile.TemporaryDirectory(prefix="relink-bench-") as tmp:
         root = Path(tmp) / "proj"
         cfg = _write(root, 0, a.hidden, a.buckets)

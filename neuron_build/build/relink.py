@@ -2,7 +2,9 @@
 
 A profile with ``weights = "external"`` keys its graph by structure (:mod:`neuron_build.compilers.weights`);
 its worker writes the weights file (``weights.safetensors``) and the spec (``weights.json``) into the
-staging folder before it asks the graph index. When the index holds the structure, nothing is compiled:
+staging folder before it asks the graph index. An NxDI target (whose NEFFs never hold weights) stages the
+new checkpoint sharded (``weights/tp{rank}_sharded_checkpoint.safetensors``, named by its spec) once the
+index holds its structure (:mod:`neuron_build.compilers.neuron.nxdi_weights`). When the index holds the structure, nothing is compiled:
 :func:`relink` publishes the stored artifact's compiled files (linked, verified by digest as any publish
 does) plus the new weights file, the manifest records ``relinked_from`` (and ``explain`` says
 ``weights changed, graph unchanged: relinked from <key>``). The weights file is content-addressed like
@@ -10,8 +12,8 @@ every file: buckets of one model with the same weights share one blob.
 
 Fails closed (None: the caller compiles): the stored artifact's compiler did not record
 ``weights = "external"`` (it inlined its weights: an older artifact, or a package that did not list every
-weight), the staged weights do not fit the stored spec (names, dtypes, shapes, read from the header), or the
-staged folder has no weights file.
+weight), the staged weights do not fit the stored spec (names, dtypes, shapes, read from the headers), or the
+staged folder lacks a weights file the stored spec names.
 """
 
 from __future__ import annotations
@@ -33,16 +35,30 @@ RELINKED = "weights changed, graph unchanged: relinked from {source}"
 
 def staged(obj: Path) -> bool:
     """Does the worker's staging folder hold external weights (a relink, not a plain reuse)?"""
-    return (Path(obj) / weights.WEIGHTS_FILE).is_file()
+    return (Path(obj) / weights.WEIGHTS_FILE).is_file() or (Path(obj) / weights.SPEC_FILE).is_file()
+
+
+def weights_files(store: Any, source: str, old: Any) -> list[str]:
+    """The weights files of the artifact of ``source`` (manifest ``old``): those its spec names.
+
+    Raises:
+        ValueError: the spec cannot be read, or names a file the manifest does not list.
+    """
+    specs = weights.read_specs(store.artifact_dir(source)) if weights.SPEC_FILE in old.files else None
+    if not specs or any(name not in old.files for name in specs):
+        raise ValueError("the stored artifact has no weights spec naming its weights files")
+    return sorted(specs)
 
 
 def refused(store: Any, source: str, old: Any, obj: Path) -> str | None:
     """Why the artifact of ``source`` (manifest ``old``) cannot take the weights staged in ``obj``, or None."""
     if (old.compiler or {}).get("weights") != "external":
         return "the stored artifact holds its weights inline"
-    if weights.SPEC_FILE not in old.files or weights.WEIGHTS_FILE not in old.files:
-        return "the stored artifact has no weights spec"
-    return weights.problem(store.artifact_dir(source), Path(obj) / weights.WEIGHTS_FILE)
+    try:
+        weights_files(store, source, old)
+    except ValueError as e:
+        return str(e)
+    return weights.problem(store.artifact_dir(source), root=obj)
 
 
 def relink(graph: Any, ctx: Any, req: Any, run: Any, obj: Path, source: str, old: Any,  # noqa: PLR0913
@@ -65,10 +81,10 @@ def relink(graph: Any, ctx: Any, req: Any, run: Any, obj: Path, source: str, old
     if why is not None:
         ctx.log.warning("cannot relink the weights; compiling", graph_key=gk[:12], candidate=source[:12], reason=why)
         return None
-    view = store.artifact_dir(source)
+    view, new = store.artifact_dir(source), set(weights_files(store, source, old))
     with disk_full("writing the artifact", obj):
         for name in old.files:
-            if name == weights.WEIGHTS_FILE:
+            if name in new:
                 continue  # the new weights, staged by the worker
             dest = Path(obj) / name
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -96,4 +112,4 @@ def relink(graph: Any, ctx: Any, req: Any, run: Any, obj: Path, source: str, old
     return gk, metrics
 
 
-__all__ = ["RELINKED", "refused", "relink", "staged"]
+__all__ = ["RELINKED", "refused", "relink", "staged", "weights_files"]

@@ -24,7 +24,9 @@ weight-free artifact and ships the weights beside it, so a change of weight valu
   tensors are checked against its own spec (:func:`state_problem`).
 - **The files**: :data:`WEIGHTS_FILE` (safetensors, every weight by FQN) is the weights part;
   :data:`SPEC_FILE` (``{"format", "file", "tensors": {fqn: {"dtype", "shape"}}}``) belongs to the compiled
-  part (it is the structure's weights) and is what the weights file is checked against.
+  part (it is the structure's weights) and is what the weights file is checked against. A spec may name
+  several weights files instead (``{"format", "files": {path: {fqn: {"dtype", "shape"}}}}``: NxDI's shards
+  ``weights/tp{rank}_sharded_checkpoint.safetensors``, :mod:`neuron_build.compilers.neuron.nxdi_weights`).
 """
 
 from __future__ import annotations
@@ -116,43 +118,97 @@ def uncovered(constant_fqns: list[str], state: dict[str, Any]) -> str | None:
     return None
 
 
-def read_spec(folder: str | Path) -> dict[str, dict[str, Any]] | None:
-    """The ``tensors`` of ``folder``'s :data:`SPEC_FILE`, or None when it has none (an inline artifact).
+def read_specs(folder: str | Path) -> dict[str, dict[str, dict[str, Any]]] | None:
+    """Every weights file ``folder``'s :data:`SPEC_FILE` names (a path relative to the folder) -> its
+    tensors (``{fqn: {"dtype", "shape"}}``), or None when it has none (an inline artifact). A spec names one
+    file (``"file"`` + ``"tensors"``: AOTInductor's :data:`WEIGHTS_FILE`) or several (``"files"``: NxDI's
+    ``weights/tp{rank}_sharded_checkpoint.safetensors``, :func:`write_files_spec`).
 
     Raises:
-        ValueError: the file is not a spec of this format (one line, naming it).
+        ValueError: the file is not a spec of this format, or names a path outside the folder (one line,
+            naming it).
     """
     path = Path(folder) / SPEC_FILE
     if not path.is_file():
         return None
     try:
         raw = json.loads(path.read_text())
-        tensors = raw["tensors"]
-        if raw.get("format") != SPEC_FORMAT or not isinstance(tensors, dict):
+        if raw.get("format") != SPEC_FORMAT:
             raise ValueError("format")
-        return {str(k): {"dtype": str(v["dtype"]), "shape": [int(d) for d in v["shape"]]} for k, v in tensors.items()}
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        files = raw["files"] if "files" in raw else {raw["file"]: raw["tensors"]}
+        out = {}
+        for rel, tensors in files.items():
+            if not isinstance(tensors, dict) or not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+                raise ValueError("file")
+            out[str(rel)] = {str(k): {"dtype": str(v["dtype"]), "shape": [int(d) for d in v["shape"]]}
+                             for k, v in tensors.items()}
+        return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{path} is not a weights spec of format {SPEC_FORMAT} ({type(e).__name__}); "
                          "rebuild the artifact") from None
 
 
-def problem(folder: str | Path, weights_file: str | Path | None = None) -> str | None:
-    """Why ``weights_file`` (default: ``folder``/:data:`WEIGHTS_FILE`) does not fit ``folder``'s
-    :data:`SPEC_FILE`, read from its header only (no tensor loaded), or None when it fits (or the folder
-    holds an inline artifact). One line naming the file, the tensor and the fix."""
+def read_spec(folder: str | Path) -> dict[str, dict[str, Any]] | None:
+    """The ``tensors`` of ``folder``'s one-file :data:`SPEC_FILE`, or None when it has none (an inline
+    artifact).
+
+    Raises:
+        ValueError: the file is not a spec of this format, or names more than one weights file.
+    """
+    specs = read_specs(folder)
+    if specs is None:
+        return None
+    if len(specs) != 1:
+        raise ValueError(f"{Path(folder) / SPEC_FILE} names {len(specs)} weights files, this loader takes one; "
+                         "rebuild the artifact")
+    return next(iter(specs.values()))
+
+
+def header_spec(path: str | Path) -> dict[str, dict[str, Any]]:
+    """``{fqn: {"dtype", "shape"}}`` of a safetensors file, from its header only (no tensor is read); dtypes
+    by their torch names (``float32``, ``bfloat16``). Opened with safetensors' numpy framework: the builder
+    checks a relink's weights without importing torch (seconds on a busy host).
+
+    Raises:
+        Exception: whatever safetensors raises for a missing or unreadable file.
+    """
+    from safetensors import safe_open
+
+    back = {v: k for k, v in _ST_DTYPES.items()}
+    with safe_open(str(path), framework="numpy") as f:
+        return {k: {"dtype": back.get(f.get_slice(k).get_dtype(), f.get_slice(k).get_dtype()),
+                    "shape": list(f.get_slice(k).get_shape())} for k in f.keys()}
+
+
+def write_files_spec(folder: str | Path, files: list[str]) -> None:
+    """Write :data:`SPEC_FILE` into ``folder`` naming ``files`` (paths relative to it), each with the names,
+    dtypes and shapes its safetensors header holds (:func:`header_spec`)."""
+    folder = Path(folder)
+    spec = {rel: header_spec(folder / rel) for rel in sorted(files)}
+    (folder / SPEC_FILE).write_text(json.dumps({"format": SPEC_FORMAT, "files": spec}, indent=1, sort_keys=True) + "\n")
+
+
+def problem(folder: str | Path, weights_file: str | Path | None = None, root: str | Path | None = None) -> str | None:
+    """Why the weights files do not fit ``folder``'s :data:`SPEC_FILE`, read from their headers only (no
+    tensor loaded), or None when they fit (or the folder holds an inline artifact). The files are each one
+    the spec names under ``root`` (default ``folder``); ``weights_file`` stands for a one-file spec's file.
+    One line naming the file, the tensor and the fix."""
     try:
-        spec = read_spec(folder)
+        specs = read_specs(folder)
     except ValueError as e:
         return str(e)
-    if spec is None:
-        return None
-    path = Path(weights_file) if weights_file is not None else Path(folder) / WEIGHTS_FILE
+    for rel, spec in (specs or {}).items():
+        path = Path(weights_file) if weights_file is not None else Path(root if root is not None else folder) / rel
+        why = _file_problem(path, spec)
+        if why is not None:
+            return why
+    return None
+
+
+def _file_problem(path: Path, spec: dict[str, dict[str, Any]]) -> str | None:
     fix = "rebuild the artifact or pull the release again"
     try:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
-            have = {k: (f.get_slice(k).get_dtype(), list(f.get_slice(k).get_shape())) for k in f.keys()}
+        have = {k: (_safetensors_dtype(v["dtype"]), v["shape"]) for k, v in header_spec(path).items()}
     except Exception as e:  # missing, truncated, not safetensors: one line, never a crash
         return f"{path}: the weights file cannot be read ({type(e).__name__}: {str(e)[:120]}); {fix}"
     missing, extra = sorted(set(spec) - set(have)), sorted(set(have) - set(spec))
@@ -279,5 +335,5 @@ class SharedWeights:
 
 
 __all__ = ["AOTI_EXTERNAL_CONFIG", "SPEC_FILE", "SPEC_FORMAT", "WEIGHTS_FILE", "SharedWeights", "exported_state",
-           "load_checked", "load_into", "problem", "read_spec", "spec_of", "state_problem", "structure_document",
-           "uncovered", "weights_document", "write"]
+           "header_spec", "load_checked", "load_into", "problem", "read_spec", "read_specs", "spec_of", "state_problem",
+           "structure_document", "uncovered", "weights_document", "write", "write_files_spec"]

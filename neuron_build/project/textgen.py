@@ -7,7 +7,9 @@ text-generation model has one target per batch size (``llama/nxdi-b1/bf16/p1``) 
 ``context_encoding_buckets`` = the model's ``seq`` buckets (``max_context_length`` their largest),
 ``token_generation_buckets`` = ``decode_buckets`` or ``[max_seq_len]`` (``seq_len`` = ``max_seq_len``),
 ``enable_bucketing`` on, greedy on-device sampling (``top_k = 1``), ``logical_nc_config`` 2 on trn2/trn3
-and 1 elsewhere (NxDI's platform default), ``tp_degree`` from the profile.
+and 1 elsewhere (NxDI's platform default), ``tp_degree`` from the profile, and ``save_sharded_checkpoint``:
+``compile()`` shards the checkpoint into the artifact's ``weights/`` and ``load()`` reads it from there, so a
+release needs no checkpoint folder of the build host (:mod:`neuron_build.compilers.neuron.nxdi_weights`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def neuron_config(spec, batch: int, dtype: str, tp_degree: int, hardware_target:
         "torch_dtype": NXDI_DTYPES[dtype],
         "on_device_sampling_config": {"do_sample": False, "top_k": 1},
         "logical_nc_config": 2 if hardware_target in ("trn2", "trn3") else 1,
+        "save_sharded_checkpoint": True,
     }
 
 

@@ -60,6 +60,38 @@ def test_a_weights_file_is_checked_against_the_spec_before_any_load(tmp_path):
     assert weights.problem(other / "nothing-here") is None                                # an inline artifact
 
 
+def test_a_spec_of_several_files_checks_each_under_a_root_and_names_none_outside(tmp_path):
+    """NxDI's shards: one spec names every weights file (relative paths); problem() checks each one under the
+    staged root; a path outside the folder or a one-file reader of it is refused in one line."""
+    import json
+
+    from safetensors.torch import save_file
+
+    (tmp_path / "weights").mkdir()
+    for r in range(2):
+        save_file({"w": torch.zeros(2, 3), "rank": torch.arange(2, dtype=torch.int32)},
+                  str(tmp_path / "weights" / f"tp{r}.safetensors"))
+    weights.write_files_spec(tmp_path, ["weights/tp1.safetensors", "weights/tp0.safetensors"])
+    specs = weights.read_specs(tmp_path)
+    assert list(specs) == ["weights/tp0.safetensors", "weights/tp1.safetensors"]
+    assert specs["weights/tp0.safetensors"] == {"rank": {"dtype": "int32", "shape": [2]},
+                                                "w": {"dtype": "float32", "shape": [2, 3]}}
+    assert weights.problem(tmp_path) is None
+    staged = tmp_path / "staged"
+    (staged / "weights").mkdir(parents=True)
+    save_file({"w": torch.zeros(2, 3), "rank": torch.arange(2, dtype=torch.int32)}, str(staged / "weights/tp0.safetensors"))
+    save_file({"w": torch.zeros(2, 4), "rank": torch.arange(2, dtype=torch.int32)}, str(staged / "weights/tp1.safetensors"))
+    assert weights.problem(tmp_path, root=staged) == (
+        f"{staged / 'weights/tp1.safetensors'}: weight w is F32 [2, 4] but the compiled graph expects F32 [2, 3]; "
+        "rebuild the artifact or pull the release again")
+    with pytest.raises(ValueError, match="names 2 weights files"):
+        weights.read_spec(tmp_path)
+    raw = json.loads((tmp_path / weights.SPEC_FILE).read_text())
+    raw["files"]["../outside.safetensors"] = {}
+    (tmp_path / weights.SPEC_FILE).write_text(json.dumps(raw))
+    assert weights.problem(tmp_path).startswith(f"{tmp_path / weights.SPEC_FILE} is not a weights spec")
+
+
 def test_a_package_must_list_every_weight():
     state = dict.fromkeys(["fc1.weight", "fc1.bias", "fc2.bias"])
     assert weights.uncovered(["fc1.bias", "fc1.weight", "fc2.bias"], state) is None

@@ -8,8 +8,11 @@ The call sequence [code: NxDI examples/generation_demo.py; shared notes 1.1]::
     NeuronLlamaForCausalLM(artifact_dir).load(artifact_dir)                # serve
 
 ``kwargs`` are the target's key details (:func:`neuron_build.project.textgen.neuron_config`). The compiled
-folder is the artifact: ``neuron_config.json`` and ``model.pt`` (every NEFF of every bucket) [code:
-application_base.py]. NxD traces in ``BASE_COMPILE_WORK_DIR``, which it removes first [code: NxD
+folder is the artifact: ``neuron_config.json``, ``model.pt`` (every NEFF of every bucket) [code:
+application_base.py] and the checkpoint sharded per rank into ``weights/`` (``save_sharded_checkpoint``) with
+its spec ``weights.json``: a release needs no checkpoint folder, and a fine-tune (same config, same tensor
+names, dtypes and shapes) is sharded and relinked with the stored NEFFs instead of traced and compiled
+(:mod:`neuron_build.compilers.neuron.nxdi_weights`). NxD traces in ``BASE_COMPILE_WORK_DIR``, which it removes first [code: NxD
 model_builder.py]: it is set to ``<work dir>/nxd_model`` so that nothing outside the compile's workdir is
 touched, and each bucket's ``log-neuron-cc.txt`` there is kept with a failure. The compiler args NxDI
 passed per submodel and bucket are read back from those logs (the ``Invoked as:`` line the compiler
@@ -131,7 +134,7 @@ class NxDICompiler(CompilerBase):
         from neuronx_distributed_inference.models.config import NeuronConfig, OnDeviceSamplingConfig
         from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
-        from neuron_build.compilers.neuron import classify_failure, nxdi_cache
+        from neuron_build.compilers.neuron import classify_failure, nxdi_cache, nxdi_weights
         from neuron_build.compilers.neuron.neuronx_log import parse_log
 
         before = nxdi_cache.entries(cache)
@@ -144,9 +147,14 @@ class NxDICompiler(CompilerBase):
         nc = NeuronConfig(**kwargs, on_device_sampling_config=sampling)
         config = cfg_cls(nc, load_config=load_pretrained_config(str(path)))
         out = Path(request.out_dir)
+        app = app_cls(str(path), config)
+        application = f"{app_cls.__module__}.{app_cls.__name__}"
+        structure = Path(request.work_dir) / "nxdi-structure"  # the weights apart: a hit shards, no trace
+        nxdi_weights.checkpoint(request, lambda: nxdi_weights.structure_document(
+            nxdi_weights.saved_config(config, structure), application, path), app, out)
         enter_stage("compile")
         try:
-            app_cls(str(path), config).compile(str(out))
+            app.compile(str(out))
         except Exception as e:
             kept = Path(request.work_dir) / "nxd_model"  # kept with the failure (the stable folder is reused)
             shutil.copytree(work, kept, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.neff", "weights"))
@@ -156,6 +164,11 @@ class NxDICompiler(CompilerBase):
         enter_stage("count")
         if not (out / "model.pt").is_file():
             raise CompileFailed(Status.ERROR, f"NxDI compile() wrote no model.pt into {out.name}")
+        try:
+            shards = nxdi_weights.write_spec(out)  # compile() sharded them (save_sharded_checkpoint)
+        except (OSError, ValueError) as e:
+            raise CompileFailed(Status.ERROR, f"NxDI compile() left no readable sharded weights ({e}); the "
+                                "release would need the build host's checkpoint folder") from None
         buckets = nxdi_cache.collect(cache, before, work, out)
         args = bucket_compiler_args(work)
         ops = 0
@@ -163,8 +176,8 @@ class NxDICompiler(CompilerBase):
             n = parse_log(log.read_bytes()).op_count
             ops += n or 0
         details: dict[str, Any] = {
-            "artifact": "model.pt", "loader": LOADER, "artifact_kind": "nxdi",
-            "nxdi": {"application": f"{app_cls.__module__}.{app_cls.__name__}", "neuron_config": request.options["neuron_config"],
+            "artifact": "model.pt", "loader": LOADER, "artifact_kind": "nxdi", "weights": "external",
+            "nxdi": {"application": application, "neuron_config": request.options["neuron_config"], "weights": shards,
                      "compiler_args": args, "files": sorted(p.name for p in out.iterdir() if p.name != nxdi_cache.CACHE_FILES),
                      "buckets": buckets}}
         hits = sorted(b for b, v in buckets.items() if v["source"] == "cache")

@@ -7,8 +7,10 @@ The call sequence [code: NxDI examples/generation_demo.py, utils/hf_adapter.py; 
     HuggingFaceGenerationAdapter(app).generate(input_ids, attention_mask=..., max_new_tokens=N, do_sample=False)
 
 One application per pulled bucket folder (one NxDI compile per batch size). NxDI's ``load()`` reads
-``weights/`` when the compile pre-sharded them, else the Hugging Face checkpoint its config names
-(``_name_or_path``) [code: application_base.py; shared notes 1.1]. Everything here needs a NeuronCore:
+``weights/`` when the compile pre-sharded them (neuron-build's NxDI artifacts do), else the Hugging Face
+checkpoint its config names (``_name_or_path``) [code: application_base.py; shared notes 1.1]; the shards are
+checked against the artifact's spec (names, dtypes, shapes, from their headers) before anything is loaded
+(:func:`neuron_build.compilers.neuron.nxdi_weights.serve_problem`). Everything here needs a NeuronCore:
 without one, one line names the host the release needs (:func:`host_problem`). NxDI is imported lazily.
 """
 
@@ -151,7 +153,8 @@ def nxdi_engine(release: dict[str, Any], root: Path, folders: list[Path] | None 
 
     Raises:
         UserError: this host has no NeuronCore (one line: what host the release needs, :func:`host_problem`);
-            NxDI is not installed; a folder's ``neuron_config.json`` is unreadable or names an unknown model
+            NxDI is not installed; a folder's sharded weights do not fit its spec (or it has none and the
+            checkpoint folder it names is not here); a folder's ``neuron_config.json`` is unreadable or names an unknown model
             type.
     """
     from neuron_build.errors import UserError
@@ -178,6 +181,12 @@ def nxdi_engine(release: dict[str, Any], root: Path, folders: list[Path] | None 
     except ImportError as e:
         raise UserError(f"{where}: an NxDI release needs neuronx-distributed-inference on the serving host "
                         f"({e}); install it from the Neuron package index") from None
+    from neuron_build.compilers.neuron.nxdi_weights import serve_problem
+
+    for folder, cfg, *_ in configs:  # every folder's sharded weights checked before NxDI loads anything
+        problem = serve_problem(folder, cfg)
+        if problem:
+            raise UserError(problem)
     apps: dict[int, tuple[Any, Any]] = {}
     for folder, cfg, batch, _seq, _ctx, _tp in configs:
         try:

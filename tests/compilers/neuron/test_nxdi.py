@@ -42,7 +42,7 @@ def proj(tmp_path: Path) -> Path:
 NEURON_CONFIG = {"tp_degree": 2, "batch_size": 1, "seq_len": 64, "max_context_length": 32, "enable_bucketing": True,
                  "context_encoding_buckets": [16, 32], "token_generation_buckets": [32, 64],
                  "torch_dtype": "bfloat16", "on_device_sampling_config": {"do_sample": False, "top_k": 1},
-                 "logical_nc_config": 1}
+                 "logical_nc_config": 1, "save_sharded_checkpoint": True}
 
 
 def test_one_nxdi_target_per_batch_with_the_neuron_config_and_tp_degree_in_its_key(proj):
@@ -62,7 +62,7 @@ def test_nxdi_compile_calls_files_and_compiler_args(proj, tmp_path):
     r = run_cli("build", "-c", str(proj), cwd=proj.parent, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     calls = [json.loads(x) for x in (tmp_path / "nxdi-calls.jsonl").read_text().splitlines()]
-    assert [c["call"] for c in calls] == ["NeuronConfig", "compile"]
+    assert [c["call"] for c in calls] == ["NeuronConfig", "compile", "shard_weights"]
     assert calls[0]["kwargs"] == {**{k: v for k, v in NEURON_CONFIG.items()},
                                   "on_device_sampling_config": {"do_sample": False, "top_k": 1, "top_p": 1.0,
                                                                 "temperature": 1.0, "dynamic": False,
@@ -184,9 +184,9 @@ def test_an_nxdi_release_on_a_neuron_host_is_served_by_nxdi_class_and_adapter(pu
     assert got.tolist() == [r + double_tokens(r, 4) for r in ids.tolist()]
     log = [json.loads(x) for x in calls.read_text().splitlines()]
     # Cls(path) reads neuron_config.json (NeuronConfig rebuilt from it), .load(path), the adapter, its generates
-    assert [c["call"] for c in log] == ["NeuronConfig", "load", "adapter"] + ["generate", "reset"] * 3
+    assert [c["call"] for c in log] == ["NeuronConfig", "load", "load_weights", "adapter"] + ["generate", "reset"] * 3
     assert log[0]["kwargs"]["batch_size"] == 1 and log[0]["kwargs"]["tp_degree"] == 2
-    assert log[1]["compiled_model_path"] == str(dest / "nxdi-b1")
+    assert log[1]["compiled_model_path"] == str(dest / "nxdi-b1") and log[2]["source"] == "weights/"
     assert {(tuple(c["shape"]), c["max_new_tokens"], c["min_new_tokens"], c["do_sample"]) for c in log
             if c["call"] == "generate"} == {((1, 3), 4, 4, False)}
     # eos: a row that meets it stops there, as the adapter (transformers' generate) pads it
@@ -235,7 +235,7 @@ def test_validate_and_bench_of_an_nxdi_target_on_a_neuron_host_run_through_nxdi(
                              "generate() from new token 0 on")
     assert rec["measure"].startswith("NxDI (tokens only")
     log = [json.loads(x)["call"] for x in calls.read_text().splitlines()]
-    assert log[:3] == ["NeuronConfig", "load", "adapter"] and log.count("generate") == 2
+    assert log[:4] == ["NeuronConfig", "load", "load_weights", "adapter"] and log.count("generate") == 2
     compiled, _eager, (ids, pos) = bench_callables(b.project, b.store, t, key, b.store.manifest(key))
     assert ids.shape == (1, 32)
     assert compiled(ids, pos).tolist() == [(int(ids[0, -1]) * 7 + 3) % 1000]

@@ -60,6 +60,7 @@ class NeuronConfig:
         self.ep_degree = kwargs.pop("ep_degree", 1)
         self.world_size = self.tp_degree * self.pp_degree * self.ep_degree
         self.save_sharded_checkpoint = kwargs.pop("save_sharded_checkpoint", False)
+        self.skip_sharding = kwargs.pop("skip_sharding", False)
         env_lnc = os.environ.get("NEURON_LOGICAL_NC_CONFIG")
         self.logical_nc_config = int(env_lnc) if env_lnc else kwargs.pop("logical_nc_config", 1)
         kwargs.pop("logical_nc_config", None)

@@ -4,9 +4,18 @@ neuronx-cc double on PATH compiling each submodel's buckets. Files compile() wri
 
     <compiled dir>/neuron_config.json        the full InferenceConfig (json, indent 2, sorted keys)
     <compiled dir>/model.pt                  one archive holding every NEFF (here: a JSON index + the NEFFs)
+    <compiled dir>/weights/tp{rank}_sharded_checkpoint.safetensors   with save_sharded_checkpoint (shard_weights)
 
 load(dir) needs a NeuronCore (FAKE_NEURON_HAS_DEVICE set and not 0), else raises the runtime's RuntimeError;
+then, as NxDI's load_weights [code: application_base.py:375-420], it reads weights/ when the saved config has
+save_sharded_checkpoint, else shards the HF checkpoint at ``_name_or_path`` (else ``model_path``) on load.
 generation goes through utils.hf_adapter.HuggingFaceGenerationAdapter with next_token() as the model.
+
+Sharding (shard_weights / on load; NxD ModelBuilder.shard_checkpoint on CPU): the checkpoint NxDI's
+load_state_dict reads (model.safetensors, else model.safetensors.index.json's files, else FileNotFoundError),
+"model." prefixes dropped, floating tensors cast to torch_dtype, a 2-D tensor whose first dim divides by
+tp_degree split along it (else replicated), plus ``rank_util.rank`` (int32 [tp_degree]) [guess: NxD's
+real partitioning is per layer type].
     $BASE_COMPILE_WORK_DIR (default /tmp/nxd_model/), removed first:
         neuron_config.json
         <tag>/_tp0_bk<i>/model/graph.hlo, graph.neff, log-neuron-cc.txt, neuron_config.json
@@ -119,7 +128,49 @@ class NeuronLlamaForCausalLM:
         print(f"Finished Compilation for all HLOs in {time.monotonic() - t0:.1f} seconds", flush=True)
         with open(os.path.join(compiled_model_path, "model.pt"), "w") as f:
             json.dump({"format": "fake-nxd-model", "tp_degree": nc.tp_degree, "neffs": neffs}, f)
+        self.shard_weights(compiled_model_path, debug)
         print(f"Finished building model in {time.monotonic() - t0:.1f} seconds", flush=True)
+
+    def shard_weights(self, compiled_model_path, debug=False, pre_shard_weights_hook=None):
+        """NxDI's shard_weights: with save_sharded_checkpoint (and not skip_sharding), the checkpoint sharded
+        into ``<compiled_model_path>/weights/`` [code: application_base.py:240-265]."""
+        sharded_dir = os.path.join(compiled_model_path, "weights/")
+        if pre_shard_weights_hook:
+            pre_shard_weights_hook(self)
+        nc = self.neuron_config
+        if getattr(nc, "skip_sharding", False) or not nc.save_sharded_checkpoint:
+            return
+        record("shard_weights", compiled_model_path=compiled_model_path, checkpoint=self._checkpoint_path())
+        self.shard_checkpoint(serialize_path=sharded_dir)
+
+    def _checkpoint_path(self):
+        path = getattr(self.config, "_name_or_path", None)
+        return path if path is not None and os.path.exists(path) else self.model_path
+
+    def shard_checkpoint(self, serialize_path=None):
+        """The builder's shard_checkpoint: one state dict per rank, each saved when ``serialize_path``."""
+        import torch
+        from safetensors.torch import save_file
+
+        sd = _load_state_dict(self._checkpoint_path())
+        nc = self.neuron_config
+        dtype = getattr(torch, nc.torch_dtype)
+        tp = int(nc.tp_degree)
+        if serialize_path is not None:
+            os.makedirs(serialize_path, exist_ok=True)
+        out = []
+        for rank in range(tp):
+            shard = {}
+            for name, t in sd.items():
+                t = t.to(dtype) if t.is_floating_point() else t
+                if t.dim() == 2 and t.shape[0] % tp == 0:
+                    t = t.chunk(tp, dim=0)[rank]
+                shard[name.removeprefix("model.")] = t.contiguous().clone()
+            shard["rank_util.rank"] = torch.arange(tp, dtype=torch.int32)
+            if serialize_path is not None:
+                save_file(shard, os.path.join(serialize_path, f"tp{rank}_sharded_checkpoint.safetensors"))
+            out.append(shard)
+        return out
 
     def is_compiled(self, compiled_model_path):
         return os.path.exists(os.path.join(compiled_model_path, "model.pt"))
@@ -133,7 +184,30 @@ class NeuronLlamaForCausalLM:
             raise RuntimeError("nrt_init failed: no Neuron device found (NRT_RESOURCE)")
         with open(os.path.join(compiled_model_path, "model.pt")) as f:
             self.traced_model = json.load(f)
+        self.load_weights(compiled_model_path)
         self.is_loaded_to_neuron = True
+
+    def load_weights(self, compiled_model_path, start_rank_id=None, local_ranks_size=None):
+        """weights/tp{rank}_sharded_checkpoint.safetensors when pre-sharded, else shard on load; recorded as
+        ``{"call": "load_weights", "source", "digest"}`` (digest: sha256 of every tensor's bytes, rank order)."""
+        import hashlib
+
+        import torch
+        from safetensors.torch import load_file
+
+        if self.neuron_config.save_sharded_checkpoint:
+            source = "weights/"
+            weights = [load_file(os.path.join(compiled_model_path, f"weights/tp{rank}_sharded_checkpoint.safetensors"))
+                       for rank in range(int(self.neuron_config.tp_degree))]
+        else:
+            source = self._checkpoint_path()
+            weights = self.shard_checkpoint()
+        h = hashlib.sha256()
+        for shard in weights:
+            for name in sorted(shard):
+                h.update(name.encode() + shard[name].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        self.weights = weights
+        record("load_weights", source=source, digest=h.hexdigest())
 
     def reset(self):
         """Reset the KV cache between generate() calls (the adapter calls it first)."""
@@ -143,6 +217,26 @@ class NeuronLlamaForCausalLM:
         """The double's "compiled model": a deterministic next token from the last one and the step (the
         real model's logits are out of reach without a NeuronCore)."""
         return (last * 7 + step + 3) % int(self.config.vocab_size)
+
+
+def _load_state_dict(folder):
+    """NxDI's load_state_dict for the two safetensors forms [code: modules/checkpoint.py]."""
+    import json as _json
+
+    from safetensors.torch import load_file
+
+    single = os.path.join(folder, "model.safetensors")
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        return load_file(single)
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = set(_json.load(f)["weight_map"].values())
+        sd = {}
+        for name in sorted(files):
+            sd.update(load_file(os.path.join(folder, name)))
+        return sd
+    raise FileNotFoundError(f"Can not find model.safetensors or pytorch_model.bin in {folder}")
 
 
 def get_hash_module(hlo_module, flags: str) -> str:
