@@ -20,6 +20,7 @@ from neuron_build.cli.app import (
 )
 from neuron_build.errors import ExitCode, UserError
 from neuron_build.project.config import Backend, DeviceKind
+from neuron_build.status import Verdict
 
 #: ``--backend`` and ``--device-kind`` take what ``[build] backend`` and ``[release]`` device kinds take.
 BACKENDS: tuple[str, ...] = get_args(Backend)
@@ -126,11 +127,11 @@ def cmd_promote(args) -> int:
     except PromotionRefused as e:
         if not args.json:
             raise
-        print_json({**e.entry, "verdict": "fail"})
+        print_json({**e.entry, "verdict": Verdict.FAIL})
         display_error(str(e).splitlines()[0])
         return ExitCode.REFUSED
     if args.json:
-        entry = {**entry, "verdict": "pass"}
+        entry = {**entry, "verdict": Verdict.PASS}
         print_json(entry)
         return ExitCode.OK
     print(f"promoted {entry['to']} into {args.model}/{args.to} (version {entry['version']}; "

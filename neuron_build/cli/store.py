@@ -73,7 +73,7 @@ def cmd_verify(args) -> int:
     shared = None if args.remote else b.store.remote_tier  # the local cache's channels point at its releases
     rep = verify_store(store, deep=args.deep, repair=args.repair, shared=shared)
     if args.json:
-        print_json({**rep.to_json(), "verdict": str(Verdict.PASS if rep.clean else Verdict.FAIL)})
+        print_json({**rep.to_json(), "verdict": str(Verdict.of(rep.clean))})
         return ExitCode.OK if rep.clean else ExitCode.FAILED
     for bad in rep.bad:
         what = {"blob": f"blob {bad.key[:16]}", "record": bad.key}.get(bad.kind, bad.key[:12])
@@ -114,7 +114,7 @@ def cmd_verify_fresh(args) -> int:
     code = ExitCode.OK if rep.clean else ExitCode.FAILED
     if args.json:
         print_json({"schema": "neuron-build/verify-fresh/v1", **rep.to_json(), "seconds": round(seconds, 2),
-                    "verdict": str(Verdict.PASS if rep.clean else Verdict.FAIL)})
+                    "verdict": str(Verdict.of(rep.clean))})
         return code
     for r in rep.rows:
         if r.verdict != "fresh":

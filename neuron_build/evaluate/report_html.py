@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from neuron_build.evaluate import charts
 from neuron_build.evaluate.monitoring import Report
+from neuron_build.status import Status
 
 CHARTS = ("chart-compile-time", "chart-op-count", "chart-artifact-size", "chart-failures")
 
@@ -67,7 +68,7 @@ def _compile_time_chart(rep: Report) -> str | None:
         mark = charts.MARKERS[k % len(charts.MARKERS)]
         line, = ax.plot([p[0] + dx for p in pts], [p[1] for p in pts], marker=mark, markersize=6, label=name,
                         alpha=0.85)
-        bad = [p for p in pts if p[2] != "PASS"]
+        bad = [p for p in pts if p[2] != Status.PASS]
         if bad:
             ax.scatter([p[0] + dx for p in bad], [p[1] for p in bad], marker="x", s=80, color=line.get_color())
     last = max(p[0] for _n, pts in series for p in pts)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neuron_build.status import Status
 from neuron_build.store.contract import ObjectIO
 from neuron_build.store.layout import FAILURES_DIR, failure_entry_path
 
@@ -234,7 +235,7 @@ def passed_again(store: Any) -> list[tuple[KeptFailure, str]]:
             out.append((e, passes[e.target].isoformat(timespec="seconds")))
             continue
         rec = store.target(e.target)
-        if rec is not None and str(rec.status) == "PASS":
+        if rec is not None and rec.status == Status.PASS:
             out.append((e, rec.time))
     return out
 
