@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from neuron_build.errors import NeuronBuildError
 from neuron_build.util import sha256_hex
 
 #: Higher-order ops whose meaning is their name and their arguments (bodies are ``get_attr``'d graph modules,
@@ -37,7 +38,7 @@ _TRUSTED_MODULE_ROOTS = frozenset({"torch", "builtins", "_operator", "operator",
 _MANGLE = re.compile(r"___torch_mangle_\d+\.")
 
 
-class NoGraphKey(Exception):
+class NoGraphKey(NeuronBuildError):
     """The graph holds something the canonical form does not understand; the reason is one line."""
 
 

@@ -62,6 +62,7 @@ from neuron_build.compilers.graph_document import (  # re-exported: the FX expor
     treespec_document,
     watch_custom_ops,
 )
+from neuron_build.errors import NeuronBuildError
 from neuron_build.util import canonical_json, sha256_hex, write_json_atomic
 
 #: Bump when a canonical form changes, or when what a backend writes for the same graph changes: every
@@ -87,7 +88,7 @@ NO_GRAPH_KEY = {b.name: b.graph_key_why for b in BACKENDS.values() if b.graph_ke
 _HLO_METADATA = re.compile(r",?\s*metadata=\{[^{}]*\}")
 
 
-class GraphHit(Exception):
+class GraphHit(NeuronBuildError):
     """The graph index holds an artifact of this graph key: the worker stops before compiling.
     ``document`` is the sha256 of the canonical document (:func:`document_digest`), which the builder
     checks against the candidate artifact's manifest before it reuses it."""

@@ -33,11 +33,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from neuron_build.errors import UserError
+from neuron_build.errors import NeuronBuildError, UserError
 from neuron_build.project.matrix import Target
 
 
-class ReferenceFailed(Exception):
+class ReferenceFailed(NeuronBuildError):
     """The reference (the eager fp32 model on the CPU) did not build or run: no verdict can be reached
     (:func:`neuron_build.evaluate.validate.validate_here` records ``error``, never ``fail``)."""
 

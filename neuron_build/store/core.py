@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuron_build.errors import StoreError
+from neuron_build.errors import ExitCode, NeuronBuildError, StoreError
 from neuron_build.store import layout
 from neuron_build.store.contract import Lookup
 from neuron_build.store.digests import check_manifest
@@ -41,8 +41,11 @@ if TYPE_CHECKING:
 
 
 
-class ReadOnlyStore(OSError):
-    """A write was asked of a store opened read-only (or on a read-only folder)."""
+class ReadOnlyStore(OSError, NeuronBuildError):
+    """A write was asked of a store opened read-only (or on a read-only folder); the command names the
+    store and the fix (exit 2)."""
+
+    exit_code = ExitCode.USAGE
 
 
 class Store(Publishing, JsonObjects):
