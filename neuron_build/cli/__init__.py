@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-from neuron_build.cli.app import COMMANDS, CURRENT_COMMAND, JSON_PRINTED, display_error
+from neuron_build.cli.app import COMMANDS, CURRENT_COMMAND, JSON_PRINTED, display_error, display_text
 from neuron_build.errors import BuildFailed, ExitCode, NeuronBuildError, exit_code
 
 #: The command modules, in the order their commands appear in ``--help``: each defines ``register(add)``,
@@ -58,7 +58,7 @@ def print_json_error(text: str, code: int = ExitCode.USAGE) -> None:
     if _JSON_ERRORS[0]:
         import json
 
-        print(json.dumps({"schema": ERROR_SCHEMA, "error": text, "exit_code": int(code)}), flush=True)
+        display_text(json.dumps({"schema": ERROR_SCHEMA, "error": text, "exit_code": int(code)}), flush=True)
 
 
 class _Parser(argparse.ArgumentParser):
