@@ -51,11 +51,10 @@ from typing import Any
 
 from neuron_build.backends import BACKENDS, get_backend
 from neuron_build.compilers.graph_document import (  # re-exported: the FX export document and custom ops
-    _MANGLE,
     READ_HIGHER_ORDER_OPS,
+    TORCH_MANGLE,
     TORCH_OP_NAMESPACES,
     NoGraphKey,
-    _graph_document,  # noqa: F401  (tests read it here)
     custom_op_document,
     export_document,
     tensor_digest,
@@ -102,7 +101,7 @@ class GraphHit(NeuronBuildError):
 # -- TorchScript ----------------------------------------------------------------------------------------
 
 def _ts_type(v: Any) -> str:
-    return _MANGLE.sub("", str(v.type()))
+    return TORCH_MANGLE.sub("", str(v.type()))
 
 
 def _ts_attr(n: Any, name: str) -> Any:
@@ -120,9 +119,9 @@ def _ts_attr(n: Any, name: str) -> Any:
     if kind == "is":
         return {"is": list(n.is_(name))}
     if kind == "s":
-        return {"s": _MANGLE.sub("", n.s(name))}
+        return {"s": TORCH_MANGLE.sub("", n.s(name))}
     if kind == "ss":
-        return {"ss": [_MANGLE.sub("", s) for s in n.ss(name)]}
+        return {"ss": [TORCH_MANGLE.sub("", s) for s in n.ss(name)]}
     if kind == "ival":
         import torch
 

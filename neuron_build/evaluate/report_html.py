@@ -82,7 +82,7 @@ def _compile_time_chart(rep: Report) -> str | None:
     return _svg(fig)
 
 
-def _bar_chart(labels: list[str], values: list[float], xlabel: str, empty: str = "") -> str | None:
+def bar_chart(labels: list[str], values: list[float], xlabel: str, empty: str = "") -> str | None:
     """A horizontal bar chart (SVG), None when there is no bar (the caller says so in words: an empty axes
     reads as a chart of zeros)."""
     if not labels:
@@ -139,13 +139,13 @@ def render_html(rep: Report, sections: Sequence[str] = (), registry: dict | None
     drawn = {
         "chart-compile-time": ("Compile time per target over builds", _compile_time_chart(rep),
                                "no compiles in the window"),
-        "chart-op-count": ("Op count per target", _bar_chart([t["target"] for t in with_ops],
+        "chart-op-count": ("Op count per target", bar_chart([t["target"] for t in with_ops],
                                                               [t["op_count"] for t in with_ops], "op count"),
                            "no passing artifacts in the window"),
-        "chart-artifact-size": ("Artifact size per target", _bar_chart(
+        "chart-artifact-size": ("Artifact size per target", bar_chart(
             [t["target"] for t in with_size], [round(t["artifact_bytes"] / 2**20, 3) for t in with_size],
             "artifact size (MiB)"), "no passing artifacts in the window"),
-        "chart-failures": ("Failed compiles by failure stage", _bar_chart(
+        "chart-failures": ("Failed compiles by failure stage", bar_chart(
             list(rep.failures_by_stage), list(rep.failures_by_stage.values()), "failed compiles"),
             f"no failures: none of the {c['compiles']} compiles in the window failed"),
     }
@@ -184,4 +184,4 @@ def _registry_section(registry: dict | None) -> str:
     return render_registry(registry)
 
 
-__all__ = ["CHARTS", "chart_html", "render_html"]
+__all__ = ["CHARTS", "bar_chart", "chart_html", "render_html"]

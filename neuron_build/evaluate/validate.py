@@ -210,7 +210,7 @@ def validate_target(project: Project, store: ArtifactStore, target: Target, key:
         rec = _validate_isolated(project, ArtifactView.of(store, table.values()), target, key, table, rec)
     rec["elapsed_s"] = round(time.monotonic() - t0, 3)
     if record:
-        store.put_result(key, "validation", kind, _json_safe(rec))
+        store.put_result(key, "validation", kind, json_safe(rec))
     return cast(ValidationRecord, rec)
 
 
@@ -297,14 +297,14 @@ def _validate_isolated(project: Project, view: ArtifactView, target: Target, key
             "reason": f"{target.id}: the validation process exited with status {rc} before a verdict: {last}"}
 
 
-def _json_safe(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     """Replace non-finite floats by strings ("inf", "nan"): the store writes strict JSON."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return str(obj)
     if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 
@@ -329,5 +329,5 @@ def summary_line(rec: dict[str, Any]) -> str:
 
 __all__ = ["DEFAULT_TOLERANCE", "VERDICTS", "ArtifactView", "KeyTable", "Prepared", "ValidationRecord",
            "artifact_device_kind", "can_run_here", "compare_outputs",
-           "compare_tensors", "diagnose", "failure_message", "flatten_outputs", "is_validated", "neuron_devices",
+           "compare_tensors", "diagnose", "failure_message", "flatten_outputs", "is_validated", "json_safe", "neuron_devices",
            "prepare", "summary_line", "tolerance_for", "validate_here", "validate_target", "validation_seed"]

@@ -39,15 +39,15 @@ from neuron_build.project.config_errors import (
 )
 from neuron_build.project.config_file import DEFAULT_STATE_DIR, parse_config
 from neuron_build.project.config_models import (  # noqa: F401 (re-exported: public names of this module)
-    _DIM,
+    DIM_NAME,
     INTEGER_DTYPES,
     Dtype,
+    Frozen,
     InputDtype,
     InputSpec,
     ModelSpec,
     Task,
-    _Frozen,
-    _no_duplicates,
+    no_duplicates,
 )
 from neuron_build.project.config_terms import (  # noqa: F401 (re-exported: public names of this module)  # noqa: F401 (re-exported)
     CAUSAL_LM,
@@ -85,7 +85,7 @@ def _not_bool(v: Any) -> Any:
 Number = Annotated[float, BeforeValidator(_not_bool)]
 
 
-class BuildSettings(_Frozen):
+class BuildSettings(Frozen):
     """``[build]``: where artifacts go and which compiler runs.
 
     ``target`` is the Neuron hardware target passed as ``--target`` to neuronx-cc [doc]; ``device`` is
@@ -181,7 +181,7 @@ def check_store_url(url: str) -> None:
                              "dots and hyphens); write \"s3://<bucket>/<prefix>\"")
 
 
-class Profile(_Frozen):
+class Profile(Frozen):
     """``[profiles.NAME]``: compiler args and options.
 
     ``compiler_args`` are stored normalised (see :func:`neuron_build.project.compiler_args.normalize_compiler_args`).
@@ -248,7 +248,7 @@ def _specifiers(v: dict[str, str], where: str = "") -> dict[str, str]:
     return out
 
 
-class ReleaseSettings(_Frozen):
+class ReleaseSettings(Frozen):
     """``[release]``: channels and the gates a promotion must pass (:mod:`neuron_build.release`).
 
     ``channels`` are in promotion order: a release enters the first from a release id, and channel ``i``
@@ -318,7 +318,7 @@ class ReleaseSettings(_Frozen):
                 raise ValueError(long_name_fault("channel", c))
             if not _NAME.match(c):
                 raise ValueError(f"channel name {c!r} {NAME_RULE}")
-        return _no_duplicates(v)
+        return no_duplicates(v)
 
     @field_validator("channel_device_kind")
     @classmethod
@@ -334,7 +334,7 @@ class ReleaseSettings(_Frozen):
         return self.channel_device_kind.get(channel, self.serving_device_kind)
 
 
-class MonitoringSettings(_Frozen):
+class MonitoringSettings(Frozen):
     """``[monitoring]``: the thresholds of the compile monitoring checklist (``neuron-build report`` and
     ``metrics``, :mod:`neuron_build.store.ledger`) and the bounds of the kept failure workdirs.
 
@@ -363,7 +363,7 @@ class MonitoringSettings(_Frozen):
     failed_workdirs_max_mb: Number = Field(default=1000.0, ge=0, strict=False)
 
 
-class ConfigFile(_Frozen):
+class ConfigFile(Frozen):
     """The whole ``buckets.toml``."""
 
     build: BuildSettings = BuildSettings()
