@@ -58,7 +58,6 @@ from neuron_build.compilers.graph_document import (  # re-exported: the FX expor
     custom_op_document,
     export_document,
     tensor_digest,
-    treespec_document,
     watch_custom_ops,
 )
 from neuron_build.errors import NeuronBuildError
@@ -374,4 +373,4 @@ def _verdict(path: Path, key: str) -> bool:
 __all__ = ["BEFORE_COMPILE", "capture_document", "GRAPH_FILE", "GRAPH_KEY_FORMAT", "NO_GRAPH_KEY", "OPTION", "VERDICT_FILE", "GraphHit", "NoGraphKey",
            "READ_HIGHER_ORDER_OPS", "TORCH_OP_NAMESPACES", "base_of", "checkpoint", "custom_op_document",
            "document_digest", "export_document", "graph_key", "hlo_document", "tensor_digest", "torchscript_document",
-           "treespec_document", "watch_custom_ops"]
+           "watch_custom_ops"]

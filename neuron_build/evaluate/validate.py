@@ -42,7 +42,7 @@ from typing import Any, TypedDict, cast, get_args
 
 from neuron_build.errors import UserError
 from neuron_build.evaluate.validate_compare import compare_outputs, compare_tensors, failure_message, flatten_outputs
-from neuron_build.evaluate.validate_run import Prepared, diagnose, prepare, validate_here
+from neuron_build.evaluate.validate_run import Prepared, prepare, validate_here
 from neuron_build.evaluate.validate_setup import artifact_device_kind, validation_seed
 from neuron_build.project.config import DeviceKind, ModelSpec, Project
 from neuron_build.project.matrix import Target
@@ -329,5 +329,5 @@ def summary_line(rec: dict[str, Any]) -> str:
 
 __all__ = ["DEFAULT_TOLERANCE", "VERDICTS", "ArtifactView", "KeyTable", "Prepared", "ValidationRecord",
            "artifact_device_kind", "can_run_here", "compare_outputs",
-           "compare_tensors", "diagnose", "failure_message", "flatten_outputs", "is_validated", "json_safe", "neuron_devices",
+           "compare_tensors", "failure_message", "flatten_outputs", "is_validated", "json_safe", "neuron_devices",
            "prepare", "summary_line", "tolerance_for", "validate_here", "validate_target", "validation_seed"]

@@ -33,35 +33,20 @@ from neuron_build.errors import STORE_SCHEMES, ConfigError
 from neuron_build.project.compiler_args import normalize_compiler_args
 from neuron_build.project.config_checks import cross_checks
 from neuron_build.project.config_dask import DaskSettings
-from neuron_build.project.config_errors import (
-    toml_path,  # noqa: F401 (re-exported: a public name of this module)
-    validation_faults,
-)
+from neuron_build.project.config_errors import validation_faults
 from neuron_build.project.config_file import DEFAULT_STATE_DIR, parse_config
-from neuron_build.project.config_models import (  # noqa: F401 (re-exported: public names of this module)
-    DIM_NAME,
-    INTEGER_DTYPES,
-    Dtype,
-    Frozen,
-    InputDtype,
-    InputSpec,
-    ModelSpec,
-    Task,
-    no_duplicates,
-)
-from neuron_build.project.config_terms import (  # noqa: F401 (re-exported: public names of this module)  # noqa: F401 (re-exported)
-    CAUSAL_LM,
+from neuron_build.project.config_models import INTEGER_DTYPES, Frozen, ModelSpec, no_duplicates
+from neuron_build.project.config_terms import (  # noqa: F401 (re-exported: public names of this module)
     DEFAULT_CONFIG,
     MAX_NAME_CHARS,
     NAME_RULE,
-    TEXT_GENERATION,
     TEXTGEN_BACKENDS,
     long_name_fault,
 )
 from neuron_build.project.config_terms import NAME as _NAME
 from neuron_build.util import sha256_hex
 
-__all__ = ["INTEGER_DTYPES", "BuildSettings", "check_store_url", "Profile", "InputSpec", "ModelSpec",
+__all__ = ["INTEGER_DTYPES", "BuildSettings", "check_store_url", "Profile", "ModelSpec",
            "ReleaseSettings", "MonitoringSettings", "ConfigFile", "Project", "find_config", "load_project"]
 
 #: ``auto`` and every backend of :data:`neuron_build.backends.BACKENDS`, in its order (error messages list them).

@@ -61,7 +61,7 @@ from typing import Any
 from neuron_build.project.native_reads import Watch as _Watch
 from neuron_build.project.native_reads import mapped_files, open_files
 from neuron_build.project.outside import INSTALLED_PARTS, exempt_folders, is_outside_name, outside_name
-from neuron_build.project.read_check import RECORDED, InputCheck, record_path
+from neuron_build.project.read_check import InputCheck
 from neuron_build.project.read_events import CHILD_EVENTS, FIX, IMPORT_MACHINERY, NETWORK_EVENTS, TRANSPORT, what
 from neuron_build.project.sources import is_project_file, never_input_folder
 
@@ -427,5 +427,5 @@ def imported_distributions(modules_before: Iterable[str] = ()) -> list[str]:
     return sorted(d for d in dists if d.replace("_", "-").lower() not in OWN)
 
 
-__all__ = ["KINDS", "NEVER_READ_HIDDEN", "RECORDED", "InputCheck", "ReadRecorder", "empty", "imported_distributions",
-           "merge", "never_read_folder", "record_path"]
+__all__ = ["KINDS", "NEVER_READ_HIDDEN", "InputCheck", "ReadRecorder", "empty", "imported_distributions",
+           "merge", "never_read_folder"]

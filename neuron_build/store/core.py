@@ -32,7 +32,7 @@ from neuron_build.store.digests import check_manifest
 from neuron_build.store.layout import MANIFEST
 from neuron_build.store.medium import Medium
 from neuron_build.store.objects import JsonObjects
-from neuron_build.store.publishing import HEAL_ROUNDS, Publishing
+from neuron_build.store.publishing import Publishing
 from neuron_build.trust import check_files
 from neuron_build.util import file_sha256, json_bytes, temp_name, write_atomic
 
@@ -382,4 +382,4 @@ class Store(Publishing, JsonObjects):
         return self.cache.memory_budget(max_bytes, heartbeat_s=heartbeat_s)
 
 
-__all__ = ["HEAL_ROUNDS", "ReadOnlyStore", "Store"]
+__all__ = ["ReadOnlyStore", "Store"]
