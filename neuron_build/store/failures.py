@@ -68,10 +68,6 @@ class KeptFailure:
         """Total size of the kept files, bytes."""
         return sum(self.files.values())
 
-    def file_path(self, name: str) -> str:
-        """The store path of kept file ``name`` (relative to the work folder)."""
-        return failure_entry_path(self.target, self.entry, f"files/{name}")
-
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "entry": self.entry, "path": self.path, "key": self.key, "status": self.status,
                 "reason": self.reason, "time": self.time, "failure_stage": self.failure_stage,
