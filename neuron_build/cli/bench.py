@@ -122,11 +122,8 @@ def bench_selected(b, chosen, timing, *, compare: bool = False, profile: str | N
     """
     from neuron_build.evaluate.bench import bench_targets
     from neuron_build.evaluate.profile import profile_target
-    from neuron_build.evaluate.validate import (
-        artifact_device_kind,
-        can_run_here,
-        validate_target,
-    )
+    from neuron_build.evaluate.validate import can_run_here, validate_target
+    from neuron_build.evaluate.validate_setup import artifact_device_kind
 
     run = BenchRun()
     progress = _progress_factory()

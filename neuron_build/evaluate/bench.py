@@ -2,7 +2,7 @@
 
 A benchmark session (:func:`bench_targets`): load every selected target's artifact onto its device and
 its eager model in the target dtype on the same device, make each target's deterministic inputs (the
-validation inputs, :func:`neuron_build.evaluate.validate.validation_seed`), then time them all together
+validation inputs, :func:`neuron_build.evaluate.validate_setup.validation_seed`), then time them all together
 in rounds (:func:`neuron_build.evaluate.timing.time_rounds`, with the session's
 :class:`~neuron_build.evaluate.timing.TimingSettings`). Reported per target (:class:`BenchResult`): p50,
 p90, p99 and mean latency in milliseconds (percentiles by linear interpolation between order
@@ -37,7 +37,7 @@ from neuron_build.evaluate.timing import (
     time_interleaved,
     time_rounds,
 )
-from neuron_build.evaluate.validate import prepare
+from neuron_build.evaluate.validate_run import prepare
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.util import median_ci, percentile, utc_now
 
