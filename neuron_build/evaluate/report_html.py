@@ -42,15 +42,6 @@ figcaption { font-weight: bold; margin-bottom: .5em; }
 """
 
 
-def _svg(fig) -> str:
-    """A matplotlib figure as inline SVG text (without the XML prolog and DOCTYPE)."""
-    return charts.svg(fig)
-
-
-def _figure(width: float = 8.0, height: float = 3.2):
-    return charts.figure(width, height)
-
-
 def _compile_time_chart(rep: Report) -> str | None:
     """Compile time per target over its builds (x: the target's build number, whole numbers only; each
     target its own marker, nudged sideways so equal times stay visible); None when nothing compiled."""
@@ -62,7 +53,7 @@ def _compile_time_chart(rep: Report) -> str | None:
             series.append((t["target"], pts))
     if not series:
         return None
-    fig, ax = _figure(8.0, max(3.2, 0.22 * min(len(series), 14) + 1.2))
+    fig, ax = charts.figure(8.0, max(3.2, 0.22 * min(len(series), 14) + 1.2))
     for k, (name, pts) in enumerate(series):
         dx = charts.dodge(k, len(series))
         mark = charts.MARKERS[k % len(charts.MARKERS)]
@@ -79,7 +70,7 @@ def _compile_time_chart(rep: Report) -> str | None:
     ax.set_ylim(bottom=0)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
               ncol=max(1, -(-len(series) // 14)))
-    return _svg(fig)
+    return charts.svg(fig)
 
 
 def bar_chart(labels: list[str], values: list[float], xlabel: str, empty: str = "") -> str | None:
@@ -87,13 +78,13 @@ def bar_chart(labels: list[str], values: list[float], xlabel: str, empty: str = 
     reads as a chart of zeros)."""
     if not labels:
         return None
-    fig, ax = _figure(8.0, max(1.6, 0.35 * len(labels) + 0.8))
+    fig, ax = charts.figure(8.0, max(1.6, 0.35 * len(labels) + 0.8))
     ax.barh(labels, values, color="#4472c4")
     ax.invert_yaxis()
     for y, v in enumerate(values):
         ax.text(v, y, f" {v:g}", va="center", fontsize="small")
     ax.set_xlabel(xlabel)
-    return _svg(fig)
+    return charts.svg(fig)
 
 
 def chart_html(cid: str, title: str, svg: str | None, empty: str) -> str:
