@@ -5,7 +5,7 @@ caller would otherwise get by comparing a backend's name is a field of its :clas
 callers ask :func:`get_backend`. The config's ``Backend`` type, the text-generation backends, the graph-key
 tables (:data:`neuron_build.compilers.graph_key.BEFORE_COMPILE`, ``NO_GRAPH_KEY``), the key's per-backend
 environment and artifact format (:mod:`neuron_build.project.keys`), the device kind of an artifact
-(:func:`neuron_build.evaluate.validate.artifact_device_kind`) and the compiler loader
+(:func:`neuron_build.evaluate.validate_setup.artifact_device_kind`) and the compiler loader
 (:func:`neuron_build.compilers.base.load_compiler`) are derived from :data:`BACKENDS`.
 
 A new backend is one record here, one compiler module (a :class:`~neuron_build.compilers.base.CompilerBase`

@@ -1,14 +1,19 @@
 """The exception root and the one exit-code table.
 
-Every error the tool raises on purpose derives from :class:`NeuronBuildError`; :func:`exit_code` maps
-an exception to the process exit status (``neuron-build`` and ``doit build`` alike):
+Every error the tool raises on purpose derives from :class:`NeuronBuildError` (``tests/test_exceptions.py``
+holds every exception class of the package to it), keeping a builtin base where callers catch that
+(``ReadOnlyStore`` is an ``OSError``, ``HFSourceError`` a ``ValueError``). Two are signals inside the
+compile worker, not failures, and never reach a command: ``GraphHit`` (the graph index holds the graph:
+stop before compiling) and ``NoGraphKey`` (the graph has no key: compile). ``CompileFailed`` carries the
+worker's own exit status (``EXIT_TOOLCHAIN_MISSING``, 3, for a missing toolchain), which the build reads.
+:func:`exit_code` maps an exception to the process exit status (``neuron-build`` and ``doit build`` alike):
 
 =====  =====================================================================
 code   meaning
 =====  =====================================================================
 0      ok
 1      a build or a check failed (:class:`BuildFailed`, a failed verify)
-2      usage or configuration error (:class:`UserError`)
+2      usage or configuration error (:class:`UserError`; a write into a read-only store)
 3      refused by a gate: a promotion that did not move the channel (``PromotionRefused``)
 130    interrupted (Ctrl-C)
 141    the reader of the output went away (a closed pipe: the shell's 128 + SIGPIPE)

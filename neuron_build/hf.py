@@ -42,6 +42,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from neuron_build.errors import NeuronBuildError
+
 DEFAULT_AUTO_CLASS = "AutoModel"
 #: from_pretrained kwargs given unless ``kwargs`` overrides them.
 DEFAULT_KWARGS: dict[str, Any] = {"attn_implementation": "eager"}
@@ -53,7 +55,7 @@ MODEL_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gg
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf")
 
 
-class HFSourceError(ValueError):
+class HFSourceError(ValueError, NeuronBuildError):
     """An ``hf`` value that names no loadable model folder (one line: what is wrong and the fix)."""
 
 

@@ -51,6 +51,11 @@ class Verdict(_Word):
     ERROR = "error"    # the check could not complete (the reference did not build, its process died): no verdict
     WAIVED = "waived"  # a failed gate let through with a recorded reason (promote --waive, --allow-unvalidated)
 
+    @classmethod
+    def of(cls, ok: bool) -> Verdict:
+        """:attr:`PASS` when ``ok`` is true, else :attr:`FAIL`."""
+        return cls.PASS if ok else cls.FAIL
+
 
 
 

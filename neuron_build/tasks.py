@@ -87,12 +87,8 @@ class DodoSession(BuildSession):
     def task_validate(self) -> Iterator[dict[str, Any]]:
         """Check every target's artifact against the eager fp32 CPU reference (builds it first)."""
         from neuron_build.evaluate.textgen_validate import partners
-        from neuron_build.evaluate.validate import (
-            artifact_device_kind,
-            is_validated,
-            reference_model_hash,
-            tolerance_for,
-        )
+        from neuron_build.evaluate.validate import is_validated, reference_model_hash, tolerance_for
+        from neuron_build.evaluate.validate_setup import artifact_device_kind
 
         b = self.builder
         _SESSIONS[id(self)] = self  # found again by _validate_action, in this process or a forked runner

@@ -18,6 +18,7 @@ from typing import Any
 
 from neuron_build.build.executor import CompileRun
 from neuron_build.compilers.base import STAGE_PREFIX
+from neuron_build.errors import NeuronBuildError
 from neuron_build.status import BuildResult, Status
 from neuron_build.util import is_disk_full
 
@@ -170,7 +171,7 @@ def failure_log(run: CompileRun) -> bytes:
     return run.log + f"\n===== compiler log ({rel}) =====\n".encode() + run.compiler_log
 
 
-class DiskFull(Exception):
+class DiskFull(NeuronBuildError):
     """The file system filled up at a named stage of a build; the message is the target's failure reason,
     ``no space left on device while <stage> (<where>); free space and build again``. ``__cause__`` is the
     ``OSError``."""

@@ -46,10 +46,7 @@ from neuron_build.build.dask_worker import (
     executing_keys,
     memory_bound,
     open_spec,
-    outcome_dict,
     probe_store,
-    task_cancelled,
-    worker_memory_limit,
 )
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.predict import dispatch_jobs, target_predictions
@@ -442,10 +439,7 @@ __all__ = [
     "executing_keys",
     "memory_bound",
     "open_spec",
-    "outcome_dict",
     "probe_store",
     "scheduler_address",
     "shared_store_spec",
-    "task_cancelled",
-    "worker_memory_limit",
 ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_build.build.attempt import Outcome
+from neuron_build.errors import NeuronBuildError
 from neuron_build.status import Status
 from neuron_build.store.budget import GB
 
@@ -55,7 +56,7 @@ def probe_store(location: str, options: dict[str, Any], expected_id: str) -> str
 
 
 # -- on the worker ----------------------------------------------------------------------------------------
-class TransientCompileError(Exception):
+class TransientCompileError(NeuronBuildError):
     """A compile failed with the transient exit status 70 on a worker: raised so that Dask retries the task
     (``retries=``). ``outcome`` is the failed attempt's outcome as a dict (see :func:`outcome_dict`)."""
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from neuron_build.build.progress import BuildProgress, estimate_eta, format_duration, pace
 from neuron_build.log import divert_stderr, use_color
+from neuron_build.status import BuildResult, Status
 
 #: seconds between two redraws of the live area
 REFRESH_S = 1.0
@@ -46,7 +47,7 @@ def _isatty(stream: Any) -> bool:
 
 
 #: SGR codes of the status word in a plain (not live) line: PASS green, cached dim, anything else bold red.
-_SGR = {"PASS": "32", "cached": "2"}
+_SGR = {Status.PASS: "32", BuildResult.CACHED: "2"}
 
 
 def _ansi_status(text: str, status: str) -> str:
@@ -209,7 +210,7 @@ class BuildDisplay:
         if status:
             at = text.find(f" {status}")
             if at >= 0:
-                style = "green" if status == "PASS" else "dim" if status == "cached" else "bold red"
+                style = "green" if status == Status.PASS else "dim" if status == BuildResult.CACHED else "bold red"
                 t.stylize(style, at + 1, at + 1 + len(status))
         live.console.print(t)
 

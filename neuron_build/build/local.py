@@ -23,6 +23,7 @@ from typing import Any
 from neuron_build.build.executor import WORKER_LOG, CompileRun
 from neuron_build.build.jobs import default_jobs  # noqa: F401  (re-exported)
 from neuron_build.compilers.base import CompileRequest
+from neuron_build.errors import NeuronBuildError
 from neuron_build.util import read_json
 
 #: The folder holding the ``neuron_build`` package, put first on the worker's PYTHONPATH.
@@ -31,7 +32,7 @@ PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 POLL_S = 0.2
 
 
-class CompileCancelled(Exception):
+class CompileCancelled(NeuronBuildError):
     """The compile was stopped because whoever asked for it no longer wants it (a cancelled Dask task);
     its worker's process group was killed and nothing of it is published."""
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_build.status import DOWNLOADED, TargetState
+from neuron_build.status import DOWNLOADED, TargetState, Verdict
 
 #: The reason of a failed target that left no outcome (its build did not run, or stopped before the end).
 NOT_RUN = "the build stopped before this target finished (see the errors above)"
@@ -102,7 +102,7 @@ class BuildSummary:
             m = builder.store.manifest(key)
             ct = m.metrics.compile_time_s if m else None
         row = {"target": tid, "key": key, "result": result, "status": status,
-               "verdict": "fail" if result == "failed" else "pass", "reason": reason if result == "failed" else "",
+               "verdict": Verdict.of(result != "failed"), "reason": reason if result == "failed" else "",
                "compile_time_s": None if ct is None else round(float(ct), 3),
                "rechecked": list(self.rechecked.get(tid, ()))}
         if result == "failed":

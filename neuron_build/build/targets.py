@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from neuron_build.build.summary import BuildSummary
+from neuron_build.status import Verdict
 
 __all__ = ["SessionExecutor", "TargetExecutor", "TargetsBuilt", "build_targets"]
 
@@ -68,7 +69,7 @@ class TargetsBuilt:
         s = self.summary
         return {"targets": s.rows, "built": len(s.built), "cached": s.cached, "graph_reused": len(s.graph_reused),
                 "failed": len(s.failed), "not_pushed": sorted(set(self.unpushed_keys)),
-                "verdict": "pass" if self.ok else "fail"}
+                "verdict": Verdict.of(self.ok)}
 
 
 class SessionExecutor:

@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-from neuron_build.cli.app import COMMANDS, CURRENT_COMMAND, JSON_PRINTED, display_error
+from neuron_build.cli.app import COMMANDS, CURRENT_COMMAND, JSON_PRINTED, display_error, display_text
 from neuron_build.errors import BuildFailed, ExitCode, NeuronBuildError, exit_code
 
 #: The command modules, in the order their commands appear in ``--help``: each defines ``register(add)``,
@@ -58,7 +58,7 @@ def print_json_error(text: str, code: int = ExitCode.USAGE) -> None:
     if _JSON_ERRORS[0]:
         import json
 
-        print(json.dumps({"schema": ERROR_SCHEMA, "error": text, "exit_code": int(code)}), flush=True)
+        display_text(json.dumps({"schema": ERROR_SCHEMA, "error": text, "exit_code": int(code)}), flush=True)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -159,6 +159,12 @@ def _glue_dash_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _read_only(e: OSError) -> bool:
+    from neuron_build.store.core import ReadOnlyStore
+
+    return isinstance(e, ReadOnlyStore)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one ``neuron-build`` command (``argv``: the arguments after the program name; default
     ``sys.argv[1:]``) and return its exit status (:class:`neuron_build.errors.ExitCode`)."""
@@ -178,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     except NeuronBuildError as e:
         if args.debug:
             raise
+        if isinstance(e, OSError) and _read_only(e):
+            line = read_only_line(args.command, e, store_option=hasattr(args, "store"))
+            display_error(line, prefix="error")
+            print_json_error(line)
+            return exit_code(e)
         display_error(str(e), prefix="build failed" if isinstance(e, BuildFailed) else "error")
         if exit_code(e) == ExitCode.USAGE:
             print_json_error(str(e))
@@ -193,15 +204,6 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail again
         return exit_code(e)
-    except OSError as e:
-        from neuron_build.store.core import ReadOnlyStore
-
-        if args.debug or not isinstance(e, ReadOnlyStore):
-            raise
-        line = read_only_line(args.command, e, store_option=hasattr(args, "store"))
-        display_error(line, prefix="error")
-        print_json_error(line)
-        return int(ExitCode.USAGE)
 
 
 __all__ = ["COMMAND_MODULES", "ERROR_SCHEMA", "interrupted_line", "main", "parser", "print_json_error"]

@@ -160,6 +160,12 @@ def human_age(age_s: float | None) -> str:
     return f"{max(0, int(age_s))}s"
 
 
+def display_text(text: str = "", *, end: str = "\n", flush: bool = False, stream: Any = None) -> None:
+    """Print a command's result for people on stdout: a line, a table, a summary, the next step (``stream``:
+    another text stream, e.g. the one a progress display was given)."""
+    print(text, end=end, flush=flush, file=stream)
+
+
 def display_line(text: str) -> None:
     """Print one line of a long command's progress on stdout, at once (not when the command ends)."""
     print(text, flush=True)
@@ -187,5 +193,5 @@ def mib(n: int) -> str:
 
 __all__ = ["COMMANDS", "CURRENT_COMMAND", "SCHEMA_VERSION", "Handler", "command", "display_error", "display_line",
            "require_writable",
-           "display_note", "human_age", "json_doc", "mib", "open_builder", "open_project", "open_project_store",
+           "display_note", "display_text", "human_age", "json_doc", "mib", "open_builder", "open_project", "open_project_store",
            "plural", "print_json", "schema_id", "seconds"]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.backends import find_backend
-from neuron_build.cli.app import command, display_note, open_builder, print_json, require_writable
+from neuron_build.cli.app import command, display_note, display_text, open_builder, print_json, require_writable
 from neuron_build.errors import ExitCode, UserError
 
 
@@ -122,11 +122,8 @@ def bench_selected(b, chosen, timing, *, compare: bool = False, profile: str | N
     """
     from neuron_build.evaluate.bench import bench_targets
     from neuron_build.evaluate.profile import profile_target
-    from neuron_build.evaluate.validate import (
-        artifact_device_kind,
-        can_run_here,
-        validate_target,
-    )
+    from neuron_build.evaluate.validate import can_run_here, validate_target
+    from neuron_build.evaluate.validate_setup import artifact_device_kind
 
     run = BenchRun()
     progress = _progress_factory()
@@ -186,7 +183,7 @@ def format_bench(recs: list[Any], compare: bool) -> str:
 
 
 def _print_profile(t, prof: dict[str, Any]) -> None:
-    print(f"\nprofile of {t.id} ({prof['sort_by']}): {prof['dir']}/trace.json\n{prof['table']}")
+    display_text(f"\nprofile of {t.id} ({prof['sort_by']}): {prof['dir']}/trace.json\n{prof['table']}")
 
 
 @command("bench")
@@ -206,7 +203,7 @@ def cmd_bench(args) -> int:
     if args.json:
         print_json([r.to_json() for r in run.records], "records")
     elif run.records:
-        print(format_bench(run.records, compare=bool(args.compare)))
+        display_text(format_bench(run.records, compare=bool(args.compare)))
     if run.skipped:
         display_note(f"{len(run.skipped)} skipped (this host cannot run them): {', '.join(run.skipped)}")
     if run.not_built:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from neuron_build.cli.app import command, display_note, open_project, plural, positive_int, print_json
+from neuron_build.cli.app import command, display_note, display_text, open_project, plural, positive_int, print_json
 from neuron_build.errors import ExitCode, UserError
 
 SUGGEST_HELP = """\
@@ -109,17 +109,17 @@ def cmd_buckets(args) -> int:
     if args.json:
         print_json(out)
         return ExitCode.OK
-    print(format_suggestion(out))
+    display_text(format_suggestion(out))
     w = out.get("written")
     if w:
-        print(format_written(w))
+        display_text(format_written(w))
     elif not args.write:
         why = refusal(out)
         if why:   # never advise what --write refuses
-            print(f"next: {', '.join(why[1])}, or add --write --force")
+            display_text(f"next: {', '.join(why[1])}, or add --write --force")
         else:
-            print(f"next: add --write to put the suggested buckets into {project.path.name}, then `neuron-build "
-                  f"build {args.model}` compiles only the new targets")
+            display_text(f"next: add --write to put the suggested buckets into {project.path.name}, then `neuron-build "
+                         f"build {args.model}` compiles only the new targets")
     return ExitCode.OK
 
 

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from neuron_build.cli.app import (
     command,
     display_note,
+    display_text,
     open_builder,
     plural,
     positive_int,
@@ -79,16 +80,16 @@ def report(args, b, chosen, run) -> int:
     run.summary.print()
     per_worker = run.per_worker()
     if per_worker:
-        print(f"compiled on {plural(len(per_worker), 'Dask worker')}: "
-              + ", ".join(f"{w} ({n})" for w, n in sorted(per_worker.items())))
+        display_text(f"compiled on {plural(len(per_worker), 'Dask worker')}: "
+                     + ", ".join(f"{w} ({n})" for w, n in sorted(per_worker.items())))
     unpushed = run.unpushed_keys
     if unpushed:
-        print(f"  NOT PUSHED {plural(len(unpushed), 'artifact')} to {b.store.remote_location}: "
-              f"{run.not_pushed[0][1]}; they stay in the local store and the next build (or "
-              "`neuron-build push`) pushes them")
+        display_text(f"  NOT PUSHED {plural(len(unpushed), 'artifact')} to {b.store.remote_location}: "
+                     f"{run.not_pushed[0][1]}; they stay in the local store and the next build (or "
+                     "`neuron-build push`) pushes them")
         by_key = {b.key(t).key: t.id for t in chosen}
         for key in unpushed:
-            print(f"    not pushed: {by_key.get(key, '?')} (key {key[:16]})")
+            display_text(f"    not pushed: {by_key.get(key, '?')} (key {key[:16]})")
     if run.summary.failed:
         raise BuildFailed(f"{len(run.summary.failed)} target(s) failed")
     if unpushed:

@@ -8,7 +8,7 @@ DVC uses), so it completes every command and option of this version. Install it,
 
 from __future__ import annotations
 
-from neuron_build.cli.app import command
+from neuron_build.cli.app import command, display_text
 from neuron_build.errors import ExitCode
 
 __all__ = ["SHELLS", "register", "cmd_completion"]
@@ -29,5 +29,5 @@ def cmd_completion(args) -> int:
 
     from neuron_build.cli import parser
 
-    print(shtab.complete(parser(), shell=args.shell))
+    display_text(shtab.complete(parser(), shell=args.shell))
     return ExitCode.OK

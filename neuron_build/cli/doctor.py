@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_build.cli.app import command, print_json
+from neuron_build.cli.app import command, display_text, print_json
 from neuron_build.errors import ExitCode
 from neuron_build.project.toolchain import (
     NEURON_DISTS,
@@ -96,5 +96,5 @@ def cmd_doctor(args) -> int:
     if args.json:
         print_json(report)
     else:
-        print(format_report(report), end="")
+        display_text(format_report(report), end="")
     return ExitCode.OK

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from neuron_build.cli.app import command, print_json
+from neuron_build.cli.app import command, display_text, print_json
 from neuron_build.errors import ExitCode, UserError
 
 __all__ = ["BUCKETS_TOML", "DODO", "EXAMPLE", "FILES", "register", "scaffold", "cmd_init"]
@@ -105,7 +105,7 @@ def cmd_init(args) -> int:
         print_json({"dir": str(root), "files": written})
         return ExitCode.OK
     for p in written:
-        print(f"created {p}")
+        display_text(f"created {p}")
     cd = "" if root.resolve() == Path.cwd().resolve() else f"cd {root} && "
-    print(f"next: {cd}neuron-build plan && neuron-build build")
+    display_text(f"next: {cd}neuron-build plan && neuron-build build")
     return ExitCode.OK

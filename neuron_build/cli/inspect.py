@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_build.cli.app import command, open_builder, print_json
+from neuron_build.cli.app import command, display_text, open_builder, print_json
 from neuron_build.errors import ExitCode, UserError
 from neuron_build.status import TargetState
 
@@ -87,7 +87,7 @@ def cmd_plan(args) -> int:
     if args.json:
         print_json(rows, "targets")
     else:
-        print(format_plan(rows))
+        display_text(format_plan(rows))
     return ExitCode.OK
 
 
@@ -184,7 +184,7 @@ def cmd_explain(args) -> int:
         return ExitCode.OK
     text = format_explain(b, t)
     b.keys.save()
-    print(text)
+    display_text(text)
     return ExitCode.OK
 
 
@@ -207,9 +207,9 @@ def cmd_ls(args) -> int:
         print_json(rows, "artifacts")
         return ExitCode.OK
     for r in rows:
-        print(f"{r['key'][:12]}  {r['target']:36} {r['backend']:11} {r['compile_time_s']:8.1f} s "
-              f"{r['op_count'] or 0:6} ops {r['artifact_bytes'] / 2**20:9.1f} MiB  {r['created']}")
-    print(f"{len(rows)} artifacts in {b.store.location}")
+        display_text(f"{r['key'][:12]}  {r['target']:36} {r['backend']:11} {r['compile_time_s']:8.1f} s "
+                     f"{r['op_count'] or 0:6} ops {r['artifact_bytes'] / 2**20:9.1f} MiB  {r['created']}")
+    display_text(f"{len(rows)} artifacts in {b.store.location}")
     return ExitCode.OK
 
 
@@ -262,8 +262,8 @@ def cmd_show(args) -> int:
         if args.json:
             print_json(failure.to_json())
         else:
-            print(f"{failure.target}: {failure.status}: {failure.reason}\n"
-                  f"log: {b.store.failure_log(failure.target)}")
+            display_text(f"{failure.target}: {failure.status}: {failure.reason}\n"
+                         f"log: {b.store.failure_log(failure.target)}")
         return ExitCode.OK
     found = b.store.lookup(key)
     m = found.manifest
@@ -274,6 +274,6 @@ def cmd_show(args) -> int:
         print_json(m.model_dump(mode="json"))
     else:
         log_dir = b.store.log_file(key, "worker.log").parent
-        print(format_manifest(m, log_dir))
+        display_text(format_manifest(m, log_dir))
     return ExitCode.OK
 

@@ -4,10 +4,18 @@
 from __future__ import annotations
 
 import datetime as _dt
-import sys
 from pathlib import Path
 
-from neuron_build.cli.app import command, display_note, mib, open_project_store, plural, print_json, schema_id
+from neuron_build.cli.app import (
+    command,
+    display_note,
+    display_text,
+    mib,
+    open_project_store,
+    plural,
+    print_json,
+    schema_id,
+)
 from neuron_build.errors import ExitCode, UserError
 
 #: The version of ``failures --json``.
@@ -86,10 +94,10 @@ def cmd_report(args) -> int:
         print_json({**rep.to_json(), "schema": schema_id("report"), "registry": registry,
                     "unreadable_records": skipped})
     else:
-        print(format_text(rep))
+        display_text(format_text(rep))
         if skipped:
-            print(f"{plural(len(skipped), 'unreadable ledger record')} skipped: {', '.join(skipped)}; "
-                  f"`neuron-build verify` reports them with the fix (the build that wrote them is not counted)")
+            display_text(f"{plural(len(skipped), 'unreadable ledger record')} skipped: {', '.join(skipped)}; "
+                         f"`neuron-build verify` reports them with the fix (the build that wrote them is not counted)")
     return ExitCode.OK
 
 
@@ -141,7 +149,7 @@ def cmd_metrics(args) -> int:
     if args.output:
         _write_output(Path(args.output), text, "--output")
     else:
-        sys.stdout.write(text.decode())
+        display_text(text.decode(), end="")
     return ExitCode.OK
 
 
@@ -166,17 +174,17 @@ def cmd_failures(args) -> int:
         print_json({"schema": FAILURES_SCHEMA, "store": store.location, "failures": rows})
         return ExitCode.OK
     if not entries:
-        print(f"no kept failure workdirs in {store.location}" + (f" for {args.target}" if args.target else ""))
+        display_text(f"no kept failure workdirs in {store.location}" + (f" for {args.target}" if args.target else ""))
         return ExitCode.OK
     for e in entries:
         where = ", ".join(x for x in (e.failure_stage and f"stage {e.failure_stage}",
                                       e.compiler_pass and f"last pass {e.compiler_pass}",
                                       e.diagnostic_code and f"code {e.diagnostic_code}") if x) or "stage unknown"
-        print(f"{e.time}  {e.target}  {e.status} ({where}): {e.reason}")
-        print(f"    {root / e.path / 'files'}  ({plural(len(e.files), 'file')}, {mib(e.bytes)}"
-              + (f"; left out over the size cap: {', '.join(e.omitted)}" if e.omitted else "") + ")")
-    print(f"{plural(len(entries), 'kept failure workdir')}; bounded by keep_failed_workdirs and "
-          f"failed_workdirs_max_mb under [monitoring]; gc removes a target's once it passes again")
+        display_text(f"{e.time}  {e.target}  {e.status} ({where}): {e.reason}")
+        display_text(f"    {root / e.path / 'files'}  ({plural(len(e.files), 'file')}, {mib(e.bytes)}"
+                     + (f"; left out over the size cap: {', '.join(e.omitted)}" if e.omitted else "") + ")")
+    display_text(f"{plural(len(entries), 'kept failure workdir')}; bounded by keep_failed_workdirs and "
+                 f"failed_workdirs_max_mb under [monitoring]; gc removes a target's once it passes again")
     return ExitCode.OK
 
 

@@ -5,12 +5,12 @@ No torch here; the domain logic is in :mod:`neuron_build.release`.
 
 from __future__ import annotations
 
-import sys
 from typing import get_args
 
 from neuron_build.cli.app import (
     command,
     display_error,
+    display_text,
     human_age,
     mib,
     open_builder,
@@ -20,6 +20,7 @@ from neuron_build.cli.app import (
 )
 from neuron_build.errors import ExitCode, UserError
 from neuron_build.project.config import Backend, DeviceKind
+from neuron_build.status import Verdict
 
 #: ``--backend`` and ``--device-kind`` take what ``[build] backend`` and ``[release]`` device kinds take.
 BACKENDS: tuple[str, ...] = get_args(Backend)
@@ -96,17 +97,17 @@ def cmd_release(args) -> int:
     if args.json:
         print_json(rec)
     elif args.quiet:
-        print(rec["id"])
+        display_text(rec["id"])
     else:
         m = rec["metrics"]
-        print(f"release {rec['id']}: {rec['model']} {rec['dtype']}/{rec['profile']} ({rec['backend']}, "
-              f"{rec['hardware_target']}), {len(rec['artifacts'])} bucket(s), created {rec['created']} by "
-              f"{rec['creator']}" + (f", git {rec['git_commit'][:12]}" if rec.get("git_commit") else ""))
+        display_text(f"release {rec['id']}: {rec['model']} {rec['dtype']}/{rec['profile']} ({rec['backend']}, "
+                     f"{rec['hardware_target']}), {len(rec['artifacts'])} bucket(s), created {rec['created']} by "
+                     f"{rec['creator']}" + (f", git {rec['git_commit'][:12]}" if rec.get("git_commit") else ""))
         for a in rec["artifacts"]:
             am = m["artifacts"][a["target"]]
             val = ", ".join(f"{k} {v}" for k, v in am["validation"].items()) or "not validated"
-            print(f"  {a['target']:32} {a['key'][:12]}  {am['op_count'] or 0:5} ops "
-                  f"{am['compile_time_s']:7.1f} s  {val}")
+            display_text(f"  {a['target']:32} {a['key'][:12]}  {am['op_count'] or 0:5} ops "
+                         f"{am['compile_time_s']:7.1f} s  {val}")
     return ExitCode.OK
 
 
@@ -126,16 +127,16 @@ def cmd_promote(args) -> int:
     except PromotionRefused as e:
         if not args.json:
             raise
-        print_json({**e.entry, "verdict": "fail"})
+        print_json({**e.entry, "verdict": Verdict.FAIL})
         display_error(str(e).splitlines()[0])
         return ExitCode.REFUSED
     if args.json:
-        entry = {**entry, "verdict": "pass"}
+        entry = {**entry, "verdict": Verdict.PASS}
         print_json(entry)
         return ExitCode.OK
-    print(f"promoted {entry['to']} into {args.model}/{args.to} (version {entry['version']}; "
-          f"was {entry['from'] or 'empty'})")
-    print(format_gates(entry["gates"]))
+    display_text(f"promoted {entry['to']} into {args.model}/{args.to} (version {entry['version']}; "
+                 f"was {entry['from'] or 'empty'})")
+    display_text(format_gates(entry["gates"]))
     return ExitCode.OK
 
 
@@ -175,8 +176,8 @@ def cmd_rollback(args) -> int:
     if args.json:
         print_json(entry)
         return ExitCode.OK
-    print(f"rolled {args.model}/{args.channel} back from {entry['from']} to {entry['to']} "
-          f"(version {entry['version']})")
+    display_text(f"rolled {args.model}/{args.channel} back from {entry['from']} to {entry['to']} "
+                 f"(version {entry['version']})")
     return ExitCode.OK
 
 
@@ -198,16 +199,16 @@ def cmd_channels(args) -> int:
         return rc
     for r in rows:
         if r["corrupt"]:
-            print(f"{r['model']:16} {r['channel']:10} CORRUPT {r['corrupt']}")
+            display_text(f"{r['model']:16} {r['channel']:10} CORRUPT {r['corrupt']}")
             continue
         if not args.model and r["release"] is None:
             continue
         what = (f"{r['release']}  v{r['version']}  {r['dtype']}/{r['profile']}  {human_age(r['age_s'])} ago  "
                 f"{r['action']} by {r['who']}" + ("  [rolled back before]" if r["rolled_back"] else "")
                 if r["release"] else "-")
-        print(f"{r['model']:16} {r['channel']:10} {what}")
+        display_text(f"{r['model']:16} {r['channel']:10} {what}")
     if not args.model and all(r["release"] is None and not r["corrupt"] for r in rows):
-        print("no channel holds a release yet")
+        display_text("no channel holds a release yet")
     return rc
 
 
@@ -253,10 +254,10 @@ def cmd_releases(args) -> int:
             rb = r["rolled_back"][-1]
             mark = f"  ROLLED BACK from {rb['channel']} {human_age(seconds_since_iso(rb['time']))} ago" + (
                 f" (\"{rb['reason']}\")" if rb["reason"] else "")
-        print(f"{r['id']}  {r['dtype']}/{r['profile']}  {r['backend']:11} {r['buckets']} bucket(s)  "
-              f"{human_age(r['age_s'])} ago by {r['creator']}  channels: {', '.join(r['channels']) or '-'}{mark}")
+        display_text(f"{r['id']}  {r['dtype']}/{r['profile']}  {r['backend']:11} {r['buckets']} bucket(s)  "
+                     f"{human_age(r['age_s'])} ago by {r['creator']}  channels: {', '.join(r['channels']) or '-'}{mark}")
     if not rows:
-        print(f"model '{args.model}' has no releases yet; make one with `neuron-build release {args.model}`")
+        display_text(f"model '{args.model}' has no releases yet; make one with `neuron-build release {args.model}`")
     return ExitCode.OK
 
 
@@ -274,7 +275,7 @@ def cmd_releases_diff(args) -> int:
     if args.json:
         print_json(doc)
     else:
-        print(format_diff(doc))
+        display_text(format_diff(doc))
     return ExitCode.OK
 
 
@@ -304,14 +305,14 @@ def cmd_history(args) -> int:
             line += "  [--allow-unvalidated]"
         if e.get("waivers"):
             line += "  [waived: " + ", ".join(w["gate"] for w in e["waivers"]) + "]"
-        print(line)
+        display_text(line)
         if e.get("action") == "refuse":
-            print("    " + e.get("refused", "").splitlines()[0])
+            display_text("    " + e.get("refused", "").splitlines()[0])
             for g in e.get("gates", []):
                 if not g["passed"]:
-                    print(f"    FAIL {g['name']}: {g['message']}")
+                    display_text(f"    FAIL {g['name']}: {g['message']}")
     if not hist:
-        print(f"{args.model}/{args.channel} has no history yet")
+        display_text(f"{args.model}/{args.channel} has no history yet")
     return ExitCode.OK
 
 
@@ -376,14 +377,14 @@ def cmd_pull(args) -> int:
         require_model(project, args.model)
         settings = project.config.release
     doc = pull(store, args.model, args.channel, args.dest, settings,
-               warn=lambda line: print(f"warning: {line}", file=sys.stderr), progress=TransferDisplay("pull")).to_json()
+               warn=lambda line: display_error(line, prefix="warning"), progress=TransferDisplay("pull")).to_json()
     if args.json:
         print_json(doc)
         return ExitCode.OK
     files = {p: f for b in doc["buckets"] for p, f in b["files"].items()}  # a blob several buckets pin: once
     nfiles, size = len(files), sum(f["size"] for f in files.values())
-    print(f"pulled {doc['release']} ({args.model}/{args.channel} v{doc['channel_version']}) into {args.dest}: "
-          f"{len(doc['buckets'])} bucket(s), {nfiles} files, {mib(size)}, sha256 verified")
+    display_text(f"pulled {doc['release']} ({args.model}/{args.channel} v{doc['channel_version']}) into {args.dest}: "
+                 f"{len(doc['buckets'])} bucket(s), {nfiles} files, {mib(size)}, sha256 verified")
     return ExitCode.OK
 
 

@@ -8,7 +8,7 @@ a folder that is not such a release.
 
 from __future__ import annotations
 
-from neuron_build.cli.app import command, print_json
+from neuron_build.cli.app import command, display_text, print_json
 from neuron_build.errors import ExitCode
 
 #: The ``--json`` schema of ``warmup``.
@@ -54,7 +54,7 @@ def cmd_warmup(args) -> int:
     if args.json:
         print_json(report)
     else:
-        print(format_report(report))
+        display_text(format_report(report))
     return ExitCode.OK if report["zero_compiles"] or args.in_process else ExitCode.FAILED
 
 

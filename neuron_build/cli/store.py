@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from neuron_build.cli.app import command, mib, open_builder, print_json
+from neuron_build.cli.app import command, display_text, mib, open_builder, print_json
 from neuron_build.errors import ExitCode, UserError
 from neuron_build.status import Verdict
 
@@ -73,24 +73,24 @@ def cmd_verify(args) -> int:
     shared = None if args.remote else b.store.remote_tier  # the local cache's channels point at its releases
     rep = verify_store(store, deep=args.deep, repair=args.repair, shared=shared)
     if args.json:
-        print_json({**rep.to_json(), "verdict": str(Verdict.PASS if rep.clean else Verdict.FAIL)})
+        print_json({**rep.to_json(), "verdict": str(Verdict.of(rep.clean))})
         return ExitCode.OK if rep.clean else ExitCode.FAILED
     for bad in rep.bad:
         what = {"blob": f"blob {bad.key[:16]}", "record": bad.key}.get(bad.kind, bad.key[:12])
-        print(f"BAD  {what}  {bad.target or '?'}: {bad.reason}"
-              + (f" -> {bad.moved_to}" if bad.moved_to else ""))
+        display_text(f"BAD  {what}  {bad.target or '?'}: {bad.reason}"
+                     + (f" -> {bad.moved_to}" if bad.moved_to else ""))
         if bad.pinned_by:
-            print(f"     pinned by {', '.join(bad.pinned_by)}")
+            display_text(f"     pinned by {', '.join(bad.pinned_by)}")
         if bad.fix:
-            print(f"     fix: {bad.fix}")
+            display_text(f"     fix: {bad.fix}")
     for p in rep.problems:
-        print(f"REF  {p}")
+        display_text(f"REF  {p}")
     how = "sha256 of every blob" if args.deep else f"sizes only: {NOT_HASHED}"
     moved = (" (moved to quarantine/; the next build compiles them again)" if args.repair
              else " (reported only; --repair moves them to quarantine/)")
-    print(f"verified {rep.checked} artifacts and {rep.blobs_checked} blobs in {store.location} ({how}): "
-          f"{rep.ok} ok, {len(rep.bad)} bad" + (moved if rep.bad else "")
-          + (f", {len(rep.problems)} reference problems" if rep.problems else ""))
+    display_text(f"verified {rep.checked} artifacts and {rep.blobs_checked} blobs in {store.location} ({how}): "
+                 f"{rep.ok} ok, {len(rep.bad)} bad" + (moved if rep.bad else "")
+                 + (f", {len(rep.problems)} reference problems" if rep.problems else ""))
     return ExitCode.OK if rep.clean else ExitCode.FAILED
 
 
@@ -114,15 +114,15 @@ def cmd_verify_fresh(args) -> int:
     code = ExitCode.OK if rep.clean else ExitCode.FAILED
     if args.json:
         print_json({"schema": "neuron-build/verify-fresh/v1", **rep.to_json(), "seconds": round(seconds, 2),
-                    "verdict": str(Verdict.PASS if rep.clean else Verdict.FAIL)})
+                    "verdict": str(Verdict.of(rep.clean))})
         return code
     for r in rep.rows:
         if r.verdict != "fresh":
-            print(r.line())
+            display_text(r.line())
     n = rep.to_json()["counts"]
-    print(f"verify --fresh: {len(rep.rows)} target(s), {len(rep.probes)} probe(s) in {seconds:.1f} s: "
-          f"{n['fresh']} fresh, {n['differs']} differ, {n['unchecked']} unchecked, "
-          f"{n['unverifiable']} unverifiable (no graph key to compare), {n['unbuilt']} unbuilt")
+    display_text(f"verify --fresh: {len(rep.rows)} target(s), {len(rep.probes)} probe(s) in {seconds:.1f} s: "
+                 f"{n['fresh']} fresh, {n['differs']} differ, {n['unchecked']} unchecked, "
+                 f"{n['unverifiable']} unverifiable (no graph key to compare), {n['unbuilt']} unbuilt")
     return code
 
 
@@ -145,19 +145,19 @@ def cmd_gc(args) -> int:
     verb = "would remove" if args.dry_run else "removed"
     for r in rep.removed:
         what = f"{r.key[:12]}  {r.target or ''}".rstrip() if r.kind == "object" else r.path
-        print(f"{verb} {r.kind:10} {what}  {mib(r.bytes)}  ({r.why})")
+        display_text(f"{verb} {r.kind:10} {what}  {mib(r.bytes)}  ({r.why})")
     for f in rep.failed:
-        print(f"COULD NOT REMOVE {f.kind} {f.path}: {f.error}")
+        display_text(f"COULD NOT REMOVE {f.kind} {f.path}: {f.error}")
     for u in rep.unknown:
-        print(f"left       {u.path}  ({u.error})")
+        display_text(f"left       {u.path}  ({u.error})")
     counts = {}
     for r in rep.removed:
         counts[r.kind] = counts.get(r.kind, 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in counts.items()) or "nothing"
-    print(f"gc{' (dry run)' if args.dry_run else ''}: {verb} {summary}; "
-          f"{'would free' if args.dry_run else 'freed'} {mib(rep.bytes_freed)} ({rep.bytes_freed} bytes); "
-          f"kept {rep.referenced} referenced and {rep.kept_young} unreferenced artifacts younger than "
-          f"{args.keep_days:g} days"
-          + (f"; could not remove {len(rep.failed)} (listed above)" if rep.failed else "")
-          + (f"; left {len(rep.unknown)} files it did not write" if rep.unknown else ""))
+    display_text(f"gc{' (dry run)' if args.dry_run else ''}: {verb} {summary}; "
+                 f"{'would free' if args.dry_run else 'freed'} {mib(rep.bytes_freed)} ({rep.bytes_freed} bytes); "
+                 f"kept {rep.referenced} referenced and {rep.kept_young} unreferenced artifacts younger than "
+                 f"{args.keep_days:g} days"
+                 + (f"; could not remove {len(rep.failed)} (listed above)" if rep.failed else "")
+                 + (f"; left {len(rep.unknown)} files it did not write" if rep.unknown else ""))
     return code

@@ -8,7 +8,7 @@ leaves no half-artifact and the next one finishes it. Exit status 1 when somethi
 
 from __future__ import annotations
 
-from neuron_build.cli.app import command, mib, open_builder, open_project, plural, print_json
+from neuron_build.cli.app import command, display_text, mib, open_builder, open_project, plural, print_json
 from neuron_build.errors import ExitCode, UserError
 
 __all__ = ["register", "cmd_push", "cmd_fetch", "format_status", "cmd_status"]
@@ -42,12 +42,12 @@ def _pair(args):
 
 def _print(verb: str, rep, where: str) -> None:
     for key, reason in rep.failed:
-        print(f"FAILED {key[:16]}: {reason}")
+        display_text(f"FAILED {key[:16]}: {reason}")
     for line in rep.disagree:
-        print(f"REFUSED {line}")
-    print(f"{verb} {plural(len(rep.copied), 'artifact')} ({plural(rep.blobs, 'blob')}, {mib(rep.bytes)}) "
-          f"{'to' if verb == 'pushed' else 'from'} {where}; {len(rep.present)} there already, "
-          f"{plural(rep.records, 'record')} copied, {len(rep.failed)} failed")
+        display_text(f"REFUSED {line}")
+    display_text(f"{verb} {plural(len(rep.copied), 'artifact')} ({plural(rep.blobs, 'blob')}, {mib(rep.bytes)}) "
+                 f"{'to' if verb == 'pushed' else 'from'} {where}; {len(rep.present)} there already, "
+                 f"{plural(rep.records, 'record')} copied, {len(rep.failed)} failed")
 
 
 @command("push")
@@ -98,7 +98,7 @@ def cmd_fetch(args) -> int:
     else:
         _print("fetched", rep, remote.location)
         if missing:
-            print(f"{plural(missing, 'target')} not on the remote (build them with `neuron-build build`)")
+            display_text(f"{plural(missing, 'target')} not on the remote (build them with `neuron-build build`)")
     return ExitCode.FAILED if rep.failed or rep.disagree else ExitCode.OK
 
 
@@ -180,5 +180,5 @@ def cmd_status(args) -> int:
     if args.json:
         print_json(doc)
     else:
-        print(format_status(doc))
+        display_text(format_status(doc))
     return ExitCode.OK

@@ -18,6 +18,7 @@ from typing import Any
 
 from neuron_build.build.display import make_console, wants_live
 from neuron_build.build.progress import format_duration
+from neuron_build.cli.app import display_text
 from neuron_build.store.sync import TransferProgress
 
 
@@ -76,9 +77,9 @@ class TransferDisplay(TransferProgress):
                              description=f"{self.verb} {self.done_files}/{self.files} {target} {name}")
         else:
             eta = self.eta_s()
-            print(f"{self.verb} {target} {name}: {size:,} bytes ({self.done_files}/{self.files} files, "
-                  f"{self.done_bytes:,} of {self.nbytes:,} bytes"
-                  + (f", ETA {format_duration(eta)})" if eta is not None else ")"), file=self.stream, flush=True)
+            display_text(f"{self.verb} {target} {name}: {size:,} bytes ({self.done_files}/{self.files} files, "
+                         f"{self.done_bytes:,} of {self.nbytes:,} bytes"
+                         + (f", ETA {format_duration(eta)})" if eta is not None else ")"), stream=self.stream, flush=True)
 
     def end(self) -> None:
         if self._bar is not None:

@@ -15,6 +15,7 @@ from neuron_build.cli.app import (
     command,
     display_line,
     display_note,
+    display_text,
     open_builder,
     print_json,
     require_writable,
@@ -96,7 +97,7 @@ def cmd_validate(args) -> int:
             display_note(f"{run.count(Verdict.FAIL)} failed, {run.count(Verdict.ERROR)} ended in an error, "
                          f"{len(run.not_built)} not built")
     else:
-        print(run.summary())
+        display_text(run.summary())
     return ExitCode.OK if run.ok else ExitCode.FAILED
 
 

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Protocol
 
 from neuron_build.backends import BACKENDS as _RECORDS
 from neuron_build.backends import get_backend
+from neuron_build.errors import NeuronBuildError
 
 #: backend name -> "module:class" of its forward-graph compiler (each record's ``compiler``).
 BACKENDS = {b.name: b.compiler for b in _RECORDS.values()}
@@ -88,7 +89,7 @@ class CompileResult:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-class CompileFailed(Exception):
+class CompileFailed(NeuronBuildError):
     """A compile that failed in a known way.
 
     Args:

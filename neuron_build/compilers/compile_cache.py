@@ -48,7 +48,13 @@ from typing import Any
 
 from neuron_build.backends import BACKENDS, get_backend
 from neuron_build.compilers import graph_key
-from neuron_build.compilers.base import CompileFailed, CompilerBase, CompileRequest, CompileResult
+from neuron_build.compilers.base import (
+    EXIT_TOOLCHAIN_MISSING,
+    CompileFailed,
+    CompilerBase,
+    CompileRequest,
+    CompileResult,
+)
 from neuron_build.status import Status
 
 #: our backend -> the Dynamo backend ``torch.compile`` runs (the ``caches`` records of :mod:`neuron_build.backends`).
@@ -342,7 +348,7 @@ class CompileCacheCompiler(CompilerBase):
         device = request.hardware_target
         if device == "cuda" and not torch.cuda.is_available():
             raise CompileFailed(Status.TOOLCHAIN_MISSING, "device = \"cuda\" but this host has no CUDA device; "
-                                "set device = \"cpu\" under [build]", exit_code=3)
+                                "set device = \"cpu\" under [build]", EXIT_TOOLCHAIN_MISSING)
         model = model.to(device)
         inputs = tuple(t.to(device) for t in example_inputs)
         kwargs = torch_compile_kwargs(self.name)

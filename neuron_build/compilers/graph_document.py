@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from neuron_build.errors import NeuronBuildError
 from neuron_build.util import sha256_hex
 
 #: Higher-order ops whose meaning is their name and their arguments (bodies are ``get_attr``'d graph modules,
@@ -34,10 +35,10 @@ TORCH_OP_NAMESPACES = frozenset({
 #: Modules of callables keyed by their name (torch's own code, versioned in the key, and the standard library).
 _TRUSTED_MODULE_ROOTS = frozenset({"torch", "builtins", "_operator", "operator", "math", "_functools", "functools"})
 #: The mangling counter of TorchScript class names (``___torch_mangle_N.``), also in pytree specs: left out.
-_MANGLE = re.compile(r"___torch_mangle_\d+\.")
+TORCH_MANGLE = re.compile(r"___torch_mangle_\d+\.")
 
 
-class NoGraphKey(Exception):
+class NoGraphKey(NeuronBuildError):
     """The graph holds something the canonical form does not understand; the reason is one line."""
 
 
@@ -286,13 +287,13 @@ def _attr_document(value: Any, target: str) -> Any:
     import torch.fx
 
     if isinstance(value, torch.fx.GraphModule):
-        return {"graph": _graph_document(value)}
+        return {"graph": graph_module_document(value)}
     if isinstance(value, torch.Tensor):
         return {"tensor": tensor_digest(value)}
     raise NoGraphKey(f"get_attr {target} reads a {type(value).__name__}, which the key cannot read")
 
 
-def _graph_document(gm: Any, placeholder: Any = None) -> list[dict[str, Any]]:
+def graph_module_document(gm: Any, placeholder: Any = None) -> list[dict[str, Any]]:
     """One entry per node of ``gm.graph``: op, target (or for ``get_attr`` and ``call_module`` the document
     of what it reads, recursively), arguments with node references by index, and the value's shape and
     dtype. ``placeholder(node)`` gives a placeholder's entry fields (the top graph's signature); a body's
@@ -328,7 +329,7 @@ def treespec_document(spec: Any) -> str | None:
     """
     if spec is None:
         return None
-    text = _MANGLE.sub("", str(spec))
+    text = TORCH_MANGLE.sub("", str(spec))
     if re.search(r" at 0x[0-9a-f]+", text):
         raise NoGraphKey("the output's pytree spec holds an object without a stable form")
     return text
@@ -347,7 +348,7 @@ def export_document(ep: Any) -> dict[str, Any]:
     ``out_spec`` the output's pytree structure with its names.
 
     Raises:
-        NoGraphKey: a custom object input, or anything :func:`_graph_document` cannot read.
+        NoGraphKey: a custom object input, or anything :func:`graph_module_document` cannot read.
     """
     from torch.export.graph_signature import InputKind
 
@@ -375,7 +376,7 @@ def export_document(ep: Any) -> dict[str, Any]:
             raise NoGraphKey(f"graph input {spec.target} of kind {kind.name} has no canonical form")
         return {}
 
-    nodes = _graph_document(ep.graph_module, placeholder)
+    nodes = graph_module_document(ep.graph_module, placeholder)
     outputs = [{"kind": s.kind.name.lower(), "target": s.target if s.kind.name != "USER_OUTPUT" else None}
                for s in sig.output_specs]
     call_spec = getattr(ep, "call_spec", None)
@@ -384,5 +385,5 @@ def export_document(ep: Any) -> dict[str, Any]:
             "out_spec": treespec_document(getattr(call_spec, "out_spec", None))}
 
 
-__all__ = ["NoGraphKey", "READ_HIGHER_ORDER_OPS", "TORCH_OP_NAMESPACES", "custom_op_document", "export_document",
-           "tensor_digest", "treespec_document", "watch_custom_ops"]
+__all__ = ["NoGraphKey", "READ_HIGHER_ORDER_OPS", "TORCH_MANGLE", "TORCH_OP_NAMESPACES", "custom_op_document",
+           "export_document", "graph_module_document", "tensor_digest", "treespec_document", "watch_custom_ops"]

@@ -51,17 +51,16 @@ from typing import Any
 
 from neuron_build.backends import BACKENDS, get_backend
 from neuron_build.compilers.graph_document import (  # re-exported: the FX export document and custom ops
-    _MANGLE,
     READ_HIGHER_ORDER_OPS,
+    TORCH_MANGLE,
     TORCH_OP_NAMESPACES,
     NoGraphKey,
-    _graph_document,  # noqa: F401  (tests read it here)
     custom_op_document,
     export_document,
     tensor_digest,
-    treespec_document,
     watch_custom_ops,
 )
+from neuron_build.errors import NeuronBuildError
 from neuron_build.util import canonical_json, sha256_hex, write_json_atomic
 
 #: Bump when a canonical form changes, or when what a backend writes for the same graph changes: every
@@ -87,7 +86,7 @@ NO_GRAPH_KEY = {b.name: b.graph_key_why for b in BACKENDS.values() if b.graph_ke
 _HLO_METADATA = re.compile(r",?\s*metadata=\{[^{}]*\}")
 
 
-class GraphHit(Exception):
+class GraphHit(NeuronBuildError):
     """The graph index holds an artifact of this graph key: the worker stops before compiling.
     ``document`` is the sha256 of the canonical document (:func:`document_digest`), which the builder
     checks against the candidate artifact's manifest before it reuses it."""
@@ -101,7 +100,7 @@ class GraphHit(Exception):
 # -- TorchScript ----------------------------------------------------------------------------------------
 
 def _ts_type(v: Any) -> str:
-    return _MANGLE.sub("", str(v.type()))
+    return TORCH_MANGLE.sub("", str(v.type()))
 
 
 def _ts_attr(n: Any, name: str) -> Any:
@@ -119,9 +118,9 @@ def _ts_attr(n: Any, name: str) -> Any:
     if kind == "is":
         return {"is": list(n.is_(name))}
     if kind == "s":
-        return {"s": _MANGLE.sub("", n.s(name))}
+        return {"s": TORCH_MANGLE.sub("", n.s(name))}
     if kind == "ss":
-        return {"ss": [_MANGLE.sub("", s) for s in n.ss(name)]}
+        return {"ss": [TORCH_MANGLE.sub("", s) for s in n.ss(name)]}
     if kind == "ival":
         import torch
 
@@ -374,4 +373,4 @@ def _verdict(path: Path, key: str) -> bool:
 __all__ = ["BEFORE_COMPILE", "capture_document", "GRAPH_FILE", "GRAPH_KEY_FORMAT", "NO_GRAPH_KEY", "OPTION", "VERDICT_FILE", "GraphHit", "NoGraphKey",
            "READ_HIGHER_ORDER_OPS", "TORCH_OP_NAMESPACES", "base_of", "checkpoint", "custom_op_document",
            "document_digest", "export_document", "graph_key", "hlo_document", "tensor_digest", "torchscript_document",
-           "treespec_document", "watch_custom_ops"]
+           "watch_custom_ops"]

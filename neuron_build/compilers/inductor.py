@@ -20,7 +20,14 @@ from collections import Counter
 from pathlib import Path
 
 from neuron_build.compilers import graph_key, weights
-from neuron_build.compilers.base import CompileFailed, CompilerBase, CompileRequest, CompileResult, enter_stage
+from neuron_build.compilers.base import (
+    EXIT_TOOLCHAIN_MISSING,
+    CompileFailed,
+    CompilerBase,
+    CompileRequest,
+    CompileResult,
+    enter_stage,
+)
 from neuron_build.status import Status
 
 OP_COUNT_SOURCE = "aoti-wrapper: fused kernel + extern kernel call sites in run_impl"
@@ -119,7 +126,7 @@ class InductorCompiler(CompilerBase):
         device = request.hardware_target
         if device == "cuda" and not torch.cuda.is_available():
             raise CompileFailed(Status.TOOLCHAIN_MISSING, "device = \"cuda\" but this host has no CUDA device; "
-                                "set device = \"cpu\" under [build]", exit_code=3)
+                                "set device = \"cpu\" under [build]", EXIT_TOOLCHAIN_MISSING)
         model = model.to(device)
         example_inputs = tuple(t.to(device) for t in example_inputs)
         print(f"torch.export.export: {len(example_inputs)} inputs "

@@ -2,7 +2,7 @@
 
 A benchmark session (:func:`bench_targets`): load every selected target's artifact onto its device and
 its eager model in the target dtype on the same device, make each target's deterministic inputs (the
-validation inputs, :func:`neuron_build.evaluate.validate.validation_seed`), then time them all together
+validation inputs, :func:`neuron_build.evaluate.validate_setup.validation_seed`), then time them all together
 in rounds (:func:`neuron_build.evaluate.timing.time_rounds`, with the session's
 :class:`~neuron_build.evaluate.timing.TimingSettings`). Reported per target (:class:`BenchResult`): p50,
 p90, p99 and mean latency in milliseconds (percentiles by linear interpolation between order
@@ -26,15 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neuron_build.evaluate.profile import SCHEDULE, TOP_OPS, check_runnable, profile_target, round_stats, run_dir_name
+from neuron_build.evaluate.profile import SCHEDULE, check_runnable, round_stats, run_dir_name
 from neuron_build.evaluate.timing import (
-    CONFIDENCE,
     DEFAULT_ITERS,
     DEFAULT_WARMUP,
-    MAX_ITERS,
-    MAX_TIME_S,
-    MIN_ITERS,
-    PRECISION,
     TimingSettings,
     device_sync,
     latency_stats,
@@ -42,7 +37,7 @@ from neuron_build.evaluate.timing import (
     time_interleaved,
     time_rounds,
 )
-from neuron_build.evaluate.validate import prepare
+from neuron_build.evaluate.validate_run import prepare
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.util import median_ci, percentile, utc_now
 
@@ -396,7 +391,5 @@ def format_compare_table(recs: Sequence[BenchResult], validations: dict[str, dic
     return "\n".join(lines)
 
 
-__all__ = ["BENCH_FORMAT", "CONFIDENCE", "DEFAULT_ITERS", "DEFAULT_WARMUP", "MAX_ITERS", "MAX_TIME_S", "MIN_ITERS",
-           "PRECISION", "SCHEDULE", "TOP_OPS", "BenchResult", "TimingSettings", "bench_target", "bench_targets",
-           "device_sync", "format_compare_table", "format_row_table", "host_class", "latency_stats", "percentile",
-           "profile_target", "run_dir_name", "time_calls", "time_interleaved", "time_rounds"]
+__all__ = ["BENCH_FORMAT", "DEFAULT_ITERS", "DEFAULT_WARMUP", "SCHEDULE", "BenchResult", "TimingSettings", "bench_target", "bench_targets",
+           "device_sync", "format_compare_table", "format_row_table", "host_class", "latency_stats", "percentile", "run_dir_name", "time_calls", "time_interleaved", "time_rounds"]

@@ -17,7 +17,8 @@ from typing import Any
 from neuron_build.backends import find_backend
 from neuron_build.errors import UserError
 from neuron_build.evaluate.timing import device_sync, latency_stats, time_calls
-from neuron_build.evaluate.validate import Prepared, can_run_here, neuron_devices, prepare
+from neuron_build.evaluate.validate import can_run_here, neuron_devices
+from neuron_build.evaluate.validate_run import Prepared, prepare
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.util import swap_in_folder, utc_now
 

@@ -30,6 +30,7 @@ from typing import Any
 from neuron_build.evaluate.charts import MARKERS, dodge
 from neuron_build.evaluate.charts import figure as _figure
 from neuron_build.evaluate.charts import svg as _svg
+from neuron_build.status import Verdict
 
 CSS = """
 section.registry-model { margin: 1.5em 0 3em; }
@@ -116,9 +117,9 @@ def _gates_text(gates: list[dict[str, Any]]) -> str:
     """``dev promote: pass; prod refuse: fail channel_order`` for a release's promotions."""
     parts = []
     for g in gates:
-        bad = [x["name"] for x in g["gates"] if x["verdict"] == "fail"]
-        waived = [x["name"] for x in g["gates"] if x["verdict"] == "waived"]
-        word = ("fail " + ", ".join(bad)) if bad else "pass"
+        bad = [x["name"] for x in g["gates"] if x["verdict"] == Verdict.FAIL]
+        waived = [x["name"] for x in g["gates"] if x["verdict"] == Verdict.WAIVED]
+        word = f"{Verdict.FAIL} {', '.join(bad)}" if bad else str(Verdict.PASS)
         if waived:
             word += " (waived " + ", ".join(waived) + ")"
         parts.append(f"{g['channel']} {g['action']}: {word}")
@@ -161,7 +162,7 @@ def _model_section(m: dict[str, Any]) -> str:
             val = ", ".join(f"{k} {v['verdict']}" + (f" ({v['error']})" if v.get("error") else "")
                             for k, v in b["validation"].items()) or "not validated"
             verdicts = {v["verdict"] for v in b["validation"].values()}
-            vcls = "fail" if "fail" in verdicts else ("pass" if verdicts == {"pass"} else "")
+            vcls = str(Verdict.FAIL) if Verdict.FAIL in verdicts else (str(Verdict.PASS) if verdicts == {Verdict.PASS} else "")
             lead = (f'<td rowspan="{n}">{head}</td><td rowspan="{n}">{gates}</td>' if i == 0 else "")
             target = esc(b["target"]) + ("" if b["in_matrix"] else f' <span class="gone">({GONE})</span>')
             rel_rows.append(

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from neuron_build.evaluate import charts
 from neuron_build.evaluate.monitoring import Report
+from neuron_build.status import Status
 
 CHARTS = ("chart-compile-time", "chart-op-count", "chart-artifact-size", "chart-failures")
 
@@ -41,15 +42,6 @@ figcaption { font-weight: bold; margin-bottom: .5em; }
 """
 
 
-def _svg(fig) -> str:
-    """A matplotlib figure as inline SVG text (without the XML prolog and DOCTYPE)."""
-    return charts.svg(fig)
-
-
-def _figure(width: float = 8.0, height: float = 3.2):
-    return charts.figure(width, height)
-
-
 def _compile_time_chart(rep: Report) -> str | None:
     """Compile time per target over its builds (x: the target's build number, whole numbers only; each
     target its own marker, nudged sideways so equal times stay visible); None when nothing compiled."""
@@ -61,13 +53,13 @@ def _compile_time_chart(rep: Report) -> str | None:
             series.append((t["target"], pts))
     if not series:
         return None
-    fig, ax = _figure(8.0, max(3.2, 0.22 * min(len(series), 14) + 1.2))
+    fig, ax = charts.figure(8.0, max(3.2, 0.22 * min(len(series), 14) + 1.2))
     for k, (name, pts) in enumerate(series):
         dx = charts.dodge(k, len(series))
         mark = charts.MARKERS[k % len(charts.MARKERS)]
         line, = ax.plot([p[0] + dx for p in pts], [p[1] for p in pts], marker=mark, markersize=6, label=name,
                         alpha=0.85)
-        bad = [p for p in pts if p[2] != "PASS"]
+        bad = [p for p in pts if p[2] != Status.PASS]
         if bad:
             ax.scatter([p[0] + dx for p in bad], [p[1] for p in bad], marker="x", s=80, color=line.get_color())
     last = max(p[0] for _n, pts in series for p in pts)
@@ -78,21 +70,21 @@ def _compile_time_chart(rep: Report) -> str | None:
     ax.set_ylim(bottom=0)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
               ncol=max(1, -(-len(series) // 14)))
-    return _svg(fig)
+    return charts.svg(fig)
 
 
-def _bar_chart(labels: list[str], values: list[float], xlabel: str, empty: str = "") -> str | None:
+def bar_chart(labels: list[str], values: list[float], xlabel: str, empty: str = "") -> str | None:
     """A horizontal bar chart (SVG), None when there is no bar (the caller says so in words: an empty axes
     reads as a chart of zeros)."""
     if not labels:
         return None
-    fig, ax = _figure(8.0, max(1.6, 0.35 * len(labels) + 0.8))
+    fig, ax = charts.figure(8.0, max(1.6, 0.35 * len(labels) + 0.8))
     ax.barh(labels, values, color="#4472c4")
     ax.invert_yaxis()
     for y, v in enumerate(values):
         ax.text(v, y, f" {v:g}", va="center", fontsize="small")
     ax.set_xlabel(xlabel)
-    return _svg(fig)
+    return charts.svg(fig)
 
 
 def chart_html(cid: str, title: str, svg: str | None, empty: str) -> str:
@@ -138,13 +130,13 @@ def render_html(rep: Report, sections: Sequence[str] = (), registry: dict | None
     drawn = {
         "chart-compile-time": ("Compile time per target over builds", _compile_time_chart(rep),
                                "no compiles in the window"),
-        "chart-op-count": ("Op count per target", _bar_chart([t["target"] for t in with_ops],
+        "chart-op-count": ("Op count per target", bar_chart([t["target"] for t in with_ops],
                                                               [t["op_count"] for t in with_ops], "op count"),
                            "no passing artifacts in the window"),
-        "chart-artifact-size": ("Artifact size per target", _bar_chart(
+        "chart-artifact-size": ("Artifact size per target", bar_chart(
             [t["target"] for t in with_size], [round(t["artifact_bytes"] / 2**20, 3) for t in with_size],
             "artifact size (MiB)"), "no passing artifacts in the window"),
-        "chart-failures": ("Failed compiles by failure stage", _bar_chart(
+        "chart-failures": ("Failed compiles by failure stage", bar_chart(
             list(rep.failures_by_stage), list(rep.failures_by_stage.values()), "failed compiles"),
             f"no failures: none of the {c['compiles']} compiles in the window failed"),
     }
@@ -183,4 +175,4 @@ def _registry_section(registry: dict | None) -> str:
     return render_registry(registry)
 
 
-__all__ = ["CHARTS", "chart_html", "render_html"]
+__all__ = ["CHARTS", "bar_chart", "chart_html", "render_html"]

@@ -7,7 +7,7 @@ decode target with the smallest prefill bucket. Both must be built (``doit valid
 
 Scenarios (rows of the record's ``outputs``): at the target's batch size, prompts of two lengths (the
 prefill bucket's ``seq`` and half of it; for a decode target 1 and the prefill bucket's ``seq``) drawn
-from the seed :func:`neuron_build.evaluate.validate.validation_seed`, each generating
+from the seed :func:`neuron_build.evaluate.validate_setup.validation_seed`, each generating
 ``min(8, max_seq_len - length)`` new tokens with ``eos`` off on both sides (``min_new_tokens``). Per row:
 
 - the reference's tokens are its ``generate()``; both sides are then fed those tokens (teacher forcing: the
@@ -33,13 +33,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from neuron_build.errors import UserError
+from neuron_build.errors import NeuronBuildError, UserError
 from neuron_build.project.matrix import Target
 
 
-class ReferenceFailed(Exception):
+class ReferenceFailed(NeuronBuildError):
     """The reference (the eager fp32 model on the CPU) did not build or run: no verdict can be reached
-    (:func:`neuron_build.evaluate.validate.validate_here` records ``error``, never ``fail``)."""
+    (:func:`neuron_build.evaluate.validate_run.validate_here` records ``error``, never ``fail``)."""
 
 
 def partners(targets: list[Target], target: Target) -> list[Target]:

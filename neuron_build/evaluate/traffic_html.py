@@ -46,7 +46,7 @@ def traffic_section(project: Project | None, traffic: Mapping[str, ModelTraffic]
     Raises:
         ImportError: matplotlib is not installed (the ``report`` extra).
     """
-    from neuron_build.evaluate.report_html import _bar_chart, chart_html
+    from neuron_build.evaluate.report_html import bar_chart, chart_html
     from neuron_build.project.bucket_search import suggestion
 
     esc = html.escape
@@ -59,7 +59,7 @@ def traffic_section(project: Project | None, traffic: Mapping[str, ModelTraffic]
             f"<td>{r['calls']}</td><td>{r['elements']}</td><td>{r['padded']}</td><td>{_pct(r['padding_ratio'])}</td></tr>"
             for r in rows)
         chart = chart_html(f"chart-padding-{sid}", f"Padding per bucket ({model})",
-                           _bar_chart([r["bucket"] for r in rows], [round(100 * r["padding_ratio"], 2) for r in rows],
+                           bar_chart([r["bucket"] for r in rows], [round(100 * r["padding_ratio"], 2) for r in rows],
                                       "padding (% of real positions)"), "no bucket ran")
         files = ", ".join(mt.files)
         out = [f"<section id=\"traffic-{sid}\"><h3>{esc(model)}</h3>",

@@ -41,8 +41,6 @@ from pathlib import Path
 from typing import Any, TypedDict, cast, get_args
 
 from neuron_build.errors import UserError
-from neuron_build.evaluate.validate_compare import compare_outputs, compare_tensors, failure_message, flatten_outputs
-from neuron_build.evaluate.validate_run import Prepared, diagnose, prepare, validate_here
 from neuron_build.evaluate.validate_setup import artifact_device_kind, validation_seed
 from neuron_build.project.config import DeviceKind, ModelSpec, Project
 from neuron_build.project.matrix import Target
@@ -162,18 +160,18 @@ def validate_target(project: Project, store: ArtifactStore, target: Target, key:
     validate`` with any ``-n`` and either runner, ``neuron-build validate``, ``bench``) and however many
     run at once: no torch state (the global random generator a factory draws its weights from, the default
     dtype, autocast, threads, half-imported transformers classes) leaks from one validation into another.
-    :func:`validate_here` is the same check in this process (the worker runs it).
+    :func:`validate_run.validate_here` is the same check in this process (the worker runs it).
 
     ``keys`` is the ``KeyMaker`` the caller's keys come from (default: a new one for ``project``); the
     record's ``reference.model_hash`` is :func:`reference_model_hash` of it.
 
     Returns:
         The result record: ``verdict`` (``pass``/``fail``/``not_validated``/``error``), ``reason`` (None on a
-        pass; on a fail the line of :func:`failure_message`; on an error what kept the check from reaching a
-        verdict), ``device_kind``, ``device``, ``host``, ``time``, ``target``, ``key``, ``dtype``,
+        pass; on a fail the line of :func:`validate_compare.failure_message`; on an error what kept the check
+        from reaching a verdict), ``device_kind``, ``device``, ``host``, ``time``, ``target``, ``key``, ``dtype``,
         ``backend``, ``seed``, ``reference`` (model, factory, kwargs, fp32 on cpu), ``tolerance`` and
-        ``tolerance_source``, ``outputs`` (rows of :func:`compare_outputs`), ``diagnosis`` (lines) and
-        ``diagnosis_figures``, ``elapsed_s``. ``error`` is never ``fail``: the reference model did not build
+        ``tolerance_source``, ``outputs`` (rows of :func:`validate_compare.compare_outputs`), ``diagnosis``
+        (lines) and ``diagnosis_figures``, ``elapsed_s``. ``error`` is never ``fail``: the reference model did not build
         or run, or the validation process died; the promote gate counts it as not validated and ``doit
         validate`` runs it again.
 
@@ -210,7 +208,7 @@ def validate_target(project: Project, store: ArtifactStore, target: Target, key:
         rec = _validate_isolated(project, ArtifactView.of(store, table.values()), target, key, table, rec)
     rec["elapsed_s"] = round(time.monotonic() - t0, 3)
     if record:
-        store.put_result(key, "validation", kind, _json_safe(rec))
+        store.put_result(key, "validation", kind, json_safe(rec))
     return cast(ValidationRecord, rec)
 
 
@@ -263,8 +261,9 @@ class ArtifactView:
 
 def _validate_isolated(project: Project, view: ArtifactView, target: Target, key: str, table: KeyTable,
                        rec: dict[str, Any]) -> dict[str, Any]:
-    """:func:`validate_here` in a fresh Python process (:mod:`neuron_build.evaluate.validate_worker`); a
-    process that dies or writes no answer gives verdict ``error`` with its exit status and last line.
+    """:func:`validate_run.validate_here` in a fresh Python process
+    (:mod:`neuron_build.evaluate.validate_worker`); a process that dies or writes no answer gives verdict
+    ``error`` with its exit status and last line.
 
     Raises:
         UserError: the worker's (a partner graph not built).
@@ -297,14 +296,14 @@ def _validate_isolated(project: Project, view: ArtifactView, target: Target, key
             "reason": f"{target.id}: the validation process exited with status {rc} before a verdict: {last}"}
 
 
-def _json_safe(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     """Replace non-finite floats by strings ("inf", "nan"): the store writes strict JSON."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return str(obj)
     if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 
@@ -327,7 +326,5 @@ def summary_line(rec: dict[str, Any]) -> str:
 
 
 
-__all__ = ["DEFAULT_TOLERANCE", "VERDICTS", "ArtifactView", "KeyTable", "Prepared", "ValidationRecord",
-           "artifact_device_kind", "can_run_here", "compare_outputs",
-           "compare_tensors", "diagnose", "failure_message", "flatten_outputs", "is_validated", "neuron_devices",
-           "prepare", "summary_line", "tolerance_for", "validate_here", "validate_target", "validation_seed"]
+__all__ = ["DEFAULT_TOLERANCE", "VERDICTS", "ArtifactView", "KeyTable", "ValidationRecord", "can_run_here",
+           "is_validated", "json_safe", "neuron_devices", "summary_line", "tolerance_for", "validate_target"]

@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     job, out = Path(args[0]), Path(args[1])
     from neuron_build.errors import UserError
-    from neuron_build.evaluate.validate import _json_safe, validate_here
+    from neuron_build.evaluate.validate import json_safe
+    from neuron_build.evaluate.validate_run import validate_here
 
     with job.open("rb") as f:
         project, view, target, key, key_table, rec = pickle.load(f)  # the parent's own file
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         write_json_atomic(out, {"user_error": str(e)})
         return 0
-    write_json_atomic(out, {"record": _json_safe(rec)})
+    write_json_atomic(out, {"record": json_safe(rec)})
     return 0
 
 

@@ -33,35 +33,20 @@ from neuron_build.errors import STORE_SCHEMES, ConfigError
 from neuron_build.project.compiler_args import normalize_compiler_args
 from neuron_build.project.config_checks import cross_checks
 from neuron_build.project.config_dask import DaskSettings
-from neuron_build.project.config_errors import (
-    toml_path,  # noqa: F401 (re-exported: a public name of this module)
-    validation_faults,
-)
+from neuron_build.project.config_errors import validation_faults
 from neuron_build.project.config_file import DEFAULT_STATE_DIR, parse_config
-from neuron_build.project.config_models import (  # noqa: F401 (re-exported: public names of this module)
-    _DIM,
-    INTEGER_DTYPES,
-    Dtype,
-    InputDtype,
-    InputSpec,
-    ModelSpec,
-    Task,
-    _Frozen,
-    _no_duplicates,
-)
-from neuron_build.project.config_terms import (  # noqa: F401 (re-exported: public names of this module)  # noqa: F401 (re-exported)
-    CAUSAL_LM,
+from neuron_build.project.config_models import INTEGER_DTYPES, Frozen, ModelSpec, no_duplicates
+from neuron_build.project.config_terms import (  # noqa: F401 (re-exported: public names of this module)
     DEFAULT_CONFIG,
     MAX_NAME_CHARS,
     NAME_RULE,
-    TEXT_GENERATION,
     TEXTGEN_BACKENDS,
     long_name_fault,
 )
 from neuron_build.project.config_terms import NAME as _NAME
 from neuron_build.util import sha256_hex
 
-__all__ = ["INTEGER_DTYPES", "BuildSettings", "check_store_url", "Profile", "InputSpec", "ModelSpec",
+__all__ = ["INTEGER_DTYPES", "BuildSettings", "check_store_url", "Profile", "ModelSpec",
            "ReleaseSettings", "MonitoringSettings", "ConfigFile", "Project", "find_config", "load_project"]
 
 #: ``auto`` and every backend of :data:`neuron_build.backends.BACKENDS`, in its order (error messages list them).
@@ -85,7 +70,7 @@ def _not_bool(v: Any) -> Any:
 Number = Annotated[float, BeforeValidator(_not_bool)]
 
 
-class BuildSettings(_Frozen):
+class BuildSettings(Frozen):
     """``[build]``: where artifacts go and which compiler runs.
 
     ``target`` is the Neuron hardware target passed as ``--target`` to neuronx-cc [doc]; ``device`` is
@@ -181,7 +166,7 @@ def check_store_url(url: str) -> None:
                              "dots and hyphens); write \"s3://<bucket>/<prefix>\"")
 
 
-class Profile(_Frozen):
+class Profile(Frozen):
     """``[profiles.NAME]``: compiler args and options.
 
     ``compiler_args`` are stored normalised (see :func:`neuron_build.project.compiler_args.normalize_compiler_args`).
@@ -248,7 +233,7 @@ def _specifiers(v: dict[str, str], where: str = "") -> dict[str, str]:
     return out
 
 
-class ReleaseSettings(_Frozen):
+class ReleaseSettings(Frozen):
     """``[release]``: channels and the gates a promotion must pass (:mod:`neuron_build.release`).
 
     ``channels`` are in promotion order: a release enters the first from a release id, and channel ``i``
@@ -318,7 +303,7 @@ class ReleaseSettings(_Frozen):
                 raise ValueError(long_name_fault("channel", c))
             if not _NAME.match(c):
                 raise ValueError(f"channel name {c!r} {NAME_RULE}")
-        return _no_duplicates(v)
+        return no_duplicates(v)
 
     @field_validator("channel_device_kind")
     @classmethod
@@ -334,7 +319,7 @@ class ReleaseSettings(_Frozen):
         return self.channel_device_kind.get(channel, self.serving_device_kind)
 
 
-class MonitoringSettings(_Frozen):
+class MonitoringSettings(Frozen):
     """``[monitoring]``: the thresholds of the compile monitoring checklist (``neuron-build report`` and
     ``metrics``, :mod:`neuron_build.store.ledger`) and the bounds of the kept failure workdirs.
 
@@ -363,7 +348,7 @@ class MonitoringSettings(_Frozen):
     failed_workdirs_max_mb: Number = Field(default=1000.0, ge=0, strict=False)
 
 
-class ConfigFile(_Frozen):
+class ConfigFile(Frozen):
     """The whole ``buckets.toml``."""
 
     build: BuildSettings = BuildSettings()

@@ -21,7 +21,7 @@ from pydantic import (
 
 from neuron_build.project.config_terms import CAUSAL_LM, TEXT_GENERATION
 
-__all__ = ["INTEGER_DTYPES", "InputSpec", "ModelSpec"]
+__all__ = ["DIM_NAME", "INTEGER_DTYPES", "Frozen", "InputSpec", "ModelSpec", "no_duplicates"]
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 InputDtype = Literal["int64", "int32", "int16", "int8", "uint8", "bool", "fp32", "bf16", "fp16"]
@@ -30,10 +30,11 @@ INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
 #: ``text-generation`` (a decoder LM: prefill and decode graphs over one static KV cache).
 Task = Literal["forward", "text-generation"]
 
-_DIM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: A dynamic dimension's name (an identifier): ``seq``, ``batch_size``.
+DIM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def _no_duplicates(v: tuple[str, ...]) -> tuple[str, ...]:
+def no_duplicates(v: tuple[str, ...]) -> tuple[str, ...]:
     """``v`` unchanged; a value listed twice is a ValueError naming it (pydantic reports it at its TOML path)."""
     dup = sorted({x for x in v if v.count(x) > 1})
     if dup:
@@ -41,11 +42,13 @@ def _no_duplicates(v: tuple[str, ...]) -> tuple[str, ...]:
     return v
 
 
-class _Frozen(BaseModel):
+class Frozen(BaseModel):
+    """The base of every table of ``buckets.toml``: immutable, and an unknown key is an error."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class InputSpec(_Frozen):
+class InputSpec(Frozen):
     """One model input: its name, symbolic shape, dtype and value range.
 
     ``shape`` holds positive ints and bucket dim names (``["batch", "seq", 1024]``). ``dtype`` defaults to
@@ -86,7 +89,7 @@ class InputSpec(_Frozen):
                 raise ValueError(f"dim {i} is {d!r}; each dim is a positive int or a bucket dim name")
             if isinstance(d, int) and d <= 0:
                 raise ValueError(f"dim {i} is {d}; sizes must be positive")
-            if isinstance(d, str) and not _DIM.match(d):
+            if isinstance(d, str) and not DIM_NAME.match(d):
                 raise ValueError(f"dim {i} is {d!r}; a bucket dim name is an identifier such as 'seq'")
         return tuple(v)
 
@@ -128,7 +131,7 @@ class InputSpec(_Frozen):
         return tuple(d for d in self.shape if isinstance(d, str))
 
 
-class ModelSpec(_Frozen):
+class ModelSpec(Frozen):
     """``[models.NAME]``: a factory (or a Hugging Face model), its inputs, its buckets and what it is built for.
 
     ``factory`` is ``module.path:function`` relative to the folder of ``buckets.toml``, called with
@@ -218,7 +221,7 @@ class ModelSpec(_Frozen):
     @classmethod
     def _bucket_values(cls, v: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
         for dim, sizes in v.items():
-            if not _DIM.match(dim):
+            if not DIM_NAME.match(dim):
                 raise ValueError(f"dim name {dim!r} is not an identifier such as 'seq'")
             if not sizes:
                 raise ValueError(f"dim {dim!r} has no sizes; give at least one")
@@ -229,14 +232,14 @@ class ModelSpec(_Frozen):
     @field_validator("dtypes", "profiles")
     @classmethod
     def _unique(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return _no_duplicates(v)
+        return no_duplicates(v)
 
     @field_validator("inputs_from")
     @classmethod
     def _inputs_from(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if any(not x.strip() for x in v):
             raise ValueError("holds an empty string; give a path or glob such as \"data/*.json\"")
-        return _no_duplicates(v)
+        return no_duplicates(v)
 
     @field_validator("env")
     @classmethod
@@ -244,7 +247,7 @@ class ModelSpec(_Frozen):
         bad = [x for x in v if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", x)]
         if bad:
             raise ValueError(f"{bad[0]!r} is not an environment variable name (e.g. \"MY_VAR\")")
-        return _no_duplicates(v)
+        return no_duplicates(v)
 
     @field_validator("tolerance")
     @classmethod

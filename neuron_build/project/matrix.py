@@ -24,7 +24,7 @@ from functools import cached_property
 
 from neuron_build.backends import find_backend
 from neuron_build.errors import UserError
-from neuron_build.project.config import INTEGER_DTYPES, ModelSpec, Project
+from neuron_build.project.config import ModelSpec, Project
 
 #: The graphs of a text-generation model, in build order.
 TEXTGEN_GRAPHS = ("prefill", "decode")
@@ -45,10 +45,6 @@ class ConcreteInput:
     shape: tuple[int, ...]
     dtype: str
     range: tuple[float, float] | None
-
-    @property
-    def is_integer(self) -> bool:
-        return self.dtype in INTEGER_DTYPES
 
     def to_json(self) -> dict:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,

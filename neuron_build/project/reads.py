@@ -61,9 +61,42 @@ from typing import Any
 from neuron_build.project.native_reads import Watch as _Watch
 from neuron_build.project.native_reads import mapped_files, open_files
 from neuron_build.project.outside import INSTALLED_PARTS, exempt_folders, is_outside_name, outside_name
-from neuron_build.project.read_check import RECORDED, InputCheck, record_path
-from neuron_build.project.read_events import CHILD_EVENTS, FIX, IMPORT_MACHINERY, NETWORK_EVENTS, TRANSPORT, what
+from neuron_build.project.read_check import InputCheck
 from neuron_build.project.sources import is_project_file, never_input_folder
+
+#: Audit events of a child process started (its reads cannot be recorded).
+CHILD_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+                          "os.forkpty", "pty.spawn", "os.startfile"})
+#: Audit events of network access (what it fetches cannot be recorded).
+NETWORK_EVENTS = frozenset({"socket.connect", "socket.sendto", "socket.sendmsg", "urllib.Request"})
+#: Top-level packages that only carry a caller's request (HTTP clients, process runners): a child process or
+#: a connection they make is attributed to their caller.
+TRANSPORT = frozenset({"requests", "urllib3", "httpx", "httpcore", "aiohttp", "botocore", "boto3", "s3transfer",
+                       "fsspec", "s3fs", "gcsfs", "smart_open", "sh", "plumbum"})
+#: Modules whose folder listings are the import system's, never a read: sys.path scans.
+IMPORT_MACHINERY = ("importlib", "pkgutil", "pkg_resources", "site", "zipimport")
+#: The fix an incomplete record's reason names.
+FIX = "declare them with the model options inputs_from = [...] and env = [...], or always_rebuild = true"
+
+
+def what(event: str, args: tuple) -> str:
+    """What a child process runs or a connection reaches, short."""
+    if event == "subprocess.Popen" and len(args) > 1:
+        a = args[1]
+        out = " ".join(map(os.fsdecode, a)) if isinstance(a, (list, tuple)) else os.fsdecode(a)
+    elif event in ("os.system", "os.exec", "os.posix_spawn") and args:
+        out = os.fsdecode(args[0]) if isinstance(args[0], (str, bytes, os.PathLike)) else event
+    elif event == "os.spawn" and len(args) > 1:
+        out = os.fsdecode(args[1])
+    elif event in ("socket.connect", "socket.sendto") and len(args) > 1:
+        a = args[1]
+        out = f"{a[0]}:{a[1]}" if isinstance(a, tuple) and len(a) >= 2 else str(a)
+    elif event == "urllib.Request" and args:
+        out = str(args[0])
+    else:
+        out = event
+    return out if len(out) <= 60 else out[:57] + "..."
+
 
 KINDS = ("files", "listings", "env", "dists")
 #: Hidden folders whose files are never recorded reads: version control, tools' caches, the default state
@@ -427,5 +460,5 @@ def imported_distributions(modules_before: Iterable[str] = ()) -> list[str]:
     return sorted(d for d in dists if d.replace("_", "-").lower() not in OWN)
 
 
-__all__ = ["KINDS", "NEVER_READ_HIDDEN", "RECORDED", "InputCheck", "ReadRecorder", "empty", "imported_distributions",
-           "merge", "never_read_folder", "record_path"]
+__all__ = ["KINDS", "NEVER_READ_HIDDEN", "InputCheck", "ReadRecorder", "empty", "imported_distributions",
+           "merge", "never_read_folder"]

@@ -18,6 +18,7 @@ from typing import Any
 from neuron_build.errors import UserError
 from neuron_build.project.keys import diff_components
 from neuron_build.release.records import Release, get_history, get_pointer, get_release
+from neuron_build.status import Verdict
 from neuron_build.store.contract import ArtifactStore
 
 #: The ``schema`` of ``releases diff --json``.
@@ -108,7 +109,7 @@ def gate_verdicts(store: ArtifactStore, rel: Release, channels: list[str],
             if e.to == rel.id and e.action in ("promote", "refuse"):
                 out.append({"channel": c, "action": e.action, "time": e.time, "who": e.who, "version": e.version,
                             "gates": [{"name": g.get("name"), "verdict": g.get("verdict")
-                                       or ("pass" if g.get("passed") else "fail"), "message": g.get("message")}
+                                       or Verdict.of(bool(g.get("passed"))), "message": g.get("message")}
                                       for g in e.gates or [] if isinstance(g, dict)]})
     return out
 

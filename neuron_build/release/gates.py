@@ -61,7 +61,7 @@ class GateCheck:
     @property
     def verdict(self) -> Verdict:
         """``pass``, ``fail`` or ``waived``."""
-        return Verdict.WAIVED if self.waived else (Verdict.PASS if self.passed else Verdict.FAIL)
+        return Verdict.WAIVED if self.waived else Verdict.of(self.passed)
 
     def to_json(self) -> dict[str, Any]:
         """``{"name", "verdict", "passed", "message", "figures"}``, as promotions record it in the history."""
@@ -417,7 +417,7 @@ def format_gates(gates: Iterable[GateCheck | dict[str, Any]]) -> str:
     lines = []
     for g in gates:
         d = g.to_json() if isinstance(g, GateCheck) else g
-        word = str(d.get("verdict") or ("pass" if d["passed"] else "fail")).upper()
+        word = str(d.get("verdict") or Verdict.of(d["passed"])).upper()
         lines.append(f"  {word} {d['name']}: {d['message']}")
     return "\n".join(lines)
 __all__ = [

@@ -14,6 +14,7 @@ from typing import Any
 
 from neuron_build.release.diff import bucket_figures, gate_verdicts
 from neuron_build.release.records import get_history, get_pointer, releases_of
+from neuron_build.status import Verdict
 from neuron_build.store.contract import ArtifactStore
 
 
@@ -22,7 +23,7 @@ def _timeline(histories: dict[str, list]) -> list[dict[str, Any]]:
     for c, hist in histories.items():
         for e in hist:
             failed = [g.get("name") for g in e.gates or [] if isinstance(g, dict) and g.get("passed") is False]
-            waived = [g.get("name") for g in e.gates or [] if isinstance(g, dict) and g.get("verdict") == "waived"]
+            waived = [g.get("name") for g in e.gates or [] if isinstance(g, dict) and g.get("verdict") == Verdict.WAIVED]
             rows.append({"time": e.time, "channel": c, "action": e.action, "from": e.from_, "to": e.to,
                          "version": e.version, "who": e.who, "reason": e.reason,
                          "refused": (e.refused or "").splitlines()[0] if e.refused else None,

@@ -27,7 +27,8 @@ from typing import Any
 
 from neuron_build.backends import BACKENDS
 from neuron_build.errors import NeuronBuildError, UserError
-from neuron_build.evaluate.validate import artifact_device_kind, can_run_here
+from neuron_build.evaluate.validate import can_run_here
+from neuron_build.evaluate.validate_setup import artifact_device_kind
 from neuron_build.release.records import Release
 from neuron_build.store.contract import ArtifactStore
 

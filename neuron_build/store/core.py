@@ -25,14 +25,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuron_build.errors import StoreError
+from neuron_build.errors import ExitCode, NeuronBuildError, StoreError
 from neuron_build.store import layout
 from neuron_build.store.contract import Lookup
 from neuron_build.store.digests import check_manifest
 from neuron_build.store.layout import MANIFEST
 from neuron_build.store.medium import Medium
 from neuron_build.store.objects import JsonObjects
-from neuron_build.store.publishing import HEAL_ROUNDS, Publishing
+from neuron_build.store.publishing import Publishing
 from neuron_build.trust import check_files
 from neuron_build.util import file_sha256, json_bytes, temp_name, write_atomic
 
@@ -41,8 +41,11 @@ if TYPE_CHECKING:
 
 
 
-class ReadOnlyStore(OSError):
-    """A write was asked of a store opened read-only (or on a read-only folder)."""
+class ReadOnlyStore(OSError, NeuronBuildError):
+    """A write was asked of a store opened read-only (or on a read-only folder); the command names the
+    store and the fix (exit 2)."""
+
+    exit_code = ExitCode.USAGE
 
 
 class Store(Publishing, JsonObjects):
@@ -379,4 +382,4 @@ class Store(Publishing, JsonObjects):
         return self.cache.memory_budget(max_bytes, heartbeat_s=heartbeat_s)
 
 
-__all__ = ["HEAL_ROUNDS", "ReadOnlyStore", "Store"]
+__all__ = ["ReadOnlyStore", "Store"]

@@ -9,7 +9,6 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from neuron_build.status import Status
-from neuron_build.store import layout
 from neuron_build.trust import manifest_problem
 from neuron_build.util import canonical_json, sha256_hex
 
@@ -23,11 +22,6 @@ SELF_DIGEST = "manifest_sha256"
 def manifest_digest(raw: dict[str, Any]) -> str:
     """sha256 (64 hex chars) of a manifest's canonical JSON without its :data:`SELF_DIGEST` field."""
     return sha256_hex(canonical_json({k: v for k, v in raw.items() if k != SELF_DIGEST}))
-
-
-def is_key(name: str) -> bool:
-    """Is ``name`` an artifact key (64 lowercase hex chars)?"""
-    return layout.is_digest(name)
 
 
 def pid_alive(pid: int) -> bool:
@@ -80,4 +74,4 @@ def utc_now_us() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
-__all__ = ["SELF_DIGEST", "check_manifest", "is_key", "manifest_digest", "pid_alive", "utc_now_us"]
+__all__ = ["SELF_DIGEST", "check_manifest", "manifest_digest", "pid_alive", "utc_now_us"]

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neuron_build.status import Status
 from neuron_build.store.contract import ObjectIO
 from neuron_build.store.layout import FAILURES_DIR, failure_entry_path
 
@@ -66,10 +67,6 @@ class KeptFailure:
     def bytes(self) -> int:
         """Total size of the kept files, bytes."""
         return sum(self.files.values())
-
-    def file_path(self, name: str) -> str:
-        """The store path of kept file ``name`` (relative to the work folder)."""
-        return failure_entry_path(self.target, self.entry, f"files/{name}")
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "entry": self.entry, "path": self.path, "key": self.key, "status": self.status,
@@ -234,7 +231,7 @@ def passed_again(store: Any) -> list[tuple[KeptFailure, str]]:
             out.append((e, passes[e.target].isoformat(timespec="seconds")))
             continue
         rec = store.target(e.target)
-        if rec is not None and str(rec.status) == "PASS":
+        if rec is not None and rec.status == Status.PASS:
             out.append((e, rec.time))
     return out
 

@@ -10,8 +10,8 @@ manifests, and a content-addressed store (``cas/``) of blobs by sha256::
     targets/<target id>/last.json            the last key built for a target, with its key details
     targets/<target id>/failure.json         the target's last failed compile (and failure.log)
     targets/<model>/imports.json             the project files builds of the model recorded as imported
-    targets/<model>/reads.json               what builds of the model's factory read besides imports (files
-                                             opened, environment variables, distributions imported)
+    targets/<model>/reads.json               (older versions only: no longer written or read; ``verify``
+                                             checks one still parses)
     graphs/<graph key[:2]>/<graph key>.json  the graph index: graph key -> the action-cache key holding its
                                              artifact (:mod:`neuron_build.store.graph_index`)
     neuron-cache/neuronxcc-<version>/<target id>.json   NxDI's persistent compile cache: the action-cache key
@@ -154,11 +154,6 @@ def imports_path(model: str) -> str:
     return f"{TARGETS_DIR}/{model}/imports.json"
 
 
-def reads_path(model: str) -> str:
-    """What builds of ``model``'s factory read besides imports (part of the next plan's key)."""
-    return f"{TARGETS_DIR}/{model}/reads.json"
-
-
 def graph_path(graph_key: str) -> str:
     """The graph index entry of ``graph_key``: ``graphs/<graph key[:2]>/<graph key>.json``."""
     return f"{GRAPHS_DIR}/{graph_key[:2]}/{graph_key}.json"
@@ -239,6 +234,6 @@ __all__ = [
     "SHARED_AREAS", "STAGING_DIR", "STORE_ID_PATH", "TARGETS_DIR", "TRASH_DIR", "VIEWS_DIR",
     "ac_dir", "blob_path", "channel_path", "failure_entry_path", "failures_dir", "graph_path", "history_dir", "imports_path",
     "is_digest", "lease_path", "ledger_day_dir", "ledger_path", "lock_path", "log_path", "logs_dir", "manifest_path",
-    "neuron_cache_path", "pending_path", "quarantine_dir", "reads_path", "release_path", "releases_dir", "result_path",
+    "neuron_cache_path", "pending_path", "quarantine_dir", "release_path", "releases_dir", "result_path",
     "results_dir", "target_path", "targets_dir", "trash_path", "view_dir",
 ]

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from neuron_build.status import Status
 from neuron_build.store.contract import ObjectIO
 from neuron_build.store.layout import LEDGER_DIR, ledger_path
 
@@ -112,7 +113,7 @@ class LedgerRecord:
     @property
     def ok(self) -> bool:
         """True for PASS (a compile that passed, a hit, a reuse)."""
-        return self.status == "PASS"
+        return self.status == Status.PASS
 
     @property
     def is_compile(self) -> bool:
@@ -226,7 +227,7 @@ def append_cache_hits(store: ObjectIO, hits: Iterable[tuple[str, str]], executor
     """
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
     host = socket.gethostname()
-    recs = [LedgerRecord(target=tid, key=key, event="cached", status="PASS", time=now, host=host,
+    recs = [LedgerRecord(target=tid, key=key, event="cached", status=Status.PASS, time=now, host=host,
                          executor=executor, backend=backend) for tid, key in dict(hits).items()]
     return append_batch(store, recs)
 

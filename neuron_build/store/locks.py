@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuron_build.errors import StoreError
+from neuron_build.errors import NeuronBuildError, StoreError
 from neuron_build.log import get_logger
 from neuron_build.store import layout
 from neuron_build.store.owners import owner_alive, owner_record, process_identity
@@ -45,7 +45,7 @@ LEASE_TTL_S = 60.0
 _MY_PID = os.getpid()
 
 
-class LockCancelled(Exception):
+class LockCancelled(NeuronBuildError):
     """The wait for a lock was stopped (its ``stop`` event was set) before the lock was taken."""
 
 

@@ -8,7 +8,6 @@ what the build printed (kept under ``logs/<key>/``, not byte-stable, never pinne
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -91,9 +90,6 @@ class Manifest(BaseModel):
     #: name -> digest, value or version: :meth:`neuron_build.project.keys.KeyMaker.recorded_inputs`); a
     #: lookup is a hit only when all still match. None: nothing recorded
     recorded_inputs: dict[str, Any] | None = None
-
-    def to_json_text(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"
 
 
 __all__ = ["LOG_SUFFIXES", "MANIFEST_FORMAT", "FileEntry", "Manifest", "Metrics", "is_log_name"]

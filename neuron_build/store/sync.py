@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neuron_build.errors import StoreUnreachable
+from neuron_build.errors import NeuronBuildError, StoreUnreachable
 from neuron_build.store import layout
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.layout import log_path
@@ -116,7 +116,7 @@ def copy_blob(src: ArtifactStore, dst: ArtifactStore, sha256: str, scratch: Path
         path.unlink(missing_ok=True)
 
 
-class UploadFailed(Exception):
+class UploadFailed(NeuronBuildError):
     """Writing a blob to the destination of a copy failed (one line: which blob, where, why)."""
 
 

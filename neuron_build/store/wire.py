@@ -209,10 +209,6 @@ class _WatchedBody:
         return self._pieces()
 
 
-class _Stalled(Exception):
-    """A request body made no progress for the read timeout."""
-
-
 def _watched_send_class() -> type:
     base = _session_base()
 

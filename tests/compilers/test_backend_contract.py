@@ -26,7 +26,7 @@ from neuron_build.backends import BACKENDS, DEVICE_KINDS, BackendSpec, get_backe
 from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import CompileFailed, CompilerBase, CompileRequest, load_class, load_compiler
 from neuron_build.compilers.textgen import textgen_compiler
-from neuron_build.evaluate.validate import artifact_device_kind
+from neuron_build.evaluate.validate_setup import artifact_device_kind
 from neuron_build.project import config, keys, toolchain
 from neuron_build.status import Status
 from tests.fakes.env import activate

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_build.compilers import graph_key
+from neuron_build.compilers import graph_document, graph_key
 from tests.helpers.cli import REPO
 
 BASE = '''\
@@ -482,7 +482,7 @@ def test_what_the_key_cannot_read_means_no_graph_key():
     x = g.placeholder("x")
     g.output(g.call_function(opaque, (x,)))
     with pytest.raises(graph_key.NoGraphKey, match="opaque, whose implementation"):
-        graph_key._graph_document(torch.fx.GraphModule(torch.nn.Module(), g))
+        graph_document.graph_module_document(torch.fx.GraphModule(torch.nn.Module(), g))
 
     from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_functional
     g = torch.fx.Graph()
@@ -491,11 +491,11 @@ def test_what_the_key_cannot_read_means_no_graph_key():
                                                                      "grid": [], "kwargs": {"x": x},
                                                                      "tensors_to_clone": []}))
     with pytest.raises(graph_key.NoGraphKey, match="triton_kernel_wrapper_functional"):
-        graph_key._graph_document(torch.fx.GraphModule(torch.nn.Module(), g))
+        graph_document.graph_module_document(torch.fx.GraphModule(torch.nn.Module(), g))
 
     root = torch.nn.Module()
     root.thing = torch.nn.ReLU()  # a module that is not a GraphModule: its forward is not read
     g = torch.fx.Graph()
     g.output(g.get_attr("thing"))
     with pytest.raises(graph_key.NoGraphKey, match="get_attr thing reads a ReLU"):
-        graph_key._graph_document(torch.fx.GraphModule(root, g))
+        graph_document.graph_module_document(torch.fx.GraphModule(root, g))

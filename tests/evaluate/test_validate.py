@@ -20,15 +20,9 @@ import pytest
 
 from neuron_build.build.builder import Builder
 from neuron_build.errors import ConfigError
-from neuron_build.evaluate.validate import (
-    DEFAULT_TOLERANCE,
-    compare_outputs,
-    compare_tensors,
-    flatten_outputs,
-    is_validated,
-    validate_target,
-    validation_seed,
-)
+from neuron_build.evaluate.validate import DEFAULT_TOLERANCE, is_validated, validate_target
+from neuron_build.evaluate.validate_compare import compare_outputs, compare_tensors, flatten_outputs
+from neuron_build.evaluate.validate_setup import validation_seed
 from neuron_build.project.config import load_project
 from neuron_build.release.gates import validation_gate
 from tests.helpers.cli import REPO, run_cli
@@ -507,7 +501,7 @@ def test_integer_inputs_stay_in_range_and_pass(tmp_path):
     """Token ids and a mask: int64 inputs within their ranges, the same tensors on both sides."""
     import torch
 
-    from neuron_build.evaluate.validate import prepare
+    from neuron_build.evaluate.validate_run import prepare
     cfg = write_tiny_project(tmp_path / "p", extra='''
         [models.emb]
         factory = "tinylib.emb:build"

@@ -18,6 +18,7 @@ from neuron_build.project.config import MonitoringSettings, load_project
 from neuron_build.store import LocalStore, failures, ledger
 from neuron_build.store.contract import ObjectIO
 from neuron_build.store.gc import collect_garbage
+from neuron_build.store.layout import failure_entry_path
 from neuron_build.store.records import TargetRecord
 from tests.helpers.projects import write_tiny_project
 
@@ -233,7 +234,7 @@ def test_failure_workdirs_kept_bounded_per_target_and_by_size(tmp_path):
         assert ent is not None and ent.files == {"neuron/log-neuron-cc.txt": 50, "request.json": 100}
     kept = failures.kept(store)
     assert [e.reason for e in kept] == ["failure 1", "failure 2"]  # the last 2 per target
-    assert store.get_object(kept[0].file_path("neuron/log-neuron-cc.txt")) == b"x" * 50
+    assert store.get_object(failure_entry_path(kept[0].target, kept[0].entry, "files/neuron/log-neuron-cc.txt")) == b"x" * 50
     _keep(store, tmp_path, "m/b2/fp32/p1", 0)
     assert len(failures.kept(store)) == 3
     # a total cap of 400 bytes keeps the newest two entries (150 bytes each), oldest removed first
