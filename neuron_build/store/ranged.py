@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from neuron_build.store.transfer import SYNC_CLIENT, _client, _pool, error_code
+from neuron_build.store.transfer import SYNC_CLIENT, error_code, s3_client, thread_pool
 
 #: bytes of one read of a range's body (s3transfer's ``io_chunksize``)
 PIECE = 256 << 10
@@ -143,7 +143,7 @@ class _Ranges:
         :attr:`attempts` times; a request that fails is botocore's to retry, so a dark network still ends
         within one call's bound and one read timeout)."""
         if self.sync is not None and self.meta:  # boto3 in threads: the sockets read in parallel
-            return await asyncio.get_running_loop().run_in_executor(_pool(32), self._get_sync, at)
+            return await asyncio.get_running_loop().run_in_executor(thread_pool(32), self._get_sync, at)
         for attempt in range(1, self.attempts + 1):
             resp = await self._request(at)
             body = resp["Body"]
@@ -355,7 +355,7 @@ async def download(fs: Any, where: tuple[str, str], dest: Path, chunk: int, conc
     Raises:
         FileNotFoundError: no such object.
     """
-    rg = _Ranges(await _client(fs), where[0], where[1], chunk)
+    rg = _Ranges(await s3_client(fs), where[0], where[1], chunk)
     loop = asyncio.get_running_loop()
     part = _Partial(resume, where[1]) if resume is not None else None
     start, etag = part.done() if part is not None else (0, None)

@@ -22,6 +22,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from neuron_build.errors import NeuronBuildError
+
 #: S3's smallest part (all but the last) and its most parts per upload.
 MIN_PART, MAX_PARTS = 5 << 20, 10_000
 #: Error codes of a create-only write that lost to another writer (or of a competing completion).
@@ -36,7 +38,9 @@ SYNC_CLIENT: dict[int, Any] = {}
 _POOLS: dict[int, Any] = {}
 
 
-def _pool(n: int) -> Any:
+def thread_pool(n: int) -> Any:
+    """The process-wide thread pool of ``n`` threads that runs blocking S3 range reads (one per size,
+    made on first use and kept for the life of the process)."""
     from concurrent.futures import ThreadPoolExecutor
 
     with _KEY_LOCKS_GUARD:
@@ -45,7 +49,7 @@ def _pool(n: int) -> Any:
         return _POOLS[n]
 
 
-class LostRace(Exception):
+class LostRace(NeuronBuildError):
     """A create-only upload found the object written by another writer (or its upload completed by one)."""
 
 
@@ -73,7 +77,9 @@ def part_size(size: int, chunk: int) -> int:
     return max(chunk, -(-size // MAX_PARTS))
 
 
-async def _client(fs: Any) -> Any:
+async def s3_client(fs: Any) -> Any:
+    """The aiobotocore client of an s3fs filesystem ``fs`` (its session opened first); records the boto3
+    client of the same store in :data:`SYNC_CLIENT` when ``fs`` carries one."""
     await fs.set_session()
     sync = getattr(fs, "_nb_sync_client", None)
     if sync is not None:
@@ -90,7 +96,7 @@ async def upload(fs: Any, bucket: str, key: str, src: Path, settings: Any, creat
         LostRace: create-only, and another writer's object is (or was being) written there.
         botocore/aiohttp errors: a failed request (after the client's attempts).
     """
-    s3 = await _client(fs)
+    s3 = await s3_client(fs)
     match = {"IfNoneMatch": "*"} if create_only else {}
     size = src.stat().st_size
     try:
@@ -142,4 +148,5 @@ async def _parts(s3: Any, where: tuple[str, str, str], src: Path, size: int, psi
         raise
 
 
-__all__ = ["LOST_CODES", "MAX_PARTS", "MIN_PART", "LostRace", "error_code", "key_lock", "part_size", "upload"]
+__all__ = ["LOST_CODES", "MAX_PARTS", "MIN_PART", "LostRace", "error_code", "key_lock", "part_size", "s3_client",
+           "thread_pool", "upload"]

@@ -24,15 +24,15 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
-def _build(proj: Path, env: dict, tmp_path: Path, ok: bool = True) -> dict:
+def _build(project: Path, env: dict, tmp_path: Path, ok: bool = True) -> dict:
     """One build; what it ran: neuronx-cc compiles, NxDI calls (their names), the ledger's compiles and reuses."""
     cc, nx = tmp_path / "cc-calls.jsonl", tmp_path / "nxdi-calls.jsonl"
     n_cc, n_nx = len(_lines(cc)), len(_lines(nx))
 
     def counts():
-        return json.loads(run_cli("report", "--json", "-c", str(proj), cwd=proj.parent, env=env).stdout)
+        return json.loads(run_cli("report", "--json", "-c", str(project), cwd=project.parent, env=env).stdout)
     before = counts()
-    r = run_cli("build", "-c", str(proj), cwd=proj.parent, env=env)
+    r = run_cli("build", "-c", str(project), cwd=project.parent, env=env)
     assert (r.returncode == 0) == ok, r.stdout[-3000:] + r.stderr[-3000:]
     after = counts()
     return {"neuronx_cc": len(_lines(cc)) - n_cc, "nxdi": [c["call"] for c in _lines(nx)[n_nx:]],
@@ -40,8 +40,8 @@ def _build(proj: Path, env: dict, tmp_path: Path, ok: bool = True) -> dict:
             "log": r.stdout + r.stderr}
 
 
-def _manifest(proj: Path, env: dict) -> dict:
-    m = json.loads(run_cli("show", TID, "--json", "-c", str(proj), cwd=proj.parent, env=env).stdout)
+def _manifest(project: Path, env: dict) -> dict:
+    m = json.loads(run_cli("show", TID, "--json", "-c", str(project), cwd=project.parent, env=env).stdout)
     return m.get("manifest", m)
 
 
