@@ -182,19 +182,43 @@ class NeuronCompiler(CompilerBase):
             self.warnings.append(message)
             print(f"warning: {message}", flush=True)
 
-    def _neff_hook(self, request: CompileRequest):
+    def _neff_hook(self, request: CompileRequest, model):
         """The ``generate_neff`` hook of :mod:`~neuron_build.compilers.neuron.hlo_key` when the request asks
-        for a graph key and the installed torch-neuronx has the split functions; else None, with one
-        warning when a graph key was asked for (the fallback is today's path)."""
-        if not (request.options or {}).get(graph_key.OPTION):
+        for a graph key or keeps its weights apart (``weights = "external"``: the hook checks and stages them,
+        :class:`~neuron_build.compilers.neuron.external_weights.ExternalNeffHook`) and the installed
+        torch-neuronx has the split functions; else None, with one warning when a graph key was asked for
+        (the fallback is today's path)."""
+        external = not request.inline_weights_to_neff
+        if not (request.options or {}).get(graph_key.OPTION) and not external:
             return None
-        from neuron_build.compilers.neuron import hlo_key
+        from neuron_build.compilers.neuron import external_weights, hlo_key
 
         module, missing = hlo_key.split_api()
         if module is None:
-            self._warn_once(hlo_key.FALLBACK_WARNING.format(what=missing))
+            if (request.options or {}).get(graph_key.OPTION):
+                self._warn_once(hlo_key.FALLBACK_WARNING.format(what=missing))
             return None
-        return hlo_key.NeffHook(module, request, self.executable.version if self.executable else None)
+        version = self.executable.version if self.executable else None
+        if external:
+            return external_weights.ExternalNeffHook(module, request, version, external_weights.model_state(model),
+                                                     Path(request.out_dir))
+        return hlo_key.NeffHook(module, request, version)
+
+    def _weights(self, request: CompileRequest, hook, out: Path) -> dict[str, Any]:
+        """The manifest's ``weights`` (``external``: ``weights.safetensors`` beside ``model.pt``, a relink
+        source; ``inline``) and, when the profile asked for external weights and did not get them,
+        ``weights_inline_why``; the weights files are removed from ``out`` then."""
+        if request.inline_weights_to_neff:
+            return {"weights": "inline"}
+        why = getattr(hook, "inline_why", "torch_neuronx.trace did not call generate_neff")
+        if request.tp_degree > 1:
+            why = "tensor-parallel artifacts keep their weights per rank"
+        if why is None:
+            from neuron_build.compilers.neuron.external_weights import LOADER
+            return {"weights": "external", "loader": LOADER}
+        from neuron_build.compilers.neuron.external_weights import unstage
+        unstage(out)
+        return {"weights": "inline", "weights_inline_why": why}
 
     def _trace(self, fn, model, example_inputs, kwargs: dict[str, Any], request: CompileRequest, hook,
                monitor: ChildPeakMonitor, work: Path):
@@ -247,7 +271,7 @@ class NeuronCompiler(CompilerBase):
             print(f"warning: {w}", flush=True)
 
         tp = request.tp_degree
-        hook = self._neff_hook(request) if tp == 1 else None
+        hook = self._neff_hook(request, model) if tp == 1 else None
         t0 = time.monotonic()
         monitor = ChildPeakMonitor()
         enter_stage("compile")  # torch_neuronx.trace: graph capture and neuronx-cc
@@ -263,6 +287,7 @@ class NeuronCompiler(CompilerBase):
         op_count, source, per_rank, op_details = self._op_count(summaries, ranks, model, example_inputs, work)
         details = self._details(request, fn, api, kwargs, shown_args, hook, summaries, monitor.peak)
         details.update({"files": files, "logs": logs, "neff": neffs, "trace_time_s": round(trace_s, 3)})
+        details.update(self._weights(request, hook, out))
         if per_rank is not None:
             details["op_count_per_rank"] = per_rank
         details.update(op_details)
