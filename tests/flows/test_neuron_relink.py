@@ -13,36 +13,21 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.env import neuron_env
-from tests.flows.test_relink import MODEL, _eager
+from tests.flows.test_relink import CONFIG as RELINK_CONFIG
+from tests.flows.test_relink import _eager
+from tests.flows.test_relink import _project as inductor_project
 from tests.helpers.cli import run_cli
 
 pytestmark = pytest.mark.slow
 
-CONFIG = '''
-[build]
-backend = "neuron"
-timeout_s = 900
-heartbeat_s = 5
-
-[profiles.p1]
-compiler_args = []
-inline_weights_to_neff = {inline}
-
-[models.net]
-factory = "ft.net:build"
-kwargs = {{ seed = {seed}, hidden = {hidden} }}
-dtypes = ["fp32"]
-profiles = ["p1"]
-inputs = [{{ name = "x", shape = ["batch", 8] }}]
-buckets = {{ batch = [1, 2] }}
-'''
+#: test_relink's project on the neuron backend, external weights in the Neuron spelling (``{inline}``: false)
+CONFIG = RELINK_CONFIG.replace('backend = "inductor"', 'backend = "neuron"').replace(
+    'weights = "external"', "inline_weights_to_neff = {inline}")
 
 
 def _project(root: Path, seed: int, hidden: int = 16, inline: bool = False) -> Path:
-    (root / "ft").mkdir(parents=True, exist_ok=True)
-    (root / "ft" / "__init__.py").write_text("")
-    (root / "ft" / "net.py").write_text(MODEL)
-    cfg = root / "buckets.toml"
+    """test_relink's project (the model's package and file) with this file's neuron config."""
+    cfg = inductor_project(root, seed, hidden)
     cfg.write_text(textwrap.dedent(CONFIG.format(seed=seed, hidden=hidden, inline=str(inline).lower())))
     return cfg
 

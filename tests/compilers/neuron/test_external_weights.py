@@ -5,9 +5,11 @@ weight the HLO does not take as a parameter inline, and the double's ``replace_w
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 
+from tests.compilers.neuron.test_neuron import sdk  # noqa: F401  (the fixture)
 from tests.fakes.env import activate
 
 ARGS = ["--target", "trn1"]
@@ -143,3 +145,27 @@ def test_the_loader_checks_before_it_loads_and_refuses_a_model_without_separated
     with pytest.raises(UserError) as e:
         load_artifact(bad / "model.pt", "", "neuron")
     assert "\n" not in str(e.value) and "fc1.bias is F32 [32] but the compiled graph expects F32 [16]" in str(e.value)
+
+
+@pytest.mark.parametrize("case, inline_why", [
+    ("plain", None),
+    ("tied", "weight fc3.weight is not a parameter of the lowered HLO module (inlined, or a second name of another "
+             "weight)"),
+    ("no split API", "torch_neuronx.trace did not call generate_neff"),
+])
+def test_the_compile_keeps_the_weights_apart_only_when_every_one_is_an_hlo_parameter(sdk, tmp_path, case,  # noqa: F811
+                                                                                    inline_why):
+    import torch
+
+    from neuron_build.compilers import weights
+    from neuron_build.compilers.neuron import NeuronCompiler
+    from tests.compilers.neuron.test_neuron import request
+    sdk(split="0" if case == "no split API" else None)
+    req = request(tmp_path, inline_weights_to_neff=False)
+    details = NeuronCompiler().compile(_net(tied=case == "tied"), (torch.randn(2, 8),), req).details
+    staged = sorted(p.name for p in Path(req.out_dir).iterdir() if p.name.startswith("weights."))
+    if inline_why is None:
+        assert details["weights"] == "external" and staged == [weights.SPEC_FILE, weights.WEIGHTS_FILE]
+        assert "replace_weights" in details["loader"] and weights.problem(req.out_dir) is None
+    else:
+        assert (details["weights"], details["weights_inline_why"], staged) == ("inline", inline_why, [])
