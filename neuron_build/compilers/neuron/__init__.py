@@ -200,8 +200,7 @@ class NeuronCompiler(CompilerBase):
             return None
         version = self.executable.version if self.executable else None
         if external:
-            return external_weights.ExternalNeffHook(module, request, version, external_weights.model_state(model),
-                                                     Path(request.out_dir))
+            return external_weights.ExternalNeffHook(module, request, version, model, Path(request.out_dir))
         return hlo_key.NeffHook(module, request, version)
 
     def _weights(self, request: CompileRequest, hook, out: Path) -> dict[str, Any]:

@@ -81,6 +81,8 @@ def separable(hlo_artifacts: Any, state: Mapping[str, Any]) -> str | None:
         return "the lowered HLO module has no readable entry computation"
     bound: set[int] = set()
     for name, t in state.items():
+        if not (hasattr(t, "shape") and hasattr(t, "dtype")):
+            return f"{name} of the model's state_dict() is a {type(t).__name__}, not a tensor"
         w, i = separated.get(name), index.get(name)
         if w is None or i is None:
             return f"weight {name} is not a parameter of the lowered HLO module (inlined, or a second name of " \
@@ -145,11 +147,14 @@ class ExternalNeffHook(hlo_key.NeffHook):
         inline_why: why the artifact keeps its weights inline (None: external); set when the hook runs.
     """
 
-    def __init__(self, module: Any, request: Any, compiler_version: str | None, state: Mapping[str, Any],
-                 folder: str | Path):
+    def __init__(self, module: Any, request: Any, compiler_version: str | None, model: Any, folder: str | Path):
         super().__init__(module, request, compiler_version)
-        self.state, self.folder = dict(state), Path(folder)
+        self.folder = Path(folder)
         self.inline_why: str | None = "torch_neuronx.trace did not call generate_neff"
+        try:
+            self.state, self.state_error = model_state(model), None
+        except Exception as e:  # an unreadable state dict: the weights stay inline
+            self.state, self.state_error = {}, f"the model's state_dict() cannot be read ({type(e).__name__}: {e})"
 
     def __call__(self, hlo_artifacts, compiler_workdir=None, compiler_args=None, inline_weights_to_neff=True,
                  *args, **kwargs):
@@ -164,8 +169,8 @@ class ExternalNeffHook(hlo_key.NeffHook):
         return structure_document(hlo_artifacts, self.state, compiler_args, self.compiler_version)
 
     def _stage(self, hlo_artifacts: Any, inline_weights_to_neff: bool) -> str | None:
-        why = "trace was asked to inline the weights" if inline_weights_to_neff else separable(hlo_artifacts,
-                                                                                               self.state)
+        why = ("trace was asked to inline the weights" if inline_weights_to_neff
+               else self.state_error or separable(hlo_artifacts, self.state))
         if why is None:
             try:
                 weights.write(self.folder, self.state)

@@ -152,6 +152,7 @@ def test_the_loader_checks_before_it_loads_and_refuses_a_model_without_separated
     ("tied", "weight fc3.weight is not a parameter of the lowered HLO module (inlined, or a second name of another "
              "weight)"),
     ("no split API", "torch_neuronx.trace did not call generate_neff"),
+    ("unreadable state dict", "the model's state_dict() cannot be read (RuntimeError: cannot read)"),
 ])
 def test_the_compile_keeps_the_weights_apart_only_when_every_one_is_an_hlo_parameter(sdk, tmp_path, case,  # noqa: F811
                                                                                     inline_why):
@@ -162,7 +163,10 @@ def test_the_compile_keeps_the_weights_apart_only_when_every_one_is_an_hlo_param
     from tests.compilers.neuron.test_neuron import request
     sdk(split="0" if case == "no split API" else None)
     req = request(tmp_path, inline_weights_to_neff=False)
-    details = NeuronCompiler().compile(_net(tied=case == "tied"), (torch.randn(2, 8),), req).details
+    model = _net(tied=case == "tied")
+    if case == "unreadable state dict":
+        model.state_dict = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("cannot read"))
+    details = NeuronCompiler().compile(model, (torch.randn(2, 8),), req).details
     staged = sorted(p.name for p in Path(req.out_dir).iterdir() if p.name.startswith("weights."))
     if inline_why is None:
         assert details["weights"] == "external" and staged == [weights.SPEC_FILE, weights.WEIGHTS_FILE]
