@@ -1,7 +1,7 @@
 """Relink instead of compile on the XLA path (issue 38, item 2, ``neuron``), end to end through the CLI against the
 Neuron double: a model with 2 buckets and ``inline_weights_to_neff = false``; a fine-tune (new values, same shapes)
 runs neuronx-cc 0 times, relinks both buckets (the stored ``model.pt`` and NEFF plus the new weights file),
-validates, and serves the new weights through ``torch_neuronx.replace_weights`` at load; a weight that changes
+passes the validate gate (a NeuronCore pretended: the double's models run on CPU), and serves the new weights through ``torch_neuronx.replace_weights`` at load; a weight that changes
 shape compiles; the inline profile compiles a fine-tune. neuronx-cc runs are counted in the double's ``calls``."""
 
 from __future__ import annotations
@@ -91,6 +91,12 @@ def test_a_fine_tune_runs_neuronx_cc_zero_times_and_a_shape_change_compiles(tmp_
     got = load_artifact(art / "model.pt", m["compiler"]["loader"], "neuron")(x)
     assert torch.allclose(got, _eager(tmp_path / "proj", seed=7)(x), atol=1e-5)   # the new weights, at load
     assert not torch.allclose(got, _eager(tmp_path / "proj", seed=0)(x), atol=1e-3)
+    # the validate gate on the relinked artifact (the double's models run on CPU: a NeuronCore is pretended)
+    import neuron_build.evaluate.validate as v
+    monkeypatch.setattr(v, "neuron_devices", lambda: ["/dev/neuron0"])
+    b = Builder(load_project(cfg))
+    rec = v.validate_target(b.project, b.store, b.by_id[tid], m["key"], record=False)
+    assert rec["verdict"] == "pass" and rec["device_kind"] == "neuron", rec
 
     _project(tmp_path / "proj", seed=7, hidden=32)               # a weight changed shape: compile
     assert _build(cfg, env, "net/b1/fp32/p1", validate=False) == {"compiles": 1, "graph_reused": 0, "failed": 0}
