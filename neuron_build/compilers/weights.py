@@ -145,7 +145,10 @@ def problem(folder: str | Path, weights_file: str | Path | None = None) -> str |
     path = Path(weights_file) if weights_file is not None else Path(folder) / WEIGHTS_FILE
     fix = "rebuild the artifact or pull the release again"
     try:
-        have = safetensors_header(path)
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            have = {k: (f.get_slice(k).get_dtype(), list(f.get_slice(k).get_shape())) for k in f.keys()}
     except Exception as e:  # missing, truncated, not safetensors: one line, never a crash
         return f"{path}: the weights file cannot be read ({type(e).__name__}: {str(e)[:120]}); {fix}"
     missing, extra = sorted(set(spec) - set(have)), sorted(set(have) - set(spec))
@@ -160,47 +163,6 @@ def problem(folder: str | Path, weights_file: str | Path | None = None) -> str |
     return None
 
 
-def safetensors_header(path: str | Path) -> dict[str, tuple[str, list[int]]]:
-    """Name -> (safetensors dtype such as ``F32``, shape) of every tensor of a safetensors file, from its header
-    alone: no tensor is read and torch is not imported (a relink checks staged weights in the builder).
-
-    The format [doc: huggingface/safetensors README]: an 8-byte little-endian header length N, N bytes of JSON
-    ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``, then the data; offsets
-    are relative to the data, whose length must equal the last end.
-
-    Raises:
-        OSError: the file cannot be read.
-        ValueError: not this format, or its data does not match the header (a file cut short).
-    """
-    path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        if size < 8 or n > size - 8:
-            raise ValueError("the header is longer than the file")
-        head = json.loads(f.read(n))
-    if not isinstance(head, dict):
-        raise ValueError("the header is not a JSON object")
-    data, end, out = size - 8 - n, 0, {}
-    for name, entry in head.items():
-        if name == "__metadata__":
-            continue
-        dtype, shape, (begin, stop) = str(entry["dtype"]), [int(d) for d in entry["shape"]], entry["data_offsets"]
-        count = 1
-        for d in shape:
-            count *= d
-        if not 0 <= int(begin) <= int(stop) <= data or (dtype in _ST_BYTES and int(stop) - int(begin) != count *
-                                                           _ST_BYTES[dtype]):
-            raise ValueError(f"tensor {name} does not lie in the file's data (cut short?)")
-        end = max(end, int(stop))
-        out[str(name)] = (dtype, shape)
-    if end != data:
-        raise ValueError(f"the data is {data} bytes but the header describes {end}")
-    return out
-
-
-_ST_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
-             "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 _ST_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64",
               "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
               "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
@@ -237,5 +199,4 @@ def load_into(module: Any, folder: str | Path, where: str = "") -> Any:
 
 
 __all__ = ["AOTI_EXTERNAL_CONFIG", "SPEC_FILE", "SPEC_FORMAT", "WEIGHTS_FILE", "exported_state", "load_into",
-           "problem", "read_spec", "safetensors_header", "spec_of", "structure_document", "uncovered",
-           "weights_document", "write"]
+           "problem", "read_spec", "spec_of", "structure_document", "uncovered", "weights_document", "write"]
