@@ -9,6 +9,11 @@ counted from the ledger (``report --json``), the ratio fine-tune / cold (build o
 and the store's bytes: the weights blobs (one per weight values, shared by the 6 buckets) against the
 compiled parts. Goal of issue 38: 0 compiles, and the fine-tune's wall time far below the cold build's.
 
+``--backend neuron`` runs the same on the XLA path (``weights = "external"`` is ``inline_weights_to_neff =
+false``) and also counts **neuronx-cc runs** (``neuronx_cc_runs``): without the Neuron toolchain the test
+double in ``tests/fakes`` stands in (by path, as :mod:`edit_replay` puts it; its neuronx-cc writes one line
+per run into its ``calls`` file and compiles in well under a second unless ``--cc-sleep`` says otherwise).
+
 The NxDI row (``--backend nxdi``; against the NxDI double in tests/fakes/nxdi unless the real packages are
 installed): a tiny Llama checkpoint (transformers, random weights) on ``backend = "neuron"``, tp_degree 2, 3
 context-encoding and 3 token-generation buckets (6 NEFFs), the double's neuronx-cc taking ``--cc-sleep`` seconds
@@ -17,8 +22,8 @@ relinked: NxDI's ``shard_weights`` only, no ``compile()`` (no trace) and no neur
 comparison, another fine-tune with the graph key off (``NEURON_BUILD_GRAPH_KEY=0``): NxDI's ``compile()``
 again, its NEFFs from the persistent cache the store owns. No validate (no NeuronCore here).
 
-    .venv/bin/python benchmarks/relink.py [--backend inductor|nxdi] [--buckets 6] [--hidden 64] [--cc-sleep 2]
-        [--out benchmarks/results/relink.json]
+    .venv/bin/python benchmarks/relink.py [--backend inductor|neuron|nxdi] [--buckets 6] [--hidden 64]
+        [--cc-sleep S] [--out benchmarks/results/relink.json]
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))  # edit_replay's Neuron double environment
 
 MODEL = '''\
 import torch
@@ -59,7 +65,7 @@ def build(seed=0, hidden=64):
 
 CONFIG = '''
 [build]
-backend = "inductor"
+backend = "{backend}"
 timeout_s = 1800
 
 [profiles.p1]
@@ -83,31 +89,48 @@ def _cli(*args: str, env: dict | None = None) -> tuple[float, subprocess.Complet
     return time.monotonic() - t0, r
 
 
-def _write(root: Path, seed: int, hidden: int, buckets: int) -> Path:
+def _write(root: Path, seed: int, hidden: int, buckets: int, backend: str = "inductor") -> Path:
     (root / "ft").mkdir(parents=True, exist_ok=True)
     (root / "ft" / "__init__.py").write_text("")
     (root / "ft" / "net.py").write_text(MODEL)
     cfg = root / "buckets.toml"
-    cfg.write_text(textwrap.dedent(CONFIG.format(seed=seed, hidden=hidden,
+    cfg.write_text(textwrap.dedent(CONFIG.format(seed=seed, hidden=hidden, backend=backend,
                                                  batches=", ".join(str(b) for b in range(1, buckets + 1)))))
     return cfg
 
 
-def _phase(cfg: Path) -> dict:
+def _phase(cfg: Path, env: dict | None = None) -> dict:
+    from edit_replay import cc_runs
+
     def counts() -> dict:
-        _, r = _cli("report", "--json", "-c", str(cfg))
+        _, r = _cli("report", "--json", "-c", str(cfg), env=env)
         return json.loads(r.stdout)
-    before = counts()
-    build_s, b = _cli("build", "-c", str(cfg))
+    before, runs = counts(), cc_runs(env or {})
+    build_s, b = _cli("build", "-c", str(cfg), env=env)
     if b.returncode != 0:
         raise SystemExit(f"build failed:\n{b.stdout[-3000:]}\n{b.stderr[-3000:]}")
-    validate_s, v = _cli("validate", "-c", str(cfg))
+    validate_s, v = _cli("validate", "-c", str(cfg), env=env)
     if v.returncode != 0:
         raise SystemExit(f"validate failed:\n{v.stdout[-3000:]}\n{v.stderr[-3000:]}")
     after = counts()
-    return {"build_s": round(build_s, 2), "validate_s": round(validate_s, 2),
-            "compiles": after["compiles"] - before["compiles"],
-            "relinked": after["graph_reused"] - before["graph_reused"]}
+    out = {"build_s": round(build_s, 2), "validate_s": round(validate_s, 2),
+           "compiles": after["compiles"] - before["compiles"],
+           "relinked": after["graph_reused"] - before["graph_reused"]}
+    if runs is not None:
+        out["neuronx_cc_runs"] = cc_runs(env) - runs
+    return out
+
+
+def _neuron_env(tmp: Path, cc_sleep: float) -> dict:
+    """The Neuron double's environment (with its neuronx-cc calls file), or {} with the real toolchain."""
+    from edit_replay import _real_neuron, neuron_double_env
+
+    if _real_neuron():
+        return {}
+    env = neuron_double_env(tmp / "neuronx-cc-calls.jsonl")
+    if cc_sleep:
+        env["FAKE_NEURONX_CC_SLEEP"] = str(cc_sleep)
+    return env
 
 
 def _store_bytes(cfg: Path) -> dict:
@@ -175,12 +198,15 @@ def nxdi(tmp: Path, cc_sleep: float) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", choices=("inductor", "nxdi"), default="inductor")
+    ap.add_argument("--backend", choices=("inductor", "neuron", "nxdi"), default="inductor")
     ap.add_argument("--buckets", type=int, default=6)
     ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--cc-sleep", type=float, default=2.0, help="the NxDI double's seconds per NEFF compile")
+    ap.add_argument("--cc-sleep", type=float, default=None,
+                    help="seconds each neuronx-cc run of the double takes (default: 0 for neuron, 2 per NEFF for nxdi)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    if a.cc_sleep is None:
+        a.cc_sleep = 2.0 if a.backend == "nxdi" else 0.0
     if a.backend == "nxdi":
         with tempfile.TemporaryDirectory(prefix="relink-bench-") as tmp:
             out = {"nxdi": nxdi(Path(tmp), a.cc_sleep)}
@@ -191,12 +217,14 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="relink-bench-") as tmp:
         root = Path(tmp) / "proj"
-        cfg = _write(root, 0, a.hidden, a.buckets)
-        cold = _phase(cfg)
-        _write(root, 7, a.hidden, a.buckets)
-        fine = _phase(cfg)
+        env = _neuron_env(Path(tmp), a.cc_sleep) if a.backend == "neuron" else {}
+        cfg = _write(root, 0, a.hidden, a.buckets, a.backend)
+        cold = _phase(cfg, env)
+        _write(root, 7, a.hidden, a.buckets, a.backend)
+        fine = _phase(cfg, env)
         store = _store_bytes(cfg)
-    out = {"buckets": a.buckets, "hidden": a.hidden, "cold": cold, "fine_tune": fine,
+    out = {"backend": a.backend, "neuron_double": bool(env), "cc_sleep_s": a.cc_sleep,
+           "buckets": a.buckets, "hidden": a.hidden, "cold": cold, "fine_tune": fine,
            "ratio_build": round(fine["build_s"] / cold["build_s"], 3),
            "ratio_build_validate": round((fine["build_s"] + fine["validate_s"]) /
                                          (cold["build_s"] + cold["validate_s"]), 3),

@@ -73,10 +73,12 @@ def load_artifact(path: str | Path, loader: str, backend: str, device: str | Non
         explain_missing_neuronx: True: a missing torch-neuronx is a :class:`UserError` naming the file;
             False: its ``ImportError`` propagates (validation records it as the artifact failing to load).
 
-    An AOTInductor package with external weights (``weights.json`` beside it) gets ``weights.safetensors``
-    loaded after names, shapes and dtypes are checked (:func:`neuron_build.compilers.weights.load_into`);
-    with ``shared_weights`` (a :class:`neuron_build.compilers.weights.SharedWeights`) the tensors come from
-    it, loaded once per file content and shared by every package given the same one.
+    An artifact with external weights (``weights.json`` beside it) gets ``weights.safetensors`` checked
+    against it (names, shapes, dtypes, from the header) before anything is loaded, then loaded into the model:
+    an AOTInductor package by :func:`neuron_build.compilers.weights.load_into` (with ``shared_weights``, a
+    :class:`neuron_build.compilers.weights.SharedWeights`, the tensors come from it, loaded once per file
+    content and shared by every package given the same one), a Neuron model by
+    ``torch_neuronx.replace_weights`` (:func:`neuron_build.compilers.neuron.external_weights.replace_into`).
 
     Raises:
         UserError: a neuron artifact and no torch-neuronx here (with ``explain_missing_neuronx``); external
@@ -85,13 +87,13 @@ def load_artifact(path: str | Path, loader: str, backend: str, device: str | Non
     """
     import torch
 
-    path = Path(path)
-    if loader == AOTI_LOADER or path.suffix == ".pt2":
-        from neuron_build.compilers import weights
+    from neuron_build.compilers import weights
 
-        why = weights.problem(path.parent)  # external weights: checked before the package is even loaded
-        if why is not None:
-            raise UserError(why)
+    path = Path(path)
+    why = weights.problem(path.parent)  # external weights: checked before the model is even loaded
+    if why is not None:
+        raise UserError(why)
+    if loader == AOTI_LOADER or path.suffix == ".pt2":
         module = torch._inductor.aoti_load_package(str(path))
         if weights.read_spec(path.parent) is not None:
             state = shared_weights.get(path.parent) if shared_weights is not None else None
@@ -109,9 +111,12 @@ def load_artifact(path: str | Path, loader: str, backend: str, device: str | Non
         device = None
     with warnings.catch_warnings():  # torch 2.9+ flags torch.jit.load as deprecated; Neuron artifacts need it
         warnings.simplefilter("ignore", DeprecationWarning)
-        if device is None:
-            return torch.jit.load(str(path))
-        return torch.jit.load(str(path), map_location=device)
+        module = torch.jit.load(str(path)) if device is None else torch.jit.load(str(path), map_location=device)
+    if spec is not None and spec.jit_registers and weights.read_spec(path.parent) is not None:
+        from neuron_build.compilers.neuron.external_weights import replace_into
+
+        replace_into(module, path.parent)
+    return module
 
 
 # -- which installed versions can load an artifact ------------------------------------------------------

@@ -19,14 +19,10 @@ MAX_FUNCTION_LINES = 80
 #: module (path under neuron_build/) -> why it is longer than MAX_MODULE_LINES
 LONG_MODULES = {
     "build/session.py": "BuildSession is doit's task loader with the plan cache and the recorded-run hooks",
-    "compilers/neuron/__init__.py": "NeuronCompiler (trace, the HLO key before neuronx-cc, failure "
-                                    "classification) and its helpers; its facts are in backends.py already",
 }
 
 #: "path:qualified name" -> why the function is longer than MAX_FUNCTION_LINES
 LONG_FUNCTIONS = {
-    "compilers/neuron/__init__.py:NeuronCompiler.compile": "trace (or the HLO key's split path), compile "
-                                                           "and classify in one attempt, read whole",
 }
 
 #: module (path under neuron_build/) -> why it has no __all__ yet

@@ -292,12 +292,16 @@ class NeffHook:
                  *args, **kwargs):
         self.called = True
         try:
-            self.key = gk.checkpoint(self.request, lambda: hlo_document(
-                hlo_artifacts, compiler_args, inline_weights_to_neff, self.compiler_version))
+            self.key = gk.checkpoint(self.request, lambda: self.document(
+                hlo_artifacts, compiler_args, inline_weights_to_neff))
         except gk.GraphHit as hit:
             self.hit = hit.graph_key  # kept: a trace that wraps what its hook raises must not turn a hit
             raise                     # into a failure (the compiler re-raises it from here)
         return self.original(hlo_artifacts, compiler_workdir, compiler_args, inline_weights_to_neff, *args, **kwargs)
+
+    def document(self, hlo_artifacts, compiler_args, inline_weights_to_neff) -> dict[str, Any]:
+        """The canonical document the key is made of: :func:`hlo_document` (a subclass keys another one)."""
+        return hlo_document(hlo_artifacts, compiler_args, inline_weights_to_neff, self.compiler_version)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[NeffHook]:

@@ -7,7 +7,8 @@ from torch_neuronx._fake_impl import (  # noqa: E402
     NeuronModule,
     analyze,
     move_trace_to_device,
+    replace_weights,
     trace,
 )
 
-__all__ = ["trace", "analyze", "move_trace_to_device", "NeuronModule"]
+__all__ = ["trace", "analyze", "move_trace_to_device", "replace_weights", "NeuronModule"]

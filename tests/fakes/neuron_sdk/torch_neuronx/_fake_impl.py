@@ -106,10 +106,12 @@ _register_runtime_op()
 class NeuronModule(torch.nn.Module):
     """What trace returns (after torch.jit.trace): input check + the traced model, NEFF in a buffer."""
 
-    def __init__(self, model: torch.jit.ScriptModule, neff: bytes, spec: str) -> None:
+    def __init__(self, model: torch.jit.ScriptModule, neff: bytes, spec: str, separated: bool = False) -> None:
         super().__init__()
         self.model = model
         self.register_buffer("neff", torch.frombuffer(bytearray(neff), dtype=torch.uint8).clone())
+        # the double's mark of a model traced with inline_weights_to_neff=False (it holds separated weights)
+        self.register_buffer("weights_separated", torch.tensor(bool(separated)))
         self.spec = spec
 
     def forward(self, *tensors):
@@ -310,7 +312,7 @@ def _compile(func, example_inputs, *, input_output_aliases=None, compiler_workdi
             neff = handle.read()
 
     spec = json.dumps([{"shape": list(t.shape), "dtype": _dtype_name(t.dtype)} for t in examples])
-    return _jit_trace(NeuronModule(traced, neff, spec), examples)
+    return _jit_trace(NeuronModule(traced, neff, spec, separated=not inline_weights_to_neff), examples)
 
 
 # --------------------------------------------------------------------------- public API
@@ -389,6 +391,38 @@ def analyze(func, example_inputs, compiler_workdir=None, additional_ignored_ops=
         "supported_operators": dict(supported),
         "unsupported_operators": unsupported,
     }
+
+
+def replace_weights(neuron_model, weights) -> None:
+    """Replace the separated weights of a model traced with ``inline_weights_to_neff=False``, in place [doc:
+    torch-neuronx API reference, replace_weights]: ``weights`` is the original model with the new weights or a
+    state_dict; returns None; a model without separated weights gets a warning and nothing is replaced [doc].
+
+    What the docs leave open, the double decides strictly [guess]: a name the model does not hold, or a tensor
+    whose shape or dtype differs from the one traced, raises RuntimeError before anything is replaced; names
+    the state dict does not give (non-persistent buffers) keep their traced values.
+    """
+    state = weights.state_dict() if isinstance(weights, torch.nn.Module) else dict(weights)
+    flag = getattr(neuron_model, "weights_separated", None)
+    if not isinstance(flag, torch.Tensor) or not bool(flag.item()):
+        warnings.warn("torch_neuronx.replace_weights: the Neuron model does not contain any separated weights "
+                      "(it was traced with inline_weights_to_neff=True); nothing was replaced")
+        return None
+    program = neuron_model.model
+    held = dict(program.named_parameters())
+    held.update(dict(program.named_buffers()))
+    for name, tensor in state.items():
+        if name not in held:
+            raise RuntimeError(f"replace_weights: the Neuron model has no separated weight named {name!r}")
+        have = held[name]
+        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != tuple(have.shape) or tensor.dtype != have.dtype:
+            got = f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise RuntimeError(f"replace_weights: weight {name!r} is {got}; the Neuron model was traced with "
+                               f"{have.dtype} {list(have.shape)}")
+    with torch.no_grad():
+        for name, tensor in state.items():
+            held[name].copy_(tensor)
+    return None
 
 
 def move_trace_to_device(trace, device_id):

@@ -266,7 +266,7 @@ def generate_hlo(func, example_inputs, input_output_aliases=None, inline_weights
                                        if isinstance(t, torch.Tensor)]}, sort_keys=True).encode()
     art = HloArtifacts(hlo, Flattener([_impl._tensor_str(t) for t in examples]), Packer(str(spec)), metaneff,
                        None if inline_weights_to_neff else weights, constants,
-                       {name: i for i, name in enumerate(weights)})
+                       {name: len(examples) + i for i, name in enumerate(weights)})  # -> HLO parameter number
     art._fake_traced = traced          # the double's own: the CPU program behind the NEFF
     art._fake_examples = examples
     art._fake_named = weights
@@ -315,7 +315,7 @@ def create_neuron_model(neff_filename, metaneff, flattener, packer, example_inpu
     traced = _PROGRAMS.pop(next(k for k in list(_PROGRAMS) if k.startswith(hashlib.sha256(metaneff).hexdigest())))
     examples = _impl._examples(example_inputs)
     spec = json.dumps([{"shape": list(t.shape), "dtype": _impl._dtype_name(t.dtype)} for t in examples])
-    return _impl._jit_trace(_impl.NeuronModule(traced, neff, spec), examples)
+    return _impl._jit_trace(_impl.NeuronModule(traced, neff, spec, separated=weights is not None), examples)
 
 
 def split_trace(func, example_inputs, args: List[str], workdir: str, inline_weights_to_neff: bool,
