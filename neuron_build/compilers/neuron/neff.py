@@ -28,6 +28,8 @@ import uuid as uuid_mod
 from dataclasses import dataclass
 from typing import Any, Union
 
+from neuron_build.errors import NeuronBuildError
+
 __all__ = ["HEADER_FORMAT", "HEADER_SIZE", "NeffError", "NeffHeader", "payload_kind", "read_neff_header"]
 
 HEADER_FORMAT = "<QQQQQ128sI32s16s256sI64sQI468s"
@@ -42,7 +44,7 @@ _SNIFF = 512
 PathOrBytes = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview]
 
 
-class NeffError(ValueError):
+class NeffError(ValueError, NeuronBuildError):
     """The file is not a (valid) NEFF. The message names the file and the check that failed."""
 
 

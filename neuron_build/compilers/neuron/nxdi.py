@@ -32,7 +32,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from neuron_build.compilers.base import CompileFailed, CompilerBase, CompileRequest, CompileResult, enter_stage
+from neuron_build.compilers.base import (
+    EXIT_TOOLCHAIN_MISSING,
+    CompileFailed,
+    CompilerBase,
+    CompileRequest,
+    CompileResult,
+    enter_stage,
+)
 from neuron_build.status import Status
 
 #: HF ``model_type`` -> (NxDI module, InferenceConfig class, application class) [code: NxDI models/].
@@ -95,7 +102,7 @@ class NxDICompiler(CompilerBase):
         except ImportError as e:
             raise CompileFailed(Status.TOOLCHAIN_MISSING, f"neuronx-distributed-inference is not installed ({e}); "
                                 "install it from the Neuron package index (see \"On a Neuron host\" in README.md)",
-                                exit_code=3) from None
+                                exit_code=EXIT_TOOLCHAIN_MISSING) from None
 
     def model_path(self, request: CompileRequest) -> Path:
         """The HF checkpoint folder NxDI loads: the ``hf`` folder, or a factory's model saved with
