@@ -9,7 +9,14 @@ counted from the ledger (``report --json``), the ratio fine-tune / cold (build o
 and the store's bytes: the weights blobs (one per weight values, shared by the 6 buckets) against the
 compiled parts. Goal of issue 38: 0 compiles, and the fine-tune's wall time far below the cold build's.
 
-    .venv/bin/python benchmarks/relink.py [--buckets 6] [--hidden 64] [--out benchmarks/results/relink.json]
+The **text-generation** row (:func:`textgen_row`): a tiny Llama (transformers' code, random weights
+saved as an hf folder, ``weights = "external"``), batch buckets 1 and 2 and prefill buckets 8 and 16 (6
+graphs: 4 prefill, 2 decode), cold then fine-tuned (the same config, other random weights): 0 graphs
+compiled, and ``validate`` (generate against eager ``generate`` of the fine-tuned model) passes on the
+relinked graphs.
+
+    .venv/bin/python benchmarks/relink.py [--buckets 6] [--hidden 64] [--only inductor|textgen]
+                                          [--out benchmarks/results/relink.json]
 """
 
 from __future__ import annotations
@@ -115,24 +122,83 @@ def _store_bytes(cfg: Path) -> dict:
             "compiled_blobs": len(compiled), "compiled_bytes": sum(compiled.values())}
 
 
+def _ratios(cold: dict, fine: dict) -> dict:
+    return {"ratio_build": round(fine["build_s"] / cold["build_s"], 3),
+            "ratio_build_validate": round((fine["build_s"] + fine["validate_s"]) /
+                                          (cold["build_s"] + cold["validate_s"]), 3)}
+
+
+TEXTGEN_CONFIG = """
+[build]
+backend = "inductor"
+device = "cpu"
+timeout_s = 1800
+
+[profiles.p1]
+compiler_args = []
+weights = "external"
+
+[models.llama]
+task = "text-generation"
+hf = "hf-llama"
+dtypes = ["fp32"]
+profiles = ["p1"]
+max_seq_len = 64
+buckets = { batch = [1, 2], seq = [8, 16] }
+"""
+
+
+def _save_llama(folder: Path, seed: int) -> None:
+    """A tiny Llama (2 layers, hidden 64, vocab 1000) with random weights from ``seed``, as an hf folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=1000, max_position_embeddings=128, bos_token_id=1,
+                      eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+
+
+def textgen_row(tmp: Path) -> dict:
+    """The text-generation row: cold build + validate of 6 graphs, then a fine-tune (seed 0 -> 7, the same
+    config) build + validate: compiles, relinks, wall seconds, ratios, store bytes."""
+    root = tmp / "textgen"
+    root.mkdir(parents=True)
+    cfg = root / "buckets.toml"
+    cfg.write_text(TEXTGEN_CONFIG)
+    _save_llama(root / "hf-llama", 0)
+    cold = _phase(cfg)
+    _save_llama(root / "hf-llama", 7)
+    fine = _phase(cfg)
+    return {"graphs": 6, "model": "tiny Llama (2 layers, hidden 64, vocab 1000), batch [1, 2], seq [8, 16]",
+            "cold": cold, "fine_tune": fine, **_ratios(cold, fine), "store_latest": _store_bytes(cfg)}
+
+
+def inductor_row(tmp: Path, buckets: int, hidden: int) -> dict:
+    """The inductor row: cold then fine-tune of the ``Net`` model with ``buckets`` batch buckets."""
+    root = tmp / "proj"
+    cfg = _write(root, 0, hidden, buckets)
+    cold = _phase(cfg)
+    _write(root, 7, hidden, buckets)
+    fine = _phase(cfg)
+    return {"buckets": buckets, "hidden": hidden, "cold": cold, "fine_tune": fine, **_ratios(cold, fine),
+            "store_latest": _store_bytes(cfg)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--buckets", type=int, default=6)
     ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--only", choices=["inductor", "textgen"], default=None, help="run one row only")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    out: dict = {}
     with tempfile.TemporaryDirectory(prefix="relink-bench-") as tmp:
-        root = Path(tmp) / "proj"
-        cfg = _write(root, 0, a.hidden, a.buckets)
-        cold = _phase(cfg)
-        _write(root, 7, a.hidden, a.buckets)
-        fine = _phase(cfg)
-        store = _store_bytes(cfg)
-    out = {"buckets": a.buckets, "hidden": a.hidden, "cold": cold, "fine_tune": fine,
-           "ratio_build": round(fine["build_s"] / cold["build_s"], 3),
-           "ratio_build_validate": round((fine["build_s"] + fine["validate_s"]) /
-                                         (cold["build_s"] + cold["validate_s"]), 3),
-           "store_latest": store}
+        if a.only in (None, "inductor"):
+            out.update(inductor_row(Path(tmp), a.buckets, a.hidden))
+        if a.only in (None, "textgen"):
+            out["textgen"] = textgen_row(Path(tmp))
     text = json.dumps(out, indent=1)
     print(text)
     if a.out:
