@@ -99,3 +99,16 @@ def test_a_package_that_inlined_a_weight_is_never_recorded_external(tmp_path, mo
     assert "model.model.rotary_emb.inv_freq" in res.details["weights_inline_why"]
     old = SimpleNamespace(compiler=res.details, files={"weights.json": 1, "weights.safetensors": 1})
     assert relink.refused(None, "k", old, out) == "the stored artifact holds its weights inline"
+
+
+def test_the_staged_weights_go_to_a_folder_not_made_yet(tmp_path, base):
+    """Named defect: the graph probe (and ``verify --fresh``) hands the compiler an output folder it never
+    makes; staging the weights there failed and the graph was keyed by value, so the fresh gate found every
+    external-weights artifact "not what today's code builds" and refused its promotion."""
+    lm = _lm(0)
+    w = textgen.static_wrapper(lm, 1, 32)
+    ep = textgen.export_graph(w, "decode", 1, 8)
+    state = textgen._stage_weights(ep, tmp_path / "probe" / "out")
+    assert state is not None and weights.problem(tmp_path / "probe" / "out") is None
+    assert graph_key.document_digest(textgen.structure_document(ep, w, _request(), lm, state)) == \
+        graph_key.document_digest(base[0])
