@@ -71,7 +71,7 @@ def test_a_fine_tune_relinks_both_graphs_and_generates_the_new_models_tokens(tmp
     cfg = textgen_kit.write_project(root, llama_buckets="{ batch = [1], seq = [8] }", gpt2=False,
                                     profile='weights = "external"')
     hf = root / "hf-llama"
-    assert _build(cfg) == {"compiles": 2, "graph_reused": 0, "failed": 0}
+    assert _build(cfg, validate=False) == {"compiles": 2, "graph_reused": 0, "failed": 0}  # (cold: not validated)
     first = {t: _manifest(cfg, t) for t in (PREFILL, DECODE)}
     assert {m["compiler"]["weights"] for m in first.values()} == {"external"}
     assert len({m["files"]["weights.safetensors"]["sha256"] for m in first.values()}) == 1  # one blob
