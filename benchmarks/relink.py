@@ -22,7 +22,13 @@ relinked: NxDI's ``shard_weights`` only, no ``compile()`` (no trace) and no neur
 comparison, another fine-tune with the graph key off (``NEURON_BUILD_GRAPH_KEY=0``): NxDI's ``compile()``
 again, its NEFFs from the persistent cache the store owns. No validate (no NeuronCore here).
 
-    .venv/bin/python benchmarks/relink.py [--backend inductor|neuron|nxdi] [--buckets 6] [--hidden 64]
+The **text-generation** row (``--backend textgen``, :func:`textgen_row`): a tiny Llama (transformers' code, random weights
+saved as an hf folder, ``weights = "external"``), batch buckets 1 and 2 and prefill buckets 8 and 16 (6
+graphs: 4 prefill, 2 decode), cold then fine-tuned (the same config, other random weights): 0 graphs
+compiled, and ``validate`` (generate against eager ``generate`` of the fine-tuned model) passes on the
+relinked graphs.
+
+    .venv/bin/python benchmarks/relink.py [--backend inductor|neuron|nxdi|textgen] [--buckets 6] [--hidden 64]
         [--cc-sleep S] [--out benchmarks/results/relink.json]
 """
 
@@ -196,9 +202,74 @@ def nxdi(tmp: Path, cc_sleep: float) -> dict:
             "ratio_build_graph_key_off": round(off["build_s"] / cold["build_s"], 3)}
 
 
+def _ratios(cold: dict, fine: dict) -> dict:
+    return {"ratio_build": round(fine["build_s"] / cold["build_s"], 3),
+            "ratio_build_validate": round((fine["build_s"] + fine["validate_s"]) /
+                                          (cold["build_s"] + cold["validate_s"]), 3)}
+
+
+TEXTGEN_CONFIG = """
+[build]
+backend = "inductor"
+device = "cpu"
+timeout_s = 1800
+
+[profiles.p1]
+compiler_args = []
+weights = "external"
+
+[models.llama]
+task = "text-generation"
+hf = "hf-llama"
+dtypes = ["fp32"]
+profiles = ["p1"]
+max_seq_len = 64
+buckets = { batch = [1, 2], seq = [8, 16] }
+"""
+
+
+def _save_llama(folder: Path, seed: int) -> None:
+    """A tiny Llama (2 layers, hidden 64, vocab 1000) with random weights from ``seed``, as an hf folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=1000, max_position_embeddings=128, bos_token_id=1,
+                      eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+
+
+def textgen_row(tmp: Path) -> dict:
+    """The text-generation row: cold build + validate of 6 graphs, then a fine-tune (seed 0 -> 7, the same
+    config) build + validate: compiles, relinks, wall seconds, ratios, store bytes."""
+    root = tmp / "textgen"
+    root.mkdir(parents=True)
+    cfg = root / "buckets.toml"
+    cfg.write_text(TEXTGEN_CONFIG)
+    _save_llama(root / "hf-llama", 0)
+    cold = _phase(cfg)
+    _save_llama(root / "hf-llama", 7)
+    fine = _phase(cfg)
+    return {"graphs": 6, "model": "tiny Llama (2 layers, hidden 64, vocab 1000), batch [1, 2], seq [8, 16]",
+            "cold": cold, "fine_tune": fine, **_ratios(cold, fine), "store_latest": _store_bytes(cfg)}
+
+
+def bucket_row(tmp: Path, backend: str, buckets: int, hidden: int, cc_sleep: float) -> dict:
+    """The inductor or Neuron row: cold then fine-tune of the ``Net`` model with ``buckets`` batch buckets."""
+    root = tmp / "proj"
+    env = _neuron_env(tmp, cc_sleep) if backend == "neuron" else {}
+    cfg = _write(root, 0, hidden, buckets, backend)
+    cold = _phase(cfg, env)
+    _write(root, 7, hidden, buckets, backend)
+    fine = _phase(cfg, env)
+    return {"backend": backend, "neuron_double": bool(env), "cc_sleep_s": cc_sleep, "buckets": buckets,
+            "hidden": hidden, "cold": cold, "fine_tune": fine, **_ratios(cold, fine), "store_latest": _store_bytes(cfg)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", choices=("inductor", "neuron", "nxdi"), default="inductor")
+    ap.add_argument("--backend", choices=("inductor", "neuron", "nxdi", "textgen"), default="inductor")
     ap.add_argument("--buckets", type=int, default=6)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--cc-sleep", type=float, default=None,
@@ -207,28 +278,13 @@ def main() -> None:
     a = ap.parse_args()
     if a.cc_sleep is None:
         a.cc_sleep = 2.0 if a.backend == "nxdi" else 0.0
-    if a.backend == "nxdi":
-        with tempfile.TemporaryDirectory(prefix="relink-bench-") as tmp:
-            out = {"nxdi": nxdi(Path(tmp), a.cc_sleep)}
-        text = json.dumps(out, indent=1)
-        print(text)
-        if a.out:
-            Path(a.out).write_text(text + "\n")
-        return
     with tempfile.TemporaryDirectory(prefix="relink-bench-") as tmp:
-        root = Path(tmp) / "proj"
-        env = _neuron_env(Path(tmp), a.cc_sleep) if a.backend == "neuron" else {}
-        cfg = _write(root, 0, a.hidden, a.buckets, a.backend)
-        cold = _phase(cfg, env)
-        _write(root, 7, a.hidden, a.buckets, a.backend)
-        fine = _phase(cfg, env)
-        store = _store_bytes(cfg)
-    out = {"backend": a.backend, "neuron_double": bool(env), "cc_sleep_s": a.cc_sleep,
-           "buckets": a.buckets, "hidden": a.hidden, "cold": cold, "fine_tune": fine,
-           "ratio_build": round(fine["build_s"] / cold["build_s"], 3),
-           "ratio_build_validate": round((fine["build_s"] + fine["validate_s"]) /
-                                         (cold["build_s"] + cold["validate_s"]), 3),
-           "store_latest": store}
+        if a.backend == "nxdi":
+            out = {"nxdi": nxdi(Path(tmp), a.cc_sleep)}
+        elif a.backend == "textgen":
+            out = {"textgen": textgen_row(Path(tmp))}
+        else:
+            out = bucket_row(Path(tmp), a.backend, a.buckets, a.hidden, a.cc_sleep)
     text = json.dumps(out, indent=1)
     print(text)
     if a.out:

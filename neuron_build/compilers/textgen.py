@@ -30,6 +30,16 @@ dynamic=False)`` on the graph's shapes and captures the caches as for other mode
 (:mod:`neuron_build.compilers.compile_cache`); serving rebuilds the wrapper from the recorded model and hits
 them.
 
+With the profile's ``weights = "external"`` (issue 38) the graphs are keyed by their **structure**
+(:func:`structure_document`: the canonical graph, the weights and the KV state by name, dtype and shape,
+the model's config, what ``textgen.json`` records), the package keeps every constant outside
+(:data:`AOTI_CONFIG_EXTERNAL`) and the weights file is written with its spec (``weights.json``) before the
+key is asked for: a fine-tune (new weight values, the same config) is relinked, not compiled
+(:mod:`neuron_build.build.relink`). Fails closed: a package whose ``get_constant_fqns()`` misses a weight
+or a KV tensor (inlined into its kernels as literals) is recorded ``weights = "inline"`` and is never
+relinked; weights that cannot be read or written compile with the key by value. With ``weights =
+"inline"`` (the default) the key holds the weights by value, as before.
+
 ``textgen.json`` in each artifact records the graph, the bucket, ``max_seq_len``, the state's tensors
 (name, shape, dtype) and the files. Torch and transformers are imported inside the functions only.
 """
@@ -43,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.backends import AUTO, TEXTGEN_BACKENDS, find_backend
-from neuron_build.compilers import graph_key
+from neuron_build.compilers import graph_key, weights
 from neuron_build.compilers.base import (
     CompileFailed,
     Compiler,
@@ -62,6 +72,13 @@ WEIGHTS = "weights.safetensors"
 #: Buffer name prefixes of the wrapper's static KV cache (the state, never weights).
 STATE_PREFIXES = ("key_cache_", "value_cache_", "cumulative_length_")
 EXPORT = "transformers.integrations.executorch.TorchExportableModuleWithStaticCache + torch.export(strict=True)"
+#: ``inductor_configs`` of a graph whose weights are keyed by value (``weights = "inline"``): the weights
+#: file beside the package, small 1-D and 0-d constants inlined into the kernels [measured: shared notes 3.4].
+AOTI_CONFIG = {"aot_inductor.package_constants_in_so": False}
+#: ... and of a graph keyed by its structure (``weights = "external"``): every constant outside.
+AOTI_CONFIG_EXTERNAL = dict(weights.AOTI_EXTERNAL_CONFIG)
+#: Fields of a transformers config that name where it came from, not what the graphs compute.
+CONFIG_PROVENANCE = ("_name_or_path", "transformers_version", "_commit_hash", "dtype", "torch_dtype")
 
 
 def causal_lm(model):
@@ -162,23 +179,50 @@ def export_or_no_key(wrapper, graph: str, batch: int, seq: int):
         raise graph_key.NoGraphKey(f"torch.export failed ({type(e).__name__})") from e
 
 
-def graph_document(ep, wrapper, request: CompileRequest, serving: bool = False) -> dict[str, Any]:
-    """The graph key's document of a prefill or decode graph: the exported program's canonical document
-    (:func:`neuron_build.compilers.graph_key.export_document`: ops, weights by content, the KV state's
-    buffers by value, the output spec) plus what ``textgen.json`` records about the graph (graph kind,
-    batch, seq, ``max_seq_len``, the state's names, shapes and dtypes); with ``serving`` (compile-cache) also
-    what the serving host rebuilds the model from (factory, kwargs, hf folder).
+def graph_document(ep, wrapper, request: CompileRequest, lm=None, serving: bool = False) -> dict[str, Any]:
+    """The graph key's document of a prefill or decode graph keyed with its weights by value: the exported
+    program's canonical document (:func:`neuron_build.compilers.graph_key.export_document`: ops, weights by
+    content, the KV state's buffers by value, the output spec) plus :func:`_section` (what ``textgen.json``
+    records: graph kind, batch, seq, ``max_seq_len``, the state's names, shapes and dtypes, and with ``lm``
+    its serving facts); with ``serving`` (compile-cache) also what the serving host rebuilds the model from
+    (factory, kwargs, hf folder).
 
     Raises:
         NoGraphKey: anything the canonical form cannot read.
     """
-    graph, batch, seq, max_seq_len = _options(request)
-    doc = {**graph_key.export_document(ep),
-           "textgen": {"graph": graph, "batch": batch, "seq": seq if graph == "prefill" else 1,
-                       "max_seq_len": max_seq_len, "state": state_spec(wrapper), "export": EXPORT}}
+    doc = {**graph_key.export_document(ep), "textgen": _section(wrapper, request, lm)}
     if serving:
         doc["serving"] = {"factory": request.factory, "kwargs": dict(request.kwargs), "hf": request.hf}
     return doc
+
+
+def structure_document(ep, wrapper, request: CompileRequest, lm, state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The structure part of a graph's key (``weights = "external"``): the canonical graph with every weight
+    and KV tensor by name, dtype, shape and binding, never by value
+    (:func:`neuron_build.compilers.weights.structure_document`), plus :func:`_section`, the model's config
+    (:func:`model_config`) and the AOTInductor settings. New weight values keep it (a relink); a changed
+    shape, dtype, config value, generation setting or graph changes it (a compile).
+
+    Raises:
+        NoGraphKey: anything the canonical form cannot read.
+    """
+    return {**weights.structure_document(ep, state), "textgen": _section(wrapper, request, lm),
+            "config": model_config(lm), "aoti": dict(sorted(AOTI_CONFIG_EXTERNAL.items()))}
+
+
+def model_config(lm) -> dict[str, Any]:
+    """The causal LM's config as transformers serializes its non-default fields (``to_json_string(use_diff=
+    True)``), without :data:`CONFIG_PROVENANCE`: a config value the graph holds only as a weight's value
+    (``rope_theta``: ``inv_freq``) still changes the key (fail closed)."""
+    raw = json.loads(lm.config.to_json_string(use_diff=True))
+    return {k: v for k, v in sorted(raw.items()) if k not in CONFIG_PROVENANCE}
+
+
+def _section(wrapper, request: CompileRequest, lm=None) -> dict[str, Any]:
+    graph, batch, seq, max_seq_len = _options(request)
+    out = {"graph": graph, "batch": batch, "seq": seq if graph == "prefill" else 1, "max_seq_len": max_seq_len,
+           "state": state_spec(wrapper), "export": EXPORT}
+    return out if lm is None else {**out, **serving_facts(lm)}
 
 
 def _options(request: CompileRequest) -> tuple[str, int, int, int]:
@@ -186,13 +230,50 @@ def _options(request: CompileRequest) -> tuple[str, int, int, int]:
     return str(o["graph"]), int(o["batch"]), int(o["seq"]), int(o["max_seq_len"])
 
 
+def _stage_weights(ep, out: Path) -> dict[str, Any] | None:
+    """``weights = "external"``: every tensor the exported program binds (FQN -> tensor, the KV state
+    included), its weights (the state left out) written to :data:`WEIGHTS` with their spec
+    (:data:`~neuron_build.compilers.weights.SPEC_FILE`) in ``out`` before the key is asked for (a hit
+    relinks them). None (a warning; the key then holds the weights by value) when they cannot be read or
+    written: fail closed."""
+    try:
+        state = weights.exported_state(ep)
+        weights.write(out, {k: v for k, v in state.items() if not k.startswith(STATE_PREFIXES)})
+        return state
+    except Exception as e:  # an unreadable state, a dtype safetensors cannot hold: keyed by value
+        for name in (WEIGHTS, weights.SPEC_FILE):
+            (out / name).unlink(missing_ok=True)
+        print(f"warning: the weights cannot be kept apart ({type(e).__name__}: {str(e)[:200]}); "
+              "keying the graph by its weights' values", flush=True)
+        return None
+
+
+def _aoti_compile(ep, package: Path, state: dict[str, Any] | None) -> str | None:
+    """AOTInductor-compile ``ep`` to ``package``; with ``state`` (external weights) check that the package
+    takes every weight and KV tensor as a constant from outside. Returns why it does not (a tensor inlined
+    into its kernels: the package then serves only the values it was compiled with), or None."""
+    import torch
+
+    config = AOTI_CONFIG_EXTERNAL if state is not None else AOTI_CONFIG
+    torch._inductor.aoti_compile_and_package(ep, package_path=str(package), inductor_configs=dict(config))
+    if state is None:
+        return None
+    try:
+        why = weights.uncovered(list(torch._inductor.aoti_load_package(str(package)).get_constant_fqns()), state)
+    except Exception as e:  # a package that cannot list its constants cannot take them from outside
+        why = f"the package cannot list its constants ({type(e).__name__})"
+    if why is not None:
+        print(f"warning: {why}: recorded with its weights inline (never relinked)", flush=True)
+    return why
+
+
 class TextGenInductorCompiler(CompilerBase):
-    """Prefill or decode graph -> AOTInductor ``model.pt2`` (no weights inside) + ``weights.safetensors``."""
+    """Prefill or decode graph -> AOTInductor ``model.pt2`` (no weights inside) + ``weights.safetensors``
+    (+ ``weights.json`` with ``weights = "external"``)."""
 
     name = "inductor"
 
     def compile(self, model, example_inputs, request: CompileRequest) -> CompileResult:
-        import torch
         from safetensors.torch import save_file
 
         from neuron_build.compilers.inductor import OP_COUNT_SOURCE, count_package_kernels
@@ -209,25 +290,33 @@ class TextGenInductorCompiler(CompilerBase):
         ep = export_graph(wrapper, graph, batch, seq)
         print(f"exported graph: {len(ep.graph.nodes)} nodes; AOTInductor compile for cpu (weights outside)",
               flush=True)
-        graph_key.checkpoint(request, lambda: graph_document(ep, wrapper, request))  # a hit stops here
         out = Path(request.out_dir)
+        state = None if request.inline_weights_to_neff else _stage_weights(ep, out)
+        if state is not None:  # keyed by structure: a hit relinks the weights just staged
+            graph_key.checkpoint(request, lambda: structure_document(ep, wrapper, request, lm, state))
+        else:
+            graph_key.checkpoint(request, lambda: graph_document(ep, wrapper, request, lm))  # a hit stops here
         enter_stage("compile")
-        torch._inductor.aoti_compile_and_package(
-            ep, package_path=str(out / "model.pt2"),
-            inductor_configs={"aot_inductor.package_constants_in_so": False})
+        why = _aoti_compile(ep, out / "model.pt2", state)
         enter_stage("save")
-        weights = weights_of(ep)
-        save_file(weights, str(out / WEIGHTS))
+        if state is None:
+            tensors = weights_of(ep)
+            save_file(tensors, str(out / WEIGHTS))
+        else:
+            tensors = {k: v for k, v in state.items() if not k.startswith(STATE_PREFIXES)}
         info = {"graph": graph, "batch": batch, "seq": seq if graph == "prefill" else 1,
                 "max_seq_len": max_seq_len, "state": state_spec(wrapper), "weights": WEIGHTS,
                 "artifact": "model.pt2", "export": EXPORT, **serving_facts(lm)}
         (out / INFO).write_text(json.dumps(info, indent=2) + "\n")
         enter_stage("count")
         ops, breakdown = count_package_kernels(out / "model.pt2")
-        print(f"op count {ops}; weights {len(weights)} tensors", flush=True)
-        return CompileResult(op_count=ops, op_count_source=OP_COUNT_SOURCE, details={
-            "artifact": "model.pt2", "loader": "torch._inductor.aoti_load_package", "textgen": info,
-            "exported_nodes": len(ep.graph.nodes), "op_breakdown": breakdown})
+        print(f"op count {ops}; weights {len(tensors)} tensors", flush=True)
+        details = {"artifact": "model.pt2", "loader": "torch._inductor.aoti_load_package", "textgen": info,
+                   "exported_nodes": len(ep.graph.nodes), "op_breakdown": breakdown,
+                   "weights": "external" if state is not None and why is None else "inline"}  # (relink: external)
+        if why is not None or (state is None and not request.inline_weights_to_neff):
+            details["weights_inline_why"] = why or "the weights could not be kept apart"
+        return CompileResult(op_count=ops, op_count_source=OP_COUNT_SOURCE, details=details)
 
 
 class TextGenCompileCacheCompiler(CompilerBase):
@@ -309,6 +398,7 @@ def textgen_compiler(backend: str) -> Compiler:
     return load_class(spec.textgen_compiler)()
 
 
-__all__ = ["INFO", "STATE_PREFIXES", "WEIGHTS", "TextGenCompileCacheCompiler", "TextGenInductorCompiler",
-           "causal_lm", "export_graph", "export_or_no_key", "graph_document", "graph_inputs", "reset_state", "state_spec", "static_wrapper",
-           "textgen_compiler", "weights_of"]
+__all__ = ["AOTI_CONFIG", "AOTI_CONFIG_EXTERNAL", "CONFIG_PROVENANCE", "INFO", "STATE_PREFIXES", "WEIGHTS",
+           "TextGenCompileCacheCompiler", "TextGenInductorCompiler", "causal_lm", "export_graph", "export_or_no_key",
+           "graph_document", "graph_inputs", "model_config", "reset_state", "state_spec", "static_wrapper",
+           "structure_document", "textgen_compiler", "weights_of"]

@@ -163,7 +163,7 @@ def _aoti_engine(src: TextGenSource) -> tuple[Any, dict[str, int]]:
     for g in src.graphs:
         info = g.info()
         weights, wid = g.file(info.get("weights", WEIGHTS))  # one file for every graph
-        graphs.append((info, g.artifact or g.folder / "model.pt2", weights, wid))
+        graphs.append((info, g.artifact or g.folder / "model.pt2", weights, wid, g.folder))
         infos.append(info)
     return aoti_engine(graphs, src.seq_len(infos), src.model), {}
 
@@ -174,7 +174,7 @@ def _aoti_next_token(src: TextGenSource) -> Callable[[Any, Any], Any]:
     g, = src.graphs
     info = g.info()
     weights, wid = g.file(info.get("weights", WEIGHTS))
-    return _argmax(AOTIStates().load(g.artifact or g.folder / "model.pt2", weights, wid, info))
+    return _argmax(AOTIStates().load(g.artifact or g.folder / "model.pt2", weights, wid, info, g.folder))
 
 
 # -- compile-cache ----------------------------------------------------------------------------------

@@ -85,28 +85,50 @@ class AOTIStates:
             self.states[batch] = {s["name"]: torch.zeros(s["shape"], dtype=_dtype(s["dtype"])) for s in spec}
         return self.states[batch]
 
-    def load(self, package: Path, weights: Path, weights_id: str, info: dict[str, Any]):
+    def load(self, package: Path, weights: Path, weights_id: str, info: dict[str, Any], folder: Path | None = None):
         """Load ``package`` (a ``.pt2``) and give it the weights of ``weights`` (read once per
-        ``weights_id``, e.g. the file's sha256) and the KV state of its batch size.
+        ``weights_id``, e.g. the file's sha256) and the KV state of its batch size. A graph compiled with
+        ``weights = "external"`` (``weights.json`` in its ``folder``) has the weights file checked against that
+        spec (names, dtypes, shapes, from the file's header) and its ``get_constant_fqns()`` against the spec
+        and the state **before** any constant is loaded: such a package validates nothing (a wrong shape
+        corrupts the heap) [measured: shared/weights-and-real-hlo.md 3.4].
 
         Raises:
-            UserError: the package needs a constant that neither the weights nor the state hold.
+            UserError: the weights do not fit the spec, or the package needs a constant that neither the
+                weights nor the state hold (one line naming the file and the fix).
         """
         import torch
         from safetensors.torch import load_file
 
+        from neuron_build.compilers import weights as external
+
+        spec = self._spec(folder, weights)
         runner = torch._inductor.aoti_load_package(str(package))
+        state = self.state(int(info["batch"]), info["state"])
+        fqns = list(runner.get_constant_fqns())
+        if spec is not None:
+            why = external.uncovered(fqns, {**spec, **state})
+            if why is not None:
+                raise UserError(f"{package}: {why}; rebuild the artifact")
         if weights_id not in self.weights:
             self.weights[weights_id] = load_file(str(weights))
-        state = self.state(int(info["batch"]), info["state"])
         have = {**self.weights[weights_id], **state}
-        fqns = list(runner.get_constant_fqns())
         missing = [f for f in fqns if f not in have]
         if missing:
             raise UserError(f"{package}: its graph needs constants {', '.join(missing[:5])} that {weights.name} "
                             f"does not hold; pull the release again")
         runner.load_constants({f: have[f] for f in fqns}, check_full_update=False, user_managed=True)
         return runner
+
+    @staticmethod
+    def _spec(folder: Path | None, weights: Path) -> dict[str, Any] | None:
+        """``folder``'s weights spec (None: none), ``weights`` checked against it (else UserError)."""
+        from neuron_build.compilers import weights as external
+
+        why = None if folder is None else external.problem(folder, weights)  # (an unreadable spec too)
+        if why is not None:
+            raise UserError(why)
+        return None if folder is None else external.read_spec(folder)
 
     def reset(self, batch: int) -> Callable[[], None]:
         def zero() -> None:
@@ -420,24 +442,25 @@ def _token_list(what: str, value: Any) -> list[int] | None:
     return [int(v) for v in items] or None
 
 
-def aoti_engine(graphs: Sequence[tuple[dict[str, Any], Path, Path, str]], max_seq_len: int,
+def aoti_engine(graphs: Sequence[tuple[dict[str, Any], Path, Path, str, Path | None]], max_seq_len: int,
                 name: str) -> TextGenEngine:
     """An engine over AOTInductor graphs.
 
     Args:
-        graphs: per graph ``(textgen info, model.pt2 path, weights.safetensors path, weights id)``; the info
-            is the artifact's ``textgen.json`` (graph, batch, seq, state; ``vocab_size`` and ``generation``
-            when the compiler recorded them).
+        graphs: per graph ``(textgen info, model.pt2 path, weights.safetensors path, weights id, folder)``;
+            the info is the artifact's ``textgen.json`` (graph, batch, seq, state; ``vocab_size`` and
+            ``generation`` when the compiler recorded them); ``folder`` holds its ``weights.json`` when it
+            was compiled with external weights (:meth:`AOTIStates.load` checks the weights against it).
     """
     states = AOTIStates()
     groups: dict[int, GraphSet] = {}
     infos = [g[0] for g in graphs]
     vocab = {i.get("vocab_size") for i in infos}
     gen = [i.get("generation") for i in infos]
-    for info, package, weights, wid in graphs:
+    for info, package, weights, wid, folder in graphs:
         b = int(info["batch"])
         g = groups.setdefault(b, GraphSet(b, reset=states.reset(b)))
-        runner = states.load(package, weights, wid, info)
+        runner = states.load(package, weights, wid, info, folder)
         if info["graph"] == "prefill":
             g.prefill[int(info["seq"])] = runner
         else:

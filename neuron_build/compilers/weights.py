@@ -98,10 +98,13 @@ def weights_document(state: dict[str, Any]) -> dict[str, str]:
 
 
 def write(folder: str | Path, state: dict[str, Any]) -> None:
-    """Write :data:`WEIGHTS_FILE` and :data:`SPEC_FILE` of ``state`` into ``folder``."""
+    """Write :data:`WEIGHTS_FILE` and :data:`SPEC_FILE` of ``state`` into ``folder`` (made if missing: the
+    graph probe's and ``verify --fresh``'s output folder is never made, and a failed write keys the graph
+    by value, which differs from the recorded structure key)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     save_file({k: t.detach().to("cpu").contiguous().clone() for k, t in state.items()}, str(folder / WEIGHTS_FILE))
     (folder / SPEC_FILE).write_text(json.dumps({"format": SPEC_FORMAT, "file": WEIGHTS_FILE,
                                                 "tensors": spec_of(state)}, indent=1, sort_keys=True) + "\n")

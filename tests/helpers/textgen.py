@@ -9,25 +9,33 @@ from pathlib import Path
 ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
-def save_llama(folder: Path, seed: int = 0) -> Path:
-    """A 2-layer Llama (hidden 64, vocab 1000) with random weights from ``seed``, saved with save_pretrained."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_config(**changes):
+    """The tiny Llama's ``LlamaConfig`` (2 layers, hidden 64, vocab 1000), ``changes`` applied."""
+    from transformers import LlamaConfig
 
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=1000, max_position_embeddings=128, bos_token_id=1,
-                      eos_token_id=2, pad_token_id=0)
+    return LlamaConfig(**{**dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, vocab_size=1000, max_position_embeddings=128, bos_token_id=1,
+                                 eos_token_id=2, pad_token_id=0), **changes})
+
+
+def save_llama(folder: Path, seed: int = 0, **changes) -> Path:
+    """A 2-layer Llama (hidden 64, vocab 1000; ``changes`` to its config) with random weights from ``seed``,
+    saved with save_pretrained."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    cfg = llama_config(**changes)
     torch.manual_seed(seed)
     LlamaForCausalLM(cfg).save_pretrained(folder)
     return folder
 
 
-def save_llama_checkpoint(folder: Path, seed: int = 0) -> Path:
+def save_llama_checkpoint(folder: Path, seed: int = 0, **changes) -> Path:
     """:func:`save_llama`, its ``generation_config.json`` then trimmed to bos/eos as published checkpoints
     have it (Llama-2's names only bos/eos and sampling fields: no ``use_cache``, no ``pad_token_id``)."""
     import json
 
-    save_llama(folder, seed)
+    save_llama(folder, seed, **changes)
     (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}, indent=2) + "\n")
     return folder
 
@@ -52,9 +60,10 @@ def eager(folder: Path):
 
 
 def write_project(root: Path, backend: str = "inductor", llama_buckets: str = "{ batch = [2], seq = [8, 16] }",
-                  gpt2: bool = True, extra: str = "") -> Path:
+                  gpt2: bool = True, extra: str = "", profile: str = "") -> Path:
     """A project of ``llama`` (and ``gpt2``, batch 1, seq 8) text-generation models, max_seq_len 64. The
-    llama folder is checkpoint-style (:func:`save_llama_checkpoint`: generation_config.json with bos/eos only)."""
+    llama folder is checkpoint-style (:func:`save_llama_checkpoint`: generation_config.json with bos/eos only).
+    ``profile``: more lines of ``[profiles.p1]`` (``weights = "external"``); ``extra``: more of ``[models.llama]``."""
     root.mkdir(parents=True, exist_ok=True)
     save_llama_checkpoint(root / "hf-llama")
     text = f"""
@@ -65,6 +74,7 @@ timeout_s = 1800
 
 [profiles.p1]
 compiler_args = []
+{profile}
 
 [models.llama]
 task = "text-generation"
