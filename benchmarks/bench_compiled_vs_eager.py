@@ -33,15 +33,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from neuron_build.build.builder import Builder
+    from neuron_build.workspace import Workspace
     from neuron_build.evaluate.bench import bench_target
     from neuron_build.evaluate.timing import TimingSettings
     from neuron_build.project.config import load_project
     from neuron_build.project.matrix import select
 
-    b = Builder(load_project(args.config))
+    b = Builder(Workspace(load_project(args.config)))
     recs = []
-    for t in select(b.targets, args.patterns):
-        key = b.key(t).key
+    for t in select(b.ws.targets, args.patterns):
+        key = b.ws.key(t).key
         if not b.store.is_complete(key):
             print(f"skipped {t.id}: not built (run `doit build`)", file=sys.stderr)
             continue

@@ -94,17 +94,17 @@ class DodoSession(BuildSession):
             tolerance_for,
         )
 
-        b = self.builder
+        ws = self.builder.ws
         _SESSIONS[id(self)] = self  # found again by _validate_action, in this process or a forked runner
-        kind = artifact_device_kind(b.keys.backend, b.keys.hardware_target)
+        kind = artifact_device_kind(ws.keys.backend, ws.keys.hardware_target)
         ref_hash: dict[str, str] = {}  # reference model -> reference_model_hash (one per model, not target)
-        for t in b.targets:
-            key = b.key(t).key
-            spec = b.project.config.models[t.model]
+        for t in ws.targets:
+            key = ws.key(t).key
+            spec = ws.project.config.models[t.model]
             tol, _ = tolerance_for(spec, t.model, t.dtype)
             ref = spec.reference or t.model
             if ref not in ref_hash:
-                ref_hash[ref] = reference_model_hash(b.keys, ref)
+                ref_hash[ref] = reference_model_hash(ws.keys, ref)
             yield {
                 "name": t.id,
                 "doc": f"validate {t.id} on {kind} against the fp32 CPU reference",
@@ -112,9 +112,9 @@ class DodoSession(BuildSession):
                 # after the others (create_after) whole, and a session (its Builder's locks) does not pickle
                 "actions": [(_validate_action, [id(self), t.id])],
                 # a text-generation graph is validated with its partner graphs: build them all first
-                "task_dep": [f"build:{x.id}" for x in (partners(b.targets, t) if t.graph else [t])],
+                "task_dep": [f"build:{x.id}" for x in (partners(ws.targets, t) if t.graph else [t])],
                 # the reference by name and by content (its kwargs, factory, sources, weights)
-                "uptodate": [(is_validated, [b.store, key, kind, tol, ref, ref_hash[ref]])],
+                "uptodate": [(is_validated, [ws.store, key, kind, tol, ref, ref_hash[ref]])],
                 "verbosity": 2,
             }
 
@@ -123,10 +123,10 @@ class DodoSession(BuildSession):
         from neuron_build.evaluate.validate import summary_line, validate_target
         from neuron_build.status import Verdict
 
-        b = self.builder
-        t = b.by_id[target_id]
+        ws = self.builder.ws
+        t = ws.by_id[target_id]
         try:
-            rec = validate_target(b.project, b.store, t, b.key(t).key, keys=b.keys)
+            rec = validate_target(ws.project, ws.store, t, ws.key(t).key, keys=ws.keys)
         except UserError as e:
             return TaskFailed(str(e))
         print(summary_line(rec))

@@ -31,9 +31,11 @@ from neuron_build.build.report import BuildReporter
 from neuron_build.store.layout import manifest_path
 
 if TYPE_CHECKING:  # the Builder, the config schema and validation load when a plan is computed, not on a no-op
-    from neuron_build.build.builder import Builder, Outcome
+    from neuron_build.build.attempt import Outcome
+    from neuron_build.build.builder import Builder
     from neuron_build.project.plan_cache import Plan
     from neuron_build.store.contract import ArtifactStore
+    from neuron_build.workspace import Workspace
 
 __all__ = ["BASE_DOIT_CONFIG", "BuildSession", "Recorded", "cached_plan", "config_path_setting", "retry_failed_setting"]
 
@@ -88,6 +90,7 @@ def _load_builder(path: str) -> Builder:
     from neuron_build.errors import ConfigError, UserError, exit_code
     from neuron_build.log import configure
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     try:
         project = load_project(path)
@@ -101,7 +104,7 @@ def _load_builder(path: str) -> Builder:
         get_logger().warning("doit build compiles on this host; `neuron-build build` sends compiles to the Dask "
                              "cluster ([build] executor = \"dask\")")
     try:
-        return Builder(project)
+        return Builder(Workspace(project))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(exit_code(e))
@@ -144,19 +147,19 @@ def cached_plan(config_path: str) -> tuple[Plan, Any] | None:
     return plan, store
 
 
-def _save_plan(b: Builder, interp: dict[str, Any]) -> None:
-    """Write the plan cache of ``b``'s plan (best effort) when a later no-op may use it: a local store
+def _save_plan(ws: Workspace, interp: dict[str, Any]) -> None:
+    """Write the plan cache of ``ws``'s plan (best effort) when a later no-op may use it: a local store
     without a remote, the local executor (else the no-op path has more to do than check the store)."""
     from neuron_build.project import plan_cache
     from neuron_build.project.keys import KEY_ENV
-    p = b.project
-    if (b.store.folder is None or b.store.remote_location is not None or p.remote_url() is not None or p.config.build.executor != "local"
+    p = ws.project
+    if (ws.store.folder is None or ws.store.remote_location is not None or p.remote_url() is not None or p.config.build.executor != "local"
             or not p.config_sha256):
         return
-    plan_cache.write(p.state_dir, config_path=p.path, config_sha256=p.config_sha256, log=b.keys.inputs,
+    plan_cache.write(p.state_dir, config_path=p.path, config_sha256=p.config_sha256, log=ws.keys.inputs,
                      env_names=[n for names in KEY_ENV.values() for n in names] + _declared_env_names(p),
-                     store=str(b.store.folder), backend=b.keys.backend, hardware_target=b.keys.hardware_target,
-                     targets=[(t.id, b.key(t).key) for t in b.targets], interp=interp)
+                     store=str(ws.store.folder), backend=ws.keys.backend, hardware_target=ws.keys.hardware_target,
+                     targets=[(t.id, ws.key(t).key) for t in ws.targets], interp=interp)
 
 
 def _declared_env_names(project: Any) -> list[str]:
@@ -394,7 +397,8 @@ class BuildSession(NamespaceTaskLoader):
         def expect(target_id: str) -> float | None:  # asked when a target starts: a no-op makes no Builder
             from neuron_build.build.predict import predicted_seconds
 
-            return predicted_seconds(self.builder, self.builder.by_id[target_id])
+            ws = self.builder.ws
+            return predicted_seconds(ws, ws.by_id[target_id])
 
         total = len(self.pending) if self.pending is not None else total
         return BuildDisplay(total, slots=self.jobs, expect=expect, pending=self.pending)
@@ -403,7 +407,7 @@ class BuildSession(NamespaceTaskLoader):
         """Every target id of the matrix, in matrix order (a no-op from the plan cache reads them there)."""
         if self._builder is None and self._plan is not None:
             return [t for t, _ in self._plan[0].targets]
-        return list(self.builder.by_id)
+        return list(self.builder.ws.by_id)
 
     def to_build(self, target_ids: Sequence[str]) -> dict[str, float | None] | None:
         """Which of ``target_ids`` the store does not hold: target id -> the expected compile time (seconds,
@@ -414,10 +418,10 @@ class BuildSession(NamespaceTaskLoader):
             plan, store = self._plan
             keys = plan.keys()
         else:
-            b = self.builder
-            if b.store.remote_location:
+            ws = self.builder.ws
+            if ws.store.remote_location:
                 return None
-            store, keys = b.store, {t: b.key(b.by_id[t]).key for t in target_ids if t in b.by_id}
+            store, keys = ws.store, {t: ws.key(ws.by_id[t]).key for t in target_ids if t in ws.by_id}
         missing = []
         for t in target_ids:
             if t not in keys:
@@ -430,8 +434,8 @@ class BuildSession(NamespaceTaskLoader):
             return {}
         from neuron_build.build.predict import predicted_seconds
 
-        b = self.builder  # something compiles: the Builder is made now anyway
-        return {t: predicted_seconds(b, b.by_id[t]) for t in missing if t in b.by_id}
+        ws = self.builder.ws  # something compiles: the Builder is made now anyway
+        return {t: predicted_seconds(ws, ws.by_id[t]) for t in missing if t in ws.by_id}
 
     def up_to_date(self, target_ids: Sequence[str]) -> list[str]:
         """Which of ``target_ids`` the store holds complete now, as a ``build:`` task's ``uptodate`` check
@@ -444,8 +448,8 @@ class BuildSession(NamespaceTaskLoader):
                 plan, store = self._plan
                 keys = plan.keys()
             else:
-                b = self.builder
-                store, keys = b.store, {t: b.key(b.by_id[t]).key for t in target_ids if t in b.by_id}
+                ws = self.builder.ws
+                store, keys = ws.store, {t: ws.key(ws.by_id[t]).key for t in target_ids if t in ws.by_id}
         except Exception:  # called while a Ctrl-C is on its way up: the summary must still print
             return []
         out = []
@@ -494,23 +498,24 @@ class BuildSession(NamespaceTaskLoader):
                 yield from self._tasks_from_plan(*self._plan)
                 return
         b = self.builder
-        self._fresh = Recorded(b.store, b.keys.checker(), b.keys.save, b.project.state_dir / RECORDED_CACHE)
-        b.store.clean_staging()
+        ws = b.ws
+        self._fresh = Recorded(ws.store, ws.keys.checker(), ws.keys.save, ws.project.state_dir / RECORDED_CACHE)
+        ws.store.clean_staging()
         unpushed = b.push_pending()
         if unpushed:  # built earlier, still not on the remote: the build says so until a push succeeds
             yield {"name": "(push)", "doc": "push what earlier builds could not", "uptodate": [False],
                    "actions": [(_push_failed, [unpushed])]}
-        for t in b.targets:
-            key = b.key(t).key
+        for t in ws.targets:
+            key = ws.key(t).key
             yield {
                 "name": t.id,
-                "doc": f"compile {t.id} ({b.keys.backend}, {b.keys.hardware_target})",
+                "doc": f"compile {t.id} ({ws.keys.backend}, {ws.keys.hardware_target})",
                 "actions": [(self._build, [t.id])],
-                "uptodate": [(_is_built, [b.store, key, self.hits, t.id, self._known, self._fresh])],
+                "uptodate": [(_is_built, [ws.store, key, self.hits, t.id, self._known, self._fresh])],
             }
-        b.keys.save()
+        ws.keys.save()
         if self._own_builder:
-            _save_plan(b, interp)
+            _save_plan(ws, interp)
 
     def _tasks_from_plan(self, plan: Plan, store: Any) -> Iterator[dict[str, Any]]:
         """The ``build:`` tasks of a cached plan, checked against its local store (the same tasks as the
@@ -526,8 +531,9 @@ class BuildSession(NamespaceTaskLoader):
 
     def _build(self, target_id: str):
         b = self.builder
-        if target_id not in b.by_id:  # the plan cache was stale after all (an input changed meanwhile)
-            return TaskFailed(f"{target_id}: no longer in the matrix of {b.project.path}; run the build again")
+        ws = b.ws
+        if target_id not in ws.by_id:  # the plan cache was stale after all (an input changed meanwhile)
+            return TaskFailed(f"{target_id}: no longer in the matrix of {ws.project.path}; run the build again")
         _die_with_parent()
         b.announce_backend()  # once per process, on the first compile it runs
         retry = self.retry_failed if self.retry_failed is not None else retry_failed_setting()
@@ -535,14 +541,14 @@ class BuildSession(NamespaceTaskLoader):
         if display is not None:
             display.started(target_id)
         try:
-            out = b.build(b.by_id[target_id], retry_failed=retry,
+            out = b.build(ws.by_id[target_id], retry_failed=retry,
                           no_retry_option="--no-retry-failed" if self.retry_failed is not None
                           else "retry_failed=0")
         except Exception as e:  # a bug or an unforeseen OSError: the summary names it (doit shows the traceback)
             from neuron_build.build.attempt import Outcome
             from neuron_build.status import Status
             text = str(e).strip().splitlines()
-            self.outcomes[target_id] = Outcome(target_id, b.key(b.by_id[target_id]).key, Status.ERROR,
+            self.outcomes[target_id] = Outcome(target_id, ws.key(ws.by_id[target_id]).key, Status.ERROR,
                                                type(e).__name__ + (f": {text[0]}" if text else ""))
             raise
         self.outcomes[target_id] = out

@@ -185,14 +185,15 @@ def test_push_without_a_remote_says_what_to_add(tiny):
 
 def test_pull_with_only_the_url(tmp_path, remote_url):
     from neuron_build.build.builder import Builder
+    from neuron_build.workspace import Workspace
     from neuron_build.project.config import load_project
     from neuron_build.release import create_release, promote
 
     cfg = checkout(tmp_path / "ci", remote_url, "1")
     assert run_cli("build", "-c", str(cfg)).returncode == 0
     project = load_project(cfg)
-    b = Builder(project)
-    rel = create_release(b, "tiny", "fp32", "p1")
+    b = Builder(Workspace(project))
+    rel = create_release(b.ws, "tiny", "fp32", "p1")
     promote(b.store, project.config.release, "tiny", "dev", release=rel.id, allow_unvalidated=True, reason="not validated in tests")
     shutil.rmtree(cfg.parent / "artifacts")  # the CI runner is gone; only the remote is left
 

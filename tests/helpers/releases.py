@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from neuron_build.build.builder import Builder
+from neuron_build.workspace import Workspace
 from neuron_build.project.config import load_project
 from neuron_build.release import (
     PromotionRefused,
@@ -56,13 +57,13 @@ def set_release_config(cfg: Path, text: str) -> None:
 
 def ctx(cfg: Path):
     project = load_project(cfg)
-    b = Builder(project)
+    b = Builder(Workspace(project))
     return project, b, b.store, project.config.release
 
 
 def make(cfg: Path, dtype: str = "fp32", profile: str = "p1") -> dict:
     _, b, _, _ = ctx(cfg)
-    return create_release(b, "tiny", dtype, profile).to_json()  # the record, as the store holds it
+    return create_release(b.ws, "tiny", dtype, profile).to_json()  # the record, as the store holds it
 
 
 def validate_all(store: LocalStore, rel: dict, kind: str = "cpu", verdict: str = "pass") -> None:
