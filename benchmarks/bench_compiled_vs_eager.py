@@ -33,11 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from neuron_build.build.builder import Builder
-    from neuron_build.workspace import Workspace
     from neuron_build.evaluate.bench import bench_target
     from neuron_build.evaluate.timing import TimingSettings
     from neuron_build.project.config import load_project
     from neuron_build.project.matrix import select
+    from neuron_build.workspace import Workspace
 
     b = Builder(Workspace(load_project(args.config)))
     recs = []

@@ -65,10 +65,10 @@ def populate(cfg: Path) -> int:
     import socket
 
     from neuron_build.build.builder import Builder
-    from neuron_build.workspace import Workspace
     from neuron_build.project.config import load_project
     from neuron_build.store.manifest import Manifest, Metrics
     from neuron_build.util import file_sha256
+    from neuron_build.workspace import Workspace
 
     b = Builder(Workspace(load_project(cfg)))
     # what a build of the factory records besides its declared inputs (the worker's `imported` and `reads`)

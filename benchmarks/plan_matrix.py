@@ -52,9 +52,9 @@ def write_config(cfg: Path, batch: range, seq: range) -> None:
 def record_all(cfg: Path) -> int:
     """Write a PASS target record for every target of ``cfg`` (its current key and details)."""
     from neuron_build.build.builder import Builder
-    from neuron_build.workspace import Workspace
     from neuron_build.project.config import load_project
     from neuron_build.store.records import TargetRecord
+    from neuron_build.workspace import Workspace
 
     b = Builder(Workspace(load_project(cfg)))
     for t in b.ws.targets:

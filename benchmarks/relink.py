@@ -102,8 +102,8 @@ def _phase(cfg: Path) -> dict:
 
 def _store_bytes(cfg: Path) -> dict:
     from neuron_build.build.builder import Builder
-    from neuron_build.workspace import Workspace
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     b = Builder(Workspace(load_project(cfg)))
     weights, compiled = {}, {}

@@ -40,11 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from neuron_build.build.builder import Builder
-    from neuron_build.workspace import Workspace
     from neuron_build.compilers.textgen import causal_lm
     from neuron_build.evaluate.textgen_validate import _engine, partners
     from neuron_build.examples import build_model
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     torch.set_num_threads(args.threads)
     b = Builder(Workspace(load_project(args.config)))

@@ -43,13 +43,9 @@ except ModuleNotFoundError as e:  # the dodo.py glue needs doit; say how to get 
                               f"is not installed here ({e}); install the package: pip install -e .", name="doit") from e
 
 from neuron_build.build.doit_run import BuildMain, BuildRun
+from neuron_build.build.noop import cached_plan
 from neuron_build.build.report import BuildReporter
-from neuron_build.build.session import (
-    BASE_DOIT_CONFIG,
-    BuildSession,
-    cached_plan,
-    config_path_setting,
-)
+from neuron_build.build.session import BASE_DOIT_CONFIG, BuildSession, config_path_setting
 
 __all__ = ["DOIT_CONFIG", "BuildMain", "BuildRun", "BuildSession", "DodoSession", "session", "task_build",
            "task_validate"]
@@ -71,7 +67,7 @@ DOIT_CONFIG = {
 
 def _cached_plan() -> Any:
     """The plan cache's (plan, local store) for the configured ``buckets.toml`` (see
-    :func:`neuron_build.build.session.cached_plan`); None when an input changed."""
+    :func:`neuron_build.build.noop.cached_plan`); None when an input changed."""
     return cached_plan(config_path_setting())
 
 

@@ -20,10 +20,10 @@ from neuron_build.build.attempt import (
     last_line,
 )
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun
 from neuron_build.project.config import load_project
 from neuron_build.status import BuildResult, Status
+from neuron_build.workspace import Workspace
 
 GiB = 2**30
 

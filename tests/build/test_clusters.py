@@ -210,8 +210,8 @@ def test_build_through_slurm_survives_a_cancelled_job_then_noop(slurm, tmp_path)
     assert first["pid"] not in {c["pid"] for c in ends}  # it never finished in the cancelled job
     assert len(ends) == 3
     from neuron_build.build.builder import Builder
-    from neuron_build.workspace import Workspace
     from neuron_build.store.verify import verify_store
+    from neuron_build.workspace import Workspace
     rerun = [c for c in starts if c["key"] == first["key"]][1]
     assert rerun["ppid"] != first["ppid"]  # on another worker (the other job, or the one Slurm ran in its place)
     b = Builder(Workspace(load_project(cfg)))

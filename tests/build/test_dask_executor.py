@@ -70,8 +70,8 @@ def cli(cfg: Path, *args: str, timeout: float = 300):
 def builder(cfg: Path):
     """The project's Builder, in this process (to read the store without one CLI process per question)."""
     from neuron_build.build.builder import Builder
-    from neuron_build.workspace import Workspace
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
     return Builder(Workspace(load_project(cfg)))
 
 
@@ -377,6 +377,7 @@ def test_memory_resource_keeps_a_host_within_its_memory(tmp_path):
     from neuron_build.build.builder import Builder
     from neuron_build.build.dask_executor import DaskBuild
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     cfg = write_sleepy_project(tmp_path / "p", seconds=0.5, batches=(1, 2, 3),
                                build_extra="default_compile_memory_gb = 2\n")
@@ -503,6 +504,7 @@ def test_a_compile_over_the_dask_workers_memory_limit_is_stopped_and_not_retried
     from neuron_build.build.builder import Builder
     from neuron_build.build.dask_executor import DaskBuild
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     cfg = write_sleepy_project(tmp_path / "p", batches=(1,))
     (cfg.parent / "sleepylib" / "hog.py").write_text(HOG_MODEL)
@@ -547,4 +549,5 @@ def test_a_compile_over_the_dask_workers_memory_limit_is_stopped_and_not_retried
 def load_builder(cfg: Path):
     from neuron_build.build.builder import Builder
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
     return Builder(Workspace(load_project(cfg)))

@@ -10,12 +10,12 @@ from collections import Counter
 from pathlib import Path
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.build.executor import WORKER_LOG, CompileRun
 from neuron_build.compilers import graph_key
 from neuron_build.project.config import load_project
 from neuron_build.status import Status
 from neuron_build.store import graph_index, layout, ledger
+from neuron_build.workspace import Workspace
 from tests.helpers.hashing import hash_spy
 from tests.helpers.projects import twin_project
 

@@ -8,11 +8,11 @@ from collections import Counter
 from pathlib import Path
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.build.executor import WORKER_LOG, CompileRun
 from neuron_build.build.manifests import hash_files
 from neuron_build.project.config import load_project
 from neuron_build.status import Status
+from neuron_build.workspace import Workspace
 from tests.helpers.hashing import hash_spy
 
 

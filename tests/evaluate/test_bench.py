@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.evaluate.bench import SCHEDULE, latency_stats, percentile, run_dir_name, time_calls, time_interleaved
 from neuron_build.project.config import load_project
 from neuron_build.release.gates import bench_result
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import REPO, run_cli
 from tests.helpers.projects import manifest_file, rewrite_manifest, write_tiny_project
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.errors import ConfigError
 from neuron_build.evaluate.validate import (
     DEFAULT_TOLERANCE,
@@ -32,6 +31,7 @@ from neuron_build.evaluate.validate import (
 )
 from neuron_build.project.config import load_project
 from neuron_build.release.gates import validation_gate
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import REPO, run_cli
 from tests.helpers.projects import edit, manifest_file, rewrite_manifest, write_tiny_project
 

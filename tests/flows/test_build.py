@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.project.config import load_project
 from neuron_build.store import Lookup
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import REPO, compiles_in_log, run_cli
 from tests.helpers.projects import edit, write_tiny_project
 

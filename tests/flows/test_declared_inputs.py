@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.project.config import load_project
 from neuron_build.status import BuildResult
+from neuron_build.workspace import Workspace
 from tests.helpers.projects import faults_of, manifest_file
 
 HEAD = '[build]\nbackend = "torchscript"\ntimeout_s = 600\n\n[profiles.p1]\ncompiler_args = []\n'
@@ -208,7 +208,7 @@ def test_declared_inputs_and_variables_are_in_the_key(tmp_path, monkeypatch):
 def test_a_declared_input_invalidates_the_plan_cache(tmp_path, monkeypatch):
     """A no-op build's plan cache is not reused once a declared file, a new match of a declared glob or a
     declared variable changed (else the no-op would serve the old key)."""
-    from neuron_build.build.session import _save_plan
+    from neuron_build.build.noop import save_plan
     from neuron_build.project import plan_cache
 
     monkeypatch.setenv("MY_VAR", "1")
@@ -221,8 +221,7 @@ def test_a_declared_input_invalidates_the_plan_cache(tmp_path, monkeypatch):
     p = load_project(cfg)
 
     def saved() -> tuple[object, str]:
-        b = Builder(Workspace(load_project(cfg)))
-        _save_plan(b, plan_cache.interpreter())
+        save_plan(Workspace(load_project(cfg)), plan_cache.interpreter())
         return plan_cache.load(p.state_dir, p.path, cfg.read_bytes())
 
     assert saved()[1] == "hit"

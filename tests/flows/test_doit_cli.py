@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.project.config import load_project
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import REPO, run_cli
 from tests.helpers.projects import write_tiny_project
 

@@ -48,8 +48,8 @@ def probes(cfg: Path) -> list[str]:
 
 def build_all(cfg: Path) -> tuple[object, list]:
     from neuron_build.build.builder import Builder
-    from neuron_build.workspace import Workspace
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     b = Builder(Workspace(load_project(cfg)))
     return b, [b.build(t) for t in b.ws.targets]

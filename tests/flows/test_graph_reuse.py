@@ -150,9 +150,9 @@ def test_two_targets_with_identical_graphs_compile_once(tmp_path):
     """Two models built by the same factory (their sources and target ids differ, their graphs do not)."""
 
     from neuron_build.build.builder import Builder
-    from neuron_build.workspace import Workspace
     from neuron_build.project.config import load_project
     from neuron_build.store import ledger
+    from neuron_build.workspace import Workspace
 
     cfg = twin_project(tmp_path)
     b = Builder(Workspace(load_project(cfg)))
@@ -177,6 +177,7 @@ def test_an_index_entry_naming_another_models_artifact_is_refused(tmp_path):
     from neuron_build.examples import build_model
     from neuron_build.project.config import load_project
     from neuron_build.store import graph_index
+    from neuron_build.workspace import Workspace
 
     cfg = write_tiny_project(tmp_path / "proj")
     b = Builder(Workspace(load_project(cfg)))
@@ -243,6 +244,7 @@ def test_an_edit_inside_a_cond_branch_compiles_again_and_serves_the_edited_model
     from neuron_build.build.builder import Builder
     from neuron_build.examples import build_model
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     root = tmp_path / "proj"
     (root / "condlib").mkdir(parents=True)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.project.config import load_project
 from neuron_build.status import DOWNLOADED, BuildResult
+from neuron_build.workspace import Workspace
 from tests.helpers.projects import write_tiny_project
 
 LOADERS = {

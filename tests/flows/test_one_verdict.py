@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.project.config import load_project
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import REPO, run_cli
 
 SEEDED = '''

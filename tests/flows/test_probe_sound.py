@@ -62,8 +62,8 @@ def test_a_probe_result_left_by_an_earlier_build_is_never_used(tmp_path):
     old = {o.target: b.store.manifest(o.key).graph_key for o in first}
     (cfg.parent / "heldout" / "blk.py").write_text("# a graph-neutral edit\n" + model)
     from neuron_build.build.builder import Builder
-    from neuron_build.workspace import Workspace
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     b = Builder(Workspace(load_project(cfg)))
     b1, b2 = b.ws.targets

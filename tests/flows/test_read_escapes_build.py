@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.project.config import load_project
+from neuron_build.workspace import Workspace
 
 FACTORY = '''
 import glob

@@ -90,9 +90,9 @@ def test_a_fine_tune_relinks_every_bucket_and_a_shape_change_compiles(tmp_path):
 
     from neuron_build.artifact import load_artifact
     from neuron_build.build.builder import Builder
-    from neuron_build.workspace import Workspace
     from neuron_build.errors import UserError
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     cfg = _project(tmp_path / "proj", seed=0)
     assert _build(cfg) == {"compiles": 2, "graph_reused": 0, "failed": 0}

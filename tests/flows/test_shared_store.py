@@ -185,9 +185,9 @@ def test_push_without_a_remote_says_what_to_add(tiny):
 
 def test_pull_with_only_the_url(tmp_path, remote_url):
     from neuron_build.build.builder import Builder
-    from neuron_build.workspace import Workspace
     from neuron_build.project.config import load_project
     from neuron_build.release import create_release, promote
+    from neuron_build.workspace import Workspace
 
     cfg = checkout(tmp_path / "ci", remote_url, "1")
     assert run_cli("build", "-c", str(cfg)).returncode == 0

@@ -76,10 +76,10 @@ def test_a_read_only_store_that_must_be_written_fails_in_one_line(tmp_path):
     """A store this process may not write (here: opened read-only, as a read-only mount is): the target
     that needs compiling fails with one line naming the store and the target, nothing compiled."""
     from neuron_build.build.builder import Builder
-    from neuron_build.workspace import Workspace
     from neuron_build.project.config import load_project
     from neuron_build.status import Status
     from neuron_build.store import open_store
+    from neuron_build.workspace import Workspace
 
     cfg = write_tiny_project(tmp_path / "p")
     (cfg.parent / "artifacts").mkdir()
@@ -98,6 +98,7 @@ def test_a_lock_the_file_system_refuses_is_the_read_only_line(tmp_path, monkeypa
     from neuron_build.project.config import load_project
     from neuron_build.status import Status
     from neuron_build.store.locks import KeyLock
+    from neuron_build.workspace import Workspace
 
     cfg = write_tiny_project(tmp_path / "p")
     b = Builder(Workspace(load_project(cfg)))

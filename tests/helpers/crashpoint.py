@@ -22,11 +22,11 @@ import sys
 from pathlib import Path
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.build.executor import WORKER_LOG, CompileRun
 from neuron_build.log import configure
 from neuron_build.project.config import load_project
 from neuron_build.util import read_json
+from neuron_build.workspace import Workspace
 
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 MUTATIONS = {"os.rename", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree", "os.truncate", "os.link",

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.project.config import load_project
 from neuron_build.release import (
     PromotionRefused,
@@ -17,6 +16,7 @@ from neuron_build.release import (
 )
 from neuron_build.store import layout
 from neuron_build.store.local import LocalStore
+from neuron_build.workspace import Workspace
 from tests.helpers.projects import manifest_file, rewrite_manifest
 
 ACTOR = "tester@ci"

@@ -6,12 +6,12 @@ import shutil
 from pathlib import Path
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.project.config import load_project
 from neuron_build.project.keys import COMPONENTS, DigestCache, KeyMaker, diff_components
 from neuron_build.project.matrix import bucket_id, expand
 from neuron_build.project.sources import local_imports
 from neuron_build.store.records import TargetRecord
+from neuron_build.workspace import Workspace
 from tests.helpers.projects import edit
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from neuron_build.build.builder import Builder
 from neuron_build.build.executor import compile_request
-from neuron_build.workspace import Workspace
 from neuron_build.project.config import load_project
 from neuron_build.project.reads import ReadRecorder
+from neuron_build.workspace import Workspace
 from tests.helpers.projects import write_tiny_project
 
 TARGET = "other/static/fp32/p1"

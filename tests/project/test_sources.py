@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.cli.inspect import format_explain
 from neuron_build.errors import ConfigError
 from neuron_build.project.config import load_project
@@ -25,6 +24,7 @@ from neuron_build.status import TargetState
 from neuron_build.store.manifest import Manifest, Metrics
 from neuron_build.store.records import TargetRecord
 from neuron_build.util import file_sha256
+from neuron_build.workspace import Workspace
 from tests.helpers.projects import edit
 
 OTHER = "other/static/fp32/p1"

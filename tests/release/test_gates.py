@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.project.config import load_project
 from neuron_build.release import (
     channel_history,
@@ -14,6 +13,7 @@ from neuron_build.release import (
     promote,
 )
 from neuron_build.release.gates import bench_result, latency_gate, validation_gate
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import run_cli
 from tests.helpers.projects import write_tiny_project
 from tests.helpers.releases import ACTOR, bench_all, ctx, gate, make, refused, set_release_config, validate_all

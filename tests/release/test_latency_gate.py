@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.cli.bench import bench_selected
 from neuron_build.evaluate.bench import BenchResult
 from neuron_build.evaluate.timing import TimingSettings
@@ -26,6 +25,7 @@ from neuron_build.project.config import load_project
 from neuron_build.release import create_release, promote
 from neuron_build.release.gates import comparable, latency_gate, pick_pair
 from neuron_build.util import median_ci, ratio_ci
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import run_cli
 from tests.helpers.projects import write_tiny_project
 

@@ -7,7 +7,6 @@ import subprocess
 import pytest
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.errors import UserError
 from neuron_build.project.config import load_project
 from neuron_build.release import (
@@ -21,6 +20,7 @@ from neuron_build.release import (
     rollback,
 )
 from neuron_build.store.local import LocalStore
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import run_cli
 from tests.helpers.releases import ACTOR, ctx, make
 

@@ -208,10 +208,10 @@ def test_validate_and_bench_of_an_nxdi_target_on_a_neuron_host_run_through_nxdi(
     import torch
 
     from neuron_build.build.builder import Builder
-    from neuron_build.workspace import Workspace
     from neuron_build.evaluate import validate as validate_mod
     from neuron_build.evaluate.textgen_validate import bench_callables
     from neuron_build.project import toolchain
+    from neuron_build.workspace import Workspace
     from tests.fakes.env import activate
 
     activate(monkeypatch, "neuron_sdk", has_device=True)

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.project.config import load_project
 from neuron_build.store.budget import GB, MemoryBudget
 from neuron_build.store.locks import KeyLock
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import events
 from tests.helpers.faultkit import (
     REPO,

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from neuron_build.build.builder import Builder
-from neuron_build.workspace import Workspace
 from neuron_build.project.config import load_project
 from neuron_build.store import layout
 from neuron_build.store.local import LocalStore
+from neuron_build.workspace import Workspace
 from tests.helpers.faultkit import (
     REPO,
     compile_counts,
