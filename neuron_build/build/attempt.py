@@ -14,14 +14,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_build.build.executor import CompileRun
 from neuron_build.compilers.base import STAGE_PREFIX
-from neuron_build.project.keys import KeyInfo
-from neuron_build.project.matrix import Target
 from neuron_build.status import BuildResult, Status
 from neuron_build.util import is_disk_full
+
+if TYPE_CHECKING:
+    from neuron_build.project.keys import KeyInfo
+    from neuron_build.project.matrix import Target
 
 TRANSIENT_EXIT = 70  # [seen] neuronx-cc exits 70 on transient tool failures
 #: Below this many free bytes, the file system of a failed compile counts as full.

@@ -4,7 +4,8 @@ Domain code: no doit here (see :mod:`neuron_build.tasks`) and no torch (the comp
 ``python -m neuron_build.worker``, started by the :class:`~neuron_build.build.executor.Executor`).
 
 The layers: :class:`~neuron_build.workspace.Workspace` (the opened project: keys, state, what changed; read
-commands open one and never a Builder), :func:`compile_request` (the worker request of a target),
+commands open one and never a Builder), :func:`~neuron_build.build.executor.compile_request` (the worker
+request of a target),
 :class:`~neuron_build.build.executor.Executor` (runs one compile: :class:`~neuron_build.build.local.LocalExecutor`
 by default), :mod:`neuron_build.build.attempt` (what a run means, the full-disk failures),
 :mod:`neuron_build.build.graph_reuse` (the graph key: ask, gate, index, publish over the same graph's blobs),
@@ -67,6 +68,11 @@ class Builder:
         transient_retries: override ``[build] transient_retries`` (a Dask worker passes 0: Dask retries).
         provenance: extra fields recorded in every manifest this builder writes, e.g. ``{"executor":
             "dask", "worker": "tcp://10.0.0.5:40123"}`` (informational, never in the key).
+
+    Attributes:
+        ws: the workspace it builds from (its callers ask it for targets, keys and states, never the Builder).
+        project, store, keys: the workspace's, which the build itself uses (the store it locks and publishes
+            into, the keys of its manifests).
     """
 
     def __init__(self, ws: Workspace, executor: Executor | None = None, host_memory: bool = True,

@@ -28,11 +28,13 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_build.errors import UserError
 from neuron_build.project.config_dask import DaskSettings
-from neuron_build.workspace import Workspace
+
+if TYPE_CHECKING:
+    from neuron_build.workspace import Workspace
 
 #: Seconds assumed for a compile nothing predicts (no recorded compile of its model and bucket).
 DEFAULT_COMPILE_S = 600.0

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from neuron_build.compilers.base import CompileRequest
-from neuron_build.project.keys import KeyInfo
-from neuron_build.project.matrix import Target
-from neuron_build.workspace import Workspace
+
+if TYPE_CHECKING:
+    from neuron_build.project.keys import KeyInfo
+    from neuron_build.project.matrix import Target
+    from neuron_build.workspace import Workspace
 
 #: The worker's stdout/stderr, as stored in an artifact (``compile.log`` is the compiler's own log, e.g.
 #: neuronx-cc's) and as the local executor writes it in the attempt's work folder.

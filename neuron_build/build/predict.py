@@ -34,10 +34,13 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from neuron_build.project.matrix import Target
 from neuron_build.util import percentile
-from neuron_build.workspace import Workspace
+
+if TYPE_CHECKING:
+    from neuron_build.project.matrix import Target
+    from neuron_build.workspace import Workspace
 
 #: The levels a prediction may come from, strongest first (see the module docstring).
 SOURCES = ("key", "target", "bucket", "model", "prior", "none")

@@ -14,10 +14,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_build.status import DOWNLOADED, TargetState
-from neuron_build.workspace import Workspace
+
+if TYPE_CHECKING:
+    from neuron_build.workspace import Workspace
 
 #: The reason of a failed target that left no outcome (its build did not run, or stopped before the end).
 NOT_RUN = "the build stopped before this target finished (see the errors above)"

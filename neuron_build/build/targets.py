@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from neuron_build.build.builder import Builder
 from neuron_build.build.summary import BuildSummary
-from neuron_build.workspace import Workspace
+
+if TYPE_CHECKING:
+    from neuron_build.build.builder import Builder
+    from neuron_build.workspace import Workspace
 
 __all__ = ["SessionExecutor", "TargetExecutor", "TargetsBuilt", "build_targets"]
 

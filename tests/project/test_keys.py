@@ -152,7 +152,7 @@ def test_removed_target_index_picks_the_closest_record():
     fewest differing components, the first by target id among equals."""
     import random
 
-    from neuron_build.build.planner import _RemovedIndex
+    from neuron_build.workspace import _RemovedIndex
 
     rng = random.Random(7)
     comps = list(COMPONENTS)
