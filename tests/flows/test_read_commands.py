@@ -1,6 +1,6 @@
 """The read commands open a workspace, never a Builder: ``plan``, ``explain``, ``show``, ``ls``, ``status``,
 ``verify`` and ``release`` (which only reads the store until it records) construct no Builder, no executor,
-no memory budget and no target recorder, and import no torch (issue 41; the shape of doit's ``list``, which
+no memory budget, no target recorder and no read recorder, and import no torch (issue 41; the shape of doit's ``list``, which
 reads the dependency manager and never constructs a ``Runner``)."""
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from tests.helpers.projects import write_tiny_project
 PROBE = r'''
 import json, sys
 from neuron_build.build import builder, local, recorder
+from neuron_build.project import reads
 from neuron_build.store import budget
 made = []
-for cls in (builder.Builder, local.LocalExecutor, recorder.Recorder, budget.MemoryBudget):
+for cls in (builder.Builder, local.LocalExecutor, recorder.Recorder, budget.MemoryBudget, reads.ReadRecorder):
     def wrap(orig, name):
         def init(self, *a, **k):
             made.append(name)
@@ -39,7 +40,7 @@ print(json.dumps({"made": made, "torch": "torch" in sys.modules, "rcs": rcs}))
 '''
 
 
-def test_read_commands_construct_no_builder_executor_budget_or_recorder(tmp_path):
+def test_read_commands_construct_no_builder_executor_budget_or_recorders(tmp_path):
     cfg = write_tiny_project(tmp_path / "p")
     out = subprocess.run([sys.executable, "-c", PROBE, str(cfg)], capture_output=True, text=True, cwd=REPO,
                          timeout=300)
