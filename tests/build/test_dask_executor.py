@@ -175,7 +175,8 @@ def test_a_failed_push_is_reported_by_a_dask_build_as_by_a_local_one(tmp_path):
                        build_extra=f'scheduler = "tcp://127.0.0.1:{free_port()}"\nremote = "{remote.as_uri()}"\n')
     r = cli(cfg, "build", "--executor", "local")
     assert r.returncode == 1 and "NOT PUSHED 1 artifact to" in r.stdout, r.stdout + r.stderr
-    key = builder(cfg).key(builder(cfg).by_id["sleepy/b1/fp32/p1"]).key
+    ws = builder(cfg).ws
+    key = ws.key(ws.by_id["sleepy/b1/fp32/p1"]).key
     r = cli(cfg, "build")  # nothing to compile: the scheduler (nobody listens there) is never asked
     assert r.returncode == 1, r.stdout + r.stderr
     assert "1 target: 0 built, 1 cached, 0 failed" in r.stdout
@@ -351,7 +352,7 @@ def test_two_clients_overlapping_compile_each_key_once(two_workers, tmp_path):
     assert a.returncode == 0 and b.returncode == 0, out_a + err_a + out_b + err_b
     keys = [c["key"] for c in starts(cfg.parent)]
     assert len(keys) == 2 and len(set(keys)) == 2, keys  # each key compiled once
-    view = builder(cfg)
+    view = builder(cfg).ws
     from neuron_build.store import ledger  # the compiled keys (completed by what the factories read)
     assert sorted(r.key for r in ledger.read(view.store) if r.event == "compile") == sorted(
         view.key(t).key for t in view.targets)
