@@ -186,8 +186,8 @@ def test_an_index_entry_naming_another_models_artifact_is_refused(tmp_path):
     first = b.build(b.ws.by_id[tid])
     assert other.compiled and first.compiled
     gk = b.store.manifest(first.key).graph_key
-    assert len(gk) == 64 and gk != b.store.manifest(other.ws.key).graph_key
-    graph_index.record(b.store, graph_index.GraphEntry(graph_key=gk, key=other.ws.key, target=tid,
+    assert len(gk) == 64 and gk != b.store.manifest(other.key).graph_key
+    graph_index.record(b.store, graph_index.GraphEntry(graph_key=gk, key=other.key, target=tid,
                                                        backend="torchscript"), replace=True)
     src = cfg.parent / "tinylib" / "tiny.py"
     src.write_text("# a graph-neutral edit\n" + src.read_text())

@@ -49,7 +49,7 @@ def test_every_record_kind_that_does_not_parse_is_reported_with_its_path_and_fix
     rep = verify_store(_store(tmp_path, {**GOOD, **bad}))
     assert not rep.clean
     assert rep.records_checked == len(GOOD) + len(bad)
-    got = {b.ws.key: (b.kind, b.reason) for b in rep.bad}
+    got = {b.key: (b.kind, b.reason) for b in rep.bad}
     assert got == {
         "targets/tiny/b4/fp32/p1/last.json": ("record", "target record: not JSON"),
         "targets/tiny/b4/fp32/p2/last.json": ("record", "target record: JSON, but not a target record"),
@@ -61,7 +61,7 @@ def test_every_record_kind_that_does_not_parse_is_reported_with_its_path_and_fix
         f"graphs/{KEY[:2]}/{KEY}.json": ("record", "graph index entry: not JSON"),
         "store-id.json": ("record", "store identity: not JSON"),
     }
-    first = next(b for b in rep.bad if b.ws.key == "targets/tiny/b4/fp32/p1/last.json")
+    first = next(b for b in rep.bad if b.key == "targets/tiny/b4/fp32/p1/last.json")
     assert first.target == "tiny/b4/fp32/p1"
     assert first.fix == ("`neuron-build build tiny/b4/fp32/p1` writes it again (a cached target too); "
                          "or remove targets/tiny/b4/fp32/p1/last.json")
