@@ -37,11 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     from neuron_build.evaluate.timing import TimingSettings
     from neuron_build.project.config import load_project
     from neuron_build.project.matrix import select
+    from neuron_build.workspace import Workspace
 
-    b = Builder(load_project(args.config))
+    b = Builder(Workspace(load_project(args.config)))
     recs = []
-    for t in select(b.targets, args.patterns):
-        key = b.key(t).key
+    for t in select(b.ws.targets, args.patterns):
+        key = b.ws.key(t).key
         if not b.store.is_complete(key):
             print(f"skipped {t.id}: not built (run `doit build`)", file=sys.stderr)
             continue

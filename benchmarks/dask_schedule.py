@@ -54,20 +54,21 @@ CLIENT = r'''
 import json, sys, time
 t0 = time.monotonic()
 from neuron_build.build.builder import Builder
+from neuron_build.workspace import Workspace
 from neuron_build.build.dask_executor import DaskBuild
 from neuron_build.project.config import load_project
-b = Builder(load_project(sys.argv[1]))
+b = Builder(Workspace(load_project(sys.argv[1])))
 t1 = time.monotonic()
-out = DaskBuild(b, sys.argv[2], connect_timeout_s=60).run(b.targets)
+out = DaskBuild(b.ws, sys.argv[2], connect_timeout_s=60).run(b.ws.targets)
 t2 = time.monotonic()
 times = {}
-for t in b.targets:
-    m = b.store.manifest(b.key(t).key)
+for t in b.ws.targets:
+    m = b.store.manifest(b.ws.key(t).key)
     times[t.id] = None if m is None else m.metrics.compile_time_s
 print(json.dumps({"plan_s": t1 - t0, "run_s": t2 - t1, "total_s": t2 - t0,
                   "statuses": sorted({str(o.status) for o in out.values()}), "compile_times_s": times,
-                  "workers": sorted({m.model_extra.get("worker") for t in b.targets
-                                     if (m := b.store.manifest(b.key(t).key)) is not None})}))
+                  "workers": sorted({m.model_extra.get("worker") for t in b.ws.targets
+                                     if (m := b.store.manifest(b.ws.key(t).key)) is not None})}))
 '''
 
 

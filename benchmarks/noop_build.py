@@ -68,14 +68,15 @@ def populate(cfg: Path) -> int:
     from neuron_build.project.config import load_project
     from neuron_build.store.manifest import Manifest, Metrics
     from neuron_build.util import file_sha256
+    from neuron_build.workspace import Workspace
 
-    b = Builder(load_project(cfg))
+    b = Builder(Workspace(load_project(cfg)))
     # what a build of the factory records besides its declared inputs (the worker's `imported` and `reads`)
     recorded = b.keys.recorded_inputs("gen", [], {"files": ["genmodels/w.bin"], "env": ["GEN_SCALE"],
                                                   "dists": ["packaging"]})
     assert recorded["files"] and recorded["dists"]["packaging"], recorded
-    for t in b.targets:
-        ki = b.key(t)
+    for t in b.ws.targets:
+        ki = b.ws.key(t)
         if b.store.is_complete(ki.key):
             continue
         st = b.store.new_staging(ki.key)
@@ -94,12 +95,12 @@ def populate(cfg: Path) -> int:
         import shutil
         shutil.rmtree(st, ignore_errors=True)
     b.keys.save()
-    planned = Builder(load_project(cfg))  # what a fresh plan sees: every target cached, else the "no-op" compiles
-    missing = [t.id for t in planned.targets if planned.state(t) != "cached"]
+    planned = Builder(Workspace(load_project(cfg)))  # what a fresh plan sees: every target cached, else the "no-op" compiles
+    missing = [t.id for t in planned.ws.targets if planned.ws.state(t) != "cached"]
     if missing:
         raise SystemExit(f"{len(missing)} targets are not cached after populating (first: {missing[0]}): "
-                         f"{planned.changed(planned.by_id[missing[0]])[0]}")
-    return len(b.targets)
+                         f"{planned.ws.changed(planned.ws.by_id[missing[0]])[0]}")
+    return len(b.ws.targets)
 
 
 PLAIN_DODO = '''

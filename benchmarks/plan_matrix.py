@@ -54,14 +54,15 @@ def record_all(cfg: Path) -> int:
     from neuron_build.build.builder import Builder
     from neuron_build.project.config import load_project
     from neuron_build.store.records import TargetRecord
+    from neuron_build.workspace import Workspace
 
-    b = Builder(load_project(cfg))
-    for t in b.targets:
-        ki = b.key(t)
+    b = Builder(Workspace(load_project(cfg)))
+    for t in b.ws.targets:
+        ki = b.ws.key(t)
         b.store.put_target(TargetRecord(target=t.id, key=ki.key, status="PASS", details=ki.details,
                                         hashes=ki.hashes, time="2026-01-01T00:00:00+00:00"))
     b.keys.save()
-    return len(b.targets)
+    return len(b.ws.targets)
 
 
 def time_plan(cfg: Path, runs: int) -> dict:

@@ -142,10 +142,11 @@ def _neuron_env(tmp: Path, cc_sleep: float) -> dict:
 def _store_bytes(cfg: Path) -> dict:
     from neuron_build.build.builder import Builder
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
-    b = Builder(load_project(cfg))
+    b = Builder(Workspace(load_project(cfg)))
     weights, compiled = {}, {}
-    for t in b.by_id.values():
+    for t in b.ws.by_id.values():
         rec = b.store.target(t.id)
         m = b.store.manifest(rec.key) if rec else None
         for name, e in (m.files if m else {}).items():

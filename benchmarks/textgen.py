@@ -44,9 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     from neuron_build.evaluate.textgen_validate import _engine, partners
     from neuron_build.examples import build_model
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     torch.set_num_threads(args.threads)
-    b = Builder(load_project(args.config))
+    b = Builder(Workspace(load_project(args.config)))
     model = args.model or next(n for n, m in b.project.config.models.items() if m.is_textgen)
     spec = b.project.config.models[model]
     dtype = args.dtype or spec.dtypes[0]
@@ -71,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
            "torch": torch.__version__, "model": model, "dtype": dtype, "backend": b.keys.backend,
            "max_seq_len": spec.max_seq_len, "new_tokens": args.new_tokens, "repeats": args.repeats, "batches": []}
     for batch in spec.buckets["batch"]:
-        first = next(t for t in b.targets if t.model == model and t.dtype == dtype and t.graph == "decode"
+        first = next(t for t in b.ws.targets if t.model == model and t.dtype == dtype and t.graph == "decode"
                      and dict(t.bucket)["batch"] == batch)
-        group = partners(b.targets, first)
-        chosen = [(t, b.key(t).key, b.store.manifest(b.key(t).key)) for t in group]
+        group = partners(b.ws.targets, first)
+        chosen = [(t, b.ws.key(t).key, b.store.manifest(b.ws.key(t).key)) for t in group]
         missing = [t.id for t, _, m in chosen if m is None]
         if missing:
             raise SystemExit(f"not built: {', '.join(missing)}; run `neuron-build build {model}` first")

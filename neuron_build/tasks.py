@@ -43,13 +43,9 @@ except ModuleNotFoundError as e:  # the dodo.py glue needs doit; say how to get 
                               f"is not installed here ({e}); install the package: pip install -e .", name="doit") from e
 
 from neuron_build.build.doit_run import BuildMain, BuildRun
+from neuron_build.build.noop import cached_plan
 from neuron_build.build.report import BuildReporter
-from neuron_build.build.session import (
-    BASE_DOIT_CONFIG,
-    BuildSession,
-    cached_plan,
-    config_path_setting,
-)
+from neuron_build.build.session import BASE_DOIT_CONFIG, BuildSession, config_path_setting
 
 __all__ = ["DOIT_CONFIG", "BuildMain", "BuildRun", "BuildSession", "DodoSession", "session", "task_build",
            "task_validate"]
@@ -71,7 +67,7 @@ DOIT_CONFIG = {
 
 def _cached_plan() -> Any:
     """The plan cache's (plan, local store) for the configured ``buckets.toml`` (see
-    :func:`neuron_build.build.session.cached_plan`); None when an input changed."""
+    :func:`neuron_build.build.noop.cached_plan`); None when an input changed."""
     return cached_plan(config_path_setting())
 
 
@@ -90,17 +86,17 @@ class DodoSession(BuildSession):
         from neuron_build.evaluate.validate import is_validated, reference_model_hash, tolerance_for
         from neuron_build.evaluate.validate_setup import artifact_device_kind
 
-        b = self.builder
+        ws = self.builder.ws
         _SESSIONS[id(self)] = self  # found again by _validate_action, in this process or a forked runner
-        kind = artifact_device_kind(b.keys.backend, b.keys.hardware_target)
+        kind = artifact_device_kind(ws.keys.backend, ws.keys.hardware_target)
         ref_hash: dict[str, str] = {}  # reference model -> reference_model_hash (one per model, not target)
-        for t in b.targets:
-            key = b.key(t).key
-            spec = b.project.config.models[t.model]
+        for t in ws.targets:
+            key = ws.key(t).key
+            spec = ws.project.config.models[t.model]
             tol, _ = tolerance_for(spec, t.model, t.dtype)
             ref = spec.reference or t.model
             if ref not in ref_hash:
-                ref_hash[ref] = reference_model_hash(b.keys, ref)
+                ref_hash[ref] = reference_model_hash(ws.keys, ref)
             yield {
                 "name": t.id,
                 "doc": f"validate {t.id} on {kind} against the fp32 CPU reference",
@@ -108,9 +104,9 @@ class DodoSession(BuildSession):
                 # after the others (create_after) whole, and a session (its Builder's locks) does not pickle
                 "actions": [(_validate_action, [id(self), t.id])],
                 # a text-generation graph is validated with its partner graphs: build them all first
-                "task_dep": [f"build:{x.id}" for x in (partners(b.targets, t) if t.graph else [t])],
+                "task_dep": [f"build:{x.id}" for x in (partners(ws.targets, t) if t.graph else [t])],
                 # the reference by name and by content (its kwargs, factory, sources, weights)
-                "uptodate": [(is_validated, [b.store, key, kind, tol, ref, ref_hash[ref]])],
+                "uptodate": [(is_validated, [ws.store, key, kind, tol, ref, ref_hash[ref]])],
                 "verbosity": 2,
             }
 
@@ -119,10 +115,10 @@ class DodoSession(BuildSession):
         from neuron_build.evaluate.validate import summary_line, validate_target
         from neuron_build.status import Verdict
 
-        b = self.builder
-        t = b.by_id[target_id]
+        ws = self.builder.ws
+        t = ws.by_id[target_id]
         try:
-            rec = validate_target(b.project, b.store, t, b.key(t).key, keys=b.keys)
+            rec = validate_target(ws.project, ws.store, t, ws.key(t).key, keys=ws.keys)
         except UserError as e:
             return TaskFailed(str(e))
         print(summary_line(rec))

@@ -4,7 +4,8 @@ included), and the torch-free paths stay torch-free.
 Layers (:data:`LAYERS`; the table in ``docs/architecture.md``, which ``tests/test_docs_match.py`` holds to
 :data:`ALLOWED`): core (errors, status, util, log, the backend records, hf, trust, cpu_isa, traffic, the
 package); project (config, compiler args, matrix, keys) and store, siblings over core (neither imports the
-other); compilers (and the worker, the example inputs, the artifact loader) over project, never the store;
+other); the workspace (the opened project: keys, states, changes, the store opened) over both, no compilers, so
+release may take one; compilers (and the worker, the example inputs, the artifact loader) over project, never the store;
 build and evaluate over store and compilers; release over evaluate; runtime over the compilers alone, its
 routing rules (``neuron_build.runtime.routing``) a layer of their own over core only (pure, torch-free,
 testable alone); tasks over build and evaluate; cli over all. A module may import its own layer and the layers
@@ -28,6 +29,7 @@ LAYERS = {
              "neuron_build.log", "neuron_build.hf"],
     "project": ["neuron_build.project"],
     "store": ["neuron_build.store"],
+    "workspace": ["neuron_build.workspace"],
     "compilers": ["neuron_build.compilers", "neuron_build.worker", "neuron_build.examples", "neuron_build.artifact"],
     "build": ["neuron_build.build"],
     "evaluate": ["neuron_build.evaluate"],
@@ -42,15 +44,16 @@ ALLOWED = {
     "core": set(),
     "project": {"core"},
     "store": {"core"},
+    "workspace": {"core", "project", "store"},
     "compilers": {"core", "project"},
-    "build": {"core", "project", "store", "compilers"},
+    "build": {"core", "project", "store", "workspace", "compilers"},
     "evaluate": {"core", "project", "store", "compilers"},
-    "release": {"core", "project", "store", "compilers", "evaluate"},
+    "release": {"core", "project", "store", "workspace", "compilers", "evaluate"},
     "runtime": {"core", "compilers", "routing"},
     "routing": {"core"},
-    "tasks": {"core", "project", "store", "compilers", "build", "evaluate"},
-    "cli": {"core", "project", "store", "compilers", "build", "evaluate", "release", "runtime", "routing",
-            "tasks"},
+    "tasks": {"core", "project", "store", "workspace", "compilers", "build", "evaluate"},
+    "cli": {"core", "project", "store", "workspace", "compilers", "build", "evaluate", "release", "runtime",
+            "routing", "tasks"},
 }
 
 
@@ -159,7 +162,23 @@ def test_the_layer_rules_can_fail(tmp_path):
 def test_torch_free_imports():
     """``import neuron_build`` and every module the no-op path loads import neither torch nor a compiler."""
     code = ("import sys, neuron_build, neuron_build.tasks, neuron_build.cli, neuron_build.store, "
-            "neuron_build.release, neuron_build.build.builder, neuron_build.runtime.routing; "
+            "neuron_build.release, neuron_build.build.builder, neuron_build.workspace, neuron_build.runtime.routing; "
             "print(sorted(m for m in ('torch', 'neuronx_cc', 'torch_neuronx') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_no_untyped_builder_crosses_a_function():
+    """No ``builder: Any`` (nor an unannotated ``builder``) parameter: a function that takes the Builder says
+    so by type, and one that only reads the plan takes a :class:`~neuron_build.workspace.Workspace` (issue 41:
+    ``release/create.py`` took an untyped builder, a layer crossing no import showed)."""
+    loose = []
+    for mod, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_bytes())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs:
+                    if a.arg == "builder" and (a.annotation is None or ast.unparse(a.annotation) in
+                                                      ("Any", "'Any'", "object")):
+                        loose.append(f"{mod}:{node.lineno} {node.name}({a.arg})")
+    assert loose == []
+    assert "builder: Any" not in "".join(p.read_text() for p in modules().values())

@@ -18,7 +18,6 @@ MAX_FUNCTION_LINES = 80
 
 #: module (path under neuron_build/) -> why it is longer than MAX_MODULE_LINES
 LONG_MODULES = {
-    "build/session.py": "BuildSession is doit's task loader with the plan cache and the recorded-run hooks",
 }
 
 #: "path:qualified name" -> why the function is longer than MAX_FUNCTION_LINES

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_build.build.executor import CompileRun
 from neuron_build.compilers.base import STAGE_PREFIX
@@ -22,9 +22,30 @@ from neuron_build.errors import NeuronBuildError
 from neuron_build.status import BuildResult, Status
 from neuron_build.util import is_disk_full
 
+if TYPE_CHECKING:
+    from neuron_build.project.keys import KeyInfo
+    from neuron_build.project.matrix import Target
+
 TRANSIENT_EXIT = 70  # [seen] neuronx-cc exits 70 on transient tool failures
 #: Below this many free bytes, the file system of a failed compile counts as full.
 LOW_DISK_BYTES = 2**20
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """One target being built: the target, its key, the attempt's number (1 for the first compile, 0
+    before any), the logger bound to the target, the key components changed since its last build, and
+    (while a failed attempt is recorded) the attempt's work folder. ``stale``: why the artifact the store
+    holds for the key is stale (recorded inputs that changed): this build's manifest replaces it."""
+
+    target: Target
+    ki: KeyInfo
+    log: Any
+    attempt: int = 0
+    changed: tuple[str, ...] = field(default_factory=tuple)
+    work: Path | None = None
+    stale: tuple[str, ...] = field(default_factory=tuple)
+
 
 
 @dataclass
@@ -204,6 +225,7 @@ def disk_full(stage: str, where: Any | Callable[[], Any], prefer_filename: bool 
 
 
 __all__ = [
+    "BuildContext",
     "OUT_OF_MEMORY",
     "TRANSIENT_EXIT",
     "Classification",

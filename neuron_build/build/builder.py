@@ -3,7 +3,9 @@
 Domain code: no doit here (see :mod:`neuron_build.tasks`) and no torch (the compile runs in
 ``python -m neuron_build.worker``, started by the :class:`~neuron_build.build.executor.Executor`).
 
-The layers: :class:`~neuron_build.build.planner.Planner` (keys, state, what changed, requests),
+The layers: :class:`~neuron_build.workspace.Workspace` (the opened project: keys, state, what changed; read
+commands open one and never a Builder), :func:`~neuron_build.build.executor.compile_request` (the worker
+request of a target),
 :class:`~neuron_build.build.executor.Executor` (runs one compile: :class:`~neuron_build.build.local.LocalExecutor`
 by default), :mod:`neuron_build.build.attempt` (what a run means, the full-disk failures),
 :mod:`neuron_build.build.graph_reuse` (the graph key: ask, gate, index, publish over the same graph's blobs),
@@ -24,6 +26,7 @@ from typing import Any
 
 from neuron_build.build import graph_probe
 from neuron_build.build.attempt import (
+    BuildContext,
     Classification,
     DiskFull,
     Outcome,
@@ -32,60 +35,55 @@ from neuron_build.build.attempt import (
     disk_full,
     free_space,
 )
-from neuron_build.build.context import BuildContext
-from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun, Executor
-from neuron_build.build.graph_reuse import GRAPH_KEY_ENV, GraphReuse, Reused
+from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun, Executor, compile_request
+from neuron_build.build.graph_reuse import GraphReuse, Reused
 from neuron_build.build.local import LocalExecutor, default_jobs
 from neuron_build.build.manifests import artifact_manifest, hash_files
-from neuron_build.build.nxdi_hooks import remember_cache, restore_cache
 from neuron_build.build.peaks import expected_peak
-from neuron_build.build.planner import Planner
-from neuron_build.build.recorder import Recorder, Unrecorded, failure_stage, hbm_estimate
+from neuron_build.build.recorder import Recorder, Unrecorded
 from neuron_build.build.relink import RELINKED
 from neuron_build.build.summary import why_rechecked
 from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import CompileRequest
 from neuron_build.log import get_logger
-from neuron_build.project.config import Project
-from neuron_build.project.keys import COMPONENTS, KeyInfo
 from neuron_build.project.matrix import Target
 from neuron_build.project.toolchain import announce_backend, neuron_status
-from neuron_build.status import DOWNLOADED, BuildResult, Status, TargetState
-from neuron_build.store import cached_store
+from neuron_build.status import DOWNLOADED, BuildResult, Status
 from neuron_build.store.budget import GB
 from neuron_build.store.contract import ArtifactStore
+from neuron_build.workspace import Workspace
 
 
 class Builder:
-    """Builds targets of one project into its store.
+    """Builds one target at a time of an opened project into its store: the key's lock, the attempts, the
+    publish.
 
     Args:
-        project: the loaded config.
-        backend: override ``[build] backend`` (tests, CLI).
+        ws: the opened project (:class:`~neuron_build.workspace.Workspace`): its keys, targets and the store
+            to build into (a Dask worker opens one over the shared store it opened from the client's location).
         executor: runs each compile; default a :class:`~neuron_build.build.local.LocalExecutor` with the
             project's ``[build] timeout_s`` and ``heartbeat_s``.
-        store: the store to build into; default the project's (``cached_store(...)`` of ``[build] store`` and ``remote``). A
-            Dask worker passes the shared store it opened from the client's location.
         host_memory: reserve each compile's expected peak in the host-memory budget (``[build]
             max_host_memory_gb``); False where something else bounds memory (Dask resources).
         transient_retries: override ``[build] transient_retries`` (a Dask worker passes 0: Dask retries).
         provenance: extra fields recorded in every manifest this builder writes, e.g. ``{"executor":
             "dask", "worker": "tcp://10.0.0.5:40123"}`` (informational, never in the key).
+
+    Attributes:
+        ws: the workspace it builds from (its callers ask it for targets, keys and states, never the Builder).
+        project, store, keys: the workspace's, which the build itself uses (the store it locks and publishes
+            into, the keys of its manifests).
     """
 
-    def __init__(self, project: Project, backend: str | None = None, executor: Executor | None = None,
-                 store: ArtifactStore | None = None, host_memory: bool = True, transient_retries: int | None = None,
-                 provenance: dict[str, Any] | None = None):
-        self.project = project
+    def __init__(self, ws: Workspace, executor: Executor | None = None, host_memory: bool = True,
+                 transient_retries: int | None = None, provenance: dict[str, Any] | None = None):
+        self.ws = ws
+        self.project = project = ws.project
         #: this build's id (random, once per Builder: its threads and the runner processes doit forks share
         #: it): graph probe results are stamped with it and used by this build only (build.graph_probe)
         self.build_id = uuid.uuid4().hex
-        self.store = store if store is not None else cached_store(project.store_url(), project.remote_url(),
-                                                                 project.config.build.remote_options)
-        self.planner = Planner(project, self.store, backend=backend)
-        self.keys = self.planner.keys
-        self.targets = self.planner.targets
-        self.by_id = self.planner.by_id
+        self.store = ws.store
+        self.keys = ws.keys
         cfg = project.config.build
         mem = cfg.max_host_memory_gb if host_memory else None
         self.memory = self.store.memory_budget(int(mem * GB) if mem is not None else None,
@@ -110,23 +108,6 @@ class Builder:
         cfg = self.project.config.build
         mem = cfg.max_host_memory_gb
         return default_jobs(int(mem * GB) if mem is not None else None, int(cfg.default_compile_memory_gb * GB))
-
-    # -- planning (see Planner) --------------------------------------------------------------
-    def key(self, target: Target) -> KeyInfo:
-        """The target's key (computed once per builder)."""
-        return self.planner.key(target)
-
-    def state(self, target: Target) -> TargetState:
-        """``cached``, ``failed`` or ``missing``: see :meth:`Planner.state`."""
-        return self.planner.state(target)
-
-    def changed(self, target: Target) -> tuple[list[str], str | None]:
-        """What changed since the target was last built: see :meth:`Planner.changed`."""
-        return self.planner.changed(target)
-
-    def request(self, target: Target, ki: KeyInfo, out_dir: Path, work_dir: Path) -> CompileRequest:
-        """The worker request for a target: see :meth:`Planner.request`."""
-        return self.planner.request(target, ki, out_dir, work_dir)
 
     def toolchain_problem(self) -> str | None:
         """For the neuron and torchneuron backends: the one-sentence reason the toolchain is unusable (from package
@@ -170,7 +151,7 @@ class Builder:
         time is not compiled again (its recorded failure is returned, its reason naming
         ``no_retry_option``, the option that asked for that: ``retry_failed=0`` under doit).
         """
-        ki = self.key(target)
+        ki = self.ws.key(target)
         ctx = BuildContext(target, ki, get_logger(target=target.id, key=ki.key[:12]))
         found = self.store.repair(ki.key)
         ctx = self._check_recorded(ctx, found)
@@ -271,7 +252,7 @@ class Builder:
         """Compile (holding the key's lock), retrying transient failures. What changed since the target's
         last build is taken before the first attempt (for the ledger)."""
         retries = self.transient_retries
-        ctx = replace(ctx, changed=tuple(self.planner.changed(ctx.target)[0]))
+        ctx = replace(ctx, changed=tuple(self.ws.changed(ctx.target)[0]))
         while True:
             ctx = replace(ctx, attempt=ctx.attempt + 1)
             out = self._compile(ctx)
@@ -292,14 +273,14 @@ class Builder:
                 obj, work = staging / "object", staging / "work"
                 obj.mkdir()
                 work.mkdir()
-                req = self.request(ctx.target, ctx.ki, obj, work)
+                req = compile_request(self.ws, ctx.target, ctx.ki, obj, work)
                 self.graph.ask(ctx, req, work)
                 restore_cache(self.store, ctx, req, work)
                 ctx.log.info("compiling", backend=req.backend, hardware_target=req.hardware_target,
                              attempt=ctx.attempt)
                 with self.graph.gate(ctx, req, work):  # the graph key's lock, held until it is indexed
                     # one probe per model build answers "graph unchanged" without a worker per target
-                    run = graph_probe.reuse_run(self, ctx, req, work) or self.executor.run(req, work, ctx.log)
+                    run = graph_probe.reuse_run(self.ws, self.build_id, ctx, req, work) or self.executor.run(req, work, ctx.log)
                     done = self._finish(ctx, req, run, obj)
                     if done is None:  # the graph index entry was stale: compile after all
                         shutil.rmtree(obj, ignore_errors=True)
@@ -356,10 +337,6 @@ class Builder:
         return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, compiled=True, metrics=metrics)
 
     # -- the graph key (the second level: :mod:`neuron_build.build.graph_reuse`) ---------------------
-    def graph_keys_on(self) -> bool:
-        """Is the graph key on: ``[build] graph_key`` and not ``NEURON_BUILD_GRAPH_KEY=0``?"""
-        return self.graph.on()
-
     def _adopt(self, ctx: BuildContext, run: CompileRun, reused: Reused) -> Outcome:
         """Record a graph reuse just published (the target record, the ledger) and return its outcome."""
         src, gk = reused.source, reused.graph_key
@@ -398,8 +375,42 @@ class Builder:
     def record_cache_hits(self, target_ids: list[str]) -> None:
         """Write one ledger object listing a ``cached`` record for each of ``target_ids`` (targets doit found
         up to date without calling :meth:`build`); best effort, like every ledger write."""
-        self.recorder.cache_hits([(tid, self.key(self.by_id[tid]).key) for tid in target_ids if tid in self.by_id])
+        by_id = self.ws.by_id
+        self.recorder.cache_hits([(tid, self.ws.key(by_id[tid]).key) for tid in target_ids if tid in by_id])
 
 
-__all__ = ["COMPONENTS", "GRAPH_KEY_ENV", "WORKER_LOG", "BuildContext", "Builder", "Outcome", "Unrecorded", "failure_stage",
-           "hbm_estimate"]
+
+# -- the NxDI persistent cache in and out of the store (:mod:`neuron_build.compilers.neuron.nxdi_cache`,
+# :mod:`neuron_build.store.neuron_cache`): both do nothing for any other compile ---------------------------------
+def restore_cache(store: ArtifactStore, ctx: BuildContext, req: CompileRequest, work: Path) -> None:
+    """NxDI: restore the target's persistent-cache entries from ``store`` into ``work`` and tell the worker
+    where (``req.options``); a store that cannot be read means a cold cache."""
+    from neuron_build.compilers.neuron import nxdi_cache
+    from neuron_build.store import neuron_cache
+    if not nxdi_cache.is_nxdi(req):
+        return
+    cache = work / nxdi_cache.CACHE_FILES
+    try:
+        got = neuron_cache.restore(store, ctx.target.id, ctx.ki.details.get("toolchain", {}).get("neuronx-cc"), cache)
+    except OSError as e:
+        got = {"error": str(e)}
+    req.options[nxdi_cache.OPTION] = str(cache.resolve())
+    ctx.log.info("NxDI persistent cache", **{k: (v[:12] if isinstance(v, str) else v) for k, v in got.items()})
+
+
+def remember_cache(store: ArtifactStore, ctx: BuildContext, req: CompileRequest) -> None:
+    """NxDI: point the target's persistent cache at the artifact of ``ctx``'s key just published (best
+    effort: a failure is logged)."""
+    from neuron_build.compilers.neuron import nxdi_cache
+    from neuron_build.store import neuron_cache
+    if not nxdi_cache.is_nxdi(req):
+        return
+    man = store.manifest(ctx.ki.key)
+    try:
+        neuron_cache.remember(store, ctx.target.id, ctx.ki.details.get("toolchain", {}).get("neuronx-cc"),
+                              ctx.ki.key, man.files if man is not None else {})
+    except (OSError, ValueError) as e:
+        ctx.log.warning("could not record the NxDI cache pointer", error=str(e))
+
+
+__all__ = ["Builder", "remember_cache", "restore_cache"]

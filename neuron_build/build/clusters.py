@@ -28,10 +28,13 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_build.errors import UserError
 from neuron_build.project.config_dask import DaskSettings
+
+if TYPE_CHECKING:
+    from neuron_build.workspace import Workspace
 
 #: Seconds assumed for a compile nothing predicts (no recorded compile of its model and bucket).
 DEFAULT_COMPILE_S = 600.0
@@ -196,7 +199,7 @@ def slurm_cluster(settings: DaskSettings, root: Path, predict: Callable[[str], f
     return cluster
 
 
-def recorded_times(builder: Any, targets: Any) -> Callable[[str], float | None]:
+def recorded_times(ws: Workspace, targets: Any) -> Callable[[str], float | None]:
     """``predict(target id)`` -> the predicted p50 compile seconds of that target
     (:func:`neuron_build.build.predict.predicted_seconds`: the ledger's same key, same target, same model and
     bucket, then a prior), None when nothing is known or the target is not one of ``targets``."""
@@ -208,7 +211,7 @@ def recorded_times(builder: Any, targets: Any) -> Callable[[str], float | None]:
     def predict(tid: str) -> float | None:
         if tid not in cache:
             t = by_id.get(tid)
-            cache[tid] = predicted_seconds(builder, t) if t is not None else None
+            cache[tid] = predicted_seconds(ws, t) if t is not None else None
         return cache[tid]
 
     return predict

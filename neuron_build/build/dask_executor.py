@@ -56,6 +56,7 @@ from neuron_build.log import get_logger
 from neuron_build.project.matrix import Target
 from neuron_build.status import BuildResult, Status
 from neuron_build.store.budget import GB
+from neuron_build.workspace import Workspace
 
 #: Seconds between the client's looks at the cluster (finished tasks, who runs what).
 POLL_S = 0.5
@@ -84,7 +85,7 @@ class DaskBuild:
     """Builds targets of one project on a Dask cluster (the client side).
 
     Args:
-        builder: the client's :class:`~neuron_build.build.builder.Builder` (plans, keys, the store it reads).
+        ws: the client's opened project (:class:`~neuron_build.workspace.Workspace`: keys, the store it reads).
         address: the scheduler (``tcp://host:8786``), or a function that starts a cluster and returns its
             scheduler's address (called only when something is left to compile, with a function returning
             the ids of the targets still to build, from which the cluster scales: see
@@ -103,10 +104,10 @@ class DaskBuild:
         workers: target id -> address of the worker whose result came back.
     """
 
-    def __init__(self, builder: Any, address: str | Callable[..., str], retry_failed: bool = True,
+    def __init__(self, ws: Workspace, address: str | Callable[..., str], retry_failed: bool = True,
                  report: Callable[[str], None] | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S,
                  display: Callable[[int, int, dict], Any] | None = None):
-        self.b = builder
+        self.ws = ws
         self.display = display
         self.address = address
         self.retry_failed = retry_failed
@@ -127,13 +128,13 @@ class DaskBuild:
         """
         from neuron_build.store.identity import store_id
 
-        b = self.b
-        b.push_pending()
-        spec = shared_store_spec(b.project)
+        ws = self.ws
+        ws.store.push_pending()
+        spec = shared_store_spec(ws.project)
         todo = []
         for t in targets:
-            if b.store.repair(b.key(t).key).hit:
-                self.outcomes[t.id] = Outcome(t.id, b.key(t).key, BuildResult.CACHED)
+            if ws.store.repair(ws.key(t).key).hit:
+                self.outcomes[t.id] = Outcome(t.id, ws.key(t).key, BuildResult.CACHED)
             else:
                 todo.append(t)
         if not todo:
@@ -157,9 +158,9 @@ class DaskBuild:
         return self.outcomes
 
     def _job(self, t: Target, spec: StoreSpec, ident: str, build_id: str) -> dict[str, Any]:
-        b = self.b
-        return {"config": str(Path(b.project.path).resolve()), "target": t.id, "key": b.key(t).key,
-                "backend": b.keys.backend, "store": {"location": spec.location, "options": spec.options}, "store_id": ident,
+        ws = self.ws
+        return {"config": str(Path(ws.project.path).resolve()), "target": t.id, "key": ws.key(t).key,
+                "backend": ws.keys.backend, "store": {"location": spec.location, "options": spec.options}, "store_id": ident,
                 "retry_failed": self.retry_failed, "build_id": build_id, "scheduler": self.address}
 
     def _too_big(self, t: Target, largest: int) -> str | None:
@@ -168,8 +169,8 @@ class DaskBuild:
         it would again. None when it may be submitted."""
         from neuron_build.build.attempt import OUT_OF_MEMORY
 
-        fail = self.b.store.failure(t.id)
-        if (fail is None or fail.key != self.b.key(t).key or not str(fail.reason).startswith(OUT_OF_MEMORY)
+        fail = self.ws.store.failure(t.id)
+        if (fail is None or fail.key != self.ws.key(t).key or not str(fail.reason).startswith(OUT_OF_MEMORY)
                 or not largest or fail.peak_rss_bytes <= largest):
             return None
         return (f"not retried: its last compile ran {OUT_OF_MEMORY} at {fail.peak_rss_bytes / 2**20:.0f} MiB "
@@ -183,8 +184,8 @@ class DaskBuild:
                 if (w.get("resources") or {}).get(MEMORY_RESOURCE) is not None]
         if not mems:
             return None
-        cfg = self.b.project.config.build
-        peak = expected_peak(self.b.store, t.model, t.bucket_id, int(cfg.default_compile_memory_gb * GB))
+        cfg = self.ws.project.config.build
+        peak = expected_peak(self.ws.store, t.model, t.bucket_id, int(cfg.default_compile_memory_gb * GB))
         want = round(peak.bytes / GB, 3)
         if want > max(mems):
             self.log.warning("expected peak above every worker's memory_gb", target=t.id, expected_gb=want,
@@ -195,9 +196,9 @@ class DaskBuild:
     def _submit_and_collect(self, client: Any, todo: list[Target], spec: StoreSpec, ident: str, workers: dict) -> None:
         from distributed import as_completed
 
-        b = self.b
+        ws = self.ws
         build_id = secrets.token_hex(4)
-        retries = b.project.config.build.transient_retries
+        retries = ws.project.config.build.transient_retries
         futures: dict[Any, Target] = {}
         todo, predicted, dispatch = self._dispatcher(todo, workers)
         by_id = {t.id: t for t in todo}
@@ -210,7 +211,7 @@ class DaskBuild:
                 tries[tid] = tries.get(tid, 0) + 1
                 kw = self._placement(dispatch, tid, addr, advertised)
                 fut = client.submit(compile_task, self._job(t, spec, ident, build_id), pure=False, retries=retries,
-                                    key=f"neuron-build-{t.id}-{b.key(t).key[:12]}-{build_id}-{tries[tid]}", **kw)
+                                    key=f"neuron-build-{t.id}-{ws.key(t).key[:12]}-{build_id}-{tries[tid]}", **kw)
                 futures[fut] = t
                 by_key[fut.key] = t
                 ac.add(fut)
@@ -275,8 +276,8 @@ class DaskBuild:
         from neuron_build.build.dispatch import Dispatcher
 
         todo = self._drop_too_big(todo, workers)
-        predicted = target_predictions(self.b, todo)
-        jobs = dispatch_jobs(todo, predicted, self.b.project.config.build.default_compile_memory_gb)
+        predicted = target_predictions(self.ws, todo)
+        jobs = dispatch_jobs(todo, predicted, self.ws.project.config.build.default_compile_memory_gb)
         self._cap_at_largest(jobs, workers)
         dispatch = Dispatcher(jobs)
         self._sync_workers(dispatch, workers)
@@ -310,7 +311,7 @@ class DaskBuild:
             if why is None:
                 keep.append(t)
                 continue
-            self.outcomes[t.id] = Outcome(t.id, self.b.key(t).key, Status.KILLED, why)  # not retried on that size
+            self.outcomes[t.id] = Outcome(t.id, self.ws.key(t).key, Status.KILLED, why)  # not retried on that size
             self.log.error(str(Status.KILLED), target=t.id, reason=why)
             if self.report is not None:
                 self.report(f"  FAILED {t.id}: KILLED: {why}")
@@ -335,7 +336,7 @@ class DaskBuild:
         n = 0
         for tid, why in dispatch.refused.items():
             if tid not in self.outcomes:
-                self.outcomes[tid] = Outcome(tid, self.b.key(by_id[tid]).key, Status.KILLED, why)
+                self.outcomes[tid] = Outcome(tid, self.ws.key(by_id[tid]).key, Status.KILLED, why)
                 self.log.error(str(Status.KILLED), target=tid, reason=why)
                 if self.report is not None:
                     self.report(f"  FAILED {tid}: KILLED: {why}")
@@ -384,7 +385,7 @@ class DaskBuild:
 
         if out.ok or not str(out.reason).startswith(OUT_OF_MEMORY):
             return False
-        fail = self.b.store.failure(t.id)
+        fail = self.ws.store.failure(t.id)
         why = dispatch.out_of_memory(t.id, fail.peak_rss_bytes if fail is not None else None)
         if why is None:
             self.log.warning("out of memory, retried on a worker with more memory", target=t.id)
@@ -408,12 +409,12 @@ class DaskBuild:
 
     def _collect(self, fut: Any, t: Target) -> Outcome:
         """The Outcome of a finished future (a failed task becomes a failed Outcome with its reason)."""
-        key = self.b.key(t).key
+        key = self.ws.key(t).key
         try:
             d = fut.result()
         except TransientCompileError as e:
             d = e.outcome
-            d["reason"] = f"{d.get('reason')} (tried {1 + self.b.project.config.build.transient_retries} times)"
+            d["reason"] = f"{d.get('reason')} (tried {1 + self.ws.project.config.build.transient_retries} times)"
         except Exception as e:  # KilledWorker (its workers kept dying), an error outside the build
             name = type(e).__name__
             status = Status.KILLED if name == "KilledWorker" else Status.ERROR

@@ -77,6 +77,7 @@ def _builder_for(job: dict[str, Any], worker: Any):
     from neuron_build.build.builder import Builder
     from neuron_build.build.local import LocalExecutor
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     ident = (job["build_id"], job["config"], job["backend"], job["store"]["location"])
     with _builders_lock:
@@ -88,9 +89,9 @@ def _builder_for(job: dict[str, Any], worker: Any):
             limit, limit_of = worker_memory_limit(worker)
             executor = LocalExecutor(cfg.timeout_s, cfg.heartbeat_s, should_stop=lambda: task_cancelled(worker),
                                      memory_limit_bytes=limit, memory_limit_of=limit_of)
-            b = Builder(project, backend=job["backend"], executor=executor, store=store, host_memory=False,
-                        transient_retries=0, provenance={"executor": "dask", "worker": worker.address,
-                                                         "scheduler": job.get("scheduler")})
+            ws = Workspace(project, store=store, backend=job["backend"])
+            b = Builder(ws, executor=executor, host_memory=False, transient_retries=0,
+                        provenance={"executor": "dask", "worker": worker.address, "scheduler": job.get("scheduler")})
             while len(_builders) >= 4:
                 _builders.pop(next(iter(_builders)))
             _builders[ident] = b
@@ -180,10 +181,10 @@ def compile_task(job: dict[str, Any]) -> dict[str, Any]:
         b = _builder_for(job, worker)
     except Exception as e:
         return failed(f"Dask worker {me} could not load the project {job['config']}: {type(e).__name__}: {e}"[:500])
-    target = b.by_id.get(tid)
+    target = b.ws.by_id.get(tid)
     if target is None:
         return failed(f"Dask worker {me}: {job['config']} there has no target {tid}: its checkout differs")
-    mine = b.key(target).key
+    mine = b.ws.key(target).key
     if mine != key:
         return failed(f"Dask worker {me} computes key {mine[:12]} for {tid}, the client {key[:12]}: its checkout, "
                       f"environment or toolchain differs (neuron-build explain {tid} on both)")

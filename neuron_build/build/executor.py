@@ -16,9 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from neuron_build.compilers.base import CompileRequest
+
+if TYPE_CHECKING:
+    from neuron_build.project.keys import KeyInfo
+    from neuron_build.project.matrix import Target
+    from neuron_build.workspace import Workspace
 
 #: The worker's stdout/stderr, as stored in an artifact (``compile.log`` is the compiler's own log, e.g.
 #: neuronx-cc's) and as the local executor writes it in the attempt's work folder.
@@ -89,4 +94,23 @@ class Executor(Protocol):
         ...
 
 
-__all__ = ["NOT_RUN", "WORKER_LOG", "CompileRun", "Executor"]
+def compile_request(ws: Workspace, target: Target, ki: KeyInfo, out_dir: Path | str, work_dir: Path | str
+                    ) -> CompileRequest:
+    """The worker request for ``target`` of ``ws`` (its key ``ki``): the artifact's files go to ``out_dir``, the
+    compiler works in ``work_dir`` (both as the worker sees them)."""
+    cfg = ws.project.config
+    m, prof = cfg.models[target.model], cfg.profiles[target.profile]
+    return CompileRequest(
+        target=target.id, key=ki.key, root=str(ws.project.root), factory=m.factory, kwargs=dict(m.kwargs),
+        dtype=target.dtype, inputs=ki.details["inputs"]["inputs"], backend=ws.keys.backend,
+        hardware_target=ws.keys.hardware_target, compiler_args=list(prof.compiler_args),
+        inline_weights_to_neff=prof.inline_weights_to_neff, tp_degree=prof.tp_degree,
+        out_dir=str(out_dir), work_dir=str(work_dir), seed=int(ki.key[:8], 16), hf=m.hf_spec(),
+        never_read=[str(Path(p).resolve()) for p in ws.keys.exclude],
+        options=({"task": m.task, "graph": target.graph, "batch": dict(target.bucket)["batch"],
+                  "seq": dict(target.bucket).get("seq", 1), "max_seq_len": m.max_seq_len,
+                  "neuron_config": ki.details["inputs"].get("neuron_config")}
+                 if target.graph else {}))
+
+
+__all__ = ["NOT_RUN", "WORKER_LOG", "CompileRun", "Executor", "compile_request"]

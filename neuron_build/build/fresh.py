@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.build import graph_probe
+from neuron_build.build.executor import compile_request
 from neuron_build.compilers import graph_key
+from neuron_build.workspace import Workspace
 
 #: Verdicts of one target (see the module docstring); ``differs`` and ``unchecked`` are not fresh.
 VERDICTS = ("fresh", "differs", "unverifiable", "unchecked", "unbuilt")
@@ -83,20 +85,20 @@ class FreshReport:
                 "counts": {v: len(self.of(v)) for v in VERDICTS}, "clean": self.clean}
 
 
-def _artifact(builder: Any, target: Any, given: dict[str, str] | None) -> tuple[str | None, str]:
+def _artifact(ws: Workspace, target: Any, given: dict[str, str] | None) -> tuple[str | None, str]:
     """The artifact key to check for ``target`` and where it came from."""
     if given is not None:
         return given.get(target.id), "release"
-    ki = builder.key(target)
-    if builder.store.is_complete(ki.key):
+    ki = ws.key(target)
+    if ws.store.is_complete(ki.key):
         return ki.key, "current"
-    rec = builder.store.target(target.id)
-    if rec is not None and builder.store.manifest(rec.key) is not None:
+    rec = ws.store.target(target.id)
+    if rec is not None and ws.store.manifest(rec.key) is not None:
         return rec.key, "last built (the current key has no artifact)"
     return None, "none"
 
 
-def _plan(builder: Any, targets: list[Any], given: dict[str, str] | None, scratch: Path
+def _plan(ws: Workspace, targets: list[Any], given: dict[str, str] | None, scratch: Path
           ) -> tuple[list[FreshRow], dict[str, list[tuple[FreshRow, Any, Any]]]]:
     """Rows decided without a probe, and the probe requests grouped by model build."""
     from neuron_build.backends import get_backend
@@ -104,15 +106,15 @@ def _plan(builder: Any, targets: list[Any], given: dict[str, str] | None, scratc
     done: list[FreshRow] = []
     groups: dict[str, list[tuple[FreshRow, Any, Any]]] = {}
     for t in targets:
-        key, source = _artifact(builder, t, given)
+        key, source = _artifact(ws, t, given)
         row = FreshRow(t.id, "unbuilt", key, source)
-        m = builder.store.manifest(key) if key else None
+        m = ws.store.manifest(key) if key else None
         if m is None:
             row.reason = "the store holds no artifact for it; build it first"
             done.append(row)
             continue
-        ki = builder.key(t)
-        req = builder.request(t, ki, scratch / "out" / ki.key[:16], scratch / ki.key[:16])
+        ki = ws.key(t)
+        req = compile_request(ws, t, ki, scratch / "out" / ki.key[:16], scratch / ki.key[:16])
         spec = get_backend(req.backend)
         row.recorded_graph_key = m.graph_key
         if spec.graph_key != "before":
@@ -148,24 +150,24 @@ def _judge(row: FreshRow, got: dict[str, Any], recorded_document: str | None, wh
     return row
 
 
-def fresh_check(builder: Any, targets: list[Any], artifacts: dict[str, str] | None = None) -> FreshReport:
+def fresh_check(ws: Workspace, targets: list[Any], artifacts: dict[str, str] | None = None) -> FreshReport:
     """Re-capture the graph key of each of ``targets`` (one probe per model build) and compare it with the
     artifact's (see the module docstring).
 
     Args:
-        builder: the project's :class:`~neuron_build.build.builder.Builder`.
+        ws: the opened project (:class:`~neuron_build.workspace.Workspace`).
         targets: the targets to check (matrix order is kept).
         artifacts: target id -> the artifact key to check (a release's); None: the store's artifact of each
             target (its current key, else its last built one).
     """
-    folder = builder.project.make_state_dir() / graph_probe.PROBE_DIR
+    folder = ws.project.make_state_dir() / graph_probe.PROBE_DIR
     scratch = Path(tempfile.mkdtemp(prefix="fresh-", dir=folder.parent if folder.parent.is_dir() else None))
     folder.mkdir(parents=True, exist_ok=True)
     report = FreshReport()
     try:
-        done, groups = _plan(builder, targets, artifacts, scratch)
+        done, groups = _plan(ws, targets, artifacts, scratch)
         judged: dict[str, FreshRow] = {r.target: r for r in done}
-        timeout = float(builder.project.config.build.timeout_s)
+        timeout = float(ws.project.config.build.timeout_s)
         for group, items in groups.items():
             reqs = [req for _, req, _ in items]
             raw, _, status, seconds = graph_probe.run_probe(reqs, folder, f"fresh-{group[:24]}", timeout)

@@ -50,10 +50,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from neuron_build.build.executor import CompileRun
+from neuron_build.build.attempt import BuildContext
+from neuron_build.build.executor import CompileRun, compile_request
 from neuron_build.compilers import graph_key
+from neuron_build.compilers.base import CompileRequest
 from neuron_build.store import graph_index
 from neuron_build.util import canonical_json, write_json_atomic
+from neuron_build.workspace import Workspace
 
 #: Set to 0 (or false, no, off) to turn the probe off (each target's worker keys its own graph, as before).
 PROBE_ENV = "NEURON_BUILD_GRAPH_PROBE"
@@ -77,11 +80,13 @@ def group_of(req: Any) -> str:
         "never_read": req.never_read})).hexdigest()
 
 
-def reuse_run(builder: Any, ctx: Any, req: Any, work: Path) -> CompileRun | None:
+def reuse_run(ws: Workspace, build: str, ctx: BuildContext, req: CompileRequest, work: Path) -> CompileRun | None:
     """A run standing for the compile worker's graph hit of ``ctx``'s target, or None (start the worker).
 
     Args:
-        builder: the :class:`~neuron_build.build.builder.Builder` (its project, store, planner, keys).
+        ws: the opened project (its store, keys and targets).
+        build: this build's id (the Builder's ``build_id``: a random id made once per Builder; see the module
+            docstring): the probe results of this build are its own.
         ctx: the target's build context (target, first-level key, logger).
         req: the target's compile request, with the graph key option (absent: None, as for a backend
             outside :data:`~neuron_build.compilers.graph_key.BEFORE_COMPILE`, an option ``no_reuse`` or
@@ -101,7 +106,7 @@ def reuse_run(builder: Any, ctx: Any, req: Any, work: Path) -> CompileRun | None
     if not (ctx.stale or any(c.split(":")[0] == "model" for c in ctx.changed)):
         return None  # a new target, or new shapes, flags or toolchain: its graph is new (its worker still asks)
     try:
-        found = _result(builder, ctx, req)
+        found = _result(ws, build, ctx, req)
     except Exception as e:  # fail closed: the target compiles in its own worker
         ctx.log.warning("graph probe failed; compiling", error=f"{type(e).__name__}: {e}"[:300])
         return None
@@ -112,8 +117,8 @@ def reuse_run(builder: Any, ctx: Any, req: Any, work: Path) -> CompileRun | None
     if not gk:
         ctx.log.debug("graph probe: no graph key", reason=result.get("reason"))
         return None
-    entry = graph_index.lookup(builder.store, gk)
-    if entry is None or not builder.store.is_complete(entry.key):
+    entry = graph_index.lookup(ws.store, gk)
+    if entry is None or not ws.store.is_complete(entry.key):
         return None
     log = (log + f"graph probe: graph key {gk[:12]} is in the graph index: not compiling\n").encode()
     return CompileRun(exit_code=0, wall_s=float(result.get("seconds") or 0.0), peak_rss_bytes=0, timed_out=False,
@@ -123,31 +128,25 @@ def reuse_run(builder: Any, ctx: Any, req: Any, work: Path) -> CompileRun | None
                                        "graph_hit": True})
 
 
-def _folder(builder: Any) -> Path:
-    folder = builder.project.make_state_dir() / PROBE_DIR
+def _folder(ws: Workspace) -> Path:
+    folder = ws.project.make_state_dir() / PROBE_DIR
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
-def build_id(builder: Any) -> str:
-    """The build a probe result belongs to: the Builder's ``build_id`` (a random id made once per Builder;
-    see the module docstring)."""
-    return str(getattr(builder, "build_id", "") or "")
-
-
-def _mine(builder: Any, path: Path) -> bool:
+def _mine(build: str, path: Path) -> bool:
     """Does the result at ``path`` exist and belong to this build? A result of another build is removed."""
     try:
         raw = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
-    if isinstance(raw, dict) and raw.get("build") and raw.get("build") == build_id(builder):
+    if isinstance(raw, dict) and raw.get("build") and raw.get("build") == build:
         return True
     path.unlink(missing_ok=True)
     return False
 
 
-def _take(builder: Any, path: Path, key: str) -> tuple[dict, str] | None:
+def _take(ws: Workspace, build: str, path: Path, key: str) -> tuple[dict, str] | None:
     """The result for first-level key ``key`` at ``path`` when it is usable (removed: used once), else None.
     A result another build left (its ``build`` stamp is not this Builder's) is removed, never used."""
     try:
@@ -155,50 +154,51 @@ def _take(builder: Any, path: Path, key: str) -> tuple[dict, str] | None:
     except (OSError, ValueError):
         return None
     if not isinstance(raw, dict) or raw.get("key") != key or not raw.get("build") \
-            or raw.get("build") != build_id(builder):
+            or raw.get("build") != build:
         path.unlink(missing_ok=True)
         return None
-    if raw.get("graph_key") and builder.keys.stale_inputs(raw.get("recorded") or {}):
+    if raw.get("graph_key") and ws.keys.stale_inputs(raw.get("recorded") or {}):
         path.unlink(missing_ok=True)  # the factory's reads changed since: probe again
         return None
     path.unlink(missing_ok=True)
     return raw, str(raw.get("log") or "")
 
 
-def _result(builder: Any, ctx: Any, req: Any) -> tuple[dict, str] | None:
+def _result(ws: Workspace, build: str, ctx: BuildContext, req: CompileRequest) -> tuple[dict, str] | None:
     """The probe result of ``ctx``'s target: kept by an earlier probe of its group, else from a probe run now
     (under the group's lock) for every target of the group whose first-level key misses."""
     from filelock import FileLock, Timeout
 
-    folder, key = _folder(builder), ctx.ki.key
+    folder, key = _folder(ws), ctx.ki.key
     mine = folder / f"{key}.json"
     group = group_of(req)
-    timeout = float(builder.project.config.build.timeout_s)
+    timeout = float(ws.project.config.build.timeout_s)
     try:
         with FileLock(str(folder / f"{group[:32]}.lock"), timeout=timeout):
-            got = _take(builder, mine, key)
+            got = _take(ws, build, mine, key)
             if got is not None:
                 return got
-            _probe(builder, ctx, req, group, folder)
-            return _take(builder, mine, key)
+            _probe(ws, build, ctx, req, group, folder)
+            return _take(ws, build, mine, key)
     except Timeout:
         ctx.log.warning("graph probe: another build held the model's probe lock too long; compiling")
         return None
 
 
-def _requests(builder: Any, ctx: Any, req: Any, group: str, folder: Path) -> list[Any]:
+def _requests(ws: Workspace, build: str, ctx: BuildContext, req: CompileRequest, group: str, folder: Path
+              ) -> list[CompileRequest]:
     """The probe's requests: ``ctx``'s target first, then every other target of the same model build whose
     first-level key misses and that has no result kept. Their work folders are under the group's scratch
     folder (``work/<group>``), which the probe removes when it ends."""
     scratch = folder / "work" / group[:32]
     reqs = [req]
-    for t in builder.targets:
+    for t in ws.targets:
         if t.model != ctx.target.model or t.id == ctx.target.id:
             continue
-        ki = builder.key(t)
-        if builder.store.is_complete(ki.key) or _mine(builder, folder / f"{ki.key}.json"):
+        ki = ws.key(t)
+        if ws.store.is_complete(ki.key) or _mine(build, folder / f"{ki.key}.json"):
             continue
-        other = builder.request(t, ki, scratch / "out", scratch / ki.key[:16])
+        other = compile_request(ws, t, ki, scratch / "out", scratch / ki.key[:16])
         other.options[graph_key.OPTION] = {"base": graph_key.base_of(ki.details)}
         if group_of(other) == group:
             reqs.append(other)
@@ -262,15 +262,15 @@ def run_probe(reqs: list[Any], folder: Path, name: str, timeout: float) -> tuple
     return (raw if isinstance(raw, dict) else {}), logf.read_text(errors="replace")[-20000:], status, seconds
 
 
-def _probe(builder: Any, ctx: Any, req: Any, group: str, folder: Path) -> None:
+def _probe(ws: Workspace, build: str, ctx: BuildContext, req: CompileRequest, group: str, folder: Path) -> None:
     """Run one probe for ``ctx``'s target and the rest of its group; write one result per target, stamped
     with this build (a failure: a result without a graph key, so no other target of the group probes
     again in this build)."""
     shutil.rmtree(folder / "work" / group[:32], ignore_errors=True)
-    reqs = _requests(builder, ctx, req, group, folder)
+    reqs = _requests(ws, build, ctx, req, group, folder)
     ctx.log.info("graph probe", targets=len(reqs))
     try:
-        raw, log, status, seconds = run_probe(reqs, folder, group[:32], float(builder.project.config.build.timeout_s))
+        raw, log, status, seconds = run_probe(reqs, folder, group[:32], float(ws.project.config.build.timeout_s))
     finally:
         shutil.rmtree(folder / "work" / group[:32], ignore_errors=True)
     with open(folder / PROBE_LOG, "a") as f:
@@ -283,13 +283,13 @@ def _probe(builder: Any, ctx: Any, req: Any, group: str, folder: Path) -> None:
     per = seconds / len(reqs)
     targets = raw.get("targets") or {}
     imported, reads = raw.get("imported") or [], raw.get("reads")
-    recorded = builder.keys.recorded_inputs(ctx.target.model, imported, reads) if targets else {}
+    recorded = ws.keys.recorded_inputs(ctx.target.model, imported, reads) if targets else {}
     for r in reqs:
         got = targets.get(r.key) if isinstance(targets.get(r.key), dict) else {}
         write_json_atomic(folder / f"{r.key}.json", {
-            "key": r.key, "target": r.target, "build": build_id(builder), "graph_key": got.get("graph_key"),
+            "key": r.key, "target": r.target, "build": build, "graph_key": got.get("graph_key"),
             "graph_document": got.get("graph_document"), "reason": got.get("reason") or why or None,
             "imported": imported, "reads": reads, "recorded": recorded, "seconds": round(per, 3), "log": log})
 
 
-__all__ = ["PROBE_DIR", "PROBE_ENV", "PROBE_LOG", "build_id", "group_of", "probe_on", "reuse_run", "run_probe"]
+__all__ = ["PROBE_DIR", "PROBE_ENV", "PROBE_LOG", "group_of", "probe_on", "reuse_run", "run_probe"]

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.build import relink
-from neuron_build.build.attempt import disk_full
-from neuron_build.build.context import BuildContext
+from neuron_build.build.attempt import BuildContext, disk_full
 from neuron_build.build.executor import WORKER_LOG, CompileRun
 from neuron_build.build.graph_gate import GraphGate
 from neuron_build.build.manifests import artifact_manifest, hash_files

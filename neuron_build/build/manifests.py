@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build import __version__
-from neuron_build.build.context import BuildContext
+from neuron_build.build.attempt import BuildContext
 from neuron_build.compilers.base import CompileRequest
 from neuron_build.store.manifest import Manifest, Metrics, is_log_name
 from neuron_build.util import file_sha256, utc_now

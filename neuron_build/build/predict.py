@@ -34,8 +34,13 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from neuron_build.util import percentile
+
+if TYPE_CHECKING:
+    from neuron_build.project.matrix import Target
+    from neuron_build.workspace import Workspace
 
 #: The levels a prediction may come from, strongest first (see the module docstring).
 SOURCES = ("key", "target", "bucket", "model", "prior", "none")
@@ -348,14 +353,14 @@ def _lstsq(rows: list[tuple[tuple[float, float], float]]) -> tuple[float, float,
     return a, coef[0], coef[1], sd
 
 
-def target_predictions(builder, targets: Iterable) -> dict[str, Prediction]:
-    """target id -> :class:`Prediction` for ``targets`` of ``builder`` (a
-    :class:`~neuron_build.build.builder.Builder`): its store's ledger read once per builder (the ledger of a
-    build in progress is not re-read), keys and backend from the builder, the memory default
-    ``[build] default_compile_memory_gb`` (GB = 1e9 bytes)."""
-    pred = predictor_for(builder)
-    backend = builder.keys.backend
-    return {t.id: pred.predict(t.id, builder.key(t).key, backend) for t in targets}
+def target_predictions(ws: Workspace, targets: Iterable[Target]) -> dict[str, Prediction]:
+    """target id -> :class:`Prediction` for ``targets`` of ``ws`` (an opened project): its store's ledger read
+    once per workspace (:meth:`~neuron_build.workspace.Workspace.predictor`: the ledger of a build in progress
+    is not re-read), keys and backend from the workspace, the memory default ``[build]
+    default_compile_memory_gb`` (GB = 1e9 bytes)."""
+    pred = ws.predictor(Predictor.from_store)
+    backend = ws.keys.backend
+    return {t.id: pred.predict(t.id, ws.key(t).key, backend) for t in targets}
 
 
 def dispatch_jobs(targets: Sequence, predicted: Mapping[str, Prediction], default_memory_gb: float) -> list:
@@ -376,26 +381,16 @@ def dispatch_jobs(targets: Sequence, predicted: Mapping[str, Prediction], defaul
     return out
 
 
-def predictor_for(builder) -> Predictor:
-    """The :class:`Predictor` of ``builder``'s store (made on first use, then kept on the builder)."""
-    pred = getattr(builder, "_fleet_predictor", None)
-    if pred is None:
-        gb = float(builder.project.config.build.default_compile_memory_gb)
-        pred = Predictor.from_store(builder.store, int(gb * 1e9))
-        builder._fleet_predictor = pred
-    return pred
-
-
-def predicted_seconds(builder, target) -> float | None:
-    """The p50 compile time of one target of ``builder``, seconds (None when nothing is known): the ETA's
+def predicted_seconds(ws: Workspace, target: Target) -> float | None:
+    """The p50 compile time of one target of ``ws``, seconds (None when nothing is known): the ETA's
     figure."""
-    return predictor_for(builder).predict(target.id, builder.key(target).key, builder.keys.backend).seconds
+    return ws.predictor(Predictor.from_store).predict(target.id, ws.key(target).key, ws.keys.backend).seconds
 
 
-def predicted_work(builder, targets: Iterable) -> float:
+def predicted_work(ws: Workspace, targets: Iterable[Target]) -> float:
     """Total predicted compile work of ``targets``, seconds (the sum of their p50 times; see :func:`total_work`):
     what a fleet is sized by, e.g. Slurm jobs = ceil(work / (walltime x slots per job))."""
-    return total_work(target_predictions(builder, targets).values())
+    return total_work(target_predictions(ws, targets).values())
 
 
 def total_work(predictions: Iterable[Prediction], unknown_s: float | None = None) -> float:
@@ -408,4 +403,4 @@ def total_work(predictions: Iterable[Prediction], unknown_s: float | None = None
 
 
 __all__ = ["SOURCES", "Prediction", "Predictor", "bucket_tokens", "dispatch_jobs", "predicted_seconds", "predicted_work",
-           "predictor_for", "target_predictions", "total_work"]
+           "target_predictions", "total_work"]

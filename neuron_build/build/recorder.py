@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_build.backends import find_backend
-from neuron_build.build.attempt import Classification, DiskFull, Outcome, disk_full, failure_log
-from neuron_build.build.context import BuildContext
+from neuron_build.build.attempt import BuildContext, Classification, DiskFull, Outcome, disk_full, failure_log
 from neuron_build.build.executor import NOT_RUN, CompileRun
 from neuron_build.compilers.base import STAGE_PREFIX
 from neuron_build.log import get_logger

@@ -12,14 +12,11 @@ config or computing a key.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import json
 import os
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from doit import get_var
@@ -27,15 +24,16 @@ from doit.cmd_base import NamespaceTaskLoader
 from doit.exceptions import TaskFailed
 
 from neuron_build.build.jobs import default_jobs
+from neuron_build.build.noop import RECORDED_CACHE, Recorded, cached_plan, save_plan
 from neuron_build.build.report import BuildReporter
-from neuron_build.store.layout import manifest_path
 
 if TYPE_CHECKING:  # the Builder, the config schema and validation load when a plan is computed, not on a no-op
-    from neuron_build.build.builder import Builder, Outcome
+    from neuron_build.build.attempt import Outcome
+    from neuron_build.build.builder import Builder
     from neuron_build.project.plan_cache import Plan
     from neuron_build.store.contract import ArtifactStore
 
-__all__ = ["BASE_DOIT_CONFIG", "BuildSession", "Recorded", "cached_plan", "config_path_setting", "retry_failed_setting"]
+__all__ = ["BASE_DOIT_CONFIG", "BuildSession", "config_path_setting", "retry_failed_setting"]
 
 #: doit's settings of a build (``neuron_build.tasks.DOIT_CONFIG`` adds its reporter)
 BASE_DOIT_CONFIG: dict[str, Any] = {
@@ -50,9 +48,6 @@ BASE_DOIT_CONFIG: dict[str, Any] = {
     "par_type": "thread",      # one Builder shared by the runners; each compile is its own worker process
 }
 
-
-#: The file in the project's state folder where :class:`Recorded` remembers each manifest's record.
-RECORDED_CACHE = "recorded.json"
 
 _MAIN_PID = os.getpid()
 _pdeathsig_set = False
@@ -88,6 +83,7 @@ def _load_builder(path: str) -> Builder:
     from neuron_build.errors import ConfigError, UserError, exit_code
     from neuron_build.log import configure
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     try:
         project = load_project(path)
@@ -101,7 +97,7 @@ def _load_builder(path: str) -> Builder:
         get_logger().warning("doit build compiles on this host; `neuron-build build` sends compiles to the Dask "
                              "cluster ([build] executor = \"dask\")")
     try:
-        return Builder(project)
+        return Builder(Workspace(project))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(exit_code(e))
@@ -112,147 +108,10 @@ def _push_failed(lines: list[str]) -> TaskFailed:
     return TaskFailed("\n".join(lines))
 
 
-def cached_plan(config_path: str) -> tuple[Plan, Any] | None:
-    """The plan cache's targets and keys for the ``buckets.toml`` at ``config_path`` and the local store they are
-    checked against, when every input of the cached plan is unchanged (see
-    :mod:`neuron_build.project.plan_cache`); None otherwise (then the build plans as usual). The recorded
-    inputs of each artifact are not part of the plan: every task's check compares them (:class:`Recorded`)."""
-    from neuron_build.errors import ConfigError
-    from neuron_build.project import plan_cache
-    from neuron_build.project.config_file import state_dir_setting
-    from neuron_build.store.local import LocalStore
-
-    p = Path(config_path)
-    try:
-        data = p.read_bytes()
-        resolved = p.resolve()
-    except OSError:
-        return None  # the planning path says what is wrong
-    try:  # the config's own reader: the TOML is parsed only when it names state_dir
-        state = state_dir_setting(str(p), data)
-    except ConfigError:
-        return None
-    if state is None:
-        return None
-    plan, _ = plan_cache.load(resolved.parent / state, resolved, data)
-    if plan is None:
-        return None
-    try:
-        store = LocalStore(Path(plan.store))
-    except (OSError, ValueError):
-        return None
-    return plan, store
-
-
-def _save_plan(b: Builder, interp: dict[str, Any]) -> None:
-    """Write the plan cache of ``b``'s plan (best effort) when a later no-op may use it: a local store
-    without a remote, the local executor (else the no-op path has more to do than check the store)."""
-    from neuron_build.project import plan_cache
-    from neuron_build.project.keys import KEY_ENV
-    p = b.project
-    if (b.store.folder is None or b.store.remote_location is not None or p.remote_url() is not None or p.config.build.executor != "local"
-            or not p.config_sha256):
-        return
-    plan_cache.write(p.state_dir, config_path=p.path, config_sha256=p.config_sha256, log=b.keys.inputs,
-                     env_names=[n for names in KEY_ENV.values() for n in names] + _declared_env_names(p),
-                     store=str(b.store.folder), backend=b.keys.backend, hardware_target=b.keys.hardware_target,
-                     targets=[(t.id, b.key(t).key) for t in b.targets], interp=interp)
-
-
-def _declared_env_names(project: Any) -> list[str]:
-    """The variables the models declare (``env = [...]``: in their keys), and ``HOME`` when an
-    ``inputs_from`` glob starts with ``~`` (the folder it names)."""
-    models = project.config.models.values()
-    home = any(g.startswith("~") for m in models for g in m.inputs_from)
-    return sorted({n for m in models for n in m.env} | ({"HOME"} if home else set()))
-
-
-class Recorded:
-    """Does the artifact a store holds for a key still match the inputs its build recorded (the manifest's
-    ``recorded_inputs``: files read by any code, variables, distributions)? The no-op's second check,
-    after :meth:`~neuron_build.store.local.LocalStore.is_cached`. Cheap on the no-op path: each manifest's
-    record is remembered (``<state_dir>/recorded.json``) with the manifest file's stat signature (size,
-    mtime_ns, ctime_ns, inode: a replaced manifest has another), so an unchanged manifest is not read; equal
-    records share one verdict; file digests come from the digest cache (a file whose stat signature is
-    unchanged is not read).
-
-    Args:
-        store: the store whose manifests are read (its local folder's files are stat()ed).
-        check: the project's :class:`~neuron_build.project.reads.InputCheck`.
-        save: called once the run is over (persists the digest cache), or None.
-        cache: the file that remembers the records (None: none).
-    """
-
-    def __init__(self, store: Any, check: Any, save: Any = None, cache: Path | None = None):
-        self.store, self.check, self._save, self._cache = store, check, save, cache
-        folder = store.folder
-        self._root = str(folder) if folder is not None else None
-        self._entries: dict[str, list] = {}  # key -> [manifest signature, record digest]
-        self._records: dict[str, Any] = {}  # record digest -> record
-        self._dirty = False
-        if cache is not None:
-            try:
-                doc = json.loads(cache.read_bytes())
-                if isinstance(doc.get("entries"), dict) and isinstance(doc.get("records"), dict):
-                    self._entries, self._records = doc["entries"], doc["records"]
-            except (OSError, ValueError, AttributeError):
-                pass
-
-    def __call__(self, key: str) -> bool:
-        got = self._record(key)
-        return got is not None and not self.check.stale(got[0], memo=got[1])
-
-    def _record(self, key: str) -> tuple[Any, str] | None:
-        """(the manifest's ``recorded_inputs``, its digest), or None when there is no manifest."""
-        sig = None
-        if self._root is not None:
-            try:
-                st = os.stat(f"{self._root}/{manifest_path(key)}")
-                sig = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-            except OSError:
-                sig = None
-            ent = self._entries.get(key)
-            if sig is not None and isinstance(ent, list) and len(ent) == 2 and ent[0] == sig \
-                    and ent[1] in self._records:
-                return self._records[ent[1]], ent[1]
-        raw = self.store.raw_manifest(key)
-        if not isinstance(raw, dict):
-            return None
-        rec = raw.get("recorded_inputs")
-        digest = hashlib.sha256(json.dumps(rec, sort_keys=True, default=str).encode()).hexdigest()
-        if sig is not None:
-            self._records[digest] = rec
-            self._entries[key] = [sig, digest]
-            self._dirty = True
-        return rec, digest
-
-    def save(self) -> None:
-        """Persist the digest cache and the remembered records (best effort: only an accelerator)."""
-        if self._save is not None:
-            self._save()
-        if self._dirty and self._cache is not None:
-            from neuron_build.util import write_atomic
-            live = {d for _, d in self._entries.values()}
-            doc = {"entries": self._entries, "records": {d: r for d, r in self._records.items() if d in live}}
-            write_atomic(self._cache, json.dumps(doc, separators=(",", ":")).encode())
-            self._dirty = False
-
-    @classmethod
-    def of_plan(cls, plan: Plan, store: Any) -> Recorded:
-        """The check of a cached plan's project (no config parsed: its folder and state folder are the
-        plan's)."""
-        from neuron_build.project.digest_cache import DigestCache
-        from neuron_build.project.read_check import InputCheck
-
-        digests = DigestCache(Path(plan.state_dir) / "digests.json")
-        return cls(store, InputCheck(Path(plan.root), os.environ, digests.digest), digests.save,
-                   Path(plan.state_dir) / RECORDED_CACHE)
-
-
 def _is_built(store: ArtifactStore, key: str, hits: list[str] | None = None, target_id: str = "",
               known: set[str] | None = None, fresh: Any = None) -> bool:
     """``uptodate`` of a ``build:`` task: the store holds a complete artifact for ``key`` here whose recorded
-    inputs all still match (``fresh``, a :class:`Recorded`). A hit on a read-through store's remote runs the
+    inputs all still match (``fresh``, a :class:`~neuron_build.build.noop.Recorded`). A hit on a read-through store's remote runs the
     task, which downloads the artifact and verifies every blob. A
     plain function, not a bound method: doit inspects every uptodate callable's signature on every no-op run.
     A hit is added to ``hits`` (the session writes them to the build ledger when the build ends). ``known``:
@@ -317,7 +176,7 @@ class BuildSession(NamespaceTaskLoader):
         self._lock = threading.Lock()
         #: the plan cache's (plan, local store) when this session's build tasks came from it
         self._plan: tuple[Plan, Any] | None = None
-        #: the check of the artifacts' recorded inputs (:class:`Recorded`), made with the tasks
+        #: the check of the artifacts' recorded inputs (:class:`~neuron_build.build.noop.Recorded`), made with the tasks
         self._fresh: Recorded | None = None
 
     @property
@@ -394,7 +253,8 @@ class BuildSession(NamespaceTaskLoader):
         def expect(target_id: str) -> float | None:  # asked when a target starts: a no-op makes no Builder
             from neuron_build.build.predict import predicted_seconds
 
-            return predicted_seconds(self.builder, self.builder.by_id[target_id])
+            ws = self.builder.ws
+            return predicted_seconds(ws, ws.by_id[target_id])
 
         total = len(self.pending) if self.pending is not None else total
         return BuildDisplay(total, slots=self.jobs, expect=expect, pending=self.pending)
@@ -403,7 +263,7 @@ class BuildSession(NamespaceTaskLoader):
         """Every target id of the matrix, in matrix order (a no-op from the plan cache reads them there)."""
         if self._builder is None and self._plan is not None:
             return [t for t, _ in self._plan[0].targets]
-        return list(self.builder.by_id)
+        return list(self.builder.ws.by_id)
 
     def to_build(self, target_ids: Sequence[str]) -> dict[str, float | None] | None:
         """Which of ``target_ids`` the store does not hold: target id -> the expected compile time (seconds,
@@ -414,10 +274,10 @@ class BuildSession(NamespaceTaskLoader):
             plan, store = self._plan
             keys = plan.keys()
         else:
-            b = self.builder
-            if b.store.remote_location:
+            ws = self.builder.ws
+            if ws.store.remote_location:
                 return None
-            store, keys = b.store, {t: b.key(b.by_id[t]).key for t in target_ids if t in b.by_id}
+            store, keys = ws.store, {t: ws.key(ws.by_id[t]).key for t in target_ids if t in ws.by_id}
         missing = []
         for t in target_ids:
             if t not in keys:
@@ -430,8 +290,8 @@ class BuildSession(NamespaceTaskLoader):
             return {}
         from neuron_build.build.predict import predicted_seconds
 
-        b = self.builder  # something compiles: the Builder is made now anyway
-        return {t: predicted_seconds(b, b.by_id[t]) for t in missing if t in b.by_id}
+        ws = self.builder.ws  # something compiles: the Builder is made now anyway
+        return {t: predicted_seconds(ws, ws.by_id[t]) for t in missing if t in ws.by_id}
 
     def up_to_date(self, target_ids: Sequence[str]) -> list[str]:
         """Which of ``target_ids`` the store holds complete now, as a ``build:`` task's ``uptodate`` check
@@ -444,8 +304,8 @@ class BuildSession(NamespaceTaskLoader):
                 plan, store = self._plan
                 keys = plan.keys()
             else:
-                b = self.builder
-                store, keys = b.store, {t: b.key(b.by_id[t]).key for t in target_ids if t in b.by_id}
+                ws = self.builder.ws
+                store, keys = ws.store, {t: ws.key(ws.by_id[t]).key for t in target_ids if t in ws.by_id}
         except Exception:  # called while a Ctrl-C is on its way up: the summary must still print
             return []
         out = []
@@ -494,23 +354,24 @@ class BuildSession(NamespaceTaskLoader):
                 yield from self._tasks_from_plan(*self._plan)
                 return
         b = self.builder
-        self._fresh = Recorded(b.store, b.keys.checker(), b.keys.save, b.project.state_dir / RECORDED_CACHE)
-        b.store.clean_staging()
+        ws = b.ws
+        self._fresh = Recorded(ws.store, ws.keys.checker(), ws.keys.save, ws.project.state_dir / RECORDED_CACHE)
+        ws.store.clean_staging()
         unpushed = b.push_pending()
         if unpushed:  # built earlier, still not on the remote: the build says so until a push succeeds
             yield {"name": "(push)", "doc": "push what earlier builds could not", "uptodate": [False],
                    "actions": [(_push_failed, [unpushed])]}
-        for t in b.targets:
-            key = b.key(t).key
+        for t in ws.targets:
+            key = ws.key(t).key
             yield {
                 "name": t.id,
-                "doc": f"compile {t.id} ({b.keys.backend}, {b.keys.hardware_target})",
+                "doc": f"compile {t.id} ({ws.keys.backend}, {ws.keys.hardware_target})",
                 "actions": [(self._build, [t.id])],
-                "uptodate": [(_is_built, [b.store, key, self.hits, t.id, self._known, self._fresh])],
+                "uptodate": [(_is_built, [ws.store, key, self.hits, t.id, self._known, self._fresh])],
             }
-        b.keys.save()
+        ws.keys.save()
         if self._own_builder:
-            _save_plan(b, interp)
+            save_plan(ws, interp)
 
     def _tasks_from_plan(self, plan: Plan, store: Any) -> Iterator[dict[str, Any]]:
         """The ``build:`` tasks of a cached plan, checked against its local store (the same tasks as the
@@ -526,8 +387,9 @@ class BuildSession(NamespaceTaskLoader):
 
     def _build(self, target_id: str):
         b = self.builder
-        if target_id not in b.by_id:  # the plan cache was stale after all (an input changed meanwhile)
-            return TaskFailed(f"{target_id}: no longer in the matrix of {b.project.path}; run the build again")
+        ws = b.ws
+        if target_id not in ws.by_id:  # the plan cache was stale after all (an input changed meanwhile)
+            return TaskFailed(f"{target_id}: no longer in the matrix of {ws.project.path}; run the build again")
         _die_with_parent()
         b.announce_backend()  # once per process, on the first compile it runs
         retry = self.retry_failed if self.retry_failed is not None else retry_failed_setting()
@@ -535,14 +397,14 @@ class BuildSession(NamespaceTaskLoader):
         if display is not None:
             display.started(target_id)
         try:
-            out = b.build(b.by_id[target_id], retry_failed=retry,
+            out = b.build(ws.by_id[target_id], retry_failed=retry,
                           no_retry_option="--no-retry-failed" if self.retry_failed is not None
                           else "retry_failed=0")
         except Exception as e:  # a bug or an unforeseen OSError: the summary names it (doit shows the traceback)
             from neuron_build.build.attempt import Outcome
             from neuron_build.status import Status
             text = str(e).strip().splitlines()
-            self.outcomes[target_id] = Outcome(target_id, b.key(b.by_id[target_id]).key, Status.ERROR,
+            self.outcomes[target_id] = Outcome(target_id, ws.key(ws.by_id[target_id]).key, Status.ERROR,
                                                type(e).__name__ + (f": {text[0]}" if text else ""))
             raise
         self.outcomes[target_id] = out

@@ -14,9 +14,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_build.status import DOWNLOADED, TargetState, Verdict
+
+if TYPE_CHECKING:
+    from neuron_build.workspace import Workspace
 
 #: The reason of a failed target that left no outcome (its build did not run, or stopped before the end).
 NOT_RUN = "the build stopped before this target finished (see the errors above)"
@@ -50,12 +53,12 @@ class BuildSummary:
     rechecked: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, builder: Any, chosen: Sequence[Any], before: Mapping[str, str],
+    def of(cls, ws: Workspace, chosen: Sequence[Any], before: Mapping[str, str],
            outcomes: Mapping[str, Any]) -> BuildSummary:
         """Compare each chosen target's state before and after a build, with the Outcomes of this run.
 
         Args:
-            builder: the build's :class:`~neuron_build.build.builder.Builder` (``state``, ``key``, ``store``).
+            ws: the build's opened project (:class:`~neuron_build.workspace.Workspace`: ``state``, ``key``, ``store``).
             chosen: the targets the build selected, in matrix order.
             before: target id -> its :class:`~neuron_build.status.TargetState` before the build.
             outcomes: target id -> :class:`~neuron_build.build.attempt.Outcome` of each build that ran.
@@ -72,7 +75,7 @@ class BuildSummary:
         ids = [t.id for t in chosen]
         # an ok outcome of this run holds its artifact, even one whose record is incomplete (never a hit
         # later: ``plan`` says missing, and the next build builds it again)
-        after = {t.id: TargetState.CACHED if t.id in outcomes and outcomes[t.id].ok else builder.state(t)
+        after = {t.id: TargetState.CACHED if t.id in outcomes and outcomes[t.id].ok else ws.state(t)
                  for t in chosen}
 
         def said(start: str, exact: bool = False) -> list[str]:
@@ -82,15 +85,15 @@ class BuildSummary:
         built = [t for t in ids if after[t] == TargetState.CACHED
                  and (outcomes[t].compiled if t in outcomes else before[t] != TargetState.CACHED)]
         failed = [t for t in ids if after[t] != TargetState.CACHED]
-        failures = {t: _failure(builder.store, t, outcomes.get(t)) for t in failed}
+        failures = {t: _failure(ws.store, t, outcomes.get(t)) for t in failed}
         out = cls(ids, built, said("reused"), failed, failures, said(DOWNLOADED, exact=True),
                   graph_reused=said("graph unchanged"), rechecked=_rechecked(ids, outcomes, failed))
-        out.rows = [out._row(builder, t, outcomes.get(t.id)) for t in chosen]
+        out.rows = [out._row(ws, t, outcomes.get(t.id)) for t in chosen]
         return out
 
-    def _row(self, builder: Any, target: Any, outcome: Any) -> dict[str, Any]:
+    def _row(self, ws: Workspace, target: Any, outcome: Any) -> dict[str, Any]:
         """The ``build --json`` object of one target (see :meth:`of`)."""
-        tid, key = target.id, builder.key(target).key
+        tid, key = target.id, ws.key(target).key
         result = ("failed" if tid in self.failed else "reused" if tid in self.reused else "built"
                   if tid in self.built else "graph-reused" if tid in self.graph_reused else "cached")
         if outcome is not None:
@@ -99,7 +102,7 @@ class BuildSummary:
         else:
             (status, reason), ct = self.failures.get(tid, ("cached", "")), None
         if result == "cached" or (result == "reused" and ct is None):
-            m = builder.store.manifest(key)
+            m = ws.store.manifest(key)
             ct = m.metrics.compile_time_s if m else None
         row = {"target": tid, "key": key, "result": result, "status": status,
                "verdict": Verdict.of(result != "failed"), "reason": reason if result == "failed" else "",

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from neuron_build.build.summary import BuildSummary
 from neuron_build.status import Verdict
+
+if TYPE_CHECKING:
+    from neuron_build.build.builder import Builder
+    from neuron_build.workspace import Workspace
 
 __all__ = ["SessionExecutor", "TargetExecutor", "TargetsBuilt", "build_targets"]
 
@@ -76,7 +80,7 @@ class SessionExecutor:
     """The build on this host: doit over a :class:`~neuron_build.build.session.BuildSession`.
 
     Args:
-        builder: the build's Builder.
+        builder: the build's Builder (one target at a time; the session runs it under doit).
         jobs: compiles at once (doit's runner threads).
         retry_failed: compile targets whose current key failed last time.
         pending: target id -> predicted compile seconds of each target to compile (the progress display's).
@@ -87,7 +91,7 @@ class SessionExecutor:
     Attributes after :meth:`run`: ``status``, doit's exit status (0 ok, 1 a task failed, 2 or 3 an error).
     """
 
-    def __init__(self, builder: Any, jobs: int, retry_failed: bool = True, pending: Mapping[str, Any] | None = None,
+    def __init__(self, builder: Builder, jobs: int, retry_failed: bool = True, pending: Mapping[str, Any] | None = None,
                  select: bool = True, outstream: Any = None):
         self.b, self.jobs, self.retry_failed = builder, jobs, retry_failed
         self.pending, self.select, self.outstream = dict(pending or {}), select, outstream
@@ -103,17 +107,17 @@ class SessionExecutor:
         return session.outcomes
 
 
-def build_targets(builder: Any, chosen: Sequence[Any], executor: TargetExecutor,
+def build_targets(ws: Workspace, chosen: Sequence[Any], executor: TargetExecutor,
                   before: Mapping[str, str] | None = None) -> TargetsBuilt:
     """Build ``chosen`` (targets, in matrix order) with ``executor`` and return what the build did.
 
     ``before``: target id -> state before the build, when the caller has read it already (else read here).
-    The pushes that failed are every one the builder's store saw fail in this process (each executor
+    The pushes that failed are every one the workspace's store saw fail in this process (each executor
     retries those earlier builds left pending first: the session's ``(push)`` task, ``DaskBuild.run``).
     """
     if before is None:
-        before = {t.id: builder.state(t) for t in chosen}
+        before = {t.id: ws.state(t) for t in chosen}
     outcomes = executor.run(chosen)
-    summary = BuildSummary.of(builder, chosen, before, outcomes)
-    return TargetsBuilt(summary, list(builder.store.push_failures), int(getattr(executor, "status", 0)),
+    summary = BuildSummary.of(ws, chosen, before, outcomes)
+    return TargetsBuilt(summary, list(ws.store.push_failures), int(getattr(executor, "status", 0)),
                     dict(getattr(executor, "workers", {}) or {}))

@@ -2,7 +2,7 @@
 
 A user error prints one message and exits 2; a failed build or check exits 1; Ctrl-C exits 130 (the
 table in :mod:`neuron_build.errors`); no traceback unless ``--debug``. The shared pieces (command
-registry, ``open_builder``, output helpers) are in :mod:`neuron_build.cli.app`.
+registry, ``open_workspace``, output helpers) are in :mod:`neuron_build.cli.app`.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from neuron_build.build.builder import Builder
     from neuron_build.project.config import Project
     from neuron_build.store.contract import ArtifactStore
+    from neuron_build.workspace import Workspace
 
 #: A command handler: parsed arguments -> exit status.
 Handler = Callable[[argparse.Namespace], int]
@@ -48,27 +48,29 @@ def open_project(args: argparse.Namespace) -> Project:
     return load_project(args.config)
 
 
-def open_builder(args: argparse.Namespace, *, backend: str | None = None, quiet: bool | None = None) -> Builder:
-    """Load the project, send the log to its ``build.log`` and return a :class:`Builder` over it.
+def open_workspace(args: argparse.Namespace, *, backend: str | None = None, quiet: bool | None = None) -> Workspace:
+    """Load the project, send the log to its ``build.log`` and open it against its store: a
+    :class:`~neuron_build.workspace.Workspace` (keys, states, what changed; no executor, memory budget or
+    recorder: a read command never constructs a Builder).
 
     Args:
         args: parsed arguments (``config``; ``json`` when the command has ``--json``).
-        backend: build the keys of this backend instead of the project's ``[build] backend``.
+        backend: the keys of this backend instead of the project's ``[build] backend``.
         quiet: only warnings and errors on stderr; default: when ``--json`` was given.
 
     Raises:
         ConfigError: the config is missing or invalid (exit 2).
     """
-    from neuron_build.build.builder import Builder
     from neuron_build.log import configure
+    from neuron_build.workspace import Workspace
 
     project = open_project(args)
     configure(project.make_state_dir() / "build.log", quiet=getattr(args, "json", False) if quiet is None else quiet)
-    return Builder(project, backend=backend)
+    return Workspace(project, backend=backend)
 
 
 def open_project_store(args: argparse.Namespace) -> tuple[Project, ArtifactStore]:
-    """The project of ``args.config`` and its store, for commands that need no Builder (and no log).
+    """The project of ``args.config`` and its store, for commands that need no keys (and no log).
 
     Raises:
         ConfigError: the config is missing or invalid (exit 2).
@@ -193,5 +195,6 @@ def mib(n: int) -> str:
 
 __all__ = ["COMMANDS", "CURRENT_COMMAND", "SCHEMA_VERSION", "Handler", "command", "display_error", "display_line",
            "require_writable",
-           "display_note", "display_text", "human_age", "json_doc", "mib", "open_builder", "open_project", "open_project_store",
+           "display_note", "display_text", "human_age", "json_doc", "mib", "open_project", "open_project_store",
+           "open_workspace",
            "plural", "print_json", "schema_id", "seconds"]

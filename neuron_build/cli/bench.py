@@ -12,11 +12,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_build.backends import find_backend
-from neuron_build.cli.app import command, display_note, display_text, open_builder, print_json, require_writable
+from neuron_build.cli.app import command, display_note, display_text, open_workspace, print_json, require_writable
 from neuron_build.errors import ExitCode, UserError
+
+if TYPE_CHECKING:
+    from neuron_build.workspace import Workspace
 
 
 def register(add) -> None:
@@ -75,7 +78,7 @@ class BenchRun:
     skipped: list[str] = field(default_factory=list)
 
 
-def against_items(b, chosen, channel: str) -> list[tuple[Any, str]]:
+def against_items(ws: Workspace, chosen, channel: str) -> list[tuple[Any, str]]:
     """``(target, key)`` of every artifact of the releases ``channel`` holds for the chosen targets'
     models, whose key is not a chosen target's current key and whose target id is still in the matrix.
 
@@ -84,17 +87,17 @@ def against_items(b, chosen, channel: str) -> list[tuple[Any, str]]:
     """
     from neuron_build.release import check_channel, get_pointer, get_release
 
-    check_channel(b.project.config.release, channel, "--against")
-    current = {b.key(t).key for t in chosen}
+    check_channel(ws.project.config.release, channel, "--against")
+    current = {ws.key(t).key for t in chosen}
     out: list[tuple[Any, str]] = []
     for model in dict.fromkeys(t.model for t in chosen):
-        ptr = get_pointer(b.store, model, channel)
+        ptr = get_pointer(ws.store, model, channel)
         if not ptr:
             display_note(f"--against {channel}: {model}/{channel} holds no release; nothing to compare with")
             continue
-        for a in get_release(b.store, model, ptr.release).artifacts:
-            if a.key not in current and a.target in b.by_id and b.store.is_complete(a.key):
-                out.append((b.by_id[a.target], a.key))
+        for a in get_release(ws.store, model, ptr.release).artifacts:
+            if a.key not in current and a.target in ws.by_id and ws.store.is_complete(a.key):
+                out.append((ws.by_id[a.target], a.key))
     return out
 
 
@@ -106,7 +109,7 @@ def timing_settings(args) -> Any:
                           max_time_s=args.max_time, threads=args.threads, eager=not args.no_eager)
 
 
-def bench_selected(b, chosen, timing, *, compare: bool = False, profile: str | None = None,
+def bench_selected(ws: Workspace, chosen, timing, *, compare: bool = False, profile: str | None = None,
                    on_profile: Callable[[Any, dict[str, Any]], None] | None = None, against: str | None = None,
                    wrap: Callable | None = None) -> BenchRun:
     """Benchmark the chosen targets whose current key is built and runs on this host, all in one session
@@ -129,18 +132,18 @@ def bench_selected(b, chosen, timing, *, compare: bool = False, profile: str | N
     progress = _progress_factory()
     items: list[tuple[Any, str]] = []
     for t in chosen:
-        key = b.key(t).key
-        if not b.store.is_complete(key):
+        key = ws.key(t).key
+        if not ws.store.is_complete(key):
             run.not_built.append(t.id)
             display_note(f"NOT BUILT  {t.id}: run `neuron-build build {t.id}`")
             continue
-        m = b.store.manifest(key)
+        m = ws.store.manifest(key)
         runnable, why = can_run_here(artifact_device_kind(m.backend, m.hardware_target))
         spec = find_backend(m.backend)
         if not runnable and profile and spec is not None and spec.native_device:
             # TorchNeuron's profiler path still runs (on CPU tensors) and says the figures are not a NeuronCore's
             display_note(f"PROFILE ONLY  {t.id}: {why}: profiling on CPU tensors, no latency benchmark recorded")
-            prof = profile_target(b.project, b.store, t, key, profile, iters=timing.iters, warmup=timing.warmup)
+            prof = profile_target(ws.project, ws.store, t, key, profile, iters=timing.iters, warmup=timing.warmup)
             if on_profile:
                 on_profile(t, prof)
             run.skipped.append(t.id)
@@ -151,21 +154,21 @@ def bench_selected(b, chosen, timing, *, compare: bool = False, profile: str | N
             continue
         items.append((t, key))
     if against and items:
-        items += against_items(b, [t for t, _ in items], against)
+        items += against_items(ws, [t for t, _ in items], against)
     if items:
         display_note(f"benchmarking {len(items)} artifact(s) in one session: {timing.describe()}")
-        run.records = bench_targets(b.project, b.store, items, timing, progress_factory=progress, wrap=wrap,
+        run.records = bench_targets(ws.project, ws.store, items, timing, progress_factory=progress, wrap=wrap,
                                     note=lambda line: display_note(f"bench: {line}"))
     for i, ((t, key), rec) in enumerate(zip(items, list(run.records), strict=True)):
         if compare:
-            rec = rec.with_(validation=validate_target(b.project, b.store, t, key, keys=b.keys))
+            rec = rec.with_(validation=validate_target(ws.project, ws.store, t, key, keys=ws.keys))
         if profile:
-            prof = profile_target(b.project, b.store, t, key, profile, iters=timing.iters, warmup=timing.warmup)
+            prof = profile_target(ws.project, ws.store, t, key, profile, iters=timing.iters, warmup=timing.warmup)
             rec = rec.with_(profile={"dir": prof["dir"], "top_ops": prof["top_ops"][:5]})
             if on_profile:
                 on_profile(t, prof)
         run.records[i] = rec
-    b.keys.save()
+    ws.keys.save()
     return run
 
 
@@ -195,10 +198,10 @@ def cmd_bench(args) -> int:
     timing.check()  # a bad --iters/--warmup/--threads is one line before any other output
     if args.profile:
         check_profile_dir(args.profile)
-    b = open_builder(args)
-    require_writable(b.store)  # before any benchmark or validation runs
-    chosen = select(b.targets, list(args.patterns) + list(args.compare))
-    run = bench_selected(b, chosen, timing, compare=bool(args.compare), profile=args.profile,
+    ws = open_workspace(args)
+    require_writable(ws.store)  # before any benchmark or validation runs
+    chosen = select(ws.targets, list(args.patterns) + list(args.compare))
+    run = bench_selected(ws, chosen, timing, compare=bool(args.compare), profile=args.profile,
                          on_profile=None if args.json else _print_profile, against=args.against)
     if args.json:
         print_json([r.to_json() for r in run.records], "records")

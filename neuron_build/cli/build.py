@@ -9,12 +9,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from neuron_build.cli.app import (
     command,
     display_note,
     display_text,
-    open_builder,
+    open_workspace,
     plural,
     positive_int,
     print_json,
@@ -22,6 +23,9 @@ from neuron_build.cli.app import (
 )
 from neuron_build.errors import BuildFailed, ExitCode
 from neuron_build.status import TargetState
+
+if TYPE_CHECKING:
+    from neuron_build.workspace import Workspace
 
 
 def register(add) -> None:
@@ -46,28 +50,32 @@ def cmd_build(args) -> int:
     from neuron_build.build.predict import predicted_seconds
     from neuron_build.build.targets import SessionExecutor, build_targets
     from neuron_build.project.matrix import select
+    from neuron_build.project.toolchain import announce_backend
 
-    b = open_builder(args, quiet=True if args.json else None)
-    chosen = select(b.targets, args.patterns)  # a pattern that matches nothing is an error before any note
-    before = {t.id: b.state(t) for t in chosen}
-    b.keys.save()
+    ws = open_workspace(args, quiet=True if args.json else None)
+    chosen = select(ws.targets, args.patterns)  # a pattern that matches nothing is an error before any note
+    before = {t.id: ws.state(t) for t in chosen}
+    ws.keys.save()
     if any(s != TargetState.CACHED for s in before.values()):
-        require_writable(b.store)  # a target to compile into a read-only store: one line, exit 2, none compiled
-        b.announce_backend()  # once, and only when something compiles
-    if (args.executor or b.project.config.build.executor) == "dask":
-        with _dask_executor(args, b, chosen) as executor:
-            run = build_targets(b, chosen, executor, before)
+        require_writable(ws.store)  # a target to compile into a read-only store: one line, exit 2, none compiled
+        announce_backend(ws.keys.backend_note)  # once, and only when something compiles
+    if (args.executor or ws.project.config.build.executor) == "dask":  # the workers make their own Builders
+        with _dask_executor(args, ws, chosen) as executor:
+            run = build_targets(ws, chosen, executor, before)
     else:
+        from neuron_build.build.builder import Builder
+
+        b = Builder(ws)
         todo = sum(before[t.id] != TargetState.CACHED for t in chosen)
         jobs = args.jobs or min(b.default_jobs(), max(1, todo))  # no runner threads for nothing to do
-        pending = {t.id: predicted_seconds(b, t) for t in chosen if before[t.id] != TargetState.CACHED}
+        pending = {t.id: predicted_seconds(ws, t) for t in chosen if before[t.id] != TargetState.CACHED}
         executor = SessionExecutor(b, jobs, retry_failed=not args.no_retry_failed, pending=pending,
                                    select=bool(args.patterns), outstream=sys.stderr if args.json else None)
-        run = build_targets(b, chosen, executor, before)  # with --json, stdout holds only the JSON
-    return report(args, b, chosen, run)
+        run = build_targets(ws, chosen, executor, before)  # with --json, stdout holds only the JSON
+    return report(args, ws, chosen, run)
 
 
-def report(args, b, chosen, run) -> int:
+def report(args, ws: Workspace, chosen, run) -> int:
     """Print the end of a build (:class:`~neuron_build.build.targets.TargetsBuilt`): the ``--json`` document
     (exit 1 unless it passed), or the summary, the Dask workers that compiled, the artifacts not pushed.
 
@@ -84,16 +92,16 @@ def report(args, b, chosen, run) -> int:
                      + ", ".join(f"{w} ({n})" for w, n in sorted(per_worker.items())))
     unpushed = run.unpushed_keys
     if unpushed:
-        display_text(f"  NOT PUSHED {plural(len(unpushed), 'artifact')} to {b.store.remote_location}: "
+        display_text(f"  NOT PUSHED {plural(len(unpushed), 'artifact')} to {ws.store.remote_location}: "
                      f"{run.not_pushed[0][1]}; they stay in the local store and the next build (or "
                      "`neuron-build push`) pushes them")
-        by_key = {b.key(t).key: t.id for t in chosen}
+        by_key = {ws.key(t).key: t.id for t in chosen}
         for key in unpushed:
             display_text(f"    not pushed: {by_key.get(key, '?')} (key {key[:16]})")
     if run.summary.failed:
         raise BuildFailed(f"{len(run.summary.failed)} target(s) failed")
     if unpushed:
-        raise BuildFailed(f"the push to {b.store.remote_location} failed")
+        raise BuildFailed(f"the push to {ws.store.remote_location} failed")
     if run.status != 0:
         raise BuildFailed("doit reported a failure")
     return ExitCode.OK
@@ -108,18 +116,18 @@ def _live_display(total: int, slots: int, expected: dict):
 
 
 @contextmanager
-def _dask_executor(args, b, chosen) -> Iterator:
+def _dask_executor(args, ws: Workspace, chosen) -> Iterator:
     """The :class:`~neuron_build.build.dask_executor.DaskBuild` of ``build --executor dask``, with the
     cluster ``[dask] cluster`` starts for it (if any) up while the build runs."""
     from neuron_build.build.clusters import recorded_times, started_cluster
     from neuron_build.build.dask_executor import DaskBuild, scheduler_address
 
-    cfg = b.project.config.build
-    with started_cluster(b.project, recorded_times(b, chosen)) as start:  # [dask] cluster = "slurm": its own
+    cfg = ws.project.config.build
+    with started_cluster(ws.project, recorded_times(ws, chosen)) as start:  # [dask] cluster = "slurm": its own
         start = None if args.scheduler else start  # --scheduler ADDR: that scheduler, no Slurm jobs
-        address = start or scheduler_address(args.scheduler, cfg.scheduler, b.project.path)
-        timeout = b.project.config.dask.start_timeout_s if start else cfg.scheduler_timeout_s
-        yield DaskBuild(b, address, retry_failed=not args.no_retry_failed, report=display_note,
+        address = start or scheduler_address(args.scheduler, cfg.scheduler, ws.project.path)
+        timeout = ws.project.config.dask.start_timeout_s if start else cfg.scheduler_timeout_s
+        yield DaskBuild(ws, address, retry_failed=not args.no_retry_failed, report=display_note,
                         connect_timeout_s=timeout, display=_live_display)
 
 

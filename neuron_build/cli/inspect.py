@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from neuron_build.cli.app import command, display_text, open_builder, print_json
+from neuron_build.cli.app import command, display_text, open_workspace, print_json
 from neuron_build.errors import ExitCode, UserError
 from neuron_build.status import TargetState
+
+if TYPE_CHECKING:
+    from neuron_build.workspace import Workspace
 
 __all__ = ["register", "plan_rows", "format_plan", "cmd_plan", "find_target", "format_explain", "explain_doc",
            "cmd_explain", "artifact_rows", "cmd_ls", "resolve_ref", "format_manifest", "cmd_show"]
@@ -28,7 +31,7 @@ def register(add) -> None:
 
 
 # -- plan -----------------------------------------------------------------------------------------------
-def plan_rows(b) -> list[dict[str, Any]]:
+def plan_rows(ws: Workspace) -> list[dict[str, Any]]:
     """One row per target: ``{"target", "graph" (forward, prefill or decode), "key", "state", "changed": [component], "changed_detail": [line]}``,
     plus ``location`` for a cached target (``local``, or ``remote`` when only ``[build] remote`` holds it),
     ``compared_with`` (the target whose record the key was compared with, when not itself) and
@@ -39,11 +42,11 @@ def plan_rows(b) -> list[dict[str, Any]]:
     from neuron_build.build.predict import target_predictions
 
     rows = []
-    predicted = target_predictions(b, b.targets)
-    for t in b.targets:
-        ki = b.key(t)
-        state = b.state(t)
-        changed, since = b.changed(t)
+    predicted = target_predictions(ws, ws.targets)
+    for t in ws.targets:
+        ki = ws.key(t)
+        state = ws.state(t)
+        changed, since = ws.changed(t)
         row = {"target": t.id, "graph": t.graph_name, "key": ki.key, "state": state,
                "changed": [c.split(":")[0] for c in changed], "changed_detail": changed}
         p = predicted[t.id]
@@ -51,11 +54,11 @@ def plan_rows(b) -> list[dict[str, Any]]:
         row["predicted_peak_bytes"] = p.peak_bytes
         row["predicted_from"] = p.source
         if state == TargetState.CACHED:
-            row["location"] = b.planner.location(t) or "local"
+            row["location"] = ws.location(t) or "local"
         if since and since != t.id:
             row["compared_with"] = since
         if state == TargetState.FAILED:
-            f = b.store.failure(t.id)
+            f = ws.store.failure(t.id)
             row["failure"] = {k: getattr(f, k, None) for k in ("status", "reason", "attempts_total", "exit_code", "time")}
         rows.append(row)
     return rows
@@ -81,9 +84,9 @@ def format_plan(rows: list[dict[str, Any]]) -> str:
 @command("plan")
 def cmd_plan(args) -> int:
     """Every target with its key, state and what changed since its last build."""
-    b = open_builder(args)
-    rows = plan_rows(b)
-    b.keys.save()
+    ws = open_workspace(args)
+    rows = plan_rows(ws)
+    ws.keys.save()
     if args.json:
         print_json(rows, "targets")
     else:
@@ -92,29 +95,29 @@ def cmd_plan(args) -> int:
 
 
 # -- explain --------------------------------------------------------------------------------------------
-def find_target(b, ref: str):
+def find_target(ws: Workspace, ref: str):
     """The target with id ``ref``. Raises UserError naming the model's targets, or pointing at ``plan``."""
-    t = b.by_id.get(ref)
+    t = ws.by_id.get(ref)
     if t is None:
-        ids = [x.id for x in b.targets if x.model == ref]
+        ids = [x.id for x in ws.targets if x.model == ref]
         if ids:
             raise UserError(f"'{ref}' is a model; explain one of its targets: {', '.join(ids)}")
         raise UserError(f"unknown target '{ref}'; see `neuron-build plan` for target ids")
     return t
 
 
-def format_explain(b, t) -> str:
+def format_explain(ws: Workspace, t) -> str:
     """A target's id, key, state, last build, and each key component's hash (marking those that changed)."""
     from neuron_build.project.keys import COMPONENTS
 
-    ki = b.key(t)
-    rec = b.store.target(t.id)
-    changed, since = b.changed(t)
-    state = b.state(t)
+    ki = ws.key(t)
+    rec = ws.store.target(t.id)
+    changed, since = ws.changed(t)
+    state = ws.state(t)
     out = [f"target  {t.id}\nkey     {ki.key}\nstate   {state}"]
-    m = b.store.manifest(ki.key) if state == TargetState.CACHED else None
+    m = ws.store.manifest(ki.key) if state == TargetState.CACHED else None
     if m is not None and m.logs:
-        out.append(f"logs    {b.store.log_file(ki.key, 'worker.log').parent} ({', '.join(m.logs)})")
+        out.append(f"logs    {ws.store.log_file(ki.key, 'worker.log').parent} ({', '.join(m.logs)})")
     if m is not None and getattr(m, "relinked_from", None):
         out.append(f"graph   weights changed, graph unchanged: relinked from {m.relinked_from} "
                    f"(graph key {m.graph_key})")
@@ -137,7 +140,7 @@ def format_explain(b, t) -> str:
     return "\n".join(out)
 
 
-def explain_doc(b, t) -> dict[str, Any]:
+def explain_doc(ws: Workspace, t) -> dict[str, Any]:
     """``explain --json``: ``target``, ``key``, ``state``, ``last`` (``{"key", "status", "time"}`` of the
     last build, or None), ``compared_with`` (the target id the key was compared with), ``changed`` (one
     line per changed component and sub-key), and ``components``: one per key component, in key order,
@@ -146,11 +149,11 @@ def explain_doc(b, t) -> dict[str, Any]:
     the cached artifact (None when it has no graph key)."""
     from neuron_build.project.keys import COMPONENTS
 
-    ki = b.key(t)
-    rec = b.store.target(t.id)
-    changed, since = b.changed(t)
+    ki = ws.key(t)
+    rec = ws.store.target(t.id)
+    changed, since = ws.changed(t)
     if rec is None and since and since != t.id:
-        rec = b.store.target(since)
+        rec = ws.store.target(since)
     old_details = (rec.details or {}) if rec else {}
     old_hashes = rec.hashes if rec else {}
     comps = []
@@ -158,8 +161,8 @@ def explain_doc(b, t) -> dict[str, Any]:
         comps.append({"name": c, "changed": any(x.split(":")[0] == c for x in changed),
                       "old": old_details.get(c), "new": ki.details.get(c),
                       "old_hash": old_hashes.get(c), "new_hash": ki.hashes[c]})
-    state = b.state(t)
-    m = b.store.manifest(ki.key) if state == TargetState.CACHED else None
+    state = ws.state(t)
+    m = ws.store.manifest(ki.key) if state == TargetState.CACHED else None
     graph = None
     if m is not None and (m.graph_key or m.reused_from):
         graph = {"graph_key": m.graph_key, "reused_from": m.reused_from,
@@ -175,15 +178,15 @@ def explain_doc(b, t) -> dict[str, Any]:
 @command("explain")
 def cmd_explain(args) -> int:
     """The key components of a target and which changed since it was last built."""
-    b = open_builder(args)
-    t = find_target(b, args.target)
+    ws = open_workspace(args)
+    t = find_target(ws, args.target)
     if args.json:
-        doc = explain_doc(b, t)
-        b.keys.save()
+        doc = explain_doc(ws, t)
+        ws.keys.save()
         print_json(doc)
         return ExitCode.OK
-    text = format_explain(b, t)
-    b.keys.save()
+    text = format_explain(ws, t)
+    ws.keys.save()
     display_text(text)
     return ExitCode.OK
 
@@ -201,37 +204,37 @@ def artifact_rows(store) -> list[dict[str, Any]]:
 @command("ls")
 def cmd_ls(args) -> int:
     """The artifacts in the store."""
-    b = open_builder(args)
-    rows = artifact_rows(b.store)
+    ws = open_workspace(args)
+    rows = artifact_rows(ws.store)
     if args.json:
         print_json(rows, "artifacts")
         return ExitCode.OK
     for r in rows:
         display_text(f"{r['key'][:12]}  {r['target']:36} {r['backend']:11} {r['compile_time_s']:8.1f} s "
                      f"{r['op_count'] or 0:6} ops {r['artifact_bytes'] / 2**20:9.1f} MiB  {r['created']}")
-    display_text(f"{len(rows)} artifacts in {b.store.location}")
+    display_text(f"{len(rows)} artifacts in {ws.store.location}")
     return ExitCode.OK
 
 
 # -- show -----------------------------------------------------------------------------------------------
-def resolve_ref(b, ref: str):
+def resolve_ref(ws: Workspace, ref: str):
     """``(key, failure)`` for a target id, a key or a key prefix: the key to show, or the target's failure
     record when its current key failed. Raises UserError for an unbuilt target, a malformed, unknown or
     ambiguous key."""
-    if ref in b.by_id:
-        t = b.by_id[ref]
-        key = b.key(t).key
-        if not b.store.lookup(key).hit:
-            failure = b.store.failure(ref)
+    if ref in ws.by_id:
+        t = ws.by_id[ref]
+        key = ws.key(t).key
+        if not ws.store.lookup(key).hit:
+            failure = ws.store.failure(ref)
             if failure is None or failure.key != key:
                 raise UserError(f"{ref} is not built for its current key {key[:12]}; run `neuron-build build {ref}`")
             return key, failure
         return key, None
     if len(ref) < 6 or any(c not in "0123456789abcdef" for c in ref):
         raise UserError(f"'{ref}' is neither a target id nor a key (64 hex chars, or a prefix of 6 or more)")
-    hits = b.store.find_keys(ref)
+    hits = ws.store.find_keys(ref)
     if not hits:
-        raise UserError(f"no artifact with key {ref} in {b.store.location}")
+        raise UserError(f"no artifact with key {ref} in {ws.store.location}")
     if len(hits) > 1:
         raise UserError(f"key prefix {ref} is ambiguous: {', '.join(h[:16] for h in hits)}")
     return hits[0], None
@@ -256,16 +259,16 @@ def format_manifest(m, log_dir=None) -> str:
 @command("show")
 def cmd_show(args) -> int:
     """The manifest of an artifact (by key, key prefix or target id), or the target's last failure."""
-    b = open_builder(args)
-    key, failure = resolve_ref(b, args.ref)
+    ws = open_workspace(args)
+    key, failure = resolve_ref(ws, args.ref)
     if failure is not None:
         if args.json:
             print_json(failure.to_json())
         else:
             display_text(f"{failure.target}: {failure.status}: {failure.reason}\n"
-                         f"log: {b.store.failure_log(failure.target)}")
+                         f"log: {ws.store.failure_log(failure.target)}")
         return ExitCode.OK
-    found = b.store.lookup(key)
+    found = ws.store.lookup(key)
     m = found.manifest
     if m is None:
         why = f" ({found.damage})" if found.damage else ""
@@ -273,7 +276,7 @@ def cmd_show(args) -> int:
     if args.json:
         print_json(m.model_dump(mode="json"))
     else:
-        log_dir = b.store.log_file(key, "worker.log").parent
+        log_dir = ws.store.log_file(key, "worker.log").parent
         display_text(format_manifest(m, log_dir))
     return ExitCode.OK
 

@@ -13,9 +13,9 @@ from neuron_build.cli.app import (
     display_text,
     human_age,
     mib,
-    open_builder,
     open_project,
     open_project_store,
+    open_workspace,
     print_json,
 )
 from neuron_build.errors import ExitCode, UserError
@@ -91,9 +91,9 @@ def cmd_release(args) -> int:
     """Record a release and print its id (``--json``: the record)."""
     from neuron_build.release import create_release
 
-    b = open_builder(args, backend=args.backend, quiet=True)
-    rec = create_release(b, args.model, args.dtype, args.profile).to_json()
-    b.keys.save()
+    ws = open_workspace(args, backend=args.backend, quiet=True)
+    rec = create_release(ws, args.model, args.dtype, args.profile).to_json()
+    ws.keys.save()
     if args.json:
         print_json(rec)
     elif args.quiet:
@@ -152,10 +152,10 @@ def fresh_checker(args):
         if release.id not in answers:
             from neuron_build.build.fresh import fresh_check
 
-            b = open_builder(args, backend=release.backend, quiet=True)
+            ws = open_workspace(args, backend=release.backend, quiet=True)
             given = {a.target: a.key for a in release.artifacts}
-            rep = fresh_check(b, [b.by_id[t] for t in given if t in b.by_id], given).to_json()
-            gone = [t for t in given if t not in b.by_id]
+            rep = fresh_check(ws, [ws.by_id[t] for t in given if t in ws.by_id], given).to_json()
+            gone = [t for t in given if t not in ws.by_id]
             rep["targets"] += [{"target": t, "verdict": "unchecked", "key": given[t], "component": None,
                                 "reason": "no longer a target of buckets.toml: nothing to capture it from"}
                                for t in gone]

@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
-from neuron_build.cli.app import command, display_text, mib, open_builder, print_json
+from typing import TYPE_CHECKING
+
+from neuron_build.cli.app import command, display_text, mib, open_workspace, print_json
 from neuron_build.errors import ExitCode, UserError
 from neuron_build.status import Verdict
+
+if TYPE_CHECKING:
+    from neuron_build.workspace import Workspace
 
 __all__ = ["register", "chosen_store", "require_existing", "cmd_verify", "cmd_verify_fresh", "cmd_gc"]
 
@@ -33,15 +38,15 @@ def register(add) -> None:
     s.add_argument("--json", action="store_true")
 
 
-def chosen_store(b, remote: bool):
+def chosen_store(ws: Workspace, remote: bool):
     """The store a maintenance command works on: the local one (of a read-through pair too), or with
     ``remote`` the project's ``[build] remote`` (a user error when it has none)."""
     if remote:
-        if b.store.remote_tier is None:
-            raise UserError(f"{b.project.path}: no [build] remote to work on; drop --remote, or add e.g. "
+        if ws.store.remote_tier is None:
+            raise UserError(f"{ws.project.path}: no [build] remote to work on; drop --remote, or add e.g. "
                             "remote = \"s3://bucket/prefix\" under [build]")
-        return b.store.remote_tier
-    return require_existing(b.store.local_tier)
+        return ws.store.remote_tier
+    return require_existing(ws.store.local_tier)
 
 
 def require_existing(store):
@@ -65,12 +70,12 @@ def cmd_verify(args) -> int:
     if args.patterns:
         raise UserError(f"verify {' '.join(args.patterns)}: target patterns are for `verify --fresh`; "
                         f"plain verify checks the whole store")
-    b = open_builder(args)
-    store = chosen_store(b, args.remote)
+    ws = open_workspace(args)
+    store = chosen_store(ws, args.remote)
     if args.repair and store.read_only:
         raise UserError(f"store at {store.location} is read-only; verify --repair moves damaged objects "
                         f"and cannot here (run verify without --repair to report them)")
-    shared = None if args.remote else b.store.remote_tier  # the local cache's channels point at its releases
+    shared = None if args.remote else ws.store.remote_tier  # the local cache's channels point at its releases
     rep = verify_store(store, deep=args.deep, repair=args.repair, shared=shared)
     if args.json:
         print_json({**rep.to_json(), "verdict": str(Verdict.of(rep.clean))})
@@ -105,12 +110,12 @@ def cmd_verify_fresh(args) -> int:
 
     if args.deep or args.repair or args.remote:
         raise UserError("verify --fresh checks targets against today's source; drop --deep, --repair and --remote")
-    b = open_builder(args)
-    targets = select(b.targets, args.patterns)
+    ws = open_workspace(args)
+    targets = select(ws.targets, args.patterns)
     t0 = time.monotonic()
-    rep = fresh_check(b, targets)
+    rep = fresh_check(ws, targets)
     seconds = time.monotonic() - t0
-    b.keys.save()
+    ws.keys.save()
     code = ExitCode.OK if rep.clean else ExitCode.FAILED
     if args.json:
         print_json({"schema": "neuron-build/verify-fresh/v1", **rep.to_json(), "seconds": round(seconds, 2),
@@ -132,12 +137,12 @@ def cmd_gc(args) -> int:
     could not be removed (each listed with its reason)."""
     from neuron_build.store.gc import collect_garbage
 
-    b = open_builder(args)
-    store = chosen_store(b, args.remote)
-    current = {b.key(t).key for t in b.targets}
-    b.keys.save()
+    ws = open_workspace(args)
+    store = chosen_store(ws, args.remote)
+    current = {ws.key(t).key for t in ws.targets}
+    ws.keys.save()
     rep = collect_garbage(store, keep_keys=current, keep_days=args.keep_days, dry_run=args.dry_run,
-                          current_targets=[t.id for t in b.targets])
+                          current_targets=[t.id for t in ws.targets])
     code = ExitCode.FAILED if rep.failed else ExitCode.OK
     if args.json:
         print_json(rep.to_json())

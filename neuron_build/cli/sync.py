@@ -8,7 +8,7 @@ leaves no half-artifact and the next one finishes it. Exit status 1 when somethi
 
 from __future__ import annotations
 
-from neuron_build.cli.app import command, display_text, mib, open_builder, open_project, plural, print_json
+from neuron_build.cli.app import command, display_text, mib, open_project, open_workspace, plural, print_json
 from neuron_build.errors import ExitCode, UserError
 
 __all__ = ["register", "cmd_push", "cmd_fetch", "format_status", "cmd_status"]
@@ -32,12 +32,12 @@ def register(add) -> None:
 
 def _pair(args):
     """(builder, local store, remote store) of the project; a user error when no remote is configured."""
-    b = open_builder(args)
-    local, remote = b.store.local_tier, b.store.remote_tier
+    ws = open_workspace(args)
+    local, remote = ws.store.local_tier, ws.store.remote_tier
     if remote is None:
-        raise UserError(f"{b.project.path}: no [build] remote to copy to or from; add e.g. "
+        raise UserError(f"{ws.project.path}: no [build] remote to copy to or from; add e.g. "
                         "remote = \"s3://bucket/prefix\" under [build]")
-    return b, local, remote
+    return ws, local, remote
 
 
 def _print(verb: str, rep, where: str) -> None:
@@ -58,8 +58,8 @@ def cmd_push(args) -> int:
     from neuron_build.store import layout
     from neuron_build.store.sync import copy_channels, copy_keys, copy_records
 
-    b, local, remote = _pair(args)
-    keys = local.keys() if args.all else [b.key(t).key for t in b.targets]
+    ws, local, remote = _pair(args)
+    keys = local.keys() if args.all else [ws.key(t).key for t in ws.targets]
     keys = [k for k in keys if local.lookup(k).hit]
     rep = copy_keys(local, remote, keys, progress=TransferDisplay("push"))
     copy_records(local, remote, rep.copied + rep.present, rep)
@@ -81,9 +81,9 @@ def cmd_fetch(args) -> int:
     from neuron_build.project.matrix import select
     from neuron_build.store.sync import copy_channels, copy_keys, copy_records
 
-    b, local, remote = _pair(args)
-    chosen = select(b.targets, args.patterns)
-    keys = [k for k in (b.key(t).key for t in chosen) if remote.lookup(k).hit]
+    ws, local, remote = _pair(args)
+    chosen = select(ws.targets, args.patterns)
+    keys = [k for k in (ws.key(t).key for t in chosen) if remote.lookup(k).hit]
     missing = len(chosen) - len(keys)
     releases = list(remote.releases())
     for _model, _rid, record in releases:  # what the releases pin, so that an offline pull works
@@ -153,19 +153,19 @@ def cmd_status(args) -> int:
     from neuron_build.store.remote_status import local_status, remote_status
 
     if args.remote:
-        b, local, remote = _pair(args)
+        ws, local, remote = _pair(args)
     else:  # this host only: not one request to the remote
-        from neuron_build.build.builder import Builder
         from neuron_build.log import configure
         from neuron_build.store import open_store
+        from neuron_build.workspace import Workspace
 
         project = open_project(args)
         configure(project.make_state_dir() / "build.log", quiet=args.json)
         local, remote = open_store(project.store_url()), None
-        b = Builder(project, store=local)
-    targets = {t.id: b.key(t).key for t in select(b.targets, args.patterns)}
+        ws = Workspace(project, store=local)
+    targets = {t.id: ws.key(t).key for t in select(ws.targets, args.patterns)}
     # recorded inputs changed since, an incomplete record (with its fix), or an always_rebuild model
-    stale = lambda m: b.keys.rebuild_reasons(str(m.target or "").split("/")[0], m.recorded_inputs)  # noqa: E731
+    stale = lambda m: ws.keys.rebuild_reasons(str(m.target or "").split("/")[0], m.recorded_inputs)  # noqa: E731
     if remote is None:
         doc = local_status(local, targets, stale)
     else:

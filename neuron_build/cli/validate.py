@@ -16,7 +16,7 @@ from neuron_build.cli.app import (
     display_line,
     display_note,
     display_text,
-    open_builder,
+    open_workspace,
     print_json,
     require_writable,
 )
@@ -25,6 +25,7 @@ from neuron_build.status import Verdict
 
 if TYPE_CHECKING:
     from neuron_build.evaluate.validate import ValidationRecord
+    from neuron_build.workspace import Workspace
 
 
 def register(add) -> None:
@@ -58,7 +59,7 @@ class ValidationRun:
                 + (f", {n} ended in an error (no verdict)" if (n := self.count(Verdict.ERROR)) else ""))
 
 
-def validate_selected(b, chosen, progress: Callable[[str], None] | None = None) -> ValidationRun:
+def validate_selected(ws: Workspace, chosen, progress: Callable[[str], None] | None = None) -> ValidationRun:
     """Validate (and record) each chosen target whose current key is built; report the others.
 
     ``progress`` gets one line per target as it finishes (and the diagnosis notes of a failure).
@@ -67,19 +68,19 @@ def validate_selected(b, chosen, progress: Callable[[str], None] | None = None) 
 
     run = ValidationRun([t.id for t in chosen])
     for t in chosen:
-        key = b.key(t).key
-        if not b.store.is_complete(key):
+        key = ws.key(t).key
+        if not ws.store.is_complete(key):
             run.not_built.append(t.id)
             if progress:
                 progress(f"NOT BUILT  {t.id}: run `neuron-build build {t.id}` (or `doit validate:{t.id}`)")
             continue
-        rec = validate_target(b.project, b.store, t, key, keys=b.keys)
+        rec = validate_target(ws.project, ws.store, t, key, keys=ws.keys)
         run.records.append(rec)
         if progress:
             progress(summary_line(rec))
             for note in rec.get("diagnosis", []):
                 progress(f"    {note}")
-    b.keys.save()
+    ws.keys.save()
     return run
 
 
@@ -88,9 +89,9 @@ def cmd_validate(args) -> int:
     """Validate the selected targets' artifacts; a target that is not built is reported, not compiled."""
     from neuron_build.project.matrix import select
 
-    b = open_builder(args)
-    require_writable(b.store)  # before any benchmark or validation runs
-    run = validate_selected(b, select(b.targets, args.patterns), progress=None if args.json else display_line)
+    ws = open_workspace(args)
+    require_writable(ws.store)  # before any benchmark or validation runs
+    run = validate_selected(ws, select(ws.targets, args.patterns), progress=None if args.json else display_line)
     if args.json:
         print_json(run.records, "records")
         if not run.ok:

@@ -16,6 +16,7 @@ from neuron_build.artifact import artifact_file
 from neuron_build.errors import UserError
 from neuron_build.project.config import INTEGER_DTYPES, Project
 from neuron_build.project.keys import diff_components
+from neuron_build.project.matrix import Target
 from neuron_build.release.records import (
     RELEASE_FORMAT,
     Release,
@@ -28,6 +29,7 @@ from neuron_build.release.records import (
 from neuron_build.status import Status
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.util import canonical_json, percentile, utc_now
+from neuron_build.workspace import Workspace
 
 
 def _pick(what: str, given: str | None, allowed: tuple[str, ...], model: str, flag: str) -> str:
@@ -47,15 +49,15 @@ def require_model(project: Project, model: str) -> None:
         raise UserError(f"unknown model '{model}' in {project.path}; models: {', '.join(project.config.models)}")
 
 
-def release_candidates(builder, target) -> tuple[dict[str, str], str | None]:
+def release_candidates(ws: Workspace, target: Target) -> tuple[dict[str, str], str | None]:
     """The artifacts a bucket can be released from: ({toolchain JSON: key}, None), or ({}, problem).
 
     Candidates are the target's current key when the store holds it, and the key the target was last
     built with when that build passed and differs from this checkout only in the toolchain (a store filled
     by another host's toolchain). With neither, the bucket is missing or failed.
     """
-    store: ArtifactStore = builder.store
-    ki = builder.key(target)
+    store: ArtifactStore = ws.store
+    ki = ws.key(target)
     out: dict[str, str] = {}
     if store.is_complete(ki.key):
         out[canonical_json(ki.details["toolchain"]).decode()] = ki.key
@@ -75,21 +77,21 @@ def release_candidates(builder, target) -> tuple[dict[str, str], str | None]:
         return {}, f"failed: {fail.status}: {fail.reason}".rstrip(": ")
     if stale:
         return {}, (f"missing: not built for this checkout (changed since its last build: {'; '.join(stale)}); "
-                    f"{build_advice(builder, target.id)}")
-    return {}, f"missing: not built (key {ki.key[:12]}); {build_advice(builder, target.id)}"
+                    f"{build_advice(ws, target.id)}")
+    return {}, f"missing: not built (key {ki.key[:12]}); {build_advice(ws, target.id)}"
 
 
-def build_advice(builder, target_id: str) -> str:
-    """How to build ``target_id`` for the builder's backend: ``run `neuron-build build T``` when a plain build
+def build_advice(ws: Workspace, target_id: str) -> str:
+    """How to build ``target_id`` for the workspace's backend: ``run `neuron-build build T``` when a plain build
     compiles for that backend, else first set ``[build] backend`` (``release --backend`` chose another)."""
     from neuron_build.project.toolchain import resolve_backend
 
-    build = builder.project.config.build
-    used = builder.keys.backend
+    build = ws.project.config.build
+    used = ws.keys.backend
     plain, _note = resolve_backend(build.backend, build.target)
     if plain == used:
         return f"run `neuron-build build {target_id}`"
-    return (f"set [build] backend = \"{used}\" in {builder.project.path.name}, then run `neuron-build build "
+    return (f"set [build] backend = \"{used}\" in {ws.project.path.name}, then run `neuron-build build "
             f"{target_id}` (a build now compiles for {plain})")
 
 
@@ -127,13 +129,14 @@ def _model_file(manifest) -> tuple[str, str]:
     return found
 
 
-def create_release(builder, model: str, dtype: str | None = None, profile: str | None = None,
+def create_release(ws: Workspace, model: str, dtype: str | None = None, profile: str | None = None,
                    creator: str | None = None) -> Release:
     """Record an immutable release of all of ``model``'s buckets for one dtype and profile (and the
-    builder's backend), or return the existing record with the same content.
+    workspace's backend), or return the existing record with the same content.
 
     Args:
-        builder: a :class:`neuron_build.build.builder.Builder` (its backend decides which keys are released).
+        ws: the opened project (:class:`neuron_build.workspace.Workspace`; its backend decides which keys are
+            released).
         dtype, profile: required when the model has several.
         creator: recorded as who made it; default :func:`actor`.
 
@@ -146,10 +149,10 @@ def create_release(builder, model: str, dtype: str | None = None, profile: str |
         UserError: unknown model, dtype or profile; or a bucket that is missing, failed, or built with a
             different toolchain than the others (every offending target is named).
     """
-    choice = choose_targets(builder, model, dtype, profile)
-    found = built_artifacts(builder, choice)
-    draft, metrics = draft_release(builder, choice, found)
-    return record_release(builder, draft, metrics, creator)
+    choice = choose_targets(ws, model, dtype, profile)
+    found = built_artifacts(ws, choice)
+    draft, metrics = draft_release(ws, choice, found)
+    return record_release(ws, draft, metrics, creator)
 
 
 @dataclass(frozen=True)
@@ -165,13 +168,13 @@ class ReleaseChoice:
     combo: str
 
 
-def choose_targets(builder, model: str, dtype: str | None, profile: str | None) -> ReleaseChoice:
+def choose_targets(ws: Workspace, model: str, dtype: str | None, profile: str | None) -> ReleaseChoice:
     """Step 1: the dtype and profile of the release (required when the model has several) and its targets.
 
     Raises:
         UserError: unknown model, dtype or profile, or several to choose from and none chosen.
     """
-    project: Project = builder.project
+    project: Project = ws.project
     require_model(project, model)
     spec = project.config.models[model]
     unchosen = [f"{flag} ({', '.join(allowed)})" for given, allowed, flag in
@@ -182,12 +185,12 @@ def choose_targets(builder, model: str, dtype: str | None, profile: str | None) 
                         f"{' and '.join(unchosen)}")
     dtype = _pick("dtype", dtype, spec.dtypes, model, "--dtype")
     profile = _pick("profile", profile, spec.profiles, model, "--profile")
-    targets = [t for t in builder.targets if t.model == model and t.dtype == dtype and t.profile == profile]
+    targets = [t for t in ws.targets if t.model == model and t.dtype == dtype and t.profile == profile]
     return ReleaseChoice(model=model, spec=spec, dtype=dtype, profile=profile, targets=targets,
-                         combo=f"{model} {dtype}/{profile} ({builder.keys.backend})")
+                         combo=f"{model} {dtype}/{profile} ({ws.keys.backend})")
 
 
-def built_artifacts(builder, choice: ReleaseChoice) -> list[tuple[Any, str, Any]]:
+def built_artifacts(ws: Workspace, choice: ReleaseChoice) -> list[tuple[Any, str, Any]]:
     """Step 2: ``(target, key, manifest)`` of every chosen bucket, all built with one toolchain (this
     checkout's when it covers them all).
 
@@ -195,12 +198,12 @@ def built_artifacts(builder, choice: ReleaseChoice) -> list[tuple[Any, str, Any]
         UserError: a bucket missing or failed, or built with a different toolchain than the others (every
             offending target named).
     """
-    store: ArtifactStore = builder.store
+    store: ArtifactStore = ws.store
     targets, combo = choice.targets, choice.combo
     problems: list[str] = []
     cands: dict[str, dict[str, str]] = {}
     for t in targets:
-        c, problem = release_candidates(builder, t)
+        c, problem = release_candidates(ws, t)
         if problem:
             problems.append(f"{t.id}: {problem}")
         else:
@@ -209,7 +212,7 @@ def built_artifacts(builder, choice: ReleaseChoice) -> list[tuple[Any, str, Any]
     if not problems:
         # one toolchain for every bucket: this checkout's when it covers them all
         common = set.intersection(*(set(c) for c in cands.values()))
-        current = canonical_json(builder.key(targets[0]).details["toolchain"]).decode()
+        current = canonical_json(ws.key(targets[0]).details["toolchain"]).decode()
         if common:
             tc = current if current in common else min(common)
             found = [(t, cands[t.id][tc], store.manifest(cands[t.id][tc])) for t in targets]
@@ -226,11 +229,11 @@ def built_artifacts(builder, choice: ReleaseChoice) -> list[tuple[Any, str, Any]
     return found
 
 
-def draft_release(builder, choice: ReleaseChoice, found: list[tuple[Any, str, Any]]
+def draft_release(ws: Workspace, choice: ReleaseChoice, found: list[tuple[Any, str, Any]]
                   ) -> tuple[Release, dict[str, dict[str, Any]]]:
     """Step 3: the release without its id and record fields (its artifacts, toolchain and runtime: what
     the id hashes), and each artifact's metrics (:func:`artifact_summary`, by target id)."""
-    store: ArtifactStore = builder.store
+    store: ArtifactStore = ws.store
     spec, dtype = choice.spec, choice.dtype
     artifacts: list[ReleaseArtifact] = []
     metrics: dict[str, dict[str, Any]] = {}
@@ -263,16 +266,16 @@ def draft_release(builder, choice: ReleaseChoice, found: list[tuple[Any, str, An
     return draft, metrics
 
 
-def record_release(builder, draft: Release, metrics: dict[str, dict[str, Any]], creator: str | None) -> Release:
+def record_release(ws: Workspace, draft: Release, metrics: dict[str, dict[str, Any]], creator: str | None) -> Release:
     """Step 4: the release's id (:func:`release_id` of its content); the existing record of that id, or a
     new one (metrics, git state, time, creator) written to the store. Returns the release as stored."""
-    store: ArtifactStore = builder.store
+    store: ArtifactStore = ws.store
     model = draft.model
     rid = release_id(draft.content())
     existing = find_release(store, model, rid)
     if existing is not None:
         return existing
-    commit, dirty = git_state(builder.project.root)
+    commit, dirty = git_state(ws.project.root)
     times = [v["compile_time_s"] for v in metrics.values()]
     ops = [v["op_count"] for v in metrics.values() if v["op_count"] is not None]
     record = replace(draft, id=rid,

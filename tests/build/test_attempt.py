@@ -23,6 +23,7 @@ from neuron_build.build.builder import Builder
 from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun
 from neuron_build.project.config import load_project
 from neuron_build.status import BuildResult, Status
+from neuron_build.workspace import Workspace
 
 GiB = 2**30
 
@@ -198,8 +199,8 @@ class FakeExecutor:
 def test_builder_publishes_what_the_executor_returns(tiny):
     ex = FakeExecutor(run(0, log=b"worker says hi\n", result={"op_count": 7, "op_count_source": "fake"}),
                       {"model.pt": b"weights"})
-    b = Builder(load_project(tiny), executor=ex)
-    t = b.by_id["other/static/fp32/p1"]
+    b = Builder(Workspace(load_project(tiny)), executor=ex)
+    t = b.ws.by_id["other/static/fp32/p1"]
     out = b.build(t)
     assert (out.status, out.compiled, out.ok) == (Status.PASS, True, True)
     assert out.metrics["op_count"] == 7 and out.metrics["attempts"] == 1
@@ -217,31 +218,31 @@ def test_builder_publishes_what_the_executor_returns(tiny):
 def test_builder_records_the_classified_failure(tiny):
     err = {"status": "ERROR", "reason": "boom", "details": {"compiler_log": "cc.log", "hint": 1}}
     ex = FakeExecutor(run(1, log=b"w\n", error=err, compiler_log=b"cc\n"))
-    b = Builder(load_project(tiny), executor=ex)
-    t = b.by_id["other/static/fp32/p1"]
+    b = Builder(Workspace(load_project(tiny)), executor=ex)
+    t = b.ws.by_id["other/static/fp32/p1"]
     out = b.build(t)
     assert (out.status, out.reason, out.compiled) == (Status.ERROR, "boom", True)
     fail = b.store.failure(t.id)
     assert (fail.status, fail.reason, fail.exit_code, fail.attempts_total) == ("ERROR", "boom", 1, 1)
     assert fail.details == {"compiler_log": "cc.log", "hint": 1}
     assert b.store.failure_log(t.id).read_bytes() == b"w\n\n===== compiler log (cc.log) =====\ncc\n"
-    assert b.state(t) == "failed"
+    assert b.ws.state(t) == "failed"
     b.build(t)
     assert b.store.failure(t.id).attempts_total == 2
 
 
 def test_transient_failures_are_retried(tiny):
     ex = FakeExecutor(run(70))
-    b = Builder(load_project(tiny), executor=ex)
+    b = Builder(Workspace(load_project(tiny)), executor=ex)
     retries = b.project.config.build.transient_retries
-    out = b.build(b.by_id["other/static/fp32/p1"])
+    out = b.build(b.ws.by_id["other/static/fp32/p1"])
     assert out.status == Status.TRANSIENT and out.metrics["attempts"] == retries + 1
     assert len(ex.requests) == retries + 1
 
 
 def test_a_failure_the_full_disk_kept_from_recording_is_recorded_after_the_clean_up(tiny, monkeypatch):
-    b = Builder(load_project(tiny), executor=FakeExecutor(run(1, error={"status": "ERROR", "reason": "boom"})))
-    t = b.by_id["other/static/fp32/p1"]
+    b = Builder(Workspace(load_project(tiny)), executor=FakeExecutor(run(1, error={"status": "ERROR", "reason": "boom"})))
+    t = b.ws.by_id["other/static/fp32/p1"]
     real, calls, staging = b.store.put_failure, [], b.store.root / "staging"
 
     def put_failure(record, log):
@@ -255,19 +256,19 @@ def test_a_failure_the_full_disk_kept_from_recording_is_recorded_after_the_clean
     assert (out.status, out.reason) == (Status.ERROR, "boom")
     assert calls == [("boom", 1), ("boom", 0)]  # refused by the full disk, written once the attempt's folder went
     rec = b.store.failure(t.id)
-    assert (rec.status, rec.reason, rec.key) == ("ERROR", "boom", b.key(t).key) and b.state(t) == "failed"
+    assert (rec.status, rec.reason, rec.key) == ("ERROR", "boom", b.ws.key(t).key) and b.ws.state(t) == "failed"
     assert not list(staging.iterdir())
 
 
 def test_no_room_to_prepare_the_compile(tiny, monkeypatch):
     ex = FakeExecutor(run(0, result={}))
-    b = Builder(load_project(tiny), executor=ex)
+    b = Builder(Workspace(load_project(tiny)), executor=ex)
 
     def full(key):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(b.store, "new_staging", full)
-    t = b.by_id["other/static/fp32/p1"]
+    t = b.ws.by_id["other/static/fp32/p1"]
     out = b.build(t)
     assert out.status == Status.ERROR and not ex.requests
     assert out.reason == (f"no space left on device while preparing the compile ({b.store.location}); "

@@ -211,11 +211,12 @@ def test_build_through_slurm_survives_a_cancelled_job_then_noop(slurm, tmp_path)
     assert len(ends) == 3
     from neuron_build.build.builder import Builder
     from neuron_build.store.verify import verify_store
+    from neuron_build.workspace import Workspace
     rerun = [c for c in starts if c["key"] == first["key"]][1]
     assert rerun["ppid"] != first["ppid"]  # on another worker (the other job, or the one Slurm ran in its place)
-    b = Builder(load_project(cfg))
-    for t in b.targets:
-        m = b.store.manifest(b.key(t).key)
+    b = Builder(Workspace(load_project(cfg)))
+    for t in b.ws.targets:
+        m = b.store.manifest(b.ws.key(t).key)
         assert m is not None and m.metrics.status == "PASS", t.id
         assert m.model_dump(mode="json")["executor"] == "dask"
     rep = verify_store(b.store, deep=True)

@@ -71,11 +71,12 @@ def builder(cfg: Path):
     """The project's Builder, in this process (to read the store without one CLI process per question)."""
     from neuron_build.build.builder import Builder
     from neuron_build.project.config import load_project
-    return Builder(load_project(cfg))
+    from neuron_build.workspace import Workspace
+    return Builder(Workspace(load_project(cfg)))
 
 
 def manifest(b, target: str) -> dict:
-    m = b.store.manifest(b.key(b.by_id[target]).key)
+    m = b.store.manifest(b.ws.key(b.ws.by_id[target]).key)
     assert m is not None, f"{target} is not in the store"
     return m.model_dump(mode="json")
 
@@ -122,12 +123,12 @@ def test_build_on_two_workers_retries_transient_only_then_noop(two_workers, tmp_
     per_key: dict[str, int] = {}
     for c in starts(cfg.parent):
         per_key[c["key"]] = per_key.get(c["key"], 0) + 1
-    flaky, broken = b.by_id["flaky/static/fp32/p1"], b.by_id["broken/static/fp32/p1"]
+    flaky, broken = b.ws.by_id["flaky/static/fp32/p1"], b.ws.by_id["broken/static/fp32/p1"]
     # the planned keys: a passing compile publishes under the key the client planned
     assert sorted(per_key.values()) == [1, 1, 1, 2]  # flaky: exit 70, retried by Dask, then PASS
-    assert per_key[b.key(broken).key] == 1  # a compile error is not retried
-    assert b.state(flaky) == "cached"
-    assert b.state(broken) == "failed"
+    assert per_key[b.ws.key(broken).key] == 1  # a compile error is not retried
+    assert b.ws.state(flaky) == "cached"
+    assert b.ws.state(broken) == "failed"
     v = cli(cfg, "verify", "--deep", "--json")
     assert v.returncode == 0, v.stdout + v.stderr
     again = cli(cfg, "build", "--no-retry-failed")
@@ -152,7 +153,7 @@ def test_build_json_on_dask_prints_only_the_json_document(two_workers, tmp_path)
     b = builder(cfg)
     ok, bad = rows["sleepy/b1/fp32/p1"], rows["broken/static/fp32/p1"]
     assert (ok["result"], ok["status"], ok["verdict"], ok["reason"]) == ("built", "PASS", "pass", "")
-    assert ok["key"] == b.key(b.by_id["sleepy/b1/fp32/p1"]).key and ok["compile_time_s"] > 0
+    assert ok["key"] == b.ws.key(b.ws.by_id["sleepy/b1/fp32/p1"]).key and ok["compile_time_s"] > 0
     assert (bad["result"], bad["status"], bad["verdict"]) == ("failed", "ERROR", "fail")
     assert bad["reason"] == "RuntimeError: factory exploded on purpose"
     assert bad["log"] == "neuron-build show broken/static/fp32/p1"
@@ -174,7 +175,8 @@ def test_a_failed_push_is_reported_by_a_dask_build_as_by_a_local_one(tmp_path):
                        build_extra=f'scheduler = "tcp://127.0.0.1:{free_port()}"\nremote = "{remote.as_uri()}"\n')
     r = cli(cfg, "build", "--executor", "local")
     assert r.returncode == 1 and "NOT PUSHED 1 artifact to" in r.stdout, r.stdout + r.stderr
-    key = builder(cfg).key(builder(cfg).by_id["sleepy/b1/fp32/p1"]).key
+    ws = builder(cfg).ws
+    key = ws.key(ws.by_id["sleepy/b1/fp32/p1"]).key
     r = cli(cfg, "build")  # nothing to compile: the scheduler (nobody listens there) is never asked
     assert r.returncode == 1, r.stdout + r.stderr
     assert "1 target: 0 built, 1 cached, 0 failed" in r.stdout
@@ -350,7 +352,7 @@ def test_two_clients_overlapping_compile_each_key_once(two_workers, tmp_path):
     assert a.returncode == 0 and b.returncode == 0, out_a + err_a + out_b + err_b
     keys = [c["key"] for c in starts(cfg.parent)]
     assert len(keys) == 2 and len(set(keys)) == 2, keys  # each key compiled once
-    view = builder(cfg)
+    view = builder(cfg).ws
     from neuron_build.store import ledger  # the compiled keys (completed by what the factories read)
     assert sorted(r.key for r in ledger.read(view.store) if r.event == "compile") == sorted(
         view.key(t).key for t in view.targets)
@@ -376,6 +378,7 @@ def test_memory_resource_keeps_a_host_within_its_memory(tmp_path):
     from neuron_build.build.builder import Builder
     from neuron_build.build.dask_executor import DaskBuild
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     cfg = write_sleepy_project(tmp_path / "p", seconds=0.5, batches=(1, 2, 3),
                                build_extra="default_compile_memory_gb = 2\n")
@@ -384,18 +387,18 @@ def test_memory_resource_keeps_a_host_within_its_memory(tmp_path):
     try:
         with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, resources={"memory_gb": 3},
                           dashboard_address=None, host="127.0.0.1") as lc:
-            b = Builder(load_project(cfg))
-            chosen = [t for t in b.targets if t.id != "sleepy/b3/fp32/p1"]
-            run = DaskBuild(b, lc.scheduler_address)
+            b = Builder(Workspace(load_project(cfg)))
+            chosen = [t for t in b.ws.targets if t.id != "sleepy/b3/fp32/p1"]
+            run = DaskBuild(b.ws, lc.scheduler_address)
             outcomes = run.run(chosen)
             assert [str(outcomes[t.id].status) for t in chosen] == ["PASS", "PASS"]
             ev = sorted(calls(cfg.parent), key=lambda c: c["time"])
             assert [c["event"] for c in ev] == ["start", "end", "start", "end"]  # never two at once
-            b5 = Builder(load_project(write_sleepy_project(tmp_path / "q", seconds=0.2, batches=(1,),
-                                                           build_extra="default_compile_memory_gb = 5\n")))
-            assert DaskBuild(b5, lc.scheduler_address)._resources(b5.targets[0], {"w": {"resources": {"memory_gb": 3}}}) \
+            b5 = Builder(Workspace(load_project(write_sleepy_project(tmp_path / "q", seconds=0.2, batches=(1,),
+                                                           build_extra="default_compile_memory_gb = 5\n"))))
+            assert DaskBuild(b5.ws, lc.scheduler_address)._resources(b5.ws.targets[0], {"w": {"resources": {"memory_gb": 3}}}) \
                 == {"memory_gb": 3.0}
-            assert DaskBuild(b5, lc.scheduler_address)._resources(b5.targets[0], {"w": {"resources": {}}}) is None
+            assert DaskBuild(b5.ws, lc.scheduler_address)._resources(b5.ws.targets[0], {"w": {"resources": {}}}) is None
     finally:
         if env_before is None:
             os.environ.pop("PYTHONPATH", None)
@@ -441,9 +444,9 @@ def test_a_task_that_kept_failing_becomes_a_failed_outcome(tmp_path):
     from neuron_build.build.dask_executor import DaskBuild, TransientCompileError
 
     b = builder(write_sleepy_project(tmp_path / "p", batches=(1,)))
-    t = b.targets[0]
-    run = DaskBuild(b, "tcp://127.0.0.1:1")
-    err = TransientCompileError({"target": t.id, "key": b.key(t).key, "status": "TRANSIENT", "compiled": True,
+    t = b.ws.targets[0]
+    run = DaskBuild(b.ws, "tcp://127.0.0.1:1")
+    err = TransientCompileError({"target": t.id, "key": b.ws.key(t).key, "status": "TRANSIENT", "compiled": True,
                                  "reason": "exit status 70: transient tool failure", "metrics": {},
                                  "worker": "tcp://w:1"})
     again = pickle.loads(pickle.dumps(err))  # it travels from the worker to the client
@@ -502,6 +505,7 @@ def test_a_compile_over_the_dask_workers_memory_limit_is_stopped_and_not_retried
     from neuron_build.build.builder import Builder
     from neuron_build.build.dask_executor import DaskBuild
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     cfg = write_sleepy_project(tmp_path / "p", batches=(1,))
     (cfg.parent / "sleepylib" / "hog.py").write_text(HOG_MODEL)
@@ -513,9 +517,9 @@ def test_a_compile_over_the_dask_workers_memory_limit_is_stopped_and_not_retried
     try:
         with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, memory_limit="600MB",
                           dashboard_address=None, host="127.0.0.1") as lc:
-            b = Builder(load_project(cfg))
+            b = Builder(Workspace(load_project(cfg)))
             t0 = time.monotonic()
-            out = DaskBuild(b, lc.scheduler_address).run(b.targets)["sleepy/b1/fp32/p1"]
+            out = DaskBuild(b.ws, lc.scheduler_address).run(b.ws.targets)["sleepy/b1/fp32/p1"]
             took = time.monotonic() - t0
             assert str(out.status) == "KILLED", out.reason
             m = re.match(r"out of memory: the compile's process tree reached (\d+) MiB \((\d+) bytes\), above the "
@@ -529,7 +533,7 @@ def test_a_compile_over_the_dask_workers_memory_limit_is_stopped_and_not_retried
             fail = b.store.failure("sleepy/b1/fp32/p1")
             assert fail is not None and fail.peak_rss_bytes == peak and str(fail.status) == "KILLED"
             assert len(calls(cfg.parent)) == 1
-            again = DaskBuild(load_builder(cfg), lc.scheduler_address, report=lines.append).run(b.targets)
+            again = DaskBuild(load_builder(cfg).ws, lc.scheduler_address, report=lines.append).run(b.ws.targets)
             out2 = again["sleepy/b1/fp32/p1"]
             assert str(out2.status) == "KILLED" and out2.reason.startswith(
                 f"not retried: its last compile ran out of memory at {peak / 2**20:.0f} MiB ({peak} bytes) and the "
@@ -546,4 +550,5 @@ def test_a_compile_over_the_dask_workers_memory_limit_is_stopped_and_not_retried
 def load_builder(cfg: Path):
     from neuron_build.build.builder import Builder
     from neuron_build.project.config import load_project
-    return Builder(load_project(cfg))
+    from neuron_build.workspace import Workspace
+    return Builder(Workspace(load_project(cfg)))

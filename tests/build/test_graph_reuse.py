@@ -15,6 +15,7 @@ from neuron_build.compilers import graph_key
 from neuron_build.project.config import load_project
 from neuron_build.status import Status
 from neuron_build.store import graph_index, layout, ledger
+from neuron_build.workspace import Workspace
 from tests.helpers.hashing import hash_spy
 from tests.helpers.projects import twin_project
 
@@ -50,17 +51,17 @@ def twin_builder(tmp_path: Path, hits: set[str]) -> Builder:
     """A builder of the tiny project plus model ``twin`` (model ``other``'s module under another name: another
     source key, the same inputs), with the graph key on and a :class:`GraphWorker`."""
     cfg = twin_project(tmp_path)
-    b = Builder(load_project(cfg), executor=GraphWorker(hits))
-    assert b.graph_keys_on()
+    b = Builder(Workspace(load_project(cfg)), executor=GraphWorker(hits))
+    assert b.graph.on()
     return b
 
 
 def test_a_graph_hit_publishes_over_the_source_blobs_and_hashes_each_file_once(tmp_path, monkeypatch):
     b = twin_builder(tmp_path, hits={TWIN})
-    first = b.build(b.by_id[OTHER])
+    first = b.build(b.ws.by_id[OTHER])
     assert (first.status, first.compiled) == (Status.PASS, True) and graph_index.lookup(b.store, GK).key == first.key
     seen = hash_spy(monkeypatch)
-    second = b.build(b.by_id[TWIN])
+    second = b.build(b.ws.by_id[TWIN])
     assert (second.status, second.compiled, second.reason) == (Status.PASS, False, f"graph unchanged: reused {first.key}")
     m, src = b.store.manifest(second.key), b.store.manifest(first.key)
     assert (m.reused_from, m.graph_key, m.graph_document) == (first.key, GK, DOC)
@@ -78,13 +79,13 @@ def test_a_source_blob_that_does_not_verify_is_not_reused_the_target_compiles(tm
     """Fail closed: a blob of the indexed artifact rotted (same size, another digest). Publishing the twin over
     it would pin the rot under a second key; the twin compiles instead and its artifact verifies."""
     b = twin_builder(tmp_path, hits={TWIN})
-    first = b.build(b.by_id[OTHER])
+    first = b.build(b.ws.by_id[OTHER])
     blob = b.store.path(layout.blob_path(b.store.manifest(first.key).files["model.pt"].sha256))
     os.chmod(blob, 0o644)
     rotted = bytearray(blob.read_bytes())
     rotted[5] ^= 0x01
     blob.write_bytes(bytes(rotted))
-    second = b.build(b.by_id[TWIN])
+    second = b.build(b.ws.by_id[TWIN])
     assert (second.status, second.compiled) == (Status.PASS, True), second.reason
     assert b.executor.runs == [(OTHER, "compile"), (TWIN, "hit"), (TWIN, "compile")]
     m = b.store.manifest(second.key)

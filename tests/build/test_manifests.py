@@ -12,6 +12,7 @@ from neuron_build.build.executor import WORKER_LOG, CompileRun
 from neuron_build.build.manifests import hash_files
 from neuron_build.project.config import load_project
 from neuron_build.status import Status
+from neuron_build.workspace import Workspace
 from tests.helpers.hashing import hash_spy
 
 
@@ -50,8 +51,8 @@ def test_hash_files_lists_files_and_logs_apart_and_reads_each_once(tmp_path, mon
 def test_a_build_hashes_each_artifact_file_once_on_its_way_into_the_store(tiny, monkeypatch):
     """Issue 33 item 3: the builder hashed every file, then the store's put_blob hashed it again."""
     content = {"model.pt": b"weights" * 1000, "extra/table.bin": b"\x07" * 33, "compile.log": b"compiler says\n"}
-    b = Builder(load_project(tiny), executor=WritingExecutor(content))
-    t = b.by_id["other/static/fp32/p1"]
+    b = Builder(Workspace(load_project(tiny)), executor=WritingExecutor(content))
+    t = b.ws.by_id["other/static/fp32/p1"]
     seen = hash_spy(monkeypatch)
     out = b.build(t)
     assert (out.status, out.compiled) == (Status.PASS, True), out.reason

@@ -14,6 +14,7 @@ from neuron_build.build.builder import Builder
 from neuron_build.evaluate.bench import SCHEDULE, latency_stats, percentile, run_dir_name, time_calls, time_interleaved
 from neuron_build.project.config import load_project
 from neuron_build.release.gates import bench_result
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import REPO, run_cli
 from tests.helpers.projects import manifest_file, rewrite_manifest, write_tiny_project
 
@@ -29,8 +30,8 @@ def built(tmp_path_factory) -> Path:
 
 
 def _keys(cfg: Path) -> dict[str, str]:
-    b = Builder(load_project(cfg))
-    return {t: b.key(b.by_id[t]).key for t in TARGETS}
+    b = Builder(Workspace(load_project(cfg)))
+    return {t: b.ws.key(b.ws.by_id[t]).key for t in TARGETS}
 
 
 def test_bench_json_structure_and_invariants(built):
@@ -39,7 +40,7 @@ def test_bench_json_structure_and_invariants(built):
     recs = {x["target"]: x for x in json.loads(r.stdout)["records"]}
     assert set(recs) == set(TARGETS)
     keys = _keys(built)
-    b = Builder(load_project(built))
+    b = Builder(Workspace(load_project(built)))
     for tid, rec in recs.items():
         assert rec["key"] == keys[tid]
         assert rec["iters"] == 30 and rec["warmup"] == 3
@@ -85,7 +86,7 @@ def test_compare_prints_one_side_by_side_table(built):
                   "op count", "compile s", "reference", "rel L2 error", "max abs error", "cosine", "tolerance",
                   "verdict"):
         assert label in rows and len(rows[label]) == 2, label
-    b = Builder(load_project(built))
+    b = Builder(Workspace(load_project(built)))
     keys = _keys(built)
     assert rows["op count"] == [str(b.store.manifest(keys[t]).metrics.op_count) for t in TARGETS]
     assert rows["verdict"] == ["pass", "pass"]
@@ -190,8 +191,8 @@ def test_neuron_artifact_is_skipped_without_a_neuroncore(tmp_path, monkeypatch, 
     from neuron_build.evaluate import validate
     cfg = write_tiny_project(tmp_path / "p")
     assert run_cli("build", "-c", str(cfg), "other").returncode == 0
-    b = Builder(load_project(cfg))
-    key = b.key(b.by_id["other/static/fp32/p1"]).key
+    b = Builder(Workspace(load_project(cfg)))
+    key = b.ws.key(b.ws.by_id["other/static/fp32/p1"]).key
     mf = manifest_file(b.store, key)
     rewrite_manifest(mf, lambda m: m.update(backend="neuron", hardware_target="trn1"))
     monkeypatch.setattr(validate, "neuron_devices", lambda: [])
@@ -231,12 +232,12 @@ def test_inductor_rmsnorm_pair_validate_compare_profile(tmp_path):
     # the profiles are printed first, then the table
     assert ["rmsnorm_naive/static/bf16/o1", "rmsnorm_fused/static/bf16/o1"] in [ln.split() for ln in c.stdout.splitlines()]
     assert "verdict" in c.stdout and "op count" in c.stdout
-    b = Builder(load_project(cfg))
-    t = b.by_id["rmsnorm_fused/static/bf16/o1"]
-    run_dir = tmp_path / "prof" / run_dir_name(t.id, b.key(t).key)
+    b = Builder(Workspace(load_project(cfg)))
+    t = b.ws.by_id["rmsnorm_fused/static/bf16/o1"]
+    run_dir = tmp_path / "prof" / run_dir_name(t.id, b.ws.key(t).key)
     trace = json.loads((run_dir / "trace.json").read_text())
     assert f"artifact {t.id}" in {e.get("name") for e in trace["traceEvents"]}
-    assert json.loads((run_dir / "run.json").read_text())["key"] == b.key(t).key
+    assert json.loads((run_dir / "run.json").read_text())["key"] == b.ws.key(t).key
 
 
 def test_time_interleaved_alternates_and_counts():

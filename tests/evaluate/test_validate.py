@@ -25,6 +25,7 @@ from neuron_build.evaluate.validate_compare import compare_outputs, compare_tens
 from neuron_build.evaluate.validate_setup import validation_seed
 from neuron_build.project.config import load_project
 from neuron_build.release.gates import validation_gate
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import REPO, run_cli
 from tests.helpers.projects import edit, manifest_file, rewrite_manifest, write_tiny_project
 
@@ -143,8 +144,8 @@ def _rmsnorm(x, eps, seed=0):
 
 def _inputs(cfg: Path, target_id: str):
     from neuron_build.examples import make_inputs
-    b = Builder(load_project(cfg))
-    key = b.key(b.by_id[target_id]).key
+    b = Builder(Workspace(load_project(cfg)))
+    key = b.ws.key(b.ws.by_id[target_id]).key
     specs = b.store.manifest(key).key_details["inputs"]["inputs"]
     return key, make_inputs(specs, validation_seed(key))[0]
 
@@ -238,9 +239,9 @@ def test_tampered_artifact_fails_and_is_blamed_on_the_artifact(tmp_path):
     import torch
     cfg = write_rms_project(tmp_path / "p")
     assert run_cli("build", "-c", str(cfg), "naive").returncode == 0
-    b = Builder(load_project(cfg))
-    t = b.by_id["naive/static/fp32/p1"]
-    key = b.key(t).key
+    b = Builder(Workspace(load_project(cfg)))
+    t = b.ws.by_id["naive/static/fp32/p1"]
+    key = b.ws.key(t).key
     mod = torch.jit.load(str(b.store.artifact_dir(key) / "model.pt"))
 
     class Scaled(torch.nn.Module):
@@ -284,9 +285,9 @@ def test_tolerance_override_and_stored_record(tmp_path):
     rec = recs["eps_big/static/fp32/p1"]
     assert rec["verdict"] == "pass" and rec["tolerance"] == 0.5
     assert rec["tolerance_source"] == "buckets.toml models.eps_big.tolerance.fp32"
-    b = Builder(load_project(cfg))
-    t = b.by_id["eps_big/static/fp32/p1"]
-    key = b.key(t).key
+    b = Builder(Workspace(load_project(cfg)))
+    t = b.ws.by_id["eps_big/static/fp32/p1"]
+    key = b.ws.key(t).key
     stored = b.store.result(key, "validation", "cpu")
     # the gates.py schema
     assert stored["verdict"] == "pass" and stored["reason"] is None and stored["device_kind"] == "cpu"
@@ -309,7 +310,7 @@ def test_tolerance_override_and_stored_record(tmp_path):
     assert stored["device"] == "cpu" and stored["host"] and stored["time"]
     # results never change the key, nor the object
     assert b.store.is_complete(key) and not (b.store.artifact_dir(key) / "validation").exists()
-    assert Builder(load_project(cfg)).key(t).key == key
+    assert Workspace(load_project(cfg)).key(t).key == key
     assert is_validated(b.store, key, "cpu") and is_validated(b.store, key, "cpu", 0.5, "naive")
     # a pass made with another tolerance or reference than buckets.toml's now is not up to date
     assert not is_validated(b.store, key, "cpu", 1e-4, "naive")
@@ -323,8 +324,8 @@ def test_validation_inputs_follow_the_key_and_repeat_across_processes(rms):
 
     from neuron_build.examples import make_inputs
     ids = ["naive/static/fp32/p1", "eps_big/static/fp32/p1"]
-    b = Builder(load_project(rms))
-    keys = [b.key(b.by_id[t]).key for t in ids]
+    b = Builder(Workspace(load_project(rms)))
+    keys = [b.ws.key(b.ws.by_id[t]).key for t in ids]
     specs = [b.store.manifest(k).key_details["inputs"]["inputs"] for k in keys]
     assert specs[0] == specs[1]  # the same shapes and dtype: only the key tells the inputs apart
 
@@ -357,9 +358,9 @@ def test_neuron_artifact_without_neuroncore_is_not_validated(tmp_path, monkeypat
     import neuron_build.evaluate.validate as v
     cfg = write_rms_project(tmp_path / "p")
     assert run_cli("build", "-c", str(cfg), "naive").returncode == 0
-    b = Builder(load_project(cfg))
-    t = b.by_id["naive/static/fp32/p1"]
-    key = b.key(t).key
+    b = Builder(Workspace(load_project(cfg)))
+    t = b.ws.by_id["naive/static/fp32/p1"]
+    key = b.ws.key(t).key
     mf_path = manifest_file(b.store, key)
     rewrite_manifest(mf_path, lambda m: m.update(backend="neuron", hardware_target="trn1"))
     monkeypatch.setattr(v, "neuron_devices", lambda: [])
@@ -451,8 +452,8 @@ def test_doit_validate_and_torch_free_paths(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert ".  build:other/static/fp32/p1" in r.stdout and ".  validate:other/static/fp32/p1" in r.stdout
     assert "pass  other/static/fp32/p1: output0 rel L2 error" in r.stdout
-    b = Builder(load_project(cfg))
-    key = b.key(b.by_id["other/static/fp32/p1"]).key
+    b = Builder(Workspace(load_project(cfg)))
+    key = b.ws.key(b.ws.by_id["other/static/fp32/p1"]).key
     assert b.store.result(key, "validation", "cpu")["verdict"] == "pass"
 
     probe = textwrap.dedent(f'''
@@ -528,9 +529,9 @@ def test_integer_inputs_stay_in_range_and_pass(tmp_path):
             return Emb()
     '''))
     assert run_cli("build", "-c", str(cfg), "emb").returncode == 0
-    b = Builder(load_project(cfg))
-    t = b.by_id["emb/static/bf16/p1"]
-    key = b.key(t).key
+    b = Builder(Workspace(load_project(cfg)))
+    t = b.ws.by_id["emb/static/bf16/p1"]
+    key = b.ws.key(t).key
     p = prepare(b.project, b.store, t, key)
     ids, mask = p.inputs
     assert ids.dtype == torch.int64 and int(ids.min()) >= 7 and int(ids.max()) <= 10
@@ -581,9 +582,9 @@ def test_doit_validate_is_stale_when_the_reference_model_changes(tmp_path):
     r = doit_validate()
     assert r.returncode == 0, r.stdout + r.stderr
     assert ".  validate:fused/static/fp32/p1" in r.stdout
-    b = Builder(load_project(cfg))
-    t = b.by_id["fused/static/fp32/p1"]
-    key = b.key(t).key
+    b = Builder(Workspace(load_project(cfg)))
+    t = b.ws.by_id["fused/static/fp32/p1"]
+    key = b.ws.key(t).key
     stored = b.store.result(key, "validation", "cpu")
     from neuron_build.evaluate.validate import reference_model_hash
     h = reference_model_hash(b.keys, "naive")
@@ -597,8 +598,8 @@ def test_doit_validate_is_stale_when_the_reference_model_changes(tmp_path):
                                       f"dim = {DIM}, eps = 1.0 }}\ndtypes = [\"fp32\"]\nprofiles = [\"p1\"]\n"
                                       f"inputs = [{{ name = \"x\", shape = [4, {DIM}] }}]\n\n[models.fused]"))
     assert 'eps = 1.0' in cfg.read_text()
-    b2 = Builder(load_project(cfg))
-    assert b2.key(b2.by_id["fused/static/fp32/p1"]).key == key  # the validated target's key is unchanged
+    b2 = Builder(Workspace(load_project(cfg)))
+    assert b2.ws.key(b2.ws.by_id["fused/static/fp32/p1"]).key == key  # the validated target's key is unchanged
     h2 = reference_model_hash(b2.keys, "naive")
     assert h2 != h and not is_validated(b2.store, key, "cpu", 1e-4, "naive", h2)
     r = doit_validate()

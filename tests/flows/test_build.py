@@ -13,6 +13,7 @@ from pathlib import Path
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
 from neuron_build.store import Lookup
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import REPO, compiles_in_log, run_cli
 from tests.helpers.projects import edit, write_tiny_project
 
@@ -68,9 +69,9 @@ def test_artifact_loads_and_computes(tiny):
     import torch
     r = run_cli("build", "-c", str(tiny), "other")
     assert r.returncode == 0, r.stderr
-    b = Builder(load_project(tiny))
-    t = b.by_id["other/static/fp32/p1"]
-    m = b.store.manifest(b.key(t).key)
+    b = Builder(Workspace(load_project(tiny)))
+    t = b.ws.by_id["other/static/fp32/p1"]
+    m = b.store.manifest(b.ws.key(t).key)
     mod = torch.jit.load(str(b.store.artifact_dir(m.key) / "model.pt"))
     torch.manual_seed(1)
     ref = torch.nn.Linear(16, 3)
@@ -85,10 +86,10 @@ def test_failed_compile_is_recorded_not_served_and_retried(tiny):
     assert "FAILED other/static/fp32/p1: ERROR: RuntimeError: factory exploded on purpose" in r.stdout
     assert "    log: neuron-build show other/static/fp32/p1" in r.stdout
     assert "1 built" in r.stdout  # the other target still built
-    b = Builder(load_project(tiny))
-    t = b.by_id["other/static/fp32/p1"]
-    assert b.state(t) == "failed"
-    assert b.store.lookup(b.key(t).key) == Lookup(b.key(t).key)  # absent, not damaged
+    b = Builder(Workspace(load_project(tiny)))
+    t = b.ws.by_id["other/static/fp32/p1"]
+    assert b.ws.state(t) == "failed"
+    assert b.store.lookup(b.ws.key(t).key) == Lookup(b.ws.key(t).key)  # absent, not damaged
     fail = b.store.failure(t.id)
     assert fail.status == "ERROR" and fail.exit_code == 1
     assert b"factory exploded on purpose" in b.store.failure_log(t.id).read_bytes()
@@ -103,9 +104,9 @@ def test_failed_compile_is_recorded_not_served_and_retried(tiny):
 def test_timeout_and_killed(tmp_path):
     cfg = write_tiny_project(tmp_path / "p", timeout=4)
     edit(cfg, 'factory = "tinylib.other:build"', 'factory = "tinylib.tiny:slow"')
-    b = Builder(load_project(cfg))
+    b = Builder(Workspace(load_project(cfg)))
     t0 = time.monotonic()
-    out = b.build(b.by_id["other/static/fp32/p1"])
+    out = b.build(b.ws.by_id["other/static/fp32/p1"])
     assert out.status == "TIMEOUT"
     assert "stopped after 4 s" in out.reason
     assert time.monotonic() - t0 < 30
@@ -113,8 +114,8 @@ def test_timeout_and_killed(tmp_path):
     edit(cfg, 'factory = "tinylib.tiny:slow"', 'factory = "tinylib.tiny:hog"')
     # the hog kills itself once torch is imported, which can take longer than 4 s on a loaded host
     edit(cfg, "timeout_s = 4\n", "timeout_s = 120\n")
-    b = Builder(load_project(cfg))
-    t = b.by_id["other/static/fp32/p1"]
+    b = Builder(Workspace(load_project(cfg)))
+    t = b.ws.by_id["other/static/fp32/p1"]
     out = b.build(t)
     assert out.status == "KILLED"
     assert out.reason.startswith("killed by SIGKILL (usually the kernel's out-of-memory killer); peak memory")
@@ -123,9 +124,9 @@ def test_timeout_and_killed(tmp_path):
     # the worker started and ran the factory up to its own SIGKILL: its log holds the worker's first line and
     # the line the hog prints once it has touched its 64 MiB (nothing after it: the kill is the last thing)
     fail = b.store.failure(t.id)
-    assert (fail.status, fail.exit_code, fail.key) == ("KILLED", -9, b.key(t).key)
+    assert (fail.status, fail.exit_code, fail.key) == ("KILLED", -9, b.ws.key(t).key)
     log = b.store.failure_log(t.id).read_text()
-    assert f"neuron-build worker: target {t.id} key {b.key(t).key[:12]}" in log
+    assert f"neuron-build worker: target {t.id} key {b.ws.key(t).key[:12]}" in log
     hog_line = [line for line in log.splitlines() if line.startswith("hog: ")]
     assert len(hog_line) == 1 and hog_line[0].startswith(f"hog: touched {64 * 2**20} bytes in pid ")
     assert log.rstrip().endswith(hog_line[0])

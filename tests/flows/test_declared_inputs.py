@@ -15,6 +15,7 @@ import pytest
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
 from neuron_build.status import BuildResult
+from neuron_build.workspace import Workspace
 from tests.helpers.projects import faults_of, manifest_file
 
 HEAD = '[build]\nbackend = "torchscript"\ntimeout_s = 600\n\n[profiles.p1]\ncompiler_args = []\n'
@@ -80,16 +81,16 @@ def project(root: Path, source: str, options: str = "") -> Path:
 
 
 def state(cfg: Path) -> tuple[str, list[str]]:
-    b = Builder(load_project(cfg))
-    (t,) = b.targets
-    out = (str(b.state(t)), b.changed(t)[0])
+    b = Builder(Workspace(load_project(cfg)))
+    (t,) = b.ws.targets
+    out = (str(b.ws.state(t)), b.ws.changed(t)[0])
     b.keys.save()
     return out
 
 
 def build_once(cfg: Path):
-    b = Builder(load_project(cfg))
-    (t,) = b.targets
+    b = Builder(Workspace(load_project(cfg)))
+    (t,) = b.ws.targets
     out = b.build(t)
     b.keys.save()
     assert out.ok, (out.status, out.reason)
@@ -125,7 +126,7 @@ def test_the_graph_probe_records_reads_while_the_model_is_traced(tmp_path, monke
     src.write_text(src.read_text() + "# a comment: the graph is unchanged\n")
     b, t, out = build_once(cfg)
     assert (out.compiled, out.reason.startswith("graph unchanged: reused")) == (False, True), out.reason
-    recorded = json.loads(manifest_file(b.store, b.key(t).key).read_text())["recorded_inputs"]
+    recorded = json.loads(manifest_file(b.store, b.ws.key(t).key).read_text())["recorded_inputs"]
     assert (recorded["env"], list(recorded["files"])) == ({"SCALE": "2"}, ["data/bias.json"])
     monkeypatch.setenv("SCALE", "3")
     assert state(cfg) == ("missing", ["recorded variable SCALE changed"])
@@ -143,20 +144,20 @@ def test_a_file_changed_while_the_target_compiles_is_never_a_hit(tmp_path, capfd
     err = capfd.readouterr()
     assert "data/w.txt changed while the target compiled: this artifact is rebuilt by the next build" \
         in err.out + err.err
-    recorded = json.loads(manifest_file(b.store, b.key(t).key).read_text())["recorded_inputs"]
+    recorded = json.loads(manifest_file(b.store, b.ws.key(t).key).read_text())["recorded_inputs"]
     assert recorded["incomplete"] == "data/w.txt changed while the target compiled"
     why = "its build's reads were not fully recorded (data/w.txt changed while the target compiled)"
     assert state(cfg) == ("missing", [why])
-    b2 = Builder(load_project(cfg))
-    assert format_plan(plan_rows(b2)).splitlines()[0] == f"missing  {t.id}  {b2.key(t).key[:12]}  {why}"
-    assert format_explain(b2, t).splitlines()[-1] == f"  - {why}"
+    b2 = Builder(Workspace(load_project(cfg)))
+    assert format_plan(plan_rows(b2.ws)).splitlines()[0] == f"missing  {t.id}  {b2.ws.key(t).key[:12]}  {why}"
+    assert format_explain(b2.ws, t).splitlines()[-1] == f"  - {why}"
 
 
 def test_always_rebuild_is_never_cached(tmp_path):
     cfg = project(tmp_path / "proj", PLAIN, "always_rebuild = true\n")
     b, t, first = build_once(cfg)
     assert first.compiled
-    recorded = json.loads(manifest_file(b.store, b.key(t).key).read_text())["recorded_inputs"]
+    recorded = json.loads(manifest_file(b.store, b.ws.key(t).key).read_text())["recorded_inputs"]
     assert recorded["incomplete"] == "always_rebuild = true in [models.m]"
     why = "always_rebuild = true in [models.m]: never served from the cache"
     assert state(cfg) == ("missing", [why])
@@ -178,13 +179,13 @@ def test_declared_inputs_and_variables_are_in_the_key(tmp_path, monkeypatch):
     (home / ".cache" / "x" / "a.bin").write_bytes(b"a")
     cfg = project(tmp_path / "proj", PLAIN)
     (cfg.parent / "data" / "d.json").write_text("{}")
-    plain = Builder(load_project(cfg)).key(Builder(load_project(cfg)).targets[0])
+    plain = Workspace(load_project(cfg)).key(Workspace(load_project(cfg)).targets[0])
     cfg.write_text(cfg.read_text() + 'inputs_from = ["~/.cache/x/*.bin", "data/*.json", "none/*.x"]\n'
                                      'env = ["MY_VAR"]\n')
 
     def key():
-        b = Builder(load_project(cfg))
-        return b.key(b.targets[0])
+        b = Builder(Workspace(load_project(cfg)))
+        return b.ws.key(b.ws.targets[0])
 
     k0 = key()
     from neuron_build.util import sha256_hex
@@ -207,7 +208,7 @@ def test_declared_inputs_and_variables_are_in_the_key(tmp_path, monkeypatch):
 def test_a_declared_input_invalidates_the_plan_cache(tmp_path, monkeypatch):
     """A no-op build's plan cache is not reused once a declared file, a new match of a declared glob or a
     declared variable changed (else the no-op would serve the old key)."""
-    from neuron_build.build.session import _save_plan
+    from neuron_build.build.noop import save_plan
     from neuron_build.project import plan_cache
 
     monkeypatch.setenv("MY_VAR", "1")
@@ -220,8 +221,7 @@ def test_a_declared_input_invalidates_the_plan_cache(tmp_path, monkeypatch):
     p = load_project(cfg)
 
     def saved() -> tuple[object, str]:
-        b = Builder(load_project(cfg))
-        _save_plan(b, plan_cache.interpreter())
+        save_plan(Workspace(load_project(cfg)), plan_cache.interpreter())
         return plan_cache.load(p.state_dir, p.path, cfg.read_bytes())
 
     assert saved()[1] == "hit"
@@ -234,7 +234,7 @@ def test_a_declared_input_invalidates_the_plan_cache(tmp_path, monkeypatch):
 
 def test_an_incomplete_record_says_why_with_the_fix(tmp_path):
     cfg = project(tmp_path / "proj", PLAIN)
-    b = Builder(load_project(cfg))
+    b = Builder(Workspace(load_project(cfg)))
     assert b.keys.rebuild_reasons("m", {"incomplete": "a child process ran: sh -c true"}) == [
         "its build's reads were not fully recorded (a child process ran: sh -c true); declare the input with "
         "inputs_from = [...] or env = [...] in [models.m], or set always_rebuild = true"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import REPO, run_cli
 from tests.helpers.projects import write_tiny_project
 
@@ -45,7 +46,7 @@ def test_doit_usage_errors_exit_2_with_doits_message(tmp_path, capsys, monkeypat
     # neuron-build build's doit run: the same code
     from neuron_build.tasks import BuildSession
     monkeypatch.setenv("NEURON_BUILD_CONFIG", str(cfg))  # the run sets it: restored after the test
-    assert BuildSession(Builder(load_project(cfg))).run(["nosuch"]) == 2
+    assert BuildSession(Builder(Workspace(load_project(cfg)))).run(["nosuch"]) == 2
     err = capsys.readouterr().err
     assert 'ERROR: command `run` invalid parameter: "build:nosuch". Must be a task, or a target.' in err
 

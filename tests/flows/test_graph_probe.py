@@ -49,9 +49,10 @@ def probes(cfg: Path) -> list[str]:
 def build_all(cfg: Path) -> tuple[object, list]:
     from neuron_build.build.builder import Builder
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
-    b = Builder(load_project(cfg))
-    return b, [b.build(t) for t in b.targets]
+    b = Builder(Workspace(load_project(cfg)))
+    return b, [b.build(t) for t in b.ws.targets]
 
 
 #: MODEL whose factory reads a data file of the project (a recorded read the reuse's manifest must carry).

@@ -152,10 +152,11 @@ def test_two_targets_with_identical_graphs_compile_once(tmp_path):
     from neuron_build.build.builder import Builder
     from neuron_build.project.config import load_project
     from neuron_build.store import ledger
+    from neuron_build.workspace import Workspace
 
     cfg = twin_project(tmp_path)
-    b = Builder(load_project(cfg))
-    first, second = (b.build(b.by_id[t]) for t in ("other/static/fp32/p1", "twin/static/fp32/p1"))
+    b = Builder(Workspace(load_project(cfg)))
+    first, second = (b.build(b.ws.by_id[t]) for t in ("other/static/fp32/p1", "twin/static/fp32/p1"))
     assert (first.compiled, second.compiled) == (True, False) and first.key != second.key
     assert second.reason == f"graph unchanged: reused {first.key}"
     events = [(r.target, r.event) for r in ledger.read(b.store)]
@@ -176,12 +177,13 @@ def test_an_index_entry_naming_another_models_artifact_is_refused(tmp_path):
     from neuron_build.examples import build_model
     from neuron_build.project.config import load_project
     from neuron_build.store import graph_index
+    from neuron_build.workspace import Workspace
 
     cfg = write_tiny_project(tmp_path / "proj")
-    b = Builder(load_project(cfg))
-    other = b.build(b.by_id["other/static/fp32/p1"])
+    b = Builder(Workspace(load_project(cfg)))
+    other = b.build(b.ws.by_id["other/static/fp32/p1"])
     tid = "tiny/b1/fp32/p1"
-    first = b.build(b.by_id[tid])
+    first = b.build(b.ws.by_id[tid])
     assert other.compiled and first.compiled
     gk = b.store.manifest(first.key).graph_key
     assert len(gk) == 64 and gk != b.store.manifest(other.key).graph_key
@@ -189,8 +191,8 @@ def test_an_index_entry_naming_another_models_artifact_is_refused(tmp_path):
                                                        backend="torchscript"), replace=True)
     src = cfg.parent / "tinylib" / "tiny.py"
     src.write_text("# a graph-neutral edit\n" + src.read_text())
-    b = Builder(load_project(cfg))
-    out = b.build(b.by_id[tid])
+    b = Builder(Workspace(load_project(cfg)))
+    out = b.build(b.ws.by_id[tid])
     assert (out.status, out.compiled) == ("PASS", True), out.reason
     m = b.store.manifest(out.key)
     assert m.reused_from is None and m.graph_key == gk and len(m.graph_document) == 64
@@ -242,6 +244,7 @@ def test_an_edit_inside_a_cond_branch_compiles_again_and_serves_the_edited_model
     from neuron_build.build.builder import Builder
     from neuron_build.examples import build_model
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     root = tmp_path / "proj"
     (root / "condlib").mkdir(parents=True)
@@ -250,13 +253,13 @@ def test_an_edit_inside_a_cond_branch_compiles_again_and_serves_the_edited_model
     src.write_text(COND_MODEL)
     cfg = root / "buckets.toml"
     cfg.write_text(COND_CONFIG)
-    b = Builder(load_project(cfg))
+    b = Builder(Workspace(load_project(cfg)))
     tid = "gate/static/fp32/p1"
-    first = b.build(b.by_id[tid])
+    first = b.build(b.ws.by_id[tid])
     assert (first.status, first.compiled) == ("PASS", True), first.reason
     src.write_text(COND_MODEL.replace("max=1.0", "max=3.0"))
-    b = Builder(load_project(cfg))
-    second = b.build(b.by_id[tid])
+    b = Builder(Workspace(load_project(cfg)))
+    second = b.build(b.ws.by_id[tid])
     assert (second.status, second.compiled) == ("PASS", True), second.reason
     assert b.store.manifest(second.key).reused_from is None
     assert b.store.manifest(second.key).graph_key != b.store.manifest(first.key).graph_key

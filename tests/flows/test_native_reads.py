@@ -14,6 +14,7 @@ import pytest
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
 from neuron_build.status import DOWNLOADED, BuildResult
+from neuron_build.workspace import Workspace
 from tests.helpers.projects import write_tiny_project
 
 LOADERS = {
@@ -110,8 +111,8 @@ def native_project(root: Path) -> Path:
 
 
 def states(cfg: Path) -> dict[str, tuple[str, list[str]]]:
-    b = Builder(load_project(cfg))
-    out = {t.model: (str(b.state(t)), b.changed(t)[0]) for t in b.targets}
+    b = Builder(Workspace(load_project(cfg)))
+    out = {t.model: (str(b.ws.state(t)), b.ws.changed(t)[0]) for t in b.ws.targets}
     b.keys.save()
     return out
 
@@ -120,9 +121,9 @@ def states(cfg: Path) -> dict[str, tuple[str, list[str]]]:
 def test_weights_loaded_by_native_code_are_keyed_by_content(tmp_path):
     cfg = native_project(tmp_path / "proj")
     root = cfg.parent
-    b = Builder(load_project(cfg))
-    outs = [b.build(t) for t in b.targets]
-    assert [(o.target, o.ok) for o in outs] == [(t.id, True) for t in b.targets]  # (same graphs: reused)
+    b = Builder(Workspace(load_project(cfg)))
+    outs = [b.build(t) for t in b.ws.targets]
+    assert [(o.target, o.ok) for o in outs] == [(t.id, True) for t in b.ws.targets]  # (same graphs: reused)
     b.keys.save()
     assert {m: s for m, (s, _) in states(cfg).items()} == dict.fromkeys(["lf", "so", "ff", "hfm"], "cached")
 
@@ -157,16 +158,16 @@ def test_a_second_checkout_without_pip_metadata_downloads_everything(tmp_path):
     (info / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: demo\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[console_scripts]\ndemo = demo:main\n")
 
-    b = Builder(load_project(a))
-    outs = [b.build(t) for t in b.targets]
+    b = Builder(Workspace(load_project(a)))
+    outs = [b.build(t) for t in b.ws.targets]
     assert all(o.ok and o.compiled for o in outs), [(o.target, o.status, o.reason) for o in outs]
     b.keys.save()
 
     second = tmp_path / "b"
     shutil.copytree(a.parent, second, ignore=shutil.ignore_patterns("*.egg-info", "artifacts", ".neuron-build"))
-    b2 = Builder(load_project(second / "buckets.toml"))
-    assert [b2.key(t).key for t in b2.targets] == [b.key(t).key for t in b.targets]
-    outs2 = [b2.build(t) for t in b2.targets]
+    b2 = Builder(Workspace(load_project(second / "buckets.toml")))
+    assert [b2.ws.key(t).key for t in b2.ws.targets] == [b.ws.key(t).key for t in b.ws.targets]
+    outs2 = [b2.build(t) for t in b2.ws.targets]
     assert [(o.status, o.reason, o.compiled) for o in outs2] == [(BuildResult.CACHED, DOWNLOADED, False)] * len(outs)
 
 
@@ -199,8 +200,8 @@ def test_weights_in_a_hidden_or_linked_project_folder_are_keyed(tmp_path):
         write(path, 1.0)
     cfg = root / "buckets.toml"
     cfg.write_text('[build]\nbackend = "torchscript"\ntimeout_s = 600\n\n[profiles.p1]\ncompiler_args = []\n' + models)
-    b = Builder(load_project(cfg))
-    assert all(b.build(t).ok for t in b.targets)
+    b = Builder(Workspace(load_project(cfg)))
+    assert all(b.build(t).ok for t in b.ws.targets)
     b.keys.save()
     assert states(cfg) == {"hid": ("cached", []), "sym": ("cached", [])}
     for name, path in paths.items():

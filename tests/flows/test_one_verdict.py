@@ -19,6 +19,7 @@ import pytest
 
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import REPO, run_cli
 
 SEEDED = '''
@@ -99,19 +100,19 @@ def _doit(cfg: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def _verdicts(cfg: Path) -> dict[str, str | None]:
-    b = Builder(load_project(cfg))
+    b = Builder(Workspace(load_project(cfg)))
     out = {}
     for tid in (A, B, C):
-        r = b.store.result(b.key(b.by_id[tid]).key, "validation", "cpu")
+        r = b.store.result(b.ws.key(b.ws.by_id[tid]).key, "validation", "cpu")
         out[tid] = r and r["verdict"]
     return out
 
 
 def _forget(cfg: Path) -> None:
     """Drop the stored validations, so the next run validates again."""
-    b = Builder(load_project(cfg))
+    b = Builder(Workspace(load_project(cfg)))
     for tid in (A, B, C):
-        key = b.key(b.by_id[tid]).key
+        key = b.ws.key(b.ws.by_id[tid]).key
         for f in b.store.path(f"results/{key}").rglob("*.json"):
             f.unlink()
 
@@ -149,7 +150,7 @@ def test_cli_validate_and_the_promote_gate_agree_and_an_error_is_not_a_fail(buil
     assert p.returncode == 0, p.stdout + p.stderr
     from neuron_build.release.gates import validation_gate
 
-    b = Builder(load_project(built))
-    gate = validation_gate(b.store, {C: b.key(b.by_id[C]).key}, "cpu")
+    b = Builder(Workspace(load_project(built)))
+    gate = validation_gate(b.store, {C: b.ws.key(b.ws.by_id[C]).key}, "cpu")
     assert not gate.passed
     assert gate.message == f"not validated on cpu: {C} (the last validation ended in an error; run it again)"

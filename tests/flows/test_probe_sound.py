@@ -63,14 +63,15 @@ def test_a_probe_result_left_by_an_earlier_build_is_never_used(tmp_path):
     (cfg.parent / "heldout" / "blk.py").write_text("# a graph-neutral edit\n" + model)
     from neuron_build.build.builder import Builder
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
-    b = Builder(load_project(cfg))
-    b1, b2 = b.targets
+    b = Builder(Workspace(load_project(cfg)))
+    b1, b2 = b.ws.targets
     out = b.build(b1)  # `build 'blk/b1/*'`
     assert (out.status, out.compiled) == ("PASS", False)
     runs = probes(cfg)
     assert len(runs) == 1 and "targets=2" in runs[0], runs
-    left = b.project.state_dir / "graph-probe" / f"{b.key(b2).key}.json"
+    left = b.project.state_dir / "graph-probe" / f"{b.ws.key(b2).key}.json"
     assert left.exists()  # the result b1's probe left for b2
     ext.write_text("tanh\n")
     b, third = build_all(cfg)

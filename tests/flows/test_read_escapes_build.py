@@ -9,6 +9,7 @@ from pathlib import Path
 
 from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
+from neuron_build.workspace import Workspace
 
 FACTORY = '''
 import glob
@@ -62,8 +63,8 @@ inputs = [{ name = "x", shape = [2, 4] }]
 
 
 def states(cfg: Path) -> dict[str, tuple[str, list[str]]]:
-    b = Builder(load_project(cfg))
-    out = {t.model: (str(b.state(t)), b.changed(t)[0]) for t in b.targets}
+    b = Builder(Workspace(load_project(cfg)))
+    out = {t.model: (str(b.ws.state(t)), b.ws.changed(t)[0]) for t in b.ws.targets}
     b.keys.save()
     return out
 
@@ -82,9 +83,9 @@ def test_a_new_shard_a_home_file_and_a_child_process_are_never_served_stale(tmp_
     cfg = root / "buckets.toml"
     cfg.write_text(CONFIG)
 
-    b = Builder(load_project(cfg))
-    outs = [b.build(t) for t in b.targets]
-    assert [(o.target, o.ok) for o in outs] == [(t.id, True) for t in b.targets]
+    b = Builder(Workspace(load_project(cfg)))
+    outs = [b.build(t) for t in b.ws.targets]
+    assert [(o.target, o.ok) for o in outs] == [(t.id, True) for t in b.ws.targets]
     b.keys.save()
     got = states(cfg)
     assert got["esc"] == ("cached", [])

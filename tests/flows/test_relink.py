@@ -92,6 +92,7 @@ def test_a_fine_tune_relinks_every_bucket_and_a_shape_change_compiles(tmp_path):
     from neuron_build.build.builder import Builder
     from neuron_build.errors import UserError
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     cfg = _project(tmp_path / "proj", seed=0)
     assert _build(cfg) == {"compiles": 2, "graph_reused": 0, "failed": 0}
@@ -110,7 +111,7 @@ def test_a_fine_tune_relinks_every_bucket_and_a_shape_change_compiles(tmp_path):
     e = run_cli("explain", tid, "-c", str(cfg))
     assert f"weights changed, graph unchanged: relinked from {first[tid]['key']}" in e.stdout, e.stdout
 
-    b = Builder(load_project(cfg))
+    b = Builder(Workspace(load_project(cfg)))
     art = b.store.artifact_dir(m["key"])
     x = torch.randn(2, 8)
     eager = _eager(tmp_path / "proj", seed=7)(x)

@@ -187,12 +187,13 @@ def test_pull_with_only_the_url(tmp_path, remote_url):
     from neuron_build.build.builder import Builder
     from neuron_build.project.config import load_project
     from neuron_build.release import create_release, promote
+    from neuron_build.workspace import Workspace
 
     cfg = checkout(tmp_path / "ci", remote_url, "1")
     assert run_cli("build", "-c", str(cfg)).returncode == 0
     project = load_project(cfg)
-    b = Builder(project)
-    rel = create_release(b, "tiny", "fp32", "p1")
+    b = Builder(Workspace(project))
+    rel = create_release(b.ws, "tiny", "fp32", "p1")
     promote(b.store, project.config.release, "tiny", "dev", release=rel.id, allow_unvalidated=True, reason="not validated in tests")
     shutil.rmtree(cfg.parent / "artifacts")  # the CI runner is gone; only the remote is left
 

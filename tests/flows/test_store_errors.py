@@ -79,12 +79,13 @@ def test_a_read_only_store_that_must_be_written_fails_in_one_line(tmp_path):
     from neuron_build.project.config import load_project
     from neuron_build.status import Status
     from neuron_build.store import open_store
+    from neuron_build.workspace import Workspace
 
     cfg = write_tiny_project(tmp_path / "p")
     (cfg.parent / "artifacts").mkdir()
     project = load_project(cfg)
-    b = Builder(project, store=open_store(project.store_url(), read_only=True))
-    out = b.build(b.by_id[OTHER])
+    b = Builder(Workspace(project, store=open_store(project.store_url(), read_only=True)))
+    out = b.build(b.ws.by_id[OTHER])
     assert out.status == Status.ERROR and not out.compiled
     assert out.reason == (f"store {cfg.parent / 'artifacts'} is read-only: cannot compile {OTHER} into it; make it "
                           "writable, or set [build] store (buckets.toml) to a folder this user may write")
@@ -97,15 +98,16 @@ def test_a_lock_the_file_system_refuses_is_the_read_only_line(tmp_path, monkeypa
     from neuron_build.project.config import load_project
     from neuron_build.status import Status
     from neuron_build.store.locks import KeyLock
+    from neuron_build.workspace import Workspace
 
     cfg = write_tiny_project(tmp_path / "p")
-    b = Builder(load_project(cfg))
+    b = Builder(Workspace(load_project(cfg)))
 
     def refuse(self):
         raise OSError(errno.EROFS, "Read-only file system", str(self.path))
 
     monkeypatch.setattr(KeyLock, "acquire", refuse)
-    out = b.build(b.by_id[OTHER])
+    out = b.build(b.ws.by_id[OTHER])
     store = cfg.parent / "artifacts"
     assert out.status == Status.ERROR
     assert out.reason.startswith(f"store {store} is read-only (Read-only file system: {store}/locks/")

@@ -26,6 +26,7 @@ from neuron_build.build.executor import WORKER_LOG, CompileRun
 from neuron_build.log import configure
 from neuron_build.project.config import load_project
 from neuron_build.util import read_json
+from neuron_build.workspace import Workspace
 
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 MUTATIONS = {"os.rename", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree", "os.truncate", "os.link",
@@ -36,7 +37,7 @@ def main() -> None:
     cfg, target, k, replay = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
     project = load_project(cfg)
     configure(project.state_dir / "build.log", json_lines=True, quiet=True)
-    b = Builder(project)
+    b = Builder(Workspace(project))
     writes: list[str] = []
     armed = [False]
 
@@ -84,7 +85,7 @@ def main() -> None:
 
     b.executor = Replay()
     sys.addaudithook(hook)
-    out = b.build(b.by_id[target])
+    out = b.build(b.ws.by_id[target])
     armed[0] = False
     print(json.dumps({"status": out.status, "writes": writes}), flush=True)
 

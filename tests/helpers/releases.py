@@ -16,6 +16,7 @@ from neuron_build.release import (
 )
 from neuron_build.store import layout
 from neuron_build.store.local import LocalStore
+from neuron_build.workspace import Workspace
 from tests.helpers.projects import manifest_file, rewrite_manifest
 
 ACTOR = "tester@ci"
@@ -56,13 +57,13 @@ def set_release_config(cfg: Path, text: str) -> None:
 
 def ctx(cfg: Path):
     project = load_project(cfg)
-    b = Builder(project)
+    b = Builder(Workspace(project))
     return project, b, b.store, project.config.release
 
 
 def make(cfg: Path, dtype: str = "fp32", profile: str = "p1") -> dict:
     _, b, _, _ = ctx(cfg)
-    return create_release(b, "tiny", dtype, profile).to_json()  # the record, as the store holds it
+    return create_release(b.ws, "tiny", dtype, profile).to_json()  # the record, as the store holds it
 
 
 def validate_all(store: LocalStore, rel: dict, kind: str = "cpu", verdict: str = "pass") -> None:

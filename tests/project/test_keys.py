@@ -11,6 +11,7 @@ from neuron_build.project.keys import COMPONENTS, DigestCache, KeyMaker, diff_co
 from neuron_build.project.matrix import bucket_id, expand
 from neuron_build.project.sources import local_imports
 from neuron_build.store.records import TargetRecord
+from neuron_build.workspace import Workspace
 from tests.helpers.projects import edit
 
 
@@ -137,13 +138,13 @@ def test_declared_weights_and_packages_in_key(tiny):
 
 
 def test_plan_changed_names_component_first(tiny):
-    b = Builder(load_project(tiny))
-    t = b.by_id["tiny/b1/fp32/p1"]
-    ki = b.key(t)
+    b = Builder(Workspace(load_project(tiny)))
+    t = b.ws.by_id["tiny/b1/fp32/p1"]
+    ki = b.ws.key(t)
     b.store.put_target(TargetRecord(target=t.id, key=ki.key, status="PASS", details=ki.details, hashes=ki.hashes))
     edit(tiny, 'compiler_args = ["--optlevel=1"]', 'compiler_args = ["--optlevel=3"]')
-    b2 = Builder(load_project(tiny))
-    assert b2.changed(b2.by_id[t.id]) == (["compiler: compiler_args"], t.id)
+    b2 = Builder(Workspace(load_project(tiny)))
+    assert b2.ws.changed(b2.ws.by_id[t.id]) == (["compiler: compiler_args"], t.id)
 
 
 def test_removed_target_index_picks_the_closest_record():
@@ -151,7 +152,7 @@ def test_removed_target_index_picks_the_closest_record():
     fewest differing components, the first by target id among equals."""
     import random
 
-    from neuron_build.build.planner import _RemovedIndex
+    from neuron_build.workspace import _RemovedIndex
 
     rng = random.Random(7)
     comps = list(COMPONENTS)

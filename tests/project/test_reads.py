@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from neuron_build.build.builder import Builder
+from neuron_build.build.executor import compile_request
 from neuron_build.project.config import load_project
 from neuron_build.project.reads import ReadRecorder
+from neuron_build.workspace import Workspace
 from tests.helpers.projects import write_tiny_project
 
 TARGET = "other/static/fp32/p1"
@@ -51,9 +53,9 @@ def dist(site: Path, version: str) -> None:
 
 
 def state(cfg: Path) -> tuple[str, list[str]]:
-    b = Builder(load_project(cfg))
-    t = b.by_id[TARGET]
-    out = (str(b.state(t)), b.changed(t)[0])
+    b = Builder(Workspace(load_project(cfg)))
+    t = b.ws.by_id[TARGET]
+    out = (str(b.ws.state(t)), b.ws.changed(t)[0])
     b.keys.save()
     return out
 
@@ -70,11 +72,11 @@ def test_what_a_build_read_is_checked_at_lookup_and_the_planned_key_is_the_publi
     (cfg.parent / "data").mkdir()
     (cfg.parent / "data" / "scale.txt").write_text("2.0")
 
-    planned = Builder(load_project(cfg))
-    planned_key = planned.key(planned.by_id[TARGET]).key
+    planned = Builder(Workspace(load_project(cfg)))
+    planned_key = planned.ws.key(planned.ws.by_id[TARGET]).key
     planned.keys.save()
-    b = Builder(load_project(cfg))
-    out = b.build(b.by_id[TARGET])
+    b = Builder(Workspace(load_project(cfg)))
+    out = b.build(b.ws.by_id[TARGET])
     b.keys.save()
     assert out.ok and out.compiled
     assert out.key == planned_key  # the key plan showed before the first build is the one published
@@ -85,7 +87,7 @@ def test_what_a_build_read_is_checked_at_lookup_and_the_planned_key_is_the_publi
     assert list(rec["imports"]) == ["tinylib/byname.py"]
     assert rec["dists"]["gkdep"] == "1.0" and "neuron-build" not in rec["dists"] and "torch" not in rec["dists"]
     assert state(cfg) == ("cached", [])
-    assert Builder(load_project(cfg)).key(b.by_id[TARGET]).key == planned_key  # and the next plan's
+    assert Workspace(load_project(cfg)).key(b.ws.by_id[TARGET]).key == planned_key  # and the next plan's
 
     (cfg.parent / "data" / "scale.txt").write_text("3.0")
     assert state(cfg) == ("missing", ["recorded read data/scale.txt changed"])
@@ -104,8 +106,8 @@ def test_what_a_build_read_is_checked_at_lookup_and_the_planned_key_is_the_publi
     dist(site, "2.0")
     assert state(cfg) == ("missing", ["recorded distribution gkdep changed"])
     # the rebuild keeps the key and replaces the stale record
-    b = Builder(load_project(cfg))
-    out = b.build(b.by_id[TARGET])
+    b = Builder(Workspace(load_project(cfg)))
+    out = b.build(b.ws.by_id[TARGET])
     assert out.ok and out.key == planned_key
     assert b.store.manifest(planned_key).recorded_inputs["dists"]["gkdep"] == "2.0"
     assert state(cfg) == ("cached", [])
@@ -240,7 +242,7 @@ def test_never_an_input(tmp_path, rel):
         (root / "data.txt").read_text()
         NATIVE["torch.from_file"](f)
     assert rec.files == {"data.txt"}
-    keys = Builder(load_project(cfg)).keys
+    keys = Workspace(load_project(cfg)).keys
     got = keys.recorded_inputs("tiny", [rel], {"files": [rel, "data.txt"], "env": [], "dists": []})
     assert list(got["files"]) == ["data.txt"] and got["imports"] == {}
 
@@ -269,12 +271,12 @@ def test_the_worker_never_watches_the_store(tmp_path):
     makes from it watches no folder under them: a store of thousands of folders would exhaust inotify's
     watches, and every record would then be incomplete (every target rebuilt on every build)."""
     cfg = write_tiny_project(tmp_path / "proj")
-    b = Builder(load_project(cfg))
+    b = Builder(Workspace(load_project(cfg)))
     store = (cfg.parent / "artifacts").resolve()
     for i in range(40):
         (store / "cas" / f"{i:02x}").mkdir(parents=True, exist_ok=True)
-    t = b.targets[0]
-    req = b.planner.request(t, b.key(t), tmp_path / "out", tmp_path / "work")
+    t = b.ws.targets[0]
+    req = compile_request(b.ws, t, b.ws.key(t), tmp_path / "out", tmp_path / "work")
     assert str(store) in req.never_read and str(b.project.state_dir.resolve()) in req.never_read
     (store / "cas" / "00" / "blob").write_text("x")
     (cfg.parent / "tinylib" / "data.txt").write_text("y")

@@ -24,6 +24,7 @@ from neuron_build.status import TargetState
 from neuron_build.store.manifest import Manifest, Metrics
 from neuron_build.store.records import TargetRecord
 from neuron_build.util import file_sha256
+from neuron_build.workspace import Workspace
 from tests.helpers.projects import edit
 
 OTHER = "other/static/fp32/p1"
@@ -31,9 +32,9 @@ OTHER = "other/static/fp32/p1"
 
 def mark_built(cfg: Path, target_id: str = OTHER) -> Builder:
     """Publish a placeholder artifact and a target record for the target's current key."""
-    b = Builder(load_project(cfg))
-    t = b.by_id[target_id]
-    ki = b.key(t)
+    b = Builder(Workspace(load_project(cfg)))
+    t = b.ws.by_id[target_id]
+    ki = b.ws.key(t)
     st = b.store.new_staging(ki.key)
     obj = st / "object"
     obj.mkdir()
@@ -49,17 +50,17 @@ def mark_built(cfg: Path, target_id: str = OTHER) -> Builder:
     shutil.rmtree(st, ignore_errors=True)
     b.store.put_target(TargetRecord(target=t.id, key=ki.key, status="PASS", details=ki.details, hashes=ki.hashes))
     b.keys.save()
-    assert Builder(load_project(cfg)).state(t) == TargetState.CACHED
+    assert Workspace(load_project(cfg)).state(t) == TargetState.CACHED
     return b
 
 
 def state_and_explain(cfg: Path, target_id: str = OTHER) -> tuple[str, list[str]]:
     """The target's state in a fresh planner and the ``explain`` lines that say what changed."""
-    b = Builder(load_project(cfg))
-    t = b.by_id[target_id]
-    lines = [ln.strip() for ln in format_explain(b, t).splitlines() if ln.strip().startswith("- ")]
+    b = Builder(Workspace(load_project(cfg)))
+    t = b.ws.by_id[target_id]
+    lines = [ln.strip() for ln in format_explain(b.ws, t).splitlines() if ln.strip().startswith("- ")]
     b.keys.save()
-    return str(b.state(t)), lines
+    return str(b.ws.state(t)), lines
 
 
 def use_factory(cfg: Path, factory: str, extra: str = "") -> None:
@@ -132,8 +133,8 @@ def test_module_loaded_by_string_is_recorded(tiny):
             return torch.nn.Linear(16, plugin.OUT)
     '''))
     use_factory(tiny, "tinylib.bystring:build")
-    b = Builder(load_project(tiny))
-    out = b.build(b.by_id[OTHER])
+    b = Builder(Workspace(load_project(tiny)))
+    out = b.build(b.ws.by_id[OTHER])
     assert out.ok, out.reason
     assert list(b.store.manifest(out.key).recorded_inputs["imports"]) == ["tinylib/plugin.py"]
     # the manifest records what the compile imported: the next plan finds the artifact (a no-op)
@@ -174,7 +175,7 @@ def test_folder_of_weights(tiny):
     (ckpt / ".lock").write_text("")
     use_factory(tiny, "tinylib.other:build", 'weights = ["ckpt"]')
     b = mark_built(tiny)
-    weights = b.key(b.by_id[OTHER]).details["model"]["weights"]
+    weights = b.ws.key(b.ws.by_id[OTHER]).details["model"]["weights"]
     assert list(weights) == ["ckpt/a.safetensors", "ckpt/shards/b.safetensors"]  # stable order, no hidden files
     (ckpt / "shards" / "b.safetensors").write_bytes(b"b2")
     assert state_and_explain(tiny) == ("missing", ["- model: weights.ckpt/shards/b.safetensors"])
@@ -185,12 +186,12 @@ def test_weights_outside_the_project_keyed_by_content(tiny, tmp_path):
         (tmp_path / d).mkdir()
         (tmp_path / d / "w.bin").write_bytes(b"same bytes")
     use_factory(tiny, "tinylib.other:build", f'weights = ["{tmp_path / "mnt1" / "w.bin"}"]')
-    b1 = Builder(load_project(tiny))
-    k1 = b1.key(b1.by_id[OTHER])
+    b1 = Builder(Workspace(load_project(tiny)))
+    k1 = b1.ws.key(b1.ws.by_id[OTHER])
     assert list(k1.details["model"]["weights"]) == ["<outside>/w.bin"]
     edit(tiny, str(tmp_path / "mnt1"), str(tmp_path / "mnt2"))
-    b2 = Builder(load_project(tiny))
-    assert b2.key(b2.by_id[OTHER]).key == k1.key
+    b2 = Builder(Workspace(load_project(tiny)))
+    assert b2.ws.key(b2.ws.by_id[OTHER]).key == k1.key
 
 
 def test_missing_weights_and_empty_folder_messages(tiny):

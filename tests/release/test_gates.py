@@ -13,6 +13,7 @@ from neuron_build.release import (
     promote,
 )
 from neuron_build.release.gates import bench_result, latency_gate, validation_gate
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import run_cli
 from tests.helpers.projects import write_tiny_project
 from tests.helpers.releases import ACTOR, bench_all, ctx, gate, make, refused, set_release_config, validate_all
@@ -32,8 +33,8 @@ def project(tmp_path_factory):
     assert v.returncode == 1  # BAD fails
     bn = run_cli("bench", "-c", str(cfg), "--iters", "20", "--warmup", "2", GOOD, BAD)
     assert bn.returncode == 0, bn.stderr
-    b = Builder(load_project(cfg))
-    return b, {t: b.key(b.by_id[t]).key for t in (GOOD, BAD)}
+    b = Builder(Workspace(load_project(cfg)))
+    return b, {t: b.ws.key(b.ws.by_id[t]).key for t in (GOOD, BAD)}
 
 
 def test_validation_gate_on_stored_results(project):
@@ -93,8 +94,8 @@ def test_results_sit_beside_the_artifact(project):
         assert b.store.is_complete(key, deep=True) and set(b.store.manifest(key).files) == {"model.pt"}
     assert b.store.result(keys[BAD], "validation", "cpu")["verdict"] == "fail"
     assert b.store.result(keys[GOOD], "validation", "cpu")["verdict"] == "pass"
-    again = Builder(load_project(b.project.path))
-    assert {t: again.key(again.by_id[t]).key for t in keys} == keys
+    again = Builder(Workspace(load_project(b.project.path)))
+    assert {t: again.ws.key(again.ws.by_id[t]).key for t in keys} == keys
 
 
 

@@ -25,6 +25,7 @@ from neuron_build.project.config import load_project
 from neuron_build.release import create_release, promote
 from neuron_build.release.gates import comparable, latency_gate, pick_pair
 from neuron_build.util import median_ci, ratio_ci
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import run_cli
 from tests.helpers.projects import write_tiny_project
 
@@ -203,9 +204,9 @@ def mlp(tmp_path_factory):
     assert r.returncode == 0, r.stdout + r.stderr
     r = run_cli("validate", "-c", str(cfg), "mlp")
     assert r.returncode == 0, r.stdout + r.stderr
-    b = Builder(load_project(cfg))
-    r1 = create_release(b, "mlp", "fp32", "p1")
-    r2 = create_release(b, "mlp", "fp32", "p2")
+    b = Builder(Workspace(load_project(cfg)))
+    r1 = create_release(b.ws, "mlp", "fp32", "p1")
+    r2 = create_release(b.ws, "mlp", "fp32", "p2")
     assert r1.artifacts[0].key != r2.artifacts[0].key
     return cfg, r1.id, r2.id
 
@@ -230,7 +231,7 @@ def test_same_speed_passes_every_time_and_a_sleep_in_forward_is_refused(mlp):
             assert x["stopped_by"] in ("precision", "time") and x["host_class"]
         _fresh_channels(cfg)
         project = load_project(cfg)
-        b = Builder(project)
+        b = Builder(Workspace(project))
         promote(b.store, project.config.release, "mlp", "dev", release=r1)
         e = promote(b.store, project.config.release, "mlp", "dev", release=r2)
         g = next(g for g in e.gates if g["name"] == "latency")
@@ -240,7 +241,7 @@ def test_same_speed_passes_every_time_and_a_sleep_in_forward_is_refused(mlp):
 
     # the p2 artifact with a sleep of half the baseline's median added to its forward: 1.5x slower
     project = load_project(cfg)
-    b = Builder(project)
+    b = Builder(Workspace(project))
     base_median = recs[0]["latency_ms"]["p50"] if recs[0]["target"].endswith("p1") else recs[1]["latency_ms"]["p50"]
     nap = base_median / 2 / 1000
 
@@ -257,7 +258,7 @@ def test_same_speed_passes_every_time_and_a_sleep_in_forward_is_refused(mlp):
         return forward
 
     timing = TimingSettings(warmup=5, iters=None, min_iters=30, max_time_s=3.0, threads=1)
-    run = bench_selected(b, [t for t in b.targets if t.model == "mlp"], timing, wrap=slowed)
+    run = bench_selected(b.ws, [t for t in b.ws.targets if t.model == "mlp"], timing, wrap=slowed)
     slow = next(x for x in run.records if x.target.endswith("p2"))
     fast = next(x for x in run.records if x.target.endswith("p1"))
     assert slow.median_ms / fast.median_ms > 1.35

@@ -20,19 +20,20 @@ from neuron_build.release import (
     rollback,
 )
 from neuron_build.store.local import LocalStore
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import run_cli
 from tests.helpers.releases import ACTOR, ctx, make
 
 
 def test_release_record(proj):
     project, b, store, _ = ctx(proj)
-    made = create_release(b, "tiny", "fp32", "p1")
+    made = create_release(b.ws, "tiny", "fp32", "p1")
     assert isinstance(made, Release) and made.model == "tiny" and made.artifacts[0].loader == "torch.jit.load"
     rel = made.to_json()
     assert rel["id"].startswith("r-") and len(rel["id"]) == 18
     assert (rel["model"], rel["dtype"], rel["profile"], rel["backend"], rel["hardware_target"]) == (
         "tiny", "fp32", "p1", "torchscript", "cpu")
-    targets = {t.id: b.key(t).key for t in b.targets if t.model == "tiny" and t.dtype == "fp32" and t.profile == "p1"}
+    targets = {t.id: b.ws.key(t).key for t in b.ws.targets if t.model == "tiny" and t.dtype == "fp32" and t.profile == "p1"}
     assert {a["target"]: a["key"] for a in rel["artifacts"]} == targets
     for a in rel["artifacts"]:
         m = store.manifest(a["key"])
@@ -53,7 +54,7 @@ def test_release_record(proj):
     assert rel["git_commit"] is None and rel["creator"] == ACTOR
     assert store.release("tiny", rel["id"]) == rel and store.release_ids("tiny") == [rel["id"]]
     # same artifacts again: same id, the first record stays untouched (a record is written once)
-    assert create_release(Builder(project), "tiny", "fp32", "p1") == made
+    assert create_release(Workspace(project), "tiny", "fp32", "p1") == made
     assert store.release("tiny", rel["id"]) == rel and store.release_ids("tiny") == [rel["id"]]
     assert store.put_release("tiny", rel["id"], {**rel, "creator": "someone else"}) is False
     assert store.release("tiny", rel["id"]) == rel
@@ -115,17 +116,17 @@ def test_release_refuses_missing_and_failed_buckets(proj):
 
 def test_release_refuses_mixed_toolchains(proj, monkeypatch):
     project = load_project(proj)
-    b = Builder(project)
-    assert b.build(b.by_id["tiny/b1/fp32/p2"]).status == "PASS"
+    b = Builder(Workspace(project))
+    assert b.build(b.ws.by_id["tiny/b1/fp32/p2"]).status == "PASS"
     # b4 built by a host with another torch: its key differs from this checkout's only in the toolchain
     monkeypatch.setattr("neuron_build.project.keys.toolchain_versions", lambda backend: {"torch": "9.9.9"})
-    other = Builder(project)
-    assert other.build(other.by_id["tiny/b4/fp32/p2"]).status == "PASS"
+    other = Builder(Workspace(project))
+    assert other.build(other.ws.by_id["tiny/b4/fp32/p2"]).status == "PASS"
     monkeypatch.undo()
     monkeypatch.setenv("NEURON_BUILD_ACTOR", ACTOR)
-    torch_version = Builder(project).keys.key(b.by_id["tiny/b1/fp32/p2"]).details["toolchain"]["torch"]
+    torch_version = Workspace(project).keys.key(b.ws.by_id["tiny/b1/fp32/p2"]).details["toolchain"]["torch"]
     with pytest.raises(UserError) as ei:
-        create_release(Builder(project), "tiny", "fp32", "p2")
+        create_release(Workspace(project), "tiny", "fp32", "p2")
     msg = str(ei.value)
     assert "its buckets were built with different toolchains" in msg
     assert f"tiny/b1/fp32/p2: built with a different toolchain than the others: torch={torch_version}" in msg
@@ -133,10 +134,10 @@ def test_release_refuses_mixed_toolchains(proj, monkeypatch):
 
     # once every bucket is from the other toolchain, the release is made from those artifacts
     monkeypatch.setattr("neuron_build.project.keys.toolchain_versions", lambda backend: {"torch": "9.9.9"})
-    other = Builder(project)
-    assert other.build(other.by_id["tiny/b1/fp32/p2"]).status == "PASS"
+    other = Builder(Workspace(project))
+    assert other.build(other.ws.by_id["tiny/b1/fp32/p2"]).status == "PASS"
     monkeypatch.undo()
-    rel = create_release(Builder(project), "tiny", "fp32", "p2")
+    rel = create_release(Workspace(project), "tiny", "fp32", "p2")
     assert rel.toolchain == {"torch": "9.9.9"}
 
 

@@ -211,6 +211,7 @@ def test_validate_and_bench_of_an_nxdi_target_on_a_neuron_host_run_through_nxdi(
     from neuron_build.evaluate import validate as validate_mod
     from neuron_build.evaluate.textgen_validate import bench_callables
     from neuron_build.project import toolchain
+    from neuron_build.workspace import Workspace
     from tests.fakes.env import activate
 
     activate(monkeypatch, "neuron_sdk", has_device=True)
@@ -222,9 +223,9 @@ def test_validate_and_bench_of_an_nxdi_target_on_a_neuron_host_run_through_nxdi(
     # versions another test of this process cached (another toolchain) must not make another key
     toolchain.clear_caches()
     request.addfinalizer(toolchain.clear_caches)
-    b = Builder(load_project(proj))
-    (t,) = b.targets
-    key = b.key(t).key
+    b = Builder(Workspace(load_project(proj)))
+    (t,) = b.ws.targets
+    key = b.ws.key(t).key
     # the imitated Neuron host (the patched device list) lives in this process: validate here, not in the fresh
     # process validate_target starts (tests/flows/test_one_verdict.py covers that process)
     monkeypatch.setattr(validate_mod, "_validate_isolated", validate_mod.validate_here)

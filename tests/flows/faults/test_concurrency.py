@@ -20,6 +20,7 @@ from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
 from neuron_build.store.budget import GB, MemoryBudget
 from neuron_build.store.locks import KeyLock
+from neuron_build.workspace import Workspace
 from tests.helpers.cli import events
 from tests.helpers.faultkit import (
     REPO,
@@ -43,8 +44,8 @@ def doit_args(cfg: Path, *args: str) -> list[str]:
 
 
 def key_of(cfg: Path, target: str) -> str:
-    b = Builder(load_project(cfg))
-    return b.key(b.by_id[target]).key
+    b = Builder(Workspace(load_project(cfg)))
+    return b.ws.key(b.ws.by_id[target]).key
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from neuron_build.build.builder import Builder
 from neuron_build.project.config import load_project
 from neuron_build.store import layout
 from neuron_build.store.local import LocalStore
+from neuron_build.workspace import Workspace
 from tests.helpers.faultkit import (
     REPO,
     compile_counts,
@@ -81,8 +82,8 @@ def copy_project(cfg: Path, dest: Path) -> Path:
 
 
 def keys_of(cfg: Path) -> dict[str, str]:
-    b = Builder(load_project(cfg))
-    return {t.id: b.key(t).key for t in b.targets}
+    b = Builder(Workspace(load_project(cfg)))
+    return {t.id: b.ws.key(t).key for t in b.ws.targets}
 
 
 def blob_file(store: LocalStore, key: str, name: str = "model.pt") -> Path:

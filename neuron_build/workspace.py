@@ -1,37 +1,53 @@
-"""Planning a build: the targets of the matrix, their keys, their state in the store, what changed since
-they were last built, and the worker request of a target. Reads the store, never writes it."""
+"""An opened project: the targets of its matrix, their keys, their state in its store, what changed since
+they were last built, where their artifacts are, and the build's predictor. Reads the store, never writes it.
+
+Its own layer over project and store (``tests/test_layers.py``): no compilers and nothing of ``build/``, so
+the read commands (``plan``, ``explain``, ``show``, ``ls``, the release commands) open a :class:`Workspace`
+and never a :class:`~neuron_build.build.builder.Builder` (which takes one: it builds one target at a time),
+and ``release/`` may take one. The shape of doit's loader/runner split: the loaded project here, the run of
+it in ``build/``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from neuron_build.compilers.base import CompileRequest
 from neuron_build.project.config import Project
 from neuron_build.project.keys import COMPONENTS, KeyInfo, KeyMaker, diff_components
 from neuron_build.project.matrix import Target, expand
 from neuron_build.status import TargetState
+from neuron_build.store import cached_store
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.records import TargetRecord
 from neuron_build.util import canonical_json, sha256_hex
 
+P = TypeVar("P")
 
-class Planner:
-    """The targets of one project and their keys, against one store.
+
+class Workspace:
+    """One project opened against one store: its targets and their keys.
 
     Args:
         project: the loaded config.
-        store: the project's store.
+        store: the store to read (and, for a Builder, to build into); default the project's
+            (``cached_store(...)`` of ``[build] store`` and ``remote``). A Dask worker passes the shared store
+            it opened from the client's location.
         backend: override ``[build] backend`` (tests, CLI).
 
     Attributes:
+        project: the loaded config.
+        store: the opened store.
         keys: the project's :class:`~neuron_build.project.keys.KeyMaker`.
         targets: the expanded matrix, in order.
         by_id: target id -> target.
     """
 
-    def __init__(self, project: Project, store: ArtifactStore, backend: str | None = None):
+    def __init__(self, project: Project, store: ArtifactStore | None = None, backend: str | None = None):
         self.project = project
-        self.store = store
+        self.store = store if store is not None else cached_store(project.store_url(), project.remote_url(),
+                                                                 project.config.build.remote_options)
         self.keys = KeyMaker(project, backend=backend, exclude=(Path(project.store_url()),))
         self.targets = expand(project)
         self.by_id = {t.id: t for t in self.targets}
@@ -40,9 +56,20 @@ class Planner:
         self._removed: dict[tuple[str, str, str], _RemovedIndex] = {}
         #: target id -> why the artifact its key names is stale (recorded inputs that changed)
         self._stale: dict[str, list[str]] = {}
+        self._predictor: object | None = None
+
+    def predictor(self, make: Callable[[ArtifactStore, int], P]) -> P:
+        """The build's compile-time and peak-memory predictor of this store's ledger, made once per workspace
+        by ``make(store, default_peak_bytes)`` (``build/predict.py:Predictor.from_store``: the fleet passes
+        its factory in, so this layer imports nothing of ``build/``); the ledger of a build in progress is
+        not re-read. ``default_peak_bytes``: ``[build] default_compile_memory_gb`` in bytes (1e9 per GB)."""
+        if self._predictor is None:
+            gb = float(self.project.config.build.default_compile_memory_gb)
+            self._predictor = make(self.store, int(gb * 1e9))
+        return self._predictor  # type: ignore[return-value]
 
     def key(self, target: Target) -> KeyInfo:
-        """The target's key (computed once per planner): the declared inputs only, before and after a
+        """The target's key (computed once per workspace): the declared inputs only, before and after a
         build."""
         ki = self._keyinfo.get(target.id)
         if ki is None:
@@ -113,23 +140,6 @@ class Planner:
                 continue
             self._removed.setdefault((model, parts[2], parts[3]), _RemovedIndex()).add(r)
 
-    def request(self, target: Target, ki: KeyInfo, out_dir: Path | str, work_dir: Path | str) -> CompileRequest:
-        """The worker request for a target: the artifact's files go to ``out_dir``, the compiler works in
-        ``work_dir`` (both as the worker sees them)."""
-        cfg = self.project.config
-        m, prof = cfg.models[target.model], cfg.profiles[target.profile]
-        return CompileRequest(
-            target=target.id, key=ki.key, root=str(self.project.root), factory=m.factory, kwargs=dict(m.kwargs),
-            dtype=target.dtype, inputs=ki.details["inputs"]["inputs"], backend=self.keys.backend,
-            hardware_target=self.keys.hardware_target, compiler_args=list(prof.compiler_args),
-            inline_weights_to_neff=prof.inline_weights_to_neff, tp_degree=prof.tp_degree,
-            out_dir=str(out_dir), work_dir=str(work_dir), seed=int(ki.key[:8], 16), hf=m.hf_spec(),
-            never_read=[str(Path(p).resolve()) for p in self.keys.exclude],
-            options=({"task": m.task, "graph": target.graph, "batch": dict(target.bucket)["batch"],
-                      "seq": dict(target.bucket).get("seq", 1), "max_seq_len": m.max_seq_len,
-                      "neuron_config": ki.details["inputs"].get("neuron_config")}
-                     if target.graph else {}))
-
 
 class _RemovedIndex:
     """Recorded targets no longer in the matrix, found by the components they share with a new target.
@@ -183,4 +193,4 @@ _SUBSETS = [(m, tuple(i for i in range(len(COMPONENTS)) if m >> i & 1)) for m in
 _LEVELS = [[s for s in _SUBSETS if len(s[1]) == n] for n in range(len(COMPONENTS), -1, -1)]
 
 
-__all__ = ["Planner"]
+__all__ = ["Workspace"]

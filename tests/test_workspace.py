@@ -1,0 +1,35 @@
+"""The opened project (:class:`~neuron_build.workspace.Workspace`): its targets, keys and states against its store,
+and the predictor the fleet makes once per workspace through its own factory."""
+
+from __future__ import annotations
+
+from neuron_build.project.config import load_project
+from neuron_build.status import TargetState
+from neuron_build.workspace import Workspace
+from tests.helpers.projects import write_tiny_project
+
+
+def test_a_workspace_plans_against_the_store_it_opened(tmp_path):
+    cfg = write_tiny_project(tmp_path / "p")
+    ws = Workspace(load_project(cfg))
+    assert [t.id for t in ws.targets] == list(ws.by_id) and "other/static/fp32/p1" in ws.by_id
+    t = ws.by_id["other/static/fp32/p1"]
+    assert ws.key(t) is ws.key(t) and len(ws.key(t).key) == 64  # computed once per workspace
+    assert ws.state(t) == TargetState.MISSING and ws.location(t) is None
+    assert ws.changed(t) == (["new target"], None)
+    assert Workspace(load_project(cfg), store=ws.store).store is ws.store  # a Dask worker passes the shared one
+
+
+def test_the_predictor_is_made_once_by_the_factory_given(tmp_path):
+    cfg = write_tiny_project(tmp_path / "p")
+    ws = Workspace(load_project(cfg))
+    calls = []
+
+    def make(store, default_peak_bytes):
+        calls.append((store, default_peak_bytes))
+        return object()
+
+    first = ws.predictor(make)
+    assert ws.predictor(make) is first
+    gb = float(ws.project.config.build.default_compile_memory_gb)
+    assert calls == [(ws.store, int(gb * 1e9))]
