@@ -46,11 +46,9 @@ def test_the_scan_finds_a_bare_print_and_a_bare_write():
     assert bare_writes(src) == [5, 9, 10]
 
 
-#: ``module:name`` of private names still imported across modules, each in a module another change owns
-#: this pass (issue 41): the graph probe borrows the local executor's process helpers until it spawns its
-#: worker through a public function of ``build/local.py``.
-PRIVATE_IMPORTS_LEFT = {"neuron_build.build.graph_probe:neuron_build.build.local._kill_group",
-                        "neuron_build.build.graph_probe:neuron_build.build.local._prctl"}
+#: ``module:name`` of private names imported across modules: none (the graph probe starts its worker
+#: through ``build/local.py``'s public ``spawn_worker`` and ``kill_group``, as the local executor does).
+PRIVATE_IMPORTS_LEFT: set[str] = set()
 
 
 def private_imports(source: str, module: str) -> list[str]:

@@ -44,9 +44,7 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -224,32 +222,26 @@ def run_probe(reqs: list[Any], folder: Path, name: str, timeout: float) -> tuple
     """
     import tempfile
 
-    from neuron_build.build.local import PACKAGE_PARENT, _kill_group, _prctl, die_with_parent
+    from neuron_build.build.local import kill_group, spawn_worker
 
     spec, results, logf = folder / f"{name}.request.json", folder / f"{name}.result.json", folder / f"{name}.log"
     results.unlink(missing_ok=True)
     write_json_atomic(spec, {"requests": [r.to_json() for r in reqs], "results": str(results)})
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)}
     t0, status = time.monotonic(), None
     cwd = Path(tempfile.mkdtemp(prefix="neuron-build-probe-"))  # fresh per run: no state from an earlier probe
-    _prctl()  # loaded before the fork
     try:
         with open(logf, "wb") as out:
             try:
-                proc = subprocess.Popen([sys.executable, "-m", "neuron_build.worker", "--graphs", str(spec)],
-                                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(cwd),
-                                        env=env, start_new_session=True,
-                                        preexec_fn=partial(die_with_parent, os.getpid()))
+                proc = spawn_worker(["--graphs", str(spec)], cwd, out)
             except OSError as e:  # fail closed: its targets are not keyed
                 return {"error": f"the probe could not be started: {e}"}, "", None, time.monotonic() - t0
             try:
                 status = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                _kill_group(proc.pid)
+                kill_group(proc.pid)
                 proc.wait()
             except BaseException:
-                _kill_group(proc.pid)
+                kill_group(proc.pid)
                 proc.wait()
                 raise
     finally:

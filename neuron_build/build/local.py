@@ -72,17 +72,9 @@ class LocalExecutor:
             CompileCancelled: ``should_stop`` said so; the worker is dead.
         """
         (work_dir / "request.json").write_text(json.dumps(request.to_json(), indent=2))
-        _prctl()  # loaded here, before the fork
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
-        env["PYTHONUNBUFFERED"] = "1"
         with open(work_dir / WORKER_LOG, "wb") as logf:
             t0 = time.monotonic()
-            # preexec_fn: PR_SET_PDEATHSIG can only be set in the child process (as it always was)
-            proc = subprocess.Popen([sys.executable, "-m", "neuron_build.worker", str(work_dir / "request.json")],
-                                    stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=str(work_dir), env=env, start_new_session=True,
-                                    preexec_fn=partial(die_with_parent, os.getpid()))
+            proc = spawn_worker([str(work_dir / "request.json")], work_dir, logf)
             peak, timed_out, next_beat = 0, False, t0 + self.heartbeat_s
             limit, oom = self.memory_limit_bytes, False
             status = None
@@ -95,7 +87,7 @@ class LocalExecutor:
                     peak = max(peak, _tree_rss(proc.pid))
                     if limit is not None and peak > limit:  # over the bound: stop it now
                         oom = True
-                        _kill_group(proc.pid)
+                        kill_group(proc.pid)
                         _, status, ru = os.wait4(proc.pid, 0)
                         log.warning("compile over its memory limit: killed", peak_rss_mb=round(peak / 2**20),
                                     limit_mb=round(limit / 2**20), limit_of=self.memory_limit_of)
@@ -103,7 +95,7 @@ class LocalExecutor:
                     now = time.monotonic()
                     if now - t0 > self.timeout_s:
                         timed_out = True
-                        _kill_group(proc.pid)
+                        kill_group(proc.pid)
                         _, status, ru = os.wait4(proc.pid, 0)
                         break
                     if self.should_stop is not None and self.should_stop():
@@ -114,12 +106,12 @@ class LocalExecutor:
                         next_beat = now + self.heartbeat_s
                     time.sleep(POLL_S)
             except BaseException:
-                _kill_group(proc.pid)
+                kill_group(proc.pid)
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(proc.pid, 0)  # reap it: no zombie left behind
                 raise
         proc.returncode = os.waitstatus_to_exitcode(status) if status is not None else None
-        _kill_group(proc.pid)  # stray grandchildren
+        kill_group(proc.pid)  # stray grandchildren
         wall = time.monotonic() - t0
         worker_log = (work_dir / WORKER_LOG).read_bytes()
         result = read_json(work_dir / "result.json")
@@ -180,7 +172,26 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def _kill_group(pid: int) -> None:
+def spawn_worker(args: list[str], cwd: Path, log: Any) -> subprocess.Popen:
+    """Start ``python -m neuron_build.worker ARGS`` (a compile worker, or the graph probe's ``--graphs``) in
+    its own session, so :func:`kill_group` stops it with everything it started; this checkout first on
+    ``PYTHONPATH``, unbuffered, its stdout and stderr into the open binary file ``log``, no stdin, working
+    folder ``cwd``; SIGKILLed when this process dies (:func:`die_with_parent`).
+
+    Raises:
+        OSError: the worker could not be started.
+    """
+    _prctl()  # loaded here, before the fork
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    # preexec_fn: PR_SET_PDEATHSIG can only be set in the child process
+    return subprocess.Popen([sys.executable, "-m", "neuron_build.worker", *args], stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(cwd), env=env,
+                            start_new_session=True, preexec_fn=partial(die_with_parent, os.getpid()))
+
+
+def kill_group(pid: int) -> None:
     """SIGKILL the process group led by ``pid`` (the worker's session); quiet when it is gone."""
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -199,4 +210,4 @@ def _compiler_log(work_dir: Path, rel: str | None) -> bytes | None:
         return None
 
 
-__all__ = ["PACKAGE_PARENT", "CompileCancelled", "LocalExecutor"]
+__all__ = ["PACKAGE_PARENT", "CompileCancelled", "LocalExecutor", "die_with_parent", "kill_group", "spawn_worker"]
