@@ -115,7 +115,7 @@ def load_artifact(path: str | Path, loader: str, backend: str, device: str | Non
     if spec is not None and spec.jit_registers and weights.read_spec(path.parent) is not None:
         from neuron_build.compilers.neuron.external_weights import replace_into
 
-        replace_into(module, path.parent)
+        replace_into(module, path.parent, shared_weights.get(path.parent) if shared_weights is not None else None)
     return module
 
 

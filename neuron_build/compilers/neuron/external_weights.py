@@ -182,10 +182,13 @@ class ExternalNeffHook(hlo_key.NeffHook):
         return why
 
 
-def replace_into(module: Any, folder: str | Path) -> Any:
+def replace_into(module: Any, folder: str | Path, state: dict[str, Any] | None = None) -> Any:
     """Put ``folder``'s external weights into a loaded Neuron model (``torch.jit.load`` of its ``model.pt``)
     with ``torch_neuronx.replace_weights`` [doc]; returns ``module``. The caller checked the weights file
-    against the spec before loading (:func:`neuron_build.compilers.weights.problem`).
+    against the spec before loading (:func:`neuron_build.compilers.weights.problem`). ``state``: the file's
+    tensors already read (:class:`neuron_build.compilers.weights.SharedWeights`: one read per process for
+    every bucket of a release; ``replace_weights`` puts them into each model, on a NeuronCore one device
+    copy per model); None: the file is read here.
 
     Raises:
         UserError: one line naming the file: no ``replace_weights`` in the installed torch-neuronx (SDK 2.16
@@ -205,7 +208,7 @@ def replace_into(module: Any, folder: str | Path) -> Any:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            fn(module, load_file(str(path)))
+            fn(module, state if state is not None else load_file(str(path)))
         except Exception as e:
             raise UserError(f"{path}: torch_neuronx.replace_weights refused the weights ({type(e).__name__}: "
                             f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}); rebuild the "

@@ -136,6 +136,9 @@ def test_the_loader_checks_before_it_loads_and_refuses_a_model_without_separated
         torch.jit.save(traced, str(d / "model.pt"))
         weights.write(d, ew.model_state(_net(7)))
     assert torch.allclose(load_artifact(tmp_path / "ext" / "model.pt", "", "neuron")(x), _net(7)(x), atol=1e-6)
+    shared = weights.SharedWeights()                                         # a BucketedModel's: one read per file
+    two = [load_artifact(tmp_path / "ext" / "model.pt", "", "neuron", shared_weights=shared) for _ in range(2)]
+    assert len(shared.loaded) == 1 and all(torch.allclose(m(x), _net(7)(x), atol=1e-6) for m in two)
     with pytest.raises(UserError, match="replace_weights did not take the weights .*does not contain any separated"):
         load_artifact(tmp_path / "inl" / "model.pt", "", "neuron")
     bad = tmp_path / "ext"
