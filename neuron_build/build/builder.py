@@ -358,6 +358,9 @@ class Builder:
         result = run.result or {}
         files, logs = hash_files(obj)
         details = dict(result.get("details", {}))
+        if details.get("weights_inline_why"):  # weights = "external" asked, the compile could not keep them apart
+            ctx.log.warning("weights kept inline: a change of weight values alone compiles again",
+                            reason=str(details["weights_inline_why"])[:300])
         extra_metrics = details.pop("metrics", None) or {}   # backend metrics (neuron: compiler status, ...)
         extra_toolchain = details.pop("toolchain", None) or {}  # versions only the worker can see
         metrics.update(extra_metrics)

@@ -125,6 +125,8 @@ def format_explain(ws: Workspace, t) -> str:
         out.append(f"graph   source changed, graph unchanged: reused {m.reused_from} (graph key {m.graph_key})")
     elif m is not None and m.graph_key:
         out.append(f"graph   compiled; graph key {m.graph_key}")
+    if m is not None and (m.compiler or {}).get("weights_inline_why"):
+        out.append(f"weights inline, not apart: {m.compiler['weights_inline_why']}")
     if rec:
         out.append(f"last    {rec.key} ({rec.status}, {rec.time})")
     elif since:

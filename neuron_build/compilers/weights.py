@@ -115,7 +115,9 @@ def uncovered(constant_fqns: list[str], state: dict[str, Any]) -> str | None:
     its kernels; or a constant it lists that is not a weight), or None."""
     have, want = set(constant_fqns), set(state)
     if want - have:
-        return f"the compiled package inlined {', '.join(sorted(want - have)[:5])} (not in get_constant_fqns())"
+        return (f"the compiled package inlined {', '.join(sorted(want - have)[:5])} (not in get_constant_fqns(): "
+                "a weight tied to another, or a tensor attribute that is no parameter or buffer; untie it or "
+                "register it with register_buffer to keep the weights apart)")
     if have - want:
         return f"the compiled package expects constants that are no weight: {', '.join(sorted(have - want)[:5])}"
     return None

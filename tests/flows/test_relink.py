@@ -145,3 +145,22 @@ def _eager(root: Path, seed: int, hidden: int = 16):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.build(seed, hidden).eval()
+
+
+@pytest.mark.slow
+def test_weights_that_cannot_be_kept_apart_are_said_in_the_build_and_in_explain(tmp_path):
+    """A tensor attribute that is no parameter or buffer is baked into the package: the compile falls back to
+    inline weights (fail closed) and says so where the user looks, not only in the worker's log."""
+    cfg = _project(tmp_path / "proj", seed=0)
+    model = tmp_path / "proj" / "ft" / "net.py"
+    model.write_text(MODEL.replace("        self.register_buffer(\"scale\", 1.0 + torch.rand(()))",
+                                   "        self.register_buffer(\"scale\", 1.0 + torch.rand(()))\n"
+                                   "        self.shift = torch.full((4,), 0.5)   # a plain attribute: no buffer")
+                     .replace("* self.scale", "* self.scale + self.shift"))
+    b = run_cli("build", "net/b1/fp32/p1", "-c", str(cfg), timeout=1200)
+    assert b.returncode == 0, b.stdout[-2000:] + b.stderr[-2000:]
+    assert "weights kept inline" in b.stdout + b.stderr
+    m = _manifest(cfg, "net/b1/fp32/p1")
+    assert m["compiler"]["weights"] == "inline" and "weights.safetensors" not in m["files"]
+    e = run_cli("explain", "net/b1/fp32/p1", "-c", str(cfg))
+    assert "weights inline, not apart: " in e.stdout and "register_buffer" in e.stdout, e.stdout
