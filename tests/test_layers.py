@@ -6,7 +6,8 @@ Layers (:data:`LAYERS`; the table in ``docs/architecture.md``, which ``tests/tes
 package); project (config, compiler args, matrix, keys) and store, siblings over core (neither imports the
 other); the workspace (the opened project: keys, states, changes, the store opened) over both, no compilers, so
 release may take one; compilers (and the worker, the example inputs, the artifact loader) over project, never the store;
-build and evaluate over store and compilers; release over evaluate; runtime over the compilers alone, its
+build and evaluate over store and compilers, build in wings (``build.graph``: the graph key, which the build
+core uses and which uses the core); release over evaluate; runtime over the compilers alone, its
 routing rules (``neuron_build.runtime.routing``) a layer of their own over core only (pure, torch-free,
 testable alone); tasks over build and evaluate; cli over all. A module may import its own layer and the layers
 its row in :data:`ALLOWED` names.
@@ -32,6 +33,7 @@ LAYERS = {
     "workspace": ["neuron_build.workspace"],
     "compilers": ["neuron_build.compilers", "neuron_build.worker", "neuron_build.examples", "neuron_build.artifact"],
     "build": ["neuron_build.build"],
+    "build.graph": ["neuron_build.build.graph"],
     "evaluate": ["neuron_build.evaluate"],
     "release": ["neuron_build.release"],
     "runtime": ["neuron_build.runtime"],
@@ -46,14 +48,15 @@ ALLOWED = {
     "store": {"core"},
     "workspace": {"core", "project", "store"},
     "compilers": {"core", "project"},
-    "build": {"core", "project", "store", "workspace", "compilers"},
+    "build": {"core", "project", "store", "workspace", "compilers", "build.graph"},
+    "build.graph": {"core", "project", "store", "workspace", "compilers", "build"},
     "evaluate": {"core", "project", "store", "compilers"},
     "release": {"core", "project", "store", "workspace", "compilers", "evaluate"},
     "runtime": {"core", "compilers", "routing"},
     "routing": {"core"},
     "tasks": {"core", "project", "store", "workspace", "compilers", "build", "evaluate"},
-    "cli": {"core", "project", "store", "workspace", "compilers", "build", "evaluate", "release", "runtime",
-            "routing", "tasks"},
+    "cli": {"core", "project", "store", "workspace", "compilers", "build", "build.graph", "evaluate", "release",
+            "runtime", "routing", "tasks"},
 }
 
 
