@@ -7,7 +7,7 @@ package); project (config, compiler args, matrix, keys) and store, siblings over
 other); the workspace (the opened project: keys, states, changes, the store opened) over both, no compilers, so
 release may take one; compilers (and the worker, the example inputs, the artifact loader) over project, never the store;
 build and evaluate over store and compilers, build in wings (``build.graph``: the graph key, which the build
-core uses and which uses the core); release over evaluate; runtime over the compilers alone, its
+core uses and which uses the core; ``build.fleet``: the Dask executor, its workers and scheduling, over the core); release over evaluate; runtime over the compilers alone, its
 routing rules (``neuron_build.runtime.routing``) a layer of their own over core only (pure, torch-free,
 testable alone); tasks over build and evaluate; cli over all. A module may import its own layer and the layers
 its row in :data:`ALLOWED` names.
@@ -34,6 +34,7 @@ LAYERS = {
     "compilers": ["neuron_build.compilers", "neuron_build.worker", "neuron_build.examples", "neuron_build.artifact"],
     "build": ["neuron_build.build"],
     "build.graph": ["neuron_build.build.graph"],
+    "build.fleet": ["neuron_build.build.fleet"],
     "evaluate": ["neuron_build.evaluate"],
     "release": ["neuron_build.release"],
     "runtime": ["neuron_build.runtime"],
@@ -48,15 +49,16 @@ ALLOWED = {
     "store": {"core"},
     "workspace": {"core", "project", "store"},
     "compilers": {"core", "project"},
-    "build": {"core", "project", "store", "workspace", "compilers", "build.graph"},
+    "build": {"core", "project", "store", "workspace", "compilers", "build.graph", "build.fleet"},
     "build.graph": {"core", "project", "store", "workspace", "compilers", "build"},
+    "build.fleet": {"core", "project", "store", "workspace", "compilers", "build", "build.graph"},
     "evaluate": {"core", "project", "store", "compilers"},
     "release": {"core", "project", "store", "workspace", "compilers", "evaluate"},
     "runtime": {"core", "compilers", "routing"},
     "routing": {"core"},
     "tasks": {"core", "project", "store", "workspace", "compilers", "build", "evaluate"},
-    "cli": {"core", "project", "store", "workspace", "compilers", "build", "build.graph", "evaluate", "release",
-            "runtime", "routing", "tasks"},
+    "cli": {"core", "project", "store", "workspace", "compilers", "build", "build.graph", "build.fleet", "evaluate",
+            "release", "runtime", "routing", "tasks"},
 }
 
 

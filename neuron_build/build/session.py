@@ -251,7 +251,7 @@ class BuildSession(NamespaceTaskLoader):
         from neuron_build.build.display import BuildDisplay
 
         def expect(target_id: str) -> float | None:  # asked when a target starts: a no-op makes no Builder
-            from neuron_build.build.predict import predicted_seconds
+            from neuron_build.build.fleet.predict import predicted_seconds
 
             ws = self.builder.ws
             return predicted_seconds(ws, ws.by_id[target_id])
@@ -267,7 +267,7 @@ class BuildSession(NamespaceTaskLoader):
 
     def to_build(self, target_ids: Sequence[str]) -> dict[str, float | None] | None:
         """Which of ``target_ids`` the store does not hold: target id -> the expected compile time (seconds,
-        predicted from the ledger by :mod:`neuron_build.build.predict`; None when nothing was ever recorded), so progress counts N of
+        predicted from the ledger by :mod:`neuron_build.build.fleet.predict`; None when nothing was ever recorded), so progress counts N of
         M exactly from the start. None when that is not cheap to tell (a store with a remote, whose hits
         only the tasks' checks find). Asks the store's lookup index, as the tasks' checks do."""
         if self._builder is None and self._plan is not None:
@@ -288,7 +288,7 @@ class BuildSession(NamespaceTaskLoader):
                 missing.append(t)
         if not missing:
             return {}
-        from neuron_build.build.predict import predicted_seconds
+        from neuron_build.build.fleet.predict import predicted_seconds
 
         ws = self.builder.ws  # something compiles: the Builder is made now anyway
         return {t: predicted_seconds(ws, ws.by_id[t]) for t in missing if t in ws.by_id}

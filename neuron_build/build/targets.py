@@ -1,6 +1,6 @@
 """Build the chosen targets on either executor and gather what the end of a build reports, the same way
 for both: ``neuron-build build`` runs :func:`build_targets` with a :class:`SessionExecutor` (doit on this
-host) or a :class:`~neuron_build.build.dask_executor.DaskBuild` (one Dask task per target), then prints
+host) or a :class:`~neuron_build.build.fleet.dask_executor.DaskBuild` (one Dask task per target), then prints
 the :class:`TargetsBuilt` (text, or ``--json``).
 
 An executor here is anything with ``run(targets) -> {target id: Outcome}``; it may say doit's exit status
