@@ -7,7 +7,9 @@ package); project (config, compiler args, matrix, keys) and store, siblings over
 other); the workspace (the opened project: keys, states, changes, the store opened) over both, no compilers, so
 release may take one; compilers (and the worker, the example inputs, the artifact loader) over project, never the store;
 build and evaluate over store and compilers, build in wings (``build.graph``: the graph key, which the build
-core uses and which uses the core; ``build.fleet``: the Dask executor, its workers and scheduling, over the core); release over evaluate; runtime over the compilers alone, its
+core uses and which uses the core; ``build.fleet``: the Dask executor, its workers and scheduling, over the core;
+``build.doit``: the doit glue, over the core and the fleet's predictor; the core imports neither, the fleet not the
+doit glue); release over evaluate; runtime over the compilers alone, its
 routing rules (``neuron_build.runtime.routing``) a layer of their own over core only (pure, torch-free,
 testable alone); tasks over build and evaluate; cli over all. A module may import its own layer and the layers
 its row in :data:`ALLOWED` names.
@@ -35,6 +37,7 @@ LAYERS = {
     "build": ["neuron_build.build"],
     "build.graph": ["neuron_build.build.graph"],
     "build.fleet": ["neuron_build.build.fleet"],
+    "build.doit": ["neuron_build.build.doit"],
     "evaluate": ["neuron_build.evaluate"],
     "release": ["neuron_build.release"],
     "runtime": ["neuron_build.runtime"],
@@ -49,16 +52,18 @@ ALLOWED = {
     "store": {"core"},
     "workspace": {"core", "project", "store"},
     "compilers": {"core", "project"},
-    "build": {"core", "project", "store", "workspace", "compilers", "build.graph", "build.fleet"},
+    "build": {"core", "project", "store", "workspace", "compilers", "build.graph"},
     "build.graph": {"core", "project", "store", "workspace", "compilers", "build"},
     "build.fleet": {"core", "project", "store", "workspace", "compilers", "build", "build.graph"},
+    # the doit glue reads the fleet's predictor (build/fleet/predict.py) for the progress display's pending seconds
+    "build.doit": {"core", "project", "store", "workspace", "compilers", "build", "build.graph", "build.fleet"},
     "evaluate": {"core", "project", "store", "compilers"},
     "release": {"core", "project", "store", "workspace", "compilers", "evaluate"},
     "runtime": {"core", "compilers", "routing"},
     "routing": {"core"},
-    "tasks": {"core", "project", "store", "workspace", "compilers", "build", "evaluate"},
-    "cli": {"core", "project", "store", "workspace", "compilers", "build", "build.graph", "build.fleet", "evaluate",
-            "release", "runtime", "routing", "tasks"},
+    "tasks": {"core", "project", "store", "workspace", "compilers", "build", "build.doit", "evaluate"},
+    "cli": {"core", "project", "store", "workspace", "compilers", "build", "build.graph", "build.fleet", "build.doit",
+            "evaluate", "release", "runtime", "routing", "tasks"},
 }
 
 

@@ -47,8 +47,9 @@ def register(add) -> None:
 @command("build")
 def cmd_build(args) -> int:
     """Compile the targets matching PATTERNs (default: all), through doit here or on a Dask cluster."""
+    from neuron_build.build.doit.session import SessionExecutor
     from neuron_build.build.fleet.predict import predicted_seconds
-    from neuron_build.build.targets import SessionExecutor, build_targets
+    from neuron_build.build.targets import build_targets
     from neuron_build.project.matrix import select
     from neuron_build.project.toolchain import announce_backend
 
