@@ -192,3 +192,14 @@ def test_no_untyped_builder_crosses_a_function():
                         loose.append(f"{mod}:{node.lineno} {node.name}({a.arg})")
     assert loose == []
     assert "builder: Any" not in "".join(p.read_text() for p in modules().values())
+
+
+def test_build_is_a_core_and_its_wings():
+    """``build/`` holds its core at the top (at most 14 modules besides ``__init__.py``; 29 before issue 41
+    put the graph key, the fleet and the doit glue in wings) and each wing is a layer of its own above."""
+    top = sorted(p.name for p in (PKG / "build").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= 14, top
+    wings = sorted(p.parent.name for p in (PKG / "build").glob("*/__init__.py"))
+    assert wings == ["doit", "fleet", "graph"]
+    assert {f"build.{w}" for w in wings} <= set(LAYERS)
+    assert not {"build.fleet", "build.doit"} & ALLOWED["build"] and "build.doit" not in ALLOWED["build.fleet"]
