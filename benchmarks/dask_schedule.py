@@ -55,7 +55,7 @@ import json, sys, time
 t0 = time.monotonic()
 from neuron_build.build.builder import Builder
 from neuron_build.workspace import Workspace
-from neuron_build.build.dask_executor import DaskBuild
+from neuron_build.build.fleet.dask_executor import DaskBuild
 from neuron_build.project.config import load_project
 b = Builder(Workspace(load_project(sys.argv[1])))
 t1 = time.monotonic()

@@ -29,7 +29,7 @@ The minilm model is an installed Hugging Face package (no source to edit) and is
 model with N batch buckets (:data:`WIDE_MODEL`) is built once (N compiles), then two graph-neutral edits (a
 comment in the factory) are built, the first with the graph probe off (``NEURON_BUILD_GRAPH_PROBE=0``: one
 worker per target, the behaviour before the probe), the second with it on (one probe worker for the model,
-:mod:`neuron_build.build.graph_probe`). Reported: each build's wall seconds, seconds per target, compiles,
+:mod:`neuron_build.build.graph.probe`). Reported: each build's wall seconds, seconds per target, compiles,
 reuses, probe runs, and ``edit_vs_compiles``: the edit's wall time over the initial build's (the compiles it
 avoids; goal at most 0.15, and at most 0.5 s per target); with ``--backend neuron``, neuronx-cc runs.
 
@@ -268,7 +268,7 @@ buckets = {{ batch = [{batches}] }}
 
 
 def probe_runs(cfg: Path) -> int:
-    from neuron_build.build import graph_probe
+    from neuron_build.build.graph import probe as graph_probe
     from neuron_build.project.config import load_project
 
     log = load_project(cfg).state_dir / graph_probe.PROBE_DIR / graph_probe.PROBE_LOG

@@ -1,6 +1,6 @@
 """The compile fleet, simulated: neuron-build's real dispatch policy and predictor against simulated workers.
 
-A discrete-event clock (no sleeping) drives :class:`neuron_build.build.dispatch.Dispatcher` exactly as the Dask
+A discrete-event clock (no sleeping) drives :class:`neuron_build.build.fleet.dispatch.Dispatcher` exactly as the Dask
 executor does (workers join and leave, compiles finish or are killed for memory) over a synthetic release:
 
 * **10,000 targets** in models of one priority graph followed by its buckets (NxD's ``ModelBuilder.trace``:
@@ -15,7 +15,7 @@ Runs (each the same targets and hosts):
 
 * ``fifo``: today's order (matrix order, no ranks, no reservations), true peak memory reserved;
 * ``lpt_oracle``: the dispatch policy with the true durations and peaks;
-* ``lpt_predicted``: the dispatch policy with :class:`neuron_build.build.predict.Predictor` trained on the
+* ``lpt_predicted``: the dispatch policy with :class:`neuron_build.build.fleet.predict.Predictor` trained on the
   ledger of a previous release (the same targets under other keys: time x exp(N(0, 0.5)), peak x
   exp(N(0, 0.1))); 20 % of the models were never built (their targets get the size prior); each compile that
   ends is shown to the predictor (``Predictor.observe``, what its ledger record would say) and the model's
@@ -50,8 +50,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from neuron_build.build.dispatch import Dispatcher, Job
-from neuron_build.build.predict import Predictor
+from neuron_build.build.fleet.dispatch import Dispatcher, Job
+from neuron_build.build.fleet.predict import Predictor
 from neuron_build.store.ledger import LedgerRecord
 
 GIB = 2**30

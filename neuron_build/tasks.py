@@ -23,10 +23,10 @@ environment variable. ``doit build retry_failed=0`` skips targets whose current 
 (``neuron-build build --no-retry-failed``); by default every build retries them.
 
 ``doit`` exits with the project's codes (0 ok, 1 a build failed, 2 a usage or config error; 130 on Ctrl-C,
-141 on a closed pipe) through doit's extension points: :class:`~neuron_build.build.doit_run.BuildRun` is
+141 on a closed pipe) through doit's extension points: :class:`~neuron_build.build.doit.run.BuildRun` is
 doit's ``run`` command plugin (the package's ``doit.COMMAND`` entry point, or
 ``[tool.doit.plugins.command]`` in ``pyproject.toml``); ``neuron-build build`` runs it through
-:class:`~neuron_build.build.doit_run.BuildMain`. Nothing of doit is patched.
+:class:`~neuron_build.build.doit.run.BuildMain`. Nothing of doit is patched.
 """
 
 from __future__ import annotations
@@ -42,17 +42,17 @@ except ModuleNotFoundError as e:  # the dodo.py glue needs doit; say how to get 
     raise ModuleNotFoundError(f"neuron_build.tasks (the dodo.py glue) needs doit, a dependency of neuron-build that "
                               f"is not installed here ({e}); install the package: pip install -e .", name="doit") from e
 
-from neuron_build.build.doit_run import BuildMain, BuildRun
-from neuron_build.build.noop import cached_plan
-from neuron_build.build.report import BuildReporter
-from neuron_build.build.session import BASE_DOIT_CONFIG, BuildSession, config_path_setting
+from neuron_build.build.doit.noop import cached_plan
+from neuron_build.build.doit.report import BuildReporter
+from neuron_build.build.doit.run import BuildMain, BuildRun
+from neuron_build.build.doit.session import BASE_DOIT_CONFIG, BuildSession, config_path_setting
 
 __all__ = ["DOIT_CONFIG", "BuildMain", "BuildRun", "BuildSession", "DodoSession", "session", "task_build",
            "task_validate"]
 
 
 class DodoReporter(BuildReporter):
-    """``DOIT_CONFIG``'s reporter: a :class:`~neuron_build.build.report.BuildReporter` over the ``dodo.py``
+    """``DOIT_CONFIG``'s reporter: a :class:`~neuron_build.build.doit.report.BuildReporter` over the ``dodo.py``
     session (:func:`session`) that prints the build's summary at the end."""
 
     def __init__(self, outstream: Any, options: dict):
@@ -67,12 +67,12 @@ DOIT_CONFIG = {
 
 def _cached_plan() -> Any:
     """The plan cache's (plan, local store) for the configured ``buckets.toml`` (see
-    :func:`neuron_build.build.noop.cached_plan`); None when an input changed."""
+    :func:`neuron_build.build.doit.noop.cached_plan`); None when an input changed."""
     return cached_plan(config_path_setting())
 
 
 class DodoSession(BuildSession):
-    """The :class:`~neuron_build.build.session.BuildSession` of ``dodo.py``: its build tasks, and one
+    """The :class:`~neuron_build.build.doit.session.BuildSession` of ``dodo.py``: its build tasks, and one
     ``validate:<target id>`` task per target (validation sits above the build layer)."""
 
     def _namespace(self) -> dict[str, Any]:

@@ -210,7 +210,7 @@ def _backend(name: str):
 
 def probe(spec_path: str) -> int:
     """The graph probe: ``python -m neuron_build.worker --graphs PROBE.json``
-    (:mod:`neuron_build.build.graph_probe`). ``PROBE.json`` is ``{"requests": [CompileRequest, ...],
+    (:mod:`neuron_build.build.graph.probe`). ``PROBE.json`` is ``{"requests": [CompileRequest, ...],
     "results": path}``: requests of one model build (same root, factory or hf, kwargs, dtype, backend and
     task), each with the graph key option's ``probe`` set. The model is built once (its reads recorded
     once); each target gets a deep copy of it and its own example inputs, and its backend runs up to the

@@ -60,7 +60,7 @@ class Workspace:
 
     def predictor(self, make: Callable[[ArtifactStore, int], P]) -> P:
         """The build's compile-time and peak-memory predictor of this store's ledger, made once per workspace
-        by ``make(store, default_peak_bytes)`` (``build/predict.py:Predictor.from_store``: the fleet passes
+        by ``make(store, default_peak_bytes)`` (``build/fleet/predict.py:Predictor.from_store``: the fleet passes
         its factory in, so this layer imports nothing of ``build/``); the ledger of a build in progress is
         not re-read. ``default_peak_bytes``: ``[build] default_compile_memory_gb`` in bytes (1e9 per GB)."""
         if self._predictor is None:

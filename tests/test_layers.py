@@ -6,7 +6,10 @@ Layers (:data:`LAYERS`; the table in ``docs/architecture.md``, which ``tests/tes
 package); project (config, compiler args, matrix, keys) and store, siblings over core (neither imports the
 other); the workspace (the opened project: keys, states, changes, the store opened) over both, no compilers, so
 release may take one; compilers (and the worker, the example inputs, the artifact loader) over project, never the store;
-build and evaluate over store and compilers; release over evaluate; runtime over the compilers alone, its
+build and evaluate over store and compilers, build in wings (``build.graph``: the graph key, which the build
+core uses and which uses the core; ``build.fleet``: the Dask executor, its workers and scheduling, over the core;
+``build.doit``: the doit glue, over the core and the fleet's predictor; the core imports neither, the fleet not the
+doit glue); release over evaluate; runtime over the compilers alone, its
 routing rules (``neuron_build.runtime.routing``) a layer of their own over core only (pure, torch-free,
 testable alone); tasks over build and evaluate; cli over all. A module may import its own layer and the layers
 its row in :data:`ALLOWED` names.
@@ -32,6 +35,9 @@ LAYERS = {
     "workspace": ["neuron_build.workspace"],
     "compilers": ["neuron_build.compilers", "neuron_build.worker", "neuron_build.examples", "neuron_build.artifact"],
     "build": ["neuron_build.build"],
+    "build.graph": ["neuron_build.build.graph"],
+    "build.fleet": ["neuron_build.build.fleet"],
+    "build.doit": ["neuron_build.build.doit"],
     "evaluate": ["neuron_build.evaluate"],
     "release": ["neuron_build.release"],
     "runtime": ["neuron_build.runtime"],
@@ -46,14 +52,18 @@ ALLOWED = {
     "store": {"core"},
     "workspace": {"core", "project", "store"},
     "compilers": {"core", "project"},
-    "build": {"core", "project", "store", "workspace", "compilers"},
+    "build": {"core", "project", "store", "workspace", "compilers", "build.graph"},
+    "build.graph": {"core", "project", "store", "workspace", "compilers", "build"},
+    "build.fleet": {"core", "project", "store", "workspace", "compilers", "build", "build.graph"},
+    # the doit glue reads the fleet's predictor (build/fleet/predict.py) for the progress display's pending seconds
+    "build.doit": {"core", "project", "store", "workspace", "compilers", "build", "build.graph", "build.fleet"},
     "evaluate": {"core", "project", "store", "compilers"},
     "release": {"core", "project", "store", "workspace", "compilers", "evaluate"},
     "runtime": {"core", "compilers", "routing"},
     "routing": {"core"},
-    "tasks": {"core", "project", "store", "workspace", "compilers", "build", "evaluate"},
-    "cli": {"core", "project", "store", "workspace", "compilers", "build", "evaluate", "release", "runtime",
-            "routing", "tasks"},
+    "tasks": {"core", "project", "store", "workspace", "compilers", "build", "build.doit", "evaluate"},
+    "cli": {"core", "project", "store", "workspace", "compilers", "build", "build.graph", "build.fleet", "build.doit",
+            "evaluate", "release", "runtime", "routing", "tasks"},
 }
 
 
@@ -182,3 +192,14 @@ def test_no_untyped_builder_crosses_a_function():
                         loose.append(f"{mod}:{node.lineno} {node.name}({a.arg})")
     assert loose == []
     assert "builder: Any" not in "".join(p.read_text() for p in modules().values())
+
+
+def test_build_is_a_core_and_its_wings():
+    """``build/`` holds its core at the top (at most 14 modules besides ``__init__.py``; 29 before issue 41
+    put the graph key, the fleet and the doit glue in wings) and each wing is a layer of its own above."""
+    top = sorted(p.name for p in (PKG / "build").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= 14, top
+    wings = sorted(p.parent.name for p in (PKG / "build").glob("*/__init__.py"))
+    assert wings == ["doit", "fleet", "graph"]
+    assert {f"build.{w}" for w in wings} <= set(LAYERS)
+    assert not {"build.fleet", "build.doit"} & ALLOWED["build"] and "build.doit" not in ALLOWED["build.fleet"]

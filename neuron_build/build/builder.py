@@ -8,7 +8,7 @@ commands open one and never a Builder), :func:`~neuron_build.build.executor.comp
 request of a target),
 :class:`~neuron_build.build.executor.Executor` (runs one compile: :class:`~neuron_build.build.local.LocalExecutor`
 by default), :mod:`neuron_build.build.attempt` (what a run means, the full-disk failures),
-:mod:`neuron_build.build.graph_reuse` (the graph key: ask, gate, index, publish over the same graph's blobs),
+:mod:`neuron_build.build.graph.reuse` (the graph key: ask, gate, index, publish over the same graph's blobs),
 :mod:`neuron_build.build.manifests` (the one manifest builder; each staged file hashed once),
 :mod:`neuron_build.build.recorder` (target records, failure records, the ledger, kept failure workdirs) and the
 :class:`Builder` here, which holds the key's lock and the memory reservation, retries transient failures and
@@ -24,7 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from neuron_build.build import graph_probe
 from neuron_build.build.attempt import (
     BuildContext,
     Classification,
@@ -36,12 +35,13 @@ from neuron_build.build.attempt import (
     free_space,
 )
 from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun, Executor, compile_request
-from neuron_build.build.graph_reuse import GraphReuse, Reused
+from neuron_build.build.graph import probe as graph_probe
+from neuron_build.build.graph.relink import RELINKED
+from neuron_build.build.graph.reuse import GraphReuse, Reused
 from neuron_build.build.local import LocalExecutor, default_jobs
 from neuron_build.build.manifests import artifact_manifest, hash_files
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.recorder import Recorder, Unrecorded
-from neuron_build.build.relink import RELINKED
 from neuron_build.build.summary import why_rechecked
 from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import CompileRequest
@@ -336,14 +336,14 @@ class Builder:
                      peak_rss_mb=round(run.peak_rss_bytes / 2**20))
         return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, compiled=True, metrics=metrics)
 
-    # -- the graph key (the second level: :mod:`neuron_build.build.graph_reuse`) ---------------------
+    # -- the graph key (the second level: :mod:`neuron_build.build.graph.reuse`) ---------------------
     def _adopt(self, ctx: BuildContext, run: CompileRun, reused: Reused) -> Outcome:
         """Record a graph reuse just published (the target record, the ledger) and return its outcome."""
         src, gk = reused.source, reused.graph_key
         self.store.clear_failure(ctx.target.id)
         self.recorder.remember(ctx, Status.PASS)
         self.recorder.ledger(ctx, "graph-reused", Status.PASS, run=run, metrics=reused.metrics, reused_from=src, graph_key=gk)
-        if reused.relinked:  # new weights with the stored compiled files (build/relink.py)
+        if reused.relinked:  # new weights with the stored compiled files (build/graph/relink.py)
             ctx.log.info("weights changed, graph unchanged", relinked=src[:12], graph_key=gk[:12])
             return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, RELINKED.format(source=src), compiled=False,
                            metrics=reused.metrics)

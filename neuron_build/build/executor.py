@@ -7,7 +7,7 @@ classifies, records or publishes anything: that is the builder's job (:mod:`neur
 :mod:`neuron_build.build.builder`).
 
 The implementation is :class:`neuron_build.build.local.LocalExecutor` (a supervised subprocess on this
-host). The Dask executor (:mod:`neuron_build.build.dask_executor`) sits one level up, because its workers
+host). The Dask executor (:mod:`neuron_build.build.fleet.dask_executor`) sits one level up, because its workers
 publish straight into the shared store: it sends the whole build of a target (key lock, compile, publish) to
 a Dask worker, where a :class:`~neuron_build.build.builder.Builder` runs it through a ``LocalExecutor``.
 """

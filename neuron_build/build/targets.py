@@ -1,7 +1,8 @@
 """Build the chosen targets on either executor and gather what the end of a build reports, the same way
-for both: ``neuron-build build`` runs :func:`build_targets` with a :class:`SessionExecutor` (doit on this
-host) or a :class:`~neuron_build.build.dask_executor.DaskBuild` (one Dask task per target), then prints
-the :class:`TargetsBuilt` (text, or ``--json``).
+for both: ``neuron-build build`` runs :func:`build_targets` with a
+:class:`~neuron_build.build.doit.session.SessionExecutor` (doit on this host) or a
+:class:`~neuron_build.build.fleet.dask_executor.DaskBuild` (one Dask task per target), then prints the
+:class:`TargetsBuilt` (text, or ``--json``).
 
 An executor here is anything with ``run(targets) -> {target id: Outcome}``; it may say doit's exit status
 (``status``) and the Dask worker of each target (``workers``).
@@ -17,10 +18,9 @@ from neuron_build.build.summary import BuildSummary
 from neuron_build.status import Verdict
 
 if TYPE_CHECKING:
-    from neuron_build.build.builder import Builder
     from neuron_build.workspace import Workspace
 
-__all__ = ["SessionExecutor", "TargetExecutor", "TargetsBuilt", "build_targets"]
+__all__ = ["TargetExecutor", "TargetsBuilt", "build_targets"]
 
 
 class TargetExecutor(Protocol):
@@ -74,37 +74,6 @@ class TargetsBuilt:
         return {"targets": s.rows, "built": len(s.built), "cached": s.cached, "graph_reused": len(s.graph_reused),
                 "failed": len(s.failed), "not_pushed": sorted(set(self.unpushed_keys)),
                 "verdict": Verdict.of(self.ok)}
-
-
-class SessionExecutor:
-    """The build on this host: doit over a :class:`~neuron_build.build.session.BuildSession`.
-
-    Args:
-        builder: the build's Builder (one target at a time; the session runs it under doit).
-        jobs: compiles at once (doit's runner threads).
-        retry_failed: compile targets whose current key failed last time.
-        pending: target id -> predicted compile seconds of each target to compile (the progress display's).
-        select: build only the targets given to :meth:`run` (False: doit's whole task list, as a bare
-            ``neuron-build build`` does).
-        outstream: where doit's own report goes (None: stdout; ``build --json`` sends it to stderr).
-
-    Attributes after :meth:`run`: ``status``, doit's exit status (0 ok, 1 a task failed, 2 or 3 an error).
-    """
-
-    def __init__(self, builder: Builder, jobs: int, retry_failed: bool = True, pending: Mapping[str, Any] | None = None,
-                 select: bool = True, outstream: Any = None):
-        self.b, self.jobs, self.retry_failed = builder, jobs, retry_failed
-        self.pending, self.select, self.outstream = dict(pending or {}), select, outstream
-        self.status = 0
-
-    def run(self, targets: Sequence[Any]) -> Mapping[str, Any]:
-        """Run doit over the targets; return the session's outcomes (a target doit found up to date has none)."""
-        from neuron_build.build.session import BuildSession
-
-        session = BuildSession(self.b, retry_failed=self.retry_failed, jobs=self.jobs, pending=self.pending)
-        self.status = session.run([t.id for t in targets] if self.select else None, jobs=self.jobs,
-                                  outstream=self.outstream)
-        return session.outcomes
 
 
 def build_targets(ws: Workspace, chosen: Sequence[Any], executor: TargetExecutor,

@@ -47,8 +47,9 @@ def register(add) -> None:
 @command("build")
 def cmd_build(args) -> int:
     """Compile the targets matching PATTERNs (default: all), through doit here or on a Dask cluster."""
-    from neuron_build.build.predict import predicted_seconds
-    from neuron_build.build.targets import SessionExecutor, build_targets
+    from neuron_build.build.doit.session import SessionExecutor
+    from neuron_build.build.fleet.predict import predicted_seconds
+    from neuron_build.build.targets import build_targets
     from neuron_build.project.matrix import select
     from neuron_build.project.toolchain import announce_backend
 
@@ -117,10 +118,10 @@ def _live_display(total: int, slots: int, expected: dict):
 
 @contextmanager
 def _dask_executor(args, ws: Workspace, chosen) -> Iterator:
-    """The :class:`~neuron_build.build.dask_executor.DaskBuild` of ``build --executor dask``, with the
+    """The :class:`~neuron_build.build.fleet.dask_executor.DaskBuild` of ``build --executor dask``, with the
     cluster ``[dask] cluster`` starts for it (if any) up while the build runs."""
-    from neuron_build.build.clusters import recorded_times, started_cluster
-    from neuron_build.build.dask_executor import DaskBuild, scheduler_address
+    from neuron_build.build.fleet.clusters import recorded_times, started_cluster
+    from neuron_build.build.fleet.dask_executor import DaskBuild, scheduler_address
 
     cfg = ws.project.config.build
     with started_cluster(ws.project, recorded_times(ws, chosen)) as start:  # [dask] cluster = "slurm": its own

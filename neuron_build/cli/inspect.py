@@ -36,10 +36,10 @@ def plan_rows(ws: Workspace) -> list[dict[str, Any]]:
     plus ``location`` for a cached target (``local``, or ``remote`` when only ``[build] remote`` holds it),
     ``compared_with`` (the target whose record the key was compared with, when not itself) and
     ``failure`` (for a failed target: status, reason, attempts_total, exit_code, time), and the predicted
-    compile (:mod:`neuron_build.build.predict`): ``predicted_s`` (p50 seconds, null when nothing was ever
+    compile (:mod:`neuron_build.build.fleet.predict`): ``predicted_s`` (p50 seconds, null when nothing was ever
     recorded), ``predicted_peak_bytes`` (p90 peak memory, bytes) and ``predicted_from`` (key, target, bucket,
     prior or none)."""
-    from neuron_build.build.predict import target_predictions
+    from neuron_build.build.fleet.predict import target_predictions
 
     rows = []
     predicted = target_predictions(ws, ws.targets)

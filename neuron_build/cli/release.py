@@ -142,7 +142,7 @@ def cmd_promote(args) -> int:
 
 def fresh_checker(args):
     """The ``fresh`` gate's check for ``promote`` (:data:`neuron_build.release.gates.FreshCheck`): the
-    release's targets captured again from today's source (:func:`neuron_build.build.fresh.fresh_check`,
+    release's targets captured again from today's source (:func:`neuron_build.build.graph.fresh.fresh_check`,
     one probe per model build, with the release's backend) against the release's artifacts; a released
     target no longer in ``buckets.toml`` is ``unchecked``. Answers once per release (a promotion checks its
     gates again when its compare-and-swap loses a race)."""
@@ -150,7 +150,7 @@ def fresh_checker(args):
 
     def check(release) -> dict:
         if release.id not in answers:
-            from neuron_build.build.fresh import fresh_check
+            from neuron_build.build.graph.fresh import fresh_check
 
             ws = open_workspace(args, backend=release.backend, quiet=True)
             given = {a.target: a.key for a in release.artifacts}

@@ -1,5 +1,5 @@
 """``neuron-build verify [--deep] [--repair] [--json]``, ``neuron-build verify --fresh [PATTERN...] [--json]``
-(:mod:`neuron_build.build.fresh`) and ``neuron-build gc [--dry-run] [--keep-days N] [--json]``."""
+(:mod:`neuron_build.build.graph.fresh`) and ``neuron-build gc [--dry-run] [--keep-days N] [--json]``."""
 
 from __future__ import annotations
 
@@ -101,11 +101,11 @@ def cmd_verify(args) -> int:
 
 def cmd_verify_fresh(args) -> int:
     """``verify --fresh [PATTERN...]``: each matching target's artifact against a fresh capture of its graph
-    (:func:`neuron_build.build.fresh.fresh_check`). Exit 1 when an artifact differs or a target could not be
+    (:func:`neuron_build.build.graph.fresh.fresh_check`). Exit 1 when an artifact differs or a target could not be
     keyed; unverifiable and unbuilt targets are listed (exit 0 when nothing else is wrong)."""
     import time
 
-    from neuron_build.build.fresh import fresh_check
+    from neuron_build.build.graph.fresh import fresh_check
     from neuron_build.project.matrix import select
 
     if args.deep or args.repair or args.remote:

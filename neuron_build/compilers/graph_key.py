@@ -69,7 +69,7 @@ GRAPH_KEY_FORMAT = 2
 #: The file the worker writes into its workdir once it has a graph key (or the reason it has none).
 GRAPH_FILE = "graph.json"
 #: The builder's answer to a worker that asks whether to compile a graph the listed index did not hold
-#: (``{"hit": bool}``, written by :class:`neuron_build.build.graph_gate.GraphGate` once it holds the graph
+#: (``{"hit": bool}``, written by :class:`neuron_build.build.graph.gate.GraphGate` once it holds the graph
 #: key's lock): asked only when the option's ``gate`` is true.
 VERDICT_FILE = "graph-verdict.json"
 #: The request option (``CompileRequest.options``) that turns the graph key on: ``{"base": {...}, "known":
@@ -334,7 +334,7 @@ def checkpoint(request: Any, document_of: Any, reuse: bool = True) -> str | None
         write_json_atomic(out, {"graph_key": None, "reason": str(e)})
         return None
     seconds = round(time.monotonic() - t0, 3)
-    if opts.get("probe"):  # the graph probe (neuron_build.build.graph_probe): the key only, never a compile
+    if opts.get("probe"):  # the graph probe (neuron_build.build.graph.probe): the key only, never a compile
         raise GraphHit(key, digest)
     known, reuse = opts.get("known"), reuse and not opts.get("no_reuse")
     keys: set = set()

@@ -35,7 +35,7 @@ With the profile's ``weights = "external"`` (issue 38) the graphs are keyed by t
 the model's config, what ``textgen.json`` records), the package keeps every constant outside
 (:data:`AOTI_CONFIG_EXTERNAL`) and the weights file is written with its spec (``weights.json``) before the
 key is asked for: a fine-tune (new weight values, the same config) is relinked, not compiled
-(:mod:`neuron_build.build.relink`). Fails closed: a package whose ``get_constant_fqns()`` misses a weight
+(:mod:`neuron_build.build.graph.relink`). Fails closed: a package whose ``get_constant_fqns()`` misses a weight
 or a KV tensor (inlined into its kernels as literals) is recorded ``weights = "inline"`` and is never
 relinked; weights that cannot be read or written compile with the key by value. With ``weights =
 "inline"`` (the default) the key holds the weights by value, as before.

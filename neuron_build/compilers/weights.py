@@ -3,7 +3,7 @@
 A profile with ``weights = "external"`` (:class:`neuron_build.project.config.Profile`) compiles a
 weight-free artifact and ships the weights beside it, so a change of weight values alone (a fine-tune) is
 *relinked*, not compiled: the stored artifact's compiled files plus a new weights file
-(:mod:`neuron_build.build.relink`).
+(:mod:`neuron_build.build.graph.relink`).
 
 - **Two parts of the graph key** (``torch.export`` programs: inductor). :func:`structure_document` is the
   canonical graph document (:func:`neuron_build.compilers.graph_document.export_document`) with the

@@ -3,7 +3,7 @@
 ``cluster = "scheduler"`` (the default) uses a running scheduler (``[build] scheduler``); ``cluster = "slurm"``
 makes the workers as Slurm jobs through dask-jobqueue's ``SLURMCluster`` (one ``sbatch`` job per worker, the
 scheduler in the client's process), scaled between ``minimum_jobs`` and ``maximum_jobs`` from the predicted
-work (:mod:`neuron_build.build.clusters`). Only the schema lives here: loading a config never imports Dask.
+work (:mod:`neuron_build.build.fleet.clusters`). Only the schema lives here: loading a config never imports Dask.
 """
 
 from __future__ import annotations

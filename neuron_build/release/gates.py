@@ -1,7 +1,7 @@
 """The nine promotion gates, evaluated in :data:`GATES` order: channel order, validation, artifact count, op
 count, latency, compile-time p95, the serving toolchain, for compile-cache and torchneuron releases the
 fresh-process warm-up (:mod:`neuron_build.release.warmup`), and ``fresh``: is every artifact what a build from
-today's source and environment makes (its graph captured again, :mod:`neuron_build.build.fresh`, which the
+today's source and environment makes (its graph captured again, :mod:`neuron_build.build.graph.fresh`, which the
 caller runs and hands in: this layer does not build)?
 
 The validation and latency gates read stored results; result records live beside artifacts
@@ -40,7 +40,7 @@ R = TypeVar("R", BenchResult, dict)
 GATES = ("channel_order", "validated", "artifact_count", "op_count", "latency", "compile_time_p95",
          "serving_toolchain", "warmup", "fresh")
 
-#: A fresh-capture check: the release -> the report of :func:`neuron_build.build.fresh.fresh_check` as JSON
+#: A fresh-capture check: the release -> the report of :func:`neuron_build.build.graph.fresh.fresh_check` as JSON
 #: (``{"targets": [{"target", "verdict", "component", "reason", ...}], "probes", "counts", "clean"}``).
 FreshCheck = Callable[[Release], dict[str, Any]]
 

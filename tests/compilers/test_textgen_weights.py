@@ -88,8 +88,8 @@ def test_a_package_that_inlined_a_weight_is_never_recorded_external(tmp_path, mo
     ``always_keep_tensor_constants`` is set [measured, torch 2.13]: the tiny Llama's ``rotary_emb.inv_freq``
     (8 elements). A relink of such a package would serve the stored literals, not the new weights: the
     compile checks ``get_constant_fqns()`` against every weight and KV tensor and records the package as
-    inline, which :func:`neuron_build.build.relink.refused` refuses."""
-    from neuron_build.build import relink
+    inline, which :func:`neuron_build.build.graph.relink.refused` refuses."""
+    from neuron_build.build.graph import relink
 
     monkeypatch.setattr(textgen, "AOTI_CONFIG_EXTERNAL", {"aot_inductor.package_constants_in_so": False})
     out = tmp_path / "out"

@@ -1,5 +1,5 @@
 """Weights apart from the graph (neuron_build.compilers.weights): the two parts of the graph key and the
-checks of a weights file before anything is loaded. No compile here (tests/build/test_relink.py compiles)."""
+checks of a weights file before anything is loaded. No compile here (tests/flows/test_relink.py compiles)."""
 
 from __future__ import annotations
 

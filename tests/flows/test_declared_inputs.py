@@ -208,7 +208,7 @@ def test_declared_inputs_and_variables_are_in_the_key(tmp_path, monkeypatch):
 def test_a_declared_input_invalidates_the_plan_cache(tmp_path, monkeypatch):
     """A no-op build's plan cache is not reused once a declared file, a new match of a declared glob or a
     declared variable changed (else the no-op would serve the old key)."""
-    from neuron_build.build.noop import save_plan
+    from neuron_build.build.doit.noop import save_plan
     from neuron_build.project import plan_cache
 
     monkeypatch.setenv("MY_VAR", "1")

@@ -1,5 +1,5 @@
 """Issue 31, item 4: proving a graph unchanged costs one probe worker per model build
-(:mod:`neuron_build.build.graph_probe`), not one compile worker per target; never for a first-level hit."""
+(:mod:`neuron_build.build.graph.probe`), not one compile worker per target; never for a first-level hit."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def project(root: Path, dtypes: str, batches: str, model: str = MODEL) -> Path:
 
 def probes(cfg: Path) -> list[str]:
     """The probe runs so far (one line each in the state folder's probes log)."""
-    from neuron_build.build import graph_probe
+    from neuron_build.build.graph import probe as graph_probe
     from neuron_build.project.config import load_project
 
     log = load_project(cfg).state_dir / graph_probe.PROBE_DIR / graph_probe.PROBE_LOG

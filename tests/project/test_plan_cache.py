@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from neuron_build import tasks
-from neuron_build.build.noop import cached_plan
-from neuron_build.build.session import config_path_setting
+from neuron_build.build.doit.noop import cached_plan
+from neuron_build.build.doit.session import config_path_setting
 from neuron_build.cpu_isa import ISA_ENV, host_cpu_isa
 from neuron_build.project import plan_cache
 from tests.helpers.cli import REPO
@@ -178,7 +178,7 @@ import os, sys, time
 from pathlib import Path
 import neuron_build
 from neuron_build import tasks
-from neuron_build.build.noop import cached_plan
+from neuron_build.build.doit.noop import cached_plan
 from neuron_build.project import plan_cache
 assert neuron_build.__file__ == sys.argv[2], neuron_build.__file__  # the copy, not the checkout
 cfg = Path(os.environ["NEURON_BUILD_CONFIG"])

@@ -14,7 +14,7 @@ of such a model in place [doc: torch-neuronx API reference, replace_weights].
   ``hlo_utils.add_weight_idx_attr_to_hlo``]) and never by value. What is not a weight of the state dict stays
   by content: an inlined constant parameter, a separated tensor the state dict does not name (a
   non-persistent buffer). A fine-tune of the same architecture is the same structure: relinked
-  (:mod:`neuron_build.build.relink`), 0 neuronx-cc runs.
+  (:mod:`neuron_build.build.graph.relink`), 0 neuronx-cc runs.
 - **Fail closed** (:func:`separable`): a weight of the state dict that is not a parameter of the entry
   computation (inlined, or a second name of a tied weight), a dtype or shape that differs from the one
   lowered, no ``weight_name_to_idx``: the weights stay in the key by value and the artifact is recorded

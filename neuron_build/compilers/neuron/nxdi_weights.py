@@ -28,7 +28,7 @@ from the safetensors headers NxDI's ``load_state_dict`` reads first (``model.saf
 ``model.safetensors.index.json``'s files) [code: NxDI ``modules/checkpoint.py``]; the key's base adds the
 compiler args, toolchain and environment. The values are not in it. When the index holds the key, the new
 checkpoint is sharded into the staging folder (:func:`stage`) and the builder publishes it with the stored
-NEFFs (:mod:`neuron_build.build.relink`): nothing traced, no NEFF compiled. Fails closed: a checkpoint
+NEFFs (:mod:`neuron_build.build.graph.relink`): nothing traced, no NEFF compiled. Fails closed: a checkpoint
 without those safetensors files or with an unreadable header, a quantized or LoRA config, the layout option:
 no graph key; a sharding error: compile.
 """

@@ -1,4 +1,4 @@
-"""The graph key's compile lock (:mod:`neuron_build.build.graph_gate`), against a folder store, with the worker's
+"""The graph key's compile lock (:mod:`neuron_build.build.graph.gate`), against a folder store, with the worker's
 side played by files: a worker that asks gets "compile" when it holds the lock, a second one for the same graph
 waits until the first is done, a gate closed while it waits takes nothing, a worker that does not ask is not
 answered."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import structlog
 
-from neuron_build.build.graph_gate import LOCK_PREFIX, GraphGate
+from neuron_build.build.graph.gate import LOCK_PREFIX, GraphGate
 from neuron_build.compilers import graph_key
 from neuron_build.store.local import LocalStore
 

@@ -99,7 +99,7 @@ def reuse_run(ws: Workspace, build: str, ctx: BuildContext, req: CompileRequest,
     opts = (req.options or {}).get(graph_key.OPTION)
     if not opts or opts.get("no_reuse") or req.backend not in graph_key.BEFORE_COMPILE or not probe_on():
         return None
-    if not req.inline_weights_to_neff:  # external weights: the worker stages the new weights (build/relink.py)
+    if not req.inline_weights_to_neff:  # external weights: the worker stages the new weights (build/graph/relink.py)
         return None
     if not (ctx.stale or any(c.split(":")[0] == "model" for c in ctx.changed)):
         return None  # a new target, or new shapes, flags or toolchain: its graph is new (its worker still asks)

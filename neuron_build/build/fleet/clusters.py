@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 #: Seconds assumed for a compile nothing predicts (no recorded compile of its model and bucket).
 DEFAULT_COMPILE_S = 600.0
-#: The prefix of every compile task's key (see :class:`~neuron_build.build.dask_executor.DaskBuild`).
+#: The prefix of every compile task's key (see :class:`~neuron_build.build.fleet.dask_executor.DaskBuild`).
 TASK_PREFIX = "neuron-build-"
 #: The task states that are work still to do.
 _PENDING = frozenset({"released", "waiting", "no-worker", "queued", "processing"})
@@ -118,7 +118,7 @@ def make_adaptive(settings: DaskSettings, predict: Callable[[str], float | None]
 def worker_args(settings: DaskSettings) -> list[str]:
     """The ``dask worker`` arguments of a Slurm job's workers: ``--lifetime`` below the walltime, its
     stagger, and the ``memory_gb`` resource (each worker's share of the job's memory, GB = 1e9 bytes)."""
-    from neuron_build.build.dask_executor import MEMORY_RESOURCE
+    from neuron_build.build.fleet.dask_executor import MEMORY_RESOURCE
 
     gb = settings.memory_bytes / settings.processes / 1e9
     return ["--lifetime", f"{settings.lifetime_s}s", "--lifetime-stagger", f"{max(settings.margin_s // 4, 1)}s",
@@ -201,9 +201,9 @@ def slurm_cluster(settings: DaskSettings, root: Path, predict: Callable[[str], f
 
 def recorded_times(ws: Workspace, targets: Any) -> Callable[[str], float | None]:
     """``predict(target id)`` -> the predicted p50 compile seconds of that target
-    (:func:`neuron_build.build.predict.predicted_seconds`: the ledger's same key, same target, same model and
+    (:func:`neuron_build.build.fleet.predict.predicted_seconds`: the ledger's same key, same target, same model and
     bucket, then a prior), None when nothing is known or the target is not one of ``targets``."""
-    from neuron_build.build.predict import predicted_seconds
+    from neuron_build.build.fleet.predict import predicted_seconds
 
     by_id = {t.id: t for t in targets}
     cache: dict[str, float | None] = {}
@@ -219,14 +219,14 @@ def recorded_times(ws: Workspace, targets: Any) -> Callable[[str], float | None]
 
 @contextmanager
 def started_cluster(project: Any, predict: Callable[[str], float | None]) -> Iterator[Any]:
-    """For ``[dask] cluster = "slurm"``: yields a :class:`~neuron_build.build.slurm_wait.SlurmStart`, which
+    """For ``[dask] cluster = "slurm"``: yields a :class:`~neuron_build.build.fleet.slurm_wait.SlurmStart`, which
     starts the cluster on first call (so a build with nothing to compile submits no job) and returns its
     scheduler's address; the cluster (its jobs cancelled) is closed on exit. For ``cluster = "scheduler"``:
     yields None (use ``[build] scheduler``).
 
     ``predict(target id)``: the predicted compile seconds of a target (None: unknown).
     """
-    from neuron_build.build.slurm_wait import SlurmStart
+    from neuron_build.build.fleet.slurm_wait import SlurmStart
 
     if project.config.dask.cluster != "slurm":
         yield None

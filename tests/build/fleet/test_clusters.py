@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from neuron_build.build.clusters import scale_target, target_of_task, worker_args
+from neuron_build.build.fleet.clusters import scale_target, target_of_task, worker_args
 from neuron_build.errors import ConfigError
 from neuron_build.project.config import load_project
 from neuron_build.project.config_dask import DaskSettings, walltime_seconds
@@ -109,7 +109,7 @@ def test_the_scaler_never_closes_a_worker_in_the_middle_of_a_compile():
     workers (their compiles start over elsewhere); the scaler closes none until they are idle."""
     from distributed import Client, LocalCluster, wait
 
-    from neuron_build.build.clusters import make_adaptive
+    from neuron_build.build.fleet.clusters import make_adaptive
 
     settings = DaskSettings(cluster="slurm", cores=1, minimum_jobs=0, maximum_jobs=3)
     _RUNS.clear()
@@ -136,7 +136,7 @@ def test_the_scaler_asks_for_workers_from_the_predicted_work(predicted_s, most_w
     within target_duration_s; predicted at an hour each, the maximum of three."""
     from distributed import Client, LocalCluster, wait
 
-    from neuron_build.build.clusters import make_adaptive
+    from neuron_build.build.fleet.clusters import make_adaptive
 
     settings = DaskSettings(cluster="slurm", cores=1, minimum_jobs=0, maximum_jobs=3, target_duration_s=1800)
     _RUNS.clear()
@@ -255,7 +255,7 @@ def test_without_sbatch_the_slurm_cluster_is_one_line(tmp_path):
 
 
 def test_the_worker_job_carries_the_dask_settings(slurm, tmp_path, monkeypatch):
-    from neuron_build.build.clusters import slurm_cluster
+    from neuron_build.build.fleet.clusters import slurm_cluster
 
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     settings = DaskSettings(cluster="slurm", queue=slurm.partition, cores=2, processes=1, memory="1GB",

@@ -6,7 +6,7 @@ usage error), 130 on Ctrl-C and 141 when the reader of stdout went away. :class:
 :class:`doit.doit_cmd.DoitMain` that ``neuron-build build`` runs. For ``doit`` with a ``dodo.py`` that imports
 :mod:`neuron_build.tasks`, :class:`BuildRun` is doit's command plugin named ``run``: the ``doit.COMMAND``
 entry point of the installed package, or ``[tool.doit.plugins.command] run =
-"neuron_build.build.doit_run:BuildRun"`` in ``pyproject.toml`` (``[COMMAND]`` in ``doit.cfg``). With any
+"neuron_build.build.doit.run:BuildRun"`` in ``pyproject.toml`` (``[COMMAND]`` in ``doit.cfg``). With any
 other ``dodo.py`` it is doit's own ``run``, exit codes included.
 """
 
@@ -20,7 +20,7 @@ from doit.cmdparse import CmdOption, CmdParse, CmdParseError
 from doit.doit_cmd import DoitMain
 from doit.exceptions import InvalidCommand, InvalidDodoFile, InvalidTask, TaskFailed, UnmetDependency
 
-from neuron_build.build.doit_seek import Run  # doit's run, plus the hint for a project's subfolder
+from neuron_build.build.doit.seek import Run  # doit's run, plus the hint for a project's subfolder
 
 __all__ = ["BuildMain", "BuildRun", "is_neuron_build"]
 
@@ -29,8 +29,8 @@ _USAGE = (CmdParseError, InvalidDodoFile, InvalidCommand, InvalidTask)
 
 def is_neuron_build(namespace: dict[str, Any] | None) -> bool:
     """Whether a doit namespace (a loaded ``dodo.py``) is neuron-build's: its ``DOIT_CONFIG`` reports through
-    a :class:`~neuron_build.build.report.BuildReporter`."""
-    from neuron_build.build.report import BuildReporter  # here: another dodo.py's doit never imports it
+    a :class:`~neuron_build.build.doit.report.BuildReporter`."""
+    from neuron_build.build.doit.report import BuildReporter  # here: another dodo.py's doit never imports it
 
     cfg = (namespace or {}).get("DOIT_CONFIG")
     rep = cfg.get("reporter") if isinstance(cfg, dict) else None

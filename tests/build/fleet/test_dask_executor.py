@@ -376,7 +376,7 @@ def test_memory_resource_keeps_a_host_within_its_memory(tmp_path):
     from distributed import LocalCluster
 
     from neuron_build.build.builder import Builder
-    from neuron_build.build.dask_executor import DaskBuild
+    from neuron_build.build.fleet.dask_executor import DaskBuild
     from neuron_build.project.config import load_project
     from neuron_build.workspace import Workspace
 
@@ -441,7 +441,7 @@ def test_a_task_that_kept_failing_becomes_a_failed_outcome(tmp_path):
 
     from distributed import KilledWorker
 
-    from neuron_build.build.dask_executor import DaskBuild, TransientCompileError
+    from neuron_build.build.fleet.dask_executor import DaskBuild, TransientCompileError
 
     b = builder(write_sleepy_project(tmp_path / "p", batches=(1,)))
     t = b.ws.targets[0]
@@ -461,7 +461,7 @@ def test_a_task_that_kept_failing_becomes_a_failed_outcome(tmp_path):
 
 
 def test_scheduler_address_precedence(monkeypatch):
-    from neuron_build.build.dask_executor import scheduler_address
+    from neuron_build.build.fleet.dask_executor import scheduler_address
     from neuron_build.errors import UserError
 
     monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", "tcp://env:8786")
@@ -503,7 +503,7 @@ def test_a_compile_over_the_dask_workers_memory_limit_is_stopped_and_not_retried
     from distributed import LocalCluster
 
     from neuron_build.build.builder import Builder
-    from neuron_build.build.dask_executor import DaskBuild
+    from neuron_build.build.fleet.dask_executor import DaskBuild
     from neuron_build.project.config import load_project
     from neuron_build.workspace import Workspace
 

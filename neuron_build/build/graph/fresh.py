@@ -4,7 +4,7 @@ environment would produce? What ``neuron-build verify --fresh`` and the ``fresh`
 The first-level key trusts the inputs a factory was *recorded* reading (:mod:`neuron_build.project.reads`);
 what no recorder sees (a value fetched over the network, a file read by native code outside every watched
 folder) can change the graph while every recorded input stays the same. :func:`fresh_check` does not trust
-the record: it runs the graph probe (:func:`neuron_build.build.graph_probe.run_probe`: ``python -m
+the record: it runs the graph probe (:func:`neuron_build.build.graph.probe.run_probe`: ``python -m
 neuron_build.worker --graphs``, one subprocess per model build, each target's backend run up to its graph key,
 nothing compiled, no graph index asked) and compares each target's fresh graph key with the ``graph_key``
 recorded in the manifest of the artifact checked:
@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neuron_build.build import graph_probe
 from neuron_build.build.executor import compile_request
+from neuron_build.build.graph import probe as graph_probe
 from neuron_build.compilers import graph_key
 from neuron_build.workspace import Workspace
 

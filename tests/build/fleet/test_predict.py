@@ -1,4 +1,4 @@
-"""The compile predictor (neuron_build.build.predict) over ledger records."""
+"""The compile predictor (neuron_build.build.fleet.predict) over ledger records."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from neuron_build.build.predict import Predictor, bucket_tokens, total_work
+from neuron_build.build.fleet.predict import Predictor, bucket_tokens, total_work
 from neuron_build.store.ledger import LedgerRecord
 
 GB = 10**9

@@ -66,7 +66,7 @@ def queue_states(job_ids: Iterable[str], user: str | None = None) -> dict[str, t
 
 
 class SlurmStart:
-    """Starts the build's ``SLURMCluster`` on first call (``make``: :func:`~neuron_build.build.clusters.slurm_cluster`)
+    """Starts the build's ``SLURMCluster`` on first call (``make``: :func:`~neuron_build.build.fleet.clusters.slurm_cluster`)
     and waits for its first worker (:meth:`wait_for_workers`); :meth:`close` cancels its jobs.
 
     Args:

@@ -1,6 +1,6 @@
 """The fleet's dispatch policy: which ready compile starts on which worker, as slots free.
 
-A pure policy object (no Dask, no clock, no I/O): the Dask executor (:mod:`neuron_build.build.dask_executor`)
+A pure policy object (no Dask, no clock, no I/O): the Dask executor (:mod:`neuron_build.build.fleet.dask_executor`)
 and the simulator (``benchmarks/fleet_sim.py``) both drive one :class:`Dispatcher` by telling it what happened
 (a worker joined or was lost, a compile finished, ran out of memory) and asking :meth:`Dispatcher.assign` what
 to start now.

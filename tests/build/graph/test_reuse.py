@@ -1,4 +1,4 @@
-"""The builder's graph reuse (:mod:`neuron_build.build.graph_reuse`) driven through an executor that answers
+"""The builder's graph reuse (:mod:`neuron_build.build.graph.reuse`) driven through an executor that answers
 as the worker does: a hit publishes the new key over the source artifact's blobs by ``Store.publish_as``,
 hashing each file once; a source blob that does not verify is not reused (the target compiles)."""
 

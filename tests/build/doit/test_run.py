@@ -76,10 +76,10 @@ def test_build_run_is_doits_run_command_plugin():
     from doit.cmd_run import Run
     from doit.doit_cmd import DoitMain
 
-    from neuron_build.build.doit_run import BuildMain, BuildRun
+    from neuron_build.build.doit.run import BuildMain, BuildRun
 
     py = tomllib.loads((REPO / "pyproject.toml").read_text())
-    where = "neuron_build.build.doit_run:BuildRun"
+    where = "neuron_build.build.doit.run:BuildRun"
     assert py["project"]["entry-points"]["doit.COMMAND"] == {"run": where}
     assert py["tool"]["doit"]["plugins"]["command"] == {"run": where}
     assert issubclass(BuildRun, Run) and BuildRun.get_name() == "run"

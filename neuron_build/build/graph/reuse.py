@@ -1,7 +1,7 @@
 """The graph key, the second level of the key, as the builder uses it (:mod:`neuron_build.compilers.graph_key`
 makes it in the worker): ask the worker for it, hold its compile lock, index a published artifact under it,
 and publish a new key over the blobs of the artifact compiled from the same graph (or, for external
-weights, its compiled files plus the new weights: :mod:`neuron_build.build.relink`).
+weights, its compiled files plus the new weights: :mod:`neuron_build.build.graph.relink`).
 
 The graph index is untrusted input: a reuse is published only when the candidate's manifest records the same
 graph key, canonical document digest, backend, hardware target, dtype and inputs (:func:`reuse_refused`),
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_build.build import relink
 from neuron_build.build.attempt import BuildContext, disk_full
 from neuron_build.build.executor import WORKER_LOG, CompileRun
-from neuron_build.build.graph_gate import GraphGate
+from neuron_build.build.graph import relink
+from neuron_build.build.graph.gate import GraphGate
 from neuron_build.build.manifests import artifact_manifest, hash_files
 from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import CompileRequest
@@ -43,7 +43,7 @@ class Reused:
     source: str
     graph_key: str
     metrics: dict[str, Any]
-    #: the new weights were published with the source's compiled files (:mod:`neuron_build.build.relink`)
+    #: the new weights were published with the source's compiled files (:mod:`neuron_build.build.graph.relink`)
     relinked: bool = False
 
 
@@ -103,7 +103,7 @@ class GraphReuse:
         req.options[graph_key.OPTION] = {"base": graph_key.base_of(ctx.ki.details), "known": str(path), "gate": True}
 
     def gate(self, ctx: BuildContext, req: CompileRequest, work: Path) -> Any:
-        """The graph key's compile lock for this attempt (:class:`~neuron_build.build.graph_gate.GraphGate`),
+        """The graph key's compile lock for this attempt (:class:`~neuron_build.build.graph.gate.GraphGate`),
         or a no-op context when the worker makes no graph key."""
         if graph_key.OPTION not in req.options:
             return contextlib.nullcontext()

@@ -4,7 +4,7 @@ A task is up to date exactly when the store holds a complete artifact for the ta
 :mod:`neuron_build.tasks` for the doit database this implies). A session carries one :class:`Builder` and
 collects the :class:`Outcome` of every build it runs; it takes its settings in its constructor.
 ``neuron-build build`` makes one with its Builder and runs doit through it (:meth:`BuildSession.run`, with
-:class:`~neuron_build.build.doit_run.BuildMain`); ``dodo.py``'s session (:func:`neuron_build.tasks.session`)
+:class:`~neuron_build.build.doit.run.BuildMain`); ``dodo.py``'s session (:func:`neuron_build.tasks.session`)
 makes its Builder on first use from the configured ``buckets.toml``. A no-op build whose inputs are all
 unchanged reads its tasks from the plan cache (:mod:`neuron_build.project.plan_cache`), without parsing the
 config or computing a key.
@@ -16,16 +16,16 @@ import inspect
 import os
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from doit import get_var
 from doit.cmd_base import NamespaceTaskLoader
 from doit.exceptions import TaskFailed
 
+from neuron_build.build.doit.noop import RECORDED_CACHE, Recorded, cached_plan, save_plan
+from neuron_build.build.doit.report import BuildReporter
 from neuron_build.build.jobs import default_jobs
-from neuron_build.build.noop import RECORDED_CACHE, Recorded, cached_plan, save_plan
-from neuron_build.build.report import BuildReporter
 
 if TYPE_CHECKING:  # the Builder, the config schema and validation load when a plan is computed, not on a no-op
     from neuron_build.build.attempt import Outcome
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # the Builder, the config schema and validation load when a p
     from neuron_build.project.plan_cache import Plan
     from neuron_build.store.contract import ArtifactStore
 
-__all__ = ["BASE_DOIT_CONFIG", "BuildSession", "config_path_setting", "retry_failed_setting"]
+__all__ = ["BASE_DOIT_CONFIG", "BuildSession", "SessionExecutor", "config_path_setting", "retry_failed_setting"]
 
 #: doit's settings of a build (``neuron_build.tasks.DOIT_CONFIG`` adds its reporter)
 BASE_DOIT_CONFIG: dict[str, Any] = {
@@ -111,7 +111,7 @@ def _push_failed(lines: list[str]) -> TaskFailed:
 def _is_built(store: ArtifactStore, key: str, hits: list[str] | None = None, target_id: str = "",
               known: set[str] | None = None, fresh: Any = None) -> bool:
     """``uptodate`` of a ``build:`` task: the store holds a complete artifact for ``key`` here whose recorded
-    inputs all still match (``fresh``, a :class:`~neuron_build.build.noop.Recorded`). A hit on a read-through store's remote runs the
+    inputs all still match (``fresh``, a :class:`~neuron_build.build.doit.noop.Recorded`). A hit on a read-through store's remote runs the
     task, which downloads the artifact and verifies every blob. A
     plain function, not a bound method: doit inspects every uptodate callable's signature on every no-op run.
     A hit is added to ``hits`` (the session writes them to the build ledger when the build ends). ``known``:
@@ -176,7 +176,7 @@ class BuildSession(NamespaceTaskLoader):
         self._lock = threading.Lock()
         #: the plan cache's (plan, local store) when this session's build tasks came from it
         self._plan: tuple[Plan, Any] | None = None
-        #: the check of the artifacts' recorded inputs (:class:`~neuron_build.build.noop.Recorded`), made with the tasks
+        #: the check of the artifacts' recorded inputs (:class:`~neuron_build.build.doit.noop.Recorded`), made with the tasks
         self._fresh: Recorded | None = None
 
     @property
@@ -208,7 +208,7 @@ class BuildSession(NamespaceTaskLoader):
         Returns doit's exit status (0 ok, 1 a task failed, 2 a usage error or a task error, 3 an
         unexpected doit error).
         """
-        from neuron_build.build.doit_run import BuildMain
+        from neuron_build.build.doit.run import BuildMain
 
         b = self.builder
         # for the processes this run starts (doit -P process runners); put back afterwards, so a caller that
@@ -251,7 +251,7 @@ class BuildSession(NamespaceTaskLoader):
         from neuron_build.build.display import BuildDisplay
 
         def expect(target_id: str) -> float | None:  # asked when a target starts: a no-op makes no Builder
-            from neuron_build.build.predict import predicted_seconds
+            from neuron_build.build.fleet.predict import predicted_seconds
 
             ws = self.builder.ws
             return predicted_seconds(ws, ws.by_id[target_id])
@@ -267,7 +267,7 @@ class BuildSession(NamespaceTaskLoader):
 
     def to_build(self, target_ids: Sequence[str]) -> dict[str, float | None] | None:
         """Which of ``target_ids`` the store does not hold: target id -> the expected compile time (seconds,
-        predicted from the ledger by :mod:`neuron_build.build.predict`; None when nothing was ever recorded), so progress counts N of
+        predicted from the ledger by :mod:`neuron_build.build.fleet.predict`; None when nothing was ever recorded), so progress counts N of
         M exactly from the start. None when that is not cheap to tell (a store with a remote, whose hits
         only the tasks' checks find). Asks the store's lookup index, as the tasks' checks do."""
         if self._builder is None and self._plan is not None:
@@ -288,7 +288,7 @@ class BuildSession(NamespaceTaskLoader):
                 missing.append(t)
         if not missing:
             return {}
-        from neuron_build.build.predict import predicted_seconds
+        from neuron_build.build.fleet.predict import predicted_seconds
 
         ws = self.builder.ws  # something compiles: the Builder is made now anyway
         return {t: predicted_seconds(ws, ws.by_id[t]) for t in missing if t in ws.by_id}
@@ -417,3 +417,33 @@ class BuildSession(NamespaceTaskLoader):
             return TaskFailed(f"{target_id}: built, but {unpushed}")
         return {"key": out.key, "status": out.status}
 
+
+class SessionExecutor:
+    """The build on this host: doit over a :class:`~neuron_build.build.doit.session.BuildSession`.
+
+    Args:
+        builder: the build's Builder (one target at a time; the session runs it under doit).
+        jobs: compiles at once (doit's runner threads).
+        retry_failed: compile targets whose current key failed last time.
+        pending: target id -> predicted compile seconds of each target to compile (the progress display's).
+        select: build only the targets given to :meth:`run` (False: doit's whole task list, as a bare
+            ``neuron-build build`` does).
+        outstream: where doit's own report goes (None: stdout; ``build --json`` sends it to stderr).
+
+    Attributes after :meth:`run`: ``status``, doit's exit status (0 ok, 1 a task failed, 2 or 3 an error).
+    """
+
+    def __init__(self, builder: Builder, jobs: int, retry_failed: bool = True, pending: Mapping[str, Any] | None = None,
+                 select: bool = True, outstream: Any = None):
+        self.b, self.jobs, self.retry_failed = builder, jobs, retry_failed
+        self.pending, self.select, self.outstream = dict(pending or {}), select, outstream
+        self.status = 0
+
+    def run(self, targets: Sequence[Any]) -> Mapping[str, Any]:
+        """Run doit over the targets; return the session's outcomes (a target doit found up to date has none)."""
+        from neuron_build.build.doit.session import BuildSession
+
+        session = BuildSession(self.b, retry_failed=self.retry_failed, jobs=self.jobs, pending=self.pending)
+        self.status = session.run([t.id for t in targets] if self.select else None, jobs=self.jobs,
+                                  outstream=self.outstream)
+        return session.outcomes

@@ -1,4 +1,4 @@
-"""What runs on a Dask worker for the Dask executor (:mod:`neuron_build.build.dask_executor`, the client side):
+"""What runs on a Dask worker for the Dask executor (:mod:`neuron_build.build.fleet.dask_executor`, the client side):
 the store the workers publish into (:class:`StoreSpec`, :func:`probe_store`), the task of one target
 (:func:`compile_task`, with :class:`TransientCompileError` for Dask's retries), and the worker's memory bound
 and cancellation, which the compile subprocess is held to.

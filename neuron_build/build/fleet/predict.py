@@ -364,10 +364,10 @@ def target_predictions(ws: Workspace, targets: Iterable[Target]) -> dict[str, Pr
 
 
 def dispatch_jobs(targets: Sequence, predicted: Mapping[str, Prediction], default_memory_gb: float) -> list:
-    """:class:`~neuron_build.build.dispatch.Job` objects of ``targets`` (in matrix order) from their predictions:
+    """:class:`~neuron_build.build.fleet.dispatch.Job` objects of ``targets`` (in matrix order) from their predictions:
     a target without a predicted time counts as the mean of the known ones; each text-generation target waits
     for nothing (a bucket needs no other bucket's NEFF in neuron-build)."""
-    from neuron_build.build.dispatch import Job
+    from neuron_build.build.fleet.dispatch import Job
 
     known = [p.seconds for p in predicted.values() if p.seconds is not None]
     fill = sum(known) / len(known) if known else 0.0

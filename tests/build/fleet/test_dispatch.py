@@ -1,4 +1,4 @@
-"""The dispatch policy (neuron_build.build.dispatch) on small cases, checked against brute force."""
+"""The dispatch policy (neuron_build.build.fleet.dispatch) on small cases, checked against brute force."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from neuron_build.build.dispatch import NO_WORKER, Dispatcher, Job
+from neuron_build.build.fleet.dispatch import NO_WORKER, Dispatcher, Job
 
 GIB = 2**30
 

@@ -6,7 +6,7 @@ shared store.
 plans as a local build does, refuses to start unless every worker sees the same store, and submits one
 ``Client.submit(compile_task, ..., pure=False)`` per target as the dispatcher releases it, collected with
 ``distributed.as_completed`` (reaching the scheduler and checking the workers' store:
-:mod:`neuron_build.build.dask_connect`). On the worker (:mod:`neuron_build.build.dask_worker`),
+:mod:`neuron_build.build.fleet.connect`). On the worker (:mod:`neuron_build.build.fleet.dask_worker`),
 :func:`compile_task` opens the store from its location, loads the project from the same config path (each
 worker host needs the checkout at that path: a shared mount or the same clone), checks it computes the same
 key, and runs the same :class:`~neuron_build.build.builder.Builder`
@@ -14,8 +14,8 @@ as a local build: the key's store lock (so two clients never compile one key twi
 (:class:`~neuron_build.build.local.LocalExecutor`: timeout, peak memory, failure classes), staging, seal,
 publish, failure records. The manifest records ``executor = "dask"`` and the worker's address.
 
-Scheduling: the client holds the queue (:class:`~neuron_build.build.dispatch.Dispatcher`, predictions from
-:mod:`neuron_build.build.predict`): as slots free it releases the ready target with the longest predicted
+Scheduling: the client holds the queue (:class:`~neuron_build.build.fleet.dispatch.Dispatcher`, predictions from
+:mod:`neuron_build.build.fleet.predict`): as slots free it releases the ready target with the longest predicted
 compile to the worker it fits most tightly by predicted memory (the smaller of ``--memory-limit`` and a
 ``memory_gb`` resource, GB = 1e9 bytes; unbounded without either), pinned there with ``priority=`` and, when
 workers advertise ``memory_gb``, its p50 peak as a resource. An out-of-memory kill is retried once on a
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.build.attempt import Outcome, as_status
-from neuron_build.build.dask_connect import CONNECT_TIMEOUT_S, check_workers, connect, scheduler_address
-from neuron_build.build.dask_worker import (
+from neuron_build.build.fleet.connect import CONNECT_TIMEOUT_S, check_workers, connect, scheduler_address
+from neuron_build.build.fleet.dask_worker import (
     MEMORY_RESOURCE,
     StoreSpec,
     TransientCompileError,
@@ -48,8 +48,8 @@ from neuron_build.build.dask_worker import (
     open_spec,
     probe_store,
 )
+from neuron_build.build.fleet.predict import dispatch_jobs, target_predictions
 from neuron_build.build.peaks import expected_peak
-from neuron_build.build.predict import dispatch_jobs, target_predictions
 from neuron_build.build.progress import BuildProgress, estimate_eta, pace, progress_line
 from neuron_build.errors import UserError
 from neuron_build.log import get_logger
@@ -89,7 +89,7 @@ class DaskBuild:
         address: the scheduler (``tcp://host:8786``), or a function that starts a cluster and returns its
             scheduler's address (called only when something is left to compile, with a function returning
             the ids of the targets still to build, from which the cluster scales: see
-            :class:`~neuron_build.build.slurm_wait.SlurmStart`; its ``wait_for_workers``, if any, is the wait
+            :class:`~neuron_build.build.fleet.slurm_wait.SlurmStart`; its ``wait_for_workers``, if any, is the wait
             for a first worker).
         retry_failed: compile targets whose current key failed last time (default True).
         report: called with each progress line (e.g. print to stderr); None: log only.
@@ -270,10 +270,10 @@ class DaskBuild:
                 display.stop()
 
     def _dispatcher(self, todo: list[Target], workers: dict) -> tuple[list[Target], dict, Any]:
-        """(the targets to submit, their predictions, the :class:`~neuron_build.build.dispatch.Dispatcher` of
+        """(the targets to submit, their predictions, the :class:`~neuron_build.build.fleet.dispatch.Dispatcher` of
         them over ``workers``): ``todo`` without what :meth:`_drop_too_big` refuses, each job capped by
         :meth:`_cap_at_largest`."""
-        from neuron_build.build.dispatch import Dispatcher
+        from neuron_build.build.fleet.dispatch import Dispatcher
 
         todo = self._drop_too_big(todo, workers)
         predicted = target_predictions(self.ws, todo)

@@ -66,9 +66,9 @@ def relink(graph: Any, ctx: Any, req: Any, run: Any, obj: Path, source: str, old
     """Publish ``ctx``'s key as ``source``'s compiled files plus the weights staged in ``obj``.
 
     Args:
-        graph: the :class:`~neuron_build.build.graph_reuse.GraphReuse` (store, provenance).
+        graph: the :class:`~neuron_build.build.graph.reuse.GraphReuse` (store, provenance).
         source, old: the stored artifact of the same structure and its manifest (already checked by
-            :func:`~neuron_build.build.graph_reuse.reuse_refused`).
+            :func:`~neuron_build.build.graph.reuse.reuse_refused`).
 
     Returns:
         (graph key, the new manifest's metrics), or None (logged) when the relink is refused: compile.

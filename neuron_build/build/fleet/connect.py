@@ -1,4 +1,4 @@
-"""How the Dask executor's client (:class:`~neuron_build.build.dask_executor.DaskBuild`) reaches its cluster:
+"""How the Dask executor's client (:class:`~neuron_build.build.fleet.dask_executor.DaskBuild`) reaches its cluster:
 which scheduler (:func:`scheduler_address`), a ``distributed.Client`` of it (:func:`connect`), and the check,
 run on every worker, that each sees the client's store (:func:`check_workers`). Each failure is one line
 naming the scheduler, worker or store and the fix (``--executor local`` among them).
@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from neuron_build.build.dask_worker import StoreSpec, probe_store
+from neuron_build.build.fleet.dask_worker import StoreSpec, probe_store
 from neuron_build.errors import UserError
 
 #: Seconds the client waits for the scheduler to answer, and for a first worker to join.
@@ -120,7 +120,7 @@ def check_workers(client: Any, spec: StoreSpec, ident: str, address: str, wait_s
     """Wait for at least one worker, then check from every worker that the store is reachable and is the
     client's store. Returns the scheduler's worker table (address -> info with ``nthreads``, ``resources``).
     ``wait(client, address)``: the wait for a first worker of a cluster started for the build (Slurm:
-    :meth:`~neuron_build.build.slurm_wait.SlurmStart.wait_for_workers`, which raises its own error); None:
+    :meth:`~neuron_build.build.fleet.slurm_wait.SlurmStart.wait_for_workers`, which raises its own error); None:
     ``wait_s`` seconds for a worker someone starts with ``dask worker``.
 
     Raises:

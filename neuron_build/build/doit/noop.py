@@ -1,6 +1,6 @@
 """The no-op path of a build: the plan cache read back (:func:`cached_plan`) and written for the next no-op
 (:func:`save_plan`), and the check that an artifact still matches the inputs its build recorded
-(:class:`Recorded`). What :class:`~neuron_build.build.session.BuildSession` asks before any task runs; cheap:
+(:class:`Recorded`). What :class:`~neuron_build.build.doit.session.BuildSession` asks before any task runs; cheap:
 no config parsed, no key computed when nothing the keys read changed (:mod:`neuron_build.project.plan_cache`).
 """
 

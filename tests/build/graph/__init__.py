@@ -1,0 +1,1 @@
+"""Tests of ``neuron_build/build/graph``."""
