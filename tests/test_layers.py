@@ -8,7 +8,8 @@ other); the workspace (the opened project: keys, states, changes, the store open
 release may take one; compilers (and the worker, the example inputs, the artifact loader) over project, never the store;
 build and evaluate over store and compilers; release over evaluate; runtime over the compilers alone, its
 routing rules (``neuron_build.runtime.routing``) a layer of their own over core only (pure, torch-free,
-testable alone); tasks over build and evaluate; cli over all. A module may import its own layer and the layers
+testable alone), and the pulled-release record (``neuron_build.runtime.pulled``, the one module that spells
+``release.json``) one over core that the compilers, release, runtime and routing read; tasks over build and evaluate; cli over all. A module may import its own layer and the layers
 its row in :data:`ALLOWED` names.
 """
 
@@ -36,6 +37,7 @@ LAYERS = {
     "release": ["neuron_build.release"],
     "runtime": ["neuron_build.runtime"],
     "routing": ["neuron_build.runtime.routing"],
+    "pulled": ["neuron_build.runtime.pulled"],
     "tasks": ["neuron_build.tasks"],
     "cli": ["neuron_build.cli"],
 }
@@ -45,15 +47,16 @@ ALLOWED = {
     "project": {"core"},
     "store": {"core"},
     "workspace": {"core", "project", "store"},
-    "compilers": {"core", "project"},
+    "compilers": {"core", "project", "pulled"},
     "build": {"core", "project", "store", "workspace", "compilers"},
     "evaluate": {"core", "project", "store", "compilers"},
-    "release": {"core", "project", "store", "workspace", "compilers", "evaluate"},
-    "runtime": {"core", "compilers", "routing"},
-    "routing": {"core"},
+    "release": {"core", "project", "store", "workspace", "compilers", "evaluate", "pulled"},
+    "runtime": {"core", "compilers", "routing", "pulled"},
+    "routing": {"core", "pulled"},
+    "pulled": {"core"},
     "tasks": {"core", "project", "store", "workspace", "compilers", "build", "evaluate"},
     "cli": {"core", "project", "store", "workspace", "compilers", "build", "evaluate", "release", "runtime",
-            "routing", "tasks"},
+            "routing", "pulled", "tasks"},
 }
 
 

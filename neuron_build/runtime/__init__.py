@@ -71,17 +71,16 @@ pulled ``release.json``, which ``neuron-build release`` recorded from ``buckets.
 from neuron_build.runtime.bucketed import BucketedModel
 from neuron_build.runtime.install import (
     VERIFY_MODES,
-    check_pulled,
     install_release,
-    read_release,
     serving_device,
     serving_model,
     textgen_source,
     verify_pulled,
 )
+from neuron_build.runtime.pulled import PulledRelease, check_pulled, read_pulled, read_release
 from neuron_build.runtime.routing import Bucket, BucketError, Router
 from neuron_build.runtime.warmup import STEADY_CALLS, WARMUP_SCHEMA, warmup
 
-__all__ = ["STEADY_CALLS", "VERIFY_MODES", "WARMUP_SCHEMA", "Bucket", "BucketError", "BucketedModel", "Router",
-           "check_pulled", "install_release", "read_release", "serving_device", "serving_model", "textgen_source",
-           "verify_pulled", "warmup"]
+__all__ = ["STEADY_CALLS", "VERIFY_MODES", "WARMUP_SCHEMA", "Bucket", "BucketError", "BucketedModel", "PulledRelease",
+           "Router", "check_pulled", "install_release", "read_pulled", "read_release", "serving_device", "serving_model",
+           "textgen_source", "verify_pulled", "warmup"]
