@@ -11,7 +11,8 @@ core uses and which uses the core; ``build.fleet``: the Dask executor, its worke
 ``build.doit``: the doit glue, over the core and the fleet's predictor; the core imports neither, the fleet not the
 doit glue); release over evaluate; runtime over the compilers alone, its
 routing rules (``neuron_build.runtime.routing``) a layer of their own over core only (pure, torch-free,
-testable alone); tasks over build and evaluate; cli over all. A module may import its own layer and the layers
+testable alone), and the pulled-release record (``neuron_build.runtime.pulled``, the one module that spells
+``release.json``) one over core that the compilers, release, runtime and routing read; tasks over build and evaluate; cli over all. A module may import its own layer and the layers
 its row in :data:`ALLOWED` names.
 """
 
@@ -42,6 +43,7 @@ LAYERS = {
     "release": ["neuron_build.release"],
     "runtime": ["neuron_build.runtime"],
     "routing": ["neuron_build.runtime.routing"],
+    "pulled": ["neuron_build.runtime.pulled"],
     "tasks": ["neuron_build.tasks"],
     "cli": ["neuron_build.cli"],
 }
@@ -51,19 +53,20 @@ ALLOWED = {
     "project": {"core"},
     "store": {"core"},
     "workspace": {"core", "project", "store"},
-    "compilers": {"core", "project"},
+    "compilers": {"core", "project", "pulled"},
     "build": {"core", "project", "store", "workspace", "compilers", "build.graph"},
     "build.graph": {"core", "project", "store", "workspace", "compilers", "build"},
     "build.fleet": {"core", "project", "store", "workspace", "compilers", "build", "build.graph"},
     # the doit glue reads the fleet's predictor (build/fleet/predict.py) for the progress display's pending seconds
     "build.doit": {"core", "project", "store", "workspace", "compilers", "build", "build.graph", "build.fleet"},
     "evaluate": {"core", "project", "store", "compilers"},
-    "release": {"core", "project", "store", "workspace", "compilers", "evaluate"},
-    "runtime": {"core", "compilers", "routing"},
-    "routing": {"core"},
+    "release": {"core", "project", "store", "workspace", "compilers", "evaluate", "pulled"},
+    "runtime": {"core", "compilers", "routing", "pulled"},
+    "routing": {"core", "pulled"},
+    "pulled": {"core"},
     "tasks": {"core", "project", "store", "workspace", "compilers", "build", "build.doit", "evaluate"},
     "cli": {"core", "project", "store", "workspace", "compilers", "build", "build.graph", "build.fleet", "build.doit",
-            "evaluate", "release", "runtime", "routing", "tasks"},
+            "evaluate", "release", "runtime", "routing", "pulled", "tasks"},
 }
 
 

@@ -20,6 +20,7 @@ from neuron_build.cli.app import (
 )
 from neuron_build.errors import ExitCode, UserError
 from neuron_build.project.config import Backend, DeviceKind
+from neuron_build.runtime.pulled import RELEASE_FILE
 from neuron_build.status import Verdict
 
 #: ``--backend`` and ``--device-kind`` take what ``[build] backend`` and ``[release]`` device kinds take.
@@ -83,7 +84,7 @@ def register(add) -> None:
     s.add_argument("--store", metavar="URL",
                    help="pull from this store (a folder or a URL such as s3://bucket/prefix) without a "
                         "project: no buckets.toml needed")
-    s.add_argument("--json", action="store_true", help="print release.json")
+    s.add_argument("--json", action="store_true", help=f"print {RELEASE_FILE}")
 
 
 @command("release")

@@ -35,7 +35,7 @@ from neuron_build.release.channels import (
 )
 from neuron_build.release.create import create_release, require_model
 from neuron_build.release.gates import GATES, GateCheck, evaluate_gates, format_gates
-from neuron_build.release.pull import PULL_FORMAT, PulledRelease, pull
+from neuron_build.release.pull import pull
 from neuron_build.release.records import (
     ID_FIELDS,
     RELEASE_FORMAT,
@@ -55,6 +55,7 @@ from neuron_build.release.records import (
     load_release,
     release_id,
 )
+from neuron_build.runtime.pulled import PULL_FORMAT, PulledRelease
 
 __all__ = [
     "GATES",

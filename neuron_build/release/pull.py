@@ -36,6 +36,7 @@ from neuron_build.compilers.textgen import WEIGHTS
 from neuron_build.errors import UserError
 from neuron_build.project.config import ReleaseSettings
 from neuron_build.release.records import actor, check_channel, get_pointer, get_release
+from neuron_build.runtime.pulled import PULL_FORMAT, PulledRelease, write_pulled
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.layout import MANIFEST
 from neuron_build.store.ranged import resumable
@@ -43,7 +44,6 @@ from neuron_build.store.sync import TransferProgress
 from neuron_build.trust import check_name, check_release
 from neuron_build.util import fsync_path, read_json, swap_in_folder, utc_now, write_json_atomic
 
-PULL_FORMAT = 1
 #: The marker every pull writes into its folder: only a folder carrying it is ever replaced by a pull.
 MARKER = ".neuron-build-pull.json"
 
@@ -133,54 +133,6 @@ def pinned_fix(target: str, damage: str, channel: str | None) -> str:
     return fix.replace("--to CHANNEL", f"--to {channel}") if channel else fix
 
 
-@dataclass(frozen=True)
-class PulledRelease:
-    """What a pull wrote into its folder: the content of its ``release.json`` (:meth:`to_json`), which
-    :class:`neuron_build.runtime.BucketedModel` loads and ``pull --json`` prints.
-
-    Attributes:
-        release, model: the release id and its model.
-        channel, channel_version: the channel it was pulled from and its version then (None: a release
-            pulled by id, as the warm-up gate does).
-        dtype, profile, backend, hardware_target: the release's.
-        dims, inputs, truncate, convert_dtypes: the release's runtime record (bucket dims, input specs).
-        buckets: one object per bucket: ``id``, ``target``, ``key``, ``sizes``, ``inputs``, ``artifact`` and
-            ``files`` (pulled path, relative to the folder -> ``sha256``, ``size``), ``loader``.
-        toolchain: the versions it was built with.
-        pulled, pulled_by: when (ISO 8601 UTC) and by whom.
-        textgen, serving: the runtime's text-generation and serving records, when the release has them.
-    """
-
-    release: str
-    model: str
-    channel: str | None
-    channel_version: int | None
-    dtype: str
-    profile: str
-    backend: str
-    hardware_target: str
-    dims: list[str]
-    inputs: list[dict[str, Any]]
-    truncate: bool
-    convert_dtypes: bool
-    buckets: list[dict[str, Any]]
-    toolchain: dict[str, Any]
-    pulled: str
-    pulled_by: str
-    textgen: dict[str, Any] | None = None
-    serving: dict[str, Any] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """``release.json``: ``format`` (:data:`PULL_FORMAT`) first, then the fields in the order above;
-        ``textgen`` and ``serving`` only when set."""
-        doc: dict[str, Any] = {"format": PULL_FORMAT}
-        doc.update((k, getattr(self, k)) for k in self.__dataclass_fields__ if k not in ("textgen", "serving"))
-        for k in ("textgen", "serving"):
-            if getattr(self, k) is not None:
-                doc[k] = getattr(self, k)
-        return doc
-
-
 def pull(store: ArtifactStore, model: str, channel: str, dest: str | Path,
          settings: ReleaseSettings | None = None, warn: Callable[[str], None] | None = None,
          progress: TransferProgress | None = None) -> PulledRelease:
@@ -262,8 +214,7 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
             toolchain=rel.toolchain, pulled=utc_now(), pulled_by=actor(),
             textgen=rt.get("textgen"),  # prefill and decode graphs: BucketedModel.generate
             serving=rt.get("serving"))  # compile-cache / torchneuron: how serving rebuilds and compiles the model
-        (staging / "release.json").write_text(json.dumps(done.to_json(), indent=2) + "\n")
-        copier.written.append("release.json")
+        copier.written.append(write_pulled(staging, done))
         write_json_atomic(staging / MARKER, {"format": PULL_FORMAT, "release": rel.id, "model": model,
                                              "channel": channel, "store": store.location,
                                              "pulled": done.pulled, "files": sorted(copier.written)})
@@ -364,4 +315,4 @@ class _Copier:
                       f"are the release's, sha256 verified")
 
 
-__all__ = ["MARKER", "PULL_FORMAT", "PulledRelease", "check_dest", "pull", "pull_release"]
+__all__ = ["MARKER", "check_dest", "pull", "pull_release"]

@@ -15,13 +15,12 @@ from neuron_build.errors import UserError
 from neuron_build.examples import torch_dtype
 from neuron_build.runtime.install import (
     VERIFY_MODES,
-    check_pulled,
-    read_release,
     serving_device,
     serving_model,
     textgen_source,
     verify_pulled,
 )
+from neuron_build.runtime.pulled import PulledRelease, read_pulled, release_file
 from neuron_build.runtime.routing import Bucket, BucketError, Router
 from neuron_build.traffic import DEFAULT_MAX_SHAPES, TrafficRecorder
 
@@ -51,6 +50,9 @@ class BucketedModel(Router):
         self.weights: Any = None
         #: A text-generation release's engine (:mod:`neuron_build.compilers.textgen_load`), else None.
         self.textgen: Any = None
+        #: The typed record :meth:`load` read (:class:`~neuron_build.runtime.pulled.PulledRelease`), else None
+        #: (a model built from a ``release.json`` dict).
+        self.record: PulledRelease | None = None
         #: The traffic this model served (:mod:`neuron_build.traffic`); ``metrics``: a prometheus_client
         #: registry to export it on (None: no metrics); ``max_shapes``: distinct shapes kept.
         self.traffic_recorder = TrafficRecorder(release["model"], release.get("release"), self.dims,
@@ -91,8 +93,10 @@ class BucketedModel(Router):
         if verify not in VERIFY_MODES:
             raise UserError(f"BucketedModel.load: verify={verify!r}; give 'sha256' (the default) or 'size'")
         root = Path(folder)
-        release = _checked_release(root, verify)
+        record = _checked_release(root, verify)
+        release = record.to_json()
         bm = cls(release, root, metrics=metrics, max_shapes=max_shapes)
+        bm.record = record
         if release.get("textgen") is not None or _is_nxdi(release):  # prefill + decode graphs: generate()
             bm._load_textgen(model, factory_root)
         elif release.get("serving") is not None:
@@ -396,27 +400,27 @@ def _is_nxdi(release: dict[str, Any]) -> bool:
     return is_nxdi_release(release)
 
 
-def _checked_release(root: Path, verify: str) -> dict[str, Any]:
-    """``root / "release.json"``, checked before anything is loaded: its names (:func:`check_pulled`), the host
-    an NxDI release needs (a NeuronCore), this host's versions against the artifacts' (one line naming the built
-    and the installed version, :data:`neuron_build.artifact.LOAD_RULES`), and every listed file
-    (:func:`verify_pulled`)."""
-    release = read_release(root, f"pull a release into {root} with `neuron-build pull MODEL --channel C --dest {root}`")
-    check_pulled(release, root)
+def _checked_release(root: Path, verify: str) -> PulledRelease:
+    """``root``'s ``release.json``, checked before anything is loaded: its names and fields
+    (:func:`~neuron_build.runtime.pulled.read_pulled`), the host an NxDI release needs (a NeuronCore), this host's
+    versions against the artifacts' (one line naming the built and the installed version,
+    :data:`neuron_build.artifact.LOAD_RULES`), and every listed file (:func:`verify_pulled`)."""
+    rec = read_pulled(root, f"pull a release into {root} with `neuron-build pull MODEL --channel C --dest {root}`")
+    release = rec.to_json()
+    where = str(release_file(root))
     if _is_nxdi(release):  # said before any file is hashed: this host cannot serve it at all
         from neuron_build.compilers.neuron import nxdi_serve
 
-        problem = nxdi_serve.host_problem(release, str(root / "release.json"), nxdi_serve.pulled_tp_degree(release, root))
+        problem = nxdi_serve.host_problem(release, where, nxdi_serve.pulled_tp_degree(release, root))
         if problem:
             raise UserError(problem)
     problem = release_version_problem(
-        release.get("backend", ""), release.get("toolchain") or {},
-        [(b.get("loader", ""), b.get("artifact", "")) for b in release["buckets"]],
-        f"{root / 'release.json'} (release {release.get('release')} of {release.get('model')})")
+        rec.backend, rec.toolchain, [(b.get("loader", ""), b.get("artifact", "")) for b in rec.buckets],
+        f"{where} (release {rec.release} of {rec.model})")
     if problem:
         raise UserError(problem)
     verify_pulled(release, root, verify)
-    return release
+    return rec
 
 
 __all__ = ["BucketedModel"]

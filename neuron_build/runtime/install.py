@@ -1,8 +1,8 @@
 """Installing a pulled release: read and check ``release.json`` and the files it lists, make this process hit a
 compile-cache or torchneuron release's caches, and build the user's model as it was built.
 
-:func:`read_release` and :func:`check_pulled` read a folder ``neuron-build pull`` wrote (every name it turns
-into a path checked first: :mod:`neuron_build.trust`); :func:`verify_pulled` checks every listed file's size
+:func:`neuron_build.runtime.pulled.read_pulled` reads a folder ``neuron-build pull`` wrote (every name it
+turns into a path checked first: :mod:`neuron_build.trust`); :func:`verify_pulled` checks every listed file's size
 and sha256; :func:`install_release` installs the caches for your own serving code; :func:`serving_model`
 builds the model a cache release records; :func:`textgen_source` says what of a text-generation release
 :func:`neuron_build.compilers.textgen_load.load_textgen` loads.
@@ -10,12 +10,12 @@ builds the model a cache release records; :func:`textgen_source` says what of a 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from neuron_build.errors import FactoryNotImportable, UserError
+from neuron_build.runtime.pulled import RELEASE_FILE, read_pulled, release_file
 from neuron_build.util import file_sha256
 
 #: What :meth:`~neuron_build.runtime.BucketedModel.load` checks of each listed file: ``sha256`` (content and
@@ -24,48 +24,11 @@ from neuron_build.util import file_sha256
 VERIFY_MODES = ("sha256", "size")
 
 
-def read_release(root: Path, fix: str) -> dict[str, Any]:
-    """The content of ``root / "release.json"`` (not yet checked: :func:`check_pulled`).
-
-    Raises:
-        UserError: unreadable or not JSON: one line naming the file, then ``fix``.
-    """
-    try:
-        return json.loads((root / "release.json").read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"{root / 'release.json'}: cannot read it ({e}); {fix}") from None
-
-
-def check_pulled(release: Any, root: Path) -> None:
-    """Check the names a pulled ``release.json`` (in folder ``root``) turns into paths before any is opened:
-    bucket ids, file names and model files are relative paths inside ``root`` (:mod:`neuron_build.trust`),
-    and no file listed is reached through a symlink that leaves ``root``.
-
-    Raises:
-        UntrustedRecord: one line naming ``release.json`` and the offending name.
-        UserError: ``release.json`` is not a pulled release (no ``buckets`` list).
-    """
-    from neuron_build.trust import UntrustedRecord, check_release, refusal
-
-    where = str(root / "release.json")
-    if not isinstance(release, dict) or not isinstance(release.get("buckets"), list):
-        raise UserError(f"{where}: not a pulled release (no buckets list); pull a release into {root} with "
-                        f"`neuron-build pull MODEL --channel C --dest {root}`")
-    what = f"release {release.get('release')!r} of {release.get('model')!r}"
-    check_release(release, what, where)
-    top = root.resolve()
-    for b in release["buckets"]:
-        for name in [*b.get("files", {}), b.get("artifact") or ""]:
-            p = (root / name).resolve() if name else top
-            if p != top and top not in p.parents:
-                raise UntrustedRecord(refusal(what, where, f"file {name!r} resolves to {p}, outside {top}"))
-
-
 def verify_pulled(release: dict[str, Any], root: Path, verify: str = "sha256") -> None:
     """Check every file a pulled ``release.json`` (in folder ``root``) lists, in each bucket's ``files`` and in
     a top-level ``files`` map when there is one: it must exist with the listed size and, with ``verify =
     "sha256"``, the listed sha256 (every byte read once: hard links of one file are hashed once). Call after
-    :func:`check_pulled`.
+    :func:`~neuron_build.runtime.pulled.check_pulled`.
 
     Raises:
         UserError: one line naming the first file that is missing, of another size or another sha256.
@@ -79,14 +42,14 @@ def verify_pulled(release: dict[str, Any], root: Path, verify: str = "sha256") -
         p = root / name
         if name in top and root.resolve() not in (root / name).resolve().parents:  # checked like check_pulled's
             raise UntrustedRecord(refusal(f"release {release.get('release')!r} of {release.get('model')!r}",
-                                          str(root / "release.json"), f"file {name!r} resolves outside {root}"))
+                                          str(release_file(root)), f"file {name!r} resolves outside {root}"))
         if not isinstance(ent, dict):
-            raise UserError(f"{root / 'release.json'}: file {name!r} has no size and sha256; pull the release again")
+            raise UserError(f"{release_file(root)}: file {name!r} has no size and sha256; pull the release again")
         if not p.is_file():
-            raise UserError(f"{p}: missing, release.json lists it; pull the release again")
+            raise UserError(f"{p}: missing, {RELEASE_FILE} lists it; pull the release again")
         size = p.stat().st_size
         if size != ent.get("size"):
-            raise UserError(f"{p}: {size} bytes, release.json lists {ent.get('size')}; the file was changed after "
+            raise UserError(f"{p}: {size} bytes, {RELEASE_FILE} lists {ent.get('size')}; the file was changed after "
                             f"pull: pull the release again")
     if verify != "sha256":
         return
@@ -99,7 +62,7 @@ def verify_pulled(release: dict[str, Any], root: Path, verify: str = "sha256") -
             hashed[ident] = file_sha256(p)
         got = hashed[ident]
         if got != ent.get("sha256"):
-            raise UserError(f"{p}: sha256 {got[:16]}..., release.json lists {str(ent.get('sha256'))[:16]}...; the "
+            raise UserError(f"{p}: sha256 {got[:16]}..., {RELEASE_FILE} lists {str(ent.get('sha256'))[:16]}...; the "
                             f"file was changed after pull: pull the release again")
 
 
@@ -122,14 +85,13 @@ def install_release(folder: str | Path, neff_cache_dir: str | Path | None = None
     from neuron_build.compilers.compile_cache import install_from_caches
 
     root = Path(folder)
-    release = read_release(root, f"pull a release into {root} first")
-    serving = release.get("serving")
+    rec = read_pulled(root, f"pull a release into {root} first")
+    serving = rec.serving
     if serving is None:
-        raise UserError(f"{root}: a {release.get('backend')} release holds compiled models, not caches; load it "
+        raise UserError(f"{root}: a {rec.backend} release holds compiled models, not caches; load it "
                         f"with BucketedModel.load")
-    check_pulled(release, root)
-    installed, neff_dir, _env = install_from_caches([root / b["id"] for b in release["buckets"]], serving,
-                                                    release.get("backend", ""), neff_cache_dir)
+    installed, neff_dir, _env = install_from_caches([root / b["id"] for b in rec.buckets], serving,
+                                                    rec.backend, neff_cache_dir)
     return {**serving, "installed": installed, "neff_cache_dir": str(neff_dir) if neff_dir else None}
 
 
@@ -207,9 +169,8 @@ def textgen_source(release: dict[str, Any], root: Path, build_lm: Callable[[], A
                                    files))
     tg = release.get("textgen") or {}
     return TextGenSource(str(release.get("model", "model")), str(release.get("backend", "")), tuple(graphs),
-                         str(root / "release.json"), tg.get("max_seq_len"), release.get("hardware_target"),
+                         str(release_file(root)), tg.get("max_seq_len"), release.get("hardware_target"),
                          release.get("serving"), build_lm)
 
 
-__all__ = ["VERIFY_MODES", "check_pulled", "install_release", "read_release", "serving_device", "serving_model",
-           "textgen_source", "verify_pulled"]
+__all__ = ["VERIFY_MODES", "install_release", "serving_device", "serving_model", "textgen_source", "verify_pulled"]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.errors import UserError
+from neuron_build.runtime.pulled import RELEASE_FILE
 
 
 class BucketError(UserError):
@@ -167,7 +168,7 @@ class Router:
                 f"(drops the rest)" if trunc and not self.truncate else "")
         raise BucketError(f"inputs of {req} are larger than every bucket of {model} ({self.release['release']}): "
                           f"{', '.join(b.describe() for b in self.buckets)}. Fix: {fix}, then build, release, "
-                          f"promote and pull again{hint} (serving options are read from the pulled release.json)")
+                          f"promote and pull again{hint} (serving options are read from the pulled {RELEASE_FILE})")
 
     def choose(self, shapes: Sequence[Sequence[int]] | Mapping[str, Sequence[int]]) -> str:
         """The id of the bucket inputs of these shapes are routed to (e.g. ``b8-s64``)."""

@@ -205,3 +205,26 @@ def test_load_refuses_an_artifact_built_for_another_torch(proj, tmp_path):
         "x: built with torch-neuronx 2.13.0.2.30, but torch-neuronx is not installed here; this Neuron "
         "TorchScript module with NEFF (.pt) needs torch-neuronx>=2.13.0.2.30")
 
+
+
+def test_a_release_walks_from_promote_to_pull_to_a_typed_record_to_a_loaded_model(proj, tmp_path):
+    """promote -> pull (which writes the record) -> read_pulled (the record, typed and checked) ->
+    BucketedModel.load (which reads that same record) -> a call routed to a bucket."""
+    import torch
+
+    from neuron_build.runtime import BucketedModel, PulledRelease, read_pulled
+
+    _, _, store, settings = ctx(proj)
+    r1 = make(proj)
+    promote(store, settings, "tiny", "dev", release=r1["id"], allow_unvalidated=True, reason="not validated in tests")
+    dest = tmp_path / "serve"
+    written = pull(store, "tiny", "dev", dest, settings)
+    rec = read_pulled(dest, "pull it")
+    assert isinstance(rec, PulledRelease) and rec == written
+    assert (rec.release, rec.model, rec.channel, rec.channel_version, rec.backend, rec.dims) == (
+        r1["id"], "tiny", "dev", 1, "torchscript", ["batch"])
+    m = BucketedModel.load(dest)
+    assert m.record == rec and m.release == rec.to_json()
+    assert [b.id for b in m.buckets] == ["b1", "b4"]
+    out = m(torch.ones(3, 16))
+    assert tuple(out.shape[:1]) == (3,) and m.choose([[3, 16]]) == "b4"

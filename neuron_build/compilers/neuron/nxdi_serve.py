@@ -158,8 +158,9 @@ def nxdi_engine(release: dict[str, Any], root: Path, folders: list[Path] | None 
             type.
     """
     from neuron_build.errors import UserError
+    from neuron_build.runtime.pulled import release_file
 
-    where = where or str(root / "release.json")
+    where = where or str(release_file(root))
     if folders is None:
         folders = [root / b["id"] for b in release["buckets"]]
     configs = []

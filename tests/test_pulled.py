@@ -1,0 +1,54 @@
+"""The pulled-release record (:mod:`neuron_build.runtime.pulled`): the one module that spells ``release.json``,
+and what its reader refuses (one line naming the file and the fix)."""
+
+from __future__ import annotations
+
+import ast
+import json
+
+import pytest
+
+from neuron_build.errors import UserError
+from neuron_build.runtime.pulled import PulledRelease, read_pulled, release_file, write_pulled
+from tests.helpers.cli import REPO
+from tests.helpers.runtime import fake_release
+
+OWNER = REPO / "neuron_build" / "runtime" / "pulled.py"
+
+
+def _literals(path):
+    """The string constants of a module that are code, not docstrings (a bare string statement)."""
+    tree = ast.parse(path.read_bytes())
+    docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs]
+
+
+def test_only_the_record_module_spells_release_json():
+    found = [f"{p.relative_to(REPO)}:{n.lineno}" for p in sorted((REPO / "neuron_build").rglob("*.py"))
+             if p != OWNER for n in _literals(p) if "release.json" in n.value]
+    assert found == []
+    assert any(n.value == "release.json" for n in _literals(OWNER))
+
+
+def test_read_refuses_a_missing_or_mistyped_field_in_one_line(tmp_path):
+    doc = fake_release()
+    write_pulled(tmp_path, PulledRelease.from_json(doc, "x"))
+    rec = read_pulled(tmp_path, "fix")
+    assert (rec.release, rec.model, rec.backend, rec.dims, rec.channel, rec.toolchain) == (
+        "r-fake", "enc", "torchscript", ["batch", "seq"], None, {})
+    assert rec.to_json() == json.loads(release_file(tmp_path).read_text())
+    where = str(release_file(tmp_path))
+    for change, want in [({"model": None}, f"{where}: no 'model'; not a pulled release: pull the release again"),
+                         ({"truncate": "yes"}, f"{where}: 'truncate' is str, not bool; pull the release again"),
+                         ({"channel_version": True}, f"{where}: 'channel_version' is bool, not int; pull the "
+                                                     f"release again"),
+                         ({"format": 2}, f"{where}: format 2, this neuron-build reads format 1; pull the release "
+                                         f"again with this neuron-build")]:
+        release_file(tmp_path).write_text(json.dumps({**doc, **change}))
+        with pytest.raises(UserError) as e:
+            read_pulled(tmp_path, "fix")
+        assert str(e.value) == want
+    release_file(tmp_path).write_text("{")
+    with pytest.raises(UserError, match=rf"^{where}: cannot read it \(.*\); pull it again$"):
+        read_pulled(tmp_path, "pull it again")
