@@ -118,10 +118,10 @@ def _project(root: Path, weights: str, a: argparse.Namespace) -> dict:
 
 
 def _store_bytes(cfg: Path) -> dict:
-    from neuron_build.build.builder import Builder
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
-    b = Builder(load_project(cfg))
+    b = Workspace(load_project(cfg))
     weights, compiled, per_artifact = {}, {}, []
     for t in b.by_id.values():
         rec = b.store.target(t.id)

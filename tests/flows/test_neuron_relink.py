@@ -60,8 +60,8 @@ def test_a_fine_tune_runs_neuronx_cc_zero_times_and_a_shape_change_compiles(tmp_
     import torch
 
     from neuron_build.artifact import load_artifact
-    from neuron_build.build.builder import Builder
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
     from tests.fakes.env import activate
 
     log = tmp_path / "calls.jsonl"
@@ -86,7 +86,7 @@ def test_a_fine_tune_runs_neuronx_cc_zero_times_and_a_shape_change_compiles(tmp_
     assert f"weights changed, graph unchanged: relinked from {first[tid]['key']}" in e.stdout, e.stdout
 
     activate(monkeypatch)                                         # the double's torch_neuronx, in this process
-    art = Builder(load_project(cfg)).store.artifact_dir(m["key"])
+    art = Workspace(load_project(cfg)).store.artifact_dir(m["key"])
     x = torch.randn(2, 8)
     got = load_artifact(art / "model.pt", m["compiler"]["loader"], "neuron")(x)
     assert torch.allclose(got, _eager(tmp_path / "proj", seed=7)(x), atol=1e-5)   # the new weights, at load
@@ -94,7 +94,7 @@ def test_a_fine_tune_runs_neuronx_cc_zero_times_and_a_shape_change_compiles(tmp_
     # the validate gate on the relinked artifact (the double's models run on CPU: a NeuronCore is pretended)
     import neuron_build.evaluate.validate as v
     monkeypatch.setattr(v, "neuron_devices", lambda: ["/dev/neuron0"])
-    b = Builder(load_project(cfg))
+    b = Workspace(load_project(cfg))
     rec = v.validate_target(b.project, b.store, b.by_id[tid], m["key"], record=False)
     assert rec["verdict"] == "pass" and rec["device_kind"] == "neuron", rec
 

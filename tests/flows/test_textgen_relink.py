@@ -60,12 +60,12 @@ def _pull(cfg: Path, dest: Path) -> Path:
 def test_a_fine_tune_relinks_both_graphs_and_generates_the_new_models_tokens(tmp_path):
     import torch
 
-    from neuron_build.build.builder import Builder
     from neuron_build.compilers import weights
     from neuron_build.compilers.textgen_serve import AOTIStates
     from neuron_build.errors import UserError
     from neuron_build.project.config import load_project
     from neuron_build.runtime import BucketedModel
+    from neuron_build.workspace import Workspace
 
     root = tmp_path / "proj"
     cfg = textgen_kit.write_project(root, llama_buckets="{ batch = [1], seq = [8] }", gpt2=False,
@@ -104,7 +104,7 @@ def test_a_fine_tune_relinks_both_graphs_and_generates_the_new_models_tokens(tmp
     assert not torch.equal(old_tokens, want)  # (the fine-tune changes the tokens: the new weights are served)
 
     # a weights file that does not fit the graph: one line before the package gets any constant
-    store = Builder(load_project(cfg)).store
+    store = Workspace(load_project(cfg)).store
     art = store.artifact_dir(_manifest(cfg, DECODE)["key"])
     info = json.loads((art / "textgen.json").read_text())
     bad = tmp_path / "bad"

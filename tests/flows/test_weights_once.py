@@ -91,11 +91,11 @@ def _eager(cfg: Path):
 
 
 def test_one_weights_blob_in_the_store_and_one_file_in_the_pulled_release(pulled):
-    from neuron_build.build.builder import Builder
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
     cfg, dest = pulled
-    b = Builder(load_project(cfg))
+    b = Workspace(load_project(cfg))
     manifests = [b.store.manifest(b.store.target(t).key) for t in ("net/b1/fp32/p1", "net/b2/fp32/p1")]
     shas = {m.files["weights.safetensors"].sha256 for m in manifests}
     assert len(shas) == 1                                                    # content-addressed: one blob

@@ -209,6 +209,7 @@ def test_validate_and_bench_of_an_nxdi_target_on_a_neuron_host_run_through_nxdi(
 
     from neuron_build.build.builder import Builder
     from neuron_build.evaluate import validate as validate_mod
+    from neuron_build.evaluate import validate_run
     from neuron_build.evaluate.textgen_validate import bench_callables
     from neuron_build.project import toolchain
     from neuron_build.workspace import Workspace
@@ -228,7 +229,7 @@ def test_validate_and_bench_of_an_nxdi_target_on_a_neuron_host_run_through_nxdi(
     key = b.ws.key(t).key
     # the imitated Neuron host (the patched device list) lives in this process: validate here, not in the fresh
     # process validate_target starts (tests/flows/test_one_verdict.py covers that process)
-    monkeypatch.setattr(validate_mod, "_validate_isolated", validate_mod.validate_here)
+    monkeypatch.setattr(validate_mod, "_validate_isolated", validate_run.validate_here)
     rec = validate_mod.validate_target(b.project, b.store, t, key, record=False, keys=b.keys)
     assert rec["verdict"] == "fail" and rec["partners"] == ["llama/nxdi-b1/bf16/p1"]
     assert [r["name"] for r in rec["outputs"]] == ["generate b1 prompt 16 +8 tokens", "generate b1 prompt 32 +8 tokens"]

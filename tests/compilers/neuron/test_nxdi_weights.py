@@ -139,11 +139,11 @@ def test_a_fine_tune_is_sharded_and_relinked_with_the_stored_neffs(proj, monkeyp
     e = run_cli("explain", TID, "-c", str(proj), cwd=proj.parent, env=env)
     assert f"weights changed, graph unchanged: relinked from {first['key']}" in e.stdout, e.stdout
 
-    from neuron_build.build.builder import Builder
     from neuron_build.compilers.neuron.nxdi_serve import nxdi_engine
     from neuron_build.project.config import load_project
+    from neuron_build.workspace import Workspace
 
-    store = Builder(load_project(proj)).store
+    store = Workspace(load_project(proj)).store
     calls = _on_a_neuron_host(monkeypatch, tmp_path)
     release = {"model": "llama", "backend": "neuron", "hardware_target": "trn1"}
     for key in (first["key"], m["key"]):
