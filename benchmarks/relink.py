@@ -209,48 +209,17 @@ def _ratios(cold: dict, fine: dict) -> dict:
                                           (cold["build_s"] + cold["validate_s"]), 3)}
 
 
-TEXTGEN_CONFIG = """
-[build]
-backend = "inductor"
-device = "cpu"
-timeout_s = 1800
-
-[profiles.p1]
-compiler_args = []
-weights = "external"
-
-[models.llama]
-task = "text-generation"
-hf = "hf-llama"
-dtypes = ["fp32"]
-profiles = ["p1"]
-max_seq_len = 64
-buckets = { batch = [1, 2], seq = [8, 16] }
-"""
-
-
-def _save_llama(folder: Path, seed: int) -> None:
-    """A tiny Llama (2 layers, hidden 64, vocab 1000) with random weights from ``seed``, as an hf folder."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=1000, max_position_embeddings=128, bos_token_id=1,
-                      eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(seed)
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-
-
 def textgen_row(tmp: Path) -> dict:
     """The text-generation row: cold build + validate of 6 graphs, then a fine-tune (seed 0 -> 7, the same
     config) build + validate: compiles, relinks, wall seconds, ratios, store bytes."""
+    from tests.helpers.textgen import save_llama, write_project
+
     root = tmp / "textgen"
-    root.mkdir(parents=True)
-    cfg = root / "buckets.toml"
-    cfg.write_text(TEXTGEN_CONFIG)
-    _save_llama(root / "hf-llama", 0)
+    cfg = write_project(root, backend="inductor", llama_buckets="{ batch = [1, 2], seq = [8, 16] }", gpt2=False,
+                        profile='weights = "external"')
+    save_llama(root / "hf-llama", 0)
     cold = _phase(cfg)
-    _save_llama(root / "hf-llama", 7)
+    save_llama(root / "hf-llama", 7)
     fine = _phase(cfg)
     return {"graphs": 6, "model": "tiny Llama (2 layers, hidden 64, vocab 1000), batch [1, 2], seq [8, 16]",
             "cold": cold, "fine_tune": fine, **_ratios(cold, fine), "store_latest": _store_bytes(cfg)}
