@@ -33,7 +33,7 @@ _KEY_LOCKS: dict[str, threading.Lock] = {}
 _KEY_LOCKS_GUARD = threading.Lock()
 
 
-#: id(aiobotocore client) -> the boto3 client of the same store (see :class:`_Ranges`)
+#: id(aiobotocore client) -> the boto3 client of the same store (the ranged reader of :mod:`neuron_build.store.ranged` uses it)
 SYNC_CLIENT: dict[int, Any] = {}
 _POOLS: dict[int, Any] = {}
 
