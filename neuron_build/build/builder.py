@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import shutil
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,9 @@ from neuron_build.build.attempt import (
 )
 from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun, Executor, compile_request
 from neuron_build.build.graph import probe as graph_probe
+from neuron_build.build.graph.probe import ProbeHit
 from neuron_build.build.graph.relink import RELINKED
-from neuron_build.build.graph.reuse import GraphReuse, Reused
+from neuron_build.build.graph.reuse import GraphHit, GraphReuse, Reused
 from neuron_build.build.local import LocalExecutor, default_jobs
 from neuron_build.build.manifests import artifact_manifest, hash_files
 from neuron_build.build.peaks import expected_peak
@@ -214,16 +216,14 @@ class Builder:
             ctx.log.info("stale: compiling", why="; ".join(stale[:5]))
         return replace(ctx, stale=stale)
 
-    def _recorded_inputs(self, ctx: BuildContext, run: CompileRun) -> dict[str, Any]:
-        """The manifest's ``recorded_inputs`` of the worker's run (its ``imported`` and ``reads``), each
-        file by its content now. Marked ``incomplete`` (never a hit), with a one-line warning, when a file's
-        content now is not what the worker read (its ``reads.digests``: it changed while the target
-        compiled), when the worker could not record every read, or when the model is ``always_rebuild``."""
+    def _recorded_inputs(self, ctx: BuildContext, imported: Sequence[str], reads: Any) -> dict[str, Any]:
+        """The manifest's ``recorded_inputs`` of what the worker (or the probe) recorded (its ``imported`` and
+        ``reads``), each file by its content now. Marked ``incomplete`` (never a hit), with a one-line warning,
+        when a file's content now is not what the worker read (its ``reads.digests``: it changed while the
+        target compiled), when the worker could not record every read, or when the model is ``always_rebuild``."""
         from neuron_build.project import declared
 
-        result = run.result or {}
-        reads = result.get("reads")
-        out = self.keys.recorded_inputs(ctx.target.model, result.get("imported") or [], reads)
+        out = self.keys.recorded_inputs(ctx.target.model, list(imported), reads)
         model = ctx.target.model
         changed = declared.changed_since_read(out.get("files") or {},
                                               reads.get("digests") if isinstance(reads, dict) else None,
@@ -280,7 +280,7 @@ class Builder:
                              attempt=ctx.attempt)
                 with self.graph.gate(ctx, req, work):  # the graph key's lock, held until it is indexed
                     # one probe per model build answers "graph unchanged" without a worker per target
-                    run = graph_probe.reuse_run(self.ws, self.build_id, ctx, req, work) or self.executor.run(req, work, ctx.log)
+                    run = graph_probe.probe_hit(self.ws, self.build_id, ctx, req) or self.executor.run(req, work, ctx.log)
                     done = self._finish(ctx, req, run, obj)
                     if done is None:  # the graph index entry was stale: compile after all
                         shutil.rmtree(obj, ignore_errors=True)
@@ -297,16 +297,26 @@ class Builder:
             return self.recorder.late_failure(ctx, done)
         return done
 
-    def _finish(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path) -> Outcome | Unrecorded | None:
-        """Classify the worker's run, then publish the artifact (PASS), publish the artifact of the same
-        graph (the worker found its graph key in the index), or record the failure. None: the index
-        entry the worker found is stale (its artifact is gone): the caller compiles."""
-        verdict = classify(run, self.project.config.build.timeout_s, free_space(obj), obj.parent)
+    def _finish(self, ctx: BuildContext, req: CompileRequest, got: CompileRun | ProbeHit,
+                obj: Path) -> Outcome | Unrecorded | None:
+        """Publish the artifact of the same graph when ``got`` is a graph hit (the probe's
+        :class:`~neuron_build.build.graph.probe.ProbeHit`, or a worker's run that found its graph key in the
+        index: :meth:`~neuron_build.build.graph.reuse.GraphHit.of_run`), else classify the worker's run and
+        publish its artifact (PASS) or record the failure. None: the index entry the hit names is stale (its
+        artifact is gone): the caller compiles."""
+        if isinstance(got, ProbeHit):  # the probe found the graph in the index: no compile worker ran
+            hit, verdict = got, Classification(Status.PASS, "")
+            # the probe's process, as a full disk's failure record takes it (no result: never classified)
+            run = CompileRun(exit_code=got.exit_code, wall_s=got.seconds, peak_rss_bytes=got.peak_rss_bytes,
+                             timed_out=False, log=got.log)
+        else:
+            run, verdict = got, classify(got, self.project.config.build.timeout_s, free_space(obj), obj.parent)
+            hit = GraphHit.of_run(got)
         if verdict.status == Status.PASS:
             try:
-                if (run.result or {}).get("graph_hit"):
-                    reused = self.graph.reuse(ctx, req, run, obj, self._recorded_inputs(ctx, run))
-                    return None if reused is None else self._adopt(ctx, run, reused)
+                if hit is not None:
+                    reused = self.graph.reuse(ctx, req, hit, obj, self._recorded_inputs(ctx, hit.imported, hit.reads))
+                    return None if reused is None else self._adopt(ctx, hit, reused)
                 return self._publish(ctx, req, run, obj)
             except DiskFull as e:
                 verdict = Classification(Status.ERROR, str(e))
@@ -337,18 +347,18 @@ class Builder:
         return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, compiled=True, metrics=metrics)
 
     # -- the graph key (the second level: :mod:`neuron_build.build.graph.reuse`) ---------------------
-    def _adopt(self, ctx: BuildContext, run: CompileRun, reused: Reused) -> Outcome:
+    def _adopt(self, ctx: BuildContext, hit: GraphHit, reused: Reused) -> Outcome:
         """Record a graph reuse just published (the target record, the ledger) and return its outcome."""
         src, gk = reused.source, reused.graph_key
         self.store.clear_failure(ctx.target.id)
         self.recorder.remember(ctx, Status.PASS)
-        self.recorder.ledger(ctx, "graph-reused", Status.PASS, run=run, metrics=reused.metrics, reused_from=src, graph_key=gk)
+        self.recorder.ledger(ctx, "graph-reused", Status.PASS, metrics=reused.metrics, reused_from=src, graph_key=gk)
         if reused.relinked:  # new weights with the stored compiled files (build/graph/relink.py)
             ctx.log.info("weights changed, graph unchanged", relinked=src[:12], graph_key=gk[:12])
             return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, RELINKED.format(source=src), compiled=False,
                            metrics=reused.metrics)
         ctx.log.info("source changed, graph unchanged", reused=src[:12], graph_key=gk[:12],
-                     seconds=round(run.wall_s, 1))
+                     seconds=round(hit.seconds, 1))
         return Outcome(ctx.target.id, ctx.ki.key, Status.PASS, f"graph unchanged: reused {src}",
                        compiled=False, metrics=reused.metrics)
 
@@ -371,7 +381,8 @@ class Builder:
         manifest = artifact_manifest(
             ctx, req, files, logs, metrics, toolchain={**ctx.ki.details["toolchain"], **extra_toolchain},
             compiler=details, graph_key=result.get("graph_key"), graph_document=result.get("graph_document"),
-            recorded_inputs=self._recorded_inputs(ctx, run), **self.provenance)
+            recorded_inputs=self._recorded_inputs(ctx, result.get("imported") or [], result.get("reads")),
+            **self.provenance)
         self.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last
 
     # -- the ledger (:class:`~neuron_build.build.recorder.Recorder`) ---------------------------------------

@@ -5,15 +5,16 @@ inputs did: ``BuildContext.changed`` / ``stale``; a new target or new shapes, fl
 graph, and its worker still asks the index), a target whose backend keys its graph before compiling
 (:data:`~neuron_build.compilers.graph_key.BEFORE_COMPILE`) used to start its own compile worker just to learn
 that its graph is in the graph index: a torch import, a model build and an export per target (~5 s each on
-CPU). Before starting that worker, :func:`reuse_run` asks for the target's **probe result** instead: one
+CPU). Before starting that worker, :func:`probe_hit` asks for the target's **probe result** instead: one
 ``python -m neuron_build.worker --graphs`` subprocess (:func:`neuron_build.worker.probe`) builds the model
 once and computes the graph key and document digest of every target of the same model build whose first-level
 key misses (one export or trace per target, nothing compiled), and the factory's reads and imported project
 files once (every target of that build gets them: they are the same build). When the target's graph key is
-in the index (its artifact complete), :func:`reuse_run` returns a run that reads as the compile worker's
-graph hit, and the builder's graph reuse (``GraphReuse.reuse``: the candidate's manifest checked, the blobs
-linked, the new key published) takes it from there without a compile worker. Otherwise the target compiles
-as before (its worker makes its graph key again and takes the graph key's lock).
+in the index (its artifact complete), :func:`probe_hit` returns a :class:`ProbeHit`, and the builder hands it
+by name to its graph reuse (``GraphReuse.reuse``: the candidate's manifest checked, the blobs linked, the new
+key published), as it does the compile worker's own graph hit, without a compile worker. Otherwise (or when
+the reuse finds the index entry stale) the target compiles as before (its worker makes its graph key again
+and takes the graph key's lock).
 
 A model build is one group: targets differing in anything the build or the backend sees (factory or hf
 source, kwargs, dtype, backend, hardware target, task) never share one. Results are kept in the state folder
@@ -45,11 +46,13 @@ import os
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from neuron_build.build.attempt import BuildContext
-from neuron_build.build.executor import CompileRun, compile_request
+from neuron_build.build.executor import compile_request
+from neuron_build.build.graph.reuse import GraphHit
 from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import CompileRequest
 from neuron_build.store import graph_index
@@ -78,8 +81,28 @@ def group_of(req: Any) -> str:
         "never_read": req.never_read})).hexdigest()
 
 
-def reuse_run(ws: Workspace, build: str, ctx: BuildContext, req: CompileRequest, work: Path) -> CompileRun | None:
-    """A run standing for the compile worker's graph hit of ``ctx``'s target, or None (start the worker).
+@dataclass(frozen=True)
+class ProbeHit(GraphHit):
+    """The graph probe's answer for one target: its graph key is in the graph index with a complete artifact,
+    so no compile worker starts. The builder hands it as it is (a :class:`~neuron_build.build.graph.reuse.GraphHit`)
+    to ``GraphReuse.reuse``, which checks the index entry and the candidate's manifest (a stale entry: the
+    target compiles); it is never classified as a worker's run.
+
+    Attributes (those of :class:`~neuron_build.build.graph.reuse.GraphHit`, from the probe's result):
+        graph_key: the target's graph key (sha256 hex) the probe made, in the index.
+        graph_document: the sha256 hex of its canonical document (None: the probe reported none).
+        imported: the project files the model's build imported in the probe (each target of the build gets
+            them: project-relative POSIX paths, or outside names).
+        reads: the factory's recorded reads in the probe (:class:`~neuron_build.worker.WorkerReads`), or None.
+        seconds: the probe's wall time divided among the targets it keyed, seconds.
+        log: the probe's log (its last 20,000 characters) and a line naming the graph key, UTF-8 bytes: the
+            new artifact's ``worker.log``.
+        peak_rss_bytes, exit_code: 0 (the probe's memory is not measured; no compile worker ran).
+    """
+
+
+def probe_hit(ws: Workspace, build: str, ctx: BuildContext, req: CompileRequest) -> ProbeHit | None:
+    """The probe's graph hit of ``ctx``'s target, or None (start the compile worker).
 
     Args:
         ws: the opened project (its store, keys and targets).
@@ -89,12 +112,11 @@ def reuse_run(ws: Workspace, build: str, ctx: BuildContext, req: CompileRequest,
         req: the target's compile request, with the graph key option (absent: None, as for a backend
             outside :data:`~neuron_build.compilers.graph_key.BEFORE_COMPILE`, an option ``no_reuse`` or
             the probe turned off).
-        work: the attempt's work folder (unused by the probe; the worker's).
 
     Returns:
-        A :class:`CompileRun` (exit 0, ``result`` with ``graph_hit``, ``graph_key``, ``graph_document``,
-        ``imported`` and ``reads`` of the probe) when the probe's graph key of the target is in the index
-        with a complete artifact; else None.
+        A :class:`ProbeHit` when the probe's graph key of the target is in the index with a complete
+        artifact; else None (no graph key option, external weights, nothing changed in the model, the
+        probe failed or made no graph key, the key not in the index or its artifact incomplete).
     """
     opts = (req.options or {}).get(graph_key.OPTION)
     if not opts or opts.get("no_reuse") or req.backend not in graph_key.BEFORE_COMPILE or not probe_on():
@@ -112,18 +134,15 @@ def reuse_run(ws: Workspace, build: str, ctx: BuildContext, req: CompileRequest,
         return None
     result, log = found
     gk = result.get("graph_key")
-    if not gk:
+    if not gk or not isinstance(gk, str):
         ctx.log.debug("graph probe: no graph key", reason=result.get("reason"))
         return None
     entry = graph_index.lookup(ws.store, gk)
     if entry is None or not ws.store.is_complete(entry.key):
         return None
     log = (log + f"graph probe: graph key {gk[:12]} is in the graph index: not compiling\n").encode()
-    return CompileRun(exit_code=0, wall_s=float(result.get("seconds") or 0.0), peak_rss_bytes=0, timed_out=False,
-                      log=log, result={"op_count": None, "op_count_source": None, "details": {},
-                                       "imported": result.get("imported") or [], "reads": result.get("reads"),
-                                       "graph_key": gk, "graph_document": result.get("graph_document"),
-                                       "graph_hit": True})
+    seconds = result.get("seconds")
+    return ProbeHit.from_result(result, seconds if isinstance(seconds, (int, float)) else 0.0, log)
 
 
 def _folder(ws: Workspace) -> Path:
@@ -284,4 +303,4 @@ def _probe(ws: Workspace, build: str, ctx: BuildContext, req: CompileRequest, gr
             "imported": imported, "reads": reads, "recorded": recorded, "seconds": round(per, 3), "log": log})
 
 
-__all__ = ["PROBE_DIR", "PROBE_ENV", "PROBE_LOG", "group_of", "probe_on", "reuse_run", "run_probe"]
+__all__ = ["PROBE_DIR", "PROBE_ENV", "PROBE_LOG", "ProbeHit", "group_of", "probe_hit", "probe_on", "run_probe"]

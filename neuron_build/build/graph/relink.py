@@ -61,12 +61,14 @@ def refused(store: Any, source: str, old: Any, obj: Path) -> str | None:
     return weights.problem(store.artifact_dir(source), root=obj)
 
 
-def relink(graph: Any, ctx: Any, req: Any, run: Any, obj: Path, source: str, old: Any,  # noqa: PLR0913
+def relink(graph: Any, ctx: Any, req: Any, hit: Any, obj: Path, source: str, old: Any,  # noqa: PLR0913
            recorded_inputs: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """Publish ``ctx``'s key as ``source``'s compiled files plus the weights staged in ``obj``.
 
     Args:
         graph: the :class:`~neuron_build.build.graph.reuse.GraphReuse` (store, provenance).
+        hit: the :class:`~neuron_build.build.graph.reuse.GraphHit` (its log, seconds, peak memory and exit
+            status are recorded).
         source, old: the stored artifact of the same structure and its manifest (already checked by
             :func:`~neuron_build.build.graph.reuse.reuse_refused`).
 
@@ -93,14 +95,14 @@ def relink(graph: Any, ctx: Any, req: Any, run: Any, obj: Path, source: str, old
                 os.link(view / name, dest)
             except OSError:
                 shutil.copyfile(view / name, dest)
-        (Path(obj) / WORKER_LOG).write_bytes(run.log)
+        (Path(obj) / WORKER_LOG).write_bytes(hit.log)
     files, logs = hash_files(obj)
     if set(files) != set(old.files):
         ctx.log.warning("cannot relink the weights; compiling", graph_key=gk[:12], candidate=source[:12],
                         reason=f"the staged files are {sorted(files)}, the stored ones {sorted(old.files)}")
         return None
-    metrics = {**old.metrics.model_dump(), "status": Status.PASS, "compile_time_s": round(run.wall_s, 3),
-               "peak_rss_bytes": run.peak_rss_bytes, "exit_code": run.exit_code, "attempts": ctx.attempt,
+    metrics = {**old.metrics.model_dump(), "status": Status.PASS, "compile_time_s": round(hit.seconds, 3),
+               "peak_rss_bytes": hit.peak_rss_bytes, "exit_code": hit.exit_code, "attempts": ctx.attempt,
                "reason": None, "artifact_bytes": sum(e["size"] for e in files.values())}
     manifest = artifact_manifest(
         ctx, req, files, logs, metrics, toolchain=dict(old.toolchain), compiler=dict(old.compiler), graph_key=gk,

@@ -15,7 +15,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from neuron_build.build.attempt import BuildContext, disk_full
 from neuron_build.build.executor import WORKER_LOG, CompileRun
@@ -33,6 +33,62 @@ from neuron_build.util import utc_now
 
 #: Set to 0 (or false, no, off) to turn the graph key off for one build (benchmarks, a suspected bad reuse).
 GRAPH_KEY_ENV = "NEURON_BUILD_GRAPH_KEY"
+
+
+_Hit = TypeVar("_Hit", bound="GraphHit")
+
+
+@dataclass(frozen=True)
+class GraphHit:
+    """The target's graph key found in the graph index before anything compiled: all a graph reuse takes,
+    whoever found it, the compile worker (its run's result says ``graph_hit``: :meth:`of_run`) or the graph
+    probe (:class:`~neuron_build.build.graph.probe.ProbeHit`). Untrusted: :meth:`GraphReuse.reuse` checks the
+    index entry and the candidate's manifest against it.
+
+    Attributes:
+        graph_key: the graph key (sha256 hex; "" when the worker reported none: the reuse refuses it).
+        graph_document: the sha256 hex of the graph's canonical document, or None when not reported (the
+            reuse refuses it).
+        imported: the project files the model's build imported (project-relative POSIX paths, or outside
+            names), as the worker's ``result.json`` lists them.
+        reads: the factory's recorded reads (``{"files", "listings", "env", "dists", "incomplete",
+            "digests"}``: :class:`~neuron_build.worker.WorkerReads`), or None when none were recorded.
+        seconds: wall time of the run that found it (the worker's; the probe's share per target), seconds.
+        log: that run's log (the new artifact's ``worker.log``), bytes.
+        peak_rss_bytes: that run's peak resident memory, bytes (0 when unknown, as for the probe).
+        exit_code: that run's exit status, recorded as the artifact's ``metrics.exit_code`` (0: a worker's
+            run with a result, the only one :meth:`of_run` sees; the probe's hit records 0 too).
+    """
+
+    graph_key: str
+    graph_document: str | None
+    imported: tuple[str, ...]
+    reads: dict[str, Any] | None
+    seconds: float
+    log: bytes
+    peak_rss_bytes: int = 0
+    exit_code: int = 0
+
+    @classmethod
+    def from_result(cls: type[_Hit], result: dict[str, Any], seconds: float, log: bytes, peak_rss_bytes: int = 0,
+                    exit_code: int = 0) -> _Hit:
+        """The hit ``result`` names (untrusted JSON: a worker's ``result.json`` or a probe result, with
+        ``graph_key``, ``graph_document``, ``imported`` and ``reads``; a value of another type counts as
+        absent) and the run's ``seconds``, ``log`` (bytes), ``peak_rss_bytes`` and ``exit_code``."""
+        gk, doc, imported, reads = (result.get(k) for k in ("graph_key", "graph_document", "imported", "reads"))
+        return cls(graph_key=gk if isinstance(gk, str) else "", graph_document=doc if isinstance(doc, str) else None,
+                   imported=tuple(i for i in imported if isinstance(i, str)) if isinstance(imported, list) else (),
+                   reads=reads if isinstance(reads, dict) else None, seconds=float(seconds), log=log,
+                   peak_rss_bytes=peak_rss_bytes, exit_code=exit_code)
+
+    @classmethod
+    def of_run(cls, run: CompileRun) -> GraphHit | None:
+        """The graph hit a compile worker reported (its ``result.json`` has ``graph_hit``), or None (it
+        compiled). ``run`` has passed :func:`~neuron_build.build.attempt.classify` (exit 0, a result)."""
+        result = run.result or {}
+        if not result.get("graph_hit"):
+            return None
+        return cls.from_result(result, run.wall_s, run.log, run.peak_rss_bytes, run.exit_code or 0)
 
 
 @dataclass(frozen=True)
@@ -126,10 +182,10 @@ class GraphReuse:
         except (OSError, ValueError) as e:
             ctx.log.warning("could not record the graph key", graph_key=gk[:12], error=str(e))
 
-    def _candidate(self, ctx: BuildContext, req: CompileRequest, result: dict[str, Any]) -> tuple[str, Manifest] | None:
-        """(key, manifest) of the artifact the worker's graph index hit names, or None (logged) when the
+    def _candidate(self, ctx: BuildContext, req: CompileRequest, hit: GraphHit) -> tuple[str, Manifest] | None:
+        """(key, manifest) of the artifact the graph index hit names, or None (logged) when the
         entry is stale: no entry, its artifact is not complete here, or :func:`reuse_refused` refuses it."""
-        gk = result.get("graph_key")
+        gk = hit.graph_key
         entry = graph_index.lookup(self.store, gk) if gk else None
         found = self.store.repair(entry.key) if entry is not None else None
         # (a key's manifest is replaced when its recorded inputs went stale: the entry's key may hold
@@ -137,36 +193,36 @@ class GraphReuse:
         if entry is None or found is None or not found.hit or found.manifest.graph_key != gk:
             ctx.log.warning("graph index entry is stale; compiling", graph_key=(gk or "")[:12])
             return None
-        refused = reuse_refused(ctx, req, gk, result.get("graph_document"), found.manifest)
+        refused = reuse_refused(ctx, req, gk, hit.graph_document, found.manifest)
         if refused is not None:
             ctx.log.warning("graph index entry is stale; compiling", graph_key=gk[:12], candidate=entry.key[:12],
                             reason=refused)
             return None
         return entry.key, found.manifest
 
-    def reuse(self, ctx: BuildContext, req: CompileRequest, run: CompileRun, obj: Path,
+    def reuse(self, ctx: BuildContext, req: CompileRequest, hit: GraphHit, obj: Path,
               recorded_inputs: dict[str, Any]) -> Reused | None:
-        """Publish ``ctx``'s key over the blobs of the artifact compiled from the same graph (the worker
-        found its graph key in the index) by :meth:`~neuron_build.store.core.Store.publish_as`: the
-        manifest gets ``graph_key`` and ``reused_from``, nothing is compiled and no artifact file is
-        copied. None when the entry is stale, or a blob of its artifact does not verify: the caller
-        compiles.
+        """Publish ``ctx``'s key over the blobs of the artifact compiled from the same graph (``hit``: the
+        worker or the probe found its graph key in the index) by
+        :meth:`~neuron_build.store.core.Store.publish_as`: the manifest gets ``graph_key`` and
+        ``reused_from``, nothing is compiled and no artifact file is copied. None when the entry is stale,
+        or a blob of its artifact does not verify: the caller compiles.
 
         Raises:
             DiskFull: the file system filled up; nothing was published.
         """
-        found = self._candidate(ctx, req, run.result or {})
+        found = self._candidate(ctx, req, hit)
         if found is None:
             return None
         source, old = found
         gk = str(old.graph_key)
         if relink.staged(obj) or (old.compiler or {}).get("weights") == "external":
-            done = relink.relink(self, ctx, req, run, obj, source, old, recorded_inputs)
+            done = relink.relink(self, ctx, req, hit, obj, source, old, recorded_inputs)
             return None if done is None else Reused(source, done[0], done[1], relinked=True)
         with disk_full("writing the artifact", obj):
-            (obj / WORKER_LOG).write_bytes(run.log)
-        metrics = {**old.metrics.model_dump(), "status": Status.PASS, "compile_time_s": round(run.wall_s, 3),
-                   "peak_rss_bytes": run.peak_rss_bytes, "exit_code": run.exit_code, "attempts": ctx.attempt,
+            (obj / WORKER_LOG).write_bytes(hit.log)
+        metrics = {**old.metrics.model_dump(), "status": Status.PASS, "compile_time_s": round(hit.seconds, 3),
+                   "peak_rss_bytes": hit.peak_rss_bytes, "exit_code": hit.exit_code, "attempts": ctx.attempt,
                    "reason": None}
         _, logs = hash_files(obj)  # the worker log: the artifact's files are the source's blobs
         manifest = artifact_manifest(
@@ -186,4 +242,4 @@ class GraphReuse:
         return Reused(source, gk, metrics)
 
 
-__all__ = ["GRAPH_KEY_ENV", "GraphReuse", "Reused", "reuse_refused"]
+__all__ = ["GRAPH_KEY_ENV", "GraphHit", "GraphReuse", "Reused", "reuse_refused"]
