@@ -27,6 +27,7 @@ from neuron_build.project.config_terms import (
     long_name_fault,
 )
 from neuron_build.project.factory_checks import check_factory, check_hf
+from neuron_build.project.weights_checks import backend_weights
 
 # The checks read the models of neuron_build.project.config (ConfigFile, ModelSpec, named in the docstrings)
 # without importing it: config imports this module, and an import back would be a cycle.
@@ -359,7 +360,7 @@ def _tg_task_keys(cfg: ConfigFile, m: ModelSpec, at: tuple[Any, ...]) -> list[st
 #: The checks of the whole file, in report order.
 PROJECT_CHECKS: list[ProjectCheck] = [_store_is_local, _store_beside_sources, _state_dir_is_a_folder,
                                       _table_names, _one_scheduler, _slurm_needs_dask, _documented_flags,
-                                      _walltime_fits_a_compile]
+                                      _walltime_fits_a_compile, backend_weights]
 #: The checks of each ``[models.NAME]`` table, in report order.
 MODEL_CHECKS: list[ModelCheck] = [_known_profiles, _textgen, _inputs_given, _input_dims, _input_names, _used_dims,
                                   _weights_exist, _sources_match, _packages_installed, _reference, _loads]
