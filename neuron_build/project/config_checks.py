@@ -137,6 +137,21 @@ def _slurm_needs_dask(cfg: ConfigFile, root: Path) -> list[str]:
     return []
 
 
+def _remote_options(cfg: ConfigFile, root: Path) -> list[str]:
+    """Every ``[build] remote_options`` key is one the remote store takes and every value of neuron-build's
+    keys is within S3's limits (:func:`neuron_build.remote_options.option_faults`): all at once, one line
+    each; options without a ``remote`` would be read by nothing."""
+    opts = cfg.build.remote_options
+    if not opts:
+        return []
+    if cfg.build.remote is None:
+        return [f"build.remote_options: {', '.join(opts)} given, but [build] remote is not set, so no store reads "
+                f"them; set remote = \"s3://<bucket>/<prefix>\" or remove remote_options"]
+    from neuron_build.remote_options import option_faults
+
+    return [f"build.remote_options: {f}" for f in option_faults(cfg.build.remote, opts)]
+
+
 def _documented_flags(cfg: ConfigFile, root: Path) -> list[str]:
     """Every neuronx-cc flag of a profile is documented, or in its ``unchecked_args`` (:func:`flag_faults`)."""
     from neuron_build.project.compiler_args import flag_faults
@@ -359,7 +374,7 @@ def _tg_task_keys(cfg: ConfigFile, m: ModelSpec, at: tuple[Any, ...]) -> list[st
 
 #: The checks of the whole file, in report order.
 PROJECT_CHECKS: list[ProjectCheck] = [_store_is_local, _store_beside_sources, _state_dir_is_a_folder,
-                                      _table_names, _one_scheduler, _slurm_needs_dask, _documented_flags,
+                                      _table_names, _one_scheduler, _slurm_needs_dask, _remote_options, _documented_flags,
                                       _walltime_fits_a_compile, backend_weights]
 #: The checks of each ``[models.NAME]`` table, in report order.
 MODEL_CHECKS: list[ModelCheck] = [_known_profiles, _textgen, _inputs_given, _input_dims, _input_names, _used_dims,

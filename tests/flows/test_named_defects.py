@@ -136,29 +136,30 @@ S3FS_KEYS = ("key", "secret", "token", "profile", "endpoint_url", "client_kwargs
 
 
 def test_remote_options_keys_of_s3fs_and_neuron_build_are_known():
-    from neuron_build.store.wire import check_option_keys, known_option_keys
+    from neuron_build.remote_options import check_options, known_option_keys, option_faults
 
     assert set(S3FS_KEYS) <= known_option_keys("s3://bucket/prefix")
-    check_option_keys("s3://bucket/prefix", dict.fromkeys(S3FS_KEYS))  # no error
-    check_option_keys("file:///tmp/x", {"auto_mkdir": True, "attempts": 2})
+    assert not [f for f in option_faults("s3://bucket/prefix", dict.fromkeys(S3FS_KEYS)) if "unknown key" in f]
+    check_options("file:///tmp/x", {"auto_mkdir": True, "attempts": 2})
     with pytest.raises(UserError) as e:
-        check_option_keys("s3://bucket/prefix", {"endpoint": "http://minio:9000"})
+        check_options("s3://bucket/prefix", {"endpoint": "http://minio:9000"})
     assert str(e.value).startswith("[build] remote_options: unknown key 'endpoint' for s3://bucket/prefix (did you "
                                    "mean 'endpoint_url'?); the keys are connect_timeout_s, read_timeout_s, attempts, "
                                    "multipart_threshold, multipart_chunksize, max_concurrency, multipart_copy_threshold "
                                    "and the storage options "
                                    "of fsspec's s3:// file system: anon, ")
     with pytest.raises(UserError, match=r"unknown key 'region' .*\(the region goes in client_kwargs = "):
-        check_option_keys("s3://bucket/prefix", {"region": "us-east-1"})
+        check_options("s3://bucket/prefix", {"region": "us-east-1"})
 
 
-def test_an_unknown_remote_option_fails_the_command_in_one_line(tmp_path, capsys):
+def test_an_unknown_remote_option_fails_the_command_naming_the_file_and_key(tmp_path, capsys):
     cfg = _with_build(write_tiny_project(tmp_path / "p"),
                       f'remote = "file://{tmp_path}/shared"\nremote_options = {{ atempts = 3 }}')
     assert main(["status", "--remote", "-c", str(cfg)]) == 2
-    line = _one_line(capsys.readouterr().err)
-    assert line.startswith(f"error: [build] remote_options: unknown key 'atempts' for file://{tmp_path}/shared "
-                           f"(did you mean 'attempts'?)")
+    head, fault = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert head == f"error: {cfg}: invalid configuration"
+    assert fault.startswith(f"  build.remote_options: unknown key 'atempts' for file://{tmp_path}/shared "
+                            f"(did you mean 'attempts'?)")
 
 
 # -- names too long for a file name ------------------------------------------------------------------------------
