@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from neuron_build.cli.app import command, display_text, open_workspace, print_json
 from neuron_build.errors import ExitCode, UserError
 from neuron_build.status import TargetState
+from neuron_build.util import plural
 
 if TYPE_CHECKING:
     from neuron_build.workspace import Workspace
@@ -77,7 +78,7 @@ def format_plan(rows: list[dict[str, Any]]) -> str:
             why += f" (vs {r['compared_with']})"
         out.append(f"{r['state']:8} {r['target']:{width}}  {r['key'][:12]}  {why}".rstrip())
     counts = {s: sum(r["state"] == s for r in rows) for s in TargetState}
-    out.append(f"{len(rows)} targets: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    out.append(f"{plural(len(rows), 'target')}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     return "\n".join(out)
 
 
@@ -214,7 +215,7 @@ def cmd_ls(args) -> int:
     for r in rows:
         display_text(f"{r['key'][:12]}  {r['target']:36} {r['backend']:11} {r['compile_time_s']:8.1f} s "
                      f"{r['op_count'] or 0:6} ops {r['artifact_bytes'] / 2**20:9.1f} MiB  {r['created']}")
-    display_text(f"{len(rows)} artifacts in {ws.store.location}")
+    display_text(f"{plural(len(rows), 'artifact')} in {ws.store.location}")
     return ExitCode.OK
 
 

@@ -257,3 +257,21 @@ def test_doit_build_beside_a_buckets_toml_without_dodo_py_is_one_line_exit_2(tin
     monkeypatch.chdir(sub)
     assert _doit_with_the_plugin().run(["build"]) == 2
     assert "no dodo.py in " in capsys.readouterr().err
+
+
+# -- counts of one say the noun once ---------------------------------------------------------------------------
+def test_one_target_or_artifact_is_not_plural(tmp_path, capsys):
+    """``plan``, ``validate``, ``ls`` and a build's summary said "1 targets"."""
+    from neuron_build.build.summary import BuildSummary
+    from neuron_build.cli.validate import ValidationRun
+
+    cfg = write_tiny_project(tmp_path / "p")
+    cfg.write_text(cfg.read_text().replace('profiles = ["p1", "p2"]', 'profiles = ["p1"]')
+                   .replace("buckets = { batch = [1, 4] }", "buckets = { batch = [1] }")
+                   .replace('dtypes = ["fp32", "bf16"]', 'dtypes = ["fp32"]').split("[models.other]")[0])
+    assert main(["plan", "-c", str(cfg)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "1 target: 0 cached, 1 missing, 0 failed"
+    assert main(["ls", "-c", str(cfg)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"0 artifacts in {tmp_path / 'p' / 'artifacts'}"
+    assert ValidationRun(["tiny/b1/fp32/p1"]).summary() == "1 target: 0 passed, 0 failed, 0 not validated, 0 not built"
+    assert BuildSummary(["t"], ["t"], [], [], {}).head() == "1 target: 1 built, 0 cached, 0 failed"
