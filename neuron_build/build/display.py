@@ -246,7 +246,8 @@ class BuildDisplay:
         """``[3/10] <target> PASS in 41.7 s; 7 left, about 1m05s`` (the ETA part when one is known); a target
         checked again because a recorded input changed says why: ``PASS (re-checked: package pillow 10.0 ->
         11.0)``."""
-        ct = (getattr(out, "metrics", None) or {}).get("compile_time_s")
+        metrics = getattr(out, "metrics", None) or {}
+        ct = metrics.get("relink_time_s", metrics.get("compile_time_s"))  # (a relink's compile time is its source's)
         line = f"[{self.done}/{self.total}] {out.target} {out.status}" + (f" in {ct:.1f} s" if ct is not None else "")
         why = tuple(getattr(out, "rechecked", ()) or ())
         if why:

@@ -244,14 +244,20 @@ def resolve_ref(ws: Workspace, ref: str):
 
 
 def format_manifest(m, log_dir=None) -> str:
-    """The human-readable form of a manifest: target, key, backend, metrics, then one line per file and
-    one per build log (with the folder the logs are in, ``log_dir``, when given)."""
+    """The human-readable form of a manifest: target, key, backend, metrics (a relinked artifact's compile
+    time is the compile's of the artifact it was relinked from, then a ``relinked from <key>`` line with the
+    relink's seconds), then one line per file and one per build log (with the folder the logs are in,
+    ``log_dir``, when given)."""
     mt = m.metrics
     head = (f"target   {m.target}\nkey      {m.key}\nbackend  {m.backend} ({m.hardware_target})\n"
             f"status   {mt.status}\ncompile  {mt.compile_time_s:.1f} s, peak {(mt.peak_rss_bytes or 0) / 2**20:.0f} MiB\n"
             f"ops      {mt.op_count} ({mt.op_count_source})\nbytes    {mt.artifact_bytes}\n"
             f"created  {m.created} on {m.host}")
     out = [head]
+    if getattr(m, "relinked_from", None):  # (explain says the same; the compile time above is the source's)
+        took = getattr(mt, "relink_time_s", None)
+        out.append(f"graph    weights changed, graph unchanged: relinked from {m.relinked_from}"
+                   + (f" in {took:.1f} s" if isinstance(took, (int, float)) else ""))
     out.extend(f"  {name:20} {f.size:>12}  {f.sha256[:16]}" for name, f in m.files.items())
     if m.logs:
         out.append("logs" + (f"     {log_dir}" if log_dir else ""))
