@@ -246,7 +246,7 @@ def resolve_ref(ws: Workspace, ref: str):
 def format_manifest(m, log_dir=None) -> str:
     """The human-readable form of a manifest: target, key, backend, metrics (a relinked artifact's compile
     time is the compile's of the artifact it was relinked from, then a ``relinked from <key>`` line with the
-    relink's seconds), then one line per file and one per build log (with the folder the logs are in,
+    relink's seconds; a graph reuse's likewise, ``reused <key>``), then one line per file and one per build log (with the folder the logs are in,
     ``log_dir``, when given)."""
     mt = m.metrics
     head = (f"target   {m.target}\nkey      {m.key}\nbackend  {m.backend} ({m.hardware_target})\n"
@@ -254,9 +254,11 @@ def format_manifest(m, log_dir=None) -> str:
             f"ops      {mt.op_count} ({mt.op_count_source})\nbytes    {mt.artifact_bytes}\n"
             f"created  {m.created} on {m.host}")
     out = [head]
-    if getattr(m, "relinked_from", None):  # (explain says the same; the compile time above is the source's)
-        took = getattr(mt, "relink_time_s", None)
-        out.append(f"graph    weights changed, graph unchanged: relinked from {m.relinked_from}"
+    if getattr(m, "relinked_from", None) or m.reused_from:  # (as explain says; the compile time above is the source's)
+        relinked = getattr(m, "relinked_from", None)
+        took = getattr(mt, "relink_time_s" if relinked else "reuse_time_s", None)
+        out.append("graph    " + (f"weights changed, graph unchanged: relinked from {relinked}" if relinked else
+                                  f"source changed, graph unchanged: reused {m.reused_from}")
                    + (f" in {took:.1f} s" if isinstance(took, (int, float)) else ""))
     out.extend(f"  {name:20} {f.size:>12}  {f.sha256[:16]}" for name, f in m.files.items())
     if m.logs:

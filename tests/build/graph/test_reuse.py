@@ -133,3 +133,25 @@ def test_a_relinked_artifact_keeps_the_compile_time_and_records_the_relinks_own(
     out = capsys.readouterr().out.splitlines()
     assert "compile  30.0 s, peak 0 MiB" in out
     assert f"graph    weights changed, graph unchanged: relinked from {first.key} in 0.5 s" in out
+
+
+class TimedWorker(GraphWorker):
+    """As :class:`GraphWorker`: a compile takes 30 s, a graph hit (capture up to the graph key) 0.5 s."""
+
+    def run(self, request, work_dir: Path, log) -> CompileRun:
+        run = super().run(request, work_dir, log)
+        return dataclasses.replace(run, wall_s=0.5 if run.result.get("graph_hit") else 30.0)
+
+
+def test_a_graph_reuse_keeps_the_compile_time_and_records_its_own(tmp_path, capsys):
+    """As a relink: a graph reuse recorded its capture's seconds as ``compile_time_s``."""
+    from neuron_build.cli import main
+
+    b = Builder(Workspace(load_project(twin_project(tmp_path))), executor=TimedWorker({TWIN}))
+    first, second = b.build(b.ws.by_id[OTHER]), b.build(b.ws.by_id[TWIN])
+    m = b.store.manifest(second.key)
+    assert m.reused_from == first.key and (m.metrics.compile_time_s, m.metrics.reuse_time_s) == (30.0, 0.5)
+    assert main(["show", second.key, "-c", str(tmp_path / "proj" / "buckets.toml")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "compile  30.0 s, peak 0 MiB" in out
+    assert f"graph    source changed, graph unchanged: reused {first.key} in 0.5 s" in out
