@@ -133,13 +133,46 @@ def _unknown_faults(url: str, options: dict[str, Any]) -> list[str]:
     return faults
 
 
+def wire_values(options: dict[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+    """neuron-build's settings in a ``[build] remote_options`` table and the faults of their values.
+
+    botocore's ``config_kwargs`` (``connect_timeout``, ``read_timeout``, ``retries`` with ``total_max_attempts``
+    or ``max_attempts``, the retries after the first request) win over the ``*_s`` keys, as a user who wrote
+    them expects; a fault names the key as written.
+
+    Returns:
+        (setting -> value, for the keys given and valid; one line per value out of its bounds).
+    """
+    opts = dict(options or {})
+    got: dict[str, Any] = {name: opts[name] for name in OPTION_KEYS if name in opts}
+    shown: dict[str, str] = {}  # our key -> botocore's spelling the user wrote instead
+    faults = []
+    cfg = opts.get("config_kwargs") or {}
+    if isinstance(cfg, dict):
+        for ours, theirs in (("connect_timeout_s", "connect_timeout"), ("read_timeout_s", "read_timeout")):
+            if cfg.get(theirs) is not None:
+                got[ours], shown[ours] = cfg[theirs], f"config_kwargs.{theirs}"
+        retries = cfg.get("retries")
+        if isinstance(retries, dict) and retries.get("total_max_attempts") is not None:
+            got["attempts"], shown["attempts"] = retries["total_max_attempts"], "config_kwargs.retries.total_max_attempts"
+        elif isinstance(retries, dict) and retries.get("max_attempts") is not None:
+            n = retries["max_attempts"]
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                faults.append(f"config_kwargs.retries.max_attempts = {n!r} is not a whole number >= 0; give e.g. "
+                              f"config_kwargs.retries.max_attempts = 3")
+                got.pop("attempts", None)
+            else:
+                got["attempts"] = n + 1
+    bad = {name: f for name, value in got.items() if (f := value_fault(name, value, shown.get(name)))}
+    return {k: v for k, v in got.items() if k not in bad}, faults + list(bad.values())
+
+
 def option_faults(url: str | None, options: dict[str, Any] | None) -> list[str]:
     """Every fault of a ``[build] remote_options`` table for a store at ``url``, one line each: keys the store
     does not take (looked up only when a key is not neuron-build's; ``url`` None: not looked up), then values
-    of neuron-build's keys out of their bounds. Empty when the options are sound."""
+    of neuron-build's settings out of their bounds (:func:`wire_values`). Empty when the options are sound."""
     opts = dict(options or {})
-    faults = _unknown_faults(url, opts) if url else []
-    return faults + [f for name in OPTION_KEYS if name in opts if (f := value_fault(name, opts[name]))]
+    return (_unknown_faults(url, opts) if url else []) + wire_values(opts)[1]
 
 
 def check_options(url: str, options: dict[str, Any] | None) -> None:
@@ -156,4 +189,4 @@ def check_options(url: str, options: dict[str, Any] | None) -> None:
 
 
 __all__ = ["DEFAULTS", "GIB", "MAX_CONCURRENCY", "MAX_PART", "MAX_PARTS", "MAX_SINGLE", "MIB", "MIN_PART",
-           "OPTION_KEYS", "check_options", "known_option_keys", "option_faults", "value_fault"]
+           "OPTION_KEYS", "check_options", "known_option_keys", "option_faults", "value_fault", "wire_values"]

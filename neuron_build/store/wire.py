@@ -37,7 +37,7 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_build.remote_options import DEFAULTS, MAX_SINGLE, MIB, OPTION_KEYS, value_fault
+from neuron_build.remote_options import DEFAULTS, MAX_SINGLE, MIB, OPTION_KEYS, wire_values
 
 #: botocore's standard-mode backoff before retry n (1-based) is at most min(2 ** (n - 1), 20) seconds.
 MAX_BACKOFF_S = 20.0
@@ -79,35 +79,14 @@ class WireSettings:
         expects.
 
         Raises:
-            UserError: every setting out of its bounds (:func:`neuron_build.remote_options.value_fault`), in
+            UserError: every setting out of its bounds (:func:`neuron_build.remote_options.wire_values`), in
                 one line.
         """
-        rest = dict(options or {})
-        got: dict[str, Any] = {name: rest.pop(name) for name in OPTION_KEYS if name in rest}
-        shown: dict[str, str] = {}  # our key -> botocore's spelling the user wrote instead
-        faults = []
-        cfg = rest.get("config_kwargs") or {}
-        if isinstance(cfg, dict):
-            for ours, theirs in (("connect_timeout_s", "connect_timeout"), ("read_timeout_s", "read_timeout")):
-                if cfg.get(theirs) is not None:
-                    got[ours], shown[ours] = cfg[theirs], f"config_kwargs.{theirs}"
-            retries = cfg.get("retries")
-            if isinstance(retries, dict):
-                if retries.get("total_max_attempts") is not None:
-                    got["attempts"], shown["attempts"] = (retries["total_max_attempts"],
-                                                          "config_kwargs.retries.total_max_attempts")
-                elif retries.get("max_attempts") is not None:  # retries after the first request
-                    n = retries["max_attempts"]
-                    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                        faults.append(f"config_kwargs.retries.max_attempts = {n!r} is not a whole number >= 0; "
-                                      f"give e.g. config_kwargs.retries.max_attempts = 3")
-                        got.pop("attempts", None)
-                    else:
-                        got["attempts"] = n + 1
-        faults += [f for name, value in got.items() if (f := value_fault(name, value, shown.get(name)))]
+        got, faults = wire_values(options)
         if faults:
             from neuron_build.errors import UserError
             raise UserError("[build] remote_options: " + "; ".join(faults))
+        rest = {k: v for k, v in (options or {}).items() if k not in OPTION_KEYS}
         return cls(**got), rest
 
     # -- the clients' configuration --------------------------------------------------------------------

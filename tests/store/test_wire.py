@@ -104,6 +104,11 @@ def test_a_store_opened_with_bad_options_reports_them_all_in_one_line():
                                         r"config_kwargs.read_timeout = 0 is not a positive number of seconds; give e.g. "
                                         r"config_kwargs.read_timeout = 30.0$"):
         WireSettings.from_options({"config_kwargs": {"read_timeout": 0, "retries": {"max_attempts": -1}}})
+    from neuron_build.remote_options import option_faults  # the config's check sees botocore's spelling too
+
+    assert option_faults("s3://b/p", {"config_kwargs": {"connect_timeout": "5"}}) == [
+        "config_kwargs.connect_timeout = '5' is not a positive number of seconds; give e.g. "
+        "config_kwargs.connect_timeout = 5.0"]
 
 
 def test_remote_options_without_a_remote_are_refused(tmp_path):
