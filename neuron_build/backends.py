@@ -95,6 +95,11 @@ class BackendSpec:
         key_env: environment variable -> why it changes the compiled artifact (the key's allow-list).
         compiler_stage: the failure stage named when its compiler tool ran and failed (``neuronx-cc``),
             or None (the worker log's last stage).
+        weights_apart: its compilers keep the weights apart from the compiled artifact when a profile asks
+            (``weights = "external"``: :mod:`neuron_build.compilers.weights`); False: they compile them in, and
+            the config refuses such a profile (:mod:`neuron_build.project.weights_checks`).
+        textgen_weights_apart: its text-generation compiler keeps the weights apart whatever the profile says
+            (NxDI's sharded checkpoint): the profile's choice is left out of those targets' keys.
     """
 
     name: str
@@ -122,6 +127,8 @@ class BackendSpec:
     artifact_format: int = 1
     key_env: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
     compiler_stage: str | None = None
+    weights_apart: bool = False
+    textgen_weights_apart: bool = False
 
     @property
     def hardware_targets(self) -> tuple[str, ...]:
@@ -165,6 +172,7 @@ BACKENDS: Mapping[str, BackendSpec] = MappingProxyType({b.name: b for b in (
         serving="artifact", artifact="model.pt", artifact_kind="neuron", jit_registers="torch_neuronx",
         textgen_compiler="neuron_build.compilers.neuron.nxdi:NxDICompiler", textgen_engine="nxdi",
         textgen_per_batch=True, decode_buckets=True, auto_apis=("xla", "none"), compiler_stage="neuronx-cc",
+        weights_apart=True, textgen_weights_apart=True,
         key_env=_frozen({
             "NEURON_CC_FLAGS": "extra neuronx-cc flags added to every compile [doc: toolchain notes, Environment]",
             "XLA_USE_BF16": "casts float tensors to bf16 in the traced graph [doc: toolchain notes, Environment]",
@@ -202,7 +210,7 @@ BACKENDS: Mapping[str, BackendSpec] = MappingProxyType({b.name: b for b in (
         graph_key_why="keyed on the torch.export graph before AOTInductor compiles it",
         serving="artifact", artifact="model.pt2", artifact_kind="aoti",
         textgen_compiler=f"{_STATIC_CACHE}:TextGenInductorCompiler", textgen_engine="aoti-graphs",
-        isa_bound=("cpu",), key_env=_INDUCTOR_ENV),
+        isa_bound=("cpu",), key_env=_INDUCTOR_ENV, weights_apart=True),
     BackendSpec(
         name="compile-cache", summary="torch.compile (Inductor) warmed on the bucket: its caches",
         compiler="neuron_build.compilers.compile_cache:CompileCacheCompiler", neuron_toolchain=False,

@@ -273,6 +273,11 @@ def swap_in_folder(staging: Path, dest: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def plural(n: int, word: str) -> str:
+    """``n`` and ``word``, with an ``s`` unless ``n`` is 1: ``"1 target"``, ``"2 targets"``, ``"0 files"``."""
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
 __all__ = ["DISK_FULL_ERRNOS", "age", "append_line", "canonical_json", "commit_temp", "file_sha256", "fsync_path",
-           "is_disk_full", "json_bytes", "median_ci", "percentile", "ratio_ci", "read_json", "seconds_since",
+           "is_disk_full", "json_bytes", "median_ci", "percentile", "plural", "ratio_ci", "read_json", "seconds_since",
            "sha256_hex", "swap_in_folder", "temp_name", "utc_now", "write_atomic", "write_json_atomic"]

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from neuron_build.compilers import graph_key
 from neuron_build.status import Status
-from neuron_build.util import write_json_atomic
+from neuron_build.util import plural, write_json_atomic
 
 __all__ = ["WorkerReads", "main", "probe", "run"]
 
@@ -230,7 +230,7 @@ def probe(spec_path: str) -> int:
     work = Path(first.work_dir)
     recording = WorkerReads(first, work)
     print(f"neuron-build graph probe: model {first.factory or (first.hf or {}).get('source')} dtype {first.dtype} "
-          f"backend {first.backend}: {len(reqs)} targets", flush=True)
+          f"backend {first.backend}: {plural(len(reqs), 'target')}", flush=True)
     try:
         if first.options.get("task") == "text-generation":
             from neuron_build.compilers.textgen import textgen_compiler

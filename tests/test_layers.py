@@ -2,7 +2,7 @@
 included), and the torch-free paths stay torch-free.
 
 Layers (:data:`LAYERS`; the table in ``docs/architecture.md``, which ``tests/test_docs_match.py`` holds to
-:data:`ALLOWED`): core (errors, status, util, log, the backend records, hf, trust, cpu_isa, traffic, the
+:data:`ALLOWED`): core (errors, status, util, log, the backend records, hf, trust, cpu_isa, traffic, remote_options, the
 package); project (config, compiler args, matrix, keys) and store, siblings over core (neither imports the
 other); the workspace (the opened project: keys, states, changes, the store opened) over both, no compilers, so
 release may take one; compilers (and the worker, the example inputs, the artifact loader) over project, never the store;

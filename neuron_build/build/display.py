@@ -246,7 +246,9 @@ class BuildDisplay:
         """``[3/10] <target> PASS in 41.7 s; 7 left, about 1m05s`` (the ETA part when one is known); a target
         checked again because a recorded input changed says why: ``PASS (re-checked: package pillow 10.0 ->
         11.0)``."""
-        ct = (getattr(out, "metrics", None) or {}).get("compile_time_s")
+        metrics = getattr(out, "metrics", None) or {}
+        ct = next((metrics[k] for k in ("relink_time_s", "reuse_time_s", "compile_time_s") if k in metrics), None)
+        # (a relink's or a graph reuse's compile time is its source's: the line says this build's seconds)
         line = f"[{self.done}/{self.total}] {out.target} {out.status}" + (f" in {ct:.1f} s" if ct is not None else "")
         why = tuple(getattr(out, "rechecked", ()) or ())
         if why:

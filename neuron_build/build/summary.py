@@ -17,16 +17,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from neuron_build.status import DOWNLOADED, TargetState, Verdict
+from neuron_build.util import plural
 
 if TYPE_CHECKING:
     from neuron_build.workspace import Workspace
 
 #: The reason of a failed target that left no outcome (its build did not run, or stopped before the end).
 NOT_RUN = "the build stopped before this target finished (see the errors above)"
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'s' if n != 1 else ''}"
 
 
 def log_command(target_id: str) -> str:
@@ -128,7 +125,7 @@ class BuildSummary:
 
     def head(self) -> str:
         """``3 targets: 2 built, 0 cached, 1 failed`` (with the reused and downloaded counts when any)."""
-        return (f"{_plural(len(self.targets), 'target')}: {len(self.built)} built, {self.cached} cached"
+        return (f"{plural(len(self.targets), 'target')}: {len(self.built)} built, {self.cached} cached"
                 + (f" ({len(self.reused)} built by another builder meanwhile)" if self.reused else "")
                 + (f" ({len(self.downloaded)} downloaded from the remote store)" if self.downloaded else "")
                 + f", {len(self.failed)} failed")
@@ -144,7 +141,7 @@ class BuildSummary:
         compiled = sum(1 for t in self.rechecked if t in self.built)
         parts = ([f"{len(self.rechecked) - compiled} unchanged (nothing compiled)"] if compiled < len(self.rechecked)
                  else []) + ([f"{compiled} compiled"] if compiled else [])
-        return f"  {_plural(len(self.rechecked), 'target')} re-checked because {said}: {', '.join(parts)}"
+        return f"  {plural(len(self.rechecked), 'target')} re-checked because {said}: {', '.join(parts)}"
 
     def text(self) -> str:
         """The summary as plain text (a blank line first, to set it off doit's report)."""

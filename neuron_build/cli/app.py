@@ -183,11 +183,6 @@ def display_error(text: str, prefix: str = "error") -> None:
     print(f"{prefix}: {text}", file=sys.stderr)
 
 
-def plural(n: int, word: str) -> str:
-    """``"1 target"``, ``"2 targets"``."""
-    return f"{n} {word}{'s' if n != 1 else ''}"
-
-
 def mib(n: int) -> str:
     """A byte count as ``"12.3 MiB"``."""
     return f"{n / 2**20:.1f} MiB"
@@ -197,4 +192,4 @@ __all__ = ["COMMANDS", "CURRENT_COMMAND", "SCHEMA_VERSION", "Handler", "command"
            "require_writable",
            "display_note", "display_text", "human_age", "json_doc", "mib", "open_project", "open_project_store",
            "open_workspace",
-           "plural", "print_json", "schema_id", "seconds"]
+           "print_json", "schema_id", "seconds"]

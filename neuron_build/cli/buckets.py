@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from neuron_build.cli.app import command, display_note, display_text, open_project, plural, positive_int, print_json
+from neuron_build.cli.app import command, display_note, display_text, open_project, positive_int, print_json
 from neuron_build.errors import ExitCode, UserError
+from neuron_build.util import plural
 
 SUGGEST_HELP = """\
 Padding ratio over the searched dims: sum(count * (prod bucket - prod value)) / sum(count * prod value)

@@ -16,13 +16,13 @@ from neuron_build.cli.app import (
     display_note,
     display_text,
     open_workspace,
-    plural,
     positive_int,
     print_json,
     require_writable,
 )
 from neuron_build.errors import BuildFailed, ExitCode
 from neuron_build.status import TargetState
+from neuron_build.util import plural
 
 if TYPE_CHECKING:
     from neuron_build.workspace import Workspace

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from neuron_build.cli.app import command, display_text, open_workspace, print_json
 from neuron_build.errors import ExitCode, UserError
 from neuron_build.status import TargetState
+from neuron_build.util import plural
 
 if TYPE_CHECKING:
     from neuron_build.workspace import Workspace
@@ -77,7 +78,7 @@ def format_plan(rows: list[dict[str, Any]]) -> str:
             why += f" (vs {r['compared_with']})"
         out.append(f"{r['state']:8} {r['target']:{width}}  {r['key'][:12]}  {why}".rstrip())
     counts = {s: sum(r["state"] == s for r in rows) for s in TargetState}
-    out.append(f"{len(rows)} targets: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    out.append(f"{plural(len(rows), 'target')}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     return "\n".join(out)
 
 
@@ -214,7 +215,7 @@ def cmd_ls(args) -> int:
     for r in rows:
         display_text(f"{r['key'][:12]}  {r['target']:36} {r['backend']:11} {r['compile_time_s']:8.1f} s "
                      f"{r['op_count'] or 0:6} ops {r['artifact_bytes'] / 2**20:9.1f} MiB  {r['created']}")
-    display_text(f"{len(rows)} artifacts in {ws.store.location}")
+    display_text(f"{plural(len(rows), 'artifact')} in {ws.store.location}")
     return ExitCode.OK
 
 
@@ -243,14 +244,22 @@ def resolve_ref(ws: Workspace, ref: str):
 
 
 def format_manifest(m, log_dir=None) -> str:
-    """The human-readable form of a manifest: target, key, backend, metrics, then one line per file and
-    one per build log (with the folder the logs are in, ``log_dir``, when given)."""
+    """The human-readable form of a manifest: target, key, backend, metrics (a relinked artifact's compile
+    time is the compile's of the artifact it was relinked from, then a ``relinked from <key>`` line with the
+    relink's seconds; a graph reuse's likewise, ``reused <key>``), then one line per file and one per build log (with the folder the logs are in,
+    ``log_dir``, when given)."""
     mt = m.metrics
     head = (f"target   {m.target}\nkey      {m.key}\nbackend  {m.backend} ({m.hardware_target})\n"
             f"status   {mt.status}\ncompile  {mt.compile_time_s:.1f} s, peak {(mt.peak_rss_bytes or 0) / 2**20:.0f} MiB\n"
             f"ops      {mt.op_count} ({mt.op_count_source})\nbytes    {mt.artifact_bytes}\n"
             f"created  {m.created} on {m.host}")
     out = [head]
+    if getattr(m, "relinked_from", None) or m.reused_from:  # (as explain says; the compile time above is the source's)
+        relinked = getattr(m, "relinked_from", None)
+        took = getattr(mt, "relink_time_s" if relinked else "reuse_time_s", None)
+        out.append("graph    " + (f"weights changed, graph unchanged: relinked from {relinked}" if relinked else
+                                  f"source changed, graph unchanged: reused {m.reused_from}")
+                   + (f" in {took:.1f} s" if isinstance(took, (int, float)) else ""))
     out.extend(f"  {name:20} {f.size:>12}  {f.sha256[:16]}" for name, f in m.files.items())
     if m.logs:
         out.append("logs" + (f"     {log_dir}" if log_dir else ""))

@@ -12,11 +12,11 @@ from neuron_build.cli.app import (
     display_text,
     mib,
     open_project_store,
-    plural,
     print_json,
     schema_id,
 )
 from neuron_build.errors import ExitCode, UserError
+from neuron_build.util import plural
 
 #: The version of ``failures --json``.
 FAILURES_SCHEMA = "neuron-build/failures/v1"

@@ -22,6 +22,7 @@ from neuron_build.errors import ExitCode, UserError
 from neuron_build.project.config import Backend, DeviceKind
 from neuron_build.runtime.pulled import RELEASE_FILE
 from neuron_build.status import Verdict
+from neuron_build.util import plural
 
 #: ``--backend`` and ``--device-kind`` take what ``[build] backend`` and ``[release]`` device kinds take.
 BACKENDS: tuple[str, ...] = get_args(Backend)
@@ -385,7 +386,7 @@ def cmd_pull(args) -> int:
     files = {p: f for b in doc["buckets"] for p, f in b["files"].items()}  # a blob several buckets pin: once
     nfiles, size = len(files), sum(f["size"] for f in files.values())
     display_text(f"pulled {doc['release']} ({args.model}/{args.channel} v{doc['channel_version']}) into {args.dest}: "
-                 f"{len(doc['buckets'])} bucket(s), {nfiles} files, {mib(size)}, sha256 verified")
+                 f"{plural(len(doc['buckets']), 'bucket')}, {plural(nfiles, 'file')}, {mib(size)}, sha256 verified")
     return ExitCode.OK
 
 

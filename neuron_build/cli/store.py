@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from neuron_build.cli.app import command, display_text, mib, open_workspace, print_json
 from neuron_build.errors import ExitCode, UserError
 from neuron_build.status import Verdict
+from neuron_build.util import plural
 
 if TYPE_CHECKING:
     from neuron_build.workspace import Workspace
@@ -164,5 +165,5 @@ def cmd_gc(args) -> int:
                  f"kept {rep.referenced} referenced and {rep.kept_young} unreferenced artifacts younger than "
                  f"{args.keep_days:g} days"
                  + (f"; could not remove {len(rep.failed)} (listed above)" if rep.failed else "")
-                 + (f"; left {len(rep.unknown)} files it did not write" if rep.unknown else ""))
+                 + (f"; left {plural(len(rep.unknown), 'file')} it did not write" if rep.unknown else ""))
     return code

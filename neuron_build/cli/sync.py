@@ -8,8 +8,9 @@ leaves no half-artifact and the next one finishes it. Exit status 1 when somethi
 
 from __future__ import annotations
 
-from neuron_build.cli.app import command, display_text, mib, open_project, open_workspace, plural, print_json
+from neuron_build.cli.app import command, display_text, mib, open_project, open_workspace, print_json
 from neuron_build.errors import ExitCode, UserError
+from neuron_build.util import plural
 
 __all__ = ["register", "cmd_push", "cmd_fetch", "format_status", "cmd_status"]
 

@@ -20,6 +20,7 @@ from neuron_build.build.display import make_console, wants_live
 from neuron_build.build.progress import format_duration
 from neuron_build.cli.app import display_text
 from neuron_build.store.sync import TransferProgress
+from neuron_build.util import plural
 
 
 class TransferDisplay(TransferProgress):
@@ -58,7 +59,7 @@ class TransferDisplay(TransferProgress):
                                  TransferSpeedColumn(), TimeRemainingColumn(), console=make_console(self.stream),
                                  transient=True)
             self._bar.start()
-            self._task = self._bar.add_task(f"{self.verb} {files} files", total=max(nbytes, 1))
+            self._task = self._bar.add_task(f"{self.verb} {plural(files, 'file')}", total=max(nbytes, 1))
 
     def eta_s(self) -> float | None:
         """Seconds left at the rate so far (None before any byte)."""

@@ -22,6 +22,7 @@ from neuron_build.cli.app import (
 )
 from neuron_build.errors import ExitCode
 from neuron_build.status import Verdict
+from neuron_build.util import plural
 
 if TYPE_CHECKING:
     from neuron_build.evaluate.validate import ValidationRecord
@@ -54,7 +55,7 @@ class ValidationRun:
 
     def summary(self) -> str:
         """The last line ``validate`` prints."""
-        return (f"{len(self.targets)} targets: {self.count(Verdict.PASS)} passed, {self.count(Verdict.FAIL)} failed, "
+        return (f"{plural(len(self.targets), 'target')}: {self.count(Verdict.PASS)} passed, {self.count(Verdict.FAIL)} failed, "
                 f"{self.count(Verdict.NOT_VALIDATED)} not validated, {len(self.not_built)} not built"
                 + (f", {n} ended in an error (no verdict)" if (n := self.count(Verdict.ERROR)) else ""))
 

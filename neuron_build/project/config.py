@@ -96,8 +96,10 @@ class BuildSettings(Frozen):
     pushes what it compiled. ``remote_options`` are passed to fsspec as storage options (e.g.
     ``{profile = "ci"}`` or ``{client_kwargs = {region_name = "us-west-2"}}``); the standard AWS variables
     (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``, ...) apply as s3fs and boto3 read them.
-    Three of them are neuron-build's and bound every call to S3 (``neuron_build.store.wire``, which checks
-    them): ``connect_timeout_s`` (5), ``read_timeout_s`` (30) and ``attempts`` (4).
+    Seven of them are neuron-build's (:mod:`neuron_build.remote_options`, checked with every other key when
+    the file loads, all faults at once): ``connect_timeout_s`` (5), ``read_timeout_s`` (30) and ``attempts``
+    (4) bound every call to S3 (``neuron_build.store.wire``); ``multipart_threshold``, ``multipart_chunksize``,
+    ``max_concurrency`` and ``multipart_copy_threshold`` shape large transfers, within S3's limits.
     ``graph_key`` (default true) turns on the second level of the key: on a source-key miss the worker
     captures the graph and reuses an artifact compiled from the same graph instead of compiling
     (``NEURON_BUILD_GRAPH_KEY=0`` in the environment turns it off for one build).

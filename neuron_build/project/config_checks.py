@@ -12,9 +12,7 @@ table, in the order listed, which is the order the faults are reported in.
 
 from __future__ import annotations
 
-import ast
 import difflib
-import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,12 +21,13 @@ from neuron_build.backends import find_backend
 from neuron_build.project.config_errors import toml_path
 from neuron_build.project.config_terms import (
     CAUSAL_LM,
-    DEFAULT_CONFIG,
     NAME,
     NAME_RULE,
     TEXTGEN_BACKENDS,
     long_name_fault,
 )
+from neuron_build.project.factory_checks import check_factory, check_hf
+from neuron_build.project.weights_checks import backend_weights
 
 # The checks read the models of neuron_build.project.config (ConfigFile, ModelSpec, named in the docstrings)
 # without importing it: config imports this module, and an import back would be a cycle.
@@ -136,6 +135,21 @@ def _slurm_needs_dask(cfg: ConfigFile, root: Path) -> list[str]:
                 f"executor is {cfg.build.executor!r}, so every compile would run on this host; set [build] "
                 f"executor = \"dask\" or remove [dask] cluster"]
     return []
+
+
+def _remote_options(cfg: ConfigFile, root: Path) -> list[str]:
+    """Every ``[build] remote_options`` key is one the remote store takes and every value of neuron-build's
+    keys is within S3's limits (:func:`neuron_build.remote_options.option_faults`): all at once, one line
+    each; options without a ``remote`` would be read by nothing."""
+    opts = cfg.build.remote_options
+    if not opts:
+        return []
+    if cfg.build.remote is None:
+        return [f"build.remote_options: {', '.join(opts)} given, but [build] remote is not set, so no store reads "
+                f"them; set remote = \"s3://<bucket>/<prefix>\" or remove remote_options"]
+    from neuron_build.remote_options import option_faults
+
+    return [f"build.remote_options: {f}" for f in option_faults(cfg.build.remote, opts)]
 
 
 def _documented_flags(cfg: ConfigFile, root: Path) -> list[str]:
@@ -281,9 +295,10 @@ def _reference(cfg: ConfigFile, root: Path, name: str, m: ModelSpec) -> list[str
 
 
 def _loads(cfg: ConfigFile, root: Path, name: str, m: ModelSpec) -> list[str]:
-    """The factory will import (:func:`_check_factory`) or the hf model resolves (:func:`_check_hf`)."""
+    """The factory will import (:func:`~neuron_build.project.factory_checks.check_factory`) or the hf model
+    resolves (:func:`~neuron_build.project.factory_checks.check_hf`)."""
     at = _at(name)
-    return _check_factory(m, root, at) if m.factory is not None else _check_hf(m, root, at)
+    return check_factory(m, root, at) if m.factory is not None else check_hf(m, root, at)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -357,121 +372,10 @@ def _tg_task_keys(cfg: ConfigFile, m: ModelSpec, at: tuple[Any, ...]) -> list[st
     return faults
 
 
-# --------------------------------------------------------------------------------------------------
-# the factory and the hf model, read statically
-
-def _unknown_kwargs(m: ModelSpec, tree: ast.Module, at: tuple[Any, ...]) -> list[str]:
-    """``kwargs`` the factory function does not take (read from its ``def``; with a ``**kwargs`` parameter, a
-    class, an assigned or a decorated factory is not checked), each with the closest parameter name."""
-    fn = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-               and n.name == m.function), None)
-    if fn is None or fn.args.kwarg is not None or fn.decorator_list:  # a decorator may change the signature
-        return []
-    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)]
-    out = []
-    for k in m.kwargs:
-        if k not in params:
-            close = difflib.get_close_matches(k, params, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"it takes: {', '.join(params) or 'no arguments'}"
-            out.append(f"{toml_path(at + ('kwargs', k))}: {m.factory} takes no argument '{k}'; {hint}")
-    return out
-
-
-def _check_factory(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
-    """Statically check that a factory will import: the module file exists under ``root``, parses, defines
-    the function, and every module it imports is findable. Nothing is imported or executed."""
-    where = toml_path(at + ("factory",))
-    base = root.joinpath(*m.module.split("."))
-    path = base / "__init__.py" if (base / "__init__.py").exists() else base.with_suffix(".py")
-    if not path.is_file():
-        return [f"{where}: module '{m.module}' not found: expected {path.relative_to(root)} "
-                f"beside {DEFAULT_CONFIG} (factory paths are relative to its folder)"]
-    try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
-    except SyntaxError as e:
-        return [f"{where}: {path.relative_to(root)} does not import: syntax error at line {e.lineno}: {e.msg}"]
-    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
-    faults = []
-    if m.function not in defined:
-        faults.append(f"{where}: {path.relative_to(root)} defines no '{m.function}'; "
-                      f"defined: {', '.join(sorted(defined)) or 'nothing'}")
-    faults.extend(_unknown_kwargs(m, tree, at))
-    faults.extend(_missing_imports(tree, path, root, where))
-    # modules under the models folder that the factory imports must import too
-    from neuron_build.project.sources import local_imports
-
-    for dep in local_imports(path, root, module=m.module):
-        if dep == path:
-            continue
-        try:
-            dep_tree = ast.parse(dep.read_bytes(), filename=str(dep))
-        except SyntaxError as e:
-            faults.append(f"{where}: {dep.relative_to(root)} (imported by {path.relative_to(root)}) does not "
-                          f"import: syntax error at line {e.lineno}: {e.msg}")
-            continue
-        faults.extend(_missing_imports(dep_tree, dep, root, where, via=path))
-    return faults
-
-
-def _check_hf(m: ModelSpec, root: Path, at: tuple[Any, ...]) -> list[str]:
-    """Statically check an hf model: its folder (or package) resolves to a folder with config.json and
-    weights, transformers is installed and defines the auto class. Nothing is imported."""
-    from neuron_build import hf
-
-    faults = []
-    try:
-        hf.resolve(m.hf or "", root)
-    except hf.HFSourceError as e:
-        faults.append(f"{toml_path(at + ('hf',))}: {e}")
-    known = hf.auto_classes()
-    if known is None:
-        faults.append(f"{toml_path(at + ('hf',))}: transformers is not installed; install it (pip install "
-                      f"transformers) to load hf models")
-    else:
-        name = m.auto_class or hf.DEFAULT_AUTO_CLASS
-        if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"did you mean '{close[0]}'? " if close else ""
-            faults.append(f"{toml_path(at + ('auto_class',))}: transformers has no auto class '{name}'; {hint}"
-                          f"e.g. AutoModel, AutoModelForSequenceClassification, AutoModelForCausalLM")
-    return faults
-
-
-def _missing_imports(tree: ast.AST, path: Path, root: Path, where: str, via: Path | None = None) -> list[str]:
-    """Faults for absolute imports in ``tree`` that resolve neither under ``root`` nor to an installed
-    module (found with ``importlib.util.find_spec``; nothing is imported)."""
-    faults = []
-    shown = f"{path.relative_to(root)}" + (f" (imported by {via.relative_to(root)})" if via else "")
-    for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-            local = root.joinpath(*node.module.split("."))
-            if local.is_dir():
-                for a in node.names:
-                    if a.name != "*" and not (local / f"{a.name}.py").exists() and not (local / a.name).is_dir():
-                        init = local / "__init__.py"
-                        if not init.exists() or a.name not in init.read_text(errors="replace"):
-                            faults.append(f"{where}: {shown} does not import: '{node.module}.{a.name}' "
-                                          f"(line {node.lineno}) not found under {local.relative_to(root)}/")
-        for name in names:
-            top = name.split(".")[0]
-            if (root / top).exists() or (root / f"{top}.py").exists():
-                continue
-            if importlib.util.find_spec(top) is None:
-                faults.append(f"{where}: {shown} does not import: module '{top}' "
-                              f"(line {node.lineno}) is not installed")
-    return faults
-
-
-
 #: The checks of the whole file, in report order.
 PROJECT_CHECKS: list[ProjectCheck] = [_store_is_local, _store_beside_sources, _state_dir_is_a_folder,
-                                      _table_names, _one_scheduler, _slurm_needs_dask, _documented_flags,
-                                      _walltime_fits_a_compile]
+                                      _table_names, _one_scheduler, _slurm_needs_dask, _remote_options, _documented_flags,
+                                      _walltime_fits_a_compile, backend_weights]
 #: The checks of each ``[models.NAME]`` table, in report order.
 MODEL_CHECKS: list[ModelCheck] = [_known_profiles, _textgen, _inputs_given, _input_dims, _input_names, _used_dims,
                                   _weights_exist, _sources_match, _packages_installed, _reference, _loads]

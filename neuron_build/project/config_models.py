@@ -15,6 +15,7 @@ from pydantic import (
     PositiveInt,
     StrictBool,
     StrictStr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -208,6 +209,18 @@ class ModelSpec(Frozen):
         mod, sep, fn = v.partition(":")
         if not sep or not fn.isidentifier() or not all(p.isidentifier() for p in mod.split(".")):
             raise ValueError(f"{v!r} is not 'module.path:function' (e.g. 'models.minilm:build')")
+        return v
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _weights_files(cls, v: Any, info: ValidationInfo) -> Any:
+        """``weights = "external"`` (or ``"inline"``) is a profile's option, written in the wrong table."""
+        if v in ("inline", "external"):
+            profiles = info.data.get("profiles") or ("NAME",)
+            where = " and ".join(f"[profiles.{p}]" for p in profiles)
+            raise ValueError(f"weights = \"{v}\" is a profile's option: put it under {where} (the profile"
+                             f"{'s' if len(profiles) > 1 else ''} this model builds with); in a [models.NAME] table, "
+                             f"weights lists extra weight files whose content is part of the key")
         return v
 
     @field_validator("buckets", mode="before")

@@ -12,7 +12,8 @@ Components (each hashed on its own so ``explain`` can say which one changed):
 - ``inputs``: the target dtype and each input's concrete shape, dtype and range (for a text-generation
   graph also ``graph``, prefill or decode, and ``max_seq_len``, the static KV cache's length);
 - ``compiler``: backend, hardware target, normalised compiler args (without ``--verbose``), profile
-  options (``inline_weights_to_neff``, ``tp_degree``, ``weights`` when ``"external"``), and the version of what the backend writes
+  options (``inline_weights_to_neff``, ``tp_degree``, ``weights`` when ``"external"``; for an NxDI target, which
+  keeps its weights apart whatever the profile says, the weights choice is left out), and the version of what the backend writes
   (:data:`ARTIFACT_FORMAT`); for AOTInductor on CPU (built with ``-march=native``) also ``cpu_isa``, the
   build host's CPU ISA (:mod:`neuron_build.cpu_isa`);
 - ``env``: the environment variables of :data:`KEY_ENV` for the backend (an allow-list: logging, debug,
@@ -40,8 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_build.backends import BACKENDS, find_backend
+from neuron_build.backends import AUTO, BACKENDS, find_backend
 from neuron_build.cpu_isa import host_cpu_isa
+from neuron_build.errors import ConfigError
 from neuron_build.project.compiler_args import key_args
 from neuron_build.project.config import Project
 from neuron_build.project.digest_cache import DigestCache
@@ -50,6 +52,7 @@ from neuron_build.project.outside import outside_name
 from neuron_build.project.plan_cache import InputLog
 from neuron_build.project.sources import glob_sources, is_project_file, local_imports
 from neuron_build.project.toolchain import resolve_backend, toolchain_versions, version
+from neuron_build.project.weights_checks import keeps_choice, weights_faults
 from neuron_build.util import canonical_json, file_sha256, sha256_hex
 
 KEY_FORMAT = 3  # 3: declared inputs only; what a build recorded lives in its manifest
@@ -180,6 +183,11 @@ class KeyMaker:
         backend: override ``[build] backend``.
         environ: the environment (default ``os.environ``); only :data:`KEY_ENV` variables count.
         exclude: folders whose files are never sources nor recorded inputs (the store).
+
+    Raises:
+        ConfigError: a profile a model uses asks for ``weights = "external"`` and the backend resolved here
+            (``--backend``, or ``auto`` on this host) compiles weights in
+            (:func:`~neuron_build.project.weights_checks.weights_faults`).
     """
 
     def __init__(self, project: Project, backend: str | None = None, environ: dict[str, str] | None = None,
@@ -187,6 +195,10 @@ class KeyMaker:
         self.project = project
         build = project.config.build
         self.backend, self.backend_note = resolve_backend(backend or build.backend, build.target)
+        refused = weights_faults(project.config, self.backend, "--backend" if backend else (
+            '[build] backend = "auto" chose it on this host' if build.backend == AUTO else "[build] backend"))
+        if refused:  # (a named backend was refused when the file loaded; --backend and auto are checked here)
+            raise ConfigError(str(project.path), refused)
         #: the resolved backend's record (:mod:`neuron_build.backends`), None for a name it does not know
         self.backend_spec = find_backend(self.backend)
         self.hardware_target = (build.target if self.backend_spec is not None and self.backend_spec.neuron_toolchain
@@ -201,7 +213,7 @@ class KeyMaker:
         self.cpu_isa: str | None = (host_cpu_isa(self.environ) if (self.backend, self.hardware_target) in ISA_BOUND
                                     else None)
         self._env = key_env(self.backend, self.environ)
-        self._compiler_cache: dict[str, dict[str, Any]] = {}
+        self._compiler_cache: dict[tuple[str, bool], dict[str, Any]] = {}
         #: (component, id of its value) -> (value, canonical JSON, sha256); the value is kept so the id
         #: cannot be reused by another object while the entry lives
         self._json_cache: dict[tuple[str, int], tuple[Any, bytes, str]] = {}
@@ -392,14 +404,15 @@ class KeyMaker:
         cfg = self.project.config
         m = cfg.models[target.model]
         prof = cfg.profiles[target.profile]
-        comp = self._compiler_cache.get(target.profile)
+        chosen = keeps_choice(self.backend, target.graph)  # NxDI keeps the weights apart whatever the profile says
+        comp = self._compiler_cache.get((target.profile, chosen))
         if comp is None:
-            comp = self._compiler_cache[target.profile] = {
+            comp = self._compiler_cache[(target.profile, chosen)] = {
                 "backend": self.backend, "hardware_target": self.hardware_target,
                 "compiler_args": list(key_args(prof.compiler_args)),
-                "inline_weights_to_neff": prof.inline_weights_to_neff, "tp_degree": prof.tp_degree,
+                "inline_weights_to_neff": prof.inline_weights_to_neff or not chosen, "tp_degree": prof.tp_degree,
                 "artifact_format": ARTIFACT_FORMAT.get(self.backend, 1)}
-            if prof.weights == "external":  # (absent when inline: the keys of before stay as they were)
+            if prof.weights == "external" and chosen:  # (absent when inline: the keys of before stay as they were)
                 comp["weights"] = "external"
             if self.cpu_isa is not None:
                 comp["cpu_isa"] = self.cpu_isa

@@ -34,7 +34,11 @@ class FileEntry(BaseModel):
 class Metrics(BaseModel):
     """What a compile measured.
 
-    ``compile_time_s``: wall time of the compile subprocess, seconds. ``op_count``: kernels the compiled
+    ``compile_time_s``: wall time of the compile subprocess, seconds; for a relinked artifact (new weights
+    with stored compiled files: ``relinked_from``) the compile time of the artifact it was relinked from, and
+    ``relink_time_s`` (an extra field, present on relinked artifacts only) the seconds of the relink itself; a
+    graph reuse (``reused_from``) likewise, with ``reuse_time_s``.
+    ``op_count``: kernels the compiled
     artifact launches, counted as ``op_count_source`` says. ``artifact_bytes``: total bytes of the
     artifact's files. ``peak_rss_bytes``: peak resident memory of the compile's process tree, bytes.
     ``compiler_compile_time_s``: the compiler's own figure when its log reports one.

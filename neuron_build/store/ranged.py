@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from neuron_build.remote_options import MAX_CONCURRENCY
 from neuron_build.store.transfer import SYNC_CLIENT, error_code, s3_client, thread_pool
 
 #: bytes of one read of a range's body (s3transfer's ``io_chunksize``)
@@ -143,7 +144,7 @@ class _Ranges:
         :attr:`attempts` times; a request that fails is botocore's to retry, so a dark network still ends
         within one call's bound and one read timeout)."""
         if self.sync is not None and self.meta:  # boto3 in threads: the sockets read in parallel
-            return await asyncio.get_running_loop().run_in_executor(thread_pool(32), self._get_sync, at)
+            return await asyncio.get_running_loop().run_in_executor(thread_pool(MAX_CONCURRENCY), self._get_sync, at)
         for attempt in range(1, self.attempts + 1):
             resp = await self._request(at)
             body = resp["Body"]

@@ -27,12 +27,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from neuron_build.remote_options import check_options
 from neuron_build.store.aws_profile import check_profile
 from neuron_build.store.core import Store
 from neuron_build.store.local import LocalStore
 from neuron_build.store.medium_fsspec import FsspecMedium, fsspec_medium
 from neuron_build.store.medium_s3 import S3Medium
-from neuron_build.store.wire import WireSettings, check_option_keys
+from neuron_build.store.wire import WireSettings
 from neuron_build.util import sha256_hex
 
 
@@ -131,7 +132,7 @@ class RemoteStore(Store):
         self.url = url.rstrip("/")
         self.options = copy.deepcopy(dict(options or {}))  # botocore rewrites a retries dict in place
         proto, _, rest = self.url.partition("://")
-        check_option_keys(self.url, self.options)
+        check_options(self.url, self.options)  # every unknown key and bad value, in one line
         #: timeouts and retries of every call (:mod:`neuron_build.store.wire`); ``fs_options``: the rest
         self.wire, fs_options = WireSettings.from_options(self.options)
         #: attempts the client library makes per request (botocore's total_max_attempts), for messages

@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.errors import NeuronBuildError
+from neuron_build.remote_options import MAX_PARTS
 
-#: S3's smallest part (all but the last) and its most parts per upload.
-MIN_PART, MAX_PARTS = 5 << 20, 10_000
 #: Error codes of a create-only write that lost to another writer (or of a competing completion).
 LOST_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409", "NoSuchUpload")
 
@@ -73,7 +72,7 @@ def error_code(e: BaseException) -> str:
 
 def part_size(size: int, chunk: int) -> int:
     """The part size of an upload of ``size`` bytes: ``chunk``, or more when it would need over
-    :data:`MAX_PARTS` parts."""
+    :data:`~neuron_build.remote_options.MAX_PARTS` (S3's 10,000) parts."""
     return max(chunk, -(-size // MAX_PARTS))
 
 
@@ -148,5 +147,5 @@ async def _parts(s3: Any, where: tuple[str, str, str], src: Path, size: int, psi
         raise
 
 
-__all__ = ["LOST_CODES", "MAX_PARTS", "MIN_PART", "LostRace", "error_code", "key_lock", "part_size", "s3_client",
+__all__ = ["LOST_CODES", "LostRace", "error_code", "key_lock", "part_size", "s3_client",
            "thread_pool", "upload"]

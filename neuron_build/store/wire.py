@@ -37,14 +37,8 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
-#: ``[build] remote_options`` keys that are this module's (taken out before the options reach fsspec).
-OPTION_KEYS = ("connect_timeout_s", "read_timeout_s", "attempts", "multipart_threshold", "multipart_chunksize",
-               "max_concurrency", "multipart_copy_threshold")
-#: the transfer keys: whole numbers (bytes, bytes, requests, bytes) and their least values
-_TRANSFER_LEAST = {"multipart_threshold": 1, "multipart_chunksize": 5 << 20, "max_concurrency": 1,
-                   "multipart_copy_threshold": 5 << 20}
-#: the largest object one ``CopyObject`` copies (AWS S3 documentation, "CopyObject": 5 GB in one atomic operation)
-COPY_MAX = 5 << 30
+from neuron_build.remote_options import DEFAULTS, MAX_SINGLE, MIB, OPTION_KEYS, wire_values
+
 #: botocore's standard-mode backoff before retry n (1-based) is at most min(2 ** (n - 1), 20) seconds.
 MAX_BACKOFF_S = 20.0
 #: Bytes a watched request body hands to aiohttp at a time (progress is seen per piece).
@@ -61,18 +55,20 @@ class WireSettings:
         attempts: requests per call, the first included (>= 1).
     """
 
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 30.0
-    attempts: int = 4
-    #: bytes from which an object goes up as a multipart upload (:mod:`neuron_build.store.transfer`)
-    multipart_threshold: int = 8 << 20
-    #: bytes of one part of an upload and of one ranged GET of a download (S3's least part: 5 MiB)
-    multipart_chunksize: int = 8 << 20
-    #: parts (or ranges) of one object in flight at once
+    connect_timeout_s: float = DEFAULTS["connect_timeout_s"]
+    read_timeout_s: float = DEFAULTS["read_timeout_s"]
+    attempts: int = int(DEFAULTS["attempts"])
+    #: bytes from which an object goes up as a multipart upload (:mod:`neuron_build.store.transfer`); at most
+    #: :data:`~neuron_build.remote_options.MAX_SINGLE`, the largest single ``PutObject``
+    multipart_threshold: int = 8 * MIB
+    #: bytes of one part of an upload and of one ranged GET of a download (S3's parts: 5 MiB to 5 GiB)
+    multipart_chunksize: int = 8 * MIB
+    #: parts (or ranges) of one object in flight at once (at most :data:`~neuron_build.remote_options.MAX_CONCURRENCY`)
     max_concurrency: int = 10
     #: bytes from which a blob's refresh (a copy onto itself) is a multipart copy (``UploadPartCopy``, parts of
-    #: ``multipart_chunksize``); at most :data:`COPY_MAX`, the largest a single ``CopyObject`` copies
-    multipart_copy_threshold: int = COPY_MAX
+    #: ``multipart_chunksize``); at most :data:`~neuron_build.remote_options.MAX_SINGLE`, the largest a single
+    #: ``CopyObject`` copies
+    multipart_copy_threshold: int = MAX_SINGLE
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None) -> tuple[WireSettings, dict[str, Any]]:
@@ -83,34 +79,14 @@ class WireSettings:
         expects.
 
         Raises:
-            UserError: a setting that is not a positive number (``attempts``: a whole number >= 1).
+            UserError: every setting out of its bounds (:func:`neuron_build.remote_options.wire_values`), in
+                one line.
         """
-        rest = dict(options or {})
-        got: dict[str, Any] = {}
-        for name in OPTION_KEYS:
-            if name in rest:
-                got[name] = rest.pop(name)
-        cfg = rest.get("config_kwargs") or {}
-        if isinstance(cfg, dict):
-            for ours, theirs in (("connect_timeout_s", "connect_timeout"), ("read_timeout_s", "read_timeout")):
-                if cfg.get(theirs) is not None:
-                    got[ours] = cfg[theirs]
-            retries = cfg.get("retries")
-            if isinstance(retries, dict):
-                if retries.get("total_max_attempts") is not None:
-                    got["attempts"] = retries["total_max_attempts"]
-                elif retries.get("max_attempts") is not None:
-                    got["attempts"] = _whole(retries["max_attempts"], "config_kwargs.retries.max_attempts", 0) + 1
-        for name, value in got.items():
-            if name in _TRANSFER_LEAST:
-                got[name] = _whole(value, name, _TRANSFER_LEAST[name], COPY_MAX if name == "multipart_copy_threshold"
-                                   else None)
-            elif name == "attempts":
-                got[name] = _whole(value, name, 1)
-            elif isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                from neuron_build.errors import UserError
-                raise UserError(f"[build] remote_options: {name} = {value!r} is not a positive number of seconds; "
-                                f"give e.g. {name} = {getattr(cls, name)}")
+        got, faults = wire_values(options)
+        if faults:
+            from neuron_build.errors import UserError
+            raise UserError("[build] remote_options: " + "; ".join(faults))
+        rest = {k: v for k, v in (options or {}).items() if k not in OPTION_KEYS}
         return cls(**got), rest
 
     # -- the clients' configuration --------------------------------------------------------------------
@@ -268,69 +244,6 @@ def _size(body: Any) -> int | None:
     return None
 
 
-#: fsspec's storage options of every file system (its instance cache and listings cache).
-_FSSPEC_COMMON = ("skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths")
-
-
-def _init_keys(cls: type) -> set[str]:
-    """The keyword parameters of ``cls.__init__`` and of its bases' (up the MRO while one takes ``**kwargs``)."""
-    import inspect
-
-    keys: set[str] = set()
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        params = inspect.signature(init).parameters.values()
-        keys |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"}
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            break
-    return keys
-
-
-def known_option_keys(url: str) -> set[str]:
-    """The ``[build] remote_options`` keys a store at ``url`` takes: this module's :data:`OPTION_KEYS` and the
-    storage options of the URL's fsspec file system (its class's ``__init__`` up the MRO, fsspec's own
-    cache options; for ``s3://``, ``s3fs.S3FileSystem``'s and aiobotocore's ``AioSession``'s, e.g. ``profile``).
-    Empty when the file system class cannot be looked up (then nothing is refused)."""
-    import fsspec
-
-    proto = url.partition("://")[0] if "://" in url else "file"
-    try:
-        cls = fsspec.get_filesystem_class("s3" if proto == "s3a" else proto)
-    except (ImportError, ValueError):
-        return set()
-    keys = _init_keys(cls) | set(_FSSPEC_COMMON) | set(OPTION_KEYS)
-    if proto in ("s3", "s3a"):
-        from aiobotocore.session import AioSession
-
-        keys |= _init_keys(AioSession)
-    return keys
-
-
-def check_option_keys(url: str, options: dict[str, Any] | None) -> None:
-    """Refuse a ``[build] remote_options`` key the store at ``url`` does not take (fsspec would accept it
-    silently and ignore it).
-
-    Raises:
-        UserError: one line naming the key, a close known one, and the known keys.
-    """
-    known = known_option_keys(url)
-    unknown = sorted(k for k in (options or {}) if known and k not in known)
-    if not unknown:
-        return
-    import difflib
-
-    from neuron_build.errors import UserError
-    close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    if unknown[0] in ("region", "region_name") and "client_kwargs" in known:
-        hint = " (the region goes in client_kwargs = { region_name = \"...\" })"
-    raise UserError(f"[build] remote_options: unknown key {unknown[0]!r} for {url}{hint}; the keys are "
-                    f"{', '.join(OPTION_KEYS)} and the storage options of fsspec's {url.partition('://')[0]}:// "
-                    f"file system: {', '.join(sorted(known - set(OPTION_KEYS)))}")
-
-
 _WATCHED: list[type] = []
 
 
@@ -342,4 +255,4 @@ def watched_session() -> type:
     return _WATCHED[0]
 
 
-__all__ = ["OPTION_KEYS", "WireSettings", "check_option_keys", "known_option_keys", "watched_session"]
+__all__ = ["WireSettings", "watched_session"]

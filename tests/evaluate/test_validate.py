@@ -201,7 +201,7 @@ def test_eps_trap_caught_on_small_inputs_and_named_as_cause(rms):
     assert h.returncode == 1
     assert f"FAIL  trap_small/static/fp32/p1: output0 rel L2 error {out['rel_l2_error']:.1e} > tolerance 1.0e-04" in h.stdout
     assert "cause: eps" in h.stdout
-    assert "1 targets: 0 passed, 1 failed" in h.stdout
+    assert "1 target: 0 passed, 1 failed" in h.stdout
 
 
 def test_broken_artifacts_fail_with_numbers(rms):

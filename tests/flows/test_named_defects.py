@@ -136,29 +136,30 @@ S3FS_KEYS = ("key", "secret", "token", "profile", "endpoint_url", "client_kwargs
 
 
 def test_remote_options_keys_of_s3fs_and_neuron_build_are_known():
-    from neuron_build.store.wire import check_option_keys, known_option_keys
+    from neuron_build.remote_options import check_options, known_option_keys, option_faults
 
     assert set(S3FS_KEYS) <= known_option_keys("s3://bucket/prefix")
-    check_option_keys("s3://bucket/prefix", dict.fromkeys(S3FS_KEYS))  # no error
-    check_option_keys("file:///tmp/x", {"auto_mkdir": True, "attempts": 2})
+    assert not [f for f in option_faults("s3://bucket/prefix", dict.fromkeys(S3FS_KEYS)) if "unknown key" in f]
+    check_options("file:///tmp/x", {"auto_mkdir": True, "attempts": 2})
     with pytest.raises(UserError) as e:
-        check_option_keys("s3://bucket/prefix", {"endpoint": "http://minio:9000"})
+        check_options("s3://bucket/prefix", {"endpoint": "http://minio:9000"})
     assert str(e.value).startswith("[build] remote_options: unknown key 'endpoint' for s3://bucket/prefix (did you "
                                    "mean 'endpoint_url'?); the keys are connect_timeout_s, read_timeout_s, attempts, "
                                    "multipart_threshold, multipart_chunksize, max_concurrency, multipart_copy_threshold "
                                    "and the storage options "
                                    "of fsspec's s3:// file system: anon, ")
     with pytest.raises(UserError, match=r"unknown key 'region' .*\(the region goes in client_kwargs = "):
-        check_option_keys("s3://bucket/prefix", {"region": "us-east-1"})
+        check_options("s3://bucket/prefix", {"region": "us-east-1"})
 
 
-def test_an_unknown_remote_option_fails_the_command_in_one_line(tmp_path, capsys):
+def test_an_unknown_remote_option_fails_the_command_naming_the_file_and_key(tmp_path, capsys):
     cfg = _with_build(write_tiny_project(tmp_path / "p"),
                       f'remote = "file://{tmp_path}/shared"\nremote_options = {{ atempts = 3 }}')
     assert main(["status", "--remote", "-c", str(cfg)]) == 2
-    line = _one_line(capsys.readouterr().err)
-    assert line.startswith(f"error: [build] remote_options: unknown key 'atempts' for file://{tmp_path}/shared "
-                           f"(did you mean 'attempts'?)")
+    head, fault = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert head == f"error: {cfg}: invalid configuration"
+    assert fault.startswith(f"  build.remote_options: unknown key 'atempts' for file://{tmp_path}/shared "
+                            f"(did you mean 'attempts'?)")
 
 
 # -- names too long for a file name ------------------------------------------------------------------------------
@@ -256,3 +257,21 @@ def test_doit_build_beside_a_buckets_toml_without_dodo_py_is_one_line_exit_2(tin
     monkeypatch.chdir(sub)
     assert _doit_with_the_plugin().run(["build"]) == 2
     assert "no dodo.py in " in capsys.readouterr().err
+
+
+# -- counts of one say the noun once ---------------------------------------------------------------------------
+def test_one_target_or_artifact_is_not_plural(tmp_path, capsys):
+    """``plan``, ``validate``, ``ls`` and a build's summary said "1 targets"."""
+    from neuron_build.build.summary import BuildSummary
+    from neuron_build.cli.validate import ValidationRun
+
+    cfg = write_tiny_project(tmp_path / "p")
+    cfg.write_text(cfg.read_text().replace('profiles = ["p1", "p2"]', 'profiles = ["p1"]')
+                   .replace("buckets = { batch = [1, 4] }", "buckets = { batch = [1] }")
+                   .replace('dtypes = ["fp32", "bf16"]', 'dtypes = ["fp32"]').split("[models.other]")[0])
+    assert main(["plan", "-c", str(cfg)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "1 target: 0 cached, 1 missing, 0 failed"
+    assert main(["ls", "-c", str(cfg)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"0 artifacts in {tmp_path / 'p' / 'artifacts'}"
+    assert ValidationRun(["tiny/b1/fp32/p1"]).summary() == "1 target: 0 passed, 0 failed, 0 not validated, 0 not built"
+    assert BuildSummary(["t"], ["t"], [], [], {}).head() == "1 target: 1 built, 0 cached, 0 failed"

@@ -292,6 +292,7 @@ def test_weights_inline_or_external_one_answer_per_profile(tiny):
     """``weights`` and ``inline_weights_to_neff`` (its Neuron spelling) say one thing; a conflict is one line
     naming the profile."""
     assert load_project(tiny).config.profiles["p1"].weights == "inline"
+    edit(tiny, 'backend = "torchscript"', 'backend = "inductor"')  # (torchscript cannot keep weights apart)
     edit(tiny, 'compiler_args = ["--optlevel=1"]', 'compiler_args = ["--optlevel=1"]\nweights = "external"')
     p1 = load_project(tiny).config.profiles["p1"]
     assert (p1.weights, p1.inline_weights_to_neff) == ("external", False)
@@ -305,3 +306,65 @@ def test_weights_inline_or_external_one_answer_per_profile(tiny):
     edit(tiny, 'weights = "external"', 'weights = "outside"')
     (fault,) = faults_of(tiny)
     assert fault.startswith("profiles.p1.weights:") and "inline" in fault and "external" in fault
+
+
+EXTERNAL = 'compiler_args = ["--optlevel=1"]\nweights = "external"'
+
+
+@pytest.mark.parametrize("backend", ["torchscript", "compile-cache", "torchneuron"])
+def test_external_weights_on_a_backend_that_compiles_them_in_is_one_line(tiny, backend):
+    """``weights = "external"`` on a backend that cannot keep weights apart was accepted, ignored and part of
+    the key; now one fault naming the profile key, the backend, the models that use it and the fix."""
+    edit(tiny, 'backend = "torchscript"', f'backend = "{backend}"')
+    if backend == "torchneuron":
+        edit(tiny, "heartbeat_s = 1", 'heartbeat_s = 1\ntarget = "trn2"')
+    edit(tiny, 'compiler_args = ["--optlevel=1"]', EXTERNAL)
+    assert faults_of(tiny) == [
+        f'profiles.p1.weights: weights = "external" asks for the weights apart from the compiled artifact, but the '
+        f"{backend} backend ([build] backend) compiles them in, so it would be ignored (models tiny, other); set "
+        f'weights = "inline" in [profiles.p1], or a backend that keeps weights apart: backend = "neuron" or '
+        f'"inductor" under [build]']
+
+
+def test_the_neuron_spelling_of_external_weights_is_named_as_written(tiny):
+    edit(tiny, 'compiler_args = ["-O2", "--model-type", "transformer"]',
+         'compiler_args = ["-O2"]\ninline_weights_to_neff = false')
+    (fault,) = faults_of(tiny)
+    assert fault.startswith("profiles.p2.inline_weights_to_neff: inline_weights_to_neff = false asks for the "
+                            "weights apart") and "(model tiny);" in fault
+
+
+@pytest.mark.parametrize("backend", ["inductor", "neuron", "auto"])
+def test_external_weights_load_on_a_backend_that_keeps_them_apart_and_on_auto(tiny, backend):
+    """``auto`` is checked once resolved (per host: neuron, torchneuron or inductor), not when the file loads."""
+    edit(tiny, 'backend = "torchscript"', f'backend = "{backend}"')
+    edit(tiny, 'compiler_args = ["--optlevel=1"]', EXTERNAL)
+    assert load_project(tiny).config.profiles["p1"].weights == "external"
+
+
+def test_external_weights_on_auto_resolved_to_torchneuron_or_on_backend_override_is_refused(tiny, monkeypatch):
+    from neuron_build.project import keys
+
+    edit(tiny, 'backend = "torchscript"', 'backend = "auto"')
+    edit(tiny, 'compiler_args = ["--optlevel=1"]', EXTERNAL)
+    p = load_project(tiny)
+    monkeypatch.setattr(keys, "resolve_backend", lambda b, t: ("torchneuron", None))
+    with pytest.raises(ConfigError) as e:
+        keys.KeyMaker(p, environ={})
+    assert e.value.file == str(tiny)
+    (fault,) = e.value.faults
+    assert fault.startswith('profiles.p1.weights: weights = "external" asks for the weights apart from the compiled '
+                            'artifact, but the torchneuron backend ([build] backend = "auto" chose it on this host) '
+                            "compiles them in")
+    monkeypatch.setattr(keys, "resolve_backend", lambda b, t: (b, None))
+    with pytest.raises(ConfigError, match=r"the torchscript backend \(--backend\) compiles them in"):
+        keys.KeyMaker(p, backend="torchscript", environ={})
+    assert keys.KeyMaker(p, backend="inductor", environ={}).backend == "inductor"
+
+
+def test_external_weights_under_a_model_table_names_the_profile_table(tiny):
+    edit(tiny, 'dtypes = ["fp32"]\nprofiles = ["p1"]', 'dtypes = ["fp32"]\nprofiles = ["p1"]\nweights = "external"')
+    assert faults_of(tiny) == [
+        'models.other.weights: weights = "external" is a profile\'s option: put it under [profiles.p1] (the '
+        "profile this model builds with); in a [models.NAME] table, weights lists extra weight files whose "
+        "content is part of the key"]

@@ -87,6 +87,24 @@ def test_each_graph_has_its_own_key_and_max_seq_len_is_in_it(proj):
         assert km2.key(t).hashes["model"] == keys[t.id].hashes["model"]
 
 
+def test_an_nxdi_targets_key_leaves_the_profiles_weights_choice_out(proj):
+    """NxDI keeps its weights apart whatever the profile says (its sharded checkpoint): ``weights = "external"``
+    would change its key while changing nothing it builds. A forward model of the same profile keeps the
+    choice in its key (the XLA path compiles a weight-free NEFF)."""
+    edit(proj, 'backend = "inductor"', 'backend = "neuron"')
+    before = {t.id: KeyMaker(load_project(proj), environ={}).key(t) for t in expand(load_project(proj))}
+    edit(proj, "compiler_args = []", 'compiler_args = []\nweights = "external"')
+    p = load_project(proj)
+    km = KeyMaker(p, environ={})
+    after = {t.id: km.key(t) for t in expand(p)}
+    nxdi = [i for i in after if "/nxdi-" in i]
+    assert nxdi and all(after[i].key == before[i].key for i in nxdi)
+    assert all(after[i].details["compiler"]["inline_weights_to_neff"] is True for i in nxdi)
+    assert all("weights" not in after[i].details["compiler"] for i in nxdi)
+    (ffn,) = [i for i in after if i.startswith("ffn/")]
+    assert after[ffn].key != before[ffn].key and after[ffn].details["compiler"]["weights"] == "external"
+
+
 def test_plan_json_rows_carry_the_graph(proj):
     r = run_cli("plan", "--json", "-c", str(proj), cwd=proj.parent)
     assert r.returncode == 0, r.stderr

@@ -198,11 +198,12 @@ def test_transfer_settings_are_checked(tmp_path):
     got, rest = WireSettings.from_options({"multipart_chunksize": 16 * MIB, "max_concurrency": 4, "profile": "x"})
     assert (got.multipart_threshold, got.multipart_chunksize, got.max_concurrency) == (8 * MIB, 16 * MIB, 4)
     assert rest == {"profile": "x"}
-    with pytest.raises(UserError, match=r"multipart_chunksize = 1024 is not a whole number >= 5242880"):
+    with pytest.raises(UserError, match=r"multipart_chunksize = 1024 is not a whole number from 5242880 \(5 MiB\) "
+                                        r"to 5368709120 \(5 GiB\), S3's part sizes"):
         WireSettings.from_options({"multipart_chunksize": 1024})
     assert WireSettings().multipart_copy_threshold == 5 << 30  # S3's CopyObject copies at most 5 GiB
     with pytest.raises(UserError, match=r"multipart_copy_threshold = 6442450944 is not a whole number from 5242880 "
-                                        r"to 5368709120 \(S3's CopyObject limit\)"):
+                                        r"\(5 MiB\) to 5368709120 \(5 GiB\), S3's CopyObject limit"):
         WireSettings.from_options({"multipart_copy_threshold": 6 << 30})
 
 

@@ -60,13 +60,63 @@ def test_the_documented_bound_follows_from_the_settings():
     assert (got.read_timeout_s, got.attempts) == (9, 3)  # botocore's own spelling wins, as its user expects
 
 
-def test_a_bad_wire_setting_is_one_line_naming_it(tmp_path, s3_env, s3_bucket):
-    cfg = write_quick_project(tmp_path / "a", n=1, build_extra=f'remote = "s3://{s3_bucket}/team"\n'
-                                                              'remote_options = { read_timeout_s = -1 }')
+def test_every_bad_remote_option_is_reported_at_once_naming_the_file_and_key(tmp_path, s3_env, s3_bucket):
+    """Each bad option was one error per run, naming neither the file nor its table's path, and the transfer
+    settings had no upper bound (a 6 GiB part, 1000 ranges at once were taken): now one config error with a
+    line per fault, S3's limits as the bounds."""
+    cfg = write_quick_project(tmp_path / "a", n=1, build_extra=(
+        f'remote = "s3://{s3_bucket}/team"\n'
+        "remote_options = { read_timeout_s = -1, multipart_chunksize = 6442450944, max_concurrency = 1000, "
+        "multipart_threshold = 6442450944, multipart_copy_threshold = 1024, endpoint = \"http://x\" }"))
     r = run_cli("plan", "-c", str(cfg))
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "[build] remote_options: read_timeout_s = -1 is not a positive number of seconds" in r.stderr
+    lines = [ln.strip() for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines[0] == f"error: {cfg}: invalid configuration (6 faults)"
+    assert lines[1].startswith(f"build.remote_options: unknown key 'endpoint' for s3://{s3_bucket}/team (did you "
+                               "mean 'endpoint_url'?); the keys are connect_timeout_s, ")
+    assert lines[2:] == [
+        "build.remote_options: read_timeout_s = -1 is not a positive number of seconds; give e.g. read_timeout_s = 30.0",
+        "build.remote_options: multipart_threshold = 6442450944 is not a whole number from 1 to 5368709120 (5 GiB), "
+        "the largest single PutObject; give e.g. multipart_threshold = 8388608",
+        "build.remote_options: multipart_chunksize = 6442450944 is not a whole number from 5242880 (5 MiB) to "
+        "5368709120 (5 GiB), S3's part sizes; give e.g. multipart_chunksize = 8388608",
+        "build.remote_options: max_concurrency = 1000 is not a whole number from 1 to 32, the range-read threads of "
+        "a download; give e.g. max_concurrency = 10",
+        "build.remote_options: multipart_copy_threshold = 1024 is not a whole number from 5242880 (5 MiB) to "
+        "5368709120 (5 GiB), S3's CopyObject limit; give e.g. multipart_copy_threshold = 5368709120"]
     assert "Traceback" not in r.stderr
+
+
+def test_a_store_opened_with_bad_options_reports_them_all_in_one_line():
+    """A store opened with options the config did not check (a Dask worker's store spec)."""
+    from neuron_build.errors import UserError
+    from neuron_build.store.remote import RemoteStore
+
+    with pytest.raises(UserError) as e:
+        RemoteStore("memory://wire-opts", {"attempts": 0, "max_concurrency": 33, "atempts": 2})
+    assert str(e.value).startswith("[build] remote_options: unknown key 'atempts' for memory://wire-opts (did you "
+                                   "mean 'attempts'?); the keys are ")
+    assert str(e.value).endswith("; attempts = 0 is not a whole number >= 1; give e.g. attempts = 4; "
+                                 "max_concurrency = 33 is not a whole number from 1 to 32, the range-read threads "
+                                 "of a download; give e.g. max_concurrency = 10")
+    with pytest.raises(UserError, match=r"^\[build\] remote_options: config_kwargs.retries.max_attempts = -1 is not a "
+                                        r"whole number >= 0; give e.g. config_kwargs.retries.max_attempts = 3; "
+                                        r"config_kwargs.read_timeout = 0 is not a positive number of seconds; give e.g. "
+                                        r"config_kwargs.read_timeout = 30.0$"):
+        WireSettings.from_options({"config_kwargs": {"read_timeout": 0, "retries": {"max_attempts": -1}}})
+    from neuron_build.remote_options import option_faults  # the config's check sees botocore's spelling too
+
+    assert option_faults("s3://b/p", {"config_kwargs": {"connect_timeout": "5"}}) == [
+        "config_kwargs.connect_timeout = '5' is not a positive number of seconds; give e.g. "
+        "config_kwargs.connect_timeout = 5.0"]
+
+
+def test_remote_options_without_a_remote_are_refused(tmp_path):
+    cfg = write_quick_project(tmp_path / "a", n=1, build_extra="remote_options = { profile = \"ci\" }")
+    r = run_cli("plan", "-c", str(cfg))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert ("build.remote_options: profile given, but [build] remote is not set, so no store reads them; set remote = "
+            "\"s3://<bucket>/<prefix>\" or remove remote_options") in r.stderr
 
 
 def test_a_black_hole_mid_upload_ends_the_build_within_the_bound_and_the_next_build_pushes(

@@ -221,7 +221,9 @@ class GraphReuse:
             return None if done is None else Reused(source, done[0], done[1], relinked=True)
         with disk_full("writing the artifact", obj):
             (obj / WORKER_LOG).write_bytes(hit.log)
-        metrics = {**old.metrics.model_dump(), "status": Status.PASS, "compile_time_s": round(hit.seconds, 3),
+        # compile_time_s stays the source's compile (as a relink's: build/graph/relink.py); the run's seconds
+        # (capture up to the graph key) are the reuse's
+        metrics = {**old.metrics.model_dump(), "status": Status.PASS, "reuse_time_s": round(hit.seconds, 3),
                    "peak_rss_bytes": hit.peak_rss_bytes, "exit_code": hit.exit_code, "attempts": ctx.attempt,
                    "reason": None}
         _, logs = hash_files(obj)  # the worker log: the artifact's files are the source's blobs

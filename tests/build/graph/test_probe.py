@@ -189,7 +189,10 @@ def test_the_builder_takes_a_probe_hit_by_name_to_the_reuse(built, monkeypatch):
     assert b.executor.runs == []
     m = b.store.manifest(out.key)
     assert (m.reused_from, m.graph_key, m.graph_document) == (src, GK, DOC)
-    assert (m.metrics.compile_time_s, m.metrics.peak_rss_bytes, m.metrics.exit_code) == (0.5, 0, 0)
+    src_m = b.store.manifest(src)
+    assert (m.metrics.compile_time_s, m.metrics.peak_rss_bytes, m.metrics.exit_code) == (
+        src_m.metrics.compile_time_s, 0, 0)                          # the source's compile, not the probe's share
+    assert m.metrics.model_dump()["reuse_time_s"] == 0.5
     assert "tinylib/act.py" in m.recorded_inputs["files"]
     assert b.store.log_file(out.key, WORKER_LOG).read_text().startswith("probe log\ngraph probe: graph key")
     assert [(r.target, r.event) for r in ledger.read(b.store)][-1] == (TWIN, "graph-reused")

@@ -4,6 +4,7 @@ hashing each file once; a source blob that does not verify is not reused (the ta
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections import Counter
@@ -93,3 +94,64 @@ def test_a_source_blob_that_does_not_verify_is_not_reused_the_target_compiles(tm
     assert b.store.lookup(second.key, deep=True).hit  # the rebuild's bytes replaced the rotted blob
     assert (b.store.artifact_dir(second.key) / "model.pt").read_bytes() == CONTENT["model.pt"]
     assert [(r.target, r.event) for r in ledger.read(b.store)] == [(OTHER, "compile"), (TWIN, "compile")]
+
+
+class RelinkWorker(GraphWorker):
+    """As :class:`GraphWorker`, with ``weights = "external"``: a compile writes the weights apart (seed 0) and
+    takes 30 s; a hit stages new weight values (seed 1) and takes 0.5 s."""
+
+    def run(self, request, work_dir: Path, log) -> CompileRun:
+        import torch
+
+        from neuron_build.compilers import weights
+
+        run = super().run(request, work_dir, log)
+        hit = bool(run.result.get("graph_hit"))
+        weights.write(request.out_dir, {"fc.weight": torch.full((3, 16), 1.0 if hit else 0.0)})
+        if not hit:
+            run.result["details"] = {"weights": "external"}
+        return dataclasses.replace(run, wall_s=0.5 if hit else 30.0)
+
+
+def test_a_relinked_artifact_keeps_the_compile_time_and_records_the_relinks_own(tmp_path, capsys):
+    """A relink recorded its own seconds as ``compile_time_s``: the release's compile-time gate and ``show``
+    saw a 0.5 s compile where the compiled files took 30 s. Now ``compile_time_s`` is the source's compile,
+    ``relink_time_s`` the relink's, and ``show`` says what it was relinked from, as ``explain`` does."""
+    from neuron_build.build.graph.relink import RELINKED
+    from neuron_build.cli import main
+    from neuron_build.release.create import artifact_summary
+
+    b = Builder(Workspace(load_project(twin_project(tmp_path))), executor=RelinkWorker({TWIN}))
+    first = b.build(b.ws.by_id[OTHER])
+    second = b.build(b.ws.by_id[TWIN])
+    assert (second.status, second.compiled, second.reason) == (Status.PASS, False, RELINKED.format(source=first.key))
+    m = b.store.manifest(second.key)
+    assert m.relinked_from == first.key and m.files["model.pt"] == b.store.manifest(first.key).files["model.pt"]
+    assert (m.metrics.compile_time_s, m.metrics.relink_time_s) == (30.0, 0.5)
+    assert artifact_summary(b.store, second.key, m)["compile_time_s"] == 30.0  # what the compile-time gate reads
+    assert main(["show", second.key, "-c", str(tmp_path / "proj" / "buckets.toml")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "compile  30.0 s, peak 0 MiB" in out
+    assert f"graph    weights changed, graph unchanged: relinked from {first.key} in 0.5 s" in out
+
+
+class TimedWorker(GraphWorker):
+    """As :class:`GraphWorker`: a compile takes 30 s, a graph hit (capture up to the graph key) 0.5 s."""
+
+    def run(self, request, work_dir: Path, log) -> CompileRun:
+        run = super().run(request, work_dir, log)
+        return dataclasses.replace(run, wall_s=0.5 if run.result.get("graph_hit") else 30.0)
+
+
+def test_a_graph_reuse_keeps_the_compile_time_and_records_its_own(tmp_path, capsys):
+    """As a relink: a graph reuse recorded its capture's seconds as ``compile_time_s``."""
+    from neuron_build.cli import main
+
+    b = Builder(Workspace(load_project(twin_project(tmp_path))), executor=TimedWorker({TWIN}))
+    first, second = b.build(b.ws.by_id[OTHER]), b.build(b.ws.by_id[TWIN])
+    m = b.store.manifest(second.key)
+    assert m.reused_from == first.key and (m.metrics.compile_time_s, m.metrics.reuse_time_s) == (30.0, 0.5)
+    assert main(["show", second.key, "-c", str(tmp_path / "proj" / "buckets.toml")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "compile  30.0 s, peak 0 MiB" in out
+    assert f"graph    source changed, graph unchanged: reused {first.key} in 0.5 s" in out
