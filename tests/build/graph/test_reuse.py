@@ -59,20 +59,20 @@ def twin_builder(tmp_path: Path, hits: set[str]) -> Builder:
 def test_a_graph_hit_publishes_over_the_source_blobs_and_hashes_each_file_once(tmp_path, monkeypatch):
     b = twin_builder(tmp_path, hits={TWIN})
     first = b.build(b.ws.by_id[OTHER])
-    assert (first.status, first.compiled) == (Status.PASS, True) and graph_index.lookup(b.store, GK).key == first.key
+    assert (first.status, first.compiled) == (Status.PASS, True) and graph_index.lookup(b.ws.store, GK).key == first.key
     seen = hash_spy(monkeypatch)
     second = b.build(b.ws.by_id[TWIN])
     assert (second.status, second.compiled, second.reason) == (Status.PASS, False, f"graph unchanged: reused {first.key}")
-    m, src = b.store.manifest(second.key), b.store.manifest(first.key)
+    m, src = b.ws.store.manifest(second.key), b.ws.store.manifest(first.key)
     assert (m.reused_from, m.graph_key, m.graph_document) == (first.key, GK, DOC)
     assert {n: e.sha256 for n, e in m.files.items()} == {n: e.sha256 for n, e in src.files.items()}
     assert set(m.logs) == {WORKER_LOG} and m.logs[WORKER_LOG] != src.logs[WORKER_LOG]
     # each file of the new artifact hashed once: the source's blobs verified, the worker log digested
     assert Counter(seen) == Counter(e.sha256 for e in (*m.files.values(), *m.logs.values())) and len(seen) == 3
-    assert b.store.lookup(second.key, deep=True).hit
-    assert {n: (b.store.artifact_dir(second.key) / n).read_bytes() for n in CONTENT} == CONTENT
-    assert b.store.log_file(second.key, WORKER_LOG).read_bytes() == f"{TWIN}: hit\n".encode()
-    assert [(r.target, r.event) for r in ledger.read(b.store)] == [(OTHER, "compile"), (TWIN, "graph-reused")]
+    assert b.ws.store.lookup(second.key, deep=True).hit
+    assert {n: (b.ws.store.artifact_dir(second.key) / n).read_bytes() for n in CONTENT} == CONTENT
+    assert b.ws.store.log_file(second.key, WORKER_LOG).read_bytes() == f"{TWIN}: hit\n".encode()
+    assert [(r.target, r.event) for r in ledger.read(b.ws.store)] == [(OTHER, "compile"), (TWIN, "graph-reused")]
 
 
 def test_a_source_blob_that_does_not_verify_is_not_reused_the_target_compiles(tmp_path):
@@ -80,7 +80,7 @@ def test_a_source_blob_that_does_not_verify_is_not_reused_the_target_compiles(tm
     it would pin the rot under a second key; the twin compiles instead and its artifact verifies."""
     b = twin_builder(tmp_path, hits={TWIN})
     first = b.build(b.ws.by_id[OTHER])
-    blob = b.store.path(layout.blob_path(b.store.manifest(first.key).files["model.pt"].sha256))
+    blob = b.ws.store.path(layout.blob_path(b.ws.store.manifest(first.key).files["model.pt"].sha256))
     os.chmod(blob, 0o644)
     rotted = bytearray(blob.read_bytes())
     rotted[5] ^= 0x01
@@ -88,8 +88,8 @@ def test_a_source_blob_that_does_not_verify_is_not_reused_the_target_compiles(tm
     second = b.build(b.ws.by_id[TWIN])
     assert (second.status, second.compiled) == (Status.PASS, True), second.reason
     assert b.executor.runs == [(OTHER, "compile"), (TWIN, "hit"), (TWIN, "compile")]
-    m = b.store.manifest(second.key)
+    m = b.ws.store.manifest(second.key)
     assert m.reused_from is None and m.graph_key == GK
-    assert b.store.lookup(second.key, deep=True).hit  # the rebuild's bytes replaced the rotted blob
-    assert (b.store.artifact_dir(second.key) / "model.pt").read_bytes() == CONTENT["model.pt"]
-    assert [(r.target, r.event) for r in ledger.read(b.store)] == [(OTHER, "compile"), (TWIN, "compile")]
+    assert b.ws.store.lookup(second.key, deep=True).hit  # the rebuild's bytes replaced the rotted blob
+    assert (b.ws.store.artifact_dir(second.key) / "model.pt").read_bytes() == CONTENT["model.pt"]
+    assert [(r.target, r.event) for r in ledger.read(b.ws.store)] == [(OTHER, "compile"), (TWIN, "compile")]
