@@ -2,8 +2,9 @@
 
 The package: :mod:`~neuron_build.runtime.routing` (rules 1-3, pure and torch-free: :class:`Router`),
 :mod:`~neuron_build.runtime.bucketed` (:class:`BucketedModel`: rules 4-8 and text generation),
-:mod:`~neuron_build.runtime.pulled` (the pulled folder's record, typed: :class:`PulledRelease`, read and
-checked by :func:`read_pulled`, kept as :attr:`BucketedModel.record`), :mod:`~neuron_build.runtime.install`
+:mod:`~neuron_build.runtime.pulled` (the pulled folder's record, typed: :class:`PulledRelease` with one
+:class:`~neuron_build.runtime.pulled.PulledBucket` per bucket, read and checked by :func:`read_pulled`, kept as
+:attr:`BucketedModel.release`), :mod:`~neuron_build.runtime.install`
 (checking the files a pulled release lists, installing it; the user's model of a cache release) and
 :mod:`~neuron_build.runtime.warmup` (:func:`warmup`). Every public name is importable from ``neuron_build.runtime``.
 
