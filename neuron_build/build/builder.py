@@ -38,7 +38,8 @@ from neuron_build.build.executor import NOT_RUN, WORKER_LOG, CompileRun, Executo
 from neuron_build.build.graph import probe as graph_probe
 from neuron_build.build.graph.relink import RELINKED
 from neuron_build.build.graph.reuse import GraphReuse, Reused
-from neuron_build.build.local import LocalExecutor, default_jobs
+from neuron_build.build.jobs import default_jobs
+from neuron_build.build.local import LocalExecutor
 from neuron_build.build.manifests import artifact_manifest, hash_files
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.recorder import Recorder, Unrecorded
@@ -101,7 +102,7 @@ class Builder:
     def default_jobs(self) -> int:
         """Compiles to run at once when ``-n`` is not given: one per CPU, bounded by ``[build]
         max_host_memory_gb`` (else 80 % of physical memory) over ``default_compile_memory_gb`` (see
-        :func:`neuron_build.build.local.default_jobs`)."""
+        :func:`neuron_build.build.jobs.default_jobs`)."""
         cfg = self.ws.project.config.build
         mem = cfg.max_host_memory_gb
         return default_jobs(int(mem * GB) if mem is not None else None, int(cfg.default_compile_memory_gb * GB))
