@@ -43,12 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     recs = []
     for t in select(b.ws.targets, args.patterns):
         key = b.ws.key(t).key
-        if not b.store.is_complete(key):
+        if not b.ws.store.is_complete(key):
             print(f"skipped {t.id}: not built (run `doit build`)", file=sys.stderr)
             continue
         print(f"{t.id} ...", file=sys.stderr, flush=True)
-        recs.append(bench_target(b.project, b.store, t, key,
-                                 TimingSettings(warmup=args.warmup, iters=args.iters)).to_json())
+        recs.append(bench_target(b.ws.project, b.ws.store, t, key,
+                                    TimingSettings(warmup=args.warmup, iters=args.iters)).to_json())
     if not recs:
         print("nothing benchmarked", file=sys.stderr)
         return 1

@@ -63,12 +63,12 @@ out = DaskBuild(b.ws, sys.argv[2], connect_timeout_s=60).run(b.ws.targets)
 t2 = time.monotonic()
 times = {}
 for t in b.ws.targets:
-    m = b.store.manifest(b.ws.key(t).key)
+    m = b.ws.store.manifest(b.ws.key(t).key)
     times[t.id] = None if m is None else m.metrics.compile_time_s
 print(json.dumps({"plan_s": t1 - t0, "run_s": t2 - t1, "total_s": t2 - t0,
                   "statuses": sorted({str(o.status) for o in out.values()}), "compile_times_s": times,
                   "workers": sorted({m.model_extra.get("worker") for t in b.ws.targets
-                                     if (m := b.store.manifest(b.ws.key(t).key)) is not None})}))
+                                     if (m := b.ws.store.manifest(b.ws.key(t).key)) is not None})}))
 '''
 
 

@@ -72,29 +72,29 @@ def populate(cfg: Path) -> int:
 
     b = Builder(Workspace(load_project(cfg)))
     # what a build of the factory records besides its declared inputs (the worker's `imported` and `reads`)
-    recorded = b.keys.recorded_inputs("gen", [], {"files": ["genmodels/w.bin"], "env": ["GEN_SCALE"],
-                                                  "dists": ["packaging"]})
+    recorded = b.ws.keys.recorded_inputs("gen", [], {"files": ["genmodels/w.bin"], "env": ["GEN_SCALE"],
+                                                     "dists": ["packaging"]})
     assert recorded["files"] and recorded["dists"]["packaging"], recorded
     for t in b.ws.targets:
         ki = b.ws.key(t)
-        if b.store.is_complete(ki.key):
+        if b.ws.store.is_complete(ki.key):
             continue
-        st = b.store.new_staging(ki.key)
+        st = b.ws.store.new_staging(ki.key)
         obj = st / "object"
         obj.mkdir()
         (obj / "model.pt").write_bytes(b"placeholder artifact for the no-op benchmark " + ki.key.encode())
         files = {"model.pt": {"sha256": file_sha256(obj / "model.pt"), "size": (obj / "model.pt").stat().st_size}}
         m = Manifest(key=ki.key, target=t.id, model=t.model, bucket=dict(t.bucket), dtype=t.dtype,
-                     profile=t.profile, backend=b.keys.backend, hardware_target=b.keys.hardware_target,
+                     profile=t.profile, backend=b.ws.keys.backend, hardware_target=b.ws.keys.hardware_target,
                      key_details=ki.details, component_hashes=ki.hashes, files=files,
                      metrics=Metrics(status="PASS", compile_time_s=0.001, op_count=1, op_count_source="benchmark"),
                      toolchain=ki.details["toolchain"], created="2026-01-01T00:00:00+00:00", host=socket.gethostname(),
                      recorded_inputs=recorded)
-        b.store.seal(obj, m)  # the manifest with its own digest, as the build writes it
-        b.store.publish(obj, ki.key)
+        b.ws.store.seal(obj, m)  # the manifest with its own digest, as the build writes it
+        b.ws.store.publish(obj, ki.key)
         import shutil
         shutil.rmtree(st, ignore_errors=True)
-    b.keys.save()
+    b.ws.keys.save()
     planned = Builder(Workspace(load_project(cfg)))  # what a fresh plan sees: every target cached, else the "no-op" compiles
     missing = [t.id for t in planned.ws.targets if planned.ws.state(t) != "cached"]
     if missing:

@@ -59,9 +59,9 @@ def record_all(cfg: Path) -> int:
     b = Builder(Workspace(load_project(cfg)))
     for t in b.ws.targets:
         ki = b.ws.key(t)
-        b.store.put_target(TargetRecord(target=t.id, key=ki.key, status="PASS", details=ki.details,
-                                        hashes=ki.hashes, time="2026-01-01T00:00:00+00:00"))
-    b.keys.save()
+        b.ws.store.put_target(TargetRecord(target=t.id, key=ki.key, status="PASS", details=ki.details,
+                                           hashes=ki.hashes, time="2026-01-01T00:00:00+00:00"))
+    b.ws.keys.save()
     return len(b.ws.targets)
 
 

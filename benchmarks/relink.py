@@ -147,8 +147,8 @@ def _store_bytes(cfg: Path) -> dict:
     b = Builder(Workspace(load_project(cfg)))
     weights, compiled = {}, {}
     for t in b.ws.by_id.values():
-        rec = b.store.target(t.id)
-        m = b.store.manifest(rec.key) if rec else None
+        rec = b.ws.store.target(t.id)
+        m = b.ws.store.manifest(rec.key) if rec else None
         for name, e in (m.files if m else {}).items():
             (weights if name == "weights.safetensors" else compiled)[e.sha256] = e.size
     return {"weights_blobs": len(weights), "weights_bytes": sum(weights.values()),

@@ -41,16 +41,17 @@ def _median_us(fn, repeats: int) -> float:
 
 
 def _plain_model(batch: int, seq: int):
-    from neuron_build.runtime import BucketedModel
+    from neuron_build.runtime import BucketedModel, PulledRelease
 
     inputs = [{"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64", "pad": 0, "range": [0, 30522]},
               {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64", "pad": 0, "range": [1, 2]}]
-    bucket = {"id": f"b{batch}-s{seq}", "sizes": {"batch": batch, "seq": seq}, "artifact": "model.pt",
+    bucket = {"id": f"b{batch}-s{seq}", "target": f"minilm/b{batch}-s{seq}/fp32/p1", "key": "0" * 64, "sizes": {"batch": batch, "seq": seq}, "artifact": "model.pt",
               "loader": "torch.jit.load", "files": {},
               "inputs": [{"name": i["name"], "shape": [batch, seq], "dtype": "int64"} for i in inputs]}
     rel = {"release": "r-bench", "model": "minilm", "dims": ["batch", "seq"], "inputs": inputs,
            "buckets": [bucket], "backend": "torchscript"}
-    return BucketedModel(rel, Path("."), modules={bucket["id"]: lambda ids, mask: ids})
+    return BucketedModel(PulledRelease.from_json(rel, "bench release.json"), Path("."),
+                         modules={bucket["id"]: lambda ids, mask: ids})
 
 
 def input_checks(repeats: int) -> dict:

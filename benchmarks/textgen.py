@@ -48,10 +48,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     b = Builder(Workspace(load_project(args.config)))
-    model = args.model or next(n for n, m in b.project.config.models.items() if m.is_textgen)
-    spec = b.project.config.models[model]
+    model = args.model or next(n for n, m in b.ws.project.config.models.items() if m.is_textgen)
+    spec = b.ws.project.config.models[model]
     dtype = args.dtype or spec.dtypes[0]
-    lm = causal_lm(build_model(b.project.root, spec.factory, dict(spec.kwargs), dtype, hf=spec.hf_spec()))
+    lm = causal_lm(build_model(b.ws.project.root, spec.factory, dict(spec.kwargs), dtype, hf=spec.hf_spec()))
     lm.generation_config.cache_implementation = None
     g = torch.Generator().manual_seed(0)
 
@@ -69,17 +69,17 @@ def main(argv: list[str] | None = None) -> int:
                                do_sample=False, pad_token_id=0)
 
     out = {"host": socket.gethostname(), "threads": args.threads, "load_avg_1m": round(os.getloadavg()[0], 2),
-           "torch": torch.__version__, "model": model, "dtype": dtype, "backend": b.keys.backend,
+           "torch": torch.__version__, "model": model, "dtype": dtype, "backend": b.ws.keys.backend,
            "max_seq_len": spec.max_seq_len, "new_tokens": args.new_tokens, "repeats": args.repeats, "batches": []}
     for batch in spec.buckets["batch"]:
         first = next(t for t in b.ws.targets if t.model == model and t.dtype == dtype and t.graph == "decode"
                      and dict(t.bucket)["batch"] == batch)
         group = partners(b.ws.targets, first)
-        chosen = [(t, b.ws.key(t).key, b.store.manifest(b.ws.key(t).key)) for t in group]
+        chosen = [(t, b.ws.key(t).key, b.ws.store.manifest(b.ws.key(t).key)) for t in group]
         missing = [t.id for t, _, m in chosen if m is None]
         if missing:
             raise SystemExit(f"not built: {', '.join(missing)}; run `neuron-build build {model}` first")
-        eng = _engine(b.project, b.store, spec, first, chosen, chosen[0][2].backend)
+        eng = _engine(b.ws.project, b.ws.store, spec, first, chosen, chosen[0][2].backend)
         row = {"batch": batch, "ttft_s": {}}
         for s in sorted(dict(t.bucket)["seq"] for t in group if t.graph == "prefill"):
             p = torch.randint(3, int(lm.config.vocab_size), (batch, s), generator=g)

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from neuron_build.errors import UserError
-from neuron_build.runtime.pulled import PulledRelease, read_pulled, release_file, write_pulled
+from neuron_build.runtime.pulled import PulledBucket, PulledRelease, read_pulled, release_file, write_pulled
 from tests.helpers.cli import REPO
 from tests.helpers.runtime import fake_release
 
@@ -52,3 +52,32 @@ def test_read_refuses_a_missing_or_mistyped_field_in_one_line(tmp_path):
     release_file(tmp_path).write_text("{")
     with pytest.raises(UserError, match=rf"^{where}: cannot read it \(.*\); pull it again$"):
         read_pulled(tmp_path, "pull it again")
+
+
+def test_each_bucket_is_a_typed_record_and_a_mistyped_one_refused_in_one_line(tmp_path):
+    """The buckets are :class:`PulledBucket` records (attributes, not dict keys), written back as they were
+    read; a bucket field missing or of another type, a size that is no int or a file entry without its sha256
+    and size is one line naming the file, the bucket's place and the fix."""
+    doc = fake_release()
+    write_pulled(tmp_path, PulledRelease.from_json(doc, "x"))
+    rec = read_pulled(tmp_path, "fix")
+    first = rec.buckets[0]
+    assert isinstance(first, PulledBucket)
+    assert (first.id, first.sizes, first.artifact, first.loader, first.files, first.target, first.key) == (
+        "b4-s16", {"batch": 4, "seq": 16}, "b4-s16/model.pt", "torch.jit.load", {}, "enc/b4-s16/fp32/p1", "0416" * 16)
+    assert [b.id for b in rec.buckets] == [b["id"] for b in doc["buckets"]]
+    assert PulledRelease.from_json(rec.to_json(), "again") == rec
+    where = f"{release_file(tmp_path)} buckets[1]"
+    for change, want in [({"loader": None}, f"{where}: no 'loader'; not a pulled release: pull the release again"),
+                         ({"sizes": [4, 8]}, f"{where}: 'sizes' is list, not dict; pull the release again"),
+                         ({"sizes": {"batch": "4"}}, f"{where}: bucket 'b4-s8': 'batch' is not a size, file entry "
+                                                     f"(sha256, size) or input spec; pull the release again"),
+                         ({"files": {"b4-s8/model.pt": {"sha256": "a" * 64, "size": "3"}}},
+                          f"{where}: bucket 'b4-s8': 'b4-s8/model.pt' is not a size, file entry (sha256, size) or "
+                          f"input spec; pull the release again")]:
+        bad = json.loads(json.dumps(doc))
+        bad["buckets"][1].update(change)
+        release_file(tmp_path).write_text(json.dumps(bad))
+        with pytest.raises(UserError) as e:
+            read_pulled(tmp_path, "fix")
+        assert str(e.value) == want

@@ -8,11 +8,17 @@ import sys
 
 import pytest
 
+from neuron_build.runtime.pulled import PulledRelease
 from neuron_build.runtime.routing import BucketError, Router
 from tests.helpers.cli import REPO
 
 
-def release(truncate: bool = False, textgen: bool = False) -> dict:
+def release(truncate: bool = False, textgen: bool = False) -> PulledRelease:
+    """The record of :func:`release_json`."""
+    return PulledRelease.from_json(release_json(truncate, textgen), "release.json")
+
+
+def release_json(truncate: bool = False, textgen: bool = False) -> dict:
     """A release.json of inputs ids [batch, seq] and feats [batch, seq, 4]; buckets batch [1, 2, 4] x seq [8, 16]
     (for ``textgen``: seq 8 and 16 prefill graphs, and seq 1 decode graphs)."""
     inputs = [{"name": "ids", "shape": ["batch", "seq"], "dtype": "int64"},
@@ -22,12 +28,12 @@ def release(truncate: bool = False, textgen: bool = False) -> dict:
         for s in (16, 8, 1) if textgen else (16, 8):
             bid = f"b{b}-s{s}"
             graphs[bid] = "decode" if s == 1 else "prefill"
-            buckets.append({"id": bid, "sizes": {"batch": b, "seq": s}, "artifact": f"{bid}/model.pt",
+            buckets.append({"id": bid, "target": f"enc/{bid}/fp32/p1", "key": "0" * 64, "sizes": {"batch": b, "seq": s}, "artifact": f"{bid}/model.pt",
                             "loader": "torch.jit.load", "files": {},
                             "inputs": [{"name": "ids", "shape": [b, s], "dtype": "int64"},
                                        {"name": "feats", "shape": [b, s, 4], "dtype": "fp32"}]})
-    rel = {"release": "r1", "model": "enc", "dims": ["batch", "seq"], "inputs": inputs, "buckets": buckets,
-           "truncate": truncate}
+    rel = {"release": "r1", "model": "enc", "backend": "torchscript", "dims": ["batch", "seq"], "inputs": inputs,
+           "buckets": buckets, "truncate": truncate}
     if textgen:
         rel["textgen"] = {"graphs": graphs, "max_seq_len": 32}
     return rel
@@ -95,7 +101,8 @@ def test_the_prefill_bucket_of_a_prompt():
 def test_routing_needs_no_torch():
     """The rules run in a process that never imports torch (a router in front of the model servers)."""
     code = (f"import json, sys; from neuron_build.runtime.routing import Router; "
-            f"rel = json.loads({json.dumps(release())!r}); "
+            f"from neuron_build.runtime.pulled import PulledRelease; "
+            f"rel = PulledRelease.from_json(json.loads({json.dumps(release_json())!r}), 'release.json'); "
             f"print(Router(rel).choose([(3, 9), (3, 9, 4)]), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.stdout.split() == ["b4-s16", "False"], out.stderr

@@ -350,33 +350,43 @@ def test_minilm_release_served_with_bucket_routing(tmp_path):
         served(torch.zeros(1, 10, dtype=torch.int32), torch.ones(1, 10, dtype=torch.int64))
 
 
+def pulled_record(buckets: dict[str, dict[str, dict]]):
+    """A pulled record of buckets ``{bucket id: {pulled path: {"size", "sha256"}}}`` (model files ``<id>/model.pt``)."""
+    from neuron_build.runtime import PulledRelease
+
+    return PulledRelease.from_json(
+        {"release": "r-x", "model": "m", "backend": "torchscript", "dims": ["batch"], "inputs": [],
+         "buckets": [{"id": b, "target": f"m/{b}/fp32/p1", "key": "0" * 64, "sizes": {"batch": 1}, "inputs": [], "artifact": f"{b}/model.pt",
+                      "loader": "torch.jit.load", "files": files} for b, files in buckets.items()]}, "release.json")
+
+
 def test_verify_pulled_checks_sizes_and_sha256_of_every_listed_file(tmp_path):
-    """verify_pulled (what load runs first): sizes always, sha256 unless verify="size"; a top-level files map
-    (one weights file shared by every graph) is checked too, and a name in it outside the folder refused."""
+    """verify_pulled (what load runs first): sizes always, sha256 unless verify="size"; a weights file two
+    buckets list is checked too."""
     import hashlib
 
     from neuron_build.runtime import verify_pulled
-    from neuron_build.trust import UntrustedRecord
 
     (tmp_path / "b1").mkdir()
     (tmp_path / "b1" / "model.pt").write_bytes(b"model")
-    (tmp_path / "weights.safetensors").write_bytes(b"weights")
+    (tmp_path / "b1" / "weights.safetensors").write_bytes(b"weights")
 
     def ent(data: bytes) -> dict:
         return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    rel = {"release": "r-x", "model": "m", "files": {"weights.safetensors": ent(b"weights")},
-           "buckets": [{"id": "b1", "files": {"b1/model.pt": ent(b"model")}}]}
+    rel = pulled_record({"b1": {"b1/model.pt": ent(b"model"), "b1/weights.safetensors": ent(b"weights")},
+                         "b2": {"b1/weights.safetensors": ent(b"weights")}})
     verify_pulled(rel, tmp_path)
-    (tmp_path / "weights.safetensors").write_bytes(b"weightz")
-    with pytest.raises(UserError, match=rf"^{tmp_path}/weights.safetensors: sha256 [0-9a-f]{{16}}\.\.\., release.json "
+    (tmp_path / "b1" / "weights.safetensors").write_bytes(b"weightz")
+    with pytest.raises(UserError, match=rf"^{tmp_path}/b1/weights.safetensors: sha256 [0-9a-f]{{16}}\.\.\., release.json "
                                         r"lists [0-9a-f]{16}\.\.\.; the file was changed after pull: pull the release again$"):
         verify_pulled(rel, tmp_path)
     verify_pulled(rel, tmp_path, verify="size")
     (tmp_path / "b1" / "model.pt").write_bytes(b"model!")
     with pytest.raises(UserError, match=r"b1/model.pt: 6 bytes, release.json lists 5; the file was changed after pull"):
         verify_pulled(rel, tmp_path, verify="size")
-    rel["files"] = {"../outside": ent(b"x")}
-    with pytest.raises(UntrustedRecord, match="file '../outside' resolves outside"):
+    (tmp_path / "b1" / "model.pt").unlink()
+    with pytest.raises(UserError, match=rf"^{tmp_path}/b1/model.pt: missing, release.json lists it; pull the release "
+                                        r"again$"):
         verify_pulled(rel, tmp_path, verify="size")
 
 
@@ -395,8 +405,7 @@ def test_verify_pulled_reads_hard_links_of_one_blob_once(tmp_path, monkeypatch):
     (tmp_path / "b1" / "weights.safetensors").write_bytes(data)
     os.link(tmp_path / "b1" / "weights.safetensors", tmp_path / "b2" / "weights.safetensors")
     (tmp_path / "b3" / "weights.safetensors").write_bytes(data)
-    rel = {"release": "r-x", "model": "m",
-           "buckets": [{"id": b, "files": {f"{b}/weights.safetensors": ent}} for b in ("b1", "b2", "b3")]}
+    rel = pulled_record({b: {f"{b}/weights.safetensors": ent} for b in ("b1", "b2", "b3")})
     read: list[str] = []
     real = install.file_sha256
     monkeypatch.setattr(install, "file_sha256", lambda p: read.append(p.parent.name) or real(p))

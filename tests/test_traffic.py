@@ -388,12 +388,12 @@ def test_prometheus_metrics_only_on_the_given_registry():
     import prometheus_client
     import torch
 
-    from neuron_build.runtime import BucketedModel, BucketError
+    from neuron_build.runtime import BucketedModel, BucketError, PulledRelease
 
     def mods(rel):
-        return {b["id"]: (lambda ids, mask, feats: ids.float()) for b in rel["buckets"]}
+        return {b.id: (lambda ids, mask, feats: ids.float()) for b in rel.buckets}
 
-    rel = fake_release()
+    rel = PulledRelease.from_json(fake_release(), "fake release.json")
     plain = BucketedModel(rel, Path("/nonexistent"), modules=mods(rel))
     reg = prometheus_client.CollectorRegistry()
     m = BucketedModel(rel, Path("/nonexistent"), modules=mods(rel), metrics=reg)

@@ -40,7 +40,8 @@ from neuron_build.build.graph import probe as graph_probe
 from neuron_build.build.graph.probe import ProbeHit
 from neuron_build.build.graph.relink import RELINKED
 from neuron_build.build.graph.reuse import GraphHit, GraphReuse, Reused
-from neuron_build.build.local import LocalExecutor, default_jobs
+from neuron_build.build.jobs import default_jobs
+from neuron_build.build.local import LocalExecutor
 from neuron_build.build.manifests import artifact_manifest, hash_files
 from neuron_build.build.peaks import expected_peak
 from neuron_build.build.recorder import Recorder, Unrecorded
@@ -72,42 +73,39 @@ class Builder:
             "dask", "worker": "tcp://10.0.0.5:40123"}`` (informational, never in the key).
 
     Attributes:
-        ws: the workspace it builds from (its callers ask it for targets, keys and states, never the Builder).
-        project, store, keys: the workspace's, which the build itself uses (the store it locks and publishes
-            into, the keys of its manifests).
+        ws: the workspace it builds from: its project, the store it locks and publishes into and the keys of
+            its manifests (callers ask it for targets, keys and states, never the Builder).
     """
 
     def __init__(self, ws: Workspace, executor: Executor | None = None, host_memory: bool = True,
                  transient_retries: int | None = None, provenance: dict[str, Any] | None = None):
         self.ws = ws
-        self.project = project = ws.project
+        project = ws.project
         #: this build's id (random, once per Builder: its threads and the runner processes doit forks share
         #: it): graph probe results are stamped with it and used by this build only (build.graph_probe)
         self.build_id = uuid.uuid4().hex
-        self.store = ws.store
-        self.keys = ws.keys
         cfg = project.config.build
         mem = cfg.max_host_memory_gb if host_memory else None
-        self.memory = self.store.memory_budget(int(mem * GB) if mem is not None else None,
-                                               heartbeat_s=cfg.heartbeat_s)
+        self.memory = self.ws.store.memory_budget(int(mem * GB) if mem is not None else None,
+                                                  heartbeat_s=cfg.heartbeat_s)
         self.executor: Executor = executor if executor is not None else LocalExecutor(cfg.timeout_s, cfg.heartbeat_s)
         self.transient_retries = cfg.transient_retries if transient_retries is None else transient_retries
         self.provenance = {"executor": "local", **(provenance or {})}
         self._toolchain_problem: str | None | bool = False  # False: not checked yet
-        self.graph = GraphReuse(project, self.store, self.provenance)
-        self.recorder = Recorder(self.store, self.keys.backend, project.config.monitoring,
+        self.graph = GraphReuse(project, self.ws.store, self.provenance)
+        self.recorder = Recorder(self.ws.store, self.ws.keys.backend, project.config.monitoring,
                                  lambda: getattr(self.executor, "name", type(self.executor).__name__))
 
     def announce_backend(self) -> None:
         """Log the ``auto`` fallback note ("backend auto: using inductor because ..."), once per process.
         Builds call it; read commands (plan, ls, show, ...) do not."""
-        announce_backend(self.keys.backend_note)
+        announce_backend(self.ws.keys.backend_note)
 
     def default_jobs(self) -> int:
         """Compiles to run at once when ``-n`` is not given: one per CPU, bounded by ``[build]
         max_host_memory_gb`` (else 80 % of physical memory) over ``default_compile_memory_gb`` (see
-        :func:`neuron_build.build.local.default_jobs`)."""
-        cfg = self.project.config.build
+        :func:`neuron_build.build.jobs.default_jobs`)."""
+        cfg = self.ws.project.config.build
         mem = cfg.max_host_memory_gb
         return default_jobs(int(mem * GB) if mem is not None else None, int(cfg.default_compile_memory_gb * GB))
 
@@ -117,7 +115,7 @@ class Builder:
         starting a worker."""
         if self._toolchain_problem is False:
             self._toolchain_problem = None
-            if self.keys.backend_spec is not None and self.keys.backend_spec.neuron_toolchain:
+            if self.ws.keys.backend_spec is not None and self.ws.keys.backend_spec.neuron_toolchain:
                 st = neuron_status()
                 self._toolchain_problem = None if st.usable else st.problem
         return self._toolchain_problem  # type: ignore[return-value]
@@ -126,17 +124,17 @@ class Builder:
     def push_failure(self, key: str) -> str | None:
         """Why ``key``'s artifact, built in this process, is not on the remote store (one line with the
         fix), or None (pushed, or no remote)."""
-        for k, reason in self.store.push_failures:
+        for k, reason in self.ws.store.push_failures:
             if k == key:
-                return (f"its push to {self.store.remote_location} failed: {reason}; it stays in the local "
+                return (f"its push to {self.ws.store.remote_location} failed: {reason}; it stays in the local "
                         "store and the next build (or `neuron-build push`) pushes it")
         return None
 
     def push_pending(self) -> list[str]:
         """Push what earlier builds on this host could not push. Returns one line per artifact that still
         failed (empty when everything is on the remote, or there is no remote)."""
-        failed = self.store.push_pending()
-        return [f"{key[:16]}: push to {self.store.remote_location} failed again: {reason}"
+        failed = self.ws.store.push_pending()
+        return [f"{key[:16]}: push to {self.ws.store.remote_location} failed again: {reason}"
                 for key, reason in failed]
 
     # -- building ----------------------------------------------------------------------------
@@ -155,27 +153,27 @@ class Builder:
         """
         ki = self.ws.key(target)
         ctx = BuildContext(target, ki, get_logger(target=target.id, key=ki.key[:12]))
-        found = self.store.repair(ki.key)
+        found = self.ws.store.repair(ki.key)
         ctx = self._check_recorded(ctx, found)
         if found.hit and not ctx.stale:
             self.recorder.remember(ctx, Status.PASS)
             if found.location == "remote":
-                ctx.log.info("downloaded", remote=self.store.remote_location)
+                ctx.log.info("downloaded", remote=self.ws.store.remote_location)
                 self.recorder.ledger(ctx, "downloaded", Status.PASS, manifest=found.manifest)
                 return Outcome(target.id, ki.key, BuildResult.CACHED, DOWNLOADED)
             self.recorder.ledger(ctx, "cached", Status.PASS, manifest=found.manifest)
             ctx.log.debug("cached")
             return Outcome(target.id, ki.key, BuildResult.CACHED)
         if not retry_failed:
-            fail = self.store.failure(target.id)
+            fail = self.ws.store.failure(target.id)
             if fail and fail.key == ki.key:
                 ctx.log.info("not retried: failed last time", status=fail.status)
                 return Outcome(target.id, ki.key, as_status(fail.status),
                                f"not retried ({no_retry_option}); failed last time: {fail.reason}")
-        cfg = self.project.config.build
-        if self.store.read_only:
+        cfg = self.ws.project.config.build
+        if self.ws.store.read_only:
             return self._read_only(ctx)
-        lock = self.store.key_lock(ki.key, target=target.id, heartbeat_s=cfg.heartbeat_s)
+        lock = self.ws.store.key_lock(ki.key, target=target.id, heartbeat_s=cfg.heartbeat_s)
         try:
             with disk_full("taking the key's lock", lock.path, prefer_filename=False):
                 lock.acquire()
@@ -187,7 +185,7 @@ class Builder:
                 raise
             return self._read_only(ctx, e)
         with lock:
-            found = self.store.repair(ki.key)
+            found = self.ws.store.repair(ki.key)
             ctx = self._check_recorded(ctx, found)
             if found.hit and not ctx.stale:
                 self.recorder.remember(ctx, Status.PASS)
@@ -197,12 +195,12 @@ class Builder:
                 ctx.log.info("reused", built_by=by, waited_s=round(lock.waited_s, 1))
                 return Outcome(target.id, ki.key, BuildResult.CACHED,
                                f"reused: built by {by} while this builder waited {lock.waited_s:.1f} s")
-            peak = expected_peak(self.store, target.model, target.bucket_id, int(cfg.default_compile_memory_gb * GB))
+            peak = expected_peak(self.ws.store, target.model, target.bucket_id, int(cfg.default_compile_memory_gb * GB))
             with self.memory.reserve(peak.bytes, target.id, ctx.log, peak.source):
                 out = self._build_locked(ctx)
             if ctx.stale:  # the summary says why (summary.why_rechecked: versions of changed distributions)
                 out = replace(out, rechecked=why_rechecked(ctx.stale, found.manifest.recorded_inputs,
-                                                           self.keys.checker().dist))
+                                                           self.ws.keys.checker().dist))
             return out
 
     def _check_recorded(self, ctx: BuildContext, found: Any) -> BuildContext:
@@ -211,7 +209,7 @@ class Builder:
         one is logged."""
         if not found.hit:
             return replace(ctx, stale=())
-        stale = tuple(self.keys.rebuild_reasons(ctx.target.model, found.manifest.recorded_inputs))
+        stale = tuple(self.ws.keys.rebuild_reasons(ctx.target.model, found.manifest.recorded_inputs))
         if stale and stale != ctx.stale:
             ctx.log.info("stale: compiling", why="; ".join(stale[:5]))
         return replace(ctx, stale=stale)
@@ -223,11 +221,11 @@ class Builder:
         target compiled), when the worker could not record every read, or when the model is ``always_rebuild``."""
         from neuron_build.project import declared
 
-        out = self.keys.recorded_inputs(ctx.target.model, list(imported), reads)
+        out = self.ws.keys.recorded_inputs(ctx.target.model, list(imported), reads)
         model = ctx.target.model
         changed = declared.changed_since_read(out.get("files") or {},
                                               reads.get("digests") if isinstance(reads, dict) else None,
-                                              self.project.root.resolve())
+                                              self.ws.project.root.resolve())
         if changed:
             out["incomplete"] = f"{changed[0]} {declared.CHANGED_WHILE}"
             ctx.log.warning(f"{changed[0]} {declared.CHANGED_WHILE}: this artifact is rebuilt by the next build")
@@ -235,7 +233,7 @@ class Builder:
             why = str(out["incomplete"])
             ctx.log.warning(f"{declared.INCOMPLETE} ({why}): this artifact is rebuilt by every build"
                             + ("" if "always_rebuild" in why else f"; {declared.fix(model)}"))
-        if self.project.config.models[model].always_rebuild:
+        if self.ws.project.config.models[model].always_rebuild:
             out["incomplete"] = f"{declared.ALWAYS_REBUILD} in [models.{model}]"
         return out
 
@@ -243,7 +241,7 @@ class Builder:
         """The outcome of a target that must be compiled into a store this process may not write (opened
         read-only, a read-only mount, no write permission): one line, nothing compiled."""
         why = f" ({error.strerror}: {error.filename})" if error is not None and error.filename else ""
-        reason = (f"store {self.store.location} is read-only{why}: cannot compile {ctx.target.id} into it; "
+        reason = (f"store {self.ws.store.location} is read-only{why}: cannot compile {ctx.target.id} into it; "
                   f"make it writable, or set [build] store (buckets.toml) to a folder this user may write")
         ctx.log.error("compile failed", status=Status.ERROR, reason=reason)
         return Outcome(ctx.target.id, ctx.ki.key, Status.ERROR, reason)
@@ -268,14 +266,14 @@ class Builder:
         staging: Path | None = None
         try:
             # no room even to start the compile (staging folder, request, log)
-            with disk_full("preparing the compile", lambda: staging or self.store.location):
-                staging = self.store.new_staging(ctx.ki.key)
+            with disk_full("preparing the compile", lambda: staging or self.ws.store.location):
+                staging = self.ws.store.new_staging(ctx.ki.key)
                 obj, work = staging / "object", staging / "work"
                 obj.mkdir()
                 work.mkdir()
                 req = compile_request(self.ws, ctx.target, ctx.ki, obj, work)
                 self.graph.ask(ctx, req, work)
-                restore_cache(self.store, ctx, req, work)
+                restore_cache(self.ws.store, ctx, req, work)
                 ctx.log.info("compiling", backend=req.backend, hardware_target=req.hardware_target,
                              attempt=ctx.attempt)
                 with self.graph.gate(ctx, req, work):  # the graph key's lock, held until it is indexed
@@ -310,7 +308,7 @@ class Builder:
             run = CompileRun(exit_code=got.exit_code, wall_s=got.seconds, peak_rss_bytes=got.peak_rss_bytes,
                              timed_out=False, log=got.log)
         else:
-            run, verdict = got, classify(got, self.project.config.build.timeout_s, free_space(obj), obj.parent)
+            run, verdict = got, classify(got, self.ws.project.config.build.timeout_s, free_space(obj), obj.parent)
             hit = GraphHit.of_run(got)
         if verdict.status == Status.PASS:
             try:
@@ -335,11 +333,11 @@ class Builder:
         with disk_full("writing the manifest", obj):
             self._seal(ctx, req, run, obj, metrics)
         with disk_full("publishing", obj):
-            self.store.publish(obj, ctx.ki.key, replace=bool(ctx.stale))
-        self.store.clear_failure(ctx.target.id)
+            self.ws.store.publish(obj, ctx.ki.key, replace=bool(ctx.stale))
+        self.ws.store.clear_failure(ctx.target.id)
         self.recorder.remember(ctx, Status.PASS)
         self.graph.index(ctx, req, (run.result or {}).get("graph_key"), (run.result or {}).get("graph_document"))
-        remember_cache(self.store, ctx, req)
+        remember_cache(self.ws.store, ctx, req)
         self.recorder.ledger(ctx, "compile", Status.PASS, run=run, metrics=metrics)
         ctx.log.info("built", compile_time_s=metrics["compile_time_s"], op_count=metrics["op_count"],
                      artifact_mb=round(metrics["artifact_bytes"] / 2**20, 2),
@@ -350,7 +348,7 @@ class Builder:
     def _adopt(self, ctx: BuildContext, hit: GraphHit, reused: Reused) -> Outcome:
         """Record a graph reuse just published (the target record, the ledger) and return its outcome."""
         src, gk = reused.source, reused.graph_key
-        self.store.clear_failure(ctx.target.id)
+        self.ws.store.clear_failure(ctx.target.id)
         self.recorder.remember(ctx, Status.PASS)
         self.recorder.ledger(ctx, "graph-reused", Status.PASS, metrics=reused.metrics, reused_from=src, graph_key=gk)
         if reused.relinked:  # new weights with the stored compiled files (build/graph/relink.py)
@@ -383,7 +381,7 @@ class Builder:
             compiler=details, graph_key=result.get("graph_key"), graph_document=result.get("graph_document"),
             recorded_inputs=self._recorded_inputs(ctx, result.get("imported") or [], result.get("reads")),
             **self.provenance)
-        self.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last
+        self.ws.store.seal(obj, manifest)  # fsyncs every file, writes manifest.json last
 
     # -- the ledger (:class:`~neuron_build.build.recorder.Recorder`) ---------------------------------------
     def record_cache_hits(self, target_ids: list[str]) -> None:

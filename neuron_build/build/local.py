@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.build.executor import WORKER_LOG, CompileRun
-from neuron_build.build.jobs import default_jobs  # noqa: F401  (re-exported)
 from neuron_build.compilers.base import CompileRequest
 from neuron_build.errors import NeuronBuildError
 from neuron_build.util import read_json

@@ -217,9 +217,7 @@ def _argmax(runner: Callable[..., Any]) -> Callable[[Any, Any], Any]:
 def _nxdi_engine(src: TextGenSource) -> tuple[Any, dict[str, int]]:
     from neuron_build.compilers.neuron.nxdi_serve import nxdi_engine
 
-    info = {"model": src.model, "backend": src.backend, "hardware_target": src.hardware_target}
-    folders = [g.folder for g in src.graphs]
-    return nxdi_engine(info, folders[0], folders=folders, where=src.where), {}
+    return nxdi_engine([g.folder for g in src.graphs], src.model, src.backend, src.hardware_target, src.where), {}
 
 
 def _nxdi_next_token(src: TextGenSource) -> Callable[[Any, Any], Any]:

@@ -36,7 +36,7 @@ from neuron_build.compilers.textgen import WEIGHTS
 from neuron_build.errors import UserError
 from neuron_build.project.config import ReleaseSettings
 from neuron_build.release.records import actor, check_channel, get_pointer, get_release
-from neuron_build.runtime.pulled import PULL_FORMAT, PulledRelease, write_pulled
+from neuron_build.runtime.pulled import PULL_FORMAT, PulledBucket, PulledRelease, write_pulled
 from neuron_build.store.contract import ArtifactStore
 from neuron_build.store.layout import MANIFEST
 from neuron_build.store.ranged import resumable
@@ -203,7 +203,7 @@ def pull_release(store: ArtifactStore, rel, dest: str | Path, channel: str | Non
     partial = dest.parent / f".{dest.name}.partial"  # a large blob's partial download, resumed by the next pull
     try:
         with resumable(partial) as ours:  # (None: another pull into dest uses it; this one does not resume)
-            buckets = [copier.bucket(a) for a in rel.artifacts]
+            buckets = tuple(copier.bucket(a) for a in rel.artifacts)
             if ours is not None:  # every blob is here: what a killed pull left there is of no use
                 shutil.rmtree(partial, ignore_errors=True)
         rt = rel.runtime
@@ -260,15 +260,15 @@ class _Copier:
         self.written: list[str] = []
         self.first: dict[str, str] = {}  # sha256 -> the path it was written at
 
-    def bucket(self, a) -> dict[str, Any]:
+    def bucket(self, a) -> PulledBucket:
         """Write one :class:`~neuron_build.release.records.ReleaseArtifact`'s files (and its manifest) into
-        ``<bucket id>/``; return its ``release.json`` bucket object."""
+        ``<bucket id>/``; return its bucket of the pulled record."""
         paths = {name: self._file(a, name, ent) for name, ent in a.files.items()}
         self._manifest(a)
-        return {"id": a.bucket_id, "target": a.target, "key": a.key, "sizes": a.bucket,
-                "inputs": [{"name": i["name"], "shape": i["shape"], "dtype": i["dtype"]} for i in a.inputs],
-                "artifact": f"{a.bucket_id}/{a.artifact}", "loader": a.loader,
-                "files": {paths[n]: ent for n, ent in a.files.items()}}
+        return PulledBucket(id=a.bucket_id, target=a.target, key=a.key, sizes=a.bucket,
+                            inputs=[{"name": i["name"], "shape": i["shape"], "dtype": i["dtype"]} for i in a.inputs],
+                            artifact=f"{a.bucket_id}/{a.artifact}", loader=a.loader,
+                            files={paths[n]: ent for n, ent in a.files.items()})
 
     def _file(self, a, name: str, ent: dict[str, Any]) -> str:
         """Copy one pinned file from its blob; return the path it has in the pulled folder."""

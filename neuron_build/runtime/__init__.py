@@ -2,10 +2,12 @@
 
 The package: :mod:`~neuron_build.runtime.routing` (rules 1-3, pure and torch-free: :class:`Router`),
 :mod:`~neuron_build.runtime.bucketed` (:class:`BucketedModel`: rules 4-8 and text generation),
-:mod:`~neuron_build.runtime.pulled` (the pulled folder's record, typed: :class:`PulledRelease`, read and
-checked by :func:`read_pulled`, kept as :attr:`BucketedModel.record`), :mod:`~neuron_build.runtime.install`
+:mod:`~neuron_build.runtime.pulled` (the pulled folder's record, typed: :class:`PulledRelease` with one
+:class:`~neuron_build.runtime.pulled.PulledBucket` per bucket, read and checked by :func:`read_pulled`, kept as
+:attr:`BucketedModel.release`), :mod:`~neuron_build.runtime.install`
 (checking the files a pulled release lists, installing it; the user's model of a cache release) and
-:mod:`~neuron_build.runtime.warmup` (:func:`warmup`). Every public name is importable from ``neuron_build.runtime``.
+:mod:`~neuron_build.runtime.warmup` (:func:`warmup`). The names a serving host uses are importable from
+``neuron_build.runtime``; the rest from their modules.
 
 ``BucketedModel.load(DIR)`` reads ``DIR/release.json`` (written by ``neuron-build pull``) and loads every
 bucket's artifact with its loader (:func:`neuron_build.artifact.load_artifact`): ``torch.jit.load`` for
@@ -70,18 +72,10 @@ pulled ``release.json``, which ``neuron-build release`` recorded from ``buckets.
 """
 
 from neuron_build.runtime.bucketed import BucketedModel
-from neuron_build.runtime.install import (
-    VERIFY_MODES,
-    install_release,
-    serving_device,
-    serving_model,
-    textgen_source,
-    verify_pulled,
-)
-from neuron_build.runtime.pulled import PulledRelease, check_pulled, read_pulled, read_release
-from neuron_build.runtime.routing import Bucket, BucketError, Router
-from neuron_build.runtime.warmup import STEADY_CALLS, WARMUP_SCHEMA, warmup
+from neuron_build.runtime.install import install_release, serving_model, textgen_source, verify_pulled
+from neuron_build.runtime.pulled import PulledRelease, read_pulled
+from neuron_build.runtime.routing import BucketError, Router
+from neuron_build.runtime.warmup import warmup
 
-__all__ = ["STEADY_CALLS", "VERIFY_MODES", "WARMUP_SCHEMA", "Bucket", "BucketError", "BucketedModel", "PulledRelease",
-           "Router", "check_pulled", "install_release", "read_pulled", "read_release", "serving_device", "serving_model",
+__all__ = ["BucketError", "BucketedModel", "PulledRelease", "Router", "install_release", "read_pulled", "serving_model",
            "textgen_source", "verify_pulled", "warmup"]

@@ -30,16 +30,18 @@ class BucketedModel(Router):
     and slices (see :mod:`neuron_build.runtime` for the rules); ``generate`` for a text-generation release.
 
     Attributes:
-        release: the ``release.json`` content.
+        release: the pulled release's record (:class:`~neuron_build.runtime.pulled.PulledRelease`, what
+            :func:`~neuron_build.runtime.pulled.read_pulled` reads of ``release.json``): ``release.model``,
+            ``release.release``, ``release.buckets``, ... (``release.to_json()``: the file's content).
         buckets: in routing order (smallest total size first).
         dims: the bucket dim names.
         batch_dim: see :class:`Router`.
     """
 
-    def __init__(self, release: dict[str, Any], root: Path, modules: dict[str, Any] | None = None, *,
+    def __init__(self, release: PulledRelease, root: Path, modules: dict[str, Any] | None = None, *,
                  metrics: Any = None, max_shapes: int = DEFAULT_MAX_SHAPES):
         super().__init__(release, root)
-        self.convert_dtypes: bool = bool(release.get("convert_dtypes", False))
+        self.convert_dtypes: bool = release.convert_dtypes
         self._modules: dict[str, Any] = dict(modules or {})
         self.device = "cpu"
         self.installed: dict[str, int] = {}
@@ -50,12 +52,9 @@ class BucketedModel(Router):
         self.weights: Any = None
         #: A text-generation release's engine (:mod:`neuron_build.compilers.textgen_load`), else None.
         self.textgen: Any = None
-        #: The typed record :meth:`load` read (:class:`~neuron_build.runtime.pulled.PulledRelease`), else None
-        #: (a model built from a ``release.json`` dict).
-        self.record: PulledRelease | None = None
         #: The traffic this model served (:mod:`neuron_build.traffic`); ``metrics``: a prometheus_client
         #: registry to export it on (None: no metrics); ``max_shapes``: distinct shapes kept.
-        self.traffic_recorder = TrafficRecorder(release["model"], release.get("release"), self.dims,
+        self.traffic_recorder = TrafficRecorder(release.model, release.release, self.dims,
                                                 max_shapes=max_shapes, metrics=metrics)
 
     @classmethod
@@ -93,13 +92,11 @@ class BucketedModel(Router):
         if verify not in VERIFY_MODES:
             raise UserError(f"BucketedModel.load: verify={verify!r}; give 'sha256' (the default) or 'size'")
         root = Path(folder)
-        record = _checked_release(root, verify)
-        release = record.to_json()
+        release = _checked_release(root, verify)
         bm = cls(release, root, metrics=metrics, max_shapes=max_shapes)
-        bm.record = record
-        if release.get("textgen") is not None or _is_nxdi(release):  # prefill + decode graphs: generate()
+        if release.textgen is not None or _is_nxdi(release):  # prefill + decode graphs: generate()
             bm._load_textgen(model, factory_root)
-        elif release.get("serving") is not None:
+        elif release.serving is not None:
             bm._load_cached(model, factory_root, neff_cache_dir)
         else:
             bm._load_compiled()
@@ -110,7 +107,7 @@ class BucketedModel(Router):
         from neuron_build.compilers.textgen_load import load_textgen
 
         release = self.release
-        serving = release.get("serving")
+        serving = release.serving
         self.device = "neuron" if _is_nxdi(release) else serving_device(serving) if serving is not None else "cpu"
         src = textgen_source(release, self.root, lambda: serving_model(serving or {}, user_model, factory_root))
         self.textgen, self.installed = load_textgen(src)
@@ -124,20 +121,19 @@ class BucketedModel(Router):
         spec checked against them first."""
         from neuron_build.compilers.weights import SharedWeights
 
-        self.weights = SharedWeights({str((self.root / n).resolve()): e["sha256"] for b in self.release["buckets"]
-                                      for n, e in (b.get("files") or {}).items()
-                                      if isinstance(e, dict) and isinstance(e.get("sha256"), str)})
+        self.weights = SharedWeights({str((self.root / n).resolve()): e["sha256"] for b in self.release.buckets
+                                      for n, e in b.files.items()})
         loaded: dict[tuple[int, int, str], Any] = {}
         for b in self.buckets:
             isa = package_cpu_isa(b.artifact) if str(b.artifact).endswith(".pt2") else None
-            where = f"{b.artifact} (bucket {b.id} of release {self.release.get('release')})"
+            where = f"{b.artifact} (bucket {b.id} of release {self.release.release})"
             problem = isa_problem(isa, where) if isa else None
             if problem:
                 raise UserError(problem)
             st = os.stat(b.artifact)
             ident = (st.st_dev, st.st_ino, b.loader)
             if ident not in loaded:
-                loaded[ident] = load_artifact(b.artifact, b.loader, self.release.get("backend", ""),
+                loaded[ident] = load_artifact(b.artifact, b.loader, self.release.backend,
                                               shared_weights=self.weights)
             self._modules[b.id] = loaded[ident]
 
@@ -146,12 +142,12 @@ class BucketedModel(Router):
         compile it once with the recorded settings (every bucket then runs the same compiled module)."""
         from neuron_build.compilers.compile_cache import compile_from_caches
 
-        serving = self.release["serving"]
+        serving = self.release.serving or {}
         self.device = serving_device(serving)
         module = serving_model(serving, user_model, factory_root).to(self.device)
         self.user_module = module
         compiled, self.installed, self.neff_cache_dir, self.serving_env = compile_from_caches(
-            [self.root / b.id for b in self.buckets], serving, self.release.get("backend", ""), module,
+            [self.root / b.id for b in self.buckets], serving, self.release.backend, module,
             neff_cache_dir)
         for b in self.buckets:
             self._modules[b.id] = compiled
@@ -179,7 +175,7 @@ class BucketedModel(Router):
                 runs), a prompt longer than every prefill bucket, or more tokens than the cache holds.
         """
         if self.textgen is None:
-            raise BucketError(f"{self.release['model']} is not a text-generation release; call the model "
+            raise BucketError(f"{self.release.model} is not a text-generation release; call the model "
                               f"instead of generate()")
         extra = {"pad_token_id": pad_token_id} if pad_token_id is not None else {}  # NxDI's engine takes none
         out = self.textgen.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
@@ -211,7 +207,7 @@ class BucketedModel(Router):
                 ``convert_dtypes`` is off.
         """
         if self.textgen is not None:
-            raise BucketError(f"{self.release['model']} is a text-generation release: call "
+            raise BucketError(f"{self.release.model} is a text-generation release: call "
                               f"generate(input_ids, max_new_tokens=N)")
         inputs = self.check_inputs(inputs)
         want = self._sizes([tuple(t.shape) for t in inputs])
@@ -268,12 +264,12 @@ class BucketedModel(Router):
                     nan = torch.isnan(t)
                     if bool(nan.any()):
                         raise BucketError(f"input '{name}' holds NaN at {list(_first(nan))}; release "
-                                          f"{self.release.get('release')} of {self.release['model']} takes numbers")
+                                          f"{self.release.release} of {self.release.model} takes numbers")
                     inf = torch.isinf(t)
                     if bool(inf.any()):
                         at = _first(inf)
                         raise BucketError(f"input '{name}' holds {t[at].item()} at {list(at)}; release "
-                                          f"{self.release.get('release')} of {self.release['model']} takes finite "
+                                          f"{self.release.release} of {self.release.model} takes finite "
                                           f"numbers")
             out.append(t)
         return tuple(out)
@@ -295,7 +291,7 @@ class BucketedModel(Router):
         at = _first(bad)
         also = f" or {_num(pad)} (its pad value)" if pad is not None and not lo <= pad < hi else " (the declared range)"
         raise BucketError(f"input '{spec['name']}' holds {int(t[at])} at {list(at)}; release "
-                          f"{self.release.get('release')} of {self.release['model']} allows values in [{lo}, {hi})"
+                          f"{self.release.release} of {self.release.model} allows values in [{lo}, {hi})"
                           f"{also}")
 
     # -- traffic --------------------------------------------------------------------------------
@@ -348,9 +344,9 @@ class BucketedModel(Router):
             want = torch_dtype(binp["dtype"])
             if t.dtype != want:
                 if not self.convert_dtypes:
-                    raise BucketError(f"input '{spec['name']}' is {t.dtype}; release {self.release['release']} "
+                    raise BucketError(f"input '{spec['name']}' is {t.dtype}; release {self.release.release} "
                                       f"expects {want} ({binp['dtype']}); convert it, or set convert_dtypes = "
-                                      f"true under [models.{self.release['model']}]")
+                                      f"true under [models.{self.release.model}]")
                 t = t.to(want)
             t = t[tuple(slice(0, sizes[d]) if isinstance(d, str) else slice(None) for d in spec["shape"])]
             shape = tuple(binp["shape"])
@@ -393,7 +389,7 @@ def _num(x: Any) -> Any:
     return int(x) if float(x) == int(x) else float(x)
 
 
-def _is_nxdi(release: dict[str, Any]) -> bool:
+def _is_nxdi(release: PulledRelease) -> bool:
     """Whether a pulled release holds NxDI compiles (by their recorded loader), served on a NeuronCore."""
     from neuron_build.compilers.neuron.nxdi_serve import is_nxdi_release
 
@@ -406,20 +402,19 @@ def _checked_release(root: Path, verify: str) -> PulledRelease:
     versions against the artifacts' (one line naming the built and the installed version,
     :data:`neuron_build.artifact.LOAD_RULES`), and every listed file (:func:`verify_pulled`)."""
     rec = read_pulled(root, f"pull a release into {root} with `neuron-build pull MODEL --channel C --dest {root}`")
-    release = rec.to_json()
     where = str(release_file(root))
-    if _is_nxdi(release):  # said before any file is hashed: this host cannot serve it at all
+    if _is_nxdi(rec):  # said before any file is hashed: this host cannot serve it at all
         from neuron_build.compilers.neuron import nxdi_serve
 
-        problem = nxdi_serve.host_problem(release, where, nxdi_serve.pulled_tp_degree(release, root))
+        problem = nxdi_serve.host_problem(rec.model, rec.backend, rec.hardware_target, where,
+                                          nxdi_serve.pulled_tp_degree(rec, root))
         if problem:
             raise UserError(problem)
-    problem = release_version_problem(
-        rec.backend, rec.toolchain, [(b.get("loader", ""), b.get("artifact", "")) for b in rec.buckets],
-        f"{where} (release {rec.release} of {rec.model})")
+    problem = release_version_problem(rec.backend, rec.toolchain, [(b.loader, b.artifact) for b in rec.buckets],
+                                      f"{where} (release {rec.release} of {rec.model})")
     if problem:
         raise UserError(problem)
-    verify_pulled(release, root, verify)
+    verify_pulled(rec, root, verify)
     return rec
 
 

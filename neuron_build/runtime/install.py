@@ -2,8 +2,8 @@
 compile-cache or torchneuron release's caches, and build the user's model as it was built.
 
 :func:`neuron_build.runtime.pulled.read_pulled` reads a folder ``neuron-build pull`` wrote (every name it
-turns into a path checked first: :mod:`neuron_build.trust`); :func:`verify_pulled` checks every listed file's size
-and sha256; :func:`install_release` installs the caches for your own serving code; :func:`serving_model`
+turns into a path checked first: :mod:`neuron_build.trust`) into its typed record; :func:`verify_pulled` checks
+every listed file's size and sha256; :func:`install_release` installs the caches for your own serving code; :func:`serving_model`
 builds the model a cache release records; :func:`textgen_source` says what of a text-generation release
 :func:`neuron_build.compilers.textgen_load.load_textgen` loads.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.errors import FactoryNotImportable, UserError
-from neuron_build.runtime.pulled import RELEASE_FILE, read_pulled, release_file
+from neuron_build.runtime.pulled import RELEASE_FILE, PulledRelease, read_pulled, release_file
 from neuron_build.util import file_sha256
 
 #: What :meth:`~neuron_build.runtime.BucketedModel.load` checks of each listed file: ``sha256`` (content and
@@ -24,27 +24,19 @@ from neuron_build.util import file_sha256
 VERIFY_MODES = ("sha256", "size")
 
 
-def verify_pulled(release: dict[str, Any], root: Path, verify: str = "sha256") -> None:
-    """Check every file a pulled ``release.json`` (in folder ``root``) lists, in each bucket's ``files`` and in
-    a top-level ``files`` map when there is one: it must exist with the listed size and, with ``verify =
-    "sha256"``, the listed sha256 (every byte read once: hard links of one file are hashed once). Call after
-    :func:`~neuron_build.runtime.pulled.check_pulled`.
+def verify_pulled(release: PulledRelease, root: Path, verify: str = "sha256") -> None:
+    """Check every file a pulled release (in folder ``root``) lists in its buckets' ``files``: it must exist
+    with the listed size and, with ``verify = "sha256"``, the listed sha256 (every byte read once: hard links
+    of one file are hashed once). The names were checked when the record was read
+    (:func:`~neuron_build.runtime.pulled.read_pulled`).
 
     Raises:
         UserError: one line naming the first file that is missing, of another size or another sha256.
     """
-    from neuron_build.trust import UntrustedRecord, refusal
-
-    top = (release.get("files") or {}) if isinstance(release.get("files"), dict) else {}
     # a file several buckets list (the weights every graph of a text-generation model shares) is checked once
-    listed = list({**top, **{n: e for b in release["buckets"] for n, e in b["files"].items()}}.items())
+    listed = list({n: e for b in release.buckets for n, e in b.files.items()}.items())
     for name, ent in listed:
         p = root / name
-        if name in top and root.resolve() not in (root / name).resolve().parents:  # checked like check_pulled's
-            raise UntrustedRecord(refusal(f"release {release.get('release')!r} of {release.get('model')!r}",
-                                          str(release_file(root)), f"file {name!r} resolves outside {root}"))
-        if not isinstance(ent, dict):
-            raise UserError(f"{release_file(root)}: file {name!r} has no size and sha256; pull the release again")
         if not p.is_file():
             raise UserError(f"{p}: missing, {RELEASE_FILE} lists it; pull the release again")
         size = p.stat().st_size
@@ -90,7 +82,7 @@ def install_release(folder: str | Path, neff_cache_dir: str | Path | None = None
     if serving is None:
         raise UserError(f"{root}: a {rec.backend} release holds compiled models, not caches; load it "
                         f"with BucketedModel.load")
-    installed, neff_dir, _env = install_from_caches([root / b["id"] for b in rec.buckets], serving,
+    installed, neff_dir, _env = install_from_caches([root / b.id for b in rec.buckets], serving,
                                                     rec.backend, neff_cache_dir)
     return {**serving, "installed": installed, "neff_cache_dir": str(neff_dir) if neff_dir else None}
 
@@ -149,28 +141,25 @@ def serving_model(serving: dict[str, Any], model: Any = None, factory_root: str 
     return model
 
 
-def textgen_source(release: dict[str, Any], root: Path, build_lm: Callable[[], Any] | None = None):
+def textgen_source(release: PulledRelease, root: Path, build_lm: Callable[[], Any] | None = None):
     """What :func:`neuron_build.compilers.textgen_load.load_textgen` loads of a pulled text-generation release
-    (``release.json`` content, checked, in folder ``root``): every bucket's folder, its model file and the
-    files its bucket lists (a blob several buckets pin is pulled once, under one bucket's folder: each
-    file's name inside the artifact maps to where it is and its listed sha256). ``build_lm``: the recorded
-    model (compile-cache).
+    (its record, checked, in folder ``root``): every bucket's folder, its model file and the files its bucket
+    lists (a blob several buckets pin is pulled once, under one bucket's folder: each file's name inside the
+    artifact maps to where it is and its listed sha256). ``build_lm``: the recorded model (compile-cache).
     """
     from neuron_build.compilers.textgen_load import TextGenGraph, TextGenSource
 
     graphs = []
-    for b in release["buckets"]:
+    for b in release.buckets:
         files: dict[str, tuple[Path, str | None]] = {}
-        for p, e in (b.get("files") or {}).items():  # the bucket's own copy, else the first other bucket's
+        for p, e in b.files.items():  # the bucket's own copy, else the first other bucket's
             name = p.partition("/")[2]
-            if isinstance(e, dict) and (name not in files or p == f"{b['id']}/{name}"):
-                files[name] = (root / p, e.get("sha256"))
-        graphs.append(TextGenGraph(root / b["id"], root / b["artifact"] if b.get("artifact") else None,
-                                   files))
-    tg = release.get("textgen") or {}
-    return TextGenSource(str(release.get("model", "model")), str(release.get("backend", "")), tuple(graphs),
-                         str(release_file(root)), tg.get("max_seq_len"), release.get("hardware_target"),
-                         release.get("serving"), build_lm)
+            if name not in files or p == f"{b.id}/{name}":
+                files[name] = (root / p, e["sha256"])
+        graphs.append(TextGenGraph(root / b.id, root / b.artifact if b.artifact else None, files))
+    tg = release.textgen or {}
+    return TextGenSource(release.model, release.backend, tuple(graphs), str(release_file(root)),
+                         tg.get("max_seq_len"), release.hardware_target or None, release.serving, build_lm)
 
 
 __all__ = ["VERIFY_MODES", "install_release", "serving_device", "serving_model", "textgen_source", "verify_pulled"]

@@ -30,6 +30,53 @@ def release_file(root: str | Path) -> Path:
 
 
 @dataclass(frozen=True)
+class PulledBucket:
+    """One bucket of a pulled release, as its ``release.json`` lists it (:meth:`to_json`).
+
+    Attributes:
+        id: the bucket's id, also its folder in the pulled folder (``b8-s64``).
+        target, key: the build target it was compiled as and its key.
+        sizes: bucket dim -> size; inputs: the concrete input specs (``name``, ``shape`` ints, ``dtype``).
+        artifact: the model file, relative to the pulled folder; loader: the function that loads it.
+        files: every pulled file of the bucket, relative to the folder -> ``{"sha256", "size"}`` (bytes).
+    """
+
+    id: str
+    target: str
+    key: str
+    sizes: dict[str, int]
+    inputs: list[dict[str, Any]]
+    artifact: str
+    loader: str
+    files: dict[str, dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        """The bucket's object in ``release.json`` (the fields in the order above)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> PulledBucket:
+        """The bucket of ``release.json`` object ``doc`` (``where``: the file and the bucket's place, for
+        messages): every field there and of its type, each size an int and each file entry an object with a
+        ``sha256`` string and a ``size`` int.
+
+        Raises:
+            UserError: one line naming ``where``, the field and the fix (pull the release again).
+        """
+        if not isinstance(doc, dict):
+            raise UserError(f"{where}: a bucket is {type(doc).__name__}, not an object; pull the release again")
+        vals = _typed(doc, _BUCKET_TYPES, {}, where)
+        bad = [d for d, n in vals["sizes"].items() if not isinstance(n, int) or isinstance(n, bool)]
+        bad += [n for n, e in vals["files"].items()
+                if not (isinstance(e, dict) and isinstance(e.get("sha256"), str) and isinstance(e.get("size"), int))]
+        bad += [str(i) for i in vals["inputs"] if not isinstance(i, dict)]
+        if bad:
+            raise UserError(f"{where}: bucket {vals['id']!r}: {bad[0]!r} is not a size, file entry (sha256, size) "
+                            f"or input spec; pull the release again")
+        return cls(**vals)
+
+
+@dataclass(frozen=True)
 class PulledRelease:
     """What a pull wrote into its folder: the content of its ``release.json`` (:meth:`to_json`), which
     :class:`neuron_build.runtime.BucketedModel` loads and ``pull --json`` prints.
@@ -40,8 +87,7 @@ class PulledRelease:
             pulled by id, as the warm-up gate does).
         dtype, profile, backend, hardware_target: the release's.
         dims, inputs, truncate, convert_dtypes: the release's runtime record (bucket dims, input specs).
-        buckets: one object per bucket: ``id``, ``target``, ``key``, ``sizes``, ``inputs``, ``artifact`` and
-            ``files`` (pulled path, relative to the folder -> ``sha256``, ``size``), ``loader``.
+        buckets: one :class:`PulledBucket` per bucket.
         toolchain: the versions it was built with.
         pulled, pulled_by: when (ISO 8601 UTC) and by whom.
         textgen, serving: the runtime's text-generation and serving records, when the release has them.
@@ -59,7 +105,7 @@ class PulledRelease:
     inputs: list[dict[str, Any]]
     truncate: bool
     convert_dtypes: bool
-    buckets: list[dict[str, Any]]
+    buckets: tuple[PulledBucket, ...]
     toolchain: dict[str, Any]
     pulled: str
     pulled_by: str
@@ -71,6 +117,7 @@ class PulledRelease:
         ``textgen`` and ``serving`` only when set."""
         doc: dict[str, Any] = {"format": PULL_FORMAT}
         doc.update((k, getattr(self, k)) for k in self.__dataclass_fields__ if k not in ("textgen", "serving"))
+        doc["buckets"] = [b.to_json() for b in self.buckets]
         for k in ("textgen", "serving"):
             if getattr(self, k) is not None:
                 doc[k] = getattr(self, k)
@@ -80,7 +127,8 @@ class PulledRelease:
     def from_json(cls, doc: Any, where: str) -> PulledRelease:
         """The record of ``release.json`` content ``doc`` (``where``: the file, for messages). ``release``,
         ``model``, ``backend``, ``dims``, ``inputs`` and ``buckets`` must be there; what else a pull writes
-        (provenance, channel) may be missing (None, empty); every field present must have its type.
+        (provenance, channel) may be missing (None, empty); every field present must have its type, and every
+        bucket its fields (:meth:`PulledBucket.from_json`).
 
         Raises:
             UserError: one line naming ``where``, the field and the fix (pull the release again).
@@ -90,20 +138,33 @@ class PulledRelease:
         if doc.get("format", PULL_FORMAT) != PULL_FORMAT:
             raise UserError(f"{where}: format {doc.get('format')!r}, this neuron-build reads format {PULL_FORMAT}; "
                             f"pull the release again with this neuron-build")
-        vals = {}
-        for f in fields(cls):
-            kinds, required = _FIELD_TYPES[f.name]
-            if f.name not in doc or doc[f.name] is None:
-                if required:
-                    raise UserError(f"{where}: no {f.name!r}; not a pulled release: pull the release again")
-                vals[f.name] = _MISSING_AS.get(f.name)
-                continue
-            v = doc[f.name]
-            if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
-                raise UserError(f"{where}: {f.name!r} is {type(v).__name__}, not {kinds[0].__name__}; "
-                                f"pull the release again")
-            vals[f.name] = v
+        vals = _typed(doc, _FIELD_TYPES, _MISSING_AS, where)
+        vals["buckets"] = tuple(PulledBucket.from_json(b, f"{where} buckets[{i}]")
+                                for i, b in enumerate(vals["buckets"]))
         return cls(**vals)
+
+
+def _typed(doc: dict[str, Any], types: dict[str, tuple[tuple[type, ...], bool]], missing_as: dict[str, Any],
+           where: str) -> dict[str, Any]:
+    """The fields ``types`` names of JSON object ``doc``, each checked against its types (a bool is no int);
+    a missing or null field is refused when required, else read as ``missing_as`` gives (absent there: None).
+
+    Raises:
+        UserError: one line naming ``where``, the field and the fix (pull the release again).
+    """
+    vals = {}
+    for name, (kinds, required) in types.items():
+        if name not in doc or doc[name] is None:
+            if required:
+                raise UserError(f"{where}: no {name!r}; not a pulled release: pull the release again")
+            vals[name] = missing_as.get(name)
+            continue
+        v = doc[name]
+        if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
+            raise UserError(f"{where}: {name!r} is {type(v).__name__}, not {kinds[0].__name__}; "
+                            f"pull the release again")
+        vals[name] = v
+    return vals
 
 
 #: field -> (the JSON types it may have, whether a record without it is refused)
@@ -118,6 +179,11 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
 #: what a missing optional field reads as (absent here: None)
 _MISSING_AS: dict[str, Any] = {"dtype": "", "profile": "", "hardware_target": "", "truncate": False,
                                "convert_dtypes": False, "toolchain": {}, "pulled": "", "pulled_by": ""}
+#: bucket field -> (the JSON types it may have, whether a bucket without it is refused)
+_BUCKET_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
+    "id": ((str,), True), "target": ((str,), True), "key": ((str,), True), "sizes": ((dict,), True),
+    "inputs": ((list,), True), "artifact": ((str,), True), "loader": ((str,), True), "files": ((dict,), True),
+}
 
 
 def read_release(root: Path, fix: str) -> dict[str, Any]:
@@ -179,5 +245,5 @@ def write_pulled(folder: Path, record: PulledRelease) -> str:
     return RELEASE_FILE
 
 
-__all__ = ["PULL_FORMAT", "RELEASE_FILE", "PulledRelease", "check_pulled", "read_pulled", "read_release",
+__all__ = ["PULL_FORMAT", "RELEASE_FILE", "PulledBucket", "PulledRelease", "check_pulled", "read_pulled", "read_release",
            "release_file", "write_pulled"]

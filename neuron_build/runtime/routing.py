@@ -1,7 +1,7 @@
 """The routing rules of a pulled release, pure and torch-free: which bucket serves a request of given shapes.
 
-:class:`Router` reads the ``dims``, ``inputs``, ``buckets`` and ``truncate`` of a ``release.json`` and
-answers with sizes only (no tensor, no file opened); :class:`neuron_build.runtime.BucketedModel` is a
+:class:`Router` reads the ``dims``, ``inputs``, ``buckets`` and ``truncate`` of a pulled release's record
+(:class:`~neuron_build.runtime.pulled.PulledRelease`) and answers with sizes only (no tensor, no file opened); :class:`neuron_build.runtime.BucketedModel` is a
 ``Router`` that also runs the artifacts. The rules (numbered as in :mod:`neuron_build.runtime`):
 
 1. **Sizes.** Each input's shape is matched against its symbolic shape (``["batch", "seq"]``): the rank
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.errors import UserError
-from neuron_build.runtime.pulled import RELEASE_FILE
+from neuron_build.runtime.pulled import RELEASE_FILE, PulledRelease
 
 
 class BucketError(UserError):
@@ -59,25 +59,27 @@ class Bucket:
 
 
 class Router:
-    """The routing rules over a pulled ``release.json`` (module docstring); ``root`` is the pulled folder
-    (bucket artifacts are ``root / artifact``; nothing is opened here).
+    """The routing rules over a pulled release's record (module docstring): ``release`` as
+    :func:`~neuron_build.runtime.pulled.read_pulled` reads it from a pulled folder, or
+    :meth:`PulledRelease.from_json` from ``release.json`` content; ``root`` is the pulled folder (bucket
+    artifacts are ``root / artifact``; nothing is opened here).
 
     Attributes:
-        release: the ``release.json`` content.
+        release: the record.
         dims: the bucket dim names; specs: the symbolic input specs (``name``, ``shape``, ``dtype``, ...).
         buckets: in routing order (smallest total size first).
         batch_dim: the bucket dim split into chunks when a batch is larger than every bucket: ``batch`` when
             it is a bucket dim leading every input (else None: no chunking).
     """
 
-    def __init__(self, release: dict[str, Any], root: Path | str = "."):
+    def __init__(self, release: PulledRelease, root: Path | str = "."):
         self.release = release
         self.root = Path(root)
-        self.dims: list[str] = list(release["dims"])
-        self.specs: list[dict[str, Any]] = list(release["inputs"])
-        self.truncate: bool = bool(release.get("truncate", False))
-        bs = [Bucket(b["id"], {d: int(b["sizes"][d]) for d in self.dims if d in b["sizes"]}, tuple(b["inputs"]),
-                     self.root / b["artifact"], b["loader"]) for b in release["buckets"]]
+        self.dims: list[str] = list(release.dims)
+        self.specs: list[dict[str, Any]] = list(release.inputs)
+        self.truncate: bool = release.truncate
+        bs = [Bucket(b.id, {d: int(b.sizes[d]) for d in self.dims if d in b.sizes}, tuple(b.inputs),
+                     self.root / b.artifact, b.loader) for b in release.buckets]
         self.buckets: list[Bucket] = sorted(bs, key=lambda b: (b.total, tuple(b.sizes.get(d, 0) for d in self.dims)))
         lead = {spec["shape"][0] if spec["shape"] else None for spec in self.specs}
         self.batch_dim: str | None = "batch" if "batch" in self.dims and lead == {"batch"} else None
@@ -90,7 +92,7 @@ class Router:
                 on a dim.
         """
         if len(shapes) != len(self.specs):
-            raise BucketError(f"{self.release['model']} takes {len(self.specs)} input(s) "
+            raise BucketError(f"{self.release.model} takes {len(self.specs)} input(s) "
                               f"({', '.join(s['name'] for s in self.specs)}), got {len(shapes)}")
         sizes: dict[str, tuple[int, str]] = {}
         for spec, shape in zip(self.specs, shapes, strict=True):
@@ -158,7 +160,7 @@ class Router:
         for b in self.buckets:
             if all(b.sizes[d] >= n for d, n in cut.items()):
                 return b, cut
-        model = self.release["model"]
+        model = self.release.model
         req = ", ".join(f"{d}={n}" for d, n in request.items())
         over = [d for d, n in cut.items() if n > max(b.sizes[d] for b in self.buckets)]
         fix = "; ".join(f"add a bucket with {d} >= {cut[d]} to [models.{model}] buckets in buckets.toml"
@@ -166,7 +168,7 @@ class Router:
         trunc = [d for d in over if d != self.batch_dim]
         hint = (f"; or set truncate = true under [models.{model}] to cut {', '.join(trunc)} to the largest bucket "
                 f"(drops the rest)" if trunc and not self.truncate else "")
-        raise BucketError(f"inputs of {req} are larger than every bucket of {model} ({self.release['release']}): "
+        raise BucketError(f"inputs of {req} are larger than every bucket of {model} ({self.release.release}): "
                           f"{', '.join(b.describe() for b in self.buckets)}. Fix: {fix}, then build, release, "
                           f"promote and pull again{hint} (serving options are read from the pulled {RELEASE_FILE})")
 
@@ -178,7 +180,7 @@ class Router:
         """A text-generation release: the prefill bucket a prompt of ``prompt_len`` tokens is counted against
         (the smallest ``seq`` bucket that holds it, as the engine routes; ties by batch), None when none
         holds it."""
-        graphs = (self.release.get("textgen") or {}).get("graphs") or {}
+        graphs = (self.release.textgen or {}).get("graphs") or {}
         prefill = sorted((b for b in self.buckets if graphs.get(b.id) == "prefill" and "seq" in b.sizes),
                          key=lambda b: (b.sizes["seq"], b.sizes.get("batch", 1)))
         return next((b for b in prefill if b.sizes["seq"] >= prompt_len), None)

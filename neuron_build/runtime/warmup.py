@@ -89,7 +89,7 @@ def warmup(folder: str | Path, model: Any = None, *, factory_root: str | Path | 
     bm = BucketedModel.load(folder, model, factory_root=factory_root)
     # an AOTInductor or TorchScript release holds compiled models: its warm-up shows that loading and calling
     # them compiles nothing either (Inductor's counters and kernel files stay as they were)
-    backend = bm.release["backend"]
+    backend = bm.release.backend
     snap, delta = _compile_events(backend)
     rows = []
     for b in ([] if bm.textgen is not None else bm.buckets):
@@ -106,10 +106,10 @@ def warmup(folder: str | Path, model: Any = None, *, factory_root: str | Path | 
     if bm.textgen is not None:  # a text-generation release: one short generate() per prefill bucket
         rows = _warm_textgen(bm, snap, delta, sync)
     note = None
-    if bm.release.get("serving", {}).get("device") == "neuron" and bm.device != "neuron":
+    if (bm.release.serving or {}).get("device") == "neuron" and bm.device != "neuron":
         note = "no NeuronCore here: ran on CPU tensors"
     total = sum(r["compiles"] for r in rows)
-    return {"schema": WARMUP_SCHEMA, "release": bm.release.get("release"), "model": bm.release.get("model"),
+    return {"schema": WARMUP_SCHEMA, "release": bm.release.release, "model": bm.release.model,
             "backend": backend, "device": bm.device, "device_note": note, "installed": bm.installed,
             "env": bm.serving_env, "buckets": rows, "compiles_total": total, "zero_compiles": total == 0}
 
@@ -123,8 +123,9 @@ def _warm_textgen(bm: BucketedModel, snap, delta, sync) -> list[dict[str, Any]]:
 
     rows = []
     eng = bm.textgen
+    graphs = (bm.release.textgen or {}).get("graphs") or {}
     for b in bm.buckets:
-        if b.id not in bm.release["textgen"]["graphs"] or bm.release["textgen"]["graphs"][b.id] != "prefill":
+        if graphs.get(b.id) != "prefill":
             continue
         batch, seq = b.sizes["batch"], int(b.inputs[0]["shape"][1])
         ids = torch.ones(batch, seq, dtype=torch.long)

@@ -206,13 +206,13 @@ def test_builder_publishes_what_the_executor_returns(tiny):
     assert out.metrics["op_count"] == 7 and out.metrics["attempts"] == 1
     (req,) = ex.requests
     assert req.target == t.id and req.key == out.key and req.backend == "torchscript"
-    m = b.store.manifest(out.key)
+    m = b.ws.store.manifest(out.key)
     assert set(m.files) == {"model.pt"} and set(m.logs) == {WORKER_LOG} and m.metrics.status == "PASS"
-    assert b.store.log_file(out.key, WORKER_LOG).read_bytes() == b"worker says hi\n"
+    assert b.ws.store.log_file(out.key, WORKER_LOG).read_bytes() == b"worker says hi\n"
     assert json.loads(json.dumps(out.metrics))["status"] == "PASS"
     again = b.build(t)
     assert again.status is BuildResult.CACHED and len(ex.requests) == 1
-    assert not list((b.store.root / "staging").iterdir())
+    assert not list((b.ws.store.root / "staging").iterdir())
 
 
 def test_builder_records_the_classified_failure(tiny):
@@ -222,19 +222,19 @@ def test_builder_records_the_classified_failure(tiny):
     t = b.ws.by_id["other/static/fp32/p1"]
     out = b.build(t)
     assert (out.status, out.reason, out.compiled) == (Status.ERROR, "boom", True)
-    fail = b.store.failure(t.id)
+    fail = b.ws.store.failure(t.id)
     assert (fail.status, fail.reason, fail.exit_code, fail.attempts_total) == ("ERROR", "boom", 1, 1)
     assert fail.details == {"compiler_log": "cc.log", "hint": 1}
-    assert b.store.failure_log(t.id).read_bytes() == b"w\n\n===== compiler log (cc.log) =====\ncc\n"
+    assert b.ws.store.failure_log(t.id).read_bytes() == b"w\n\n===== compiler log (cc.log) =====\ncc\n"
     assert b.ws.state(t) == "failed"
     b.build(t)
-    assert b.store.failure(t.id).attempts_total == 2
+    assert b.ws.store.failure(t.id).attempts_total == 2
 
 
 def test_transient_failures_are_retried(tiny):
     ex = FakeExecutor(run(70))
     b = Builder(Workspace(load_project(tiny)), executor=ex)
-    retries = b.project.config.build.transient_retries
+    retries = b.ws.project.config.build.transient_retries
     out = b.build(b.ws.by_id["other/static/fp32/p1"])
     assert out.status == Status.TRANSIENT and out.metrics["attempts"] == retries + 1
     assert len(ex.requests) == retries + 1
@@ -243,7 +243,7 @@ def test_transient_failures_are_retried(tiny):
 def test_a_failure_the_full_disk_kept_from_recording_is_recorded_after_the_clean_up(tiny, monkeypatch):
     b = Builder(Workspace(load_project(tiny)), executor=FakeExecutor(run(1, error={"status": "ERROR", "reason": "boom"})))
     t = b.ws.by_id["other/static/fp32/p1"]
-    real, calls, staging = b.store.put_failure, [], b.store.root / "staging"
+    real, calls, staging = b.ws.store.put_failure, [], b.ws.store.root / "staging"
 
     def put_failure(record, log):
         calls.append((record.reason, len(list(staging.iterdir()))))  # and how many attempt folders are left
@@ -251,11 +251,11 @@ def test_a_failure_the_full_disk_kept_from_recording_is_recorded_after_the_clean
             raise OSError(errno.ENOSPC, "No space left on device", "failure.json")
         real(record, log)
 
-    monkeypatch.setattr(b.store, "put_failure", put_failure)
+    monkeypatch.setattr(b.ws.store, "put_failure", put_failure)
     out = b.build(t)
     assert (out.status, out.reason) == (Status.ERROR, "boom")
     assert calls == [("boom", 1), ("boom", 0)]  # refused by the full disk, written once the attempt's folder went
-    rec = b.store.failure(t.id)
+    rec = b.ws.store.failure(t.id)
     assert (rec.status, rec.reason, rec.key) == ("ERROR", "boom", b.ws.key(t).key) and b.ws.state(t) == "failed"
     assert not list(staging.iterdir())
 
@@ -267,11 +267,11 @@ def test_no_room_to_prepare_the_compile(tiny, monkeypatch):
     def full(key):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(b.store, "new_staging", full)
+    monkeypatch.setattr(b.ws.store, "new_staging", full)
     t = b.ws.by_id["other/static/fp32/p1"]
     out = b.build(t)
     assert out.status == Status.ERROR and not ex.requests
-    assert out.reason == (f"no space left on device while preparing the compile ({b.store.location}); "
+    assert out.reason == (f"no space left on device while preparing the compile ({b.ws.store.location}); "
                           "free space and build again")
     assert out.metrics == {"status": "ERROR", "compile_time_s": 0.0, "peak_rss_bytes": 0, "exit_code": None,
                            "attempts": 1, "reason": out.reason}

@@ -56,9 +56,9 @@ def test_a_build_hashes_each_artifact_file_once_on_its_way_into_the_store(tiny, 
     seen = hash_spy(monkeypatch)
     out = b.build(t)
     assert (out.status, out.compiled) == (Status.PASS, True), out.reason
-    m = b.store.manifest(out.key)
+    m = b.ws.store.manifest(out.key)
     assert set(m.files) == {"model.pt", "extra/table.bin"} and set(m.logs) == {"compile.log", WORKER_LOG}
     want = [e.sha256 for e in (*m.files.values(), *m.logs.values())]
     assert Counter(seen) == Counter(want) and len(seen) == 4  # each of the four files: once
-    assert b.store.lookup(out.key, deep=True).hit
-    assert (b.store.artifact_dir(out.key) / "extra" / "table.bin").read_bytes() == content["extra/table.bin"]
+    assert b.ws.store.lookup(out.key, deep=True).hit
+    assert (b.ws.store.artifact_dir(out.key) / "extra" / "table.bin").read_bytes() == content["extra/table.bin"]

@@ -15,18 +15,18 @@ from neuron_build.compilers.textgen_load import (
     load_textgen,
 )
 from neuron_build.errors import UserError
-from neuron_build.runtime import BucketedModel, textgen_source
+from neuron_build.runtime import BucketedModel, PulledRelease, textgen_source
 
 
 def textgen_release(backend: str) -> dict:
     """A pulled text-generation release.json of two graphs of batch 1 (prefill seq 8, decode); the weights are
     listed by both buckets but pulled once, under the prefill bucket's folder."""
     w = {"size": 3, "sha256": "a" * 64}
-    buckets = [{"id": "b1-s8", "sizes": {"batch": 1, "seq": 8}, "artifact": "b1-s8/model.pt2",
+    buckets = [{"id": "b1-s8", "target": "lm/b1-s8/fp32/p1", "key": "0" * 64, "sizes": {"batch": 1, "seq": 8}, "artifact": "b1-s8/model.pt2",
                 "loader": "torch._inductor.aoti_load_package", "inputs": [{"name": "input_ids", "shape": [1, 8],
                                                                            "dtype": "int64"}],
                 "files": {"b1-s8/weights.safetensors": w}},
-               {"id": "b1-d", "sizes": {"batch": 1, "seq": 1}, "artifact": "b1-d/model.pt2",
+               {"id": "b1-d", "target": "lm/b1-d/fp32/p1", "key": "1" * 64, "sizes": {"batch": 1, "seq": 1}, "artifact": "b1-d/model.pt2",
                 "loader": "torch._inductor.aoti_load_package", "inputs": [{"name": "input_ids", "shape": [1, 1],
                                                                            "dtype": "int64"}],
                 "files": {"b1-s8/weights.safetensors": w}}]
@@ -36,7 +36,7 @@ def textgen_release(backend: str) -> dict:
 
 
 def test_a_pulled_release_resolves_each_file_to_its_pulled_copy(tmp_path):
-    src = textgen_source(textgen_release("inductor"), tmp_path)
+    src = textgen_source(PulledRelease.from_json(textgen_release("inductor"), "release.json"), tmp_path)
     assert (src.model, src.backend, src.max_seq_len, src.where) == ("lm", "inductor", 16,
                                                                      str(tmp_path / "release.json"))
     prefill, decode = src.graphs

@@ -53,12 +53,12 @@ def test_bench_json_structure_and_invariants(built):
         p50, e50 = rec["latency_ms"]["p50"], rec["eager"]["latency_ms"]["p50"]
         # both p50s are stored rounded to 1e-6 ms; the ratio was taken before rounding
         assert rec["speedup_vs_eager"] == pytest.approx(e50 / p50, rel=1e-4 + 1e-6 / min(p50, e50))
-        m = b.store.manifest(keys[tid])
+        m = b.ws.store.manifest(keys[tid])
         assert rec["op_count"] == m.metrics.op_count and rec["compile_time_s"] == m.metrics.compile_time_s
         # stored for the release gates, per (key, device kind, host)
-        stored = b.store.result(keys[tid], "bench", f"cpu--{socket.gethostname()}")
+        stored = b.ws.store.result(keys[tid], "bench", f"cpu--{socket.gethostname()}")
         assert stored == rec
-        assert bench_result(b.store, keys[tid], "cpu") == rec
+        assert bench_result(b.ws.store, keys[tid], "cpu") == rec
     assert recs["tiny/b4/fp32/p1"]["batch"] == 4  # first dim of the first input
     assert recs["other/static/fp32/p1"]["batch"] == 2
 
@@ -88,7 +88,7 @@ def test_compare_prints_one_side_by_side_table(built):
         assert label in rows and len(rows[label]) == 2, label
     b = Builder(Workspace(load_project(built)))
     keys = _keys(built)
-    assert rows["op count"] == [str(b.store.manifest(keys[t]).metrics.op_count) for t in TARGETS]
+    assert rows["op count"] == [str(b.ws.store.manifest(keys[t]).metrics.op_count) for t in TARGETS]
     assert rows["verdict"] == ["pass", "pass"]
     assert rows["reference"] == ["tiny", "other"]
     for i in range(2):
@@ -96,7 +96,7 @@ def test_compare_prints_one_side_by_side_table(built):
         assert p50 <= p90 <= p99
         assert float(rows["rel L2 error"][i]) < 1e-5
     # the compare run validated too: its figures are the stored ones
-    v = b.store.result(keys[TARGETS[1]], "validation", "cpu")
+    v = b.ws.store.result(keys[TARGETS[1]], "validation", "cpu")
     assert rows["rel L2 error"][1] == f"{v['outputs'][0]['rel_l2_error']:.1e}"
 
 
@@ -193,14 +193,14 @@ def test_neuron_artifact_is_skipped_without_a_neuroncore(tmp_path, monkeypatch, 
     assert run_cli("build", "-c", str(cfg), "other").returncode == 0
     b = Builder(Workspace(load_project(cfg)))
     key = b.ws.key(b.ws.by_id["other/static/fp32/p1"]).key
-    mf = manifest_file(b.store, key)
+    mf = manifest_file(b.ws.store, key)
     rewrite_manifest(mf, lambda m: m.update(backend="neuron", hardware_target="trn1"))
     monkeypatch.setattr(validate, "neuron_devices", lambda: [])
     assert cli.main(["bench", "-c", str(cfg), "--iters", "3", "other"]) == 0
     err = capsys.readouterr().err
     assert "SKIPPED  other/static/fp32/p1: no NeuronCore here" in err
     assert "1 skipped (this host cannot run them): other/static/fp32/p1" in err
-    assert b.store.results(key, "bench") == {}
+    assert b.ws.store.results(key, "bench") == {}
 
 
 @pytest.mark.slow

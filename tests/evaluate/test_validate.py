@@ -146,7 +146,7 @@ def _inputs(cfg: Path, target_id: str):
     from neuron_build.examples import make_inputs
     b = Builder(Workspace(load_project(cfg)))
     key = b.ws.key(b.ws.by_id[target_id]).key
-    specs = b.store.manifest(key).key_details["inputs"]["inputs"]
+    specs = b.ws.store.manifest(key).key_details["inputs"]["inputs"]
     return key, make_inputs(specs, validation_seed(key))[0]
 
 
@@ -242,7 +242,7 @@ def test_tampered_artifact_fails_and_is_blamed_on_the_artifact(tmp_path):
     b = Builder(Workspace(load_project(cfg)))
     t = b.ws.by_id["naive/static/fp32/p1"]
     key = b.ws.key(t).key
-    mod = torch.jit.load(str(b.store.artifact_dir(key) / "model.pt"))
+    mod = torch.jit.load(str(b.ws.store.artifact_dir(key) / "model.pt"))
 
     class Scaled(torch.nn.Module):
         def __init__(self, m):
@@ -257,21 +257,21 @@ def test_tampered_artifact_fails_and_is_blamed_on_the_artifact(tmp_path):
     torch.jit.trace(Scaled(mod), (torch.randn(4, DIM),), check_trace=False).save(str(scaled))
     from neuron_build.util import file_sha256
     sha = file_sha256(scaled)
-    b.store.put_blob(sha, scaled)
-    rewrite_manifest(manifest_file(b.store, key), lambda m: m["files"].update(
+    b.ws.store.put_blob(sha, scaled)
+    rewrite_manifest(manifest_file(b.ws.store, key), lambda m: m["files"].update(
         {"model.pt": {"size": scaled.stat().st_size, "sha256": sha}}))
-    assert b.store.is_complete(key)
+    assert b.ws.store.is_complete(key)
 
-    rec = validate_target(b.project, b.store, t, key)
+    rec = validate_target(b.ws.project, b.ws.store, t, key)
     assert rec["verdict"] == "fail"
     o = rec["outputs"][0]
     assert o["rel_l2_error"] == pytest.approx(1e-2, rel=1e-3)
     assert o["cosine_similarity"] == pytest.approx(1.0, abs=1e-9)  # a pure scale keeps the direction
     assert rec["diagnosis"] == ["the eager fp32 model matches the reference (rel L2 error 0.0e+00): the compiled "
                                 "artifact is wrong (compiler, artifact file or loader)"]
-    stored = b.store.result(key, "validation", "cpu")
+    stored = b.ws.store.result(key, "validation", "cpu")
     assert stored["verdict"] == "fail" and stored["reason"] == rec["reason"]
-    assert not is_validated(b.store, key, "cpu")
+    assert not is_validated(b.ws.store, key, "cpu")
 
 
 def test_tolerance_override_and_stored_record(tmp_path):
@@ -288,7 +288,7 @@ def test_tolerance_override_and_stored_record(tmp_path):
     b = Builder(Workspace(load_project(cfg)))
     t = b.ws.by_id["eps_big/static/fp32/p1"]
     key = b.ws.key(t).key
-    stored = b.store.result(key, "validation", "cpu")
+    stored = b.ws.store.result(key, "validation", "cpu")
     # the gates.py schema
     assert stored["verdict"] == "pass" and stored["reason"] is None and stored["device_kind"] == "cpu"
     assert set(stored["outputs"][0]) >= {"name", "max_abs_error", "rel_l2_error", "cosine_similarity",
@@ -297,7 +297,7 @@ def test_tolerance_override_and_stored_record(tmp_path):
     # the recorded seed is the one the figures came from: its inputs give the stored error when recomputed here
     # (an independent float64 RMSNorm, eps 1e-2 against the reference's 1e-6); the next seed's inputs do not
     from neuron_build.examples import make_inputs
-    specs = b.store.manifest(key).key_details["inputs"]["inputs"]
+    specs = b.ws.store.manifest(key).key_details["inputs"]["inputs"]
     figure = stored["outputs"][0]["rel_l2_error"]
     x = make_inputs(specs, stored["seed"])[0]
     assert figure == pytest.approx(_rel(_rmsnorm(x, 1e-2), _rmsnorm(x, 1e-6)), rel=1e-4)
@@ -306,15 +306,15 @@ def test_tolerance_override_and_stored_record(tmp_path):
     from neuron_build.evaluate.validate import reference_model_hash
     assert stored["reference"] == {"model": "naive", "factory": "models.rmsnorm:naive",
                                    "kwargs": {"dim": DIM, "eps": 1e-6}, "dtype": "fp32", "device": "cpu",
-                                   "model_hash": reference_model_hash(b.keys, "naive")}
+                                   "model_hash": reference_model_hash(b.ws.keys, "naive")}
     assert stored["device"] == "cpu" and stored["host"] and stored["time"]
     # results never change the key, nor the object
-    assert b.store.is_complete(key) and not (b.store.artifact_dir(key) / "validation").exists()
+    assert b.ws.store.is_complete(key) and not (b.ws.store.artifact_dir(key) / "validation").exists()
     assert Workspace(load_project(cfg)).key(t).key == key
-    assert is_validated(b.store, key, "cpu") and is_validated(b.store, key, "cpu", 0.5, "naive")
+    assert is_validated(b.ws.store, key, "cpu") and is_validated(b.ws.store, key, "cpu", 0.5, "naive")
     # a pass made with another tolerance or reference than buckets.toml's now is not up to date
-    assert not is_validated(b.store, key, "cpu", 1e-4, "naive")
-    assert not is_validated(b.store, key, "cpu", 0.5, "eps_big")
+    assert not is_validated(b.ws.store, key, "cpu", 1e-4, "naive")
+    assert not is_validated(b.ws.store, key, "cpu", 0.5, "eps_big")
 
 
 def test_validation_inputs_follow_the_key_and_repeat_across_processes(rms):
@@ -326,13 +326,13 @@ def test_validation_inputs_follow_the_key_and_repeat_across_processes(rms):
     ids = ["naive/static/fp32/p1", "eps_big/static/fp32/p1"]
     b = Builder(Workspace(load_project(rms)))
     keys = [b.ws.key(b.ws.by_id[t]).key for t in ids]
-    specs = [b.store.manifest(k).key_details["inputs"]["inputs"] for k in keys]
+    specs = [b.ws.store.manifest(k).key_details["inputs"]["inputs"] for k in keys]
     assert specs[0] == specs[1]  # the same shapes and dtype: only the key tells the inputs apart
 
     def validated() -> list[dict]:
         r, recs = _validate_json(rms, "naive", "eps_big")
         assert r.returncode == 1 and recs["eps_big/static/fp32/p1"]["verdict"] == "fail", r.stdout + r.stderr
-        return [b.store.result(k, "validation", "cpu") for k in keys]
+        return [b.ws.store.result(k, "validation", "cpu") for k in keys]
 
     first = validated()
     assert first[0]["seed"] != first[1]["seed"]
@@ -361,18 +361,18 @@ def test_neuron_artifact_without_neuroncore_is_not_validated(tmp_path, monkeypat
     b = Builder(Workspace(load_project(cfg)))
     t = b.ws.by_id["naive/static/fp32/p1"]
     key = b.ws.key(t).key
-    mf_path = manifest_file(b.store, key)
+    mf_path = manifest_file(b.ws.store, key)
     rewrite_manifest(mf_path, lambda m: m.update(backend="neuron", hardware_target="trn1"))
     monkeypatch.setattr(v, "neuron_devices", lambda: [])
-    rec = validate_target(b.project, b.store, t, key)
+    rec = validate_target(b.ws.project, b.ws.store, t, key)
     assert rec["verdict"] == "not_validated" and rec["reason"] == "no NeuronCore here"
     assert rec["device_kind"] == "neuron" and rec["outputs"] == []
-    assert b.store.result(key, "validation", "neuron")["verdict"] == "not_validated"
-    assert b.store.result(key, "validation", "cpu") is None
-    assert is_validated(b.store, key, "neuron")  # up to date here: repeating it cannot change it
+    assert b.ws.store.result(key, "validation", "neuron")["verdict"] == "not_validated"
+    assert b.ws.store.result(key, "validation", "cpu") is None
+    assert is_validated(b.ws.store, key, "neuron")  # up to date here: repeating it cannot change it
     monkeypatch.setattr(v, "neuron_devices", lambda: ["/dev/neuron0"])
-    assert not is_validated(b.store, key, "neuron")  # on a host with a NeuronCore it runs again
-    g = validation_gate(b.store, {t.id: key}, "neuron")
+    assert not is_validated(b.ws.store, key, "neuron")  # on a host with a NeuronCore it runs again
+    g = validation_gate(b.ws.store, {t.id: key}, "neuron")
     assert not g.passed and g.message == f"not validated on neuron: {t.id}"
 
 
@@ -454,7 +454,7 @@ def test_doit_validate_and_torch_free_paths(tmp_path):
     assert "pass  other/static/fp32/p1: output0 rel L2 error" in r.stdout
     b = Builder(Workspace(load_project(cfg)))
     key = b.ws.key(b.ws.by_id["other/static/fp32/p1"]).key
-    assert b.store.result(key, "validation", "cpu")["verdict"] == "pass"
+    assert b.ws.store.result(key, "validation", "cpu")["verdict"] == "pass"
 
     probe = textwrap.dedent(f'''
         import os, sys
@@ -479,14 +479,14 @@ def test_doit_validate_and_torch_free_paths(tmp_path):
     assert "-- validate:other/static/fp32/p1" in r.stdout  # up to date: skipped
 
     # a failed verdict is not up to date: doit validates again (and the artifact passes)
-    b.store.put_result(key, "validation", "cpu", {"verdict": "fail", "reason": "x", "outputs": []})
-    assert not is_validated(b.store, key, "cpu")
+    b.ws.store.put_result(key, "validation", "cpu", {"verdict": "fail", "reason": "x", "outputs": []})
+    assert not is_validated(b.ws.store, key, "cpu")
     r = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "--dir", str(cfg.parent),
                         "validate:other/static/fp32/p1", f"config={env_cfg}"], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "-- build:other/static/fp32/p1" in r.stdout and ".  validate:other/static/fp32/p1" in r.stdout
-    assert b.store.result(key, "validation", "cpu")["verdict"] == "pass"
+    assert b.ws.store.result(key, "validation", "cpu")["verdict"] == "pass"
 
 
 def test_doit_validate_failure_exits_1(rms):
@@ -532,12 +532,12 @@ def test_integer_inputs_stay_in_range_and_pass(tmp_path):
     b = Builder(Workspace(load_project(cfg)))
     t = b.ws.by_id["emb/static/bf16/p1"]
     key = b.ws.key(t).key
-    p = prepare(b.project, b.store, t, key)
+    p = prepare(b.ws.project, b.ws.store, t, key)
     ids, mask = p.inputs
     assert ids.dtype == torch.int64 and int(ids.min()) >= 7 and int(ids.max()) <= 10
     assert set(mask.unique().tolist()) <= {0, 1}
     assert p.reference_inputs()[0] is ids  # integer inputs are passed to the reference unchanged
-    rec = validate_target(b.project, b.store, t, key)
+    rec = validate_target(b.ws.project, b.ws.store, t, key)
     assert rec["verdict"] == "pass", rec["reason"]
     assert [o["name"] for o in rec["outputs"]] == ["output0", "output1"]
     assert rec["outputs"][1]["rel_l2_error"] == 0.0 and rec["outputs"][1]["dtype"] == "int64"
@@ -585,11 +585,11 @@ def test_doit_validate_is_stale_when_the_reference_model_changes(tmp_path):
     b = Builder(Workspace(load_project(cfg)))
     t = b.ws.by_id["fused/static/fp32/p1"]
     key = b.ws.key(t).key
-    stored = b.store.result(key, "validation", "cpu")
+    stored = b.ws.store.result(key, "validation", "cpu")
     from neuron_build.evaluate.validate import reference_model_hash
-    h = reference_model_hash(b.keys, "naive")
+    h = reference_model_hash(b.ws.keys, "naive")
     assert stored["verdict"] == "pass" and stored["reference"]["model_hash"] == h
-    assert is_validated(b.store, key, "cpu", 1e-4, "naive", h)
+    assert is_validated(b.ws.store, key, "cpu", 1e-4, "naive", h)
     r = doit_validate()
     assert r.returncode == 0 and "-- validate:fused/static/fp32/p1" in r.stdout, r.stdout + r.stderr
 
@@ -600,14 +600,14 @@ def test_doit_validate_is_stale_when_the_reference_model_changes(tmp_path):
     assert 'eps = 1.0' in cfg.read_text()
     b2 = Builder(Workspace(load_project(cfg)))
     assert b2.ws.key(b2.ws.by_id["fused/static/fp32/p1"]).key == key  # the validated target's key is unchanged
-    h2 = reference_model_hash(b2.keys, "naive")
-    assert h2 != h and not is_validated(b2.store, key, "cpu", 1e-4, "naive", h2)
+    h2 = reference_model_hash(b2.ws.keys, "naive")
+    assert h2 != h and not is_validated(b2.ws.store, key, "cpu", 1e-4, "naive", h2)
     r = doit_validate()
     assert r.returncode == 1, r.stdout + r.stderr
     assert ".  validate:fused/static/fp32/p1" in r.stdout
     # eps = 1.0 against 1e-6: an error of tens of percent on the key-seeded inputs (the figure moves with the key)
     err = re.search(r"FAIL  fused/static/fp32/p1: output0 rel L2 error (\S+) > tolerance 1.0e-04", r.stdout)
     assert err and 0.1 < float(err.group(1)) < 1.0, r.stdout
-    stored = b2.store.result(key, "validation", "cpu")
+    stored = b2.ws.store.result(key, "validation", "cpu")
     assert stored["verdict"] == "fail" and stored["reference"]["kwargs"] == {"dim": DIM, "eps": 1.0}
     assert stored["reference"]["model_hash"] == h2

@@ -71,8 +71,8 @@ def test_artifact_loads_and_computes(tiny):
     assert r.returncode == 0, r.stderr
     b = Builder(Workspace(load_project(tiny)))
     t = b.ws.by_id["other/static/fp32/p1"]
-    m = b.store.manifest(b.ws.key(t).key)
-    mod = torch.jit.load(str(b.store.artifact_dir(m.key) / "model.pt"))
+    m = b.ws.store.manifest(b.ws.key(t).key)
+    mod = torch.jit.load(str(b.ws.store.artifact_dir(m.key) / "model.pt"))
     torch.manual_seed(1)
     ref = torch.nn.Linear(16, 3)
     x = torch.randn(2, 16)
@@ -89,11 +89,11 @@ def test_failed_compile_is_recorded_not_served_and_retried(tiny):
     b = Builder(Workspace(load_project(tiny)))
     t = b.ws.by_id["other/static/fp32/p1"]
     assert b.ws.state(t) == "failed"
-    assert b.store.lookup(b.ws.key(t).key) == Lookup(b.ws.key(t).key)  # absent, not damaged
-    fail = b.store.failure(t.id)
+    assert b.ws.store.lookup(b.ws.key(t).key) == Lookup(b.ws.key(t).key)  # absent, not damaged
+    fail = b.ws.store.failure(t.id)
     assert fail.status == "ERROR" and fail.exit_code == 1
-    assert b"factory exploded on purpose" in b.store.failure_log(t.id).read_bytes()
-    assert not list((b.store.root / "staging").iterdir())
+    assert b"factory exploded on purpose" in b.ws.store.failure_log(t.id).read_bytes()
+    assert not list((b.ws.store.root / "staging").iterdir())
     # show prints the failure, plan says failed
     assert plan(tiny)["other/static/fp32/p1"]["state"] == "failed"
     # the next build retries it (and fails again: two compiles in the log)
@@ -123,9 +123,9 @@ def test_timeout_and_killed(tmp_path):
     assert out.metrics["peak_rss_bytes"] > 64 * 2**20
     # the worker started and ran the factory up to its own SIGKILL: its log holds the worker's first line and
     # the line the hog prints once it has touched its 64 MiB (nothing after it: the kill is the last thing)
-    fail = b.store.failure(t.id)
+    fail = b.ws.store.failure(t.id)
     assert (fail.status, fail.exit_code, fail.key) == ("KILLED", -9, b.ws.key(t).key)
-    log = b.store.failure_log(t.id).read_text()
+    log = b.ws.store.failure_log(t.id).read_text()
     assert f"neuron-build worker: target {t.id} key {b.ws.key(t).key[:12]}" in log
     hog_line = [line for line in log.splitlines() if line.startswith("hog: ")]
     assert len(hog_line) == 1 and hog_line[0].startswith(f"hog: touched {64 * 2**20} bytes in pid ")

@@ -84,7 +84,7 @@ def state(cfg: Path) -> tuple[str, list[str]]:
     b = Builder(Workspace(load_project(cfg)))
     (t,) = b.ws.targets
     out = (str(b.ws.state(t)), b.ws.changed(t)[0])
-    b.keys.save()
+    b.ws.keys.save()
     return out
 
 
@@ -92,7 +92,7 @@ def build_once(cfg: Path):
     b = Builder(Workspace(load_project(cfg)))
     (t,) = b.ws.targets
     out = b.build(t)
-    b.keys.save()
+    b.ws.keys.save()
     assert out.ok, (out.status, out.reason)
     return b, t, out
 
@@ -126,7 +126,7 @@ def test_the_graph_probe_records_reads_while_the_model_is_traced(tmp_path, monke
     src.write_text(src.read_text() + "# a comment: the graph is unchanged\n")
     b, t, out = build_once(cfg)
     assert (out.compiled, out.reason.startswith("graph unchanged: reused")) == (False, True), out.reason
-    recorded = json.loads(manifest_file(b.store, b.ws.key(t).key).read_text())["recorded_inputs"]
+    recorded = json.loads(manifest_file(b.ws.store, b.ws.key(t).key).read_text())["recorded_inputs"]
     assert (recorded["env"], list(recorded["files"])) == ({"SCALE": "2"}, ["data/bias.json"])
     monkeypatch.setenv("SCALE", "3")
     assert state(cfg) == ("missing", ["recorded variable SCALE changed"])
@@ -144,7 +144,7 @@ def test_a_file_changed_while_the_target_compiles_is_never_a_hit(tmp_path, capfd
     err = capfd.readouterr()
     assert "data/w.txt changed while the target compiled: this artifact is rebuilt by the next build" \
         in err.out + err.err
-    recorded = json.loads(manifest_file(b.store, b.ws.key(t).key).read_text())["recorded_inputs"]
+    recorded = json.loads(manifest_file(b.ws.store, b.ws.key(t).key).read_text())["recorded_inputs"]
     assert recorded["incomplete"] == "data/w.txt changed while the target compiled"
     why = "its build's reads were not fully recorded (data/w.txt changed while the target compiled)"
     assert state(cfg) == ("missing", [why])
@@ -157,7 +157,7 @@ def test_always_rebuild_is_never_cached(tmp_path):
     cfg = project(tmp_path / "proj", PLAIN, "always_rebuild = true\n")
     b, t, first = build_once(cfg)
     assert first.compiled
-    recorded = json.loads(manifest_file(b.store, b.ws.key(t).key).read_text())["recorded_inputs"]
+    recorded = json.loads(manifest_file(b.ws.store, b.ws.key(t).key).read_text())["recorded_inputs"]
     assert recorded["incomplete"] == "always_rebuild = true in [models.m]"
     why = "always_rebuild = true in [models.m]: never served from the cache"
     assert state(cfg) == ("missing", [why])
@@ -235,7 +235,7 @@ def test_a_declared_input_invalidates_the_plan_cache(tmp_path, monkeypatch):
 def test_an_incomplete_record_says_why_with_the_fix(tmp_path):
     cfg = project(tmp_path / "proj", PLAIN)
     b = Builder(Workspace(load_project(cfg)))
-    assert b.keys.rebuild_reasons("m", {"incomplete": "a child process ran: sh -c true"}) == [
+    assert b.ws.keys.rebuild_reasons("m", {"incomplete": "a child process ran: sh -c true"}) == [
         "its build's reads were not fully recorded (a child process ran: sh -c true); declare the input with "
         "inputs_from = [...] or env = [...] in [models.m], or set always_rebuild = true"]
 

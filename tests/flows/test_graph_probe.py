@@ -71,30 +71,30 @@ def test_a_graph_neutral_edit_probes_once_per_model_build_and_compiles_nothing(t
     (cfg.parent / "heldout" / "width.txt").write_text("16\n")
     b, first = build_all(cfg)
     assert [o.compiled for o in first] == [True] * 4 and probes(cfg) == []  # nothing in the index to prove
-    files = {o.target: {n: e.sha256 for n, e in b.store.manifest(o.key).files.items()} for o in first}
+    files = {o.target: {n: e.sha256 for n, e in b.ws.store.manifest(o.key).files.items()} for o in first}
     src = cfg.parent / "heldout" / "blk.py"
     src.write_text("# a graph-neutral edit\n" + READING)
     b, second = build_all(cfg)
     assert [(o.status, o.compiled) for o in second] == [("PASS", False)] * 4, [o.reason for o in second]
     runs = probes(cfg)
     assert len(runs) == 2 and all("targets=2" in r and "exit=0" in r for r in runs), runs
-    events = [r.event for r in ledger.read(b.store)]
+    events = [r.event for r in ledger.read(b.ws.store)]
     assert events.count("compile") == 4 and events.count("graph-reused") == 4  # the first build's 4 only
     for o in second:
-        m = b.store.manifest(o.key)
+        m = b.ws.store.manifest(o.key)
         assert m.reused_from == next(f.key for f in first if f.target == o.target)
         assert {n: e.sha256 for n, e in m.files.items()} == files[o.target]
-        assert "graph probe: graph key" in b.store.log_file(o.key, "worker.log").read_text()
+        assert "graph probe: graph key" in b.ws.store.log_file(o.key, "worker.log").read_text()
         # the probe's record of the factory's reads and imports is the compile worker's
         assert "heldout/width.txt" in json.dumps(m.recorded_inputs)
-        assert m.recorded_inputs == b.store.manifest(next(f.key for f in first if f.target == o.target)).recorded_inputs
+        assert m.recorded_inputs == b.ws.store.manifest(next(f.key for f in first if f.target == o.target)).recorded_inputs
     b, again = build_all(cfg)  # no-op: every first-level key hits
     assert [o.compiled for o in again] == [False] * 4 and len(probes(cfg)) == 2
     src.write_text("# a graph edit\n" + READING.replace("torch.relu(", "torch.tanh("))
     b, third = build_all(cfg)
     assert [(o.status, o.compiled) for o in third] == [("PASS", True)] * 4
     assert len(probes(cfg)) == 4
-    assert all(b.store.manifest(o.key).reused_from is None for o in third)
+    assert all(b.ws.store.manifest(o.key).reused_from is None for o in third)
 
 
 FRAGILE = MODEL.replace("def build():\n", "def build():\n    import sys\n    if '--graphs' in sys.argv:\n"
@@ -110,7 +110,7 @@ def test_a_probe_that_fails_means_its_targets_compile_after_one_probe(tmp_path):
     b, outs = build_all(cfg)
     assert [(o.status, o.compiled) for o in outs] == [("PASS", False)] * 2, [o.reason for o in outs]
     for o in outs:
-        log = b.store.log_file(o.key, "worker.log").read_text()
+        log = b.ws.store.log_file(o.key, "worker.log").read_text()
         assert "neuron-build worker: target" in log and "graph probe:" not in log
     runs = probes(cfg)
     assert len(runs) == 1 and "targets=2" in runs[0] and "exit=1" in runs[0], runs

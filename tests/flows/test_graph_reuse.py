@@ -159,11 +159,11 @@ def test_two_targets_with_identical_graphs_compile_once(tmp_path):
     first, second = (b.build(b.ws.by_id[t]) for t in ("other/static/fp32/p1", "twin/static/fp32/p1"))
     assert (first.compiled, second.compiled) == (True, False) and first.key != second.key
     assert second.reason == f"graph unchanged: reused {first.key}"
-    events = [(r.target, r.event) for r in ledger.read(b.store)]
+    events = [(r.target, r.event) for r in ledger.read(b.ws.store)]
     assert events == [("other/static/fp32/p1", "compile"), ("twin/static/fp32/p1", "graph-reused")]
-    m = b.store.manifest(second.key)
-    assert m.reused_from == first.key and m.graph_key == b.store.manifest(first.key).graph_key
-    assert {n: e.sha256 for n, e in m.files.items()} == {n: e.sha256 for n, e in b.store.manifest(first.key).files.items()}
+    m = b.ws.store.manifest(second.key)
+    assert m.reused_from == first.key and m.graph_key == b.ws.store.manifest(first.key).graph_key
+    assert {n: e.sha256 for n, e in m.files.items()} == {n: e.sha256 for n, e in b.ws.store.manifest(first.key).files.items()}
 
 
 def test_an_index_entry_naming_another_models_artifact_is_refused(tmp_path):
@@ -185,20 +185,20 @@ def test_an_index_entry_naming_another_models_artifact_is_refused(tmp_path):
     tid = "tiny/b1/fp32/p1"
     first = b.build(b.ws.by_id[tid])
     assert other.compiled and first.compiled
-    gk = b.store.manifest(first.key).graph_key
-    assert len(gk) == 64 and gk != b.store.manifest(other.key).graph_key
-    graph_index.record(b.store, graph_index.GraphEntry(graph_key=gk, key=other.key, target=tid,
-                                                       backend="torchscript"), replace=True)
+    gk = b.ws.store.manifest(first.key).graph_key
+    assert len(gk) == 64 and gk != b.ws.store.manifest(other.key).graph_key
+    graph_index.record(b.ws.store, graph_index.GraphEntry(graph_key=gk, key=other.key, target=tid,
+                                                          backend="torchscript"), replace=True)
     src = cfg.parent / "tinylib" / "tiny.py"
     src.write_text("# a graph-neutral edit\n" + src.read_text())
     b = Builder(Workspace(load_project(cfg)))
     out = b.build(b.ws.by_id[tid])
     assert (out.status, out.compiled) == ("PASS", True), out.reason
-    m = b.store.manifest(out.key)
+    m = b.ws.store.manifest(out.key)
     assert m.reused_from is None and m.graph_key == gk and len(m.graph_document) == 64
-    assert graph_index.lookup(b.store, gk).key == out.key  # the stale entry was replaced
+    assert graph_index.lookup(b.ws.store, gk).key == out.key  # the stale entry was replaced
     x = torch.randn(1, 16)
-    compiled = torch.jit.load(str(b.store.artifact_dir(out.key) / "model.pt"))
+    compiled = torch.jit.load(str(b.ws.store.artifact_dir(out.key) / "model.pt"))
     eager = build_model(str(cfg.parent), "tinylib.tiny:build", {"width": 16}, "fp32")
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), eager(x))
@@ -261,11 +261,11 @@ def test_an_edit_inside_a_cond_branch_compiles_again_and_serves_the_edited_model
     b = Builder(Workspace(load_project(cfg)))
     second = b.build(b.ws.by_id[tid])
     assert (second.status, second.compiled) == ("PASS", True), second.reason
-    assert b.store.manifest(second.key).reused_from is None
-    assert b.store.manifest(second.key).graph_key != b.store.manifest(first.key).graph_key
+    assert b.ws.store.manifest(second.key).reused_from is None
+    assert b.ws.store.manifest(second.key).graph_key != b.ws.store.manifest(first.key).graph_key
     x = torch.full((2, 16), 10.0)  # reaches the clamp branch
     eager = build_model(str(root), "condlib.gate:build", {}, "fp32")
-    served = torch._inductor.aoti_load_package(str(b.store.artifact_dir(second.key) / "model.pt2"))
+    served = torch._inductor.aoti_load_package(str(b.ws.store.artifact_dir(second.key) / "model.pt2"))
     with torch.no_grad():
         want = eager(x)
         assert float(want.max()) > 1.0  # the edited bound, not the old one

@@ -236,7 +236,7 @@ def test_doit_build_in_a_subfolder_suggests_seek_file_and_exits_2(tiny, monkeypa
     import tomllib
 
     eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["doit.COMMAND"]
-    assert eps == {"run": "neuron_build.build.doit.run:BuildRun"}  # BuildRun is build.doit.seek.Run's subclass
+    assert eps == {"run": "neuron_build.build.doit.run:BuildRun"}  # BuildRun is build.doit.run.Run's subclass
 
 
 def test_doit_outside_a_project_keeps_doits_own_error(tmp_path, monkeypatch, capsys):

@@ -113,7 +113,7 @@ def native_project(root: Path) -> Path:
 def states(cfg: Path) -> dict[str, tuple[str, list[str]]]:
     b = Builder(Workspace(load_project(cfg)))
     out = {t.model: (str(b.ws.state(t)), b.ws.changed(t)[0]) for t in b.ws.targets}
-    b.keys.save()
+    b.ws.keys.save()
     return out
 
 
@@ -124,7 +124,7 @@ def test_weights_loaded_by_native_code_are_keyed_by_content(tmp_path):
     b = Builder(Workspace(load_project(cfg)))
     outs = [b.build(t) for t in b.ws.targets]
     assert [(o.target, o.ok) for o in outs] == [(t.id, True) for t in b.ws.targets]  # (same graphs: reused)
-    b.keys.save()
+    b.ws.keys.save()
     assert {m: s for m, (s, _) in states(cfg).items()} == dict.fromkeys(["lf", "so", "ff", "hfm"], "cached")
 
     for name, (path, _) in LOADERS.items():
@@ -161,7 +161,7 @@ def test_a_second_checkout_without_pip_metadata_downloads_everything(tmp_path):
     b = Builder(Workspace(load_project(a)))
     outs = [b.build(t) for t in b.ws.targets]
     assert all(o.ok and o.compiled for o in outs), [(o.target, o.status, o.reason) for o in outs]
-    b.keys.save()
+    b.ws.keys.save()
 
     second = tmp_path / "b"
     shutil.copytree(a.parent, second, ignore=shutil.ignore_patterns("*.egg-info", "artifacts", ".neuron-build"))
@@ -202,7 +202,7 @@ def test_weights_in_a_hidden_or_linked_project_folder_are_keyed(tmp_path):
     cfg.write_text('[build]\nbackend = "torchscript"\ntimeout_s = 600\n\n[profiles.p1]\ncompiler_args = []\n' + models)
     b = Builder(Workspace(load_project(cfg)))
     assert all(b.build(t).ok for t in b.ws.targets)
-    b.keys.save()
+    b.ws.keys.save()
     assert states(cfg) == {"hid": ("cached", []), "sym": ("cached", [])}
     for name, path in paths.items():
         write(path, 2.0)  # new weights, same shapes: a stale artifact would answer x * 1

@@ -91,7 +91,7 @@ def test_doit_build_with_a_failed_target_exits_1(tmp_path):
 
 
 def test_parallel_compiles_by_default():
-    from neuron_build.build.local import default_jobs
+    from neuron_build.build.jobs import default_jobs
     from neuron_build.tasks import DOIT_CONFIG
 
     GB = 10**9

@@ -103,7 +103,7 @@ def _verdicts(cfg: Path) -> dict[str, str | None]:
     b = Builder(Workspace(load_project(cfg)))
     out = {}
     for tid in (A, B, C):
-        r = b.store.result(b.ws.key(b.ws.by_id[tid]).key, "validation", "cpu")
+        r = b.ws.store.result(b.ws.key(b.ws.by_id[tid]).key, "validation", "cpu")
         out[tid] = r and r["verdict"]
     return out
 
@@ -113,7 +113,7 @@ def _forget(cfg: Path) -> None:
     b = Builder(Workspace(load_project(cfg)))
     for tid in (A, B, C):
         key = b.ws.key(b.ws.by_id[tid]).key
-        for f in b.store.path(f"results/{key}").rglob("*.json"):
+        for f in b.ws.store.path(f"results/{key}").rglob("*.json"):
             f.unlink()
 
 
@@ -151,6 +151,6 @@ def test_cli_validate_and_the_promote_gate_agree_and_an_error_is_not_a_fail(buil
     from neuron_build.release.gates import validation_gate
 
     b = Builder(Workspace(load_project(built)))
-    gate = validation_gate(b.store, {C: b.ws.key(b.ws.by_id[C]).key}, "cpu")
+    gate = validation_gate(b.ws.store, {C: b.ws.key(b.ws.by_id[C]).key}, "cpu")
     assert not gate.passed
     assert gate.message == f"not validated on cpu: {C} (the last validation ended in an error; run it again)"

@@ -41,8 +41,8 @@ def test_each_probe_runs_in_a_fresh_working_folder(tmp_path):
     b, third = build_all(cfg)
     assert len(probes(cfg)) == 2, probes(cfg)
     assert [(o.status, o.compiled) for o in third] == [("PASS", True)], [o.reason for o in third]
-    assert b.store.manifest(third[0].key).graph_key != b.store.manifest(first[0].key).graph_key
-    leftovers = [p.name for p in (b.project.state_dir / "graph-probe").iterdir() if p.name == "act.txt"]
+    assert b.ws.store.manifest(third[0].key).graph_key != b.ws.store.manifest(first[0].key).graph_key
+    leftovers = [p.name for p in (b.ws.project.state_dir / "graph-probe").iterdir() if p.name == "act.txt"]
     assert leftovers == []
 
 
@@ -59,7 +59,7 @@ def test_a_probe_result_left_by_an_earlier_build_is_never_used(tmp_path):
     cfg = project(tmp_path / "proj", '"fp32"', "1, 2", model=model)
     b, first = build_all(cfg)
     assert [o.compiled for o in first] == [True, True]
-    old = {o.target: b.store.manifest(o.key).graph_key for o in first}
+    old = {o.target: b.ws.store.manifest(o.key).graph_key for o in first}
     (cfg.parent / "heldout" / "blk.py").write_text("# a graph-neutral edit\n" + model)
     from neuron_build.build.builder import Builder
     from neuron_build.project.config import load_project
@@ -71,13 +71,13 @@ def test_a_probe_result_left_by_an_earlier_build_is_never_used(tmp_path):
     assert (out.status, out.compiled) == ("PASS", False)
     runs = probes(cfg)
     assert len(runs) == 1 and "targets=2" in runs[0], runs
-    left = b.project.state_dir / "graph-probe" / f"{b.ws.key(b2).key}.json"
+    left = b.ws.project.state_dir / "graph-probe" / f"{b.ws.key(b2).key}.json"
     assert left.exists()  # the result b1's probe left for b2
     ext.write_text("tanh\n")
     b, third = build_all(cfg)
     got = {o.target: o for o in third}
     assert (got[b2.id].status, got[b2.id].compiled) == ("PASS", True), got[b2.id].reason
-    assert b.store.manifest(got[b2.id].key).graph_key != old[b2.id]
-    assert b.store.manifest(got[b2.id].key).reused_from is None
+    assert b.ws.store.manifest(got[b2.id].key).graph_key != old[b2.id]
+    assert b.ws.store.manifest(got[b2.id].key).reused_from is None
     assert not left.exists()
     assert len(probes(cfg)) == 2  # b2's build probed again (its own build's result)

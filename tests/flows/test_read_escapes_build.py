@@ -65,7 +65,7 @@ inputs = [{ name = "x", shape = [2, 4] }]
 def states(cfg: Path) -> dict[str, tuple[str, list[str]]]:
     b = Builder(Workspace(load_project(cfg)))
     out = {t.model: (str(b.ws.state(t)), b.ws.changed(t)[0]) for t in b.ws.targets}
-    b.keys.save()
+    b.ws.keys.save()
     return out
 
 
@@ -86,7 +86,7 @@ def test_a_new_shard_a_home_file_and_a_child_process_are_never_served_stale(tmp_
     b = Builder(Workspace(load_project(cfg)))
     outs = [b.build(t) for t in b.ws.targets]
     assert [(o.target, o.ok) for o in outs] == [(t.id, True) for t in b.ws.targets]
-    b.keys.save()
+    b.ws.keys.save()
     got = states(cfg)
     assert got["esc"] == ("cached", [])
     state, why = got["child"]  # rebuilt by every build, and says why in one line

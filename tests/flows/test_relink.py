@@ -112,7 +112,7 @@ def test_a_fine_tune_relinks_every_bucket_and_a_shape_change_compiles(tmp_path):
     assert f"weights changed, graph unchanged: relinked from {first[tid]['key']}" in e.stdout, e.stdout
 
     b = Builder(Workspace(load_project(cfg)))
-    art = b.store.artifact_dir(m["key"])
+    art = b.ws.store.artifact_dir(m["key"])
     x = torch.randn(2, 8)
     eager = _eager(tmp_path / "proj", seed=7)(x)
     got = load_artifact(art / "model.pt2", "torch._inductor.aoti_load_package", "inductor")(x)

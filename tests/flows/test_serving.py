@@ -175,14 +175,14 @@ def test_every_bad_input_then_two_threads_then_a_good_request(served):
     from neuron_build.runtime import BucketedModel, BucketError
 
     emb = BucketedModel.load(served["emb"])
-    assert [i.get("range") for i in emb.release["inputs"]] == [[0, 100], [1, 2]]  # recorded by release, pulled
+    assert [i.get("range") for i in emb.release.inputs] == [[0, 100], [1, 2]]  # recorded by release, pulled
     ids, mask = torch.randint(0, 100, (1, 8)), torch.ones(1, 8, dtype=torch.long)
     bad_ids = ids.clone()
     bad_ids[0, 3] = 100
     with pytest.raises(BucketError) as e:
         emb(bad_ids, mask)
     assert str(e.value) == ("input 'input_ids' holds 100 at [0, 3]; release "
-                            f"{emb.release['release']} of emb allows values in [0, 100) (the declared range)")
+                            f"{emb.release.release} of emb allows values in [0, 100) (the declared range)")
     bad_ids[0, 3] = -1
     with pytest.raises(BucketError, match=r"input 'input_ids' holds -1 at \[0, 3\];.* allows values in \[0, 100\)"):
         emb(bad_ids, mask)

@@ -194,7 +194,7 @@ def test_pull_with_only_the_url(tmp_path, remote_url):
     project = load_project(cfg)
     b = Builder(Workspace(project))
     rel = create_release(b.ws, "tiny", "fp32", "p1")
-    promote(b.store, project.config.release, "tiny", "dev", release=rel.id, allow_unvalidated=True, reason="not validated in tests")
+    promote(b.ws.store, project.config.release, "tiny", "dev", release=rel.id, allow_unvalidated=True, reason="not validated in tests")
     shutil.rmtree(cfg.parent / "artifacts")  # the CI runner is gone; only the remote is left
 
     host = tmp_path / "deploy-host"

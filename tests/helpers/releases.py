@@ -58,7 +58,7 @@ def set_release_config(cfg: Path, text: str) -> None:
 def ctx(cfg: Path):
     project = load_project(cfg)
     b = Builder(Workspace(project))
-    return project, b, b.store, project.config.release
+    return project, b, b.ws.store, project.config.release
 
 
 def make(cfg: Path, dtype: str = "fp32", profile: str = "p1") -> dict:

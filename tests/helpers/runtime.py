@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from neuron_build.runtime import BucketedModel
+from neuron_build.runtime import BucketedModel, PulledRelease
 
 
 def fake_release(truncate: bool = False, convert: bool = False) -> dict:
@@ -19,7 +19,8 @@ def fake_release(truncate: bool = False, convert: bool = False) -> dict:
     buckets = []
     for b in (4, 2, 1):
         for s in (16, 8):
-            buckets.append({"id": f"b{b}-s{s}", "sizes": {"batch": b, "seq": s}, "artifact": f"b{b}-s{s}/model.pt",
+            buckets.append({"id": f"b{b}-s{s}", "target": f"enc/b{b}-s{s}/fp32/p1", "key": f"{b:02d}{s:02d}" * 16,
+                            "sizes": {"batch": b, "seq": s}, "artifact": f"b{b}-s{s}/model.pt",
                             "loader": "torch.jit.load", "files": {},
                             "inputs": [{"name": "ids", "shape": [b, s], "dtype": "int64"},
                                        {"name": "mask", "shape": [b, s], "dtype": "int64"},
@@ -44,7 +45,7 @@ class Recorder:
 
 
 def fake_model(**kw) -> tuple[BucketedModel, dict[str, Recorder]]:
-    rel = fake_release(**kw)
-    mods = {b["id"]: Recorder(b["id"]) for b in rel["buckets"]}
+    rel = PulledRelease.from_json(fake_release(**kw), "fake release.json")
+    mods = {b.id: Recorder(b.id) for b in rel.buckets}
     return BucketedModel(rel, Path("/nonexistent"), modules=mods), mods
 

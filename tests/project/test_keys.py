@@ -141,7 +141,7 @@ def test_plan_changed_names_component_first(tiny):
     b = Builder(Workspace(load_project(tiny)))
     t = b.ws.by_id["tiny/b1/fp32/p1"]
     ki = b.ws.key(t)
-    b.store.put_target(TargetRecord(target=t.id, key=ki.key, status="PASS", details=ki.details, hashes=ki.hashes))
+    b.ws.store.put_target(TargetRecord(target=t.id, key=ki.key, status="PASS", details=ki.details, hashes=ki.hashes))
     edit(tiny, 'compiler_args = ["--optlevel=1"]', 'compiler_args = ["--optlevel=3"]')
     b2 = Builder(Workspace(load_project(tiny)))
     assert b2.ws.changed(b2.ws.by_id[t.id]) == (["compiler: compiler_args"], t.id)

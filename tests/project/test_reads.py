@@ -56,7 +56,7 @@ def state(cfg: Path) -> tuple[str, list[str]]:
     b = Builder(Workspace(load_project(cfg)))
     t = b.ws.by_id[TARGET]
     out = (str(b.ws.state(t)), b.ws.changed(t)[0])
-    b.keys.save()
+    b.ws.keys.save()
     return out
 
 
@@ -77,10 +77,10 @@ def test_what_a_build_read_is_checked_at_lookup_and_the_planned_key_is_the_publi
     planned.keys.save()
     b = Builder(Workspace(load_project(cfg)))
     out = b.build(b.ws.by_id[TARGET])
-    b.keys.save()
+    b.ws.keys.save()
     assert out.ok and out.compiled
     assert out.key == planned_key  # the key plan showed before the first build is the one published
-    man = b.store.manifest(planned_key)
+    man = b.ws.store.manifest(planned_key)
     assert man is not None and man.key == planned_key
     rec = man.recorded_inputs
     assert list(rec["files"]) == ["data/scale.txt"] and rec["env"] == {"GK_OTHER_WIDTH": None}
@@ -109,7 +109,7 @@ def test_what_a_build_read_is_checked_at_lookup_and_the_planned_key_is_the_publi
     b = Builder(Workspace(load_project(cfg)))
     out = b.build(b.ws.by_id[TARGET])
     assert out.ok and out.key == planned_key
-    assert b.store.manifest(planned_key).recorded_inputs["dists"]["gkdep"] == "2.0"
+    assert b.ws.store.manifest(planned_key).recorded_inputs["dists"]["gkdep"] == "2.0"
     assert state(cfg) == ("cached", [])
 
 
@@ -277,7 +277,7 @@ def test_the_worker_never_watches_the_store(tmp_path):
         (store / "cas" / f"{i:02x}").mkdir(parents=True, exist_ok=True)
     t = b.ws.targets[0]
     req = compile_request(b.ws, t, b.ws.key(t), tmp_path / "out", tmp_path / "work")
-    assert str(store) in req.never_read and str(b.project.state_dir.resolve()) in req.never_read
+    assert str(store) in req.never_read and str(b.ws.project.state_dir.resolve()) in req.never_read
     (store / "cas" / "00" / "blob").write_text("x")
     (cfg.parent / "tinylib" / "data.txt").write_text("y")
     with ReadRecorder(req.root, exclude=[Path(p) for p in req.never_read]) as rec:

@@ -35,21 +35,21 @@ def mark_built(cfg: Path, target_id: str = OTHER) -> Builder:
     b = Builder(Workspace(load_project(cfg)))
     t = b.ws.by_id[target_id]
     ki = b.ws.key(t)
-    st = b.store.new_staging(ki.key)
+    st = b.ws.store.new_staging(ki.key)
     obj = st / "object"
     obj.mkdir()
     (obj / "model.pt").write_bytes(b"placeholder " + ki.key.encode())
     files = {"model.pt": {"sha256": file_sha256(obj / "model.pt"), "size": (obj / "model.pt").stat().st_size}}
     m = Manifest(key=ki.key, target=t.id, model=t.model, bucket=dict(t.bucket), dtype=t.dtype, profile=t.profile,
-                 backend=b.keys.backend, hardware_target=b.keys.hardware_target, key_details=ki.details,
+                 backend=b.ws.keys.backend, hardware_target=b.ws.keys.hardware_target, key_details=ki.details,
                  component_hashes=ki.hashes, files=files,
                  metrics=Metrics(status="PASS", compile_time_s=0.001, op_count=1, op_count_source="test"),
                  toolchain=ki.details["toolchain"], created="2026-01-01T00:00:00+00:00", host=socket.gethostname())
-    b.store.seal(obj, m)
-    b.store.publish(obj, ki.key)
+    b.ws.store.seal(obj, m)
+    b.ws.store.publish(obj, ki.key)
     shutil.rmtree(st, ignore_errors=True)
-    b.store.put_target(TargetRecord(target=t.id, key=ki.key, status="PASS", details=ki.details, hashes=ki.hashes))
-    b.keys.save()
+    b.ws.store.put_target(TargetRecord(target=t.id, key=ki.key, status="PASS", details=ki.details, hashes=ki.hashes))
+    b.ws.keys.save()
     assert Workspace(load_project(cfg)).state(t) == TargetState.CACHED
     return b
 
@@ -59,7 +59,7 @@ def state_and_explain(cfg: Path, target_id: str = OTHER) -> tuple[str, list[str]
     b = Builder(Workspace(load_project(cfg)))
     t = b.ws.by_id[target_id]
     lines = [ln.strip() for ln in format_explain(b.ws, t).splitlines() if ln.strip().startswith("- ")]
-    b.keys.save()
+    b.ws.keys.save()
     return str(b.ws.state(t)), lines
 
 
@@ -136,7 +136,7 @@ def test_module_loaded_by_string_is_recorded(tiny):
     b = Builder(Workspace(load_project(tiny)))
     out = b.build(b.ws.by_id[OTHER])
     assert out.ok, out.reason
-    assert list(b.store.manifest(out.key).recorded_inputs["imports"]) == ["tinylib/plugin.py"]
+    assert list(b.ws.store.manifest(out.key).recorded_inputs["imports"]) == ["tinylib/plugin.py"]
     # the manifest records what the compile imported: the next plan finds the artifact (a no-op)
     assert state_and_explain(tiny) == ("cached", [])
     (root / "tinylib" / "plugin.py").write_text("OUT = 4\n")

@@ -39,41 +39,41 @@ def project(tmp_path_factory):
 
 def test_validation_gate_on_stored_results(project):
     b, keys = project
-    g = validation_gate(b.store, {GOOD: keys[GOOD]}, "cpu")
+    g = validation_gate(b.ws.store, {GOOD: keys[GOOD]}, "cpu")
     assert g.passed and g.message == "1 artifact(s) passed validation on cpu"
 
-    bad = b.store.result(keys[BAD], "validation", "cpu")
+    bad = b.ws.store.result(keys[BAD], "validation", "cpu")
     o = bad["outputs"][0]
     assert bad["verdict"] == "fail" and o["tolerance"] == 1e-6 and o["rel_l2_error"] > 1e-4
-    g = validation_gate(b.store, keys, "cpu")
+    g = validation_gate(b.ws.store, keys, "cpu")
     assert not g.passed
     assert g.message == f"failed: {BAD} ({bad['reason']})"
     assert bad["reason"].startswith(f"{BAD}: output0 rel L2 error {o['rel_l2_error']:.1e} > tolerance 1.0e-06")
     assert g.figures == {"passed": 1, "failed": 1, "not_validated": 0}
     # validated on cpu only: a release served from NeuronCores is not validated
-    g = validation_gate(b.store, {GOOD: keys[GOOD]}, "neuron")
+    g = validation_gate(b.ws.store, {GOOD: keys[GOOD]}, "neuron")
     assert not g.passed and g.message == f"not validated on neuron: {GOOD}"
 
 
 def test_latency_gate_on_stored_benchmarks(project):
     b, keys = project
-    good, bad = bench_result(b.store, keys[GOOD], "cpu"), bench_result(b.store, keys[BAD], "cpu")
+    good, bad = bench_result(b.ws.store, keys[GOOD], "cpu"), bench_result(b.ws.store, keys[BAD], "cpu")
     assert good["iters"] == bad["iters"] == 20 == len(good["samples_ms"])
     assert good["session"] == bad["session"]  # one `bench` command: one session
     # the same artifact as its own baseline: ratio exactly 1, inside its interval
-    g = latency_gate(b.store, {GOOD: keys[GOOD]}, {GOOD: keys[GOOD]}, "cpu")
+    g = latency_gate(b.ws.store, {GOOD: keys[GOOD]}, {GOOD: keys[GOOD]}, "cpu")
     row = g.figures["buckets"][GOOD]
     assert g.passed and row["ratio"] == 1.0 and row["ratio_low"] <= 1.0 <= row["ratio_high"]
     # the bf16 artifact as a candidate against the fp32 one as baseline, for the same bucket
-    g = latency_gate(b.store, {GOOD: keys[BAD]}, {GOOD: keys[GOOD]}, "cpu")
+    g = latency_gate(b.ws.store, {GOOD: keys[BAD]}, {GOOD: keys[GOOD]}, "cpu")
     row = g.figures["buckets"][GOOD]
     assert row["ratio"] == pytest.approx(bad["latency_ms"]["p50"] / good["latency_ms"]["p50"], rel=1e-3)
     assert row["same_session"] is True
-    g = latency_gate(b.store, {GOOD: keys[BAD]}, {GOOD: keys[GOOD]}, "cpu", max_ratio=row["ratio_low"] - 0.01)
+    g = latency_gate(b.ws.store, {GOOD: keys[BAD]}, {GOOD: keys[GOOD]}, "cpu", max_ratio=row["ratio_low"] - 0.01)
     assert not g.passed
     assert g.message.startswith(f"{GOOD} median latency is {row['ratio']:.2f}x the baseline's (95% interval")
     # no benchmark on that device kind: not compared, not failed
-    g = latency_gate(b.store, {GOOD: keys[GOOD]}, {GOOD: keys[BAD]}, "neuron")
+    g = latency_gate(b.ws.store, {GOOD: keys[GOOD]}, {GOOD: keys[BAD]}, "neuron")
     assert g.passed and g.figures["not_compared"] == {GOOD: "no benchmark of the candidate on this device kind"}
 
 
@@ -84,17 +84,17 @@ def test_results_sit_beside_the_artifact(project):
     import socket
     b, keys = project
     for t, key in keys.items():
-        val, bench = b.store.results(key, "validation"), b.store.results(key, "bench")
+        val, bench = b.ws.store.results(key, "validation"), b.ws.store.results(key, "bench")
         assert list(val) == ["cpu"] and list(bench) == [f"cpu--{socket.gethostname()}"]
         for rec in (val["cpu"], *bench.values()):
             assert (rec["key"], rec["target"], rec["device_kind"]) == (key, t, "cpu")
-        assert b.store.result(key, "validation", "cpu") == val["cpu"]
-        assert bench_result(b.store, key, "cpu") == bench[f"cpu--{socket.gethostname()}"]
-        assert b.store.results(key, "profile") == {}  # no other kind was stored
-        assert b.store.is_complete(key, deep=True) and set(b.store.manifest(key).files) == {"model.pt"}
-    assert b.store.result(keys[BAD], "validation", "cpu")["verdict"] == "fail"
-    assert b.store.result(keys[GOOD], "validation", "cpu")["verdict"] == "pass"
-    again = Builder(Workspace(load_project(b.project.path)))
+        assert b.ws.store.result(key, "validation", "cpu") == val["cpu"]
+        assert bench_result(b.ws.store, key, "cpu") == bench[f"cpu--{socket.gethostname()}"]
+        assert b.ws.store.results(key, "profile") == {}  # no other kind was stored
+        assert b.ws.store.is_complete(key, deep=True) and set(b.ws.store.manifest(key).files) == {"model.pt"}
+    assert b.ws.store.result(keys[BAD], "validation", "cpu")["verdict"] == "fail"
+    assert b.ws.store.result(keys[GOOD], "validation", "cpu")["verdict"] == "pass"
+    again = Builder(Workspace(load_project(b.ws.project.path)))
     assert {t: again.ws.key(again.ws.by_id[t]).key for t in keys} == keys
 
 

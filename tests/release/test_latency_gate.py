@@ -232,8 +232,8 @@ def test_same_speed_passes_every_time_and_a_sleep_in_forward_is_refused(mlp):
         _fresh_channels(cfg)
         project = load_project(cfg)
         b = Builder(Workspace(project))
-        promote(b.store, project.config.release, "mlp", "dev", release=r1)
-        e = promote(b.store, project.config.release, "mlp", "dev", release=r2)
+        promote(b.ws.store, project.config.release, "mlp", "dev", release=r1)
+        e = promote(b.ws.store, project.config.release, "mlp", "dev", release=r2)
         g = next(g for g in e.gates if g["name"] == "latency")
         assert g["verdict"] == "pass" and g["figures"]["buckets"]["static"]["same_session"] is True
         passes.append(g["figures"]["buckets"]["static"]["ratio"])
@@ -263,7 +263,7 @@ def test_same_speed_passes_every_time_and_a_sleep_in_forward_is_refused(mlp):
     fast = next(x for x in run.records if x.target.endswith("p1"))
     assert slow.median_ms / fast.median_ms > 1.35
     _fresh_channels(cfg)
-    promote(b.store, project.config.release, "mlp", "dev", release=r1)
+    promote(b.ws.store, project.config.release, "mlp", "dev", release=r1)
     r = run_cli("promote", "-c", str(cfg), "mlp", r2, "--to", "dev", "--json")
     assert r.returncode == 3, r.stdout + r.stderr
     entry = json.loads(r.stdout)

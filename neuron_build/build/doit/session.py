@@ -214,12 +214,12 @@ class BuildSession(NamespaceTaskLoader):
         # for the processes this run starts (doit -P process runners); put back afterwards, so a caller that
         # runs builds in-process (tests, a notebook) does not point later subprocesses at this project
         config_before = os.environ.get("NEURON_BUILD_CONFIG")
-        os.environ["NEURON_BUILD_CONFIG"] = str(b.project.path)
+        os.environ["NEURON_BUILD_CONFIG"] = str(b.ws.project.path)
         doit_args = ["run", "--db-file", ":memory:"]  # see the module docstring: one db per process
         # always explicit: DOIT_CONFIG's parallel default must not override jobs=1 (-n 0: doit's serial runner)
         doit_args += ["-n", str(jobs) if jobs > 1 else "0", "-P", "thread"]
         doit_args += [f"build:{t}" for t in target_ids] if target_ids is not None else ["build"]
-        b.project.state_dir.mkdir(parents=True, exist_ok=True)
+        b.ws.project.state_dir.mkdir(parents=True, exist_ok=True)
         self.outcomes.clear()
         extra = {"run": {"outfile": outstream}} if outstream is not None else None
         self.hits.clear()

@@ -22,21 +22,21 @@ from typing import Any
 
 from neuron_build.compilers.base import CompileFailed
 from neuron_build.compilers.neuron.nxdi import LOADER, model_classes
+from neuron_build.runtime.pulled import PulledRelease
 
 
-def is_nxdi_release(release: dict[str, Any]) -> bool:
-    """Whether a pulled ``release.json`` holds NxDI artifacts (their recorded loader is :data:`LOADER`)."""
-    return any(isinstance(b, dict) and b.get("loader") == LOADER for b in release.get("buckets") or [])
+def is_nxdi_release(release: PulledRelease) -> bool:
+    """Whether a pulled release holds NxDI artifacts (their recorded loader is :data:`LOADER`)."""
+    return any(b.loader == LOADER for b in release.buckets)
 
 
-def host_problem(release: dict[str, Any], where: str, tp_degree: int | None = None,
-                 cores: list[str] | None = None) -> str | None:
+def host_problem(model: str, backend: str, hardware_target: str | None, where: str,
+                 tp_degree: int | None = None, cores: list[str] | None = None) -> str | None:
     """One line saying that this host cannot run an NxDI release (no NeuronCore: no ``/dev/neuron<N>``,
     :func:`neuron_build.project.toolchain.neuron_devices`) and what host it needs, or None.
 
     Args:
-        release: the pulled ``release.json`` content (or a dict with ``model``, ``backend``,
-            ``hardware_target``).
+        model, backend, hardware_target: the release's (a pulled record's, or the compiled folders').
         where: names the release in the message (its folder's ``release.json``, or the target).
         tp_degree: the NeuronCores one copy of the model spans, when known.
         cores: the device nodes to judge by (default: this host's).
@@ -48,18 +48,18 @@ def host_problem(release: dict[str, Any], where: str, tp_degree: int | None = No
     if cores:
         return None
     need = f" with at least {tp_degree} NeuronCores (tp_degree {tp_degree})" if tp_degree else ""
-    hw = release.get("hardware_target")
-    return (f"{where}: an NxDI release of {release.get('model')} (backend {release.get('backend')}, {hw}) runs "
+    hw = hardware_target
+    return (f"{where}: an NxDI release of {model} (backend {backend}, {hw}) runs "
             f"only on a Neuron host and this host has no NeuronCore (no /dev/neuron*); serve, validate and "
             f"bench it on a {hw} instance{need}")
 
 
-def pulled_tp_degree(release: dict[str, Any], root: Path) -> int | None:
+def pulled_tp_degree(release: PulledRelease, root: Path) -> int | None:
     """The largest ``tp_degree`` the bucket folders' ``neuron_config.json`` name (None: none readable)."""
     tps = []
-    for b in release.get("buckets") or []:
+    for b in release.buckets:
         try:
-            tps.append(int(json.loads((root / b["id"] / "neuron_config.json").read_text())["neuron_config"]["tp_degree"]))
+            tps.append(int(json.loads((root / b.id / "neuron_config.json").read_text())["neuron_config"]["tp_degree"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return max(tps) if tps else None
@@ -138,18 +138,18 @@ class NxDIEngine:
         return torch.cat([ids, tail.to(torch.long)], dim=1)
 
 
-def nxdi_engine(release: dict[str, Any], root: Path, folders: list[Path] | None = None,
-                where: str | None = None) -> NxDIEngine:
+def nxdi_engine(folders: list[Path], model: str, backend: str, hardware_target: str | None,
+                where: str) -> NxDIEngine:
     """Load a pulled NxDI release: per bucket folder, NxDI's application class of the compiled model's
     ``model_type`` (:data:`MODEL_CLASSES`) as NxDI serves a compiled folder: ``Cls(path)`` (which reads
     ``neuron_config.json``), ``.load(path)`` (``model.pt`` onto the NeuronCores), then
     ``HuggingFaceGenerationAdapter(app)`` [code: NxDI examples/generation_demo.py; hlo-before-neff notes 4].
 
     Args:
-        release: the pulled ``release.json`` content (``model``, ``backend``, ``hardware_target``, ``buckets``).
-        root: the pulled folder (the bucket folders are ``root / <bucket id>``).
-        folders: the compiled folders instead (validation and bench load artifacts from the store).
-        where: names what is loaded in messages (default: ``root/release.json``).
+        folders: the compiled folders (a pulled release's bucket folders; validation and bench load them
+            from the store).
+        model, backend, hardware_target: what they were compiled as (the host message).
+        where: names what is loaded in messages (the pulled ``release.json``, or a target and key).
 
     Raises:
         UserError: this host has no NeuronCore (one line: what host the release needs, :func:`host_problem`);
@@ -158,11 +158,7 @@ def nxdi_engine(release: dict[str, Any], root: Path, folders: list[Path] | None 
             type.
     """
     from neuron_build.errors import UserError
-    from neuron_build.runtime.pulled import release_file
 
-    where = where or str(release_file(root))
-    if folders is None:
-        folders = [root / b["id"] for b in release["buckets"]]
     configs = []
     for folder in folders:
         cfg_file = folder / "neuron_config.json"
@@ -174,7 +170,7 @@ def nxdi_engine(release: dict[str, Any], root: Path, folders: list[Path] | None 
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise UserError(f"{cfg_file}: not NxDI's compiled configuration ({type(e).__name__}: {e}); it is "
                             f"one of the artifact's files (pull the release again, or `neuron-build verify`)") from None
-    problem = host_problem(release, where, max(c[5] for c in configs))
+    problem = host_problem(model, backend, hardware_target, where, max(c[5] for c in configs))
     if problem:
         raise UserError(problem)
     try:
@@ -198,7 +194,7 @@ def nxdi_engine(release: dict[str, Any], root: Path, folders: list[Path] | None 
         app.load(str(folder))       # model.pt onto the NeuronCores
         apps[batch] = (app, HuggingFaceGenerationAdapter(app))
     pad = configs[0][1].get("pad_token_id")
-    return NxDIEngine(apps, str(release.get("model", "model")), min(c[3] for c in configs),
+    return NxDIEngine(apps, model, min(c[3] for c in configs),
                       min(c[4] for c in configs), pad if isinstance(pad, int) else None)
 
 

@@ -216,10 +216,10 @@ def test_build_through_slurm_survives_a_cancelled_job_then_noop(slurm, tmp_path)
     assert rerun["ppid"] != first["ppid"]  # on another worker (the other job, or the one Slurm ran in its place)
     b = Builder(Workspace(load_project(cfg)))
     for t in b.ws.targets:
-        m = b.store.manifest(b.ws.key(t).key)
+        m = b.ws.store.manifest(b.ws.key(t).key)
         assert m is not None and m.metrics.status == "PASS", t.id
         assert m.model_dump(mode="json")["executor"] == "dask"
-    rep = verify_store(b.store, deep=True)
+    rep = verify_store(b.ws.store, deep=True)
     assert rep.clean and rep.checked == 3, rep.to_json()  # nothing half-published
     # Slurm wrote the jobs' logs in log_directory: the two jobs, then the one asked for in the cancelled one's place
     assert len(list((cfg.parent / "slurm-logs").glob("neuron-build-*.err"))) == 3

@@ -76,7 +76,7 @@ def builder(cfg: Path):
 
 
 def manifest(b, target: str) -> dict:
-    m = b.store.manifest(b.ws.key(b.ws.by_id[target]).key)
+    m = b.ws.store.manifest(b.ws.key(b.ws.by_id[target]).key)
     assert m is not None, f"{target} is not in the store"
     return m.model_dump(mode="json")
 
@@ -231,7 +231,7 @@ def test_worker_killed_mid_compile_is_rescheduled(two_workers, tmp_path):
     b = builder(cfg)
     m = manifest(b, "sleepy/b1/fp32/p1")
     assert m["worker"] != victim_addr and m["worker"] in two_workers.worker_addresses()
-    rep = verify_store(b.store, deep=True)
+    rep = verify_store(b.ws.store, deep=True)
     assert rep.clean and rep.checked == 1, rep.to_json()  # nothing half-published
 
 
@@ -530,7 +530,7 @@ def test_a_compile_over_the_dask_workers_memory_limit_is_stopped_and_not_retried
             assert peak > 600_000_000 and int(m.group(1)) == round(peak / 2**20)
             print(f"\nover-limit compile: limit 600000000 bytes (572 MiB), peak {peak} bytes "
                   f"({peak / 2**20:.0f} MiB), stopped after {took:.1f} s")
-            fail = b.store.failure("sleepy/b1/fp32/p1")
+            fail = b.ws.store.failure("sleepy/b1/fp32/p1")
             assert fail is not None and fail.peak_rss_bytes == peak and str(fail.status) == "KILLED"
             assert len(calls(cfg.parent)) == 1
             again = DaskBuild(load_builder(cfg).ws, lc.scheduler_address, report=lines.append).run(b.ws.targets)

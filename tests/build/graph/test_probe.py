@@ -54,7 +54,7 @@ def asked(b: Builder, target_id: str, changed: tuple[str, ...] = ("model",)) -> 
     t = b.ws.by_id[target_id]
     ki = b.ws.key(t)
     ctx = BuildContext(t, ki, get_logger(target=t.id), changed=changed)
-    req = compile_request(b.ws, t, ki, b.project.state_dir / "obj", b.project.state_dir / "work")
+    req = compile_request(b.ws, t, ki, b.ws.project.state_dir / "obj", b.ws.project.state_dir / "work")
     req.options[graph_key.OPTION] = {"base": graph_key.base_of(ki.details)}
     return ctx, req
 
@@ -65,7 +65,7 @@ def built(tmp_path, monkeypatch):
     monkeypatch.delenv(graph_probe.PROBE_ENV, raising=False)
     b = twin_builder(tmp_path, hits=set())
     first = b.build(b.ws.by_id[OTHER])
-    assert first.compiled and graph_index.lookup(b.store, GK).key == first.key
+    assert first.compiled and graph_index.lookup(b.ws.store, GK).key == first.key
     return b
 
 
@@ -140,7 +140,7 @@ def unindexed_key(b: Builder) -> ProbeAnswer:
 def incomplete_artifact(b: Builder) -> ProbeAnswer:
     """An index entry whose artifact is not in the store."""
     gk = hashlib.sha256(b"a graph whose artifact is gone").hexdigest()
-    graph_index.record(b.store, graph_index.GraphEntry(graph_key=gk, key="ab" * 32, target=OTHER,
+    graph_index.record(b.ws.store, graph_index.GraphEntry(graph_key=gk, key="ab" * 32, target=OTHER,
                                                        backend="torchscript"), replace=True)
     return ProbeAnswer(gk=gk)
 
@@ -168,10 +168,10 @@ def rebuilt_twin(b: Builder, monkeypatch, answer) -> Builder:
     answers ``answer(b)`` (made now) and whose worker answers a graph hit for TWIN unless asked with
     ``no_reuse``."""
     assert b.build(b.ws.by_id[TWIN]).compiled
-    src = b.project.root / "tinylib" / "twin.py"
+    src = b.ws.project.root / "tinylib" / "twin.py"
     src.write_text("# a graph-neutral edit\n" + src.read_text())
     monkeypatch.setattr(graph_probe, "run_probe", answer(b))
-    return Builder(Workspace(load_project(b.project.root / "buckets.toml")), executor=GraphWorker({TWIN}))
+    return Builder(Workspace(load_project(b.ws.project.root / "buckets.toml")), executor=GraphWorker({TWIN}))
 
 
 def test_the_builder_takes_a_probe_hit_by_name_to_the_reuse(built, monkeypatch):
@@ -184,24 +184,24 @@ def test_the_builder_takes_a_probe_hit_by_name_to_the_reuse(built, monkeypatch):
 
     monkeypatch.setattr(builder_mod, "classify", never)
     out = b.build(b.ws.by_id[TWIN])
-    src = graph_index.lookup(b.store, GK).key
+    src = graph_index.lookup(b.ws.store, GK).key
     assert (out.status, out.compiled, out.reason) == (Status.PASS, False, f"graph unchanged: reused {src}")
     assert b.executor.runs == []
-    m = b.store.manifest(out.key)
+    m = b.ws.store.manifest(out.key)
     assert (m.reused_from, m.graph_key, m.graph_document) == (src, GK, DOC)
-    src_m = b.store.manifest(src)
+    src_m = b.ws.store.manifest(src)
     assert (m.metrics.compile_time_s, m.metrics.peak_rss_bytes, m.metrics.exit_code) == (
         src_m.metrics.compile_time_s, 0, 0)                          # the source's compile, not the probe's share
     assert m.metrics.model_dump()["reuse_time_s"] == 0.5
     assert "tinylib/act.py" in m.recorded_inputs["files"]
-    assert b.store.log_file(out.key, WORKER_LOG).read_text().startswith("probe log\ngraph probe: graph key")
-    assert [(r.target, r.event) for r in ledger.read(b.store)][-1] == (TWIN, "graph-reused")
+    assert b.ws.store.log_file(out.key, WORKER_LOG).read_text().startswith("probe log\ngraph probe: graph key")
+    assert [(r.target, r.event) for r in ledger.read(b.ws.store)][-1] == (TWIN, "graph-reused")
 
 
 def rot_the_source_blob(b: Builder) -> ProbeAnswer:
     """The indexed artifact's blob rotted (same size, another digest): complete to the probe, refused by the
     reuse's publish (its blobs verify)."""
-    blob = b.store.path(layout.blob_path(b.store.manifest(graph_index.lookup(b.store, GK).key).files["model.pt"].sha256))
+    blob = b.ws.store.path(layout.blob_path(b.ws.store.manifest(graph_index.lookup(b.ws.store, GK).key).files["model.pt"].sha256))
     os.chmod(blob, 0o644)
     rotted = bytearray(blob.read_bytes())
     rotted[5] ^= 0x01
@@ -223,8 +223,8 @@ def test_a_probe_hit_whose_index_entry_is_stale_compiles(built, monkeypatch, why
     out = b.build(b.ws.by_id[TWIN])
     assert (out.status, out.compiled) == (Status.PASS, True), out.reason
     assert b.executor.runs == [(TWIN, "compile")]
-    m = b.store.manifest(out.key)
+    m = b.ws.store.manifest(out.key)
     assert m.reused_from is None and m.graph_key == GK
-    assert b.store.log_file(out.key, WORKER_LOG).read_bytes() == f"{TWIN}: compiled\n".encode()
-    assert b.store.lookup(out.key, deep=True).hit
-    assert [(r.target, r.event) for r in ledger.read(b.store)][-1] == (TWIN, "compile")
+    assert b.ws.store.log_file(out.key, WORKER_LOG).read_bytes() == f"{TWIN}: compiled\n".encode()
+    assert b.ws.store.lookup(out.key, deep=True).hit
+    assert [(r.target, r.event) for r in ledger.read(b.ws.store)][-1] == (TWIN, "compile")

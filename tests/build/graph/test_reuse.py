@@ -60,20 +60,20 @@ def twin_builder(tmp_path: Path, hits: set[str]) -> Builder:
 def test_a_graph_hit_publishes_over_the_source_blobs_and_hashes_each_file_once(tmp_path, monkeypatch):
     b = twin_builder(tmp_path, hits={TWIN})
     first = b.build(b.ws.by_id[OTHER])
-    assert (first.status, first.compiled) == (Status.PASS, True) and graph_index.lookup(b.store, GK).key == first.key
+    assert (first.status, first.compiled) == (Status.PASS, True) and graph_index.lookup(b.ws.store, GK).key == first.key
     seen = hash_spy(monkeypatch)
     second = b.build(b.ws.by_id[TWIN])
     assert (second.status, second.compiled, second.reason) == (Status.PASS, False, f"graph unchanged: reused {first.key}")
-    m, src = b.store.manifest(second.key), b.store.manifest(first.key)
+    m, src = b.ws.store.manifest(second.key), b.ws.store.manifest(first.key)
     assert (m.reused_from, m.graph_key, m.graph_document) == (first.key, GK, DOC)
     assert {n: e.sha256 for n, e in m.files.items()} == {n: e.sha256 for n, e in src.files.items()}
     assert set(m.logs) == {WORKER_LOG} and m.logs[WORKER_LOG] != src.logs[WORKER_LOG]
     # each file of the new artifact hashed once: the source's blobs verified, the worker log digested
     assert Counter(seen) == Counter(e.sha256 for e in (*m.files.values(), *m.logs.values())) and len(seen) == 3
-    assert b.store.lookup(second.key, deep=True).hit
-    assert {n: (b.store.artifact_dir(second.key) / n).read_bytes() for n in CONTENT} == CONTENT
-    assert b.store.log_file(second.key, WORKER_LOG).read_bytes() == f"{TWIN}: hit\n".encode()
-    assert [(r.target, r.event) for r in ledger.read(b.store)] == [(OTHER, "compile"), (TWIN, "graph-reused")]
+    assert b.ws.store.lookup(second.key, deep=True).hit
+    assert {n: (b.ws.store.artifact_dir(second.key) / n).read_bytes() for n in CONTENT} == CONTENT
+    assert b.ws.store.log_file(second.key, WORKER_LOG).read_bytes() == f"{TWIN}: hit\n".encode()
+    assert [(r.target, r.event) for r in ledger.read(b.ws.store)] == [(OTHER, "compile"), (TWIN, "graph-reused")]
 
 
 def test_a_source_blob_that_does_not_verify_is_not_reused_the_target_compiles(tmp_path):
@@ -81,7 +81,7 @@ def test_a_source_blob_that_does_not_verify_is_not_reused_the_target_compiles(tm
     it would pin the rot under a second key; the twin compiles instead and its artifact verifies."""
     b = twin_builder(tmp_path, hits={TWIN})
     first = b.build(b.ws.by_id[OTHER])
-    blob = b.store.path(layout.blob_path(b.store.manifest(first.key).files["model.pt"].sha256))
+    blob = b.ws.store.path(layout.blob_path(b.ws.store.manifest(first.key).files["model.pt"].sha256))
     os.chmod(blob, 0o644)
     rotted = bytearray(blob.read_bytes())
     rotted[5] ^= 0x01
@@ -89,11 +89,11 @@ def test_a_source_blob_that_does_not_verify_is_not_reused_the_target_compiles(tm
     second = b.build(b.ws.by_id[TWIN])
     assert (second.status, second.compiled) == (Status.PASS, True), second.reason
     assert b.executor.runs == [(OTHER, "compile"), (TWIN, "hit"), (TWIN, "compile")]
-    m = b.store.manifest(second.key)
+    m = b.ws.store.manifest(second.key)
     assert m.reused_from is None and m.graph_key == GK
-    assert b.store.lookup(second.key, deep=True).hit  # the rebuild's bytes replaced the rotted blob
-    assert (b.store.artifact_dir(second.key) / "model.pt").read_bytes() == CONTENT["model.pt"]
-    assert [(r.target, r.event) for r in ledger.read(b.store)] == [(OTHER, "compile"), (TWIN, "compile")]
+    assert b.ws.store.lookup(second.key, deep=True).hit  # the rebuild's bytes replaced the rotted blob
+    assert (b.ws.store.artifact_dir(second.key) / "model.pt").read_bytes() == CONTENT["model.pt"]
+    assert [(r.target, r.event) for r in ledger.read(b.ws.store)] == [(OTHER, "compile"), (TWIN, "compile")]
 
 
 class RelinkWorker(GraphWorker):
@@ -125,10 +125,10 @@ def test_a_relinked_artifact_keeps_the_compile_time_and_records_the_relinks_own(
     first = b.build(b.ws.by_id[OTHER])
     second = b.build(b.ws.by_id[TWIN])
     assert (second.status, second.compiled, second.reason) == (Status.PASS, False, RELINKED.format(source=first.key))
-    m = b.store.manifest(second.key)
-    assert m.relinked_from == first.key and m.files["model.pt"] == b.store.manifest(first.key).files["model.pt"]
+    m = b.ws.store.manifest(second.key)
+    assert m.relinked_from == first.key and m.files["model.pt"] == b.ws.store.manifest(first.key).files["model.pt"]
     assert (m.metrics.compile_time_s, m.metrics.relink_time_s) == (30.0, 0.5)
-    assert artifact_summary(b.store, second.key, m)["compile_time_s"] == 30.0  # what the compile-time gate reads
+    assert artifact_summary(b.ws.store, second.key, m)["compile_time_s"] == 30.0  # what the compile-time gate reads
     assert main(["show", second.key, "-c", str(tmp_path / "proj" / "buckets.toml")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "compile  30.0 s, peak 0 MiB" in out
@@ -149,7 +149,7 @@ def test_a_graph_reuse_keeps_the_compile_time_and_records_its_own(tmp_path, caps
 
     b = Builder(Workspace(load_project(twin_project(tmp_path))), executor=TimedWorker({TWIN}))
     first, second = b.build(b.ws.by_id[OTHER]), b.build(b.ws.by_id[TWIN])
-    m = b.store.manifest(second.key)
+    m = b.ws.store.manifest(second.key)
     assert m.reused_from == first.key and (m.metrics.compile_time_s, m.metrics.reuse_time_s) == (30.0, 0.5)
     assert main(["show", second.key, "-c", str(tmp_path / "proj" / "buckets.toml")]) == 0
     out = capsys.readouterr().out.splitlines()

@@ -230,7 +230,7 @@ def test_validate_and_bench_of_an_nxdi_target_on_a_neuron_host_run_through_nxdi(
     # the imitated Neuron host (the patched device list) lives in this process: validate here, not in the fresh
     # process validate_target starts (tests/flows/test_one_verdict.py covers that process)
     monkeypatch.setattr(validate_mod, "_validate_isolated", validate_run.validate_here)
-    rec = validate_mod.validate_target(b.project, b.store, t, key, record=False, keys=b.keys)
+    rec = validate_mod.validate_target(b.ws.project, b.ws.store, t, key, record=False, keys=b.ws.keys)
     assert rec["verdict"] == "fail" and rec["partners"] == ["llama/nxdi-b1/bf16/p1"]
     assert [r["name"] for r in rec["outputs"]] == ["generate b1 prompt 16 +8 tokens", "generate b1 prompt 32 +8 tokens"]
     assert rec["reason"] == ("llama/nxdi-b1/bf16/p1: generate b1 prompt 16 +8 tokens: tokens differ from the eager "
@@ -238,7 +238,7 @@ def test_validate_and_bench_of_an_nxdi_target_on_a_neuron_host_run_through_nxdi(
     assert rec["measure"].startswith("NxDI (tokens only")
     log = [json.loads(x)["call"] for x in calls.read_text().splitlines()]
     assert log[:4] == ["NeuronConfig", "load", "load_weights", "adapter"] and log.count("generate") == 2
-    compiled, _eager, (ids, pos) = bench_callables(b.project, b.store, t, key, b.store.manifest(key))
+    compiled, _eager, (ids, pos) = bench_callables(b.ws.project, b.ws.store, t, key, b.ws.store.manifest(key))
     assert ids.shape == (1, 32)
     assert compiled(ids, pos).tolist() == [(int(ids[0, -1]) * 7 + 3) % 1000]
     assert torch.equal(compiled(ids, pos), compiled(ids, pos))

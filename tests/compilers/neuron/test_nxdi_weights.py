@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -99,21 +100,23 @@ def test_a_pulled_nxdi_release_serves_without_the_checkpoint_folder_and_a_bad_sh
     assert "\n" not in str(e.value) and str(e.value).startswith(f"{shard}: ")
     # the folders validation and bench load from the store: the shards against the spec, before NxDI's load()
     from neuron_build.compilers.neuron.nxdi_serve import nxdi_engine
+    from neuron_build.runtime import read_pulled
 
-    release = json.loads((dest / "release.json").read_text())
+    release = read_pulled(dest, "pull it")
+    engine = partial(nxdi_engine, [folder], release.model, release.backend, release.hardware_target, "here")
     with pytest.raises(UserError) as e:
-        nxdi_engine(release, dest, folders=[folder])
+        engine()
     assert str(e.value) == (f"{shard}: weight layers.0.mlp.up_proj.weight is BF16 [32, 64] but the compiled graph "
                             "expects BF16 [64, 64]; rebuild the artifact or pull the release again")
     shard.unlink()
     with pytest.raises(UserError, match="cannot be read"):
-        nxdi_engine(release, dest, folders=[folder])
+        engine()
     shard.write_bytes(good)
     spec["files"].pop(SHARDS[1])
     (folder / "weights.json").unlink()
     (folder / "weights.json").write_text(json.dumps(spec))
     with pytest.raises(UserError, match="the spec does not name the 2 sharded weights files"):
-        nxdi_engine(release, dest, folders=[folder])
+        engine()
     assert "load" not in [c["call"] for c in _lines(calls)[n:]]   # nothing reached NxDI's load()
 
 
@@ -145,9 +148,8 @@ def test_a_fine_tune_is_sharded_and_relinked_with_the_stored_neffs(proj, monkeyp
 
     store = Workspace(load_project(proj)).store
     calls = _on_a_neuron_host(monkeypatch, tmp_path)
-    release = {"model": "llama", "backend": "neuron", "hardware_target": "trn1"}
     for key in (first["key"], m["key"]):
-        nxdi_engine(release, tmp_path, folders=[store.artifact_dir(key)])
+        nxdi_engine([store.artifact_dir(key)], "llama", "neuron", "trn1", f"key {key}")
     old, new = (c["digest"] for c in _lines(calls) if c["call"] == "load_weights")
     assert old != new
     from neuronx_distributed_inference.models.llama.modeling_llama import NeuronLlamaForCausalLM
