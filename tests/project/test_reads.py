@@ -74,7 +74,7 @@ def test_what_a_build_read_is_checked_at_lookup_and_the_planned_key_is_the_publi
 
     planned = Builder(Workspace(load_project(cfg)))
     planned_key = planned.ws.key(planned.ws.by_id[TARGET]).key
-    planned.keys.save()
+    planned.ws.keys.save()
     b = Builder(Workspace(load_project(cfg)))
     out = b.build(b.ws.by_id[TARGET])
     b.ws.keys.save()

@@ -335,7 +335,7 @@ def test_ctrl_c_cancels_tasks_and_kills_compiles(two_workers, tmp_path):
     assert proc.returncode == 130, out + err
     _wait_for(lambda: not compile_processes(tmp_path), 15)  # no orphan compile on the workers
     assert not [c for c in calls(cfg.parent) if c["event"] == "end"]
-    assert builder(cfg).store.keys() == []  # nothing published
+    assert builder(cfg).ws.store.keys() == []  # nothing published
     from distributed import Client
     with Client(two_workers.address, timeout=10, set_as_default=False) as c:
         _wait_for(lambda: not any(c.processing().values()), 15)  # the cluster is free again
