@@ -62,7 +62,7 @@ def refused(store: Any, source: str, old: Any, obj: Path) -> str | None:
 
 
 def relink(graph: Any, ctx: Any, req: Any, run: Any, obj: Path, source: str, old: Any,  # noqa: PLR0913
-           recorded_inputs: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+           recorded_inputs: dict[str, Any]) -> tuple[str, dict[str, Any], bool] | None:
     """Publish ``ctx``'s key as ``source``'s compiled files plus the weights staged in ``obj``.
 
     Args:
@@ -71,7 +71,9 @@ def relink(graph: Any, ctx: Any, req: Any, run: Any, obj: Path, source: str, old
             :func:`~neuron_build.build.graph.reuse.reuse_refused`).
 
     Returns:
-        (graph key, the new manifest's metrics), or None (logged) when the relink is refused: compile.
+        (graph key, the new manifest's metrics, whether the weights differ from ``source``'s: False for an
+        edit that changed neither graph nor weights, recorded as ``reused_from``, not ``relinked_from``), or
+        None (logged) when the relink is refused: compile.
 
     Raises:
         DiskFull: the file system filled up; nothing was published.
@@ -102,14 +104,17 @@ def relink(graph: Any, ctx: Any, req: Any, run: Any, obj: Path, source: str, old
     metrics = {**old.metrics.model_dump(), "status": Status.PASS, "compile_time_s": round(run.wall_s, 3),
                "peak_rss_bytes": run.peak_rss_bytes, "exit_code": run.exit_code, "attempts": ctx.attempt,
                "reason": None, "artifact_bytes": sum(e["size"] for e in files.values())}
+    new_weights = any(files[n]["sha256"] != old.files[n].sha256 for n in new)
+    origin = ({"relinked_from": source} if new_weights
+              else {"reused_from": source if source != ctx.ki.key else old.reused_from})
     manifest = artifact_manifest(
         ctx, req, files, logs, metrics, toolchain=dict(old.toolchain), compiler=dict(old.compiler), graph_key=gk,
-        graph_document=old.graph_document, relinked_from=source, recorded_inputs=recorded_inputs, **graph.provenance)
+        graph_document=old.graph_document, recorded_inputs=recorded_inputs, **origin, **graph.provenance)
     with disk_full("writing the manifest", obj):
         store.seal(obj, manifest)
     with disk_full("publishing", obj):
         store.publish(obj, ctx.ki.key, replace=bool(ctx.stale))
-    return gk, metrics
+    return gk, metrics, new_weights
 
 
 __all__ = ["RELINKED", "refused", "relink", "staged", "weights_files"]

@@ -162,7 +162,7 @@ class GraphReuse:
         gk = str(old.graph_key)
         if relink.staged(obj) or (old.compiler or {}).get("weights") == "external":
             done = relink.relink(self, ctx, req, run, obj, source, old, recorded_inputs)
-            return None if done is None else Reused(source, done[0], done[1], relinked=True)
+            return None if done is None else Reused(source, done[0], done[1], relinked=done[2])
         with disk_full("writing the artifact", obj):
             (obj / WORKER_LOG).write_bytes(run.log)
         metrics = {**old.metrics.model_dump(), "status": Status.PASS, "compile_time_s": round(run.wall_s, 3),
