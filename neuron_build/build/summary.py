@@ -32,6 +32,10 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
 
+#: Statuses of a target that never ran to an end (no log to show: ``neuron-build show`` would say "not built").
+UNFINISHED = ("INTERRUPTED", "not built")
+
+
 def log_command(target_id: str) -> str:
     """The command that shows a failed target's status, reason and log file: ``neuron-build show <id>``."""
     return f"neuron-build show {target_id}"
@@ -125,11 +129,13 @@ class BuildSummary:
 
     @property
     def lines(self) -> list[str]:
-        """Two lines per failed target: ``  FAILED <target>: <status>: <reason>``, ``    log: <command>``."""
+        """Two lines per failed target: ``  FAILED <target>: <status>: <reason>``, ``    log: <command>`` (not for
+        a target that never finished: :data:`UNFINISHED`)."""
         out = []
         for tid in self.failed:
             status, reason = self.failures.get(tid, ("not built", NOT_RUN))
-            out += [f"  FAILED {tid}: {status}: {reason}", f"    log: {log_command(tid)}"]
+            out += [f"  FAILED {tid}: {status}: {reason}"] + (
+                [] if status in UNFINISHED else [f"    log: {log_command(tid)}"])
         return out
 
     def head(self) -> str:
@@ -190,7 +196,8 @@ class BuildSummary:
             for tid in self.failed:
                 status, reason = self.failures.get(tid, ("not built", NOT_RUN))
                 cell = Text(reason)
-                cell.append(("\n" if reason else "") + f"log: {log_command(tid)}", style="dim")
+                if status not in UNFINISHED:
+                    cell.append(("\n" if reason else "") + f"log: {log_command(tid)}", style="dim")
                 table.add_row(tid, Text(status, style="red"), cell)
             console.print(table)
 
