@@ -62,3 +62,7 @@ def test_a_damaged_artifact_is_missing_and_said_damaged_in_plan_explain_and_show
         assert str(e).startswith(f"{t.id}: the artifact of its current key {key[:12]} is damaged (model.pt: "), e
     else:
         raise AssertionError("show of a damaged artifact did not refuse")
+    from neuron_build.store.remote_status import local_status
+
+    (row,) = [r for r in local_status(ws.store, {t.id: key})["targets"]]
+    assert not row["here"] and row["stale"] == [line], row  # status said "missing here", not why
