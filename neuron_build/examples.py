@@ -29,7 +29,9 @@ def load_factory(root: str | Path, factory: str):
         ImportError: the module does not import or has no such function.
     """
     root = str(Path(root).resolve())
-    if root not in sys.path:
+    if not sys.path or sys.path[0] != root:  # first, also when PYTHONPATH names it after a folder holding a
+        while root in sys.path:              # package of the same name (an editable checkout's models/)
+            sys.path.remove(root)
         sys.path.insert(0, root)
     mod_name, _, fn = factory.partition(":")
     _forget_foreign(mod_name.split(".")[0], root)

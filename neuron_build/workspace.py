@@ -79,7 +79,7 @@ class Workspace:
     def state(self, target: Target) -> TargetState:
         """``cached`` (a complete artifact for the current key whose recorded inputs all still match),
         ``failed`` (the last compile of the current key failed; it will be retried) or ``missing``
-        (:meth:`stale` says why when an artifact is there but stale)."""
+        (:meth:`stale` says why when an artifact is there but stale, or damaged)."""
         key = self.key(target).key
         found = self.store.lookup(key)  # reads only: plan and show never move a damaged object
         self._stale[target.id] = []
@@ -89,6 +89,8 @@ class Workspace:
                 self._location[key] = found.location or "local"
                 return TargetState.CACHED
             self._stale[target.id] = stale
+        elif found.damage is not None:  # a truncated or edited object: missing, and said so (plan, explain)
+            self._stale[target.id] = [f"artifact damaged: {found.damage}; a build makes it again"]
         fail = self.store.failure(target.id)
         return TargetState.FAILED if fail and fail.key == key else TargetState.MISSING
 

@@ -23,7 +23,14 @@ if TYPE_CHECKING:
     from neuron_build.workspace import Workspace
 
 #: The reason of a failed target that left no outcome (its build did not run, or stopped before the end).
+#: How a relink's outcome reason starts (:data:`neuron_build.build.graph.relink.RELINKED`; not imported: the
+#: no-op build's summary stays clear of the graph wing).
+RELINKED = "weights changed, graph unchanged"
 NOT_RUN = "the build stopped before this target finished (see the errors above)"
+
+
+#: Statuses of a target that never ran to an end (no log to show: ``neuron-build show`` would say "not built").
+UNFINISHED = ("INTERRUPTED", "not built")
 
 
 def log_command(target_id: str) -> str:
@@ -46,6 +53,7 @@ class BuildSummary:
     downloaded: list[str] = field(default_factory=list)  # cached: fetched from [build] remote by this build
     rows: list[dict] = field(default_factory=list)   # build --json: one object per target (see of)
     graph_reused: list[str] = field(default_factory=list)  # source changed, graph unchanged: nothing compiled
+    relinked: list[str] = field(default_factory=list)  # of graph_reused: new weights, the stored compiled files
     #: target id -> why its stored artifact was checked again (recorded inputs that changed), failed ones aside
     rechecked: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -83,8 +91,10 @@ class BuildSummary:
                  and (outcomes[t].compiled if t in outcomes else before[t] != TargetState.CACHED)]
         failed = [t for t in ids if after[t] != TargetState.CACHED]
         failures = {t: _failure(ws.store, t, outcomes.get(t)) for t in failed}
+        relinked = said(RELINKED)
         out = cls(ids, built, said("reused"), failed, failures, said(DOWNLOADED, exact=True),
-                  graph_reused=said("graph unchanged"), rechecked=_rechecked(ids, outcomes, failed))
+                  graph_reused=[t for t in ids if t in relinked or t in said("graph unchanged")], relinked=relinked,
+                  rechecked=_rechecked(ids, outcomes, failed))
         out.rows = [out._row(ws, t, outcomes.get(t.id)) for t in chosen]
         return out
 
@@ -116,11 +126,13 @@ class BuildSummary:
 
     @property
     def lines(self) -> list[str]:
-        """Two lines per failed target: ``  FAILED <target>: <status>: <reason>``, ``    log: <command>``."""
+        """Two lines per failed target: ``  FAILED <target>: <status>: <reason>``, ``    log: <command>`` (not for
+        a target that never finished: :data:`UNFINISHED`)."""
         out = []
         for tid in self.failed:
             status, reason = self.failures.get(tid, ("not built", NOT_RUN))
-            out += [f"  FAILED {tid}: {status}: {reason}", f"    log: {log_command(tid)}"]
+            out += [f"  FAILED {tid}: {status}: {reason}"] + (
+                [] if status in UNFINISHED else [f"    log: {log_command(tid)}"])
         return out
 
     def head(self) -> str:
@@ -128,6 +140,7 @@ class BuildSummary:
         return (f"{plural(len(self.targets), 'target')}: {len(self.built)} built, {self.cached} cached"
                 + (f" ({len(self.reused)} built by another builder meanwhile)" if self.reused else "")
                 + (f" ({len(self.downloaded)} downloaded from the remote store)" if self.downloaded else "")
+                + (f" ({len(self.relinked)} relinked with new weights)" if self.relinked else "")
                 + f", {len(self.failed)} failed")
 
     def recheck_line(self) -> str | None:
@@ -139,8 +152,11 @@ class BuildSummary:
         reasons = list(dict.fromkeys(r for why in self.rechecked.values() for r in why))
         said = ", ".join(reasons[:3]) + (f" and {len(reasons) - 3} more" if len(reasons) > 3 else "")
         compiled = sum(1 for t in self.rechecked if t in self.built)
-        parts = ([f"{len(self.rechecked) - compiled} unchanged (nothing compiled)"] if compiled < len(self.rechecked)
-                 else []) + ([f"{compiled} compiled"] if compiled else [])
+        relinked = sum(1 for t in self.rechecked if t in self.relinked)
+        same = len(self.rechecked) - compiled - relinked
+        parts = ([f"{same} unchanged (nothing compiled)"] if same else []) + (
+            [f"{relinked} relinked (new weights, nothing compiled)"] if relinked else []) + (
+            [f"{compiled} compiled"] if compiled else [])
         return f"  {plural(len(self.rechecked), 'target')} re-checked because {said}: {', '.join(parts)}"
 
     def text(self) -> str:
@@ -177,7 +193,8 @@ class BuildSummary:
             for tid in self.failed:
                 status, reason = self.failures.get(tid, ("not built", NOT_RUN))
                 cell = Text(reason)
-                cell.append(("\n" if reason else "") + f"log: {log_command(tid)}", style="dim")
+                if status not in UNFINISHED:
+                    cell.append(("\n" if reason else "") + f"log: {log_command(tid)}", style="dim")
                 table.add_row(tid, Text(status, style="red"), cell)
             console.print(table)
 
@@ -204,13 +221,15 @@ def from_outcomes(targets: Iterable[str], outcomes: Mapping[str, Any], hits: Ite
             outcomes[t] = _Reported(t, msg)
     built = [t for t in ids if t in outcomes and outcomes[t].ok and outcomes[t].compiled]
     reused = [t for t in ids if t in outcomes and outcomes[t].ok and outcomes[t].reason.startswith("reused")]
+    relinked = [t for t in ids if t in outcomes and outcomes[t].ok and outcomes[t].reason.startswith(RELINKED)]
     downloaded = [t for t in ids if t in outcomes and outcomes[t].ok and outcomes[t].reason == DOWNLOADED]
     failed = [t for t in ids if (t in outcomes and not outcomes[t].ok) or (t not in outcomes and t not in hit)]
     unfinished = (("INTERRUPTED", "Ctrl-C stopped the build before it finished") if interrupted
                   else ("not built", NOT_RUN))
     failures = {t: (str(outcomes[t].status), outcomes[t].reason) if t in outcomes else unfinished
                 for t in failed}
-    return BuildSummary(ids, built, reused, failed, failures, downloaded, rechecked=_rechecked(ids, outcomes, failed))
+    return BuildSummary(ids, built, reused, failed, failures, downloaded, relinked=relinked,
+                        rechecked=_rechecked(ids, outcomes, failed))
 
 
 def _rechecked(ids: Iterable[str], outcomes: Mapping[str, Any], failed: Iterable[str]) -> dict[str, tuple[str, ...]]:

@@ -227,8 +227,12 @@ def resolve_ref(ws: Workspace, ref: str):
     if ref in ws.by_id:
         t = ws.by_id[ref]
         key = ws.key(t).key
-        if not ws.store.lookup(key).hit:
+        found = ws.store.lookup(key)
+        if not found.hit:
             failure = ws.store.failure(ref)
+            if (failure is None or failure.key != key) and found.damage is not None:
+                raise UserError(f"{ref}: the artifact of its current key {key[:12]} is damaged ({found.damage}); "
+                                f"run `neuron-build build {ref}` to make it again")
             if failure is None or failure.key != key:
                 raise UserError(f"{ref} is not built for its current key {key[:12]}; run `neuron-build build {ref}`")
             return key, failure

@@ -63,6 +63,8 @@ def _not_bool(v: Any) -> Any:
         raise ValueError("must be a number, not true/false")
     if isinstance(v, str):  # "900" would pass as 900.0 in pydantic's lax mode
         raise ValueError(f"{v!r} is a string; write the number without quotes")
+    if isinstance(v, float) and v in (float("inf"), float("-inf")):  # TOML inf: an endless timeout, no bound
+        raise ValueError(f"{v} is not a finite number; give one such as 600")
     return v
 
 

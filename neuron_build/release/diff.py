@@ -86,9 +86,13 @@ def bucket_figures(store: ArtifactStore, rel: Release, art) -> dict[str, Any]:
 
 
 def _key_change(store: ArtifactStore, a, b) -> dict[str, Any]:
-    """``{"same", "components"}``: components None when a manifest is not in the store."""
+    """``{"same", "components", "files"}``: components None when a manifest is not in the store; ``files``: the
+    files whose pinned sha256 differs under one key (a stale artifact rebuilt under its key: new weights a
+    factory read from a recorded file, relinked), which makes the bucket ``changed``."""
     if a.key == b.key:
-        return {"same": True, "components": []}
+        files = sorted(n for n in set(a.files) | set(b.files)
+                       if (a.files.get(n) or {}).get("sha256") != (b.files.get(n) or {}).get("sha256"))
+        return {"same": True, "components": [], "files": files}
     ma, mb = store.manifest(a.key), store.manifest(b.key)
     if ma is None or mb is None:
         return {"same": False, "components": None}
@@ -132,8 +136,8 @@ def diff_releases(store: ArtifactStore, a: Release, b: Release, channels: list[s
     Returns:
         ``{"schema", "a", "b", "toolchain": {"same", "changed": {package: [a, b]}}, "buckets": [...],
         "added", "removed", "changed", "same"}``; each bucket ``{"bucket_id", "state"`` (``same``,
-        ``changed``, ``added``, ``removed``), ``"key": {"same", "components"}`` (None when added or
-        removed), ``"a"`` and ``"b"`` (None on the side that lacks it): ``target``, ``key``, ``op_count``,
+        ``changed``, ``added``, ``removed``), ``"key": {"same", "components", "files"?}`` (None when added or
+        removed; ``files``: under one key, the files whose pinned sha256 differs: the bucket is ``changed``), ``"a"`` and ``"b"`` (None on the side that lacks it): ``target``, ``key``, ``op_count``,
         ``compile_time_s`` (seconds), ``artifact_bytes`` (bytes), ``validation`` (device kind ->
         ``{"verdict", "error"}``), ``bench`` (record name -> ``{"p50_ms", "p99_ms"}``)}``.
 
@@ -154,7 +158,7 @@ def diff_releases(store: ArtifactStore, a: Release, b: Release, channels: list[s
         xa, xb = arts_a.get(bid), arts_b.get(bid)
         if xa is not None and xb is not None:
             key = _key_change(store, xa, xb)
-            state = "same" if key["same"] else "changed"
+            state = "same" if key["same"] and not key.get("files") else "changed"
         else:
             key, state = None, "added" if xa is None else "removed"
         buckets.append({"bucket_id": bid, "state": state, "key": key,
@@ -210,7 +214,9 @@ def format_diff(doc: dict[str, Any]) -> str:
     for x in doc["buckets"]:
         sa, sb = x["a"], x["b"]
         mark = {"same": " ", "changed": "~", "added": "+", "removed": "-"}[x["state"]]
-        if x["state"] == "changed":
+        if x["state"] == "changed" and x["key"]["same"]:
+            head = f"key same ({sa['key'][:12]}), files changed: {', '.join(x['key']['files'])}"
+        elif x["state"] == "changed":
             comps = x["key"]["components"]
             why = "; ".join(comps) if comps else ("manifests not in the store" if comps is None else "")
             head = f"key changed ({sa['key'][:12]} -> {sb['key'][:12]}): {why}"

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from neuron_build.store import layout
-from neuron_build.store.digests import utc_now_us
+from neuron_build.store.digests import SELF_DIGEST, utc_now_us
 from neuron_build.store.records import FailureRecord, TargetRecord
 from neuron_build.util import canonical_json, json_bytes
 
@@ -35,6 +35,10 @@ def parse_object(data: bytes | None) -> dict[str, Any] | None:
     except ValueError:
         return None
     return raw if isinstance(raw, dict) else None
+
+
+#: The field of a validation or benchmark result naming the manifest (its self digest) of the artifact judged.
+JUDGED = "judged_manifest"
 
 
 class JsonObjects:
@@ -156,16 +160,30 @@ class JsonObjects:
             if tier.get_object(rel) is not None:
                 tier.delete_object(rel)
 
+    def _judged(self, key: str) -> str | None:
+        """The self digest of ``key``'s manifest now (None: no artifact): what a result judged. A stale
+        artifact rebuilt under its key (a recorded read changed: new weights) has another manifest, so the
+        old artifact's validation and benchmarks no longer speak for it."""
+        man = self.manifest(key)  # type: ignore[attr-defined]  (the Store this mixes into)
+        return None if man is None else getattr(man, SELF_DIGEST, None)
+
     def put_result(self, key: str, kind: str, name: str, result: dict[str, Any]) -> None:
+        result = {**result, JUDGED: self._judged(key)}  # what it judged: this store's manifest of the key now
         self.put_object(layout.result_path(key, kind, name), json_bytes(result))
 
     def result(self, key: str, kind: str, name: str) -> dict[str, Any] | None:
-        return self._get_json(layout.result_path(key, kind, name))
+        got = self._get_json(layout.result_path(key, kind, name))
+        if got is None or got.get(JUDGED) != self._judged(key):
+            return None
+        return {k: v for k, v in got.items() if k != JUDGED}
 
     def results(self, key: str, kind: str) -> dict[str, dict[str, Any]]:
         rels = [r for r in self.list_objects(layout.results_dir(key, kind)) if r.endswith(".json") and r.count("/") == 3]
-        return {r.rsplit("/", 1)[-1][:-5]: v for r, v in zip(rels, self._many_json(rels), strict=True)
-                if v is not None}
+        if not rels:
+            return {}
+        now = self._judged(key)  # a result of another artifact under this key (or unstamped) is not its own
+        return {r.rsplit("/", 1)[-1][:-5]: {k: x for k, x in v.items() if k != JUDGED}
+                for r, v in zip(rels, self._many_json(rels), strict=True) if v is not None and v.get(JUDGED) == now}
 
     # -- releases, channels and their history ----------------------------------------------------
     def put_release(self, model: str, release_id: str, record: dict[str, Any]) -> bool:

@@ -41,8 +41,11 @@ def _release_keys(store: ArtifactStore) -> tuple[dict[str, str], set[str]]:
 
 def _held(store: ArtifactStore, key: str, stale: Any) -> tuple[bool, list[str]]:
     """Does ``store`` hold a complete artifact of ``key`` whose recorded inputs still match (``stale``:
-    manifest -> the lines of what changed; None: not checked)? And what changed, when stale."""
+    manifest -> the lines of what changed; None: not checked)? And what changed, when stale (or how the
+    object is damaged)."""
     found = store.lookup(key)
+    if found.damage is not None:  # a truncated or edited object: not built here, and said why
+        return False, [f"artifact damaged: {found.damage}; a build makes it again"]
     why = list(stale(found.manifest)) if found.hit and stale is not None else []
     return found.hit and not why, why
 

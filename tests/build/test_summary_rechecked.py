@@ -94,3 +94,22 @@ def test_a_rechecked_target_says_why_in_its_progress_line_and_in_the_doit_summar
         "2 targets: 1 built, 1 cached, 0 failed",
         "  1 target re-checked because package pillow 10.0 -> 11.0, recorded variable HF_HOME changed: "
         "1 unchanged (nothing compiled)"]
+
+
+def test_a_relinked_target_is_said_relinked_not_unchanged():
+    """A fine-tune's relink publishes new weights: the summary said ``2 unchanged (nothing compiled)`` and
+    ``build --json`` ``cached``; it is a graph reuse with new weights, said so."""
+    from neuron_build.build.attempt import Outcome
+    from neuron_build.build.graph.relink import RELINKED
+    from neuron_build.build.summary import from_outcomes
+    from neuron_build.status import Status
+
+    why = ("recorded read ckpt.safetensors changed",)
+    new = Outcome("m/b1", "k1", Status.PASS, RELINKED.format(source="k0"), metrics={"compile_time_s": 1.0},
+                  rechecked=why)
+    s = from_outcomes(["m/b1", "m/b2"], {"m/b1": new, "m/b2": Outcome("m/b2", "k2", Status.PASS, compiled=True)})
+    assert s.relinked == ["m/b1"]
+    assert s.text().splitlines()[1:3] == [
+        "2 targets: 1 built, 1 cached (1 relinked with new weights), 0 failed",
+        "  1 target re-checked because recorded read ckpt.safetensors changed: "
+        "1 relinked (new weights, nothing compiled)"]

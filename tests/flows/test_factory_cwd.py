@@ -77,3 +77,26 @@ def test_the_issues_kwargs_weights_path_builds(proj):
     (proj.parent / "weights" / "x.txt").write_text("0.25\n")
     r = run_cli("build", "-c", str(proj), "other")
     assert r.returncode == 0 and "1 built" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_project_folder_comes_first_even_when_pythonpath_names_it_later(tmp_path, monkeypatch):
+    """With the project on PYTHONPATH after a folder holding a package of the same name (an editable
+    neuron-build checkout's ``models/``, first on a worker's PYTHONPATH), ``models.tiny:build`` was imported
+    from that folder: ``No module named 'models.tiny'`` (the graph probe), or another project's model."""
+    import sys
+
+    from neuron_build.examples import load_factory
+
+    for where, says in (("other", "other"), ("proj", "mine")):
+        (tmp_path / where / "models").mkdir(parents=True)
+        (tmp_path / where / "models" / "__init__.py").write_text("")
+        (tmp_path / where / "models" / "net.py").write_text(f"def build():\n    return {says!r}\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "other"), str(tmp_path / "proj"), *sys.path])
+    for name in [n for n in sys.modules if n == "models" or n.startswith("models.")]:
+        monkeypatch.delitem(sys.modules, name)
+    try:
+        assert load_factory(tmp_path / "proj", "models.net:build")() == "mine"
+        assert sys.path[0] == str(tmp_path / "proj") and sys.path.count(str(tmp_path / "proj")) == 1
+    finally:  # the test's own models package leaves (monkeypatch puts back any that was there)
+        for name in [n for n in sys.modules if n == "models" or n.startswith("models.")]:
+            del sys.modules[name]

@@ -10,6 +10,8 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
+
 from tests.flows.test_graph_probe import MODEL, project
 from tests.helpers.cli import run_cli
 
@@ -107,3 +109,54 @@ def test_a_target_without_a_graph_key_is_reported_unverifiable_not_passed(tmp_pa
     r = run_cli("verify", "blk/*", *c)  # patterns are for --fresh: plain verify checks the whole store
     assert r.returncode == 2 and r.stderr.strip().endswith(
         "verify blk/*: target patterns are for `verify --fresh`; plain verify checks the whole store"), r.stderr
+
+
+#: An MLP whose weights come from a seed the factory reads through libc (no recorder sees it), its weights
+#: kept apart: the graph key is the structure, the same for every seed.
+SEEDED = '''
+import ctypes
+import torch
+from torch import nn
+
+
+def build():
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    torch.manual_seed(int((libc.getenv(b"TRIAL_SEED") or b"0").decode()))
+    return nn.Sequential(nn.Linear(8, 8), nn.Tanh()).eval()
+'''
+
+EXTERNAL = '''
+[build]
+backend = "inductor"
+timeout_s = 900
+
+[profiles.ext]
+weights = "external"
+
+[models.m]
+factory = "seeded:build"
+dtypes = ["fp32"]
+profiles = ["ext"]
+inputs = [{ name = "x", shape = ["batch", 8] }]
+buckets = { batch = [2] }
+'''
+
+
+@pytest.mark.slow
+def test_new_weight_values_no_recorder_sees_are_caught_with_external_weights(tmp_path):
+    """With ``weights = "external"`` the graph key is the structure, never the weight values: ``verify
+    --fresh`` compares the weights file the probe stages with the artifact's, so new values fed past the
+    recorder are ``DIFFERS ... weights`` (it said ``fresh``), and the same values stay fresh."""
+    (tmp_path / "seeded.py").write_text(SEEDED)
+    (tmp_path / "buckets.toml").write_text(EXTERNAL)
+    c = ("-c", str(tmp_path / "buckets.toml"))
+    r = run_cli("build", *c, unset=("TRIAL_SEED",))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    r = run_cli("verify", "--fresh", *c, unset=("TRIAL_SEED",))
+    assert r.returncode == 0 and "1 fresh, 0 differ" in r.stdout, r.stdout + r.stderr[-2000:]
+    r = run_cli("verify", "--fresh", *c, "--json", env={"TRIAL_SEED": "5"})
+    assert r.returncode == 1, r.stdout + r.stderr[-2000:]
+    (row,) = json.loads(r.stdout)["targets"]
+    assert (row["verdict"], row["component"]) == ("differs", "weights"), row
+    assert row["fresh_graph_key"] == row["recorded_graph_key"] and "weights.safetensors" in row["reason"], row

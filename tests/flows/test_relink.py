@@ -164,3 +164,25 @@ def test_weights_that_cannot_be_kept_apart_are_said_in_the_build_and_in_explain(
     assert m["compiler"]["weights"] == "inline" and "weights.safetensors" not in m["files"]
     e = run_cli("explain", "net/b1/fp32/p1", "-c", str(cfg))
     assert "weights inline, not apart: " in e.stdout and "register_buffer" in e.stdout, e.stdout
+
+
+@pytest.mark.slow
+def test_a_graph_neutral_edit_with_external_weights_is_a_reuse_not_a_relink(tmp_path):
+    """A comment added to the factory changes the key, neither the graph nor the weights: the build goes
+    through the relink path (the worker stages the weights) but the weights are the same bytes, so it is a
+    plain graph reuse: no ``relinked with new weights`` in the summary, ``reused`` in ``explain``, no
+    ``relinked_from`` (it said "weights changed ... relinked")."""
+    cfg = _project(tmp_path / "proj", seed=0)
+    tid = "net/b1/fp32/p1"
+    assert _build(cfg, tid, validate=False) == {"compiles": 1, "graph_reused": 0, "failed": 0}
+    first = _manifest(cfg, tid)
+    net = tmp_path / "proj" / "ft" / "net.py"
+    net.write_text(net.read_text() + "# a comment\n")
+    b = run_cli("build", tid, "-c", str(cfg), timeout=1200)
+    assert b.returncode == 0 and "1 target: 0 built, 1 cached, 0 failed" in b.stdout, b.stdout + b.stderr[-2000:]
+    assert "relinked" not in b.stdout, b.stdout
+    m = _manifest(cfg, tid)
+    assert m["key"] != first["key"] and m.get("relinked_from") is None and m["reused_from"] == first["key"]
+    assert m["files"] == first["files"]
+    e = run_cli("explain", tid, "-c", str(cfg))
+    assert f"source changed, graph unchanged: reused {first['key']}" in e.stdout, e.stdout

@@ -265,6 +265,16 @@ def test_numbers_written_as_strings_and_a_string_for_a_list_are_refused(tiny, ol
     assert len(f) == 1 and f[0].startswith(says), f
 
 
+@pytest.mark.parametrize(("old", "new", "says"), [
+    ("timeout_s = 120", "timeout_s = inf", "build.timeout_s: inf is not a finite number; give one such as 600"),
+    ("heartbeat_s = 1", "heartbeat_s = -inf", "build.heartbeat_s: -inf is not a finite number; give one such as 600"),
+])
+def test_an_infinite_number_is_refused(tiny, old, new, says):
+    """TOML's ``inf`` passed every ``gt=0`` check: ``timeout_s = inf`` built with no timeout at all."""
+    edit(tiny, old, new)
+    assert faults_of(tiny) == [says]
+
+
 def test_an_unknown_reference_names_the_defined_models(tiny):
     """With one other model the hint named it; with none the line said "defined models: none" while the model
     itself is defined: it now names every defined model."""

@@ -100,3 +100,24 @@ def test_the_no_op_check_trusts_its_index_only_while_every_signature_holds(tmp_p
     # the manifest gone: a miss, whatever the index says
     s.path(layout.manifest_path(KEY_A)).unlink()
     assert not fresh.is_cached(KEY_A)
+
+
+def test_a_result_speaks_only_for_the_artifact_it_judged(tmp_path):
+    """A stale artifact rebuilt under its key (a recorded read changed: new weights, relinked) kept the old
+    artifact's validation: the ``validated`` gate passed weights nobody validated. A result names the manifest
+    it judged; under another manifest it is no result."""
+    from tests.helpers.store import manifest
+
+    store = LocalStore(tmp_path / "s")
+    publish(store, KEY_A, {"model.pt": b"old weights"})
+    store.put_result(KEY_A, "validation", "cpu", {"verdict": "pass"})
+    assert store.result(KEY_A, "validation", "cpu")["verdict"] == "pass"
+    assert list(store.results(KEY_A, "validation")) == ["cpu"]
+    folder = store.new_staging(KEY_A) / "object"
+    folder.mkdir()
+    (folder / "model.pt").write_bytes(b"new weights")
+    store.seal(folder, manifest(KEY_A, {"model.pt": b"new weights"}))
+    store.publish(folder, KEY_A, replace=True)
+    assert store.result(KEY_A, "validation", "cpu") is None and store.results(KEY_A, "validation") == {}
+    store.put_result(KEY_A, "validation", "cpu", {"verdict": "pass"})
+    assert store.result(KEY_A, "validation", "cpu")["verdict"] == "pass"

@@ -13,8 +13,10 @@ recorded in the manifest of the artifact checked:
   record; ``source`` says which), or for the gate the release's artifact of the target;
 - ``fresh``: the keys are equal; ``differs``: they are not, with the ``component`` that differs: ``graph``
   when the graph's canonical document differs (its digest, which manifests record), ``graph key`` when only
-  what the key adds to the document (shapes, compiler flags, toolchain) does (room is left for ``weights``
-  and ``structure``);
+  what the key adds to the document (shapes, compiler flags, toolchain) does, ``weights`` when the graph
+  key (the structure) is the same but the artifact keeps its weights apart (``weights = "external"``) and
+  the weights file the probe staged differs from the artifact's (a graph key of structure never holds the
+  weight values: without this a new checkpoint fed past the recorder would read as fresh);
 - ``unverifiable``: the target's backend makes no graph key before compiling (``graph_key`` ``none`` or
   ``after`` in :mod:`neuron_build.backends`), or its artifact records none: never passed silently;
 - ``unchecked``: the probe could not key the target (the model does not build, the probe failed or timed
@@ -34,7 +36,8 @@ from typing import Any
 
 from neuron_build.build.executor import compile_request
 from neuron_build.build.graph import probe as graph_probe
-from neuron_build.compilers import graph_key
+from neuron_build.compilers import graph_key, weights
+from neuron_build.util import file_sha256
 from neuron_build.workspace import Workspace
 
 #: Verdicts of one target (see the module docstring); ``differs`` and ``unchecked`` are not fresh.
@@ -132,13 +135,39 @@ def _plan(ws: Workspace, targets: list[Any], given: dict[str, str] | None, scrat
     return done, groups
 
 
-def _judge(row: FreshRow, got: dict[str, Any], recorded_document: str | None, why: str) -> FreshRow:
-    """``row`` with its verdict from the probe's answer ``got`` for it."""
+def _weights_differ(m: Any, staged: Path) -> str | None:
+    """Why the weights the probe staged in ``staged`` are not the external-weights artifact's (manifest
+    ``m``), or None (they are the same bytes, or the artifact holds its weights inline)."""
+    if (m.compiler or {}).get("weights") != "external":
+        return None
+    try:
+        specs = weights.read_specs(staged)
+    except ValueError as e:
+        return str(e)
+    if not specs:
+        return "the probe staged no weights file to compare with the artifact's"
+    for name in sorted(specs):
+        held = m.files.get(name)
+        path = staged / name
+        fresh = file_sha256(path) if path.is_file() else None
+        if held is None or fresh != held.sha256:
+            return (f"a fresh build makes other weight values ({name} sha256 {(fresh or 'none')[:12]}; the artifact "
+                    f"holds {(held.sha256 if held else 'none')[:12]}); the same graph structure)")
+    return None
+
+
+def _judge(row: FreshRow, got: dict[str, Any], m: Any, why: str, staged: Path) -> FreshRow:
+    """``row`` with its verdict from the probe's answer ``got`` for it (``m``: the artifact's manifest;
+    ``staged``: the probe's output folder, where it staged external weights)."""
     row.fresh_graph_key = got.get("graph_key")
+    recorded_document = m.graph_document
     if not row.fresh_graph_key:
         row.verdict, row.reason = "unchecked", f"the probe made no graph key: {got.get('reason') or why}"[:300]
     elif row.fresh_graph_key == row.recorded_graph_key:
         row.verdict, row.reason = "fresh", f"graph key {row.fresh_graph_key[:12]}"
+        differ = _weights_differ(m, staged)
+        if differ is not None:
+            row.verdict, row.component, row.reason = "differs", "weights", differ[:300]
     else:
         doc = got.get("graph_document")
         row.verdict = "differs"
@@ -178,7 +207,7 @@ def fresh_check(ws: Workspace, targets: list[Any], artifacts: dict[str, str] | N
             answers = raw.get("targets") or {}
             for row, req, m in items:
                 got = answers.get(req.key) if isinstance(answers.get(req.key), dict) else {}
-                judged[row.target] = _judge(row, got, m.graph_document, why)
+                judged[row.target] = _judge(row, got, m, why, Path(req.out_dir))
         report.rows = [judged[t.id] for t in targets if t.id in judged]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -65,7 +65,7 @@ def refused(store: Any, source: str, old: Any, obj: Path) -> str | None:
 
 
 def relink(graph: Any, ctx: Any, req: Any, hit: Any, obj: Path, source: str, old: Any,  # noqa: PLR0913
-           recorded_inputs: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+           recorded_inputs: dict[str, Any]) -> tuple[str, dict[str, Any], bool] | None:
     """Publish ``ctx``'s key as ``source``'s compiled files plus the weights staged in ``obj``.
 
     Args:
@@ -76,7 +76,9 @@ def relink(graph: Any, ctx: Any, req: Any, hit: Any, obj: Path, source: str, old
             :func:`~neuron_build.build.graph.reuse.reuse_refused`).
 
     Returns:
-        (graph key, the new manifest's metrics), or None (logged) when the relink is refused: compile.
+        (graph key, the new manifest's metrics, whether the weights differ from ``source``'s: False for an
+        edit that changed neither graph nor weights, recorded as ``reused_from``, not ``relinked_from``), or
+        None (logged) when the relink is refused: compile.
 
     Raises:
         DiskFull: the file system filled up; nothing was published.
@@ -106,17 +108,22 @@ def relink(graph: Any, ctx: Any, req: Any, hit: Any, obj: Path, source: str, old
         return None
     # compile_time_s stays the compile's (of the artifact relinked from, carried along a chain of relinks):
     # what the release's compile-time gate and `show` mean by it; this run's seconds are the relink's
-    metrics = {**old.metrics.model_dump(), "status": Status.PASS, "relink_time_s": round(hit.seconds, 3),
-               "peak_rss_bytes": hit.peak_rss_bytes, "exit_code": hit.exit_code, "attempts": ctx.attempt,
-               "reason": None, "artifact_bytes": sum(e["size"] for e in files.values())}
+    # (identical weight bytes: recorded as a reuse, with the reuse's seconds)
+    new_weights = any(files[n]["sha256"] != old.files[n].sha256 for n in new)
+    carried = {k: v for k, v in old.metrics.model_dump().items() if k not in ("relink_time_s", "reuse_time_s")}
+    metrics = {**carried, "status": Status.PASS, ("relink_time_s" if new_weights else "reuse_time_s"):
+               round(hit.seconds, 3), "peak_rss_bytes": hit.peak_rss_bytes, "exit_code": hit.exit_code,
+               "attempts": ctx.attempt, "reason": None, "artifact_bytes": sum(e["size"] for e in files.values())}
+    origin = ({"relinked_from": source} if new_weights
+              else {"reused_from": source if source != ctx.ki.key else old.reused_from})
     manifest = artifact_manifest(
         ctx, req, files, logs, metrics, toolchain=dict(old.toolchain), compiler=dict(old.compiler), graph_key=gk,
-        graph_document=old.graph_document, relinked_from=source, recorded_inputs=recorded_inputs, **graph.provenance)
+        graph_document=old.graph_document, recorded_inputs=recorded_inputs, **origin, **graph.provenance)
     with disk_full("writing the manifest", obj):
         store.seal(obj, manifest)
     with disk_full("publishing", obj):
         store.publish(obj, ctx.ki.key, replace=bool(ctx.stale))
-    return gk, metrics
+    return gk, metrics, new_weights
 
 
 __all__ = ["RELINKED", "refused", "relink", "staged", "weights_files"]

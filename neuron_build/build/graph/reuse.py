@@ -218,12 +218,13 @@ class GraphReuse:
         gk = str(old.graph_key)
         if relink.staged(obj) or (old.compiler or {}).get("weights") == "external":
             done = relink.relink(self, ctx, req, hit, obj, source, old, recorded_inputs)
-            return None if done is None else Reused(source, done[0], done[1], relinked=True)
+            return None if done is None else Reused(source, done[0], done[1], relinked=done[2])
         with disk_full("writing the artifact", obj):
             (obj / WORKER_LOG).write_bytes(hit.log)
         # compile_time_s stays the source's compile (as a relink's: build/graph/relink.py); the run's seconds
         # (capture up to the graph key) are the reuse's
-        metrics = {**old.metrics.model_dump(), "status": Status.PASS, "reuse_time_s": round(hit.seconds, 3),
+        carried = {k: v for k, v in old.metrics.model_dump().items() if k not in ("relink_time_s", "reuse_time_s")}
+        metrics = {**carried, "status": Status.PASS, "reuse_time_s": round(hit.seconds, 3),
                    "peak_rss_bytes": hit.peak_rss_bytes, "exit_code": hit.exit_code, "attempts": ctx.attempt,
                    "reason": None}
         _, logs = hash_files(obj)  # the worker log: the artifact's files are the source's blobs

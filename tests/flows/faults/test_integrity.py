@@ -125,7 +125,8 @@ def test_damage_is_reported_never_served_and_rebuilt(built, tmp_path):
     # nothing damaged is served, and reads move nothing
     for t in (t3, t4):
         r = run_cli("show", t, "-c", str(cfg))
-        assert r.returncode == 2 and "is not built for its current key" in r.stderr, (t, r.stderr)
+        assert r.returncode == 2 and f"{t}: the artifact of its current key {keys[t][:12]} is damaged (manifest " \
+            in r.stderr and r.stderr.rstrip().endswith(f"run `neuron-build build {t}` to make it again"), (t, r.stderr)
     assert plan_states(cfg) == {t1: "cached", t2: "cached", t3: "missing", t4: "missing"}
     assert store.path(layout.manifest_path(keys[t3])).exists() and not (store.root / "quarantine").exists()
 
