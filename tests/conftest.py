@@ -21,11 +21,16 @@ def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="rewrite tests/golden/*.txt from this run's CLI outputs instead of comparing "
                           "(tests/flows/test_golden.py); review with `git diff tests/golden`")
+    parser.addoption("--record-file-seconds", action="store_true", default=False,
+                     help="write tests/file_seconds.json (each file's seconds: the order files are handed to the "
+                          "workers, longest first) from this run; run the whole suite")
 
 
 def pytest_configure(config):
     import time
 
+    if config.getoption("--record-file-seconds"):
+        _totals["seconds"] = {}
     config.stash[CHANGED] = []
     config.stash[STARTED] = time.time()
 
@@ -44,6 +49,49 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(f"  {name}")
     if changed:
         terminalreporter.write_line("  review them with `git diff tests/golden`")
+
+
+#: Each test file's seconds in a full run on 2 cores (setup, call and teardown of its tests), longest first:
+#: the order the suite hands files to its workers. Rewrite it with ``pytest --record-file-seconds`` (a full run).
+FILE_SECONDS = Path(__file__).parent / "file_seconds.json"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest files first (:data:`FILE_SECONDS`; a file not listed counts as short), each file's tests kept
+    together and in order. The suite runs one file per worker (``--dist loadfile --no-loadscope-reorder``,
+    pyproject.toml): xdist hands the files out in this order as workers free up, so the long files start early
+    and the many short ones fill in at the end, instead of a long file starting last while the other worker
+    idles (xdist's own reorder puts the files with the most tests first: the long flows, with one to three
+    tests each, went last)."""
+    import json
+
+    try:
+        seconds = json.loads(FILE_SECONDS.read_text())
+    except (OSError, ValueError):
+        return
+    root = Path(str(config.rootpath))
+    items.sort(key=lambda item: -float(seconds.get(Path(str(item.path)).relative_to(root).as_posix(), 0)))
+
+
+def pytest_runtest_logreport(report):
+    """With ``--record-file-seconds``: add this phase's seconds to its file (on the controller under xdist)."""
+    totals = _totals.get("seconds")
+    if totals is not None:
+        name = report.nodeid.split("::")[0]
+        totals[name] = totals.get(name, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """With ``--record-file-seconds``: write :data:`FILE_SECONDS` (files longer than 1 s, longest first)."""
+    import json
+
+    totals = _totals.get("seconds")
+    if totals and not os.environ.get("PYTEST_XDIST_WORKER"):
+        kept = {k: round(v, 1) for k, v in sorted(totals.items(), key=lambda kv: -kv[1]) if v > 1}
+        FILE_SECONDS.write_text(json.dumps(kept, indent=0) + "\n")
+
+
+_totals: dict[str, dict[str, float]] = {}
 
 
 @pytest.fixture
