@@ -17,7 +17,7 @@ from typing import Any
 
 from neuron_build.errors import UserError
 from neuron_build.project.keys import diff_components
-from neuron_build.release.records import Release, get_history, get_pointer, get_release
+from neuron_build.release.records import Release, get_history, get_pointer, get_release, results_speak_for
 from neuron_build.status import Verdict
 from neuron_build.store.contract import ArtifactStore
 
@@ -62,17 +62,20 @@ def bucket_figures(store: ArtifactStore, rel: Release, art) -> dict[str, Any]:
     """The figures of one bucket (``art``, a :class:`ReleaseArtifact`) of ``rel``: ``target``, ``key``,
     ``op_count``, ``compile_time_s`` (seconds), ``artifact_bytes`` (bytes: the sum of its files),
     ``validation`` (device kind -> ``{"verdict", "error"}``) and ``bench`` (record name -> ``{"p50_ms",
-    "p99_ms"}``). The store's current results first, the figures recorded in the release second."""
+    "p99_ms"}``). The store's current results first, the figures recorded in the release second; the store's
+    only while the key's artifact is the one the release pins (:func:`results_speak_for`: not after a rebuild
+    under its key)."""
     recorded = (rel.metrics.get("artifacts") or {}).get(art.target) or {}
-    man = store.manifest(art.key)
+    ours = results_speak_for(store, art) is None
+    man = store.manifest(art.key) if ours else None
     mt = man.metrics if man is not None else None
     validation: dict[str, dict[str, Any]] = {}
-    for kind, r in store.results(art.key, "validation").items():
+    for kind, r in (store.results(art.key, "validation") if ours else {}).items():
         validation[kind] = {"verdict": r.get("verdict"), "error": r.get("reason")}
     for kind, verdict in (recorded.get("validation") or {}).items():
         validation.setdefault(kind, {"verdict": verdict, "error": None})
     bench: dict[str, dict[str, Any]] = {}
-    for name, r in store.results(art.key, "bench").items():
+    for name, r in (store.results(art.key, "bench") if ours else {}).items():
         lat = r.get("latency_ms") or {}
         bench[name] = {"p50_ms": lat.get("p50"), "p99_ms": lat.get("p99")}
     for name, lat in (recorded.get("bench") or {}).items():

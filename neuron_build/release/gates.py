@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from neuron_build.evaluate.bench import BenchResult
 from neuron_build.project.config import ReleaseSettings
-from neuron_build.release.records import Release, get_pointer
+from neuron_build.release.records import Release, get_pointer, results_speak_for
 from neuron_build.status import Verdict
 from neuron_build.store.contract import ArtifactStore, RecordStore, ReleaseStore
 from neuron_build.util import percentile, ratio_ci
@@ -179,17 +179,25 @@ def latency_gate(store: RecordStore, keys: dict[str, str], baseline: dict[str, s
                      figures)
 
 
-def validation_gate(store: RecordStore, keys: dict[str, str], device_kind: str) -> GateCheck:
+def validation_gate(store: RecordStore, keys: dict[str, str], device_kind: str,
+                    release: Release | None = None) -> GateCheck:
     """Did every artifact pass validation on the device kind that will serve it?
 
     Args:
         keys: target id -> key.
         device_kind: ``cpu``, ``cuda`` or ``neuron``.
+        release: the release promoted: a bucket whose pinned files are not the files of the manifest its
+            result judged (an older release of a key rebuilt since, :func:`results_speak_for`) is not
+            validated, whatever the result says.
     """
-    missing, failed, ok = [], [], []
+    missing, failed, ok, other = [], [], [], []
+    arts = {a.target: a for a in release.artifacts} if release is not None else {}
     for tid, key in keys.items():
         r = store.result(key, "validation", device_kind)
-        if r is None or r.get("verdict") == Verdict.NOT_VALIDATED:
+        why = results_speak_for(store, arts[tid]) if tid in arts and r is not None else None  # type: ignore[arg-type]
+        if why:
+            other.append(f"{tid} ({why})")
+        elif r is None or r.get("verdict") == Verdict.NOT_VALIDATED:
             missing.append(tid)
         elif r.get("verdict") == Verdict.ERROR:  # the check did not reach a verdict: not validated, not failed
             missing.append(f"{tid} (the last validation ended in an error; run it again)")
@@ -197,11 +205,13 @@ def validation_gate(store: RecordStore, keys: dict[str, str], device_kind: str) 
             failed.append(f"{tid} ({r.get('reason') or 'failed'})")
         else:
             ok.append(tid)
-    if failed or missing:
+    if failed or missing or other:
         parts = ([f"failed: {', '.join(failed)}"] if failed else []) + (
-            [f"not validated on {device_kind}: {', '.join(missing)}"] if missing else [])
+            [f"not validated on {device_kind}: {', '.join(missing)}"] if missing else []) + (
+            [f"the release's files are not the ones validated: {', '.join(other)}; run `neuron-build validate`, "
+             f"then make a new release (`neuron-build release`)"] if other else [])
         return GateCheck("validated", False, "; ".join(parts),
-                         {"passed": len(ok), "failed": len(failed), "not_validated": len(missing)})
+                         {"passed": len(ok), "failed": len(failed), "not_validated": len(missing) + len(other)})
     return GateCheck("validated", True, f"{len(ok)} artifact(s) passed validation on {device_kind}",
                      {"passed": len(ok)})
 
@@ -389,7 +399,7 @@ def evaluate_gates(store: ArtifactStore, settings: ReleaseSettings, release: Rel
     base_b = {b: v["key"] for b, v in _by_bucket(baseline).items()} or None
 
     def validated() -> GateCheck:
-        val = validation_gate(store, release.keys, device_kind)
+        val = validation_gate(store, release.keys, device_kind, release)
         if not val.passed and allow_unvalidated:
             return GateCheck("validated", True, f"overridden by --allow-unvalidated ({val.message})",
                              {**val.figures, "overridden": True, "device_kind": device_kind}, waived=True)

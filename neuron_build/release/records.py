@@ -339,6 +339,26 @@ def release_id(content: dict[str, Any]) -> str:
     return "r-" + sha256_hex(canonical_json(content))[:16]
 
 
+def results_speak_for(store: ArtifactStore, art: ReleaseArtifact) -> str | None:
+    """Why the store's results under ``art.key`` do not speak for this bucket of a release (None: they do).
+
+    A result (validation, benchmark) names the manifest it judged and the store returns only results that
+    judged the key's manifest now (:meth:`neuron_build.store.objects.JsonObjects.result`); an artifact rebuilt
+    under its key (new weights from a recorded read, relinked) has other files than an older release pinned.
+    So the results speak for the bucket only when that manifest lists exactly the files (names, sha256, sizes)
+    the release pins; a missing manifest or an unreadable entry is not knowing, which is not a match."""
+    man = store.manifest(art.key)
+    if man is None:
+        return "its artifact is not in the store"
+    now = {n: {"sha256": f.sha256, "size": f.size} for n, f in man.files.items()}
+    pinned = {n: {"sha256": f.get("sha256"), "size": f.get("size")} if isinstance(f, dict) else None
+              for n, f in art.files.items()}
+    if pinned == now:
+        return None
+    diff = sorted(n for n in set(now) | set(pinned) if now.get(n) != pinned.get(n))
+    return f"the artifact under its key now has other files ({', '.join(diff)})"
+
+
 # --------------------------------------------------------------------------------------------------
 # channel pointers and history
 
@@ -460,4 +480,5 @@ __all__ = [
     "load_release",
     "release_id",
     "releases_of",
+    "results_speak_for",
 ]
