@@ -25,13 +25,8 @@ from typing import Any
 
 from neuron_build.backends import find_backend
 from neuron_build.errors import UserError
+from neuron_build.loaders import AOTI_LOADER, CACHE_LOADER, JIT_LOADER
 
-#: The loader of AOTInductor packages (``.pt2``).
-AOTI_LOADER = "torch._inductor.aoti_load_package"
-#: The loader a release records for compile-cache and torchneuron artifacts (caches, not models).
-CACHE_LOADER = "torch.compiler.load_cache_artifacts"
-#: The loader of TorchScript modules (``.pt``), Neuron artifacts included.
-JIT_LOADER = "torch.jit.load"
 #: The model files looked for, in this order, when the compiler recorded none the artifact holds.
 MODEL_FILES = ("model.pt2", "model.pt")
 

@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int64": "int64", "int32": "int32",
-                "int16": "int16", "int8": "int8", "uint8": "uint8", "bool": "bool"}
+from neuron_build.loaders import TORCH_DTYPES
 
 
 def torch_dtype(name: str):

@@ -81,3 +81,51 @@ def test_each_bucket_is_a_typed_record_and_a_mistyped_one_refused_in_one_line(tm
         with pytest.raises(UserError) as e:
             read_pulled(tmp_path, "fix")
         assert str(e.value) == want
+
+
+def test_an_edited_record_is_refused_when_read_not_at_the_first_call(tmp_path):
+    """A trial edited a pulled release.json: an input dtype ``fp99`` loaded and failed with a KeyError at the first
+    call; ``buckets = []`` loaded and failed with ``max() arg is an empty sequence`` (``warmup`` exited 0); an
+    unknown ``loader`` was taken silently. Each is one line naming the file, the field and the fix."""
+    from neuron_build.loaders import LOADERS, TORCH_DTYPES
+
+    doc = fake_release()
+    top, b1 = str(release_file(tmp_path)), f"{release_file(tmp_path)} buckets[1]"
+    dtypes, loaders = ", ".join(TORCH_DTYPES), ", ".join(sorted(LOADERS))
+
+    def edit(bad):
+        bad["inputs"][2]["dtype"] = "fp99"
+
+    def edit_bucket(bad):
+        bad["buckets"][1]["inputs"][0]["dtype"] = "fp99"
+
+    def no_buckets(bad):
+        bad["buckets"] = []
+
+    def loader(bad):
+        bad["buckets"][1]["loader"] = "pickle.load"
+
+    for change, want in [
+            (edit, f"{top} inputs[2]: 'dtype' 'fp99' of input 'feats' is not a dtype ({dtypes}); pull the release "
+                   "again"),
+            (edit_bucket, f"{b1} inputs[0]: 'dtype' 'fp99' of input 'ids' is not a dtype ({dtypes}); pull the "
+                          "release again"),
+            (no_buckets, f"{top}: 'buckets' is empty: a release has at least one bucket; pull the release again"),
+            (loader, f"{b1}: bucket 'b4-s8': 'loader' 'pickle.load' is not a loader this neuron-build knows "
+                     f"({loaders}); pull the release again")]:
+        bad = json.loads(json.dumps(doc))
+        change(bad)
+        release_file(tmp_path).write_text(json.dumps(bad))
+        with pytest.raises(UserError) as e:
+            read_pulled(tmp_path, "fix")
+        assert str(e.value) == want
+
+
+def test_every_loader_a_compiler_records_is_a_known_one():
+    """The compilers record their loader from :mod:`neuron_build.loaders`, so the reader's table knows each."""
+    from neuron_build.compilers import compile_cache
+    from neuron_build.compilers.neuron import external_weights, nxdi
+    from neuron_build.loaders import LOADERS
+
+    assert {compile_cache.LOADER, nxdi.LOADER, external_weights.LOADER} <= LOADERS
+    assert "torch.jit.load" in LOADERS and "torch._inductor.aoti_load_package" in LOADERS

@@ -55,6 +55,7 @@ from neuron_build.compilers.base import (
     CompileRequest,
     CompileResult,
 )
+from neuron_build.loaders import CACHE_LOADER
 from neuron_build.status import Status
 
 #: our backend -> the Dynamo backend ``torch.compile`` runs (the ``caches`` records of :mod:`neuron_build.backends`).
@@ -66,7 +67,7 @@ NEFF_DIR = "neff_cache"
 #: The artifact folder holding the C++ kernel libraries Inductor built on the CPU (compile-cache).
 KERNEL_DIR = "inductor_kernels"
 #: The loader a release records for these artifacts.
-LOADER = "torch.compiler.load_cache_artifacts"
+LOADER = CACHE_LOADER
 OP_COUNT_SOURCE = "dynamo graph op count (torch._dynamo.utils.get_compilation_metrics graph_op_count)"
 
 

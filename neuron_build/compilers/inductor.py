@@ -28,6 +28,7 @@ from neuron_build.compilers.base import (
     CompileResult,
     enter_stage,
 )
+from neuron_build.loaders import AOTI_LOADER
 from neuron_build.status import Status
 
 OP_COUNT_SOURCE = "aoti-wrapper: fused kernel + extern kernel call sites in run_impl"
@@ -152,7 +153,7 @@ class InductorCompiler(CompilerBase):
         from neuron_build.cpu_isa import package_cpu_isa
 
         isa = package_cpu_isa(out)  # -march=native: the package needs a host with this ISA
-        details = {"artifact": "model.pt2", "loader": "torch._inductor.aoti_load_package",
+        details = {"artifact": "model.pt2", "loader": AOTI_LOADER,
                    "exported_nodes": len(ep.graph.nodes), "op_breakdown": breakdown,
                    "weights": "external" if external and why is None else "inline"}  # (relink: only external)
         if why is not None:

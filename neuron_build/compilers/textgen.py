@@ -63,6 +63,7 @@ from neuron_build.compilers.base import (
     enter_stage,
     load_class,
 )
+from neuron_build.loaders import AOTI_LOADER
 from neuron_build.status import Status
 
 #: The artifact file describing a text-generation graph.
@@ -311,7 +312,7 @@ class TextGenInductorCompiler(CompilerBase):
         enter_stage("count")
         ops, breakdown = count_package_kernels(out / "model.pt2")
         print(f"op count {ops}; weights {len(tensors)} tensors", flush=True)
-        details = {"artifact": "model.pt2", "loader": "torch._inductor.aoti_load_package", "textgen": info,
+        details = {"artifact": "model.pt2", "loader": AOTI_LOADER, "textgen": info,
                    "exported_nodes": len(ep.graph.nodes), "op_breakdown": breakdown,
                    "weights": "external" if state is not None and why is None else "inline"}  # (relink: external)
         if why is not None or (state is None and not request.inline_weights_to_neff):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from neuron_build.compilers import graph_key
 from neuron_build.compilers.base import CompilerBase, CompileRequest, CompileResult, enter_stage
+from neuron_build.loaders import JIT_LOADER
 
 OP_COUNT_SOURCE = "torchscript-frozen-graph: non-prim operator nodes"
 
@@ -60,7 +61,7 @@ class TorchScriptCompiler(CompilerBase):
         ops, kinds = count_graph_ops(frozen.graph)
         print(f"op count {ops} over {len(kinds)} operator kinds", flush=True)
         return CompileResult(op_count=ops, op_count_source=OP_COUNT_SOURCE,
-                             details={"artifact": "model.pt", "loader": "torch.jit.load", "op_kinds": kinds})
+                             details={"artifact": "model.pt", "loader": JIT_LOADER, "op_kinds": kinds})
 
 
 __all__ = ["OP_COUNT_SOURCE", "TorchScriptCompiler", "count_graph_ops"]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.errors import UserError
+from neuron_build.loaders import LOADERS, TORCH_DTYPES
 
 #: The record's file name in a pulled folder.
 RELEASE_FILE = "release.json"
@@ -73,6 +74,10 @@ class PulledBucket:
         if bad:
             raise UserError(f"{where}: bucket {vals['id']!r}: {bad[0]!r} is not a size, file entry (sha256, size) "
                             f"or input spec; pull the release again")
+        if vals["loader"] not in LOADERS:
+            raise UserError(f"{where}: bucket {vals['id']!r}: 'loader' {vals['loader']!r} is not a loader this "
+                            f"neuron-build knows ({', '.join(sorted(LOADERS))}); pull the release again")
+        _check_dtypes(vals["inputs"], f"{where} inputs")
         return cls(**vals)
 
 
@@ -139,9 +144,25 @@ class PulledRelease:
             raise UserError(f"{where}: format {doc.get('format')!r}, this neuron-build reads format {PULL_FORMAT}; "
                             f"pull the release again with this neuron-build")
         vals = _typed(doc, _FIELD_TYPES, _MISSING_AS, where)
+        if not vals["buckets"]:
+            raise UserError(f"{where}: 'buckets' is empty: a release has at least one bucket; pull the release again")
+        _check_dtypes(vals["inputs"], f"{where} inputs")
         vals["buckets"] = tuple(PulledBucket.from_json(b, f"{where} buckets[{i}]")
                                 for i, b in enumerate(vals["buckets"]))
         return cls(**vals)
+
+
+def _check_dtypes(specs: list[Any], where: str) -> None:
+    """Every input spec of ``specs`` that is an object names its ``dtype`` by one of
+    :data:`neuron_build.loaders.TORCH_DTYPES` (``where``: the file and the list, for messages).
+
+    Raises:
+        UserError: one line naming ``where``, the input, its dtype and the fix (pull the release again).
+    """
+    for i, spec in enumerate(specs):
+        if isinstance(spec, dict) and spec.get("dtype") not in TORCH_DTYPES:
+            raise UserError(f"{where}[{i}]: 'dtype' {spec.get('dtype')!r} of input {spec.get('name')!r} is not a "
+                            f"dtype ({', '.join(TORCH_DTYPES)}); pull the release again")
 
 
 def _typed(doc: dict[str, Any], types: dict[str, tuple[tuple[type, ...], bool]], missing_as: dict[str, Any],

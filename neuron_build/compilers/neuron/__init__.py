@@ -76,6 +76,7 @@ from neuron_build.compilers.neuron.trace import (
     plan_trace_kwargs,
     signature_params,
 )
+from neuron_build.loaders import NEURON_JIT_LOADER, NEURON_TP_LOADER
 from neuron_build.project.toolchain import (
     NEURON_INSTALL_HINT,
     CompilerExecutable,
@@ -319,8 +320,7 @@ class NeuronCompiler(CompilerBase):
         exe = self.executable
         return {
             "artifact": "model.pt" if tp == 1 else [f"tp_{r}.pt" for r in range(tp)],
-            "loader": ("import torch_neuronx; torch.jit.load('model.pt')" if tp == 1 else
-                       "import torch_neuronx; neuronx_distributed.trace.parallel_model_load(<artifact folder>)"),
+            "loader": NEURON_JIT_LOADER if tp == 1 else NEURON_TP_LOADER,
             "trace_api": api,
             "trace_parameters": signature_params(fn),
             "trace_kwargs": {k: v for k, v in kwargs.items() if k not in ("compiler_workdir", "compiler_args")},

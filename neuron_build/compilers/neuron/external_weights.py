@@ -41,12 +41,12 @@ from typing import Any
 
 from neuron_build.compilers import weights
 from neuron_build.compilers.neuron import hlo_key
+from neuron_build.loaders import NEURON_EXTERNAL_WEIGHTS_LOADER
 
 #: The structure document's kind (the inline one is ``neuron-hlo``).
 STRUCTURE_KIND = "neuron-hlo-structure"
 #: The loader the manifest records for an external-weights artifact.
-LOADER = ("import torch_neuronx; m = torch.jit.load('model.pt'); "
-          "torch_neuronx.replace_weights(m, safetensors.torch.load_file('weights.safetensors'))")
+LOADER = NEURON_EXTERNAL_WEIGHTS_LOADER
 
 
 def model_state(model: Any) -> dict[str, Any]:

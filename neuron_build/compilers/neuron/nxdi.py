@@ -40,6 +40,7 @@ from neuron_build.compilers.base import (
     CompileResult,
     enter_stage,
 )
+from neuron_build.loaders import NXDI_LOADER
 from neuron_build.status import Status
 
 #: HF ``model_type`` -> (NxDI module, InferenceConfig class, application class) [code: NxDI models/].
@@ -47,7 +48,7 @@ MODEL_CLASSES = {
     "llama": ("neuronx_distributed_inference.models.llama.modeling_llama", "LlamaInferenceConfig",
               "NeuronLlamaForCausalLM"),
 }
-LOADER = "neuronx_distributed_inference:load"
+LOADER = NXDI_LOADER
 _INVOKED = re.compile(r"Invoked as: (.*)$", re.M)
 
 
