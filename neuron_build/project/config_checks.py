@@ -110,12 +110,11 @@ def _state_dir_is_a_folder(cfg: ConfigFile, root: Path) -> list[str]:
 def _table_names(cfg: ConfigFile, root: Path) -> list[str]:
     """Profile and model names are safe in paths and target ids."""
     faults = []
-    for name in [*cfg.profiles, *cfg.models]:
-        kind = "model" if name in cfg.models else "profile"
+    for kind, name in [*(("profile", n) for n in cfg.profiles), *(("model", n) for n in cfg.models)]:
         if long_name_fault(kind, name):
             faults.append(f"{kind}s.{name[:20]}...: {long_name_fault(kind, name)}")
         elif not NAME.match(name):
-            faults.append(f"{toml_path((name,))}: name {name!r} {NAME_RULE}")
+            faults.append(f"{toml_path((kind + 's', name))}: name {name!r} {NAME_RULE}")
     return faults
 
 

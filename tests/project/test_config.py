@@ -378,3 +378,15 @@ def test_external_weights_under_a_model_table_names_the_profile_table(tiny):
         'models.other.weights: weights = "external" is a profile\'s option: put it under [profiles.p1] (the '
         "profile this model builds with); in a [models.NAME] table, weights lists extra weight files whose "
         "content is part of the key"]
+
+
+def test_a_bad_model_or_profile_name_is_named_by_its_table_path(tiny):
+    """A trial's bad name printed ``"../evil": name ...``: which table? The line names ``models."../evil"`` (or
+    ``profiles.``)."""
+    rule = "may hold only ASCII letters, digits, '_', '.', '-' and must start with a letter or digit"
+    edit(tiny, "[models.other]", '[models."../evil"]')
+    assert [f for f in faults_of(tiny) if "name '../evil'" in f][0].startswith(
+        f"models.\"../evil\": name '../evil' {rule}")
+    edit(tiny, '[models."../evil"]', "[models.other]")
+    edit(tiny, "[profiles.p1]", '[profiles.p1]\n[profiles."-rf"]')
+    assert [f for f in faults_of(tiny) if "name '-rf'" in f][0].startswith(f"profiles.-rf: name '-rf' {rule}")
