@@ -125,7 +125,8 @@ def pick_pair(cands: Sequence[R], bases: Sequence[R]) -> tuple[R, R] | str:
 
 
 def latency_gate(store: RecordStore, keys: dict[str, str], baseline: dict[str, str] | None, device_kind: str,
-                 max_ratio: float = 1.3, confidence: float = 0.95) -> GateCheck:
+                 max_ratio: float = 1.3, confidence: float = 0.95,
+                 unjudged: dict[str, str] | None = None) -> GateCheck:
     """Is each bucket's median latency at most ``max_ratio`` times the baseline's, beyond reasonable doubt?
 
     Per bucket: the candidate's and the baseline's benchmarks on ``device_kind`` (:func:`pick_pair`: the
@@ -139,6 +140,8 @@ def latency_gate(store: RecordStore, keys: dict[str, str], baseline: dict[str, s
         keys: bucket id -> key of the candidate release.
         baseline: bucket id -> key of the release now in the channel (None: nothing to compare with).
         max_ratio: the largest allowed candidate / baseline median latency.
+        unjudged: bucket id -> why the stored benchmarks under a side's key are of another artifact than the
+            release pins (:func:`pinned_unjudged`): not compared.
 
     Buckets without comparable benchmarks on both sides are listed in ``not_compared`` with why, and do
     not fail the gate.
@@ -149,6 +152,9 @@ def latency_gate(store: RecordStore, keys: dict[str, str], baseline: dict[str, s
     skipped: dict[str, str] = {}
     for b, key in keys.items():
         base_key = baseline.get(b)
+        if b in (unjudged or {}):
+            skipped[b] = (unjudged or {})[b]
+            continue
         if not base_key:
             skipped[b] = "the baseline release has no such bucket"
             continue
@@ -251,6 +257,19 @@ def artifact_count_gate(release: Release, max_artifacts: int) -> GateCheck:
         return GateCheck("artifact_count", False, f"{n} artifacts, more than max_artifacts_per_model = "
                          f"{max_artifacts}", figures)
     return GateCheck("artifact_count", True, f"{n} artifact(s), at most {max_artifacts}", figures)
+
+
+def pinned_unjudged(store: ArtifactStore, *releases: Release | None) -> dict[str, str]:
+    """Bucket id -> why the stored results under its key do not speak for the files ``releases`` pin
+    (:func:`neuron_build.release.records.results_speak_for`: the key's artifact rebuilt since), for each bucket of
+    each release given (None skipped) where they do not; the first release's reason wins."""
+    out: dict[str, str] = {}
+    for rel in releases:
+        for a in rel.artifacts if rel is not None else ():
+            why = results_speak_for(store, a)
+            if why and a.bucket_id not in out:
+                out[a.bucket_id] = f"the benchmarks under the key of release {rel.id} are not of its files: {why}"
+    return out
 
 
 def _by_bucket(release: Release | None) -> dict[str, dict[str, Any]]:
@@ -411,7 +430,7 @@ def evaluate_gates(store: ArtifactStore, settings: ReleaseSettings, release: Rel
         "artifact_count": lambda: artifact_count_gate(release, settings.max_artifacts_per_model),
         "op_count": lambda: op_count_gate(release, baseline, settings.max_op_count_regression),
         "latency": lambda: latency_gate(store, cand_b, base_b, device_kind, settings.max_latency_ratio,
-                                        settings.latency_confidence),
+                                        settings.latency_confidence, pinned_unjudged(store, release, baseline)),
         "compile_time_p95": lambda: compile_time_gate(release, settings.max_compile_time_p95_s),
         "serving_toolchain": lambda: serving_toolchain_gate(release, settings, to),
         "warmup": lambda: warmup_gate(store, release, device_kind, factory_root, allow_unvalidated),
@@ -442,6 +461,7 @@ __all__ = [
     "bench_results",
     "comparable",
     "pick_pair",
+    "pinned_unjudged",
     "waive",
     "compile_time_gate",
     "evaluate_gates",

@@ -4,10 +4,10 @@ files nobody validated: the store's results under that key judged the new artifa
 from __future__ import annotations
 
 from neuron_build.release.diff import bucket_figures
-from neuron_build.release.gates import validation_gate
+from neuron_build.release.gates import latency_gate, pinned_unjudged, validation_gate
 from neuron_build.release.records import Release, ReleaseArtifact, results_speak_for
 from neuron_build.store import LocalStore
-from tests.helpers.store import KEY_A, entry, manifest, publish
+from tests.helpers.store import KEY_A, KEY_B, entry, manifest, publish
 
 TID = "m/b1/fp32/p"
 
@@ -72,3 +72,17 @@ def test_releases_diff_shows_an_older_release_its_own_recorded_figures(tmp_path)
     assert fig["op_count"] is None and fig["compile_time_s"] is None
     new = _release({"model.pt": b"new weights"})
     assert bucket_figures(store, new, new.artifacts[0])["validation"] == {"cpu": {"verdict": "pass", "error": None}}
+
+
+def test_the_latency_gate_does_not_compare_an_older_release_by_the_rebuilt_artifacts_benchmarks(tmp_path):
+    store = LocalStore(tmp_path / "s")
+    publish(store, KEY_A, {"model.pt": b"old weights"})
+    old = _release({"model.pt": b"old weights"})
+    _rebuild(store, b"new weights")
+    new = _release({"model.pt": b"new weights"})
+    why = ("the benchmarks under the key of release r-0123456789abcdef are not of its files: the artifact under its "
+           "key now has other files (model.pt)")
+    assert pinned_unjudged(store, old, None) == {"b1": why}
+    assert pinned_unjudged(store, new, None) == {}
+    g = latency_gate(store, {"b1": KEY_A}, {"b1": KEY_B}, "cpu", unjudged=pinned_unjudged(store, old))
+    assert g.passed and g.figures["not_compared"] == {"b1": why} and g.figures["buckets"] == {}
