@@ -69,8 +69,7 @@ def pytest_collection_modifyitems(config, items):
         seconds = json.loads(FILE_SECONDS.read_text())
     except (OSError, ValueError):
         return
-    root = Path(str(config.rootpath))
-    items.sort(key=lambda item: -float(seconds.get(Path(str(item.path)).relative_to(root).as_posix(), 0)))
+    items.sort(key=lambda item: -float(seconds.get(item.nodeid.split("::")[0], 0)))  # (node ids: as recorded)
 
 
 def pytest_runtest_logreport(report):
