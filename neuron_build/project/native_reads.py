@@ -132,20 +132,30 @@ class Watch:
         return sorted((opened - written) | (read_first & opened)), problem
 
 
-def mapped_files() -> list[Path]:
-    """The regular files mapped into this process now (``/proc/self/maps``: file-backed mappings, deleted
-    files left out); empty where there is no ``/proc``."""
+def file_mappings() -> frozenset[tuple[bytes, bytes]]:
+    """The file-backed mappings of this process now, each as ``(address range, path)`` (``/proc/self/maps``;
+    deleted files left out); empty where there is no ``/proc``. A recorder takes them when its block starts:
+    a mapping still there, at the same addresses, when the block ends was made before it (an earlier
+    release loaded by this process), not read by the block; a file the block maps again gets new addresses."""
     try:
         with open("/proc/self/maps", "rb") as fh:
             raw = fh.read()
     except OSError:
-        return []
+        return frozenset()
     out = set()
     for line in raw.splitlines():
         parts = line.split(None, 5)
         if len(parts) == 6 and parts[5].startswith(b"/") and not parts[5].endswith(b" (deleted)"):
-            out.add(parts[5])
-    return [Path(os.fsdecode(p)) for p in sorted(out)]
+            out.add((parts[0], parts[5]))
+    return frozenset(out)
+
+
+def mapped_files(before: frozenset[tuple[bytes, bytes]] = frozenset()) -> list[Path]:
+    """The regular files mapped into this process now (``/proc/self/maps``: file-backed mappings, deleted
+    files left out), less the mappings in ``before`` (:func:`file_mappings` when the block started); empty
+    where there is no ``/proc``."""
+    paths = {path for rng, path in file_mappings() - before}
+    return [Path(os.fsdecode(p)) for p in sorted(paths)]
 
 
 def open_files() -> list[Path]:
@@ -171,4 +181,4 @@ def open_files() -> list[Path]:
     return [Path(p) for p in sorted(out)]
 
 
-__all__ = ["Watch", "mapped_files", "open_files"]
+__all__ = ["Watch", "file_mappings", "mapped_files", "open_files"]

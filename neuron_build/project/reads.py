@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_build.project.native_reads import Watch as _Watch
-from neuron_build.project.native_reads import mapped_files, open_files
+from neuron_build.project.native_reads import file_mappings, mapped_files, open_files
 from neuron_build.project.outside import INSTALLED_PARTS, exempt_folders, is_outside_name, outside_name
 from neuron_build.project.read_check import InputCheck
 from neuron_build.project.sources import is_project_file, never_input_folder
@@ -227,6 +227,7 @@ class ReadRecorder:
         self._orig: Any = None
         self._native = native
         self._watch: _Watch | None = None
+        self._maps_before: frozenset[tuple[bytes, bytes]] = frozenset()  # file mappings when the block started
         self._code: dict[str, Path] = {}  # Python files read: name -> resolved path (imported ones dropped)
         self._written: set[Path] = set()  # files outside the project the block wrote (its outputs)
         self._kinds: dict[str, str] = {}
@@ -357,6 +358,7 @@ class ReadRecorder:
         global _INSTALLED
         exempt_folders(), _stdlib()  # computed before the hook listens (they list /opt, read variables)
         if self._native:  # before the hook listens: its own walk lists every folder
+            self._maps_before = file_mappings()  # what this process mapped before the block: not its reads
             self._watch = _Watch.start(self.root, self.exclude, never_read_folder)
             if self._watch is not None and self._watch.problem:
                 self.incomplete = self._watch.problem
@@ -412,7 +414,7 @@ class ReadRecorder:
         if self._native:
             t0 = time.perf_counter()
             skip = exempt_folders()
-            for p in [*mapped_files(), *open_files()]:  # the toolchain's, the interpreter's: no resolve needed
+            for p in [*mapped_files(self._maps_before), *open_files()]:  # the toolchain's, the interpreter's: no resolve needed
                 if not str(p).startswith(skip) and not INSTALLED_PARTS.intersection(p.parts):
                     self._seen(p, aliases, links)
             self.scan_s = time.perf_counter() - t0

@@ -145,6 +145,28 @@ def test_a_file_read_by_native_code_is_recorded(tmp_path, how):
     assert rec.files == {"ckpt/w.safetensors"} and rec.incomplete is None
 
 
+def test_a_file_this_process_mapped_before_the_block_is_no_read_and_one_it_maps_again_is(tmp_path, monkeypatch):
+    """A process that serves a release keeps its weights mapped (safetensors): a recorder started later (an
+    in-process probe, a test after another) counted that old mapping as the block's read. Only mappings made
+    while the block ran count; a file the block maps again (new addresses) is its read."""
+    from safetensors.torch import load_file
+
+    home = tmp_path / "home"
+    (home / "ckpt").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    _tensors(home / "ckpt" / "w.safetensors", 1.0)
+    held = load_file(str(home / "ckpt" / "w.safetensors"))  # mapped before any block, kept
+    root = tmp_path / "proj"
+    root.mkdir()
+    with ReadRecorder(root) as idle:
+        pass
+    assert "~/ckpt/w.safetensors" not in idle.files and idle.incomplete is None
+    with ReadRecorder(root) as rec:
+        again = load_file(str(home / "ckpt" / "w.safetensors"))
+    assert "~/ckpt/w.safetensors" in rec.files
+    assert float(held["w"][0]) == float(again["w"][0]) == 1.0
+
+
 @pytest.mark.parametrize("how", sorted(NATIVE))
 def test_a_checkpoint_in_a_hidden_or_linked_folder_is_recorded(tmp_path, how):
     """A hidden folder that is not VCS or a tool's cache (``.weights/``), and a folder the project links to
