@@ -36,6 +36,12 @@ from neuron_build.status import Status
 RELINKED = "weights changed, graph unchanged: relinked from {source}"
 
 
+def carried_metrics(old: Any) -> dict[str, Any]:
+    """The metrics of ``old`` (a manifest) that a relink or reuse of it keeps: all but the seconds of the
+    relink or reuse that made ``old`` (``relink_time_s``, ``reuse_time_s``), which are not this one's."""
+    return {k: v for k, v in old.metrics.model_dump().items() if k not in ("relink_time_s", "reuse_time_s")}
+
+
 def staged(obj: Path) -> bool:
     """Does the worker's staging folder hold external weights (a relink, not a plain reuse)?"""
     return (Path(obj) / weights.WEIGHTS_FILE).is_file() or (Path(obj) / weights.SPEC_FILE).is_file()
@@ -110,8 +116,7 @@ def relink(graph: Any, ctx: Any, req: Any, hit: Any, obj: Path, source: str, old
     # what the release's compile-time gate and `show` mean by it; this run's seconds are the relink's
     # (identical weight bytes: recorded as a reuse, with the reuse's seconds)
     new_weights = any(files[n]["sha256"] != old.files[n].sha256 for n in new)
-    carried = {k: v for k, v in old.metrics.model_dump().items() if k not in ("relink_time_s", "reuse_time_s")}
-    metrics = {**carried, "status": Status.PASS, ("relink_time_s" if new_weights else "reuse_time_s"):
+    metrics = {**carried_metrics(old), "status": Status.PASS, ("relink_time_s" if new_weights else "reuse_time_s"):
                round(hit.seconds, 3), "peak_rss_bytes": hit.peak_rss_bytes, "exit_code": hit.exit_code,
                "attempts": ctx.attempt, "reason": None, "artifact_bytes": sum(e["size"] for e in files.values())}
     origin = ({"relinked_from": source} if new_weights
@@ -126,4 +131,4 @@ def relink(graph: Any, ctx: Any, req: Any, hit: Any, obj: Path, source: str, old
     return gk, metrics, new_weights
 
 
-__all__ = ["RELINKED", "refused", "relink", "staged", "weights_files"]
+__all__ = ["RELINKED", "carried_metrics", "refused", "relink", "staged", "weights_files"]

@@ -223,8 +223,7 @@ class GraphReuse:
             (obj / WORKER_LOG).write_bytes(hit.log)
         # compile_time_s stays the source's compile (as a relink's: build/graph/relink.py); the run's seconds
         # (capture up to the graph key) are the reuse's
-        carried = {k: v for k, v in old.metrics.model_dump().items() if k not in ("relink_time_s", "reuse_time_s")}
-        metrics = {**carried, "status": Status.PASS, "reuse_time_s": round(hit.seconds, 3),
+        metrics = {**relink.carried_metrics(old), "status": Status.PASS, "reuse_time_s": round(hit.seconds, 3),
                    "peak_rss_bytes": hit.peak_rss_bytes, "exit_code": hit.exit_code, "attempts": ctx.attempt,
                    "reason": None}
         _, logs = hash_files(obj)  # the worker log: the artifact's files are the source's blobs
